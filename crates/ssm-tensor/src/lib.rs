@@ -1,0 +1,24 @@
+//! Borrowed tensor views for ssm-kernels.
+//!
+//! A view is `{ data, dtype, shape, strides, offset, device }`, like a DLPack
+//! tensor: it never owns memory and has no dependency on any backend. Host views
+//! borrow a byte slice; device views borrow a raw device address (valid for the
+//! view's lifetime by the caller's promise), so a cudarc `CudaSlice`, a PyTorch
+//! tensor or an engine's own allocator can all be wrapped without copies.
+//!
+//! Strides are in elements; a stride of 0 is legal and means broadcast (vLLM
+//! passes `A`, `D` and `dt_bias` as stride-0 views). Every constructor checks
+//! that each reachable element lies inside the borrowed memory, so no view can
+//! address out of bounds.
+
+mod dtype;
+mod error;
+mod layout;
+mod view;
+
+pub use dtype::{DType, Element};
+pub use error::TensorError;
+pub use layout::{Layout, MAX_RANK};
+pub use view::{Device, TensorMut, TensorRef};
+
+pub use half::{bf16, f16};
