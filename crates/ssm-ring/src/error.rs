@@ -1,0 +1,163 @@
+use ssm_tensor::{DType, Device, TensorError};
+
+/// Why a ReplaySSM call was refused. Every variant names the argument (as vLLM and
+/// FlashInfer name it), what was expected and what came. Nothing is written when a call fails.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum RingError {
+    /// A tensor's shape does not match the contract.
+    #[error("`{arg}` must have shape {expected}, got {actual:?}")]
+    Shape {
+        /// Argument name.
+        arg: &'static str,
+        /// The expected shape, with the names of its dimensions.
+        expected: String,
+        /// The shape that came.
+        actual: Vec<usize>,
+    },
+    /// A tensor has a dtype the op does not accept.
+    #[error("`{arg}` must be {expected}, got {actual}")]
+    DType {
+        /// Argument name.
+        arg: &'static str,
+        /// The accepted dtypes.
+        expected: &'static str,
+        /// The dtype that came.
+        actual: DType,
+    },
+    /// The three tracker tensors do not have one entry per state slot each.
+    #[error(
+        "`ring_start`, `prev_num_accepted` and `prev_query_len` must have the same length and dtype, got lengths {ring_start}, {prev_num_accepted}, {prev_query_len} and dtypes {dtypes:?}"
+    )]
+    TrackerMismatch {
+        /// Length of `ring_start`.
+        ring_start: usize,
+        /// Length of `prev_num_accepted`.
+        prev_num_accepted: usize,
+        /// Length of `prev_query_len`.
+        prev_query_len: usize,
+        /// The three dtypes.
+        dtypes: [DType; 3],
+    },
+    /// A scalar argument is out of its range.
+    #[error("`{arg}` must be {expected}, got {actual}")]
+    Value {
+        /// Argument name.
+        arg: &'static str,
+        /// The accepted range.
+        expected: &'static str,
+        /// The value that came.
+        actual: i64,
+    },
+    /// The ring cannot hold a window of `T` new tokens: the logical window `W = L − T` is smaller than `T`.
+    #[error(
+        "the ring of length L = {ring_len} (`x_cache`.shape[2]) leaves a window W = L - T = {window} for T = {tokens} new tokens per sequence; T must be <= W"
+    )]
+    RingTooShort {
+        /// `L`.
+        ring_len: usize,
+        /// `T`.
+        tokens: usize,
+        /// `W = L − T` (negative when T > L).
+        window: i64,
+    },
+    /// `heads` is not a multiple of `groups`.
+    #[error("heads ({heads}, from `x`) must be a multiple of groups ({groups}, from `B`)")]
+    HeadsNotDivisible {
+        /// Number of heads.
+        heads: usize,
+        /// Number of groups.
+        groups: usize,
+    },
+    /// A dimension that must be contiguous is not, or a parameter that must be per head is not.
+    #[error("`{arg}` must be {what}, got shape {shape:?} with strides {strides:?}")]
+    Strides {
+        /// Argument name.
+        arg: &'static str,
+        /// What is required.
+        what: &'static str,
+        /// Its shape.
+        shape: Vec<usize>,
+        /// Its strides.
+        strides: Vec<isize>,
+    },
+    /// Tensors live on different devices.
+    #[error("`{arg}` lives on {actual}, but `{reference}` lives on {expected}")]
+    Device {
+        /// Argument name.
+        arg: &'static str,
+        /// The tensor whose device the others must share.
+        reference: &'static str,
+        /// Its device.
+        expected: Device,
+        /// The argument's device.
+        actual: Device,
+    },
+    /// An argument needs another one that was not given.
+    #[error("`{arg}` needs `{needs}`")]
+    Requires {
+        /// The argument given.
+        arg: &'static str,
+        /// The argument it needs.
+        needs: &'static str,
+    },
+    /// A host-resident slot index is neither the pad value nor in `[0, slots)`.
+    #[error("`{arg}`[{row}] = {value} is outside [0, {slots}) and is not the pad value ({pad})")]
+    IndexOutOfRange {
+        /// Argument name.
+        arg: &'static str,
+        /// Row of the table.
+        row: usize,
+        /// The value found.
+        value: i64,
+        /// Slots in the pool.
+        slots: usize,
+        /// The pad value, or "none".
+        pad: String,
+    },
+    /// A host-resident ring cursor of a slot the call uses is outside its range.
+    #[error("`{arg}`[{slot}] = {value} (slot of sequence {row}) must be in [0, {limit}]")]
+    CursorOutOfRange {
+        /// `ring_start` or `prev_num_accepted_tokens`.
+        arg: &'static str,
+        /// The slot.
+        slot: usize,
+        /// The sequence using it.
+        row: usize,
+        /// The value found.
+        value: i64,
+        /// The largest value allowed.
+        limit: i64,
+    },
+    /// `cu_seqlens` is not a valid list of sequence starts.
+    #[error(
+        "`cu_seqlens` must start at 0, be non-decreasing and end at the token count ({tokens}); entry {at} is {value} after {prev}"
+    )]
+    CuSeqlens {
+        /// Index of the offending entry.
+        at: usize,
+        /// Its value.
+        value: i64,
+        /// The previous entry (0 for the first).
+        prev: i64,
+        /// Packed tokens in `x`.
+        tokens: usize,
+    },
+    /// A varlen sequence is longer than `max_seqlen`.
+    #[error("sequence {seq} has {len} tokens, more than `max_seqlen` = {max_seqlen}")]
+    SeqTooLong {
+        /// The sequence.
+        seq: usize,
+        /// Its length.
+        len: usize,
+        /// The declared maximum.
+        max_seqlen: usize,
+    },
+    /// A view could not be read.
+    #[error("`{arg}`: {source}")]
+    Tensor {
+        /// Argument name.
+        arg: &'static str,
+        /// The view's error.
+        source: TensorError,
+    },
+}

@@ -1,0 +1,191 @@
+use ssm_tensor::{DType, Device, TensorError};
+
+/// Why a `mamba_chunk_scan_combined_varlen` call was refused. Every variant names the
+/// argument (as vLLM names it), what was expected and what came. Nothing is written when a
+/// call fails.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SsdError {
+    /// A tensor's shape does not match the contract.
+    #[error("`{arg}` must have shape {expected}, got {actual:?}")]
+    Shape {
+        /// Argument name.
+        arg: &'static str,
+        /// The expected shape, with the names of its dimensions.
+        expected: String,
+        /// The shape that came.
+        actual: Vec<usize>,
+    },
+    /// A tensor has a dtype the op does not accept.
+    #[error("`{arg}` must be {expected}, got {actual}")]
+    DType {
+        /// Argument name.
+        arg: &'static str,
+        /// The accepted dtypes.
+        expected: String,
+        /// The dtype that came.
+        actual: DType,
+    },
+    /// `heads` is not a multiple of `groups`.
+    #[error("heads ({heads}, from `x`) must be a multiple of groups ({groups}, from `B`)")]
+    HeadsNotDivisible {
+        /// Number of heads.
+        heads: usize,
+        /// Number of groups.
+        groups: usize,
+    },
+    /// A dimension that must be contiguous is not.
+    #[error("`{arg}` must be {what}, got shape {shape:?} with strides {strides:?}")]
+    Strides {
+        /// Argument name.
+        arg: &'static str,
+        /// What is required.
+        what: &'static str,
+        /// Its shape.
+        shape: Vec<usize>,
+        /// Its strides.
+        strides: Vec<isize>,
+    },
+    /// Tensors live on different devices.
+    #[error("`{arg}` lives on {actual}, but `x` lives on {expected}")]
+    Device {
+        /// Argument name.
+        arg: &'static str,
+        /// The device of `x`.
+        expected: Device,
+        /// The argument's device.
+        actual: Device,
+    },
+    /// `chunk_size` is not a positive power of two.
+    #[error("`chunk_size` must be a power of two, got {0}")]
+    ChunkSize(usize),
+    /// `dt_limit` is not an interval.
+    #[error("`dt_limit` must be (lo, hi) with lo <= hi, got ({lo}, {hi})")]
+    DtLimit {
+        /// Lower bound.
+        lo: f32,
+        /// Upper bound.
+        hi: f32,
+    },
+    /// `seq_idx` does not hold one entry per chunk.
+    #[error(
+        "`seq_idx` must have one entry per chunk: shape [nchunks={nchunks}] (from `cu_chunk_seqlens` of length {cu_len}), got {actual:?}"
+    )]
+    SeqIdxLength {
+        /// Chunks described by `cu_chunk_seqlens`.
+        nchunks: usize,
+        /// Length of `cu_chunk_seqlens`.
+        cu_len: usize,
+        /// Shape of `seq_idx`.
+        actual: Vec<usize>,
+    },
+    /// `initial_states` does not have one row per sequence.
+    #[error(
+        "`initial_states` must have one state per sequence: shape {expected} (batch from `cu_seqlens`), got {actual:?}"
+    )]
+    InitialStatesBatch {
+        /// The expected shape.
+        expected: String,
+        /// The shape that came.
+        actual: Vec<usize>,
+    },
+    /// `cu_seqlens` or `cu_chunk_seqlens` is not a valid list of offsets.
+    #[error(
+        "`{arg}` must start at 0, {rule} and end at the token count ({tokens}); entry {at} is {value} after {prev}"
+    )]
+    Offsets {
+        /// Argument name.
+        arg: &'static str,
+        /// "be non-decreasing" or "be strictly increasing (no empty chunk)".
+        rule: &'static str,
+        /// Index of the offending entry.
+        at: usize,
+        /// Its value.
+        value: i64,
+        /// The previous entry (0 for the first).
+        prev: i64,
+        /// Tokens in `x`.
+        tokens: usize,
+    },
+    /// A chunk holds more than `chunk_size` tokens.
+    #[error("chunk {chunk} holds tokens [{start}, {end}), {len} tokens, more than `chunk_size` = {chunk_size}")]
+    ChunkTooLong {
+        /// The chunk.
+        chunk: usize,
+        /// Its first token.
+        start: i64,
+        /// One past its last token.
+        end: i64,
+        /// Its length.
+        len: i64,
+        /// The chunk size.
+        chunk_size: usize,
+    },
+    /// A `seq_idx` entry is out of range or decreases.
+    #[error("`seq_idx`[{chunk}] = {value} must be in [0, batch={batch}) and >= the previous entry ({prev})")]
+    SeqIdx {
+        /// The chunk.
+        chunk: usize,
+        /// Its sequence.
+        value: i64,
+        /// The previous chunk's sequence (-1 for the first chunk).
+        prev: i64,
+        /// Sequences.
+        batch: usize,
+    },
+    /// A chunk's tokens are not all inside the sequence `seq_idx` names.
+    #[error(
+        "chunk {chunk} holds tokens [{start}, {end}) but `seq_idx`[{chunk}] = {seq} owns tokens [{seq_start}, {seq_end}): a chunk must not span two sequences"
+    )]
+    ChunkSpansSequences {
+        /// The chunk.
+        chunk: usize,
+        /// Its first token.
+        start: i64,
+        /// One past its last token.
+        end: i64,
+        /// Its sequence.
+        seq: i64,
+        /// The sequence's first token.
+        seq_start: i64,
+        /// One past the sequence's last token.
+        seq_end: i64,
+    },
+    /// A `last_chunk_indices` entry is not the last chunk of its sequence.
+    #[error(
+        "`last_chunk_indices`[{seq}] = {actual}, but the last chunk of sequence {seq} is {expected} (-1: the sequence is empty)"
+    )]
+    LastChunkIndex {
+        /// The sequence.
+        seq: usize,
+        /// The last chunk with `seq_idx == seq`, or -1.
+        expected: i64,
+        /// The value found.
+        actual: i64,
+    },
+    /// `state_dtype` disagrees with the `varlen_states` buffer.
+    #[error("`varlen_states` must have dtype {expected} (`state_dtype`, default `C`'s dtype), got {actual}")]
+    StateDtype {
+        /// The state dtype asked for.
+        expected: DType,
+        /// The buffer's dtype.
+        actual: DType,
+    },
+    /// The caller's workspace is too small or not an f32 host buffer.
+    #[error("`workspace` must be a 1-D f32 buffer of at least {needed} elements, got {dtype} with shape {actual:?}")]
+    Workspace {
+        /// Elements needed.
+        needed: usize,
+        /// Its dtype.
+        dtype: DType,
+        /// Its shape.
+        actual: Vec<usize>,
+    },
+    /// A view could not be read.
+    #[error("`{arg}`: {source}")]
+    Tensor {
+        /// Argument name.
+        arg: &'static str,
+        /// The view's error.
+        source: TensorError,
+    },
+}

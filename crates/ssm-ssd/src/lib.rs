@@ -1,0 +1,42 @@
+//! Mamba2 SSD chunked prefill: vLLM's `mamba_chunk_scan_combined_varlen` (MATE's
+//! `ssd_combined_fwd_varlen`) over a packed varlen batch with chunk metadata.
+//!
+//! Semantics (SEMANTICS.md "SSD prefill", semantics/ssd_mamba2.md): per sequence and head,
+//! `S_t = exp(A·dt_t)·S_{t−1} + dt_t·x_t ⊗ B_t`, `y_t = S_t·C_t + D·x_t` (then `·silu(z)`),
+//! with `dt = clamp(softplus?(dt + dt_bias), dt_limit)`. Chunk `c` covers
+//! `cu_chunk_seqlens[c]..cu_chunk_seqlens[c+1]` of sequence `seq_idx[c]`; a chunk whose
+//! `seq_idx` differs from the previous one starts from `initial_states[seq_idx[c]]` (or
+//! zeros); `states[c]` is the state at the **end** of chunk c; short chunks may appear
+//! anywhere.
+//!
+//! Pieces: [`MambaChunkScanCombinedVarlen`] (args), [`plan`] (every check, once),
+//! [`SsdBackend`] (what a backend implements), [`reference`] (sequential recurrence, f32
+//! and f64), and [`compute_chunk_metadata`] (vLLM's metadata builder).
+
+mod args;
+mod error;
+mod host;
+mod metadata;
+mod plan;
+pub mod reference;
+
+pub use args::MambaChunkScanCombinedVarlen;
+pub use error::SsdError;
+pub use metadata::{ChunkMetadata, compute_chunk_metadata};
+pub use plan::{IoDtypes, SsdPlan, Strided1, Strided3, Strided4, WorkspaceLayout, plan};
+
+/// A backend that runs the SSD prefill.
+///
+/// Implementations trust the plan (built by [`plan`] from the same args) and never
+/// re-validate.
+pub trait SsdBackend {
+    /// The backend's error type.
+    type Error;
+    /// Runs one call: writes `out` (when given) and `varlen_states`, nothing else (besides
+    /// the workspace).
+    fn mamba_chunk_scan_combined_varlen(
+        &self,
+        plan: &SsdPlan,
+        args: MambaChunkScanCombinedVarlen<'_>,
+    ) -> Result<(), Self::Error>;
+}

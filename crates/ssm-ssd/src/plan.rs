@@ -1,0 +1,543 @@
+use ssm_tensor::{DType, Device, TensorRef};
+
+use crate::host::read_int;
+use crate::{MambaChunkScanCombinedVarlen, SsdError};
+
+/// Element `i` of a 1-D view: `offset + i·stride`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Strided1 {
+    /// Element offset of entry 0.
+    pub offset: usize,
+    /// Stride between entries.
+    pub stride: isize,
+}
+
+impl Strided1 {
+    /// Memory index of entry `i`.
+    #[inline]
+    pub fn at(&self, i: usize) -> usize {
+        (self.offset as isize + i as isize * self.stride) as usize
+    }
+}
+
+/// Element access of a 2-D or 3-D view: `offset + i·s[0] + j·s[1] + k·s[2]` (`s[2]` = 0 for 2-D).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Strided3 {
+    /// Element offset.
+    pub offset: usize,
+    /// Strides.
+    pub s: [isize; 3],
+}
+
+impl Strided3 {
+    /// Memory index of `[i, j, k]`.
+    #[inline]
+    pub fn at(&self, i: usize, j: usize, k: usize) -> usize {
+        (self.offset as isize + i as isize * self.s[0] + j as isize * self.s[1] + k as isize * self.s[2]) as usize
+    }
+}
+
+/// Element access of a `[rows, H, P, N]` state tensor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Strided4 {
+    /// Element offset.
+    pub offset: usize,
+    /// Strides.
+    pub s: [isize; 4],
+}
+
+impl Strided4 {
+    /// Memory index of `[i, j, k, l]`.
+    #[inline]
+    pub fn at(&self, i: usize, j: usize, k: usize, l: usize) -> usize {
+        (self.offset as isize
+            + i as isize * self.s[0]
+            + j as isize * self.s[1]
+            + k as isize * self.s[2]
+            + l as isize * self.s[3]) as usize
+    }
+}
+
+/// The checked plan of one `mamba_chunk_scan_combined_varlen` call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SsdPlan {
+    /// Packed tokens `T`.
+    pub tokens: usize,
+    /// Heads `H`.
+    pub heads: usize,
+    /// Head dim `P`.
+    pub dim: usize,
+    /// State size `N`.
+    pub dstate: usize,
+    /// Groups `G`.
+    pub groups: usize,
+    /// `Q`.
+    pub chunk_size: usize,
+    /// Chunks.
+    pub nchunks: usize,
+    /// Sequences.
+    pub batch: usize,
+    /// Dtype of `x`, `B`, `C`, `z`, `out` may differ; recorded per tensor here.
+    pub io_dtypes: IoDtypes,
+    /// Dtype of `varlen_states` (and `initial_states`).
+    pub state_dtype: DType,
+    /// `x` `[T, H, P]`.
+    pub x: Strided3,
+    /// `dt` `[T, H]`.
+    pub dt: Strided3,
+    /// `B` `[T, G, N]`.
+    pub b: Strided3,
+    /// `C` `[T, G, N]`.
+    pub c: Strided3,
+    /// `z`.
+    pub z: Option<Strided3>,
+    /// `out`.
+    pub out: Option<Strided3>,
+    /// `A` per head.
+    pub a: Strided1,
+    /// `D` `[H, P]` view (`s[1]` = 0 for a per-head `D`).
+    pub d: Option<Strided3>,
+    /// `dt_bias` per head.
+    pub dt_bias: Option<Strided1>,
+    /// `initial_states`.
+    pub initial_states: Option<Strided4>,
+    /// `varlen_states`.
+    pub varlen_states: Strided4,
+    /// `cu_seqlens`.
+    pub cu_seqlens: Strided1,
+    /// `cu_chunk_seqlens`.
+    pub cu_chunk_seqlens: Strided1,
+    /// `last_chunk_indices`.
+    pub last_chunk_indices: Strided1,
+    /// `seq_idx`.
+    pub seq_idx: Strided1,
+    /// Softplus on dt.
+    pub dt_softplus: bool,
+    /// `(lo, hi)` clamp.
+    pub dt_limit: (f32, f32),
+    /// Whether `varlen_states` holds every chunk's state.
+    pub return_intermediate_states: bool,
+    /// Offset of the caller's workspace view, when given.
+    pub workspace_offset: Option<usize>,
+}
+
+/// The dtypes of the per-token tensors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IoDtypes {
+    /// `x`.
+    pub x: DType,
+    /// `dt`.
+    pub dt: DType,
+    /// `B`.
+    pub b: DType,
+    /// `C`.
+    pub c: DType,
+    /// `z`.
+    pub z: Option<DType>,
+    /// `out`.
+    pub out: Option<DType>,
+}
+
+/// Where each stage's f32 buffer lives in the workspace (offsets in elements).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WorkspaceLayout {
+    /// `dt_out` `[nchunks, H, Q]`: processed dt, zero past each chunk's end.
+    pub dt_out: usize,
+    /// `dA_cumsum` `[nchunks, H, Q]`.
+    pub da_cumsum: usize,
+    /// `states` `[nchunks, H, P, N]`: stage 2 chunk states, end states after stage 3.
+    pub states: usize,
+    /// `CB` `[nchunks, G, Q, Q]`.
+    pub cb: usize,
+    /// Total elements.
+    pub len: usize,
+}
+
+impl SsdPlan {
+    /// Heads per group.
+    pub fn heads_per_group(&self) -> usize {
+        self.heads / self.groups
+    }
+
+    /// The f32 workspace a chunked backend needs (the size query).
+    pub fn workspace(&self) -> WorkspaceLayout {
+        let (c, h, q) = (self.nchunks, self.heads, self.chunk_size);
+        let dt_out = 0;
+        let da_cumsum = c * h * q;
+        let states = 2 * c * h * q;
+        let cb = states + c * h * self.dim * self.dstate;
+        let len = cb + c * self.groups * q * q;
+        WorkspaceLayout { dt_out, da_cumsum, states, cb, len }
+    }
+
+    /// Elements of f32 workspace a chunked backend needs.
+    pub fn workspace_len(&self) -> usize {
+        self.workspace().len
+    }
+
+    /// Chunk `c`'s token range `[start, end)` (host metadata only).
+    pub fn chunk(&self, args: &MambaChunkScanCombinedVarlen<'_>, c: usize) -> (usize, usize) {
+        let s = read_int(&args.cu_chunk_seqlens, self.cu_chunk_seqlens.at(c)) as usize;
+        let e = read_int(&args.cu_chunk_seqlens, self.cu_chunk_seqlens.at(c + 1)) as usize;
+        (s, e)
+    }
+
+    /// `seq_idx[c]` (host metadata only).
+    pub fn seq_of(&self, args: &MambaChunkScanCombinedVarlen<'_>, c: usize) -> usize {
+        read_int(&args.seq_idx, self.seq_idx.at(c)) as usize
+    }
+
+    /// Whether chunk `c` opens its sequence (`c == 0` or `seq_idx` changes).
+    pub fn opens_sequence(&self, args: &MambaChunkScanCombinedVarlen<'_>, c: usize) -> bool {
+        c == 0 || self.seq_of(args, c) != self.seq_of(args, c - 1)
+    }
+
+    /// `last_chunk_indices[b]` (-1 for an empty sequence; host metadata only).
+    pub fn last_chunk(&self, args: &MambaChunkScanCombinedVarlen<'_>, b: usize) -> i64 {
+        read_int(&args.last_chunk_indices, self.last_chunk_indices.at(b))
+    }
+}
+
+fn dims(names: &[&str], vals: &[usize]) -> String {
+    let parts: Vec<String> = names.iter().zip(vals).map(|(n, v)| format!("{n}={v}")).collect();
+    format!("[{}]", parts.join(", "))
+}
+
+fn float(arg: &'static str, d: DType) -> Result<(), SsdError> {
+    if d.is_float() { Ok(()) } else { Err(SsdError::DType { arg, expected: "f32, f16 or bf16".into(), actual: d }) }
+}
+
+fn index(arg: &'static str, t: &TensorRef<'_>) -> Result<Strided1, SsdError> {
+    if !t.dtype().is_index() {
+        return Err(SsdError::DType { arg, expected: "i32 or i64".into(), actual: t.dtype() });
+    }
+    if t.rank() != 1 {
+        return Err(SsdError::Shape { arg, expected: "1-D".into(), actual: t.shape().to_vec() });
+    }
+    Ok(Strided1 { offset: t.layout().offset(), stride: t.strides()[0] })
+}
+
+fn shaped(
+    arg: &'static str,
+    t: &TensorRef<'_>,
+    names: &[&str],
+    want: &[usize],
+    unit_last: bool,
+) -> Result<Strided3, SsdError> {
+    float(arg, t.dtype())?;
+    if t.shape() != want {
+        return Err(SsdError::Shape { arg, expected: dims(names, want), actual: t.shape().to_vec() });
+    }
+    let st = t.strides();
+    if unit_last && want.last().is_some_and(|&n| n > 1) && st.last() != Some(&1) {
+        return Err(SsdError::Strides {
+            arg,
+            what: "contiguous along the last axis (stride 1)",
+            shape: t.shape().to_vec(),
+            strides: st.to_vec(),
+        });
+    }
+    let mut s = [0isize; 3];
+    s[..st.len()].copy_from_slice(st);
+    Ok(Strided3 { offset: t.layout().offset(), s })
+}
+
+fn state4(arg: &'static str, t: &TensorRef<'_>, want: &[usize; 4], row_name: &str) -> Result<Strided4, SsdError> {
+    if t.shape() != want {
+        let expected = dims(&[row_name, "heads", "dim", "dstate"], want);
+        return Err(if arg == "initial_states" {
+            SsdError::InitialStatesBatch { expected, actual: t.shape().to_vec() }
+        } else {
+            SsdError::Shape { arg, expected, actual: t.shape().to_vec() }
+        });
+    }
+    let st = t.strides();
+    if want[3] > 1 && st[3] != 1 {
+        return Err(SsdError::Strides {
+            arg,
+            what: "contiguous along dstate (last stride 1)",
+            shape: t.shape().to_vec(),
+            strides: st.to_vec(),
+        });
+    }
+    Ok(Strided4 { offset: t.layout().offset(), s: [st[0], st[1], st[2], st[3]] })
+}
+
+/// Checks one call: shapes, dtypes, strides and devices of every tensor, and, for host
+/// metadata, every value (`cu_seqlens`, `cu_chunk_seqlens`, `seq_idx`, `last_chunk_indices`).
+/// Backends trust the returned plan; nothing is written when this fails.
+pub fn plan(args: &MambaChunkScanCombinedVarlen<'_>) -> Result<SsdPlan, SsdError> {
+    let device = args.x.device();
+    let dev = |arg: &'static str, d: Device| {
+        if d == device { Ok(()) } else { Err(SsdError::Device { arg, expected: device, actual: d }) }
+    };
+    for (arg, t) in [
+        ("dt", &args.dt),
+        ("A", &args.a),
+        ("B", &args.b),
+        ("C", &args.c),
+        ("cu_seqlens", &args.cu_seqlens),
+        ("cu_chunk_seqlens", &args.cu_chunk_seqlens),
+        ("last_chunk_indices", &args.last_chunk_indices),
+        ("seq_idx", &args.seq_idx),
+    ] {
+        dev(arg, t.device())?;
+    }
+    for (arg, t) in
+        [("D", &args.d), ("z", &args.z), ("dt_bias", &args.dt_bias), ("initial_states", &args.initial_states)]
+    {
+        if let Some(t) = t {
+            dev(arg, t.device())?;
+        }
+    }
+    if let Some(o) = &args.out {
+        dev("out", o.device())?;
+    }
+    dev("varlen_states", args.varlen_states.device())?;
+    if let Some(w) = &args.workspace {
+        dev("workspace", w.device())?;
+    }
+
+    float("x", args.x.dtype())?;
+    let xs = args.x.shape();
+    if xs.len() != 3 {
+        return Err(SsdError::Shape { arg: "x", expected: "[tokens, heads, dim]".into(), actual: xs.to_vec() });
+    }
+    let (tokens, heads, dim) = (xs[0], xs[1], xs[2]);
+    let bs = args.b.shape();
+    if bs.len() != 3 {
+        return Err(SsdError::Shape {
+            arg: "B",
+            expected: format!("[tokens={tokens}, groups, dstate]"),
+            actual: bs.to_vec(),
+        });
+    }
+    let (groups, dstate) = (bs[1], bs[2]);
+    if groups == 0 || heads % groups != 0 {
+        return Err(SsdError::HeadsNotDivisible { heads, groups });
+    }
+    let thp = ["tokens", "heads", "dim"];
+    let tgn = ["tokens", "groups", "dstate"];
+    let x = shaped("x", &args.x, &thp, &[tokens, heads, dim], true)?;
+    let dt = shaped("dt", &args.dt, &["tokens", "heads"], &[tokens, heads], false)?;
+    let a = shaped("A", &args.a, &["heads"], &[heads], false)?;
+    let b = shaped("B", &args.b, &tgn, &[tokens, groups, dstate], true)?;
+    let c = shaped("C", &args.c, &tgn, &[tokens, groups, dstate], true)?;
+    let z = args.z.as_ref().map(|t| shaped("z", t, &thp, &[tokens, heads, dim], true)).transpose()?;
+    let out = match &args.out {
+        Some(o) => {
+            let r = o.as_ref();
+            let s = shaped("out", &r, &thp, &[tokens, heads, dim], true)?;
+            if tokens * heads > 1 && (s.s[0] == 0 || s.s[1] == 0) {
+                return Err(SsdError::Strides {
+                    arg: "out",
+                    what: "written, so its elements must not overlap (no stride 0)",
+                    shape: r.shape().to_vec(),
+                    strides: r.strides().to_vec(),
+                });
+            }
+            Some(s)
+        }
+        None => None,
+    };
+    let d = match &args.d {
+        None => None,
+        Some(t) if t.shape() == [heads] => {
+            float("D", t.dtype())?;
+            Some(Strided3 { offset: t.layout().offset(), s: [t.strides()[0], 0, 0] })
+        }
+        Some(t) => Some(shaped("D", t, &["heads", "dim"], &[heads, dim], false).map_err(|e| match e {
+            SsdError::Shape { arg, actual, .. } => {
+                SsdError::Shape { arg, expected: format!("[heads={heads}] or [heads={heads}, dim={dim}]"), actual }
+            }
+            e => e,
+        })?),
+    };
+    let dt_bias = args
+        .dt_bias
+        .as_ref()
+        .map(|t| {
+            shaped("dt_bias", t, &["heads"], &[heads], false).map(|s| Strided1 { offset: s.offset, stride: s.s[0] })
+        })
+        .transpose()?;
+    if args.chunk_size == 0 || !args.chunk_size.is_power_of_two() {
+        return Err(SsdError::ChunkSize(args.chunk_size));
+    }
+    let (lo, hi) = args.dt_limit;
+    if lo.is_nan() || hi.is_nan() || lo > hi {
+        return Err(SsdError::DtLimit { lo, hi });
+    }
+
+    let cu_seqlens = index("cu_seqlens", &args.cu_seqlens)?;
+    let cu_chunk_seqlens = index("cu_chunk_seqlens", &args.cu_chunk_seqlens)?;
+    let last_chunk_indices = index("last_chunk_indices", &args.last_chunk_indices)?;
+    let seq_idx = index("seq_idx", &args.seq_idx)?;
+    let cu_len = args.cu_chunk_seqlens.shape()[0];
+    if cu_len == 0 {
+        return Err(SsdError::Shape { arg: "cu_chunk_seqlens", expected: "[nchunks + 1]".into(), actual: vec![0] });
+    }
+    let nchunks = cu_len - 1;
+    if args.seq_idx.shape() != [nchunks] {
+        return Err(SsdError::SeqIdxLength { nchunks, cu_len, actual: args.seq_idx.shape().to_vec() });
+    }
+    if args.cu_seqlens.shape()[0] == 0 {
+        return Err(SsdError::Shape { arg: "cu_seqlens", expected: "[batch + 1]".into(), actual: vec![0] });
+    }
+    let batch = args.cu_seqlens.shape()[0] - 1;
+    if args.last_chunk_indices.shape() != [batch] {
+        return Err(SsdError::Shape {
+            arg: "last_chunk_indices",
+            expected: format!("[batch={batch}] (batch from `cu_seqlens`)"),
+            actual: args.last_chunk_indices.shape().to_vec(),
+        });
+    }
+
+    let state_dtype = args.state_dtype.unwrap_or(args.c.dtype());
+    float("state_dtype", state_dtype)?;
+    let initial_states = match &args.initial_states {
+        Some(t) => {
+            float("initial_states", t.dtype())?;
+            Some(state4("initial_states", t, &[batch, heads, dim, dstate], "batch")?)
+        }
+        None => None,
+    };
+    let vs = args.varlen_states.as_ref();
+    if vs.dtype() != state_dtype {
+        return Err(SsdError::StateDtype { expected: state_dtype, actual: vs.dtype() });
+    }
+    let (rows, row_name) = if args.return_intermediate_states { (nchunks, "nchunks") } else { (batch, "batch") };
+    let varlen_states = state4("varlen_states", &vs, &[rows, heads, dim, dstate], row_name)?;
+
+    let io_dtypes = IoDtypes {
+        x: args.x.dtype(),
+        dt: args.dt.dtype(),
+        b: args.b.dtype(),
+        c: args.c.dtype(),
+        z: args.z.as_ref().map(|t| t.dtype()),
+        out: args.out.as_ref().map(|t| t.dtype()),
+    };
+    let mut plan = SsdPlan {
+        tokens,
+        heads,
+        dim,
+        dstate,
+        groups,
+        chunk_size: args.chunk_size,
+        nchunks,
+        batch,
+        io_dtypes,
+        state_dtype,
+        x,
+        dt,
+        b,
+        c,
+        z,
+        out,
+        a: Strided1 { offset: a.offset, stride: a.s[0] },
+        d,
+        dt_bias,
+        initial_states,
+        varlen_states,
+        cu_seqlens,
+        cu_chunk_seqlens,
+        last_chunk_indices,
+        seq_idx,
+        dt_softplus: args.dt_softplus,
+        dt_limit: args.dt_limit,
+        return_intermediate_states: args.return_intermediate_states,
+        workspace_offset: None,
+    };
+    if let Some(w) = &args.workspace {
+        let needed = plan.workspace_len();
+        let ok = w.dtype() == DType::F32
+            && w.rank() == 1
+            && w.shape()[0] >= needed
+            && (w.strides()[0] == 1 || w.shape()[0] <= 1);
+        if !ok {
+            return Err(SsdError::Workspace { needed, dtype: w.dtype(), actual: w.shape().to_vec() });
+        }
+        plan.workspace_offset = Some(w.layout().offset());
+    }
+    check_metadata(&plan, args)?;
+    Ok(plan)
+}
+
+/// Value checks of host-resident chunk metadata (skipped for device tensors).
+fn check_metadata(p: &SsdPlan, args: &MambaChunkScanCombinedVarlen<'_>) -> Result<(), SsdError> {
+    let host = [&args.cu_seqlens, &args.cu_chunk_seqlens, &args.seq_idx, &args.last_chunk_indices]
+        .iter()
+        .all(|t| t.host_bytes().is_some());
+    if !host {
+        return Ok(());
+    }
+    let total = p.tokens as i64;
+    let cs = |i: usize| read_int(&args.cu_seqlens, p.cu_seqlens.at(i));
+    let cc = |i: usize| read_int(&args.cu_chunk_seqlens, p.cu_chunk_seqlens.at(i));
+    let mut prev = 0;
+    for i in 0..=p.batch {
+        let v = cs(i);
+        if (i == 0 && v != 0) || v < prev || v > total || (i == p.batch && v != total) {
+            return Err(SsdError::Offsets {
+                arg: "cu_seqlens",
+                rule: "be non-decreasing",
+                at: i,
+                value: v,
+                prev,
+                tokens: p.tokens,
+            });
+        }
+        prev = v;
+    }
+    let mut prev = 0;
+    for i in 0..=p.nchunks {
+        let v = cc(i);
+        if (i == 0 && v != 0) || (i > 0 && v <= prev) || v > total || (i == p.nchunks && v != total) {
+            return Err(SsdError::Offsets {
+                arg: "cu_chunk_seqlens",
+                rule: "be strictly increasing (no empty chunk)",
+                at: i,
+                value: v,
+                prev,
+                tokens: p.tokens,
+            });
+        }
+        if i > 0 && v - prev > p.chunk_size as i64 {
+            return Err(SsdError::ChunkTooLong {
+                chunk: i - 1,
+                start: prev,
+                end: v,
+                len: v - prev,
+                chunk_size: p.chunk_size,
+            });
+        }
+        prev = v;
+    }
+    let mut prev_seq = -1i64;
+    for c in 0..p.nchunks {
+        let s = read_int(&args.seq_idx, p.seq_idx.at(c));
+        if s < 0 || s >= p.batch as i64 || s < prev_seq {
+            return Err(SsdError::SeqIdx { chunk: c, value: s, prev: prev_seq, batch: p.batch });
+        }
+        let (start, end) = (cc(c), cc(c + 1));
+        let (ss, se) = (cs(s as usize), cs(s as usize + 1));
+        if start < ss || end > se {
+            return Err(SsdError::ChunkSpansSequences { chunk: c, start, end, seq: s, seq_start: ss, seq_end: se });
+        }
+        prev_seq = s;
+    }
+    // Chunks tile [0, T) in order and each lies inside its sequence, so the chunks of
+    // sequence b are exactly those with seq_idx == b; its last one must be named.
+    let mut c = 0usize;
+    for b in 0..p.batch {
+        let mut last = -1i64;
+        while c < p.nchunks && read_int(&args.seq_idx, p.seq_idx.at(c)) == b as i64 {
+            last = c as i64;
+            c += 1;
+        }
+        let got = read_int(&args.last_chunk_indices, p.last_chunk_indices.at(b));
+        if got != last {
+            return Err(SsdError::LastChunkIndex { seq: b, expected: last, actual: got });
+        }
+    }
+    Ok(())
+}

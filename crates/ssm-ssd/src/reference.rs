@@ -1,0 +1,163 @@
+//! Scalar reference of `mamba_chunk_scan_combined_varlen`: the sequential recurrence of
+//! semantics/ssd_mamba2.md §1 and §2.11, token by token, chunk by chunk, in f32
+//! ([`mamba_chunk_scan_combined_varlen`]) or f64 ([`mamba_chunk_scan_combined_varlen_f64`]).
+//! The running state is carried un-rounded across chunks; `varlen_states` rows are rounded
+//! to the state dtype when stored. Slow and allocating on purpose: it is the oracle.
+
+use std::ops::{Add, Div, Mul, Sub};
+
+use crate::host::{read_float, write_float};
+use crate::{MambaChunkScanCombinedVarlen, SsdPlan};
+
+/// Arithmetic the reference is generic over (f32 or f64).
+pub trait Precision:
+    Copy + Add<Output = Self> + Sub<Output = Self> + Mul<Output = Self> + Div<Output = Self> + PartialOrd
+{
+    /// Zero.
+    const ZERO: Self;
+    /// From f32 (exact).
+    fn of(v: f32) -> Self;
+    /// To f32 (rounded).
+    fn f32(self) -> f32;
+    /// `e^self`.
+    fn exp(self) -> Self;
+    /// `ln(1 + self)`.
+    fn ln_1p(self) -> Self;
+}
+
+impl Precision for f32 {
+    const ZERO: Self = 0.0;
+    fn of(v: f32) -> Self {
+        v
+    }
+    fn f32(self) -> f32 {
+        self
+    }
+    fn exp(self) -> Self {
+        f32::exp(self)
+    }
+    fn ln_1p(self) -> Self {
+        f32::ln_1p(self)
+    }
+}
+
+impl Precision for f64 {
+    const ZERO: Self = 0.0;
+    fn of(v: f32) -> Self {
+        v as f64
+    }
+    fn f32(self) -> f32 {
+        self as f32
+    }
+    fn exp(self) -> Self {
+        f64::exp(self)
+    }
+    fn ln_1p(self) -> Self {
+        f64::ln_1p(self)
+    }
+}
+
+/// `dt` processing of stage 1: `+ dt_bias`, softplus (threshold 20) when asked, then the
+/// `dt_limit` clamp, always.
+pub fn process_dt<F: Precision>(raw: F, bias: Option<F>, softplus: bool, (lo, hi): (f32, f32)) -> F {
+    let mut v = match bias {
+        Some(b) => raw + b,
+        None => raw,
+    };
+    if softplus && v <= F::of(20.0) {
+        v = v.exp().ln_1p();
+    }
+    if v < F::of(lo) {
+        v = F::of(lo);
+    }
+    if v > F::of(hi) {
+        v = F::of(hi);
+    }
+    v
+}
+
+/// The f32 reference.
+pub fn mamba_chunk_scan_combined_varlen(plan: &SsdPlan, args: MambaChunkScanCombinedVarlen<'_>) {
+    run::<f32>(plan, args)
+}
+
+/// The f64 reference (stores round to each tensor's dtype).
+pub fn mamba_chunk_scan_combined_varlen_f64(plan: &SsdPlan, args: MambaChunkScanCombinedVarlen<'_>) {
+    run::<f64>(plan, args)
+}
+
+fn run<F: Precision>(p: &SsdPlan, mut args: MambaChunkScanCombinedVarlen<'_>) {
+    let (hh, pd, nd) = (p.heads, p.dim, p.dstate);
+    let per_head = pd * nd;
+    let ratio = p.heads_per_group();
+    let mut s = vec![F::ZERO; hh * per_head];
+    let init = |args: &MambaChunkScanCombinedVarlen<'_>, seq: usize, s: &mut [F]| match (
+        &args.initial_states,
+        p.initial_states,
+    ) {
+        (Some(t), Some(ip)) => {
+            for (e, v) in s.iter_mut().enumerate() {
+                let (h, r) = (e / per_head, e % per_head);
+                *v = F::of(read_float(t, ip.at(seq, h, r / nd, r % nd)));
+            }
+        }
+        _ => s.iter_mut().for_each(|v| *v = F::ZERO),
+    };
+    let store = |args: &mut MambaChunkScanCombinedVarlen<'_>, row: usize, s: &[F]| {
+        for (e, v) in s.iter().enumerate() {
+            let (h, r) = (e / per_head, e % per_head);
+            write_float(&mut args.varlen_states, p.varlen_states.at(row, h, r / nd, r % nd), v.f32());
+        }
+    };
+    for c in 0..p.nchunks {
+        let seq = p.seq_of(&args, c);
+        if p.opens_sequence(&args, c) {
+            init(&args, seq, &mut s);
+        }
+        let (start, end) = p.chunk(&args, c);
+        for t in start..end {
+            for h in 0..hh {
+                let g = h / ratio;
+                let bias = args.dt_bias.as_ref().zip(p.dt_bias).map(|(b, bp)| F::of(read_float(b, bp.at(h))));
+                let dt = process_dt(F::of(read_float(&args.dt, p.dt.at(t, h, 0))), bias, p.dt_softplus, p.dt_limit);
+                let decay = (F::of(read_float(&args.a, p.a.at(h))) * dt).exp();
+                let sh = &mut s[h * per_head..(h + 1) * per_head];
+                for pp in 0..pd {
+                    let xv = F::of(read_float(&args.x, p.x.at(t, h, pp)));
+                    let mut y = F::ZERO;
+                    for n in 0..nd {
+                        let bv = F::of(read_float(&args.b, p.b.at(t, g, n)));
+                        let cv = F::of(read_float(&args.c, p.c.at(t, g, n)));
+                        let v = sh[pp * nd + n] * decay + dt * xv * bv;
+                        sh[pp * nd + n] = v;
+                        y = y + v * cv;
+                    }
+                    if let (Some(d), Some(dp)) = (&args.d, p.d) {
+                        y = y + F::of(read_float(d, dp.at(h, pp, 0))) * xv;
+                    }
+                    if let (Some(z), Some(zp)) = (&args.z, p.z) {
+                        let zv = F::of(read_float(z, zp.at(t, h, pp)));
+                        y = y * zv / (F::of(1.0) + (F::ZERO - zv).exp());
+                    }
+                    if let (Some(o), Some(op)) = (args.out.as_mut(), p.out) {
+                        write_float(o, op.at(t, h, pp), y.f32());
+                    }
+                }
+            }
+        }
+        if p.return_intermediate_states {
+            store(&mut args, c, &s);
+        } else if p.last_chunk(&args, seq) == c as i64 {
+            store(&mut args, seq, &s);
+        }
+    }
+    if !p.return_intermediate_states {
+        // An empty sequence returns the state it entered with.
+        for b in 0..p.batch {
+            if p.last_chunk(&args, b) < 0 {
+                init(&args, b, &mut s);
+                store(&mut args, b, &s);
+            }
+        }
+    }
+}
