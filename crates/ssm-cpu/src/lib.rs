@@ -1,0 +1,117 @@
+//! CPU backend of ssm-kernels.
+//!
+//! Every op family has one file here implementing the backend trait its op crate
+//! defines (`ssu.rs` implements [`ssm_ssu::SsuBackend`], …). Work is split over
+//! (sequence, head) items with rayon under an explicit [`Par`] setting; inner loops
+//! run on eight f32 lanes chosen at run time ([`simd`]). Kernels trust the plan the
+//! op crate built and never re-validate; they allocate nothing per call when the
+//! caller provides outputs and scratch.
+
+mod conv;
+pub mod simd;
+mod ssu;
+
+use std::num::NonZeroUsize;
+
+/// How many threads a [`CpuBackend`] uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Par {
+    /// The calling thread only.
+    Seq,
+    /// A private rayon pool of this many threads.
+    Rayon(NonZeroUsize),
+}
+
+impl Par {
+    /// One thread per available core.
+    pub fn all_cores() -> Self {
+        match std::thread::available_parallelism() {
+            Ok(n) if n.get() > 1 => Par::Rayon(n),
+            _ => Par::Seq,
+        }
+    }
+
+    /// Number of threads.
+    pub fn threads(self) -> usize {
+        match self {
+            Par::Seq => 1,
+            Par::Rayon(n) => n.get(),
+        }
+    }
+}
+
+/// Errors of the CPU backend. Plans are trusted, so these only report what a plan
+/// cannot rule out: a device tensor handed to the CPU, or a thread pool that would not start.
+#[derive(Debug, thiserror::Error)]
+pub enum CpuError {
+    /// A tensor is not in host memory.
+    #[error("argument `{arg}` lives on {device}; the CPU backend needs host tensors")]
+    NotHost {
+        /// The argument's name.
+        arg: &'static str,
+        /// Where it lives.
+        device: ssm_tensor::Device,
+    },
+    /// The rayon pool could not be built.
+    #[error("could not start a pool of {threads} threads: {reason}")]
+    Pool {
+        /// Threads asked for.
+        threads: usize,
+        /// rayon's message.
+        reason: String,
+    },
+}
+
+/// The CPU backend: a thread-pool setting shared by every op.
+pub struct CpuBackend {
+    par: Par,
+    pool: Option<rayon::ThreadPool>,
+}
+
+impl std::fmt::Debug for CpuBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CpuBackend").field("par", &self.par).field("simd", &simd::simd_level()).finish()
+    }
+}
+
+impl CpuBackend {
+    /// A backend with the given parallelism (a private pool for `Par::Rayon`).
+    pub fn new(par: Par) -> Result<Self, CpuError> {
+        let pool = match par {
+            Par::Seq => None,
+            Par::Rayon(n) => Some(
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(n.get())
+                    .thread_name(|i| format!("ssm-cpu-{i}"))
+                    .build()
+                    .map_err(|e| CpuError::Pool { threads: n.get(), reason: e.to_string() })?,
+            ),
+        };
+        Ok(CpuBackend { par, pool })
+    }
+
+    /// The parallelism setting.
+    pub fn par(&self) -> Par {
+        self.par
+    }
+
+    /// Runs `f(i)` for every `i in 0..n`, on the pool or the calling thread.
+    /// Items are independent; each writes only memory it owns.
+    pub fn for_each(&self, n: usize, f: impl Fn(usize) + Send + Sync) {
+        match &self.pool {
+            None => (0..n).for_each(f),
+            Some(pool) => pool.install(|| {
+                use rayon::prelude::*;
+                (0..n).into_par_iter().with_min_len(1).for_each(f)
+            }),
+        }
+    }
+}
+
+/// Checks that a tensor is in host memory.
+pub(crate) fn require_host(arg: &'static str, device: ssm_tensor::Device) -> Result<(), CpuError> {
+    match device {
+        ssm_tensor::Device::Cpu => Ok(()),
+        d => Err(CpuError::NotHost { arg, device: d }),
+    }
+}

@@ -1,0 +1,502 @@
+//! Eight-lane f32 SIMD with the instruction set chosen at run time.
+//!
+//! Kernels are written once against [`Simd`] and run through [`dispatch`]: on an
+//! x86-64 CPU with AVX2, FMA and F16C the body is instantiated inside a
+//! `#[target_feature]` function with [`Avx2`] lanes (fused multiply-add, hardware
+//! f16 conversion); elsewhere it runs on `wide::f32x8` ([`Portable`]). A
+//! downstream crate's plain `cargo build --release` therefore gets the fast path
+//! without `-C target-cpu` flags. The two paths differ only in rounding of
+//! `mul_add` (fused or not) and in `exp`'s last ulp, within every tolerance.
+
+use half::{bf16, f16};
+
+/// Lanes per vector.
+pub const LANES: usize = 8;
+
+/// Eight f32 lanes. All loads and stores take the first [`LANES`] elements of a slice.
+pub trait Simd: Copy + Send + Sync + 'static {
+    /// Every lane `x`.
+    fn splat(x: f32) -> Self;
+    /// Loads 8 f32.
+    fn load(s: &[f32]) -> Self;
+    /// Stores 8 f32.
+    fn store(self, s: &mut [f32]);
+    /// Loads 8 bf16, widened exactly.
+    fn load_bf16(s: &[bf16]) -> Self;
+    /// Stores 8 bf16, rounded to nearest even.
+    fn store_bf16(self, s: &mut [bf16]);
+    /// Loads 8 f16, widened exactly.
+    fn load_f16(s: &[f16]) -> Self;
+    /// Stores 8 f16, rounded to nearest even.
+    fn store_f16(self, s: &mut [f16]);
+    /// Lane-wise sum.
+    fn add(self, b: Self) -> Self;
+    /// Lane-wise difference.
+    fn sub(self, b: Self) -> Self;
+    /// Lane-wise product.
+    fn mul(self, b: Self) -> Self;
+    /// `self * b + c` (fused on AVX2+FMA).
+    fn mul_add(self, b: Self, c: Self) -> Self;
+    /// Lane-wise maximum.
+    fn max(self, b: Self) -> Self;
+    /// Lane-wise `e^x`.
+    fn exp(self) -> Self;
+    /// Sum of the lanes.
+    fn reduce_add(self) -> f32;
+}
+
+/// Portable lanes on `wide::f32x8`.
+#[derive(Clone, Copy)]
+pub struct Portable(wide::f32x8);
+
+impl Simd for Portable {
+    #[inline(always)]
+    fn splat(x: f32) -> Self {
+        Portable(wide::f32x8::splat(x))
+    }
+    #[inline(always)]
+    fn load(s: &[f32]) -> Self {
+        let a: [f32; 8] = s[..8].try_into().unwrap();
+        Portable(wide::f32x8::from(a))
+    }
+    #[inline(always)]
+    fn store(self, s: &mut [f32]) {
+        s[..8].copy_from_slice(&self.0.to_array());
+    }
+    #[inline(always)]
+    fn load_bf16(s: &[bf16]) -> Self {
+        let s = &s[..8];
+        Portable(wide::f32x8::from(std::array::from_fn::<f32, 8, _>(|i| s[i].to_f32())))
+    }
+    #[inline(always)]
+    fn store_bf16(self, s: &mut [bf16]) {
+        let a = self.0.to_array();
+        for (d, v) in s[..8].iter_mut().zip(a) {
+            *d = bf16::from_f32(v);
+        }
+    }
+    #[inline(always)]
+    fn load_f16(s: &[f16]) -> Self {
+        let s = &s[..8];
+        Portable(wide::f32x8::from(std::array::from_fn::<f32, 8, _>(|i| s[i].to_f32())))
+    }
+    #[inline(always)]
+    fn store_f16(self, s: &mut [f16]) {
+        let a = self.0.to_array();
+        for (d, v) in s[..8].iter_mut().zip(a) {
+            *d = f16::from_f32(v);
+        }
+    }
+    #[inline(always)]
+    fn add(self, b: Self) -> Self {
+        Portable(self.0 + b.0)
+    }
+    #[inline(always)]
+    fn sub(self, b: Self) -> Self {
+        Portable(self.0 - b.0)
+    }
+    #[inline(always)]
+    fn mul(self, b: Self) -> Self {
+        Portable(self.0 * b.0)
+    }
+    #[inline(always)]
+    fn mul_add(self, b: Self, c: Self) -> Self {
+        Portable(self.0.mul_add(b.0, c.0))
+    }
+    #[inline(always)]
+    fn max(self, b: Self) -> Self {
+        Portable(self.0.max(b.0))
+    }
+    #[inline(always)]
+    fn exp(self) -> Self {
+        exp_poly(self)
+    }
+    #[inline(always)]
+    fn reduce_add(self) -> f32 {
+        self.0.reduce_add()
+    }
+}
+
+/// `e^x` by range reduction to `2^n · e^r`, `|r| ≤ ln2/2`, and a degree-6
+/// polynomial (Cephes `expf` coefficients); relative error below 2 ulp over
+/// `[-87, 88]`, 0 below -87.3, +inf above 88.7. Written against the trait so that
+/// both paths compute the same function.
+#[inline(always)]
+fn exp_poly<S: Simd + PowTwo>(x: S) -> S {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    // Operand order keeps NaN: max/min return their second operand when either is NaN.
+    let x = S::splat(88.8).min_(S::splat(-103.0).max(x));
+    // n = round(x·log2 e) through the 1.5·2^23 trick (round to nearest even, no SSE4.1 needed).
+    let magic = S::splat(12_582_912.0);
+    let n = x.mul_add(S::splat(LOG2E), magic).sub(magic);
+    let r = x.sub(n.mul(S::splat(LN2_HI))).sub(n.mul(S::splat(LN2_LO)));
+    let mut p = S::splat(1.987_569_1e-4);
+    p = p.mul_add(r, S::splat(1.398_199_9e-3));
+    p = p.mul_add(r, S::splat(8.333_452e-3));
+    p = p.mul_add(r, S::splat(4.166_579_6e-2));
+    p = p.mul_add(r, S::splat(0.166_666_66));
+    p = p.mul_add(r, S::splat(0.5));
+    let r2 = r.mul(r);
+    let e = p.mul_add(r2, r.add(S::splat(1.0)));
+    e.scale_pow2(n)
+}
+
+/// Multiplication by `2^n` for integral `n`, split in two steps so that results
+/// down to the subnormal range and up to the largest finite value are exact.
+pub trait PowTwo: Sized {
+    /// `self · 2^n`, `n` integral in `[-150, 129]`.
+    fn scale_pow2(self, n: Self) -> Self;
+    /// Lane-wise minimum.
+    fn min_(self, b: Self) -> Self;
+}
+
+impl PowTwo for Portable {
+    #[inline(always)]
+    fn scale_pow2(self, n: Self) -> Self {
+        let n = n.0.to_array();
+        let v = self.0.to_array();
+        Portable(wide::f32x8::from(std::array::from_fn::<f32, 8, _>(|i| scale2(v[i], n[i] as i32))))
+    }
+    #[inline(always)]
+    fn min_(self, b: Self) -> Self {
+        Portable(self.0.min(b.0))
+    }
+}
+
+#[inline(always)]
+fn scale2(v: f32, n: i32) -> f32 {
+    let h = n / 2;
+    v * f32::from_bits(((h + 127) as u32) << 23) * f32::from_bits(((n - h + 127) as u32) << 23)
+}
+
+#[cfg(target_arch = "x86_64")]
+pub use avx2::Avx2;
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    use half::{bf16, f16};
+
+    use super::{PowTwo, Simd};
+
+    /// AVX2 + FMA + F16C lanes. Only constructed inside [`super::dispatch`] after the
+    /// CPU features were detected, so the intrinsics below always run on a CPU that has them.
+    #[derive(Clone, Copy)]
+    pub struct Avx2(__m256);
+
+    // SAFETY (module-wide): `Avx2` values exist only inside the `#[target_feature(enable =
+    // "avx2,fma,f16c")]` function that `dispatch` calls after `is_x86_feature_detected!`
+    // confirmed those features, so every intrinsic here runs on a CPU that supports it.
+    // Loads and stores check the slice length before touching 8 elements.
+    impl Simd for Avx2 {
+        #[inline(always)]
+        fn splat(x: f32) -> Self {
+            // SAFETY: see the module-wide note.
+            unsafe { Avx2(_mm256_set1_ps(x)) }
+        }
+        #[inline(always)]
+        fn load(s: &[f32]) -> Self {
+            assert!(s.len() >= 8);
+            // SAFETY: 8 elements are in bounds (asserted); unaligned load.
+            unsafe { Avx2(_mm256_loadu_ps(s.as_ptr())) }
+        }
+        #[inline(always)]
+        fn store(self, s: &mut [f32]) {
+            assert!(s.len() >= 8);
+            // SAFETY: 8 elements are in bounds (asserted); unaligned store.
+            unsafe { _mm256_storeu_ps(s.as_mut_ptr(), self.0) }
+        }
+        #[inline(always)]
+        fn load_bf16(s: &[bf16]) -> Self {
+            assert!(s.len() >= 8);
+            // SAFETY: 16 bytes are in bounds (asserted); bf16 widens by a 16-bit shift.
+            unsafe {
+                let h = _mm_loadu_si128(s.as_ptr().cast());
+                let w = _mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h));
+                Avx2(_mm256_castsi256_ps(w))
+            }
+        }
+        #[inline(always)]
+        fn store_bf16(self, s: &mut [bf16]) {
+            assert!(s.len() >= 8);
+            // SAFETY: 16 bytes are in bounds (asserted). Round to nearest even:
+            // bits + 0x7fff + lsb, then the high half; NaN keeps a quiet payload like `half`.
+            unsafe {
+                let bits = _mm256_castps_si256(self.0);
+                let lsb = _mm256_and_si256(_mm256_srli_epi32::<16>(bits), _mm256_set1_epi32(1));
+                let rounded = _mm256_add_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(0x7fff)), lsb);
+                let nan = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_UNORD_Q>(self.0, self.0));
+                let quiet = _mm256_or_si256(bits, _mm256_set1_epi32(0x0040_0000));
+                let r = _mm256_blendv_epi8(rounded, quiet, nan);
+                let hi = _mm256_srli_epi32::<16>(r);
+                let packed = _mm256_packus_epi32(hi, hi);
+                let packed = _mm256_permute4x64_epi64::<0b1000>(packed);
+                _mm_storeu_si128(s.as_mut_ptr().cast(), _mm256_castsi256_si128(packed));
+            }
+        }
+        #[inline(always)]
+        fn load_f16(s: &[f16]) -> Self {
+            assert!(s.len() >= 8);
+            // SAFETY: 16 bytes are in bounds (asserted); F16C conversion is exact.
+            unsafe { Avx2(_mm256_cvtph_ps(_mm_loadu_si128(s.as_ptr().cast()))) }
+        }
+        #[inline(always)]
+        fn store_f16(self, s: &mut [f16]) {
+            assert!(s.len() >= 8);
+            // SAFETY: 16 bytes are in bounds (asserted); F16C rounds to nearest even.
+            unsafe {
+                let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(self.0);
+                _mm_storeu_si128(s.as_mut_ptr().cast(), h)
+            }
+        }
+        #[inline(always)]
+        fn add(self, b: Self) -> Self {
+            // SAFETY: see the module-wide note.
+            unsafe { Avx2(_mm256_add_ps(self.0, b.0)) }
+        }
+        #[inline(always)]
+        fn sub(self, b: Self) -> Self {
+            // SAFETY: see the module-wide note.
+            unsafe { Avx2(_mm256_sub_ps(self.0, b.0)) }
+        }
+        #[inline(always)]
+        fn mul(self, b: Self) -> Self {
+            // SAFETY: see the module-wide note.
+            unsafe { Avx2(_mm256_mul_ps(self.0, b.0)) }
+        }
+        #[inline(always)]
+        fn mul_add(self, b: Self, c: Self) -> Self {
+            // SAFETY: see the module-wide note.
+            unsafe { Avx2(_mm256_fmadd_ps(self.0, b.0, c.0)) }
+        }
+        #[inline(always)]
+        fn max(self, b: Self) -> Self {
+            // SAFETY: see the module-wide note.
+            unsafe { Avx2(_mm256_max_ps(self.0, b.0)) }
+        }
+        #[inline(always)]
+        fn exp(self) -> Self {
+            super::exp_poly(self)
+        }
+        #[inline(always)]
+        fn reduce_add(self) -> f32 {
+            // SAFETY: see the module-wide note.
+            unsafe {
+                let lo = _mm256_castps256_ps128(self.0);
+                let hi = _mm256_extractf128_ps::<1>(self.0);
+                let s = _mm_add_ps(lo, hi);
+                let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+                let s = _mm_add_ss(s, _mm_shuffle_ps::<0b01>(s, s));
+                _mm_cvtss_f32(s)
+            }
+        }
+    }
+
+    impl PowTwo for Avx2 {
+        #[inline(always)]
+        fn scale_pow2(self, n: Self) -> Self {
+            // SAFETY: see the module-wide note. Two factors 2^h and 2^(n-h), each a normal float.
+            unsafe {
+                let n = _mm256_cvtps_epi32(n.0);
+                let h = _mm256_srai_epi32::<1>(n);
+                let bias = _mm256_set1_epi32(127);
+                let f1 = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(h, bias)));
+                let f2 = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(_mm256_sub_epi32(n, h), bias)));
+                Avx2(_mm256_mul_ps(_mm256_mul_ps(self.0, f1), f2))
+            }
+        }
+        #[inline(always)]
+        fn min_(self, b: Self) -> Self {
+            // SAFETY: see the module-wide note.
+            unsafe { Avx2(_mm256_min_ps(self.0, b.0)) }
+        }
+    }
+}
+
+/// A kernel body generic over the lane type; [`dispatch`] picks the instantiation.
+pub trait SimdKernel {
+    /// What the kernel returns.
+    type Output;
+    /// Runs the body with lanes `S`. Mark implementations `#[inline(always)]` so the
+    /// body is compiled inside the feature-enabled caller.
+    fn run<S: Simd + PowTwo>(self) -> Self::Output;
+}
+
+/// Which instruction set [`dispatch`] uses on this CPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SimdLevel {
+    /// AVX2 + FMA + F16C.
+    Avx2,
+    /// `wide`'s compile-time baseline (SSE2 on x86-64).
+    Portable,
+}
+
+/// The instruction set detected once per process; `SSM_CPU_SIMD=portable` forces the portable path.
+pub fn simd_level() -> SimdLevel {
+    static LEVEL: std::sync::OnceLock<SimdLevel> = std::sync::OnceLock::new();
+    *LEVEL.get_or_init(|| {
+        if std::env::var("SSM_CPU_SIMD").is_ok_and(|v| v == "portable") {
+            return SimdLevel::Portable;
+        }
+        #[cfg(target_arch = "x86_64")]
+        {
+            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c") {
+                return SimdLevel::Avx2;
+            }
+        }
+        SimdLevel::Portable
+    })
+}
+
+/// Runs `k` with the best lanes this CPU supports.
+#[inline]
+pub fn dispatch<K: SimdKernel>(k: K) -> K::Output {
+    match simd_level() {
+        #[cfg(target_arch = "x86_64")]
+        SimdLevel::Avx2 => {
+            // SAFETY: `simd_level` returned Avx2 only after detecting avx2, fma and f16c.
+            unsafe { run_avx2(k) }
+        }
+        _ => k.run::<Portable>(),
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn run_avx2<K: SimdKernel>(k: K) -> K::Output {
+    k.run::<Avx2>()
+}
+
+/// A state or activation element type the kernels load into and store from lanes.
+pub trait Real: ssm_tensor::Element + Copy {
+    /// Widens to f32 exactly.
+    fn to_f32(self) -> f32;
+    /// Rounds an f32 to nearest even.
+    fn from_f32(v: f32) -> Self;
+    /// Loads 8 elements as f32 lanes.
+    fn load<S: Simd>(s: &[Self]) -> S;
+    /// Stores 8 lanes, rounding to nearest even.
+    fn store<S: Simd>(v: S, s: &mut [Self]);
+}
+
+impl Real for f32 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+    #[inline(always)]
+    fn from_f32(v: f32) -> Self {
+        v
+    }
+    #[inline(always)]
+    fn load<S: Simd>(s: &[Self]) -> S {
+        S::load(s)
+    }
+    #[inline(always)]
+    fn store<S: Simd>(v: S, s: &mut [Self]) {
+        v.store(s)
+    }
+}
+
+impl Real for bf16 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        bf16::to_f32(self)
+    }
+    #[inline(always)]
+    fn from_f32(v: f32) -> Self {
+        bf16::from_f32(v)
+    }
+    #[inline(always)]
+    fn load<S: Simd>(s: &[Self]) -> S {
+        S::load_bf16(s)
+    }
+    #[inline(always)]
+    fn store<S: Simd>(v: S, s: &mut [Self]) {
+        v.store_bf16(s)
+    }
+}
+
+impl Real for f16 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+    #[inline(always)]
+    fn from_f32(v: f32) -> Self {
+        f16::from_f32(v)
+    }
+    #[inline(always)]
+    fn load<S: Simd>(s: &[Self]) -> S {
+        S::load_f16(s)
+    }
+    #[inline(always)]
+    fn store<S: Simd>(v: S, s: &mut [Self]) {
+        v.store_f16(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct RoundTrip(Vec<f32>);
+    impl SimdKernel for RoundTrip {
+        type Output = (Vec<f32>, Vec<bf16>, Vec<f16>, f32);
+        #[inline(always)]
+        fn run<S: Simd + PowTwo>(self) -> Self::Output {
+            let mut e = vec![0.0; self.0.len()];
+            let mut b = vec![bf16::ZERO; self.0.len()];
+            let mut h = vec![f16::ZERO; self.0.len()];
+            let mut sum = S::splat(0.0);
+            for i in (0..self.0.len()).step_by(8) {
+                let v = S::load(&self.0[i..]);
+                v.exp().store(&mut e[i..]);
+                v.store_bf16(&mut b[i..]);
+                v.store_f16(&mut h[i..]);
+                sum = sum.add(S::load_bf16(&b[i..]).mul(S::load_f16(&h[i..])));
+            }
+            (e, b, h, sum.reduce_add())
+        }
+    }
+
+    fn check_level() {
+        let xs: Vec<f32> = (0..4096)
+            .map(|i| (i as f32 - 2048.0) * 0.0521 + 0.013)
+            .chain([-104.0, -87.5, -50.0, 0.0, 1e-8, 88.5, 100.0, f32::NAN])
+            .collect();
+        let (e, b, h, _) = dispatch(RoundTrip(xs.clone()));
+        for (i, &x) in xs.iter().enumerate() {
+            let want = (x as f64).exp();
+            if x.is_nan() {
+                assert!(e[i].is_nan() && b[i].is_nan() && h[i].is_nan());
+                continue;
+            }
+            let got = e[i] as f64;
+            if want < 1e-38 {
+                assert!(got.abs() <= 2e-38, "exp({x}) = {got}");
+            } else if want > f32::MAX as f64 {
+                assert!(got.is_infinite(), "exp({x}) = {got}");
+            } else {
+                assert!(((got - want) / want).abs() < 3e-7, "exp({x}) = {got}, want {want}");
+            }
+            assert_eq!(b[i].to_bits(), bf16::from_f32(x).to_bits(), "bf16 of {x}");
+            assert_eq!(h[i].to_bits(), f16::from_f32(x).to_bits(), "f16 of {x}");
+        }
+    }
+
+    #[test]
+    fn both_paths_agree_with_scalar() {
+        check_level();
+        // The portable path, whatever this CPU supports.
+        let xs: Vec<f32> = (0..64).map(|i| i as f32 * 0.37 - 11.0).collect();
+        let (e, ..) = RoundTrip(xs.clone()).run::<Portable>();
+        for (x, g) in xs.iter().zip(e) {
+            let want = (*x as f64).exp();
+            assert!(((g as f64 - want) / want).abs() < 3e-7);
+        }
+    }
+}

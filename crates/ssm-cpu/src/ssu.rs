@@ -1,0 +1,368 @@
+//! Selective state update on the CPU.
+//!
+//! Work items are (sequence, head) pairs, run in parallel when the plan says no slot is
+//! shared between sequences (`alias_free`), in order otherwise (the reference's order).
+//! Inside an item the loop is row-major: each state row `[dstate]` is loaded once, carried
+//! in f32 through every token of the sequence (per-token stores in speculative mode), and
+//! stored once — one streaming pass over the state, eight lanes at a time.
+
+use std::cell::RefCell;
+
+use half::{bf16, f16};
+use ssm_ssu::philox::{round_f16_stochastic, sr_bits};
+use ssm_ssu::{ParamForm, Route, SelectiveStateUpdate, SsuBackend, SsuPlan, TokenStrides};
+use ssm_tensor::DType;
+
+use crate::simd::{LANES, PowTwo, Real, Simd, SimdKernel, dispatch};
+use crate::{CpuBackend, CpuError, require_host};
+
+/// A raw pointer that may cross threads. Items write disjoint elements through it (the plan's
+/// `alias_free`, or in-order execution when that is false).
+#[derive(Clone, Copy)]
+struct SyncPtr<T>(*mut T);
+// SAFETY: the pointer is only dereferenced at element indices the plan assigns to exactly one
+// work item at a time (see `selective_state_update`), so sharing it between threads is sound.
+unsafe impl<T> Send for SyncPtr<T> {}
+// SAFETY: as above.
+unsafe impl<T> Sync for SyncPtr<T> {}
+
+#[inline(always)]
+fn rd(bytes: &[u8], dtype: DType, i: usize) -> f32 {
+    match dtype {
+        DType::F32 => f32::from_le_bytes(bytes[i * 4..i * 4 + 4].try_into().unwrap()),
+        DType::BF16 => bf16::from_bits(u16::from_le_bytes(bytes[i * 2..i * 2 + 2].try_into().unwrap())).to_f32(),
+        DType::F16 => f16::from_bits(u16::from_le_bytes(bytes[i * 2..i * 2 + 2].try_into().unwrap())).to_f32(),
+        _ => unreachable!("plan admits float inputs only"),
+    }
+}
+
+#[inline(always)]
+fn rd_int(bytes: &[u8], dtype: DType, i: usize) -> i64 {
+    match dtype {
+        DType::I32 => i32::from_le_bytes(bytes[i * 4..i * 4 + 4].try_into().unwrap()) as i64,
+        _ => i64::from_le_bytes(bytes[i * 8..i * 8 + 8].try_into().unwrap()),
+    }
+}
+
+/// Writes `v` (rounded to nearest even) as element `i` of a `dtype` buffer.
+///
+/// # Safety
+/// `base` must point to a buffer holding element `i` of `dtype`, written by no other thread now.
+#[inline(always)]
+unsafe fn wr(base: *mut u8, dtype: DType, i: usize, v: f32) {
+    // SAFETY: in bounds and exclusive by the caller's contract; unaligned writes.
+    unsafe {
+        match dtype {
+            DType::F32 => (base.add(i * 4) as *mut f32).write_unaligned(v),
+            DType::BF16 => (base.add(i * 2) as *mut u16).write_unaligned(bf16::from_f32(v).to_bits()),
+            DType::F16 => (base.add(i * 2) as *mut u16).write_unaligned(f16::from_f32(v).to_bits()),
+            _ => unreachable!("plan admits float outputs only"),
+        }
+    }
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+struct Inputs<'a> {
+    x: &'a [u8],
+    dt: &'a [u8],
+    a: &'a [u8],
+    b: &'a [u8],
+    c: &'a [u8],
+    d: Option<&'a [u8]>,
+    dt_bias: Option<&'a [u8]>,
+    z: Option<&'a [u8]>,
+    sbi: Option<&'a [u8]>,
+    dst: Option<&'a [u8]>,
+    nacc: Option<&'a [u8]>,
+    cu: Option<&'a [u8]>,
+}
+
+struct Item<'a, St> {
+    plan: &'a SsuPlan,
+    inp: &'a Inputs<'a>,
+    state: SyncPtr<St>,
+    out: SyncPtr<u8>,
+    seq: usize,
+    head: usize,
+}
+
+impl CpuBackend {
+    fn ssu_typed<St: Real>(&self, plan: &SsuPlan, inp: &Inputs<'_>, state: *mut St, out: *mut u8) {
+        let (state, out) = (SyncPtr(state), SyncPtr(out));
+        let heads = plan.dims.heads;
+        let body = |i: usize| {
+            dispatch(Item { plan, inp, state, out, seq: i / heads, head: i % heads });
+        };
+        let n = plan.dims.seqs * heads;
+        if plan.alias_free {
+            self.for_each(n, body);
+        } else {
+            (0..n).for_each(body);
+        }
+    }
+}
+
+impl SsuBackend for CpuBackend {
+    type Error = CpuError;
+
+    /// Runs the update on host tensors. Trusts `plan` (built from `args` by `ssm_ssu::plan`).
+    fn selective_state_update(&self, plan: &SsuPlan, mut args: SelectiveStateUpdate<'_>) -> Result<(), CpuError> {
+        require_host("state", args.state.device())?;
+        fn host<'t>(t: &ssm_tensor::TensorRef<'t>) -> Option<&'t [u8]> {
+            t.host_bytes()
+        }
+        fn opt<'t>(t: &Option<ssm_tensor::TensorRef<'t>>) -> Option<&'t [u8]> {
+            t.as_ref().and_then(|t| t.host_bytes())
+        }
+        let (Some(x), Some(dt), Some(a), Some(b), Some(c)) =
+            (host(&args.x), host(&args.dt), host(&args.a), host(&args.b), host(&args.c))
+        else {
+            return Err(CpuError::NotHost { arg: "x", device: args.x.device() });
+        };
+        let sbi = opt(&args.state_batch_indices);
+        let inp = Inputs {
+            x,
+            dt,
+            a,
+            b,
+            c,
+            d: opt(&args.d),
+            dt_bias: opt(&args.dt_bias),
+            z: opt(&args.z),
+            sbi,
+            dst: opt(&args.dst_state_batch_indices).or(sbi),
+            nacc: opt(&args.num_accepted_tokens),
+            cu: opt(&args.cu_seqlens),
+        };
+        let out = args.out.host_bytes_mut().ok_or(CpuError::NotHost { arg: "out", device: plan.device })?.as_mut_ptr();
+        match plan.dtypes.state {
+            DType::F32 => {
+                let s = args
+                    .state
+                    .host_data_mut::<f32>()
+                    .map_err(|_| CpuError::NotHost { arg: "state", device: plan.device })?;
+                self.ssu_typed(plan, &inp, s.as_mut_ptr(), out)
+            }
+            DType::BF16 => {
+                let s = args
+                    .state
+                    .host_data_mut::<bf16>()
+                    .map_err(|_| CpuError::NotHost { arg: "state", device: plan.device })?;
+                self.ssu_typed(plan, &inp, s.as_mut_ptr(), out)
+            }
+            DType::F16 => {
+                let s = args
+                    .state
+                    .host_data_mut::<f16>()
+                    .map_err(|_| CpuError::NotHost { arg: "state", device: plan.device })?;
+                self.ssu_typed(plan, &inp, s.as_mut_ptr(), out)
+            }
+            _ => unreachable!("plan admits float states only"),
+        }
+        Ok(())
+    }
+}
+
+impl<St: Real> SimdKernel for Item<'_, St> {
+    type Output = ();
+
+    #[inline(always)]
+    fn run<S: Simd + PowTwo>(self) -> () {
+        let Item { plan, inp, state, out, seq: b, head: h } = self;
+        let ty = &plan.dtypes;
+        let dims = &plan.dims;
+        let (dim, n_st) = (dims.dim, dims.dstate);
+
+        // Sequence bounds.
+        let (start, len) = match plan.route {
+            Route::OneToken => (b, 1),
+            Route::Dense { steps } => (b * steps, steps),
+            Route::Varlen => {
+                let cu = plan.cu_seqlens.unwrap();
+                let t = ty.cu_seqlens.unwrap();
+                let lo = rd_int(inp.cu.unwrap(), t, cu.at([b]));
+                let hi = rd_int(inp.cu.unwrap(), t, cu.at([b + 1]));
+                (lo as usize, (hi - lo) as usize)
+            }
+        };
+        if len == 0 {
+            return;
+        }
+        let col = match (inp.nacc, plan.num_accepted_tokens) {
+            (Some(n), Some(s)) => (rd_int(n, ty.num_accepted_tokens.unwrap(), s.at([b])) - 1).max(0) as usize,
+            _ => 0,
+        };
+        let (src, dst_final) = match (inp.sbi, plan.state_batch_indices, plan.dst_state_batch_indices) {
+            (Some(t), Some(tab), Some(dtab)) => (
+                rd_int(t, tab.dtype, tab.strides.at([b, col])),
+                rd_int(inp.dst.unwrap(), dtab.dtype, dtab.strides.at([b, col])),
+            ),
+            _ => (b as i64, b as i64),
+        };
+        let live = !(plan.state_batch_indices.is_some() && plan.is_pad(src));
+        let g = h / plan.heads_per_group();
+        let base_row = if plan.route == Route::Varlen { start } else { b };
+        let tok = |ts: &TokenStrides, t: usize| plan.token_base(ts, b, base_row) + t as isize * ts.tok;
+        let tied = plan.form == ParamForm::Tied;
+        let softplus = |v: f32| if v <= 20.0 { (v.exp() + 1.0).ln() } else { v };
+        let dt_of = |t: usize, p: usize| {
+            let mut v = rd(inp.dt, ty.dt, plan.dt.at(tok(&plan.dt, t), h, p));
+            if let (Some(bias), Some(s)) = (inp.dt_bias, plan.dt_bias) {
+                v += rd(bias, ty.dt_bias.unwrap(), s.at([h, p]));
+            }
+            if plan.dt_softplus { softplus(v) } else { v }
+        };
+        let a_head = rd(inp.a, ty.a, plan.a.at([h, 0, 0]));
+        let spec_dsts = plan.spec && live;
+        let final_store = !plan.spec && live && !plan.is_pad(dst_final);
+
+        // Per-token vectors: B (times dt in the tied form), C; tied scalars dt and dA.
+        let nv = n_st.div_ceil(LANES) * LANES;
+        SCRATCH.with(|scratch| {
+            let mut scratch = scratch.borrow_mut();
+            let need = len * (2 * nv + 2) + 3 * nv;
+            if scratch.len() < need {
+                scratch.resize(need, 0.0);
+            }
+            let (bv, rest) = scratch.split_at_mut(len * nv);
+            let (cv, rest) = rest.split_at_mut(len * nv);
+            let (dts, rest) = rest.split_at_mut(len);
+            let (das, rest) = rest.split_at_mut(len);
+            let (row, rest) = rest.split_at_mut(nv);
+            let (da_row, bdt_row) = rest.split_at_mut(nv);
+            for t in 0..len {
+                let (bb, cb) = (tok(&plan.b, t), tok(&plan.c, t));
+                let dtv = if tied { dt_of(t, 0) } else { 1.0 };
+                dts[t] = dtv;
+                das[t] = (a_head * dtv).exp();
+                for n in 0..nv {
+                    let (bval, cval) = if n < n_st {
+                        (rd(inp.b, ty.b, plan.b.at(bb, g, n)), rd(inp.c, ty.c, plan.c.at(cb, g, n)))
+                    } else {
+                        (0.0, 0.0)
+                    };
+                    bv[t * nv + n] = bval * dtv;
+                    cv[t * nv + n] = cval;
+                }
+            }
+
+            for p in 0..dim {
+                // Load the row (zeros for a pad source), widened to f32.
+                if live {
+                    let off = plan.state.at([src as usize, h, p, 0]);
+                    // SAFETY: the plan checked `src` against the pool and the state layout, so
+                    // `off..off + dstate` is inside the state; this item owns (src, h) now.
+                    let srow = unsafe { std::slice::from_raw_parts(state.0.add(off), n_st) };
+                    load_row::<S, St>(srow, row);
+                } else {
+                    row.iter_mut().for_each(|v| *v = 0.0);
+                }
+                let d_p = match (inp.d, plan.d) {
+                    (Some(d), Some(s)) => rd(d, ty.d.unwrap(), s.at([h, p])),
+                    _ => 0.0,
+                };
+                for t in 0..len {
+                    let xv = rd(inp.x, ty.x, plan.x.at(tok(&plan.x, t), h, p));
+                    let bt = &bv[t * nv..(t + 1) * nv];
+                    let ct = &cv[t * nv..(t + 1) * nv];
+                    let mut acc = S::splat(0.0);
+                    if tied {
+                        let (da, xs) = (S::splat(das[t]), S::splat(xv));
+                        for n in (0..nv).step_by(LANES) {
+                            let s = S::load(&row[n..]).mul_add(da, S::load(&bt[n..]).mul(xs));
+                            s.store(&mut row[n..]);
+                            acc = s.mul_add(S::load(&ct[n..]), acc);
+                        }
+                    } else {
+                        let dtv = dt_of(t, p);
+                        let dtl = S::splat(dtv);
+                        for n in (0..nv).step_by(LANES) {
+                            let mut av = [0.0f32; LANES];
+                            for (k, a) in av.iter_mut().enumerate() {
+                                if n + k < n_st {
+                                    *a = rd(inp.a, ty.a, plan.a.at([h, p, n + k]));
+                                }
+                            }
+                            S::load(&av).mul(dtl).exp().store(&mut da_row[n..]);
+                            S::load(&bt[n..]).mul(dtl).store(&mut bdt_row[n..]);
+                        }
+                        let xs = S::splat(xv);
+                        for n in (0..nv).step_by(LANES) {
+                            let s = S::load(&row[n..]).mul_add(S::load(&da_row[n..]), S::load(&bdt_row[n..]).mul(xs));
+                            s.store(&mut row[n..]);
+                            acc = s.mul_add(S::load(&ct[n..]), acc);
+                        }
+                    }
+                    if spec_dsts {
+                        let dtab = plan.dst_state_batch_indices.unwrap();
+                        let ds = rd_int(inp.dst.unwrap(), dtab.dtype, dtab.strides.at([b, t]));
+                        if !plan.is_pad(ds) {
+                            let off = plan.state.at([ds as usize, h, p, 0]);
+                            // SAFETY: `ds` was checked by the plan; (ds, h) is owned by this item
+                            // (alias_free) or items run in order.
+                            let drow = unsafe { std::slice::from_raw_parts_mut(state.0.add(off), n_st) };
+                            store_row::<S, St>(row, drow);
+                        }
+                    }
+                    let mut y = acc.reduce_add() + xv * d_p;
+                    if let (Some(z), Some(zs)) = (inp.z, plan.z) {
+                        let zv = rd(z, ty.z.unwrap(), zs.at(tok(&zs, t), h, p));
+                        y *= zv / (1.0 + (-zv).exp());
+                    }
+                    // SAFETY: the plan checked `out`'s shape and that its elements do not overlap;
+                    // token (t) of sequence b, head h, row p is written by this item only.
+                    unsafe { wr(out.0, ty.out, plan.out.at(tok(&plan.out, t), h, p), y) };
+                }
+                if final_store {
+                    let off = plan.state.at([dst_final as usize, h, p, 0]);
+                    // SAFETY: `dst_final` was checked by the plan; (dst_final, h) is owned by this item.
+                    let drow = unsafe { std::slice::from_raw_parts_mut(state.0.add(off), n_st) };
+                    match plan.stochastic_rounding {
+                        None => store_row::<S, St>(row, drow),
+                        Some(sr) => {
+                            let st = plan.state.strides;
+                            let base = src as isize * st[0] + h as isize * st[1] + p as isize * st[2];
+                            for n in 0..n_st {
+                                let pair = (base + (n - n % 2) as isize * st[3]) as u64;
+                                let r = sr_bits(sr.seed, sr.rounds(), pair, n % 2 == 1);
+                                let v = round_f16_stochastic(row[n], r);
+                                // The plan admits stochastic rounding for f16 states only.
+                                drow[n] = St::from_f32(v.to_f32());
+                            }
+                        }
+                    }
+                }
+            }
+        });
+    }
+}
+
+#[inline(always)]
+fn load_row<S: Simd, St: Real>(src: &[St], row: &mut [f32]) {
+    let n = src.len();
+    let full = n / LANES * LANES;
+    for i in (0..full).step_by(LANES) {
+        St::load::<S>(&src[i..]).store(&mut row[i..]);
+    }
+    for i in full..n {
+        row[i] = src[i].to_f32();
+    }
+    for v in &mut row[n..] {
+        *v = 0.0;
+    }
+}
+
+#[inline(always)]
+fn store_row<S: Simd, St: Real>(row: &[f32], dst: &mut [St]) {
+    let n = dst.len();
+    let full = n / LANES * LANES;
+    for i in (0..full).step_by(LANES) {
+        St::store(S::load(&row[i..]), &mut dst[i..]);
+    }
+    for i in full..n {
+        dst[i] = St::from_f32(row[i]);
+    }
+}

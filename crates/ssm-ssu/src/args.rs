@@ -1,0 +1,71 @@
+use ssm_tensor::{TensorMut, TensorRef};
+
+/// Stochastic rounding of an fp16 state on its final store (semantics/ssu.md §2.7, §6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StochasticRounding {
+    /// Philox key. vLLM draws it per call; here the caller passes it, so that every
+    /// backend produces the same bits for the same seed.
+    pub seed: u64,
+    /// Philox rounds; 0 means Triton's default of 10 (vLLM's `cache_philox_rounds = 0`).
+    pub philox_rounds: u32,
+}
+
+impl StochasticRounding {
+    /// The number of Philox rounds actually run.
+    pub fn rounds(&self) -> u32 {
+        if self.philox_rounds == 0 { 10 } else { self.philox_rounds }
+    }
+}
+
+/// Arguments of one selective state update, named as vLLM's Python API names them.
+///
+/// Shapes (vLLM's unsqueeze rules apply: a rank one lower means "no heads axis" / "one group"):
+/// - `state` `[slots, heads, dim, dstate]` (or `[slots, dim, dstate]`), f32/f16/bf16, updated in place;
+///   its last dimension must be contiguous.
+/// - `x`, `dt`, `z`, `out`: `[rows, heads, dim]` (or `[rows, dim]`), or dense `[batch, steps, heads, dim]`.
+///   `rows` is the batch (one token per sequence) or the packed token count with `cu_seqlens`.
+/// - `a` (vLLM's `A`) `[heads, dim, dstate]` (or `[dim, dstate]`), already negative (`-exp(A_log)`).
+/// - `b`, `c` (`B`, `C`): `[rows, groups, dstate]` (or `[rows, dstate]`, or dense `[batch, steps, groups, dstate]`);
+///   head `h` uses group `h / (heads / groups)`.
+/// - `d`, `dt_bias` (`D`, `dt_bias`): `[heads, dim]` (or `[dim]`).
+/// - Tied (Mamba2) form: `A` strides of the last two axes, `dt`'s last stride and `dt_bias`'s
+///   last stride are 0 (stride-0 broadcast views) — one scalar per head is read.
+/// - `state_batch_indices`, `dst_state_batch_indices`: `[seqs]` or `[seqs, width]`, i32/i64.
+/// - `num_accepted_tokens`: `[seqs]`, i32/i64; needs a 2-D `state_batch_indices`.
+/// - `cu_seqlens`: `[seqs + 1]`, i32/i64, with a packed 3-D `x`.
+pub struct SelectiveStateUpdate<'a> {
+    /// The state pool, updated in place.
+    pub state: TensorMut<'a>,
+    /// Input activations.
+    pub x: TensorRef<'a>,
+    /// Time step (before `dt_bias` and softplus).
+    pub dt: TensorRef<'a>,
+    /// vLLM's `A`.
+    pub a: TensorRef<'a>,
+    /// vLLM's `B`.
+    pub b: TensorRef<'a>,
+    /// vLLM's `C`.
+    pub c: TensorRef<'a>,
+    /// vLLM's `D` (skip connection), optional.
+    pub d: Option<TensorRef<'a>>,
+    /// Added to `dt` in f32 before softplus, optional.
+    pub dt_bias: Option<TensorRef<'a>>,
+    /// Gate: `out *= z·sigmoid(z)`, optional.
+    pub z: Option<TensorRef<'a>>,
+    /// Apply `softplus` (threshold 20) to `dt + dt_bias`.
+    pub dt_softplus: bool,
+    /// Source slot per sequence (1-D) or per (sequence, column) (2-D).
+    pub state_batch_indices: Option<TensorRef<'a>>,
+    /// Destination slots; default `state_batch_indices`.
+    pub dst_state_batch_indices: Option<TensorRef<'a>>,
+    /// The pad value (vLLM's `null_block_id` / `pad_slot_id`). No default: `None` means no pads.
+    pub pad_slot_id: Option<i64>,
+    /// Output, written for every token of every non-empty sequence (pad rows included).
+    pub out: TensorMut<'a>,
+    /// Speculative decoding: accepted tokens of the previous step per sequence.
+    pub num_accepted_tokens: Option<TensorRef<'a>>,
+    /// Packed varlen: sequence starts in the token rows.
+    pub cu_seqlens: Option<TensorRef<'a>>,
+    /// Stochastic rounding of an fp16 state (final store only).
+    pub stochastic_rounding: Option<StochasticRounding>,
+}

@@ -1,0 +1,175 @@
+use ssm_tensor::{DType, Device, TensorError};
+
+/// Why a selective state update was refused. Every variant names the argument (as vLLM
+/// names it), what was expected and what came. Nothing is written when a call fails.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SsuError {
+    /// A tensor has a rank the op does not accept.
+    #[error("`{arg}` must have rank {expected}, got shape {actual:?}")]
+    Rank {
+        /// Argument name.
+        arg: &'static str,
+        /// Accepted ranks, e.g. "3 or 4".
+        expected: &'static str,
+        /// The shape that came.
+        actual: Vec<usize>,
+    },
+    /// A tensor's shape does not match the others.
+    #[error("`{arg}` must have shape {expected}, got {actual:?}")]
+    Shape {
+        /// Argument name.
+        arg: &'static str,
+        /// The expected shape, with the names of its dimensions.
+        expected: String,
+        /// The shape that came.
+        actual: Vec<usize>,
+    },
+    /// A tensor has a dtype the op does not accept.
+    #[error("`{arg}` must be {expected}, got {actual}")]
+    DType {
+        /// Argument name.
+        arg: &'static str,
+        /// The accepted dtypes.
+        expected: &'static str,
+        /// The dtype that came.
+        actual: DType,
+    },
+    /// `heads` is not a multiple of `groups`.
+    #[error("heads ({heads}, from `state`) must be a multiple of groups ({groups}, from `B`)")]
+    HeadsNotDivisible {
+        /// Number of heads.
+        heads: usize,
+        /// Number of groups.
+        groups: usize,
+    },
+    /// A dimension that must be contiguous is not.
+    #[error("`{arg}` must be {what}, got shape {shape:?} with strides {strides:?}")]
+    NotContiguous {
+        /// Argument name.
+        arg: &'static str,
+        /// What is required, e.g. "contiguous along dstate (last stride 1)".
+        what: &'static str,
+        /// Its shape.
+        shape: Vec<usize>,
+        /// Its strides.
+        strides: Vec<isize>,
+    },
+    /// Tensors live on different devices.
+    #[error("`{arg}` lives on {actual}, but `state` lives on {expected}")]
+    Device {
+        /// Argument name.
+        arg: &'static str,
+        /// The state's device.
+        expected: Device,
+        /// The argument's device.
+        actual: Device,
+    },
+    /// An argument needs another one that was not given.
+    #[error("`{arg}` needs `{needs}`")]
+    Requires {
+        /// The argument given.
+        arg: &'static str,
+        /// The argument it needs.
+        needs: &'static str,
+    },
+    /// A 1-D slot table was given where a 2-D `[seqs, width]` one is needed.
+    #[error("`{arg}` must be a 2-D [seqs, width] table {why}, got shape {actual:?}")]
+    TableNeeds2D {
+        /// Argument name.
+        arg: &'static str,
+        /// Why 2-D is needed.
+        why: &'static str,
+        /// The shape that came.
+        actual: Vec<usize>,
+    },
+    /// A slot table has fewer rows than there are sequences.
+    #[error("`{arg}` must have at least {needed} rows (one per sequence), got shape {actual:?}")]
+    TableTooShort {
+        /// Argument name.
+        arg: &'static str,
+        /// Sequences in the call.
+        needed: usize,
+        /// The table's shape.
+        actual: Vec<usize>,
+    },
+    /// A slot table is too narrow for a column the call reads.
+    #[error("`{arg}` has width {width}, but sequence {seq} needs column {column}")]
+    TableTooNarrow {
+        /// Argument name.
+        arg: &'static str,
+        /// The table's width.
+        width: usize,
+        /// The sequence that needs it.
+        seq: usize,
+        /// The column needed.
+        column: usize,
+    },
+    /// A host-resident slot index is neither the pad value nor in `[0, slots)`.
+    #[error("`{arg}`[{seq}, {column}] = {value} is outside [0, {slots}) and is not the pad value ({pad})")]
+    IndexOutOfRange {
+        /// Argument name.
+        arg: &'static str,
+        /// Sequence (row of the table).
+        seq: usize,
+        /// Column of the table.
+        column: usize,
+        /// The value found.
+        value: i64,
+        /// Slots in the state pool.
+        slots: usize,
+        /// The pad value, or "none".
+        pad: String,
+    },
+    /// `cu_seqlens` is not a valid list of sequence starts.
+    #[error(
+        "`cu_seqlens` must be non-decreasing from a value >= 0 up to at most rows ({rows}); entry {at} is {value} after {prev}"
+    )]
+    CuSeqlens {
+        /// Index of the offending entry.
+        at: usize,
+        /// Its value.
+        value: i64,
+        /// The previous entry (0 for the first).
+        prev: i64,
+        /// Token rows in `x`.
+        rows: usize,
+    },
+    /// A dense 4-D `x` was combined with `cu_seqlens`.
+    #[error(
+        "`cu_seqlens` describes a packed 3-D `x` [rows, heads, dim]; a dense 4-D `x` {actual:?} already fixes the sequence lengths"
+    )]
+    DenseWithCuSeqlens {
+        /// The shape of `x`.
+        actual: Vec<usize>,
+    },
+    /// A writable tensor whose elements overlap (e.g. a stride-0 `out`).
+    #[error("`{arg}` is written, so its elements must not overlap; got shape {shape:?} with strides {strides:?}")]
+    Overlapping {
+        /// Argument name.
+        arg: &'static str,
+        /// Its shape.
+        shape: Vec<usize>,
+        /// Its strides.
+        strides: Vec<isize>,
+    },
+    /// Stochastic rounding requested for a state that is not fp16.
+    #[error("stochastic rounding needs an f16 `state`, got {actual}")]
+    StochasticRoundingDtype {
+        /// The state's dtype.
+        actual: DType,
+    },
+    /// An unknown SSU algorithm name.
+    #[error("unknown SSU algorithm `{name}`; expected one of auto, simple, vertical, horizontal")]
+    UnknownAlgorithm {
+        /// The name given.
+        name: String,
+    },
+    /// A view could not be read.
+    #[error("`{arg}`: {source}")]
+    Tensor {
+        /// Argument name.
+        arg: &'static str,
+        /// The view's error.
+        source: TensorError,
+    },
+}

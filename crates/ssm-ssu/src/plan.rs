@@ -1,0 +1,792 @@
+use std::cell::RefCell;
+
+use ssm_tensor::{DType, Device, TensorMut, TensorRef};
+
+use crate::{SelectiveStateUpdate, SsuError, StochasticRounding};
+
+/// How tokens are laid out, resolved from the shapes of `x` and `cu_seqlens`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    /// One token per sequence: `x` `[batch, heads, dim]`, sequence `b` is row `b`.
+    OneToken,
+    /// Packed varlen: sequence `b` is rows `cu_seqlens[b]..cu_seqlens[b+1]`.
+    Varlen,
+    /// Dense `x` `[batch, steps, heads, dim]`: every sequence has `steps` tokens.
+    Dense {
+        /// Tokens per sequence.
+        steps: usize,
+    },
+}
+
+/// Whether `A`/`dt`/`dt_bias` are one scalar per head (Mamba2) or per channel (Mamba1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ParamForm {
+    /// vLLM's `TIE_HDIM`: stride-0 views; `A[h,0,0]`, `dt[k,h,0]`, `dt_bias[h,0]` are read.
+    Tied,
+    /// Per channel: `A[h,p,n]`, `dt[k,h,p]`, `dt_bias[h,p]`.
+    PerChannel,
+}
+
+/// The SSU algorithm names vLLM and FlashInfer accept (`--mamba-ssu-algorithm`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SsuAlgorithm {
+    /// Let the backend choose.
+    #[default]
+    Auto,
+    /// FlashInfer's simple kernel.
+    Simple,
+    /// Tiles along dim rows.
+    Vertical,
+    /// Tiles along dstate columns.
+    Horizontal,
+}
+
+impl std::str::FromStr for SsuAlgorithm {
+    type Err = SsuError;
+    fn from_str(s: &str) -> Result<Self, SsuError> {
+        match s {
+            "auto" => Ok(SsuAlgorithm::Auto),
+            "simple" => Ok(SsuAlgorithm::Simple),
+            "vertical" => Ok(SsuAlgorithm::Vertical),
+            "horizontal" => Ok(SsuAlgorithm::Horizontal),
+            other => Err(SsuError::UnknownAlgorithm { name: other.to_string() }),
+        }
+    }
+}
+
+impl SsuAlgorithm {
+    /// The name as vLLM spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            SsuAlgorithm::Auto => "auto",
+            SsuAlgorithm::Simple => "simple",
+            SsuAlgorithm::Vertical => "vertical",
+            SsuAlgorithm::Horizontal => "horizontal",
+        }
+    }
+}
+
+/// Element offset and strides of a tensor after vLLM's unsqueeze rules.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Strided<const R: usize> {
+    /// Element offset of element `[0; R]` in the borrowed memory.
+    pub offset: isize,
+    /// Strides in elements (0 = broadcast).
+    pub strides: [isize; R],
+}
+
+impl<const R: usize> Strided<R> {
+    /// Element index of `idx` in the borrowed memory.
+    #[inline(always)]
+    pub fn at(&self, idx: [usize; R]) -> usize {
+        let mut o = self.offset;
+        for d in 0..R {
+            o += idx[d] as isize * self.strides[d];
+        }
+        o as usize
+    }
+}
+
+/// Addressing of a per-token tensor (`x`, `dt`, `z`, `out`: inner axes heads, dim; `B`, `C`:
+/// groups, dstate). Token `t` of sequence `b` starts at `offset + start(b) + t·tok`, where
+/// `start(b)` is `cu_seqlens[b]·tok` on the varlen route and `b·seq` otherwise.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TokenStrides {
+    /// Element offset of the first token.
+    pub offset: isize,
+    /// Stride between sequences (one-token and dense routes).
+    pub seq: isize,
+    /// Stride between consecutive tokens of a sequence (and between packed rows).
+    pub tok: isize,
+    /// Stride of the heads (or groups) axis.
+    pub head: isize,
+    /// Stride of the dim (or dstate) axis.
+    pub dim: isize,
+}
+
+impl TokenStrides {
+    /// Element index of row `row` (a packed row, or `b·steps + t` resolved by the caller through
+    /// [`SsuPlan::token_base`]) for head `h` and channel `p`.
+    #[inline(always)]
+    pub fn at(&self, base: isize, h: usize, p: usize) -> usize {
+        (self.offset + base + h as isize * self.head + p as isize * self.dim) as usize
+    }
+}
+
+/// A slot table (`state_batch_indices`, `dst_state_batch_indices`) as the kernels read it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IndexTable {
+    /// Entry `[b, col]` lives at `offset + b·strides[0] + col·strides[1]`.
+    pub strides: Strided<2>,
+    /// Rows (at least the number of sequences).
+    pub rows: usize,
+    /// Columns (1 for a 1-D table).
+    pub width: usize,
+    /// I32 or I64.
+    pub dtype: DType,
+}
+
+/// Resolved sizes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SsuDims {
+    /// Sequences (grid rows).
+    pub seqs: usize,
+    /// Token rows in `x` (batch, packed tokens, or batch·steps).
+    pub rows: usize,
+    /// Heads (1 for the Mamba1 form).
+    pub heads: usize,
+    /// Channels per head (head dim).
+    pub dim: usize,
+    /// State size per channel.
+    pub dstate: usize,
+    /// Groups of `B`/`C`.
+    pub groups: usize,
+    /// Slots in the state pool.
+    pub slots: usize,
+}
+
+/// Element types of every argument.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SsuDtypes {
+    /// State pool.
+    pub state: DType,
+    /// `x`.
+    pub x: DType,
+    /// `dt`.
+    pub dt: DType,
+    /// `A`.
+    pub a: DType,
+    /// `B`.
+    pub b: DType,
+    /// `C`.
+    pub c: DType,
+    /// `D`, when given.
+    pub d: Option<DType>,
+    /// `dt_bias`, when given.
+    pub dt_bias: Option<DType>,
+    /// `z`, when given.
+    pub z: Option<DType>,
+    /// `out`.
+    pub out: DType,
+    /// `cu_seqlens`, when given.
+    pub cu_seqlens: Option<DType>,
+    /// `num_accepted_tokens`, when given.
+    pub num_accepted_tokens: Option<DType>,
+}
+
+/// A checked selective state update: everything a backend needs to run it, resolved once.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SsuPlan {
+    /// Token layout.
+    pub route: Route,
+    /// Speculative decoding (`num_accepted_tokens` given): start from column
+    /// `max(num_accepted − 1, 0)`, store token t's state to `dst[b, t]`, no final store.
+    pub spec: bool,
+    /// Tied or per-channel parameters.
+    pub form: ParamForm,
+    /// Sizes.
+    pub dims: SsuDims,
+    /// Element types.
+    pub dtypes: SsuDtypes,
+    /// Device of every tensor.
+    pub device: Device,
+    /// `state` `[slots, heads, dim, dstate]` (dstate stride is 1).
+    pub state: Strided<4>,
+    /// `x`.
+    pub x: TokenStrides,
+    /// `dt` (its dim stride is 0 in the tied form).
+    pub dt: TokenStrides,
+    /// `z`.
+    pub z: Option<TokenStrides>,
+    /// `out`.
+    pub out: TokenStrides,
+    /// `B` (head = group axis, dim = dstate axis).
+    pub b: TokenStrides,
+    /// `C`.
+    pub c: TokenStrides,
+    /// `A` `[heads, dim, dstate]`.
+    pub a: Strided<3>,
+    /// `D` `[heads, dim]`.
+    pub d: Option<Strided<2>>,
+    /// `dt_bias` `[heads, dim]`.
+    pub dt_bias: Option<Strided<2>>,
+    /// Source slot table.
+    pub state_batch_indices: Option<IndexTable>,
+    /// Destination slot table (already defaulted to the source table when absent).
+    pub dst_state_batch_indices: Option<IndexTable>,
+    /// `num_accepted_tokens` `[seqs]`.
+    pub num_accepted_tokens: Option<Strided<1>>,
+    /// `cu_seqlens` `[seqs + 1]`.
+    pub cu_seqlens: Option<Strided<1>>,
+    /// The pad value.
+    pub pad_slot_id: Option<i64>,
+    /// Apply softplus to `dt + dt_bias`.
+    pub dt_softplus: bool,
+    /// Stochastic rounding of the final fp16 store.
+    pub stochastic_rounding: Option<StochasticRounding>,
+    /// Index values were on the host and were all checked.
+    pub host_indices_checked: bool,
+    /// No slot written by one sequence is read or written by another (host tables only;
+    /// always `false` for device tables, whose values the plan cannot see). When `false`,
+    /// a host backend processes sequences in order, which is what the reference does.
+    pub alias_free: bool,
+}
+
+impl SsuPlan {
+    /// Whether `slot` is the pad value.
+    #[inline(always)]
+    pub fn is_pad(&self, slot: i64) -> bool {
+        self.pad_slot_id == Some(slot)
+    }
+
+    /// Heads per group.
+    #[inline(always)]
+    pub fn heads_per_group(&self) -> usize {
+        self.dims.heads / self.dims.groups
+    }
+
+    /// Tokens of sequence `b` and the element offset contribution of its first token, for a
+    /// tensor with `seq`/`tok` strides `ts`. On the varlen route `cu` are `cu_seqlens[b]` and
+    /// `cu_seqlens[b + 1]`.
+    #[inline(always)]
+    pub fn token_base(&self, ts: &TokenStrides, b: usize, start_row: usize) -> isize {
+        match self.route {
+            Route::Varlen => start_row as isize * ts.tok,
+            Route::OneToken | Route::Dense { .. } => b as isize * ts.seq,
+        }
+    }
+}
+
+fn dtype_in(arg: &'static str, t: DType, allowed: &[DType], expected: &'static str) -> Result<(), SsuError> {
+    if allowed.contains(&t) { Ok(()) } else { Err(SsuError::DType { arg, expected, actual: t }) }
+}
+
+const FLOATS: &[DType] = &[DType::F32, DType::F16, DType::BF16];
+const INDICES: &[DType] = &[DType::I32, DType::I64];
+
+/// Shape and strides after inserting size-1 / stride-0 axes at `at`.
+fn unsqueeze(shape: &[usize], strides: &[isize], at: usize) -> (Vec<usize>, Vec<isize>) {
+    let mut sh = shape.to_vec();
+    let mut st = strides.to_vec();
+    sh.insert(at, 1);
+    st.insert(at, 0);
+    (sh, st)
+}
+
+fn shape_str(names: &[(&str, usize)]) -> String {
+    let parts: Vec<String> = names.iter().map(|(n, v)| format!("{n}={v}")).collect();
+    format!("[{}]", parts.join(", "))
+}
+
+struct Norm {
+    shape: Vec<usize>,
+    strides: Vec<isize>,
+    offset: isize,
+}
+
+fn norm_ref(t: &TensorRef<'_>) -> Norm {
+    Norm { shape: t.shape().to_vec(), strides: t.strides().to_vec(), offset: t.layout().offset() as isize }
+}
+
+fn norm_mut(t: &TensorMut<'_>) -> Norm {
+    Norm { shape: t.shape().to_vec(), strides: t.strides().to_vec(), offset: t.layout().offset() as isize }
+}
+
+/// Whether no two logical elements of a layout share memory (a sufficient condition:
+/// sorted by stride, each stride is at least the span of the axes inside it).
+fn non_overlapping(shape: &[usize], strides: &[isize]) -> bool {
+    let mut dims: Vec<(usize, isize)> =
+        shape.iter().copied().zip(strides.iter().copied()).filter(|&(n, _)| n > 1).collect();
+    if dims.iter().any(|&(_, s)| s <= 0) {
+        return false;
+    }
+    dims.sort_by_key(|&(_, s)| s);
+    let mut span = 1isize;
+    for (n, s) in dims {
+        if s < span {
+            return false;
+        }
+        span = s * n as isize;
+    }
+    true
+}
+
+/// Reads an integer from a host index tensor through its layout.
+struct HostInts<'a> {
+    bytes: &'a [u8],
+    dtype: DType,
+}
+
+impl HostInts<'_> {
+    #[inline]
+    fn get(&self, elem: usize) -> i64 {
+        match self.dtype {
+            DType::I32 => i32::from_le_bytes(self.bytes[elem * 4..elem * 4 + 4].try_into().unwrap()) as i64,
+            _ => i64::from_le_bytes(self.bytes[elem * 8..elem * 8 + 8].try_into().unwrap()),
+        }
+    }
+}
+
+thread_local! {
+    /// Reused bitsets (read slots, written slots) for the aliasing check, so that planning a
+    /// host call allocates only when the pool grows.
+    static SLOT_MARKS: RefCell<(Vec<u64>, Vec<u64>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// Checks every argument of a selective state update and resolves how to run it.
+///
+/// Applies vLLM's unsqueeze rules, detects the route (one-token, varlen, dense), the
+/// parameter form (tied by strides, as vLLM does), and, for host-resident index tensors,
+/// checks every index value the call will read. Errors name the argument and what was
+/// expected; nothing is written by a failed call.
+pub fn plan(args: &SelectiveStateUpdate<'_>) -> Result<SsuPlan, SsuError> {
+    let device = args.state.device();
+    let check_dev = |arg: &'static str, d: Device| {
+        if d != device { Err(SsuError::Device { arg, expected: device, actual: d }) } else { Ok(()) }
+    };
+    check_dev("x", args.x.device())?;
+    check_dev("dt", args.dt.device())?;
+    check_dev("A", args.a.device())?;
+    check_dev("B", args.b.device())?;
+    check_dev("C", args.c.device())?;
+    check_dev("out", args.out.device())?;
+    for (arg, t) in [
+        ("D", &args.d),
+        ("dt_bias", &args.dt_bias),
+        ("z", &args.z),
+        ("state_batch_indices", &args.state_batch_indices),
+        ("dst_state_batch_indices", &args.dst_state_batch_indices),
+        ("num_accepted_tokens", &args.num_accepted_tokens),
+        ("cu_seqlens", &args.cu_seqlens),
+    ] {
+        if let Some(t) = t {
+            check_dev(arg, t.device())?;
+        }
+    }
+
+    // dtypes
+    dtype_in("state", args.state.dtype(), FLOATS, "f32, f16 or bf16")?;
+    for (arg, t) in [("x", &args.x), ("dt", &args.dt), ("A", &args.a), ("B", &args.b), ("C", &args.c)] {
+        dtype_in(arg, t.dtype(), FLOATS, "f32, f16 or bf16")?;
+    }
+    for (arg, t) in [("D", &args.d), ("dt_bias", &args.dt_bias), ("z", &args.z)] {
+        if let Some(t) = t {
+            dtype_in(arg, t.dtype(), FLOATS, "f32, f16 or bf16")?;
+        }
+    }
+    dtype_in("out", args.out.dtype(), FLOATS, "f32, f16 or bf16")?;
+    for (arg, t) in [
+        ("state_batch_indices", &args.state_batch_indices),
+        ("dst_state_batch_indices", &args.dst_state_batch_indices),
+        ("num_accepted_tokens", &args.num_accepted_tokens),
+        ("cu_seqlens", &args.cu_seqlens),
+    ] {
+        if let Some(t) = t {
+            dtype_in(arg, t.dtype(), INDICES, "i32 or i64")?;
+        }
+    }
+    if let Some(sr) = args.stochastic_rounding {
+        let _ = sr;
+        if args.state.dtype() != DType::F16 {
+            return Err(SsuError::StochasticRoundingDtype { actual: args.state.dtype() });
+        }
+    }
+
+    // state [slots, heads, dim, dstate]
+    let mut state = norm_mut(&args.state);
+    match state.shape.len() {
+        3 => (state.shape, state.strides) = unsqueeze(&state.shape, &state.strides, 1),
+        4 => {}
+        _ => return Err(SsuError::Rank { arg: "state", expected: "3 or 4", actual: state.shape }),
+    }
+    let (slots, heads, dim, dstate) = (state.shape[0], state.shape[1], state.shape[2], state.shape[3]);
+    if dstate > 1 && state.strides[3] != 1 {
+        return Err(SsuError::NotContiguous {
+            arg: "state",
+            what: "contiguous along dstate (last stride 1)",
+            shape: args.state.shape().to_vec(),
+            strides: args.state.strides().to_vec(),
+        });
+    }
+    if !non_overlapping(&state.shape, &state.strides) {
+        return Err(SsuError::Overlapping {
+            arg: "state",
+            shape: args.state.shape().to_vec(),
+            strides: args.state.strides().to_vec(),
+        });
+    }
+
+    // x: route and rows
+    let x0 = norm_ref(&args.x);
+    let (route, rows, seq_dims) = match x0.shape.len() {
+        2 | 3 => {
+            let rows = x0.shape[0];
+            if args.cu_seqlens.is_some() { (Route::Varlen, rows, 1) } else { (Route::OneToken, rows, 1) }
+        }
+        4 => {
+            if args.cu_seqlens.is_some() {
+                return Err(SsuError::DenseWithCuSeqlens { actual: x0.shape });
+            }
+            (Route::Dense { steps: x0.shape[1] }, x0.shape[0] * x0.shape[1], 2)
+        }
+        _ => return Err(SsuError::Rank { arg: "x", expected: "2, 3 or 4", actual: x0.shape }),
+    };
+    let token_prefix: Vec<(&str, usize)> = match route {
+        Route::Dense { steps } => vec![("batch", x0.shape[0]), ("steps", steps)],
+        _ => vec![("rows", rows)],
+    };
+
+    // A token tensor [prefix.., heads, dim] with optional missing heads axis.
+    let token_tensor = |arg: &'static str, n: Norm, inner: (&'static str, usize), last: (&'static str, usize)| {
+        let mut n = n;
+        if n.shape.len() == seq_dims + 1 {
+            (n.shape, n.strides) = unsqueeze(&n.shape, &n.strides, seq_dims);
+        }
+        let mut want: Vec<(&str, usize)> = token_prefix.clone();
+        want.push(inner);
+        want.push(last);
+        let want_shape: Vec<usize> = want.iter().map(|w| w.1).collect();
+        // The inner (heads/groups) extent of B/C is free: it defines `groups`.
+        let ok = n.shape.len() == want_shape.len()
+            && n.shape[..seq_dims] == want_shape[..seq_dims]
+            && (inner.1 == usize::MAX || n.shape[seq_dims] == inner.1)
+            && n.shape[seq_dims + 1] == last.1;
+        if !ok {
+            let shown: Vec<(&str, usize)> =
+                want.iter().map(|&(k, v)| if v == usize::MAX { (k, 0) } else { (k, v) }).collect();
+            let mut s = shape_str(&shown);
+            if inner.1 == usize::MAX {
+                s = s.replace(&format!("{}=0", inner.0), inner.0);
+            }
+            return Err(SsuError::Shape { arg, expected: s, actual: n.shape });
+        }
+        let (seq, tok) = if seq_dims == 2 { (n.strides[0], n.strides[1]) } else { (n.strides[0], n.strides[0]) };
+        Ok((
+            TokenStrides { offset: n.offset, seq, tok, head: n.strides[seq_dims], dim: n.strides[seq_dims + 1] },
+            n.shape[seq_dims],
+        ))
+    };
+
+    let (x, _) = token_tensor("x", x0, ("heads", heads), ("dim", dim))?;
+    let (dt, _) = token_tensor("dt", norm_ref(&args.dt), ("heads", heads), ("dim", dim))?;
+    let z = match &args.z {
+        Some(z) => Some(token_tensor("z", norm_ref(z), ("heads", heads), ("dim", dim))?.0),
+        None => None,
+    };
+    let out_norm = norm_mut(&args.out);
+    if !non_overlapping(&out_norm.shape, &out_norm.strides) {
+        return Err(SsuError::Overlapping {
+            arg: "out",
+            shape: args.out.shape().to_vec(),
+            strides: args.out.strides().to_vec(),
+        });
+    }
+    let (out, _) = token_tensor("out", out_norm, ("heads", heads), ("dim", dim))?;
+    let (b, groups) = token_tensor("B", norm_ref(&args.b), ("groups", usize::MAX), ("dstate", dstate))?;
+    let (c, _) = token_tensor("C", norm_ref(&args.c), ("groups", groups), ("dstate", dstate))?;
+    if groups == 0 || heads % groups != 0 {
+        return Err(SsuError::HeadsNotDivisible { heads, groups });
+    }
+
+    // A [heads, dim, dstate]
+    let mut an = norm_ref(&args.a);
+    match an.shape.len() {
+        2 => (an.shape, an.strides) = unsqueeze(&an.shape, &an.strides, 0),
+        3 => {}
+        _ => return Err(SsuError::Rank { arg: "A", expected: "2 or 3", actual: an.shape }),
+    }
+    if an.shape != [heads, dim, dstate] {
+        return Err(SsuError::Shape {
+            arg: "A",
+            expected: shape_str(&[("heads", heads), ("dim", dim), ("dstate", dstate)]),
+            actual: args.a.shape().to_vec(),
+        });
+    }
+    let a = Strided { offset: an.offset, strides: [an.strides[0], an.strides[1], an.strides[2]] };
+
+    let per_head = |arg: &'static str, t: &Option<TensorRef<'_>>| -> Result<Option<Strided<2>>, SsuError> {
+        let Some(t) = t else { return Ok(None) };
+        let mut n = norm_ref(t);
+        match n.shape.len() {
+            1 => (n.shape, n.strides) = unsqueeze(&n.shape, &n.strides, 0),
+            2 => {}
+            _ => return Err(SsuError::Rank { arg, expected: "1 or 2", actual: n.shape }),
+        }
+        if n.shape != [heads, dim] {
+            return Err(SsuError::Shape {
+                arg,
+                expected: shape_str(&[("heads", heads), ("dim", dim)]),
+                actual: t.shape().to_vec(),
+            });
+        }
+        Ok(Some(Strided { offset: n.offset, strides: [n.strides[0], n.strides[1]] }))
+    };
+    let d = per_head("D", &args.d)?;
+    let dt_bias = per_head("dt_bias", &args.dt_bias)?;
+
+    // vLLM's TIE_HDIM test (D is not part of it).
+    let tied = a.strides[1] == 0 && a.strides[2] == 0 && dt.dim == 0 && dt_bias.is_none_or(|s| s.strides[1] == 0);
+    let form = if tied { ParamForm::Tied } else { ParamForm::PerChannel };
+
+    // sequences
+    let seqs = match (route, &args.cu_seqlens) {
+        (Route::Varlen, Some(cu)) => {
+            if cu.rank() != 1 || cu.shape()[0] == 0 {
+                return Err(SsuError::Shape {
+                    arg: "cu_seqlens",
+                    expected: "[seqs + 1] (1-D, at least one entry)".into(),
+                    actual: cu.shape().to_vec(),
+                });
+            }
+            cu.shape()[0] - 1
+        }
+        (Route::Dense { .. }, _) => args.x.shape()[0],
+        _ => rows,
+    };
+    let cu_seqlens = args
+        .cu_seqlens
+        .as_ref()
+        .map(|cu| Strided { offset: cu.layout().offset() as isize, strides: [cu.strides()[0]] });
+
+    let table = |arg: &'static str, t: &Option<TensorRef<'_>>| -> Result<Option<IndexTable>, SsuError> {
+        let Some(t) = t else { return Ok(None) };
+        let (rows_t, width, strides) = match t.rank() {
+            1 => (t.shape()[0], 1, [t.strides()[0], 0]),
+            2 => (t.shape()[0], t.shape()[1], [t.strides()[0], t.strides()[1]]),
+            _ => return Err(SsuError::Rank { arg, expected: "1 or 2", actual: t.shape().to_vec() }),
+        };
+        if rows_t < seqs {
+            return Err(SsuError::TableTooShort { arg, needed: seqs, actual: t.shape().to_vec() });
+        }
+        if width == 0 {
+            return Err(SsuError::TableTooNarrow { arg, width: 0, seq: 0, column: 0 });
+        }
+        Ok(Some(IndexTable {
+            strides: Strided { offset: t.layout().offset() as isize, strides },
+            rows: rows_t,
+            width,
+            dtype: t.dtype(),
+        }))
+    };
+    let sbi = table("state_batch_indices", &args.state_batch_indices)?;
+    let dst_given = table("dst_state_batch_indices", &args.dst_state_batch_indices)?;
+    if dst_given.is_some() && sbi.is_none() {
+        return Err(SsuError::Requires { arg: "dst_state_batch_indices", needs: "state_batch_indices" });
+    }
+    let spec = args.num_accepted_tokens.is_some();
+    let num_accepted_tokens = match &args.num_accepted_tokens {
+        Some(n) => {
+            let Some(sbi_t) = &sbi else {
+                return Err(SsuError::Requires { arg: "num_accepted_tokens", needs: "state_batch_indices" });
+            };
+            if args.state_batch_indices.as_ref().is_some_and(|t| t.rank() != 2) {
+                let _ = sbi_t;
+                return Err(SsuError::TableNeeds2D {
+                    arg: "state_batch_indices",
+                    why: "with num_accepted_tokens (the accepted count picks the column)",
+                    actual: args.state_batch_indices.as_ref().unwrap().shape().to_vec(),
+                });
+            }
+            if args.dst_state_batch_indices.as_ref().is_some_and(|t| t.rank() != 2) {
+                return Err(SsuError::TableNeeds2D {
+                    arg: "dst_state_batch_indices",
+                    why: "with num_accepted_tokens (token t is stored to column t)",
+                    actual: args.dst_state_batch_indices.as_ref().unwrap().shape().to_vec(),
+                });
+            }
+            if n.rank() != 1 || n.shape()[0] != seqs {
+                return Err(SsuError::Shape {
+                    arg: "num_accepted_tokens",
+                    expected: shape_str(&[("seqs", seqs)]),
+                    actual: n.shape().to_vec(),
+                });
+            }
+            Some(Strided { offset: n.layout().offset() as isize, strides: [n.strides()[0]] })
+        }
+        None => None,
+    };
+    let dst = dst_given.or(sbi);
+
+    let mut plan = SsuPlan {
+        route,
+        spec,
+        form,
+        dims: SsuDims { seqs, rows, heads, dim, dstate, groups, slots },
+        dtypes: SsuDtypes {
+            state: args.state.dtype(),
+            x: args.x.dtype(),
+            dt: args.dt.dtype(),
+            a: args.a.dtype(),
+            b: args.b.dtype(),
+            c: args.c.dtype(),
+            d: args.d.as_ref().map(|t| t.dtype()),
+            dt_bias: args.dt_bias.as_ref().map(|t| t.dtype()),
+            z: args.z.as_ref().map(|t| t.dtype()),
+            out: args.out.dtype(),
+            cu_seqlens: args.cu_seqlens.as_ref().map(|t| t.dtype()),
+            num_accepted_tokens: args.num_accepted_tokens.as_ref().map(|t| t.dtype()),
+        },
+        device,
+        state: Strided {
+            offset: state.offset,
+            strides: [state.strides[0], state.strides[1], state.strides[2], state.strides[3]],
+        },
+        x,
+        dt,
+        z,
+        out,
+        b,
+        c,
+        a,
+        d,
+        dt_bias,
+        state_batch_indices: sbi,
+        dst_state_batch_indices: dst,
+        num_accepted_tokens,
+        cu_seqlens,
+        pad_slot_id: args.pad_slot_id,
+        dt_softplus: args.dt_softplus,
+        stochastic_rounding: args.stochastic_rounding,
+        host_indices_checked: false,
+        alias_free: false,
+    };
+    if device == Device::Cpu {
+        check_host_indices(&mut plan, args)?;
+    }
+    Ok(plan)
+}
+
+/// Tokens of each sequence, read from host `cu_seqlens` (validated) or fixed by the route.
+pub(crate) fn host_seq_bounds(plan: &SsuPlan, cu: Option<&TensorRef<'_>>, b: usize) -> (usize, usize) {
+    match plan.route {
+        Route::OneToken => (b, 1),
+        Route::Dense { steps } => (b * steps, steps),
+        Route::Varlen => {
+            let cu = cu.expect("varlen route has cu_seqlens");
+            let s = plan.cu_seqlens.unwrap();
+            let ints = HostInts { bytes: cu.host_bytes().unwrap(), dtype: cu.dtype() };
+            let lo = ints.get(s.at([b])) as usize;
+            let hi = ints.get(s.at([b + 1])) as usize;
+            (lo, hi - lo)
+        }
+    }
+}
+
+fn check_host_indices(plan: &mut SsuPlan, args: &SelectiveStateUpdate<'_>) -> Result<(), SsuError> {
+    let rows = plan.dims.rows;
+    if let (Some(cu), Some(s)) = (&args.cu_seqlens, plan.cu_seqlens) {
+        let ints = HostInts { bytes: cu.host_bytes().unwrap(), dtype: cu.dtype() };
+        let mut prev = 0i64;
+        for i in 0..=plan.dims.seqs {
+            let v = ints.get(s.at([i]));
+            if v < 0 || v < prev && i > 0 || v as u64 > rows as u64 {
+                return Err(SsuError::CuSeqlens { at: i, value: v, prev, rows });
+            }
+            prev = v;
+        }
+    }
+    let slots = plan.dims.slots;
+    let pad = plan.pad_slot_id;
+    let pad_str = || pad.map_or("none".to_string(), |p| p.to_string());
+    let valid = |v: i64| pad == Some(v) || (v >= 0 && (v as u64) < slots as u64);
+
+    let Some(sbi) = plan.state_batch_indices else {
+        // Without tables sequence b reads and writes slot b.
+        if plan.dims.seqs > slots {
+            return Err(SsuError::Shape {
+                arg: "state",
+                expected: format!("[slots >= seqs={}, heads, dim, dstate] (no state_batch_indices)", plan.dims.seqs),
+                actual: args.state.shape().to_vec(),
+            });
+        }
+        plan.host_indices_checked = true;
+        plan.alias_free = true;
+        return Ok(());
+    };
+    let dst = plan.dst_state_batch_indices.unwrap();
+    let sbi_t = args.state_batch_indices.as_ref().unwrap();
+    let src_ints = HostInts { bytes: sbi_t.host_bytes().unwrap(), dtype: sbi_t.dtype() };
+    let dst_t = args.dst_state_batch_indices.as_ref().unwrap_or(sbi_t);
+    let dst_ints = HostInts { bytes: dst_t.host_bytes().unwrap(), dtype: dst_t.dtype() };
+    let dst_name =
+        if args.dst_state_batch_indices.is_some() { "dst_state_batch_indices" } else { "state_batch_indices" };
+    let nacc = args.num_accepted_tokens.as_ref().map(|t| HostInts { bytes: t.host_bytes().unwrap(), dtype: t.dtype() });
+
+    SLOT_MARKS.with(|marks| {
+        let mut marks = marks.borrow_mut();
+        let words = slots.div_ceil(64);
+        let (read, written) = &mut *marks;
+        read.clear();
+        read.resize(words, 0);
+        written.clear();
+        written.resize(words, 0);
+        let test = |set: &Vec<u64>, s: i64| set[s as usize / 64] >> (s as usize % 64) & 1 == 1;
+        let mark = |set: &mut Vec<u64>, s: i64| set[s as usize / 64] |= 1 << (s as usize % 64);
+        let mut alias_free = true;
+        for b in 0..plan.dims.seqs {
+            let (_, len) = host_seq_bounds(plan, args.cu_seqlens.as_ref(), b);
+            if len == 0 {
+                continue;
+            }
+            let col = match (&nacc, plan.num_accepted_tokens) {
+                (Some(n), Some(s)) => (n.get(s.at([b])) - 1).max(0) as usize,
+                _ => 0,
+            };
+            if col >= sbi.width {
+                return Err(SsuError::TableTooNarrow {
+                    arg: "state_batch_indices",
+                    width: sbi.width,
+                    seq: b,
+                    column: col,
+                });
+            }
+            let src = src_ints.get(sbi.strides.at([b, col]));
+            if !valid(src) {
+                return Err(SsuError::IndexOutOfRange {
+                    arg: "state_batch_indices",
+                    seq: b,
+                    column: col,
+                    value: src,
+                    slots,
+                    pad: pad_str(),
+                });
+            }
+            if pad == Some(src) {
+                continue;
+            }
+            if test(written, src) {
+                alias_free = false;
+            }
+            let dst_cols = if plan.spec { 0..len } else { col..col + 1 };
+            for t in dst_cols.clone() {
+                if t >= dst.width {
+                    return Err(SsuError::TableTooNarrow { arg: dst_name, width: dst.width, seq: b, column: t });
+                }
+                let d = dst_ints.get(dst.strides.at([b, t]));
+                if !valid(d) {
+                    return Err(SsuError::IndexOutOfRange {
+                        arg: dst_name,
+                        seq: b,
+                        column: t,
+                        value: d,
+                        slots,
+                        pad: pad_str(),
+                    });
+                }
+                if pad != Some(d) && (test(written, d) || test(read, d)) {
+                    alias_free = false;
+                }
+            }
+            mark(read, src);
+            for t in dst_cols {
+                let d = dst_ints.get(dst.strides.at([b, t]));
+                if pad != Some(d) {
+                    mark(written, d);
+                }
+            }
+        }
+        plan.alias_free = alias_free;
+        plan.host_indices_checked = true;
+        Ok(())
+    })
+}

@@ -1,0 +1,268 @@
+//! Kernel-faithful scalar reference (semantics/ssu.md §3.2).
+//!
+//! It mirrors vLLM's Triton kernel line by line: the state is widened to the accumulator
+//! type, carried across the tokens of a sequence, and rounded to its storage type only
+//! when stored; outputs come from the un-rounded state. A pad *source* row reads a zero
+//! state, still writes `out` and writes no state; in speculative mode token t's state goes
+//! to `dst[b, t]` (skipped when that entry is the pad) and there is no final store;
+//! `seq_len == 0` writes nothing. A pad destination in non-speculative mode is skipped too
+//! (vLLM would write the reserved null block; we never touch a pad slot).
+//!
+//! [`Reference`] runs it in f32 arithmetic (the peer's), [`ReferenceF64`] in f64 (for
+//! error bounds). Both sequence through the batch in order, so aliasing slot tables have a
+//! defined result. Host tensors only; slow on purpose.
+
+use half::{bf16, f16};
+use ssm_tensor::{DType, Device, TensorError};
+
+use crate::philox::{round_f16_stochastic, sr_bits};
+use crate::plan::{ParamForm, Route, host_seq_bounds};
+use crate::{SelectiveStateUpdate, SsuBackend, SsuError, SsuPlan};
+
+/// The f32 reference as a backend.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Reference;
+
+/// The f64 reference as a backend.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ReferenceF64;
+
+impl SsuBackend for Reference {
+    type Error = SsuError;
+    fn selective_state_update(&self, plan: &SsuPlan, args: SelectiveStateUpdate<'_>) -> Result<(), SsuError> {
+        run::<f32>(plan, args)
+    }
+}
+
+impl SsuBackend for ReferenceF64 {
+    type Error = SsuError;
+    fn selective_state_update(&self, plan: &SsuPlan, args: SelectiveStateUpdate<'_>) -> Result<(), SsuError> {
+        run::<f64>(plan, args)
+    }
+}
+
+/// Arithmetic of the reference.
+trait Acc:
+    Copy + std::ops::Add<Output = Self> + std::ops::Mul<Output = Self> + std::ops::Div<Output = Self> + PartialOrd
+{
+    const ZERO: Self;
+    fn from_f64(v: f64) -> Self;
+    fn to_f32(self) -> f32;
+    fn exp(self) -> Self;
+    fn ln(self) -> Self;
+}
+
+impl Acc for f32 {
+    const ZERO: Self = 0.0;
+    fn from_f64(v: f64) -> Self {
+        v as f32
+    }
+    fn to_f32(self) -> f32 {
+        self
+    }
+    fn exp(self) -> Self {
+        f32::exp(self)
+    }
+    fn ln(self) -> Self {
+        f32::ln(self)
+    }
+}
+
+impl Acc for f64 {
+    const ZERO: Self = 0.0;
+    fn from_f64(v: f64) -> Self {
+        v
+    }
+    fn to_f32(self) -> f32 {
+        self as f32
+    }
+    fn exp(self) -> Self {
+        f64::exp(self)
+    }
+    fn ln(self) -> Self {
+        f64::ln(self)
+    }
+}
+
+pub(crate) fn read(bytes: &[u8], dtype: DType, i: usize) -> f64 {
+    match dtype {
+        DType::F32 => f32::from_le_bytes(bytes[i * 4..i * 4 + 4].try_into().unwrap()) as f64,
+        DType::F16 => f16::from_le_bytes(bytes[i * 2..i * 2 + 2].try_into().unwrap()).to_f64(),
+        DType::BF16 => bf16::from_le_bytes(bytes[i * 2..i * 2 + 2].try_into().unwrap()).to_f64(),
+        DType::I32 => i32::from_le_bytes(bytes[i * 4..i * 4 + 4].try_into().unwrap()) as f64,
+        DType::I64 => i64::from_le_bytes(bytes[i * 8..i * 8 + 8].try_into().unwrap()) as f64,
+        DType::Bool => bytes[i] as f64,
+    }
+}
+
+fn read_int(bytes: &[u8], dtype: DType, i: usize) -> i64 {
+    match dtype {
+        DType::I32 => i32::from_le_bytes(bytes[i * 4..i * 4 + 4].try_into().unwrap()) as i64,
+        _ => i64::from_le_bytes(bytes[i * 8..i * 8 + 8].try_into().unwrap()),
+    }
+}
+
+/// Stores `v` rounded to nearest even in `dtype`.
+fn write(bytes: &mut [u8], dtype: DType, i: usize, v: f32) {
+    match dtype {
+        DType::F32 => bytes[i * 4..i * 4 + 4].copy_from_slice(&v.to_le_bytes()),
+        DType::F16 => bytes[i * 2..i * 2 + 2].copy_from_slice(&f16::from_f32(v).to_le_bytes()),
+        DType::BF16 => bytes[i * 2..i * 2 + 2].copy_from_slice(&bf16::from_f32(v).to_le_bytes()),
+        _ => unreachable!("plan admits float outputs only"),
+    }
+}
+
+fn host<'b>(arg: &'static str, b: Option<&'b [u8]>, device: Device) -> Result<&'b [u8], SsuError> {
+    b.ok_or(SsuError::Tensor { arg, source: TensorError::NotHost(device) })
+}
+
+fn run<F: Acc>(plan: &SsuPlan, mut args: SelectiveStateUpdate<'_>) -> Result<(), SsuError> {
+    let dev = plan.device;
+    let x = host("x", args.x.host_bytes(), dev)?;
+    let dt = host("dt", args.dt.host_bytes(), dev)?;
+    let a = host("A", args.a.host_bytes(), dev)?;
+    let bb = host("B", args.b.host_bytes(), dev)?;
+    let cc = host("C", args.c.host_bytes(), dev)?;
+    let d = args.d.as_ref().map(|t| host("D", t.host_bytes(), dev)).transpose()?;
+    let dt_bias = args.dt_bias.as_ref().map(|t| host("dt_bias", t.host_bytes(), dev)).transpose()?;
+    let z = args.z.as_ref().map(|t| host("z", t.host_bytes(), dev)).transpose()?;
+    let sbi =
+        args.state_batch_indices.as_ref().map(|t| host("state_batch_indices", t.host_bytes(), dev)).transpose()?;
+    let dst = match &args.dst_state_batch_indices {
+        Some(t) => Some(host("dst_state_batch_indices", t.host_bytes(), dev)?),
+        None => sbi,
+    };
+    let nacc =
+        args.num_accepted_tokens.as_ref().map(|t| host("num_accepted_tokens", t.host_bytes(), dev)).transpose()?;
+    let cu = args.cu_seqlens;
+    let ty = plan.dtypes;
+    let out = args.out.host_bytes_mut().ok_or(SsuError::Tensor { arg: "out", source: TensorError::NotHost(dev) })?;
+    let state =
+        args.state.host_bytes_mut().ok_or(SsuError::Tensor { arg: "state", source: TensorError::NotHost(dev) })?;
+
+    let sd = plan.dims;
+    let (heads, dim, dstate) = (sd.heads, sd.dim, sd.dstate);
+    let hpg = plan.heads_per_group();
+    let tied = plan.form == ParamForm::Tied;
+    let softplus = |v: F| if v <= F::from_f64(20.0) { (v.exp() + F::from_f64(1.0)).ln() } else { v };
+    let mut s = vec![F::ZERO; dim * dstate];
+
+    for b in 0..sd.seqs {
+        let (start, len) = host_seq_bounds(plan, cu.as_ref(), b);
+        if len == 0 {
+            continue;
+        }
+        let col = match (nacc, plan.num_accepted_tokens) {
+            (Some(n), Some(st)) => (read_int(n, ty.num_accepted_tokens.unwrap(), st.at([b])) - 1).max(0) as usize,
+            _ => 0,
+        };
+        let (src, dst_final) = match (sbi, plan.state_batch_indices) {
+            (Some(t), Some(tab)) => {
+                let dtab = plan.dst_state_batch_indices.unwrap();
+                (
+                    read_int(t, tab.dtype, tab.strides.at([b, col])),
+                    read_int(dst.unwrap(), dtab.dtype, dtab.strides.at([b, col])),
+                )
+            }
+            _ => (b as i64, b as i64),
+        };
+        let live = !(plan.state_batch_indices.is_some() && plan.is_pad(src));
+        let base_row = match plan.route {
+            Route::Varlen => start,
+            _ => b,
+        };
+        for h in 0..heads {
+            let g = h / hpg;
+            for p in 0..dim {
+                for n in 0..dstate {
+                    s[p * dstate + n] = if live {
+                        F::from_f64(read(state, ty.state, plan.state.at([src as usize, h, p, n])))
+                    } else {
+                        F::ZERO
+                    };
+                }
+            }
+            for t in 0..len {
+                let tok = |ts: &crate::TokenStrides| plan.token_base(ts, b, base_row) + t as isize * ts.tok;
+                let (xb, dtb, bbase, cbase, ob) =
+                    (tok(&plan.x), tok(&plan.dt), tok(&plan.b), tok(&plan.c), tok(&plan.out));
+                for p in 0..dim {
+                    let pp = if tied { 0 } else { p };
+                    let mut dtv = F::from_f64(read(dt, ty.dt, plan.dt.at(dtb, h, pp)));
+                    if let (Some(bias), Some(st)) = (dt_bias, plan.dt_bias) {
+                        dtv = dtv + F::from_f64(read(bias, ty.dt_bias.unwrap(), st.at([h, pp])));
+                    }
+                    if plan.dt_softplus {
+                        dtv = softplus(dtv);
+                    }
+                    let xv = F::from_f64(read(x, ty.x, plan.x.at(xb, h, p)));
+                    for n in 0..dstate {
+                        let av = if tied {
+                            F::from_f64(read(a, ty.a, plan.a.at([h, 0, 0])))
+                        } else {
+                            F::from_f64(read(a, ty.a, plan.a.at([h, p, n])))
+                        };
+                        let da = (av * dtv).exp();
+                        let bv = F::from_f64(read(bb, ty.b, plan.b.at(bbase, g, n)));
+                        let i = p * dstate + n;
+                        s[i] = s[i] * da + (bv * dtv) * xv;
+                    }
+                }
+                if plan.spec && live {
+                    let dtab = plan.dst_state_batch_indices.unwrap();
+                    let ds = read_int(dst.unwrap(), dtab.dtype, dtab.strides.at([b, t]));
+                    if !plan.is_pad(ds) {
+                        for p in 0..dim {
+                            for n in 0..dstate {
+                                write(
+                                    state,
+                                    ty.state,
+                                    plan.state.at([ds as usize, h, p, n]),
+                                    s[p * dstate + n].to_f32(),
+                                );
+                            }
+                        }
+                    }
+                }
+                for p in 0..dim {
+                    let mut y = F::ZERO;
+                    for n in 0..dstate {
+                        y = y + s[p * dstate + n] * F::from_f64(read(cc, ty.c, plan.c.at(cbase, g, n)));
+                    }
+                    let xv = F::from_f64(read(x, ty.x, plan.x.at(xb, h, p)));
+                    if let (Some(dd), Some(st)) = (d, plan.d) {
+                        y = y + xv * F::from_f64(read(dd, ty.d.unwrap(), st.at([h, p])));
+                    }
+                    if let (Some(zz), Some(zs)) = (z, plan.z) {
+                        let zv = F::from_f64(read(zz, ty.z.unwrap(), zs.at(tok(&zs), h, p)));
+                        let sig = F::from_f64(1.0) / (F::from_f64(1.0) + (F::from_f64(-1.0) * zv).exp());
+                        y = y * zv * sig;
+                    }
+                    let oi = plan.out.at(ob, h, p);
+                    write(out, ty.out, oi, y.to_f32());
+                }
+            }
+            if !plan.spec && live && !plan.is_pad(dst_final) {
+                for p in 0..dim {
+                    for n in 0..dstate {
+                        let v = s[p * dstate + n].to_f32();
+                        let idx = plan.state.at([dst_final as usize, h, p, n]);
+                        match plan.stochastic_rounding {
+                            Some(sr) => {
+                                let st = plan.state.strides;
+                                let pair = (src as isize * st[0]
+                                    + h as isize * st[1]
+                                    + p as isize * st[2]
+                                    + (n - n % 2) as isize * st[3]) as u64;
+                                let r = sr_bits(sr.seed, sr.rounds(), pair, n % 2 == 1);
+                                state[idx * 2..idx * 2 + 2].copy_from_slice(&round_f16_stochastic(v, r).to_le_bytes());
+                            }
+                            None => write(state, ty.state, idx, v),
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
