@@ -51,3 +51,10 @@ fn reference_f32_passes_every_vector() {
 fn reference_f64_passes_every_vector() {
     check_all("reference f64", &Reference { precision: Precision::F64 });
 }
+
+#[test]
+fn cpu_backend_passes_every_vector() {
+    use ssm_cpu::{CpuBackend, Par};
+    check_all("cpu sequential", &CpuBackend::new(Par::Seq).unwrap());
+    check_all("cpu 2 threads", &CpuBackend::new(Par::Rayon(std::num::NonZeroUsize::new(2).unwrap())).unwrap());
+}
