@@ -1,0 +1,78 @@
+// Shared helpers for every ssm-kernels CUDA kernel. Header-free on purpose: NVRTC
+// provides the built-in types and intrinsics, and the fp16/bf16 conversions below
+// replace cuda_fp16.h / cuda_bf16.h, so no CUDA include directory is needed.
+#pragma once
+
+typedef unsigned long long u64;
+typedef long long i64;
+typedef unsigned int u32;
+
+// Storage types of the 16-bit floats: raw bits, converted explicitly.
+struct f16_t { unsigned short bits; };
+struct bf16_t { unsigned short bits; };
+
+__device__ __forceinline__ float to_f32(float v) { return v; }
+__device__ __forceinline__ float to_f32(f16_t v) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(v.bits));
+    return f;
+}
+__device__ __forceinline__ float to_f32(bf16_t v) { return __uint_as_float(((u32)v.bits) << 16); }
+
+template <typename T> struct FromF32;
+template <> struct FromF32<float> {
+    static __device__ __forceinline__ float cvt(float v) { return v; }
+};
+template <> struct FromF32<f16_t> {
+    // Round to nearest even, like the CPU backend's `half::f16::from_f32`.
+    static __device__ __forceinline__ f16_t cvt(float v) {
+        f16_t h;
+        asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h.bits) : "f"(v));
+        return h;
+    }
+};
+template <> struct FromF32<bf16_t> {
+    // Round to nearest even; NaN keeps its sign and becomes quiet (`half::bf16::from_f32`).
+    static __device__ __forceinline__ bf16_t cvt(float v) {
+        u32 u = __float_as_uint(v);
+        bf16_t b;
+        if ((u & 0x7fffffffu) > 0x7f800000u) {
+            b.bits = (unsigned short)((u >> 16) | 0x40u);
+        } else {
+            u += 0x7fffu + ((u >> 16) & 1u);
+            b.bits = (unsigned short)(u >> 16);
+        }
+        return b;
+    }
+};
+template <typename T> __device__ __forceinline__ T from_f32(float v) { return FromF32<T>::cvt(v); }
+
+__device__ __forceinline__ i64 load_index(const int* p) { return (i64)*p; }
+__device__ __forceinline__ i64 load_index(const i64* p) { return *p; }
+
+// N consecutive elements starting at `p` as f32. With N * sizeof(T) == 16 the caller
+// guarantees 16-byte alignment and one 128-bit load is issued.
+template <int N, typename T> __device__ __forceinline__ void load_vec(const T* p, float* out) {
+    if constexpr (N * sizeof(T) == 16) {
+        uint4 u = *reinterpret_cast<const uint4*>(p);
+        const T* e = reinterpret_cast<const T*>(&u);
+#pragma unroll
+        for (int i = 0; i < N; ++i) out[i] = to_f32(e[i]);
+    } else {
+#pragma unroll
+        for (int i = 0; i < N; ++i) out[i] = to_f32(p[i]);
+    }
+}
+
+template <int N, typename T> __device__ __forceinline__ void store_vec(T* p, const float* in) {
+    if constexpr (N * sizeof(T) == 16) {
+        uint4 u;
+        T* e = reinterpret_cast<T*>(&u);
+#pragma unroll
+        for (int i = 0; i < N; ++i) e[i] = from_f32<T>(in[i]);
+        *reinterpret_cast<uint4*>(p) = u;
+    } else {
+#pragma unroll
+        for (int i = 0; i < N; ++i) p[i] = from_f32<T>(in[i]);
+    }
+}

@@ -1,0 +1,375 @@
+// Selective state update (SEMANTICS.md, semantics/ssu.md §2.4 and §3.2), one kernel for
+// every route, specialised at NVRTC time by -D macros (see crates/ssm-cuda/src/ssu.rs):
+//
+//   STATE_T X_T DT_T A_T B_T C_T D_T DTB_T Z_T OUT_T   f32 / f16_t / bf16_t
+//   SBI_T DST_T NACC_T CU_T                            int / i64 (index tables)
+//   DSTATE VEC TPR VPT RPT NTHREADS                    tile geometry
+//   HAS_Z HAS_D HAS_DT_BIAS DT_SOFTPLUS TIED HAS_SBI HAS_PAD VARLEN DENSE SPEC STOCH_ROUND   0/1
+//
+// One block owns one (sequence, head, tile of DIM_TILE = (NTHREADS / TPR) * RPT rows).
+// TPR lanes share one row of the state; each lane holds VPT vectors of VEC elements of a
+// row, for RPT rows, all loaded before the first use (RPT * VPT 16-byte loads in flight).
+// The state is read once, carried in f32 registers over the tokens of the sequence and
+// written once (or once per token in speculative mode). Memory-bound by design.
+//
+// Index values are checked here: the pad value reads a zero state and writes no state
+// (out is still written); any other index outside its range skips the whole sequence
+// (nothing written) and ORs a bit into the device error word, so no index value ever
+// reads or writes outside its tensor.
+
+#define ERR_SLOT 1u
+#define ERR_CU_SEQLENS 2u
+#define ERR_ACCEPTED 4u
+
+// Token t of sequence b starts at (VARLEN ? cu_seqlens[b] * tok : b * seq) + t * tok
+// (ssm_ssu::TokenStrides; the plan's element offset is folded into the pointer).
+struct TokStrides {
+    i64 seq, tok, head, dim;  // B and C: head -> group, dim -> dstate column
+};
+
+// Mirrored by `SsuParams` in crates/ssm-cuda/src/ssu.rs (same field order, all 8-byte
+// fields first, no padding).
+struct SsuParams {
+    u64 state, x, dt, a, b, c, d, dt_bias, z, out, sbi, dst, nacc, cu, err;
+    i64 st_slot, st_head, st_dim;
+    TokStrides xs, dts, zs, outs, bs, cs;
+    i64 a_head, a_dim, a_n;
+    i64 d_head, d_dim, dtb_head, dtb_dim;
+    i64 sbi_seq, sbi_col, dst_seq, dst_col, nacc_s, cu_s;
+    i64 slots, rows, pad, sbi_width, dst_width;
+    u64 seed;
+    int nseq, heads, dim, heads_per_group, steps, philox_rounds, dim_tiles, reserved;
+};
+
+#define ROW_GROUPS (NTHREADS / TPR)
+#define DIM_TILE (ROW_GROUPS * RPT)
+#define NVEC ((DSTATE + VEC - 1) / VEC)
+
+#if STOCH_ROUND
+// Philox-4x32 (semantics/ssu.md §6.1); returns word c0, i.e. Triton's tl.randint.
+__device__ __forceinline__ u32 philox_c0(u64 seed, u64 offset, int rounds) {
+    u32 c0 = (u32)offset, c1 = (u32)(offset >> 32), c2 = 0u, c3 = 0u;
+    u32 k0 = (u32)seed, k1 = (u32)(seed >> 32);
+    for (int i = 0; i < rounds; ++i) {
+        const u32 a0 = c0, a2 = c2;
+        c0 = __umulhi(0xCD9E8D57u, a2) ^ c1 ^ k0;
+        c2 = __umulhi(0xD2511F53u, a0) ^ c3 ^ k1;
+        c1 = 0xCD9E8D57u * a2;
+        c3 = 0xD2511F53u * a0;
+        k0 += 0x9E3779B9u;
+        k1 += 0xBB67AE85u;
+    }
+    return c0;
+}
+// Stochastic rounding of |x| to f16 with 13 random bits; bit-identical to
+// `ssm_ssu::philox::round_f16_stochastic` (the CPU backend's definition).
+__device__ __forceinline__ unsigned short round_f16_stochastic(float x, u32 rbits) {
+    rbits &= 0x1FFFu;
+    const u32 xb = __float_as_uint(x);
+    if ((xb & 0x7fffffffu) > 0x7f800000u) {  // NaN, as half::f16::from_f32 renders it
+        return (unsigned short)(((xb & 0x80000000u) >> 16) | 0x7C00u | 0x0200u | ((xb & 0x007FFFFFu) >> 13));
+    }
+    const unsigned short sign = (xb & 0x80000000u) ? 0x8000 : 0;
+    const float ax = fabsf(x);
+    unsigned short mag;
+    if (ax >= 6.103515625e-5f) {
+        const float v = __uint_as_float((__float_as_uint(ax) + rbits) & ~0x1FFFu);
+        if (!(v <= 65504.f)) {
+            mag = 0x7C00;
+        } else {
+            mag = from_f32<f16_t>(v).bits;  // exact: the low 13 mantissa bits are zero
+        }
+    } else {
+        const float q = ax * 16777216.f;
+        const float i = floorf(q);
+        const u32 frac13 = (u32)floorf((q - i) * 8192.f);
+        mag = (unsigned short)((u32)i + (frac13 + rbits >= 8192u ? 1u : 0u));
+    }
+    return sign | mag;
+}
+
+// Stores N state elements starting at column n0 with stochastic rounding. Elements n and
+// n+1 (n even) share one Philox word drawn at the even element's source offset: the even
+// one rounds with bits [12:0], the odd one with bits [28:16] (ssm_ssu::philox, rule 2).
+template <int N>
+__device__ __forceinline__ void sr_store_f16(f16_t* q, const float* v, u64 seed, i64 off, int n0, int rounds) {
+    union {
+        uint4 u;
+        f16_t h[N];
+    } pack;
+    f16_t* o = pack.h;
+    if constexpr (N % 2 == 0) {
+#pragma unroll
+        for (int e = 0; e < N; e += 2) {
+            const u32 r = philox_c0(seed, (u64)(off + e), rounds);
+            o[e].bits = round_f16_stochastic(v[e], r & 0x1FFFu);
+            o[e + 1].bits = round_f16_stochastic(v[e + 1], (r >> 16) & 0x1FFFu);
+        }
+    } else {
+#pragma unroll
+        for (int e = 0; e < N; ++e) {
+            const int odd = (n0 + e) & 1;
+            const u32 r = philox_c0(seed, (u64)(off + e - odd), rounds);
+            o[e].bits = round_f16_stochastic(v[e], odd ? (r >> 16) & 0x1FFFu : r & 0x1FFFu);
+        }
+    }
+    if constexpr (N * 2 == 16) {
+        *reinterpret_cast<uint4*>(q) = pack.u;
+    } else {
+#pragma unroll
+        for (int e = 0; e < N; ++e) q[e] = o[e];
+    }
+}
+#endif
+
+__device__ __forceinline__ void raise_error(const SsuParams& p, u32 bit) {
+    if (threadIdx.x == 0) atomicOr(reinterpret_cast<u32*>(p.err), bit);
+}
+
+__device__ __forceinline__ i64 tok_base(const TokStrides& ts, i64 seq, i64 bos, int t) {
+    return (VARLEN ? bos * ts.tok : seq * ts.seq) + (i64)t * ts.tok;
+}
+
+__device__ __forceinline__ float softplus_thr(float v) { return v <= 20.f ? logf(expf(v) + 1.f) : v; }
+
+extern "C" __global__ void __launch_bounds__(NTHREADS) ssu_kernel(const SsuParams p) {
+    const int lane = threadIdx.x % TPR;
+    const int row_group = threadIdx.x / TPR;
+    i64 bid = blockIdx.x;
+    const int tile = (int)(bid % p.dim_tiles);
+    bid /= p.dim_tiles;
+    const int h = (int)(bid % p.heads);
+    const i64 seq = bid / p.heads;
+    const int g = h / p.heads_per_group;
+
+    // ---- the sequence's tokens ----
+    int len = 1;
+    i64 bos = 0;
+#if VARLEN
+    {
+        const CU_T* cu = reinterpret_cast<const CU_T*>(p.cu);
+        bos = load_index(cu + seq * p.cu_s);
+        const i64 eos = load_index(cu + (seq + 1) * p.cu_s);
+        if (bos < 0 || eos < bos || eos > p.rows) {
+            raise_error(p, ERR_CU_SEQLENS);
+            return;
+        }
+        if (eos == bos) return;  // empty sequence: nothing written
+        len = (int)(eos - bos);
+    }
+#elif DENSE
+    len = p.steps;
+#endif
+
+    // ---- slots ----
+    i64 src = seq, dst = seq;
+    bool live = true;
+#if !HAS_SBI
+    // Without tables sequence b reads and writes slot b (the plan cannot check the pool size
+    // against a device call's sequences, so it is checked here).
+    if (seq >= p.slots) {
+        raise_error(p, ERR_SLOT);
+        return;
+    }
+#else
+    i64 col0 = 0;
+#if SPEC
+    {
+        const i64 acc = load_index(reinterpret_cast<const NACC_T*>(p.nacc) + seq * p.nacc_s);
+        col0 = acc - 1 > 0 ? acc - 1 : 0;
+        if (col0 >= p.sbi_width || len > p.dst_width) {
+            raise_error(p, ERR_ACCEPTED);
+            return;
+        }
+    }
+#endif
+    src = load_index(reinterpret_cast<const SBI_T*>(p.sbi) + seq * p.sbi_seq + col0 * p.sbi_col);
+    live = !(HAS_PAD && src == p.pad);
+    if (live && (src < 0 || src >= p.slots)) {
+        raise_error(p, ERR_SLOT);
+        return;
+    }
+    if (live) {
+        const DST_T* dtab = reinterpret_cast<const DST_T*>(p.dst) + seq * p.dst_seq;
+#if SPEC
+        for (int t = 0; t < len; ++t) {
+            const i64 d = load_index(dtab + t * p.dst_col);
+            if (!(HAS_PAD && d == p.pad) && (d < 0 || d >= p.slots)) {
+                raise_error(p, ERR_SLOT);
+                return;
+            }
+        }
+#else
+        dst = load_index(dtab);
+        if (!(HAS_PAD && dst == p.pad) && (dst < 0 || dst >= p.slots)) {
+            raise_error(p, ERR_SLOT);
+            return;
+        }
+#endif
+    }
+#endif
+
+    // ---- load the state tile (all loads issued before any use) ----
+    const STATE_T* state = reinterpret_cast<const STATE_T*>(p.state);
+    float s[RPT][VPT][VEC];
+    int prow[RPT];
+#pragma unroll
+    for (int r = 0; r < RPT; ++r) {
+        prow[r] = tile * DIM_TILE + r * ROW_GROUPS + row_group;
+#pragma unroll
+        for (int v = 0; v < VPT; ++v) {
+            const int vi = lane + v * TPR;
+            if (live && prow[r] < p.dim && vi < NVEC) {
+                load_vec<VEC>(state + src * p.st_slot + (i64)h * p.st_head + (i64)prow[r] * p.st_dim + vi * VEC, s[r][v]);
+            } else {
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) s[r][v][e] = 0.f;
+            }
+        }
+    }
+
+    // Per-head and per-row parameters.
+    const A_T* a = reinterpret_cast<const A_T*>(p.a) + (i64)h * p.a_head;
+#if TIED
+    const float a_head = to_f32(a[0]);
+#endif
+#if HAS_DT_BIAS
+    float dtb[RPT];
+#pragma unroll
+    for (int r = 0; r < RPT; ++r)
+        dtb[r] = prow[r] < p.dim ? to_f32(reinterpret_cast<const DTB_T*>(p.dt_bias)[(i64)h * p.dtb_head + (i64)prow[r] * p.dtb_dim]) : 0.f;
+#endif
+#if HAS_D
+    float dd[RPT];
+#pragma unroll
+    for (int r = 0; r < RPT; ++r)
+        dd[r] = prow[r] < p.dim ? to_f32(reinterpret_cast<const D_T*>(p.d)[(i64)h * p.d_head + (i64)prow[r] * p.d_dim]) : 0.f;
+#endif
+
+    for (int t = 0; t < len; ++t) {
+        // Token inputs of this (token, head): x, dt, z per row; B, C per dstate column.
+        float xv[RPT], dtv[RPT];
+#if HAS_Z
+        float zv[RPT];
+#endif
+#pragma unroll
+        for (int r = 0; r < RPT; ++r) {
+            const bool ok = prow[r] < p.dim;
+            const i64 pr = ok ? prow[r] : 0;
+            xv[r] = to_f32(reinterpret_cast<const X_T*>(p.x)[tok_base(p.xs, seq, bos, t) + (i64)h * p.xs.head + pr * p.xs.dim]);
+            dtv[r] = to_f32(reinterpret_cast<const DT_T*>(p.dt)[tok_base(p.dts, seq, bos, t) + (i64)h * p.dts.head + pr * p.dts.dim]);
+#if HAS_Z
+            zv[r] = to_f32(reinterpret_cast<const Z_T*>(p.z)[tok_base(p.zs, seq, bos, t) + (i64)h * p.zs.head + pr * p.zs.dim]);
+#endif
+#if HAS_DT_BIAS
+            dtv[r] += dtb[r];
+#endif
+#if DT_SOFTPLUS
+            dtv[r] = softplus_thr(dtv[r]);
+#endif
+        }
+        float bv[VPT][VEC], cv[VPT][VEC];
+        {
+            const B_T* bp = reinterpret_cast<const B_T*>(p.b) + tok_base(p.bs, seq, bos, t) + (i64)g * p.bs.head;
+            const C_T* cp = reinterpret_cast<const C_T*>(p.c) + tok_base(p.cs, seq, bos, t) + (i64)g * p.cs.head;
+#pragma unroll
+            for (int v = 0; v < VPT; ++v) {
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) {
+                    const int n = (lane + v * TPR) * VEC + e;
+                    const bool ok = n < DSTATE;
+                    bv[v][e] = ok ? to_f32(bp[(i64)n * p.bs.dim]) : 0.f;
+                    cv[v][e] = ok ? to_f32(cp[(i64)n * p.cs.dim]) : 0.f;
+                }
+            }
+        }
+
+        // Recurrence and output (semantics/ssu.md §3.2): y uses the un-rounded f32 state.
+        float y[RPT];
+#pragma unroll
+        for (int r = 0; r < RPT; ++r) {
+#if TIED
+            const float dA = expf(a_head * dtv[r]);
+#endif
+            float acc = 0.f;
+#pragma unroll
+            for (int v = 0; v < VPT; ++v) {
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) {
+#if !TIED
+                    const int n = (lane + v * TPR) * VEC + e;
+                    const bool ok = n < DSTATE && prow[r] < p.dim;
+                    const float av = ok ? to_f32(a[(i64)prow[r] * p.a_dim + (i64)n * p.a_n]) : 0.f;
+                    const float dA = expf(av * dtv[r]);
+#endif
+                    // Rounded exactly as the reference (no contraction into an FMA), so that
+                    // the state is bit-identical to the CPU's for the same dA.
+                    s[r][v][e] = __fadd_rn(__fmul_rn(s[r][v][e], dA), __fmul_rn(__fmul_rn(bv[v][e], dtv[r]), xv[r]));
+                    acc += s[r][v][e] * cv[v][e];
+                }
+            }
+#pragma unroll
+            for (int o = TPR / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o, TPR);
+            y[r] = acc;
+        }
+
+#if SPEC
+        // Speculative mode: token t's state goes to column t of the destination table
+        // (plain round-to-nearest; a pad entry writes nothing; a pad source writes nothing).
+        if (live) {
+            const i64 d = load_index(reinterpret_cast<const DST_T*>(p.dst) + seq * p.dst_seq + (i64)t * p.dst_col);
+            if (!(HAS_PAD && d == p.pad)) {
+                STATE_T* out_state = reinterpret_cast<STATE_T*>(p.state);
+#pragma unroll
+                for (int r = 0; r < RPT; ++r)
+#pragma unroll
+                    for (int v = 0; v < VPT; ++v) {
+                        const int vi = lane + v * TPR;
+                        if (prow[r] < p.dim && vi < NVEC)
+                            store_vec<VEC>(out_state + d * p.st_slot + (i64)h * p.st_head + (i64)prow[r] * p.st_dim + vi * VEC, s[r][v]);
+                    }
+            }
+        }
+#endif
+
+        if (lane == 0) {
+#pragma unroll
+            for (int r = 0; r < RPT; ++r) {
+                if (prow[r] >= p.dim) continue;
+                float out = y[r];
+#if HAS_D
+                out += xv[r] * dd[r];
+#endif
+#if HAS_Z
+                out = out * zv[r] * (1.f / (1.f + expf(-zv[r])));
+#endif
+                reinterpret_cast<OUT_T*>(p.out)[tok_base(p.outs, seq, bos, t) + (i64)h * p.outs.head + (i64)prow[r] * p.outs.dim] =
+                    from_f32<OUT_T>(out);
+            }
+        }
+    }
+
+#if !SPEC
+    // Final state (non-speculative): to the destination slot, unless the source is a pad
+    // or the destination is the pad value.
+    if (live && !(HAS_SBI && HAS_PAD && dst == p.pad)) {
+        STATE_T* out_state = reinterpret_cast<STATE_T*>(p.state);
+#pragma unroll
+        for (int r = 0; r < RPT; ++r)
+#pragma unroll
+            for (int v = 0; v < VPT; ++v) {
+                const int vi = lane + v * TPR;
+                if (prow[r] < p.dim && vi < NVEC) {
+                    STATE_T* q = out_state + dst * p.st_slot + (i64)h * p.st_head + (i64)prow[r] * p.st_dim + vi * VEC;
+#if STOCH_ROUND
+                    // Offsets are element offsets of the *source* state (vLLM, semantics/ssu.md §2.7).
+                    const i64 off = src * p.st_slot + (i64)h * p.st_head + (i64)prow[r] * p.st_dim + vi * VEC;
+                    sr_store_f16<VEC>(q, s[r][v], p.seed, off, vi * VEC, p.philox_rounds);
+#else
+                    store_vec<VEC>(q, s[r][v]);
+#endif
+                }
+            }
+    }
+#endif
+}

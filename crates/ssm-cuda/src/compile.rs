@@ -1,0 +1,289 @@
+//! Kernel specialisations and their compiled cubins, cached in memory and on disk.
+//!
+//! A [`KernelSpec`] is one kernel source plus the `-D` macros that specialise it. It is
+//! compiled by NVRTC to a cubin for one [`Arch`]; the cubin is cached on disk under a key that
+//! hashes the source, the full option list, the NVRTC version and the architecture, so a
+//! changed kernel, option, compiler or device never reuses a stale binary. Writes go through a
+//! temporary file and a rename (safe for concurrent processes); a failed write is only a
+//! warning, because the cost is one more compilation next run.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use crate::CudaError;
+use crate::nvrtc::{compile_cubin, nvrtc_version};
+
+/// Helpers shared by every kernel (fp16/bf16 conversions, vector loads).
+pub const COMMON_SOURCE: &str = include_str!("../kernels/common.cuh");
+/// The selective state update kernel.
+pub const SSU_SOURCE: &str = include_str!("../kernels/ssu.cu");
+/// The 16-byte copy kernel (bandwidth yardstick).
+pub const COPY_SOURCE: &str = include_str!("../kernels/copy.cu");
+
+/// Which kernel source a specialisation compiles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KernelSource {
+    /// `kernels/ssu.cu`.
+    Ssu,
+    /// `kernels/copy.cu`.
+    Copy,
+}
+
+impl KernelSource {
+    /// File name under `crates/ssm-cuda/kernels/`.
+    pub fn file(self) -> &'static str {
+        match self {
+            KernelSource::Ssu => "ssu.cu",
+            KernelSource::Copy => "copy.cu",
+        }
+    }
+
+    /// The translation unit NVRTC sees: the common helpers followed by the kernel.
+    pub fn text(self) -> String {
+        let body = match self {
+            KernelSource::Ssu => SSU_SOURCE,
+            KernelSource::Copy => COPY_SOURCE,
+        };
+        let common = COMMON_SOURCE.replace("#pragma once", "");
+        format!("{common}\n#line 1 \"{}\"\n{body}", self.file())
+    }
+}
+
+/// A compute capability, e.g. `Arch { major: 9, minor: 0 }` for sm_90.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Arch {
+    /// Major version.
+    pub major: u32,
+    /// Minor version.
+    pub minor: u32,
+}
+
+impl Arch {
+    /// sm_80 (A100).
+    pub const SM80: Arch = Arch { major: 8, minor: 0 };
+    /// sm_90 (H100, H200).
+    pub const SM90: Arch = Arch { major: 9, minor: 0 };
+
+    /// `sm_XY`.
+    pub fn sm(self) -> String {
+        format!("sm_{}{}", self.major, self.minor)
+    }
+}
+
+impl std::fmt::Display for Arch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.sm())
+    }
+}
+
+/// One kernel specialisation: a source, its entry point and the macros that specialise it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct KernelSpec {
+    /// The source file.
+    pub source: KernelSource,
+    /// The `extern "C"` entry point.
+    pub entry: &'static str,
+    /// `-DNAME=VALUE` macros, in a fixed order.
+    pub defines: Vec<(&'static str, String)>,
+}
+
+impl std::fmt::Display for KernelSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}", self.source.file(), self.entry)?;
+        for (k, v) in &self.defines {
+            write!(f, " {k}={v}")?;
+        }
+        Ok(())
+    }
+}
+
+impl KernelSpec {
+    /// The NVRTC options for `arch`: C++17, accurate math (no fast-math: `expf`/`logf` must
+    /// stay close to the CPU reference), line info for profilers, and the macros.
+    pub fn options(&self, arch: Arch) -> Vec<String> {
+        let mut o = vec![
+            format!("--gpu-architecture={}", arch.sm()),
+            "-std=c++17".to_string(),
+            "--device-as-default-execution-space".to_string(),
+            "-lineinfo".to_string(),
+        ];
+        o.extend(self.defines.iter().map(|(k, v)| format!("-D{k}={v}")));
+        o
+    }
+
+    /// The disk-cache key: a 128-bit hash of source, options, NVRTC version and arch.
+    pub fn cache_key(&self, arch: Arch, nvrtc: (i32, i32)) -> String {
+        let mut h = Fnv128::new();
+        h.write(self.source.text().as_bytes());
+        for o in self.options(arch) {
+            h.write(o.as_bytes());
+            h.write(&[0]);
+        }
+        h.write(format!("nvrtc {}.{}", nvrtc.0, nvrtc.1).as_bytes());
+        h.write(arch.sm().as_bytes());
+        format!("{:032x}", h.finish())
+    }
+}
+
+/// FNV-1a over 128 bits: stable across Rust versions and processes (unlike `DefaultHasher`).
+struct Fnv128(u128);
+
+impl Fnv128 {
+    fn new() -> Self {
+        Fnv128(0x6c62272e07bb014262b821756295c58d)
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 ^= b as u128;
+            self.0 = self.0.wrapping_mul(0x0000000001000000000000000000013B);
+        }
+    }
+    fn finish(&self) -> u128 {
+        self.0
+    }
+}
+
+/// Where compiled cubins are kept on disk: `$SSM_CUDA_CACHE_DIR` (the value `off` disables
+/// the disk cache), else `$XDG_CACHE_HOME/ssm-kernels/cubin`, else `$HOME/.cache/ssm-kernels/cubin`.
+pub fn default_cache_dir() -> Option<PathBuf> {
+    match std::env::var_os("SSM_CUDA_CACHE_DIR") {
+        Some(v) if v == "off" => None,
+        Some(v) if !v.is_empty() => Some(PathBuf::from(v)),
+        _ => std::env::var_os("XDG_CACHE_HOME")
+            .filter(|v| !v.is_empty())
+            .map(|v| PathBuf::from(v).join("ssm-kernels/cubin"))
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/ssm-kernels/cubin"))),
+    }
+}
+
+/// A compiled specialisation.
+#[derive(Debug, Clone)]
+pub struct CompiledKernel {
+    /// The cubin.
+    pub cubin: Arc<Vec<u8>>,
+    /// NVRTC's log (empty when loaded from disk).
+    pub log: String,
+    /// Whether it came from the disk cache.
+    pub from_disk: bool,
+}
+
+/// Compiles specialisations for one architecture, with an in-memory and an on-disk cache.
+#[derive(Debug)]
+pub struct Compiler {
+    arch: Arch,
+    disk: Option<PathBuf>,
+    memory: Mutex<HashMap<KernelSpec, CompiledKernel>>,
+}
+
+impl Compiler {
+    /// A compiler for `arch` caching on disk under `disk` (`None`: memory only).
+    pub fn new(arch: Arch, disk: Option<PathBuf>) -> Self {
+        Compiler { arch, disk, memory: Mutex::new(HashMap::new()) }
+    }
+
+    /// The target architecture.
+    pub fn arch(&self) -> Arch {
+        self.arch
+    }
+
+    /// The cubin of `spec`: from memory, else from disk, else compiled (and stored in both).
+    pub fn cubin(&self, spec: &KernelSpec) -> Result<CompiledKernel, CudaError> {
+        if let Some(k) = self.memory.lock().unwrap_or_else(|e| e.into_inner()).get(spec) {
+            return Ok(k.clone());
+        }
+        let nvrtc = nvrtc_version()?;
+        let key = spec.cache_key(self.arch, nvrtc);
+        let path = self.disk.as_ref().map(|d| d.join(format!("{key}.cubin")));
+        let compiled = match path.as_ref().and_then(|p| std::fs::read(p).ok()).filter(|b| b.starts_with(b"\x7fELF")) {
+            Some(cubin) => CompiledKernel { cubin: Arc::new(cubin), log: String::new(), from_disk: true },
+            None => {
+                let source = spec.source.text();
+                let c = compile_cubin(&source, spec.source.file(), &spec.options(self.arch), &spec.to_string())?;
+                if let Some(p) = &path {
+                    store_atomically(p, &c.cubin);
+                }
+                CompiledKernel { cubin: Arc::new(c.cubin), log: c.log, from_disk: false }
+            }
+        };
+        self.memory.lock().unwrap_or_else(|e| e.into_inner()).insert(spec.clone(), compiled.clone());
+        Ok(compiled)
+    }
+}
+
+/// Writes `bytes` to `path` through a temporary file and a rename; failures are logged only.
+fn store_atomically(path: &Path, bytes: &[u8]) {
+    let result = (|| -> std::io::Result<()> {
+        let dir = path.parent().unwrap_or(Path::new("."));
+        std::fs::create_dir_all(dir)?;
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+        let tmp = dir.join(format!(
+            ".{}.{}.{nanos}.tmp",
+            path.file_name().and_then(|n| n.to_str()).unwrap_or("k"),
+            std::process::id()
+        ));
+        std::fs::write(&tmp, bytes)?;
+        std::fs::rename(&tmp, path).inspect_err(|_| {
+            let _ = std::fs::remove_file(&tmp);
+        })
+    })();
+    if let Err(e) = result {
+        log::warn!(
+            "ssm-cuda: could not write the kernel cache file {}: {e} (it will be compiled again next run)",
+            path.display()
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> KernelSpec {
+        KernelSpec { source: KernelSource::Copy, entry: "copy_u128", defines: vec![("UNROLL", "4".into())] }
+    }
+
+    #[test]
+    fn cache_key_changes_with_every_input() {
+        let s = spec();
+        let k = s.cache_key(Arch::SM90, (13, 0));
+        assert_eq!(k.len(), 32);
+        assert_eq!(k, s.cache_key(Arch::SM90, (13, 0)), "stable");
+        assert_ne!(k, s.cache_key(Arch::SM80, (13, 0)), "arch");
+        assert_ne!(k, s.cache_key(Arch::SM90, (13, 1)), "nvrtc version");
+        let mut s2 = s.clone();
+        s2.defines[0].1 = "2".into();
+        assert_ne!(k, s2.cache_key(Arch::SM90, (13, 0)), "options");
+        let s3 = KernelSpec { source: KernelSource::Ssu, ..s };
+        assert_ne!(k, s3.cache_key(Arch::SM90, (13, 0)), "source");
+    }
+
+    #[test]
+    fn options_name_the_arch_and_every_macro() {
+        let o = spec().options(Arch::SM80);
+        assert!(o.contains(&"--gpu-architecture=sm_80".to_string()));
+        assert!(o.contains(&"-DUNROLL=4".to_string()));
+        assert_eq!(spec().to_string(), "copy.cu:copy_u128 UNROLL=4");
+    }
+
+    #[test]
+    fn a_failed_cache_write_is_only_a_warning() {
+        // A path under a regular file cannot be created; the call must return normally.
+        let file = std::env::temp_dir().join(format!("ssm-cuda-not-a-dir-{}", std::process::id()));
+        std::fs::write(&file, b"x").unwrap();
+        store_atomically(&file.join("sub/k.cubin"), b"\x7fELF");
+        assert!(!file.join("sub/k.cubin").exists());
+        std::fs::remove_file(&file).unwrap();
+    }
+
+    #[test]
+    fn atomic_store_writes_the_bytes() {
+        let dir = std::env::temp_dir().join(format!("ssm-cuda-cache-test-{}", std::process::id()));
+        let p = dir.join("a.cubin");
+        store_atomically(&p, b"\x7fELFdata");
+        assert_eq!(std::fs::read(&p).unwrap(), b"\x7fELFdata");
+        let leftovers: Vec<_> = std::fs::read_dir(&dir).unwrap().filter_map(|e| e.ok()).collect();
+        assert_eq!(leftovers.len(), 1, "no temporary file left behind");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

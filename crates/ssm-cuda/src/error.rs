@@ -1,0 +1,106 @@
+use cudarc::driver::sys::CUresult;
+use cudarc::nvrtc::sys::nvrtcResult;
+
+/// Errors of the CUDA backend.
+///
+/// Driver and NVRTC failures keep the raw result code and render it from the code's name
+/// alone: formatting one never calls into a driver that may be missing (cudarc's own
+/// `DriverError` calls `cuGetErrorString` when formatted).
+#[derive(Debug, thiserror::Error)]
+pub enum CudaError {
+    /// No CUDA driver library (`libcuda.so`) could be loaded.
+    #[error("no CUDA driver: libcuda could not be loaded")]
+    NoDriver,
+    /// The driver loaded but reports no device (or not this ordinal).
+    #[error("no CUDA device with ordinal {ordinal} (devices found: {found})")]
+    NoDevice {
+        /// Ordinal asked for.
+        ordinal: usize,
+        /// Devices the driver reports.
+        found: usize,
+    },
+    /// NVRTC (`libnvrtc.so.13` or `.12`) could not be loaded.
+    #[error(
+        "NVRTC could not be loaded (libnvrtc.so.13 / .12); install the CUDA toolkit or the `nvidia-cuda-nvrtc` wheel and put its lib dir on LD_LIBRARY_PATH"
+    )]
+    NoNvrtc,
+    /// A driver call failed.
+    #[error("CUDA driver call {call} failed: {code:?} ({})", *code as u32)]
+    Driver {
+        /// The driver function (or cudarc operation) that failed.
+        call: &'static str,
+        /// The raw result code.
+        code: CUresult,
+    },
+    /// An NVRTC call other than the compilation itself failed.
+    #[error("NVRTC call {call} failed: {code:?}")]
+    Nvrtc {
+        /// The NVRTC function that failed.
+        call: &'static str,
+        /// The raw result code.
+        code: nvrtcResult,
+    },
+    /// NVRTC rejected a kernel specialisation.
+    #[error("NVRTC could not compile {spec}\noptions: {options}\n--- log ---\n{log}")]
+    Compile {
+        /// The specialisation (kernel and its macros).
+        spec: String,
+        /// The full option list passed to NVRTC.
+        options: String,
+        /// NVRTC's program log.
+        log: String,
+    },
+    /// A tensor the CUDA backend must read or write is not on its device.
+    #[error("argument `{arg}` lives on {actual}; this CUDA backend runs on {expected}")]
+    WrongDevice {
+        /// Argument name.
+        arg: &'static str,
+        /// The backend's device.
+        expected: ssm_tensor::Device,
+        /// Where the tensor lives.
+        actual: ssm_tensor::Device,
+    },
+    /// A kernel flagged invalid index values (see [`DeviceErrors`]).
+    #[error("a kernel skipped rows with invalid index values: {0}")]
+    InvalidIndices(DeviceErrors),
+    /// Something this backend does not implement.
+    #[error("not supported by the CUDA backend: {0}")]
+    Unsupported(String),
+}
+
+impl CudaError {
+    pub(crate) fn driver(call: &'static str) -> impl FnOnce(cudarc::driver::DriverError) -> CudaError {
+        move |e| CudaError::Driver { call, code: e.0 }
+    }
+}
+
+/// Bits of the device error word, set by kernels that met invalid index values on the device
+/// (the row was skipped; nothing was written for it). Read and cleared by
+/// [`crate::CudaBackend::check`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceErrors(pub u32);
+
+impl DeviceErrors {
+    /// A slot index (`state_batch_indices` / `dst_state_batch_indices`) outside `[0, slots)` and not the pad.
+    pub const SLOT: u32 = 1;
+    /// `cu_seqlens` not non-decreasing within `[0, rows]`.
+    pub const CU_SEQLENS: u32 = 2;
+    /// `num_accepted_tokens` (or the sequence length in speculative mode) beyond the slot table's width.
+    pub const ACCEPTED: u32 = 4;
+}
+
+impl std::fmt::Display for DeviceErrors {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut parts = Vec::new();
+        if self.0 & Self::SLOT != 0 {
+            parts.push("slot index outside [0, slots) and not the pad");
+        }
+        if self.0 & Self::CU_SEQLENS != 0 {
+            parts.push("cu_seqlens decreasing or outside [0, rows]");
+        }
+        if self.0 & Self::ACCEPTED != 0 {
+            parts.push("num_accepted_tokens or sequence length beyond the slot table's width");
+        }
+        write!(f, "{} (word {:#x})", parts.join("; "), self.0)
+    }
+}

@@ -1,0 +1,280 @@
+//! CUDA backend of ssm-kernels.
+//!
+//! Built on `cudarc` with dynamic loading: the crate compiles and its CPU-side tests run on
+//! machines without CUDA, and [`probe`] reports a missing driver or device instead of
+//! panicking. Kernels are CUDA C++ under `kernels/`, embedded with `include_str!` and
+//! compiled by NVRTC to a cubin for the device's architecture, one specialisation per
+//! (dtypes, dstate, tile, flags), cached in memory and on disk ([`compile`]).
+//!
+//! Layers, lowest first:
+//! - [`nvrtc`] and the driver calls in [`CudaBackend`]: thin wrappers over cudarc's `sys` /
+//!   `result` layers, every `unsafe` block with its `// SAFETY:` reason;
+//! - launch: `#[repr(C)]` Pod parameter blocks (`ssu::SsuParams`) pushed through cudarc's
+//!   launch builder on the backend's stream;
+//! - safe ops: `impl ssm_ssu::SsuBackend for CudaBackend`, which takes device tensor views
+//!   (`TensorRef::from_device_ptr`), never allocates when `out` is given, never copies a value
+//!   back to the host and never synchronises; [`CudaBackend::check`] reads the device error
+//!   word off the hot path.
+
+pub mod compile;
+mod error;
+pub mod nvrtc;
+pub mod ssu;
+pub mod testing;
+
+pub use cudarc;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg, sys};
+
+pub use compile::{Arch, Compiler, KernelSource, KernelSpec};
+pub use error::{CudaError, DeviceErrors};
+pub use nvrtc::{nvrtc_available, nvrtc_version};
+pub use ssu::ssu_kernel_spec;
+
+/// What [`probe`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Availability {
+    /// `libcuda` could not be loaded.
+    NoDriver,
+    /// The driver loaded but reports no usable device.
+    NoDevice,
+    /// The driver reports `devices` devices.
+    Ready {
+        /// Number of devices.
+        devices: usize,
+    },
+}
+
+impl std::fmt::Display for Availability {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Availability::NoDriver => f.write_str("no CUDA driver (libcuda not found)"),
+            Availability::NoDevice => f.write_str("CUDA driver present but no device"),
+            Availability::Ready { devices } => write!(f, "{devices} CUDA device(s)"),
+        }
+    }
+}
+
+/// Whether CUDA can be used here. Never panics: the driver library is looked for with
+/// `dlopen` before any driver function is called.
+pub fn probe() -> Availability {
+    // SAFETY: `is_culib_present` only tries to `dlopen` candidate library names.
+    if !unsafe { sys::is_culib_present() } {
+        return Availability::NoDriver;
+    }
+    match CudaContext::device_count() {
+        Ok(n) if n > 0 => Availability::Ready { devices: n as usize },
+        _ => Availability::NoDevice,
+    }
+}
+
+/// The CUDA backend: one device, one stream, a kernel cache and a device error word.
+pub struct CudaBackend {
+    ordinal: usize,
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    compiler: Compiler,
+    functions: Mutex<HashMap<KernelSpec, CudaFunction>>,
+    ssu_functions: Mutex<HashMap<ssu::SsuKey, CudaFunction>>,
+    error_word: CudaSlice<u32>,
+    error_word_addr: u64,
+}
+
+impl std::fmt::Debug for CudaBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaBackend").field("ordinal", &self.ordinal).field("arch", &self.compiler.arch()).finish()
+    }
+}
+
+impl CudaBackend {
+    /// A backend on device `ordinal` with its own non-blocking stream.
+    ///
+    /// Errors: [`CudaError::NoDriver`] / [`CudaError::NoDevice`] when [`probe`] finds none,
+    /// or the driver's error when the context or stream cannot be created.
+    pub fn new(ordinal: usize) -> Result<Self, CudaError> {
+        let ctx = Self::context_for(ordinal)?;
+        let stream = ctx.new_stream().map_err(CudaError::driver("cuStreamCreate"))?;
+        Self::with_stream(ctx, stream)
+    }
+
+    /// A backend that launches on a stream owned by someone else (e.g. PyTorch's current stream).
+    ///
+    /// # Safety
+    /// `cu_stream` must be a valid stream of device `ordinal`'s primary context, kept alive by
+    /// its owner for as long as this backend is used; ordering with the owner's other work is
+    /// the caller's responsibility.
+    pub unsafe fn with_borrowed_stream(ordinal: usize, cu_stream: sys::CUstream) -> Result<Self, CudaError> {
+        let ctx = Self::context_for(ordinal)?;
+        // SAFETY: forwarded from this function's contract.
+        let stream = unsafe { ctx.wrap_borrowed_stream(cu_stream) };
+        Self::with_stream(ctx, stream)
+    }
+
+    fn context_for(ordinal: usize) -> Result<Arc<CudaContext>, CudaError> {
+        match probe() {
+            Availability::NoDriver => return Err(CudaError::NoDriver),
+            Availability::NoDevice => return Err(CudaError::NoDevice { ordinal, found: 0 }),
+            Availability::Ready { devices } if ordinal >= devices => {
+                return Err(CudaError::NoDevice { ordinal, found: devices });
+            }
+            Availability::Ready { .. } => {}
+        }
+        CudaContext::new(ordinal).map_err(CudaError::driver("cuDevicePrimaryCtxRetain"))
+    }
+
+    fn with_stream(ctx: Arc<CudaContext>, stream: Arc<CudaStream>) -> Result<Self, CudaError> {
+        let (major, minor) = ctx.compute_capability().map_err(CudaError::driver("cuDeviceGetAttribute"))?;
+        let arch = Arch { major: major as u32, minor: minor as u32 };
+        let error_word = stream.alloc_zeros::<u32>(1).map_err(CudaError::driver("cuMemAlloc(error word)"))?;
+        let error_word_addr = {
+            let (addr, _sync) = error_word.device_ptr(&stream);
+            addr
+        };
+        Ok(CudaBackend {
+            ordinal: ctx.ordinal(),
+            ctx,
+            stream,
+            compiler: Compiler::new(arch, compile::default_cache_dir()),
+            functions: Mutex::new(HashMap::new()),
+            ssu_functions: Mutex::new(HashMap::new()),
+            error_word,
+            error_word_addr,
+        })
+    }
+
+    /// The device this backend runs on.
+    pub fn device(&self) -> ssm_tensor::Device {
+        ssm_tensor::Device::Cuda(self.ordinal as u32)
+    }
+
+    /// The device's compute capability.
+    pub fn arch(&self) -> Arch {
+        self.compiler.arch()
+    }
+
+    /// The cudarc context (the device's primary context, shared with the CUDA runtime and PyTorch).
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// The stream every launch goes to.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// The device name (e.g. "NVIDIA H200").
+    pub fn device_name(&self) -> Result<String, CudaError> {
+        self.ctx.name().map_err(CudaError::driver("cuDeviceGetName"))
+    }
+
+    /// Free and total device memory in bytes (`cuMemGetInfo`).
+    pub fn mem_info(&self) -> Result<(usize, usize), CudaError> {
+        self.ctx.mem_get_info().map_err(CudaError::driver("cuMemGetInfo"))
+    }
+
+    /// Waits for all work on the stream.
+    pub fn synchronize(&self) -> Result<(), CudaError> {
+        self.stream.synchronize().map_err(CudaError::driver("cuStreamSynchronize"))
+    }
+
+    /// Device address of the error word kernels OR their [`DeviceErrors`] bits into.
+    pub fn error_word_addr(&self) -> u64 {
+        self.error_word_addr
+    }
+
+    /// Waits for the stream, then reads and clears the device error word.
+    ///
+    /// `Err(CudaError::InvalidIndices)` when a kernel since the last check met index values
+    /// outside their range (those rows were skipped, nothing of them written). Synchronises:
+    /// call it off the hot path.
+    pub fn check(&self) -> Result<(), CudaError> {
+        let mut word = [0u32];
+        self.stream.memcpy_dtoh(&self.error_word, &mut word).map_err(CudaError::driver("cuMemcpyDtoH(error word)"))?;
+        self.synchronize()?;
+        if word[0] == 0 {
+            return Ok(());
+        }
+        self.clear_error_word()?;
+        Err(CudaError::InvalidIndices(DeviceErrors(word[0])))
+    }
+
+    fn clear_error_word(&self) -> Result<(), CudaError> {
+        // SAFETY: the error word is a live 4-byte allocation owned by `self`; the memset is
+        // ordered on our stream after every kernel that may write it.
+        unsafe { sys::cuMemsetD32Async(self.error_word_addr, 0, 1, self.stream.cu_stream()) }
+            .result()
+            .map_err(CudaError::driver("cuMemsetD32Async(error word)"))?;
+        self.synchronize()
+    }
+
+    /// Compiles (or loads from the caches) `spec` and loads it into the context, so that a
+    /// later launch of it does no compilation or module load: call before CUDA-graph capture.
+    pub fn prewarm(&self, spec: &KernelSpec) -> Result<(), CudaError> {
+        self.function(spec).map(|_| ())
+    }
+
+    /// [`prewarm`](Self::prewarm) for the kernel an SSU plan launches.
+    pub fn prewarm_ssu(&self, plan: &ssm_ssu::SsuPlan) -> Result<(), CudaError> {
+        let key = ssu::SsuKey::from_plan(plan, true);
+        self.ssu_function(&key).map(|_| ())
+    }
+
+    /// The loaded function of `spec`.
+    pub fn function(&self, spec: &KernelSpec) -> Result<CudaFunction, CudaError> {
+        if let Some(f) = self.functions.lock().unwrap_or_else(|e| e.into_inner()).get(spec) {
+            return Ok(f.clone());
+        }
+        let compiled = self.compiler.cubin(spec)?;
+        let module = self
+            .ctx
+            .load_module(cudarc::nvrtc::Ptx::from_binary(compiled.cubin.as_ref().clone()))
+            .map_err(CudaError::driver("cuModuleLoadData"))?;
+        let f = module.load_function(spec.entry).map_err(CudaError::driver("cuModuleGetFunction"))?;
+        self.functions.lock().unwrap_or_else(|e| e.into_inner()).insert(spec.clone(), f.clone());
+        Ok(f)
+    }
+
+    pub(crate) fn ssu_function(&self, key: &ssu::SsuKey) -> Result<CudaFunction, CudaError> {
+        if let Some(f) = self.ssu_functions.lock().unwrap_or_else(|e| e.into_inner()).get(key) {
+            return Ok(f.clone());
+        }
+        let f = self.function(&key.spec())?;
+        self.ssu_functions.lock().unwrap_or_else(|e| e.into_inner()).insert(*key, f.clone());
+        Ok(f)
+    }
+
+    /// Copies `bytes` from `src` to `dst` with the 16-byte copy kernel (bandwidth yardstick).
+    ///
+    /// # Safety
+    /// `src` and `dst` must be device allocations of at least `bytes` bytes on this device,
+    /// 16-byte aligned, not overlapping; `bytes` a multiple of 16.
+    pub unsafe fn copy_kernel(&self, src: u64, dst: u64, bytes: usize) -> Result<(), CudaError> {
+        let spec = KernelSpec { source: KernelSource::Copy, entry: "copy_u128", defines: vec![("UNROLL", "4".into())] };
+        let f = self.function(&spec)?;
+        let sms = self
+            .ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(CudaError::driver("cuDeviceGetAttribute"))? as u32;
+        let n = (bytes / 16) as u64;
+        let cfg = LaunchConfig { grid_dim: (sms * 8, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&src).arg(&dst).arg(&n);
+        // SAFETY: forwarded from this function's contract.
+        unsafe { b.launch(cfg) }.map_err(CudaError::driver("cuLaunchKernel(copy_u128)"))?;
+        Ok(())
+    }
+
+    /// Copies `bytes` from `src` to `dst` with `cuMemcpyDtoDAsync` on the backend's stream.
+    ///
+    /// # Safety
+    /// As [`copy_kernel`](Self::copy_kernel), without the alignment requirement.
+    pub unsafe fn copy_driver(&self, src: u64, dst: u64, bytes: usize) -> Result<(), CudaError> {
+        // SAFETY: forwarded from this function's contract.
+        unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, self.stream.cu_stream()) }
+            .result()
+            .map_err(CudaError::driver("cuMemcpyDtoDAsync"))
+    }
+}

@@ -1,0 +1,527 @@
+//! `impl SsuBackend for CudaBackend`: maps a checked [`SsuPlan`] onto one launch of
+//! `kernels/ssu.cu`, specialised for the call's dtypes, dstate, tile and flags.
+
+use bytemuck::{Pod, Zeroable};
+use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+use ssm_ssu::{ParamForm, Route, SelectiveStateUpdate, SsuBackend, SsuPlan, TokenStrides};
+use ssm_tensor::DType;
+
+use crate::compile::{KernelSource, KernelSpec};
+use crate::{CudaBackend, CudaError};
+
+/// Strides of a per-token tensor as the kernel reads them (`struct TokStrides` in ssu.cu).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, Pod, Zeroable)]
+pub(crate) struct TokStridesC {
+    seq: i64,
+    tok: i64,
+    head: i64,
+    dim: i64,
+}
+
+impl From<&TokenStrides> for TokStridesC {
+    fn from(t: &TokenStrides) -> Self {
+        TokStridesC { seq: t.seq as i64, tok: t.tok as i64, head: t.head as i64, dim: t.dim as i64 }
+    }
+}
+
+/// The kernel's parameter block (`struct SsuParams` in ssu.cu: same order, no padding).
+/// Addresses already include each tensor's element offset.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, Pod, Zeroable)]
+pub(crate) struct SsuParams {
+    state: u64,
+    x: u64,
+    dt: u64,
+    a: u64,
+    b: u64,
+    c: u64,
+    d: u64,
+    dt_bias: u64,
+    z: u64,
+    out: u64,
+    sbi: u64,
+    dst: u64,
+    nacc: u64,
+    cu: u64,
+    err: u64,
+    st_slot: i64,
+    st_head: i64,
+    st_dim: i64,
+    xs: TokStridesC,
+    dts: TokStridesC,
+    zs: TokStridesC,
+    outs: TokStridesC,
+    bs: TokStridesC,
+    cs: TokStridesC,
+    a_head: i64,
+    a_dim: i64,
+    a_n: i64,
+    d_head: i64,
+    d_dim: i64,
+    dtb_head: i64,
+    dtb_dim: i64,
+    sbi_seq: i64,
+    sbi_col: i64,
+    dst_seq: i64,
+    dst_col: i64,
+    nacc_s: i64,
+    cu_s: i64,
+    slots: i64,
+    rows: i64,
+    pad: i64,
+    sbi_width: i64,
+    dst_width: i64,
+    seed: u64,
+    nseq: i32,
+    heads: i32,
+    dim: i32,
+    heads_per_group: i32,
+    steps: i32,
+    philox_rounds: i32,
+    dim_tiles: i32,
+    reserved: i32,
+}
+
+// SAFETY: `SsuParams` is `#[repr(C)]`, plain old data (Pod: no padding, no pointers the
+// driver would follow except as integers) and its layout equals `struct SsuParams` in ssu.cu.
+unsafe impl DeviceRepr for SsuParams {}
+
+fn c_type(t: DType) -> &'static str {
+    match t {
+        DType::F32 => "float",
+        DType::F16 => "f16_t",
+        DType::BF16 => "bf16_t",
+        DType::I32 => "int",
+        DType::I64 => "i64",
+        DType::Bool => "unsigned char",
+    }
+}
+
+/// Tile geometry of one specialisation (see the header of `kernels/ssu.cu`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SsuGeometry {
+    /// State elements per vector access (16 bytes, or 1 when the state is not 16-byte aligned).
+    pub vec: u32,
+    /// Lanes sharing one state row (a power of two ≤ 32).
+    pub tpr: u32,
+    /// Vectors per lane and row.
+    pub vpt: u32,
+    /// Rows per lane.
+    pub rpt: u32,
+    /// Threads per block.
+    pub threads: u32,
+}
+
+impl SsuGeometry {
+    /// Rows of `dim` one block covers.
+    pub fn dim_tile(&self) -> u32 {
+        self.threads / self.tpr * self.rpt
+    }
+
+    /// The geometry for a state of `state` dtype with `dstate` columns, `dim` rows per head.
+    /// `vectorized`: whether every state row start is 16-byte aligned.
+    pub fn choose(state: DType, dstate: usize, dim: usize, vectorized: bool, tied: bool) -> Self {
+        let per16 = 16 / state.size();
+        let vec = if vectorized && dstate % per16 == 0 { per16 } else { 1 };
+        let nvec = dstate.div_ceil(vec).max(1);
+        let tpr = nvec.next_power_of_two().min(32);
+        let vpt = nvec.div_ceil(tpr);
+        // About four 16-byte loads in flight per lane; fewer rows per lane for the per-channel
+        // form, whose per-element A tile costs registers.
+        let mut rpt = (4 / vpt).max(1);
+        if !tied {
+            rpt = rpt.min(2);
+        }
+        let mut threads = 128usize;
+        let dim = dim.max(1);
+        while rpt > 1 && (threads / tpr) * rpt / 2 >= dim {
+            rpt /= 2;
+        }
+        while threads > 32 && (threads / tpr / 2) * rpt >= dim && threads / 2 >= tpr {
+            threads /= 2;
+        }
+        SsuGeometry { vec: vec as u32, tpr: tpr as u32, vpt: vpt as u32, rpt: rpt as u32, threads: threads as u32 }
+    }
+}
+
+/// Everything that selects one compiled SSU kernel (compact, hashed per call).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct SsuKey {
+    types: [DType; 14],
+    dstate: usize,
+    geometry: SsuGeometry,
+    flags: u16,
+}
+
+const F_Z: u16 = 1;
+const F_D: u16 = 2;
+const F_DT_BIAS: u16 = 4;
+const F_SOFTPLUS: u16 = 8;
+const F_TIED: u16 = 16;
+const F_SBI: u16 = 32;
+const F_PAD: u16 = 64;
+const F_VARLEN: u16 = 128;
+const F_DENSE: u16 = 256;
+const F_SPEC: u16 = 512;
+const F_SR: u16 = 1024;
+
+impl SsuKey {
+    pub(crate) fn from_plan(plan: &SsuPlan, vectorized: bool) -> Self {
+        let t = plan.dtypes;
+        let idx = |o: Option<DType>| o.unwrap_or(DType::I32);
+        let flt = |o: Option<DType>| o.unwrap_or(DType::F32);
+        let tied = plan.form == ParamForm::Tied;
+        let mut flags = 0u16;
+        let mut set = |on: bool, f: u16| {
+            if on {
+                flags |= f
+            }
+        };
+        set(plan.z.is_some(), F_Z);
+        set(plan.d.is_some(), F_D);
+        set(plan.dt_bias.is_some(), F_DT_BIAS);
+        set(plan.dt_softplus, F_SOFTPLUS);
+        set(tied, F_TIED);
+        set(plan.state_batch_indices.is_some(), F_SBI);
+        set(plan.pad_slot_id.is_some(), F_PAD);
+        set(plan.route == Route::Varlen, F_VARLEN);
+        set(matches!(plan.route, Route::Dense { .. }), F_DENSE);
+        set(plan.spec, F_SPEC);
+        set(plan.stochastic_rounding.is_some(), F_SR);
+        SsuKey {
+            types: [
+                t.state,
+                t.x,
+                t.dt,
+                t.a,
+                t.b,
+                t.c,
+                flt(t.d),
+                flt(t.dt_bias),
+                flt(t.z),
+                t.out,
+                idx(plan.state_batch_indices.map(|s| s.dtype)),
+                idx(plan.dst_state_batch_indices.map(|s| s.dtype)),
+                idx(t.num_accepted_tokens),
+                idx(t.cu_seqlens),
+            ],
+            dstate: plan.dims.dstate,
+            geometry: SsuGeometry::choose(t.state, plan.dims.dstate, plan.dims.dim, vectorized, tied),
+            flags,
+        }
+    }
+
+    /// The NVRTC specialisation.
+    pub(crate) fn spec(&self) -> KernelSpec {
+        const TYPE_NAMES: [&str; 14] = [
+            "STATE_T", "X_T", "DT_T", "A_T", "B_T", "C_T", "D_T", "DTB_T", "Z_T", "OUT_T", "SBI_T", "DST_T", "NACC_T",
+            "CU_T",
+        ];
+        let mut defines: Vec<(&'static str, String)> =
+            TYPE_NAMES.iter().zip(self.types).map(|(&n, t)| (n, c_type(t).to_string())).collect();
+        let g = self.geometry;
+        defines.extend([
+            ("DSTATE", self.dstate.to_string()),
+            ("VEC", g.vec.to_string()),
+            ("TPR", g.tpr.to_string()),
+            ("VPT", g.vpt.to_string()),
+            ("RPT", g.rpt.to_string()),
+            ("NTHREADS", g.threads.to_string()),
+        ]);
+        for (name, f) in [
+            ("HAS_Z", F_Z),
+            ("HAS_D", F_D),
+            ("HAS_DT_BIAS", F_DT_BIAS),
+            ("DT_SOFTPLUS", F_SOFTPLUS),
+            ("TIED", F_TIED),
+            ("HAS_SBI", F_SBI),
+            ("HAS_PAD", F_PAD),
+            ("VARLEN", F_VARLEN),
+            ("DENSE", F_DENSE),
+            ("SPEC", F_SPEC),
+            ("STOCH_ROUND", F_SR),
+        ] {
+            defines.push((name, u8::from(self.flags & f != 0).to_string()));
+        }
+        KernelSpec { source: KernelSource::Ssu, entry: "ssu_kernel", defines }
+    }
+}
+
+/// The catalogue `cargo xtask build-kernels` compiles: every state dtype with every io dtype
+/// on the one-token route, every route (varlen, dense, speculative) per state dtype, the
+/// per-channel (Mamba1) form, other dstates, the scalar (unaligned) fallback, i64 index
+/// tables and stochastic rounding. Each entry is `(label, spec)`.
+pub fn ssu_catalogue() -> Vec<(String, KernelSpec)> {
+    use DType::{BF16, F16, F32, I32, I64};
+    let floats = [F32, F16, BF16];
+    let base = F_D | F_DT_BIAS | F_SOFTPLUS | F_SBI | F_PAD;
+    let key = |state: DType, io: DType, idx: DType, dstate: usize, dim: usize, vectorized: bool, flags: u16| {
+        let tied = flags & F_TIED != 0;
+        SsuKey {
+            types: [state, io, io, F32, io, io, F32, F32, io, io, idx, idx, idx, I32],
+            dstate,
+            geometry: SsuGeometry::choose(state, dstate, dim, vectorized, tied),
+            flags,
+        }
+    };
+    let mut out = Vec::new();
+    let mut push = |label: String, k: SsuKey| out.push((label, k.spec()));
+    for state in floats {
+        for io in floats {
+            push(
+                format!("one-token tied state={state} io={io} dstate=128"),
+                key(state, io, I32, 128, 64, true, base | F_TIED),
+            );
+        }
+        let s = state;
+        push(format!("varlen tied state={s} io=bf16"), key(s, BF16, I32, 128, 64, true, base | F_TIED | F_VARLEN));
+        push(format!("dense tied state={s} io=bf16"), key(s, BF16, I32, 128, 64, true, base | F_TIED | F_DENSE));
+        push(format!("spec tied state={s} io=bf16"), key(s, BF16, I32, 128, 64, true, base | F_TIED | F_SPEC));
+        push(
+            format!("varlen spec tied state={s} io=bf16"),
+            key(s, BF16, I32, 128, 64, true, base | F_TIED | F_SPEC | F_VARLEN),
+        );
+        push(
+            format!("one-token per-channel z state={s} io=f32 dstate=16"),
+            key(s, F32, I32, 16, 1536, true, base | F_Z),
+        );
+        push(format!("one-token tied state={s} io=bf16 dstate=64"), key(s, BF16, I32, 64, 64, true, base | F_TIED));
+        push(format!("one-token tied state={s} io=bf16 dstate=256"), key(s, BF16, I32, 256, 64, true, base | F_TIED));
+        push(
+            format!("one-token per-channel scalar state={s} io=f16 dstate=7"),
+            key(s, F16, I32, 7, 5, false, base | F_Z),
+        );
+    }
+    push("one-token tied i64 tables state=f32 io=bf16".into(), key(F32, BF16, I64, 128, 64, true, base | F_TIED));
+    push("one-token tied no tables state=f32 io=bf16".into(), key(F32, BF16, I32, 128, 64, true, F_TIED | F_D));
+    push("one-token tied SR state=f16 io=f16".into(), key(F16, F16, I32, 128, 64, true, base | F_TIED | F_SR));
+    push(
+        "varlen tied SR state=f16 io=bf16".into(),
+        key(F16, BF16, I32, 128, 64, true, base | F_TIED | F_VARLEN | F_SR),
+    );
+    push("one-token scalar SR state=f16 io=f16 dstate=7".into(), key(F16, F16, I32, 7, 5, false, base | F_SR));
+    out
+}
+
+/// The kernel specialisation a plan runs with when its state rows are 16-byte aligned (the
+/// usual case: device allocations are 256-byte aligned), e.g. for [`CudaBackend::prewarm`]
+/// before graph capture.
+pub fn ssu_kernel_spec(plan: &SsuPlan) -> KernelSpec {
+    SsuKey::from_plan(plan, state_rows_aligned(plan, 0)).spec()
+}
+
+/// Whether every state row `[slot, h, p, 0]` starts on a 16-byte boundary, for a base address `addr`.
+fn state_rows_aligned(plan: &SsuPlan, addr: u64) -> bool {
+    let es = plan.dtypes.state.size() as i64;
+    let base = addr as i64 + plan.state.offset as i64 * es;
+    let [s0, s1, s2, _] = plan.state.strides;
+    let dims = plan.dims;
+    let ok = |stride: isize, extent: usize| extent <= 1 || (stride as i64 * es) % 16 == 0;
+    base % 16 == 0 && ok(s0, dims.slots) && ok(s1, dims.heads) && ok(s2, dims.dim)
+}
+
+fn addr_of(base: Option<u64>, offset: isize, dtype: DType) -> u64 {
+    base.map_or(0, |a| a.wrapping_add((offset as i64 * dtype.size() as i64) as u64))
+}
+
+impl CudaBackend {
+    fn check_ssu_devices(&self, plan: &SsuPlan, args: &SelectiveStateUpdate<'_>) -> Result<(), CudaError> {
+        let want = self.device();
+        if plan.device != want {
+            return Err(CudaError::WrongDevice { arg: "state", expected: want, actual: plan.device });
+        }
+        let mut refs: Vec<(&'static str, Option<u64>)> = vec![
+            ("state", args.state.device_addr()),
+            ("x", args.x.device_addr()),
+            ("dt", args.dt.device_addr()),
+            ("A", args.a.device_addr()),
+            ("B", args.b.device_addr()),
+            ("C", args.c.device_addr()),
+            ("out", args.out.device_addr()),
+        ];
+        for (n, t) in [
+            ("D", &args.d),
+            ("dt_bias", &args.dt_bias),
+            ("z", &args.z),
+            ("state_batch_indices", &args.state_batch_indices),
+            ("dst_state_batch_indices", &args.dst_state_batch_indices),
+            ("num_accepted_tokens", &args.num_accepted_tokens),
+            ("cu_seqlens", &args.cu_seqlens),
+        ] {
+            if let Some(t) = t {
+                refs.push((n, t.device_addr()));
+            }
+        }
+        for (arg, a) in refs {
+            if a.is_none() {
+                return Err(CudaError::WrongDevice { arg, expected: want, actual: ssm_tensor::Device::Cpu });
+            }
+        }
+        Ok(())
+    }
+
+    fn ssu_params(&self, plan: &SsuPlan, args: &SelectiveStateUpdate<'_>, dim_tiles: usize) -> SsuParams {
+        let t = plan.dtypes;
+        let zero = TokStridesC::default();
+        let sbi = plan.state_batch_indices;
+        let dst = plan.dst_state_batch_indices;
+        let ptr_or_dst = args.dst_state_batch_indices.as_ref().or(args.state_batch_indices.as_ref());
+        SsuParams {
+            state: addr_of(args.state.device_addr(), plan.state.offset, t.state),
+            x: addr_of(args.x.device_addr(), plan.x.offset, t.x),
+            dt: addr_of(args.dt.device_addr(), plan.dt.offset, t.dt),
+            a: addr_of(args.a.device_addr(), plan.a.offset, t.a),
+            b: addr_of(args.b.device_addr(), plan.b.offset, t.b),
+            c: addr_of(args.c.device_addr(), plan.c.offset, t.c),
+            d: match (&args.d, plan.d, t.d) {
+                (Some(d), Some(s), Some(ty)) => addr_of(d.device_addr(), s.offset, ty),
+                _ => 0,
+            },
+            dt_bias: match (&args.dt_bias, plan.dt_bias, t.dt_bias) {
+                (Some(d), Some(s), Some(ty)) => addr_of(d.device_addr(), s.offset, ty),
+                _ => 0,
+            },
+            z: match (&args.z, plan.z, t.z) {
+                (Some(z), Some(s), Some(ty)) => addr_of(z.device_addr(), s.offset, ty),
+                _ => 0,
+            },
+            out: addr_of(args.out.device_addr(), plan.out.offset, t.out),
+            sbi: match (&args.state_batch_indices, sbi) {
+                (Some(s), Some(tab)) => addr_of(s.device_addr(), tab.strides.offset, tab.dtype),
+                _ => 0,
+            },
+            dst: match (ptr_or_dst, dst) {
+                (Some(s), Some(tab)) => addr_of(s.device_addr(), tab.strides.offset, tab.dtype),
+                _ => 0,
+            },
+            nacc: match (&args.num_accepted_tokens, plan.num_accepted_tokens, t.num_accepted_tokens) {
+                (Some(n), Some(s), Some(ty)) => addr_of(n.device_addr(), s.offset, ty),
+                _ => 0,
+            },
+            cu: match (&args.cu_seqlens, plan.cu_seqlens, t.cu_seqlens) {
+                (Some(c), Some(s), Some(ty)) => addr_of(c.device_addr(), s.offset, ty),
+                _ => 0,
+            },
+            err: self.error_word_addr(),
+            st_slot: plan.state.strides[0] as i64,
+            st_head: plan.state.strides[1] as i64,
+            st_dim: plan.state.strides[2] as i64,
+            xs: (&plan.x).into(),
+            dts: (&plan.dt).into(),
+            zs: plan.z.as_ref().map_or(zero, |z| z.into()),
+            outs: (&plan.out).into(),
+            bs: (&plan.b).into(),
+            cs: (&plan.c).into(),
+            a_head: plan.a.strides[0] as i64,
+            a_dim: plan.a.strides[1] as i64,
+            a_n: plan.a.strides[2] as i64,
+            d_head: plan.d.map_or(0, |s| s.strides[0] as i64),
+            d_dim: plan.d.map_or(0, |s| s.strides[1] as i64),
+            dtb_head: plan.dt_bias.map_or(0, |s| s.strides[0] as i64),
+            dtb_dim: plan.dt_bias.map_or(0, |s| s.strides[1] as i64),
+            sbi_seq: sbi.map_or(0, |s| s.strides.strides[0] as i64),
+            sbi_col: sbi.map_or(0, |s| s.strides.strides[1] as i64),
+            dst_seq: dst.map_or(0, |s| s.strides.strides[0] as i64),
+            dst_col: dst.map_or(0, |s| s.strides.strides[1] as i64),
+            nacc_s: plan.num_accepted_tokens.map_or(0, |s| s.strides[0] as i64),
+            cu_s: plan.cu_seqlens.map_or(0, |s| s.strides[0] as i64),
+            slots: plan.dims.slots as i64,
+            rows: plan.dims.rows as i64,
+            pad: plan.pad_slot_id.unwrap_or(0),
+            sbi_width: sbi.map_or(1, |s| s.width as i64),
+            dst_width: dst.map_or(1, |s| s.width as i64),
+            seed: plan.stochastic_rounding.map_or(0, |s| s.seed),
+            nseq: plan.dims.seqs as i32,
+            heads: plan.dims.heads as i32,
+            dim: plan.dims.dim as i32,
+            heads_per_group: plan.heads_per_group() as i32,
+            steps: match plan.route {
+                Route::Dense { steps } => steps as i32,
+                _ => 1,
+            },
+            philox_rounds: plan.stochastic_rounding.map_or(0, |s| s.rounds() as i32),
+            dim_tiles: dim_tiles as i32,
+            reserved: 0,
+        }
+    }
+}
+
+impl SsuBackend for CudaBackend {
+    type Error = CudaError;
+
+    /// Launches one SSU kernel on the backend's stream. Every tensor must be a device view on
+    /// this backend's device. Nothing is allocated, nothing is copied back to the host, and
+    /// the call does not wait for the kernel: invalid device index values are reported later
+    /// by [`CudaBackend::check`].
+    fn selective_state_update(&self, plan: &SsuPlan, args: SelectiveStateUpdate<'_>) -> Result<(), CudaError> {
+        self.check_ssu_devices(plan, &args)?;
+        let dims = plan.dims;
+        for (what, v) in [("sequences", dims.seqs), ("heads", dims.heads), ("dim", dims.dim), ("steps", dims.rows)] {
+            if v > i32::MAX as usize {
+                return Err(CudaError::Unsupported(format!("{what} = {v} exceeds the kernel's 32-bit counters")));
+            }
+        }
+        let vectorized = state_rows_aligned(plan, args.state.device_addr().unwrap_or(0));
+        let key = SsuKey::from_plan(plan, vectorized);
+        let dim_tiles = dims.dim.div_ceil(key.geometry.dim_tile() as usize);
+        let blocks = dims.seqs * dims.heads * dim_tiles;
+        if blocks == 0 {
+            return Ok(());
+        }
+        if blocks > i32::MAX as usize {
+            return Err(CudaError::Unsupported(format!("{blocks} blocks exceed the grid limit")));
+        }
+        let func = self.ssu_function(&key)?;
+        let params = self.ssu_params(plan, &args, dim_tiles);
+        let cfg = LaunchConfig {
+            grid_dim: (blocks as u32, 1, 1),
+            block_dim: (key.geometry.threads, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut launch = self.stream().launch_builder(&func);
+        launch.arg(&params);
+        // SAFETY: every address in `params` comes from a device view whose creator promised
+        // (TensorRef/TensorMut::from_device_ptr) that it is valid for the view's memory on this
+        // device for the call; the plan checked that every element the kernel can reach for
+        // valid index values lies inside those views, and the kernel checks index values read
+        // on the device before using them. The error word is owned by `self`.
+        unsafe { launch.launch(cfg) }.map_err(CudaError::driver("cuLaunchKernel(ssu_kernel)"))?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn params_have_no_padding_and_match_the_kernel_layout() {
+        // 15 addresses, 3 state strides, 6 × 4 token strides, 3 + 4 + 6 + 5 scalars, seed, 8 ints.
+        let expected = 15 * 8 + 3 * 8 + 6 * 32 + (3 + 4 + 6 + 5) * 8 + 8 + 8 * 4;
+        assert_eq!(std::mem::size_of::<SsuParams>(), expected);
+        assert_eq!(std::mem::align_of::<SsuParams>(), 8);
+    }
+
+    #[test]
+    fn geometry_covers_dstate_with_16_byte_vectors() {
+        let g = SsuGeometry::choose(DType::F32, 128, 64, true, true);
+        assert_eq!((g.vec, g.tpr, g.vpt, g.rpt, g.threads), (4, 32, 1, 4, 128));
+        assert_eq!(g.dim_tile(), 16);
+        let g = SsuGeometry::choose(DType::BF16, 128, 64, true, true);
+        assert_eq!((g.vec, g.tpr, g.vpt, g.rpt), (8, 16, 1, 4));
+        assert_eq!(g.dim_tile(), 32);
+        let g = SsuGeometry::choose(DType::F32, 256, 64, true, true);
+        assert_eq!((g.vec, g.tpr, g.vpt, g.rpt), (4, 32, 2, 2));
+        // Unaligned or odd dstate: scalar accesses, every column still covered.
+        for (ds, dim) in [(7, 5), (1, 1), (0, 3), (16, 3), (300, 2)] {
+            let g = SsuGeometry::choose(DType::F16, ds, dim, false, false);
+            assert_eq!(g.vec, 1);
+            assert!((g.tpr * g.vpt) as usize >= ds, "{ds}");
+            assert!(g.tpr.is_power_of_two() && g.tpr <= 32 && g.threads % 32 == 0 && g.threads >= g.tpr);
+        }
+        // Small heads do not waste most of the block.
+        let g = SsuGeometry::choose(DType::BF16, 16, 4, true, true);
+        assert!(g.dim_tile() < 64, "{g:?}");
+    }
+}

@@ -1,0 +1,264 @@
+//! Device buffers and host↔device mirroring, for tests, benches and tools.
+//!
+//! Not on any hot path: these allocate, copy and synchronise.
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use ssm_ssu::{SelectiveStateUpdate, SsuBackend, SsuError};
+use ssm_tensor::{DType, TensorError, TensorMut, TensorRef};
+
+use crate::{CudaBackend, CudaError};
+
+/// An owned device allocation and its address.
+pub struct DeviceBuffer {
+    slice: CudaSlice<u8>,
+    addr: u64,
+    len: usize,
+    stream: Arc<CudaStream>,
+    device: ssm_tensor::Device,
+}
+
+impl std::fmt::Debug for DeviceBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceBuffer").field("addr", &self.addr).field("len", &self.len).finish()
+    }
+}
+
+impl DeviceBuffer {
+    /// `len` zero bytes on the backend's device (at least 16 bytes are allocated).
+    pub fn zeroed(backend: &CudaBackend, len: usize) -> Result<Self, CudaError> {
+        let stream = backend.stream().clone();
+        let slice = stream.alloc_zeros::<u8>(len.max(16)).map_err(CudaError::driver("cuMemAlloc"))?;
+        let addr = {
+            let (a, _sync) = slice.device_ptr(&stream);
+            a
+        };
+        Ok(DeviceBuffer { slice, addr, len, stream, device: backend.device() })
+    }
+
+    /// A copy of `bytes` on the device.
+    pub fn from_host(backend: &CudaBackend, bytes: &[u8]) -> Result<Self, CudaError> {
+        let mut b = Self::zeroed(backend, bytes.len())?;
+        b.upload(bytes)?;
+        Ok(b)
+    }
+
+    /// Device address of byte 0.
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+
+    /// Size in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the buffer holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Overwrites the start of the buffer with `bytes` (stream-ordered, then waits).
+    pub fn upload(&mut self, bytes: &[u8]) -> Result<(), CudaError> {
+        assert!(bytes.len() <= self.len, "upload of {} bytes into a buffer of {}", bytes.len(), self.len);
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        let mut view = self.slice.slice_mut(0..bytes.len());
+        self.stream.memcpy_htod(bytes, &mut view).map_err(CudaError::driver("cuMemcpyHtoD"))?;
+        self.stream.synchronize().map_err(CudaError::driver("cuStreamSynchronize"))
+    }
+
+    /// The buffer's bytes (waits for the stream).
+    pub fn download(&self) -> Result<Vec<u8>, CudaError> {
+        let mut v = vec![0u8; self.len];
+        if self.len > 0 {
+            let view = self.slice.slice(0..self.len);
+            self.stream.memcpy_dtoh(&view, &mut v).map_err(CudaError::driver("cuMemcpyDtoH"))?;
+        }
+        self.stream.synchronize().map_err(CudaError::driver("cuStreamSynchronize"))?;
+        Ok(v)
+    }
+
+    /// A read-only view of the buffer as `dtype` with a layout (bounds-checked).
+    pub fn view(
+        &self,
+        dtype: DType,
+        shape: &[usize],
+        strides: &[isize],
+        offset: usize,
+    ) -> Result<TensorRef<'_>, TensorError> {
+        let len = self.len / dtype.size();
+        // SAFETY: the buffer holds `len` elements of `dtype` on this device and lives as long as
+        // the returned view borrows `self`.
+        let t = unsafe { TensorRef::from_device_ptr(self.addr, len, dtype, self.device, &[len], &[1]) }?;
+        t.with_layout(shape, strides, offset)
+    }
+
+    /// A writable view of the buffer as `dtype` with a layout (bounds-checked).
+    pub fn view_mut(
+        &mut self,
+        dtype: DType,
+        shape: &[usize],
+        strides: &[isize],
+        offset: usize,
+    ) -> Result<TensorMut<'_>, TensorError> {
+        let len = self.len / dtype.size();
+        // SAFETY: as in `view`; `&mut self` makes the view the only access path while it lives.
+        let t = unsafe { TensorMut::from_device_ptr(self.addr, len, dtype, self.device, &[len], &[1]) }?;
+        t.with_layout(shape, strides, offset)
+    }
+}
+
+/// Failure of [`run_ssu_mirrored`].
+#[derive(Debug, thiserror::Error)]
+pub enum MirrorError {
+    /// The device arguments did not plan.
+    #[error(transparent)]
+    Plan(#[from] SsuError),
+    /// A CUDA call failed.
+    #[error(transparent)]
+    Cuda(#[from] CudaError),
+    /// A view could not be built.
+    #[error(transparent)]
+    Tensor(#[from] TensorError),
+}
+
+struct Mirrored {
+    buf: DeviceBuffer,
+    dtype: DType,
+    shape: Vec<usize>,
+    strides: Vec<isize>,
+    offset: usize,
+}
+
+fn mirror(backend: &CudaBackend, t: &TensorRef<'_>) -> Result<Mirrored, MirrorError> {
+    let bytes = t.host_bytes().ok_or(TensorError::NotHost(t.device()))?;
+    Ok(Mirrored {
+        buf: DeviceBuffer::from_host(backend, bytes)?,
+        dtype: t.dtype(),
+        shape: t.shape().to_vec(),
+        strides: t.strides().to_vec(),
+        offset: t.layout().offset(),
+    })
+}
+
+impl Mirrored {
+    fn view(&self) -> Result<TensorRef<'_>, TensorError> {
+        self.buf.view(self.dtype, &self.shape, &self.strides, self.offset)
+    }
+    fn view_mut(&mut self) -> Result<TensorMut<'_>, TensorError> {
+        self.buf.view_mut(self.dtype, &self.shape, &self.strides, self.offset)
+    }
+}
+
+/// The tensors of one selective state update, copied to the device (whole borrowed memory,
+/// same layouts), plus its scalar arguments.
+pub struct DeviceSsuArgs {
+    state: Mirrored,
+    out: Mirrored,
+    x: Mirrored,
+    dt: Mirrored,
+    a: Mirrored,
+    b: Mirrored,
+    c: Mirrored,
+    d: Option<Mirrored>,
+    dt_bias: Option<Mirrored>,
+    z: Option<Mirrored>,
+    sbi: Option<Mirrored>,
+    dst: Option<Mirrored>,
+    nacc: Option<Mirrored>,
+    cu: Option<Mirrored>,
+    dt_softplus: bool,
+    pad_slot_id: Option<i64>,
+    stochastic_rounding: Option<ssm_ssu::StochasticRounding>,
+}
+
+fn ov(m: &Option<Mirrored>) -> Result<Option<TensorRef<'_>>, TensorError> {
+    m.as_ref().map(|m| m.view()).transpose()
+}
+
+impl DeviceSsuArgs {
+    /// Copies every tensor of `args` (host tensors) to the backend's device.
+    pub fn upload(backend: &CudaBackend, args: &SelectiveStateUpdate<'_>) -> Result<Self, MirrorError> {
+        let opt = |t: &Option<TensorRef<'_>>| t.as_ref().map(|t| mirror(backend, t)).transpose();
+        Ok(DeviceSsuArgs {
+            state: mirror(backend, &args.state.as_ref())?,
+            out: mirror(backend, &args.out.as_ref())?,
+            x: mirror(backend, &args.x)?,
+            dt: mirror(backend, &args.dt)?,
+            a: mirror(backend, &args.a)?,
+            b: mirror(backend, &args.b)?,
+            c: mirror(backend, &args.c)?,
+            d: opt(&args.d)?,
+            dt_bias: opt(&args.dt_bias)?,
+            z: opt(&args.z)?,
+            sbi: opt(&args.state_batch_indices)?,
+            dst: opt(&args.dst_state_batch_indices)?,
+            nacc: opt(&args.num_accepted_tokens)?,
+            cu: opt(&args.cu_seqlens)?,
+            dt_softplus: args.dt_softplus,
+            pad_slot_id: args.pad_slot_id,
+            stochastic_rounding: args.stochastic_rounding,
+        })
+    }
+
+    /// Device views of the tensors, as arguments of one call.
+    pub fn args(&mut self) -> Result<SelectiveStateUpdate<'_>, TensorError> {
+        Ok(SelectiveStateUpdate {
+            state: self.state.view_mut()?,
+            x: self.x.view()?,
+            dt: self.dt.view()?,
+            a: self.a.view()?,
+            b: self.b.view()?,
+            c: self.c.view()?,
+            d: ov(&self.d)?,
+            dt_bias: ov(&self.dt_bias)?,
+            z: ov(&self.z)?,
+            dt_softplus: self.dt_softplus,
+            state_batch_indices: ov(&self.sbi)?,
+            dst_state_batch_indices: ov(&self.dst)?,
+            pad_slot_id: self.pad_slot_id,
+            out: self.out.view_mut()?,
+            num_accepted_tokens: ov(&self.nacc)?,
+            cu_seqlens: ov(&self.cu)?,
+            stochastic_rounding: self.stochastic_rounding,
+        })
+    }
+
+    /// The state pool's device buffer.
+    pub fn state_buffer(&mut self) -> &mut DeviceBuffer {
+        &mut self.state.buf
+    }
+
+    /// The output's device buffer.
+    pub fn out_buffer(&mut self) -> &mut DeviceBuffer {
+        &mut self.out.buf
+    }
+}
+
+/// Runs a selective state update given with **host** tensors on the CUDA backend: copies the
+/// whole memory of every tensor to the device, plans and launches there, waits, and copies
+/// `state` and `out` back into the host tensors. Then reads the device error word
+/// ([`CudaBackend::check`]). Index values are checked by the kernel, not by the plan (the
+/// plan sees device tables), which is what the garbage-index tests need.
+pub fn run_ssu_mirrored(backend: &CudaBackend, mut args: SelectiveStateUpdate<'_>) -> Result<(), MirrorError> {
+    let mut dev = DeviceSsuArgs::upload(backend, &args)?;
+    {
+        let dev_args = dev.args()?;
+        let plan = ssm_ssu::plan(&dev_args)?;
+        backend.selective_state_update(&plan, dev_args)?;
+    }
+    backend.synchronize()?;
+    let sb = dev.state.buf.download()?;
+    let ob = dev.out.buf.download()?;
+    let state_dev = args.state.device();
+    let hs = args.state.host_bytes_mut().ok_or(TensorError::NotHost(state_dev))?;
+    hs.copy_from_slice(&sb[..hs.len()]);
+    let out_dev = args.out.device();
+    let ho = args.out.host_bytes_mut().ok_or(TensorError::NotHost(out_dev))?;
+    ho.copy_from_slice(&ob[..ho.len()]);
+    backend.check()?;
+    Ok(())
+}
