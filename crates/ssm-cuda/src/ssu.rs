@@ -123,7 +123,7 @@ impl SsuGeometry {
     /// `vectorized`: whether every state row start is 16-byte aligned.
     pub fn choose(state: DType, dstate: usize, dim: usize, vectorized: bool, tied: bool) -> Self {
         let per16 = 16 / state.size();
-        let vec = if vectorized && dstate % per16 == 0 { per16 } else { 1 };
+        let vec = if vectorized && dstate.is_multiple_of(per16) { per16 } else { 1 };
         let nvec = dstate.div_ceil(vec).max(1);
         let tpr = nvec.next_power_of_two().min(32);
         let vpt = nvec.div_ceil(tpr);
@@ -518,7 +518,7 @@ mod tests {
             let g = SsuGeometry::choose(DType::F16, ds, dim, false, false);
             assert_eq!(g.vec, 1);
             assert!((g.tpr * g.vpt) as usize >= ds, "{ds}");
-            assert!(g.tpr.is_power_of_two() && g.tpr <= 32 && g.threads % 32 == 0 && g.threads >= g.tpr);
+            assert!(g.tpr.is_power_of_two() && g.tpr <= 32 && g.threads.is_multiple_of(32) && g.threads >= g.tpr);
         }
         // Small heads do not waste most of the block.
         let g = SsuGeometry::choose(DType::BF16, 16, 4, true, true);

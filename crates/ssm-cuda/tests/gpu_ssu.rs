@@ -33,15 +33,15 @@ fn matrix() -> Vec<CaseSpec> {
             for layout in [Layout::OneToken, Layout::Varlen, Layout::Dense(3)] {
                 for spec in [false, true] {
                     k += 1;
-                    let tied = k % 3 != 0;
-                    let odd = k % 4 == 0;
+                    let tied = !k.is_multiple_of(3);
+                    let odd = k.is_multiple_of(4);
                     v.push(CaseSpec {
                         layout,
                         spec,
                         tied,
                         state,
                         io,
-                        index: if k % 2 == 0 { I64 } else { I32 },
+                        index: if k.is_multiple_of(2) { I64 } else { I32 },
                         seqs: [1, 3, 5, 7][k % 4],
                         heads: if odd { 3 } else { 4 },
                         groups: if odd { 1 } else { 2 },

@@ -338,8 +338,8 @@ impl Case {
                         sbi.set_i(i, src_slot as i64);
                         named.push(src_slot);
                     }
-                    if s.pad.is_some() && rng.random_range(0..8) == 0 {
-                        dst.set_i(i, s.pad.unwrap());
+                    if let Some(pad) = s.pad.filter(|_| rng.random_range(0..8) == 0) {
+                        dst.set_i(i, pad);
                     } else {
                         dst.set_i(i, dst_slot as i64);
                         named.push(dst_slot);
