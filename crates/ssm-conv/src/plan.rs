@@ -592,7 +592,7 @@ pub fn plan_fn(args: &CausalConv1dFnArgs<'_>) -> Result<ConvPlan, ConvError> {
     if let Some(ci) = &args.cache_indices {
         check_index_dtype("cache_indices", ci)?;
         check_device("cache_indices", ci.device(), device)?;
-        check_1d("cache_indices", ci, batch, "batch")?;
+        check_1d("cache_indices", ci, batch, "batch (len(query_start_loc) - 1)")?;
     } else if batch > slots {
         return Err(ConvError::Shape {
             arg: "conv_states",
@@ -605,7 +605,7 @@ pub fn plan_fn(args: &CausalConv1dFnArgs<'_>) -> Result<ConvPlan, ConvError> {
             return Err(ConvError::DType { arg: "has_initial_state", expected: "bool".into(), actual: h.dtype() });
         }
         check_device("has_initial_state", h.device(), device)?;
-        check_1d("has_initial_state", h, batch, "batch")?;
+        check_1d("has_initial_state", h, batch, "batch (len(query_start_loc) - 1)")?;
     }
 
     let mut plan = ConvPlan {
