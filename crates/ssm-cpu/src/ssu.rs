@@ -217,7 +217,7 @@ impl<St: Real> SimdKernel for Item<'_, St> {
         };
         let a_head = rd(inp.a, ty.a, plan.a.at([h, 0, 0]));
         let spec_dsts = plan.spec && live;
-        let final_store = !plan.spec && live && !plan.is_pad(dst_final);
+        let final_store = !plan.spec && live && !(plan.state_batch_indices.is_some() && plan.is_pad(dst_final));
 
         // Per-token vectors: B (times dt in the tied form), C; tied scalars dt and dA.
         let nv = n_st.div_ceil(LANES) * LANES;

@@ -242,7 +242,7 @@ fn run<F: Acc>(plan: &SsuPlan, mut args: SelectiveStateUpdate<'_>) -> Result<(),
                     write(out, ty.out, oi, y.to_f32());
                 }
             }
-            if !plan.spec && live && !plan.is_pad(dst_final) {
+            if !plan.spec && live && !(plan.state_batch_indices.is_some() && plan.is_pad(dst_final)) {
                 for p in 0..dim {
                     for n in 0..dstate {
                         let v = s[p * dstate + n].to_f32();

@@ -1,0 +1,42 @@
+use ssm_tensor::Device;
+
+/// Errors of the facade: configuration, backend start-up, and each op's plan or backend error.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The SSU arguments were refused by the plan.
+    #[error(transparent)]
+    Ssu(#[from] ssm_ssu::SsuError),
+    /// The CPU backend failed.
+    #[error(transparent)]
+    Cpu(#[from] ssm_cpu::CpuError),
+    /// The CUDA backend failed.
+    #[cfg(feature = "cuda")]
+    #[error(transparent)]
+    Cuda(#[from] ssm_cuda::CudaError),
+    /// `cuda` was asked for in a build without the `cuda` feature.
+    #[error(
+        "backend `cuda` requested, but ssm-dispatch was not compiled with CUDA support (enable the `cuda` feature)"
+    )]
+    NotCompiledWithCuda,
+    /// `cuda` was asked for and no device is ready.
+    #[error("backend `cuda` requested, but no CUDA device is ready: {0}")]
+    NoCudaDevice(String),
+    /// A tensor lives on another device than the runtime's.
+    #[error("`{arg}` lives on {actual}, but this runtime runs on {expected}")]
+    WrongDevice {
+        /// Argument name.
+        arg: &'static str,
+        /// The runtime's device.
+        expected: Device,
+        /// The tensor's device.
+        actual: Device,
+    },
+    /// The backend does not implement this op or option.
+    #[error("the {backend} backend does not support {what}")]
+    Unsupported {
+        /// Backend name.
+        backend: &'static str,
+        /// What is missing.
+        what: &'static str,
+    },
+}
