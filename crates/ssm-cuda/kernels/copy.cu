@@ -18,3 +18,22 @@ extern "C" __global__ void __launch_bounds__(256) copy_u128(const uint4* __restr
     }
     for (; i < n; i += stride) dst[i] = src[i];
 }
+
+// Uniform pseudo-random fill in [lo, hi) (a hash of the element index and the seed), so that
+// benchmarks never time zeros and need no host-side generation of gigabytes.
+__device__ __forceinline__ float uniform01(u64 i, u64 seed) {
+    u64 z = i * 0x9E3779B97F4A7C15ull + seed;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return (float)(z >> 40) * (1.0f / 16777216.0f);
+}
+
+#define FILL_KERNEL(NAME, T)                                                                              \
+    extern "C" __global__ void NAME(T* dst, u64 n, u64 seed, float lo, float hi) {                        \
+        for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) \
+            dst[i] = from_f32<T>(lo + (hi - lo) * uniform01(i, seed));                                    \
+    }
+FILL_KERNEL(fill_uniform_f32, float)
+FILL_KERNEL(fill_uniform_f16, f16_t)
+FILL_KERNEL(fill_uniform_bf16, bf16_t)

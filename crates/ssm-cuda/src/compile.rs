@@ -126,6 +126,11 @@ impl KernelSpec {
     }
 }
 
+/// The 16-byte copy kernel used as the bandwidth yardstick.
+pub fn copy_kernel_spec() -> KernelSpec {
+    KernelSpec { source: KernelSource::Copy, entry: "copy_u128", defines: vec![("UNROLL", "4".into())] }
+}
+
 /// FNV-1a over 128 bits: stable across Rust versions and processes (unlike `DefaultHasher`).
 struct Fnv128(u128);
 
@@ -211,6 +216,60 @@ impl Compiler {
     }
 }
 
+/// Per-kernel resources as ptxas reports them (NVRTC's log with `--ptxas-options=-v`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ResourceUsage {
+    /// Registers per thread.
+    pub registers: u32,
+    /// Stack frame bytes per thread.
+    pub stack_bytes: u32,
+    /// Spill store bytes.
+    pub spill_stores: u32,
+    /// Spill load bytes.
+    pub spill_loads: u32,
+    /// Static shared memory bytes per block.
+    pub shared_bytes: u32,
+}
+
+impl ResourceUsage {
+    /// Parses ptxas' verbose lines ("Used 60 registers", "0 bytes stack frame, 0 bytes spill
+    /// stores, 0 bytes spill loads", "… 1024 bytes smem"). Missing figures stay 0.
+    pub fn from_ptxas_log(log: &str) -> Self {
+        fn number_before(line: &str, unit: &str) -> Option<u32> {
+            let i = line.find(unit)?;
+            line[..i].trim_end().rsplit([' ', ',', ':']).next()?.parse().ok()
+        }
+        let mut u = ResourceUsage::default();
+        for line in log.lines() {
+            if let Some(v) = number_before(line, "registers") {
+                u.registers = v;
+            }
+            if let Some(v) = number_before(line, "bytes stack frame") {
+                u.stack_bytes = v;
+            }
+            if let Some(v) = number_before(line, "bytes spill stores") {
+                u.spill_stores = v;
+            }
+            if let Some(v) = number_before(line, "bytes spill loads") {
+                u.spill_loads = v;
+            }
+            if let Some(v) = number_before(line, "bytes smem") {
+                u.shared_bytes = v;
+            }
+        }
+        u
+    }
+}
+
+/// Compiles `spec` for `arch` without any cache and with ptxas' resource report: for
+/// `cargo xtask build-kernels` (no GPU needed). Returns the cubin size and the resources.
+pub fn compile_with_report(spec: &KernelSpec, arch: Arch) -> Result<(usize, ResourceUsage), CudaError> {
+    let mut options = spec.options(arch);
+    options.push("--ptxas-options=-v".to_string());
+    let c = compile_cubin(&spec.source.text(), spec.source.file(), &options, &spec.to_string())?;
+    Ok((c.cubin.len(), ResourceUsage::from_ptxas_log(&c.log)))
+}
+
 /// Writes `bytes` to `path` through a temporary file and a rename; failures are logged only.
 fn store_atomically(path: &Path, bytes: &[u8]) {
     let result = (|| -> std::io::Result<()> {
@@ -264,6 +323,19 @@ mod tests {
         assert!(o.contains(&"--gpu-architecture=sm_80".to_string()));
         assert!(o.contains(&"-DUNROLL=4".to_string()));
         assert_eq!(spec().to_string(), "copy.cu:copy_u128 UNROLL=4");
+    }
+
+    #[test]
+    fn ptxas_report_is_parsed() {
+        let log = "ptxas info    : Compiling entry function 'ssu_kernel' for 'sm_90'\n\
+                   ptxas info    : Function properties for ssu_kernel\n\
+                   ptxas         .     16 bytes stack frame, 8 bytes spill stores, 12 bytes spill loads\n\
+                   ptxas info    : Used 60 registers, used 1 barriers, 2048 bytes smem, 872 bytes cmem[0]\n";
+        let u = ResourceUsage::from_ptxas_log(log);
+        assert_eq!(
+            u,
+            ResourceUsage { registers: 60, stack_bytes: 16, spill_stores: 8, spill_loads: 12, shared_bytes: 2048 }
+        );
     }
 
     #[test]

@@ -16,6 +16,7 @@
 //!   back to the host and never synchronises; [`CudaBackend::check`] reads the device error
 //!   word off the hot path.
 
+pub mod bench;
 pub mod compile;
 mod error;
 pub mod nvrtc;
@@ -94,7 +95,7 @@ impl CudaBackend {
     ///
     /// Errors: [`CudaError::NoDriver`] / [`CudaError::NoDevice`] when [`probe`] finds none,
     /// or the driver's error when the context or stream cannot be created.
-    pub fn new(ordinal: usize) -> Result<Self, CudaError> {
+    pub fn new(ordinal: u32) -> Result<Self, CudaError> {
         let ctx = Self::context_for(ordinal)?;
         let stream = ctx.new_stream().map_err(CudaError::driver("cuStreamCreate"))?;
         Self::with_stream(ctx, stream)
@@ -106,14 +107,15 @@ impl CudaBackend {
     /// `cu_stream` must be a valid stream of device `ordinal`'s primary context, kept alive by
     /// its owner for as long as this backend is used; ordering with the owner's other work is
     /// the caller's responsibility.
-    pub unsafe fn with_borrowed_stream(ordinal: usize, cu_stream: sys::CUstream) -> Result<Self, CudaError> {
+    pub unsafe fn with_borrowed_stream(ordinal: u32, cu_stream: sys::CUstream) -> Result<Self, CudaError> {
         let ctx = Self::context_for(ordinal)?;
         // SAFETY: forwarded from this function's contract.
         let stream = unsafe { ctx.wrap_borrowed_stream(cu_stream) };
         Self::with_stream(ctx, stream)
     }
 
-    fn context_for(ordinal: usize) -> Result<Arc<CudaContext>, CudaError> {
+    fn context_for(ordinal: u32) -> Result<Arc<CudaContext>, CudaError> {
+        let ordinal = ordinal as usize;
         match probe() {
             Availability::NoDriver => return Err(CudaError::NoDriver),
             Availability::NoDevice => return Err(CudaError::NoDevice { ordinal, found: 0 }),
@@ -143,6 +145,11 @@ impl CudaBackend {
             error_word,
             error_word_addr,
         })
+    }
+
+    /// The device ordinal.
+    pub fn ordinal(&self) -> u32 {
+        self.ordinal as u32
     }
 
     /// The device this backend runs on.
@@ -252,8 +259,7 @@ impl CudaBackend {
     /// `src` and `dst` must be device allocations of at least `bytes` bytes on this device,
     /// 16-byte aligned, not overlapping; `bytes` a multiple of 16.
     pub unsafe fn copy_kernel(&self, src: u64, dst: u64, bytes: usize) -> Result<(), CudaError> {
-        let spec = KernelSpec { source: KernelSource::Copy, entry: "copy_u128", defines: vec![("UNROLL", "4".into())] };
-        let f = self.function(&spec)?;
+        let f = self.function(&compile::copy_kernel_spec())?;
         let sms = self
             .ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)

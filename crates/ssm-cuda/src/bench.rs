@@ -1,0 +1,358 @@
+//! Benchmark pieces for `cargo xtask bench --op ssu --backend cuda`: the card's copy
+//! bandwidth and the SSU kernel timed with CUDA-graph replay over rotating state pools.
+//!
+//! Methodology (docs/PERF.md): the copy bandwidth is the better of `cuMemcpyDtoDAsync` and the
+//! 16-byte copy kernel over a 2 GiB buffer, counted as bytes read + written, measured after a
+//! warm-up of about a second of copies (an idle H200 starts at low clocks). An SSU shape is
+//! timed as a captured graph of many calls that rotate among enough state pools (each with its
+//! own inputs and slot tables) to exceed the 60 MB L2 several times over; the time per call is
+//! the median over replays divided by the calls in the graph. Achieved bandwidth counts the
+//! fewest bytes the op must move: each state slot read once and written once (in speculative
+//! mode once per token), every input read once, every output written once.
+
+use std::sync::Arc;
+
+use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::{CudaEvent, LaunchConfig, PushKernelArg};
+use rand::{Rng, SeedableRng};
+use ssm_ssu::{SelectiveStateUpdate, SsuBackend};
+use ssm_tensor::DType;
+
+use crate::compile::{KernelSource, KernelSpec};
+use crate::testing::DeviceBuffer;
+use crate::{CudaBackend, CudaError};
+
+/// The card's copy bandwidth (bytes read + written per second).
+#[derive(Debug, Clone, Copy)]
+pub struct CopyBandwidth {
+    /// Bytes copied per call.
+    pub bytes: usize,
+    /// `cuMemcpyDtoDAsync`, GB/s.
+    pub memcpy_gbps: f64,
+    /// The 16-byte copy kernel, GB/s.
+    pub kernel_gbps: f64,
+}
+
+impl CopyBandwidth {
+    /// The better of the two.
+    pub fn best_gbps(&self) -> f64 {
+        self.memcpy_gbps.max(self.kernel_gbps)
+    }
+}
+
+fn event(be: &CudaBackend) -> Result<CudaEvent, CudaError> {
+    be.stream().record_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(CudaError::driver("cuEventRecord"))
+}
+
+fn elapsed_ms(a: &CudaEvent, b: &CudaEvent) -> Result<f64, CudaError> {
+    a.elapsed_ms(b).map(f64::from).map_err(CudaError::driver("cuEventElapsedTime"))
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// Fills `n` elements of `dtype` at `addr` with uniform values in `[lo, hi)`.
+fn fill(be: &CudaBackend, addr: u64, n: usize, dtype: DType, seed: u64, lo: f32, hi: f32) -> Result<(), CudaError> {
+    let entry = match dtype {
+        DType::F32 => "fill_uniform_f32",
+        DType::F16 => "fill_uniform_f16",
+        DType::BF16 => "fill_uniform_bf16",
+        other => return Err(CudaError::Unsupported(format!("fill of {other}"))),
+    };
+    let spec = KernelSpec { source: KernelSource::Copy, entry, defines: vec![("UNROLL", "4".into())] };
+    let f = be.function(&spec)?;
+    let n64 = n as u64;
+    let cfg = LaunchConfig { grid_dim: (1024, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    let mut b = be.stream().launch_builder(&f);
+    b.arg(&addr).arg(&n64).arg(&seed).arg(&lo).arg(&hi);
+    // SAFETY: `addr` is a live device allocation of at least `n` elements of `dtype` (callers
+    // pass DeviceBuffers sized for it); the kernel writes only indices below `n`.
+    unsafe { b.launch(cfg) }.map_err(CudaError::driver("cuLaunchKernel(fill)"))?;
+    Ok(())
+}
+
+/// Measures the copy bandwidth over `bytes` (e.g. 2 GiB), after a warm-up.
+pub fn measure_copy_bandwidth(be: &CudaBackend, bytes: usize) -> Result<CopyBandwidth, CudaError> {
+    let bytes = bytes / 16 * 16;
+    let src = DeviceBuffer::zeroed(be, bytes)?;
+    let dst = DeviceBuffer::zeroed(be, bytes)?;
+    fill(be, src.addr(), bytes / 4, DType::F32, 1, -1.0, 1.0)?;
+    // Warm-up: about a second of copies, so that the clocks are up.
+    let t0 = std::time::Instant::now();
+    while t0.elapsed().as_secs_f64() < 1.0 {
+        for _ in 0..20 {
+            // SAFETY: both buffers hold `bytes` bytes, are 256-byte aligned and distinct.
+            unsafe { be.copy_kernel(src.addr(), dst.addr(), bytes) }?;
+        }
+        be.synchronize()?;
+    }
+    let reps = 10;
+    let (mut memcpy, mut kernel) = (Vec::new(), Vec::new());
+    for _round in 0..5 {
+        for use_kernel in [false, true] {
+            let a = event(be)?;
+            for _ in 0..reps {
+                // SAFETY: as above.
+                unsafe {
+                    if use_kernel {
+                        be.copy_kernel(src.addr(), dst.addr(), bytes)
+                    } else {
+                        be.copy_driver(src.addr(), dst.addr(), bytes)
+                    }
+                }?;
+            }
+            let b = event(be)?;
+            let ms = elapsed_ms(&a, &b)? / reps as f64;
+            let gbps = 2.0 * bytes as f64 / (ms * 1e-3) / 1e9;
+            if use_kernel { kernel.push(gbps) } else { memcpy.push(gbps) }
+        }
+    }
+    Ok(CopyBandwidth { bytes, memcpy_gbps: median(memcpy), kernel_gbps: median(kernel) })
+}
+
+/// One SSU benchmark shape (Mamba2 form: tied parameters, bf16 io, no z, softplus, D and
+/// dt_bias, slot tables; `tokens > 1` is speculative decoding with a `[batch, tokens]`
+/// table, `num_accepted_tokens` and packed `cu_seqlens`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SsuBenchShape {
+    /// Sequences.
+    pub batch: usize,
+    /// Heads.
+    pub heads: usize,
+    /// Head dim.
+    pub dim: usize,
+    /// State size.
+    pub dstate: usize,
+    /// Groups of B/C.
+    pub groups: usize,
+    /// State dtype.
+    pub state: DType,
+    /// Dtype of x, dt, B, C, out.
+    pub io: DType,
+    /// Tokens per sequence (1: plain decode; >1: speculative).
+    pub tokens: usize,
+}
+
+impl SsuBenchShape {
+    /// Mamba2-2.7B: 80 heads, dim 64, dstate 128, one group, bf16 io.
+    pub fn mamba2_2p7b(batch: usize, state: DType, tokens: usize) -> Self {
+        SsuBenchShape { batch, heads: 80, dim: 64, dstate: 128, groups: 1, state, io: DType::BF16, tokens }
+    }
+
+    /// A short label, e.g. `mamba2-2.7b f32 b64 spec4`.
+    pub fn label(&self) -> String {
+        let mode = if self.tokens > 1 { format!(" spec{}", self.tokens) } else { String::new() };
+        format!("h{} d{} n{} g{} {} b{}{mode}", self.heads, self.dim, self.dstate, self.groups, self.state, self.batch)
+    }
+
+    /// Slots in one state pool.
+    pub fn slots(&self) -> usize {
+        self.batch * self.tokens
+    }
+
+    /// Bytes one call must move at least (see the module docs).
+    pub fn bytes(&self) -> u64 {
+        let (b, t, h, p, n, g) = (
+            self.batch as u64,
+            self.tokens as u64,
+            self.heads as u64,
+            self.dim as u64,
+            self.dstate as u64,
+            self.groups as u64,
+        );
+        let s = self.state.size() as u64;
+        let io = self.io.size() as u64;
+        let rows = b * t;
+        let state = b * h * p * n * s * (1 + t);
+        let tok = rows * h * p * io * 2 + rows * h * io + rows * g * n * io * 2;
+        let params = 3 * h * 4;
+        let tables = if t > 1 { b * t * 4 + b * 4 + (b + 1) * 4 } else { b * 4 };
+        state + tok + params + tables
+    }
+}
+
+/// Timing of one shape.
+#[derive(Debug, Clone, Copy)]
+pub struct SsuBenchResult {
+    /// The shape.
+    pub shape: SsuBenchShape,
+    /// Microseconds per call (median over graph replays).
+    pub us: f64,
+    /// Achieved GB/s (`shape.bytes()` per call).
+    pub gbps: f64,
+    /// State pools rotated through.
+    pub pools: usize,
+    /// Calls per captured graph.
+    pub calls_per_graph: usize,
+}
+
+struct Pool {
+    state: DeviceBuffer,
+    x: DeviceBuffer,
+    dt: DeviceBuffer,
+    a: DeviceBuffer,
+    b: DeviceBuffer,
+    c: DeviceBuffer,
+    d: DeviceBuffer,
+    dt_bias: DeviceBuffer,
+    out: DeviceBuffer,
+    sbi: DeviceBuffer,
+    nacc: DeviceBuffer,
+    cu: DeviceBuffer,
+}
+
+impl Pool {
+    fn new(be: &CudaBackend, s: &SsuBenchShape, seed: u64) -> Result<Self, CudaError> {
+        let (h, p, n, g) = (s.heads, s.dim, s.dstate, s.groups);
+        let rows = s.batch * s.tokens;
+        let slots = s.slots();
+        let buf = |elems: usize, dtype: DType| DeviceBuffer::zeroed(be, elems * dtype.size());
+        let pool = Pool {
+            state: buf(slots * h * p * n, s.state)?,
+            x: buf(rows * h * p, s.io)?,
+            dt: buf(rows * h, s.io)?,
+            a: buf(h, DType::F32)?,
+            b: buf(rows * g * n, s.io)?,
+            c: buf(rows * g * n, s.io)?,
+            d: buf(h, DType::F32)?,
+            dt_bias: buf(h, DType::F32)?,
+            out: buf(rows * h * p, s.io)?,
+            sbi: {
+                // A random permutation of the slots: sequences gather from all over the pool.
+                let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+                let mut perm: Vec<i32> = (0..slots as i32).collect();
+                for i in (1..perm.len()).rev() {
+                    perm.swap(i, rng.random_range(0..=i));
+                }
+                DeviceBuffer::from_host(be, bytemuck::cast_slice(&perm))?
+            },
+            nacc: {
+                let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed ^ 0x55);
+                let v: Vec<i32> = (0..s.batch).map(|_| rng.random_range(1..=s.tokens as i32)).collect();
+                DeviceBuffer::from_host(be, bytemuck::cast_slice(&v))?
+            },
+            cu: {
+                let v: Vec<i32> = (0..=s.batch as i32).map(|i| i * s.tokens as i32).collect();
+                DeviceBuffer::from_host(be, bytemuck::cast_slice(&v))?
+            },
+        };
+        fill(be, pool.state.addr(), slots * h * p * n, s.state, seed, -1.0, 1.0)?;
+        fill(be, pool.x.addr(), rows * h * p, s.io, seed + 1, -1.0, 1.0)?;
+        fill(be, pool.dt.addr(), rows * h, s.io, seed + 2, -3.0, 1.0)?;
+        fill(be, pool.a.addr(), h, DType::F32, seed + 3, -2.0, -0.1)?;
+        fill(be, pool.b.addr(), rows * g * n, s.io, seed + 4, -1.0, 1.0)?;
+        fill(be, pool.c.addr(), rows * g * n, s.io, seed + 5, -1.0, 1.0)?;
+        fill(be, pool.d.addr(), h, DType::F32, seed + 6, -1.0, 1.0)?;
+        fill(be, pool.dt_bias.addr(), h, DType::F32, seed + 7, -1.0, 1.0)?;
+        Ok(pool)
+    }
+
+    fn args(&mut self, s: &SsuBenchShape) -> Result<SelectiveStateUpdate<'_>, ssm_tensor::TensorError> {
+        let (h, p, n, g) = (s.heads, s.dim, s.dstate, s.groups);
+        let rows = s.batch * s.tokens;
+        let (hi, pi, ni) = (h as isize, p as isize, n as isize);
+        let spec = s.tokens > 1;
+        Ok(SelectiveStateUpdate {
+            state: self.state.view_mut(s.state, &[s.slots(), h, p, n], &[hi * pi * ni, pi * ni, ni, 1], 0)?,
+            x: self.x.view(s.io, &[rows, h, p], &[hi * pi, pi, 1], 0)?,
+            dt: self.dt.view(s.io, &[rows, h, p], &[hi, 1, 0], 0)?,
+            a: self.a.view(DType::F32, &[h, p, n], &[1, 0, 0], 0)?,
+            b: self.b.view(s.io, &[rows, g, n], &[g as isize * ni, ni, 1], 0)?,
+            c: self.c.view(s.io, &[rows, g, n], &[g as isize * ni, ni, 1], 0)?,
+            d: Some(self.d.view(DType::F32, &[h, p], &[1, 0], 0)?),
+            dt_bias: Some(self.dt_bias.view(DType::F32, &[h, p], &[1, 0], 0)?),
+            z: None,
+            dt_softplus: true,
+            state_batch_indices: Some(if spec {
+                self.sbi.view(DType::I32, &[s.batch, s.tokens], &[s.tokens as isize, 1], 0)?
+            } else {
+                self.sbi.view(DType::I32, &[s.batch], &[1], 0)?
+            }),
+            dst_state_batch_indices: None,
+            pad_slot_id: Some(-1),
+            out: self.out.view_mut(s.io, &[rows, h, p], &[hi * pi, pi, 1], 0)?,
+            num_accepted_tokens: if spec { Some(self.nacc.view(DType::I32, &[s.batch], &[1], 0)?) } else { None },
+            cu_seqlens: if spec { Some(self.cu.view(DType::I32, &[s.batch + 1], &[1], 0)?) } else { None },
+            stochastic_rounding: None,
+        })
+    }
+}
+
+fn tensor_err(e: ssm_tensor::TensorError) -> CudaError {
+    CudaError::Unsupported(format!("bench view: {e}"))
+}
+
+/// Times `shape`: CUDA-graph replay of many calls rotating over enough pools to defeat the L2.
+pub fn bench_ssu(be: &CudaBackend, shape: &SsuBenchShape) -> Result<SsuBenchResult, CudaError> {
+    let pool_bytes = shape.bytes().max(1);
+    let pools = (400_000_000u64.div_ceil(pool_bytes) as usize).clamp(2, 128);
+    let calls = pools * 64usize.div_ceil(pools).max(1);
+    let mut ps = Vec::with_capacity(pools);
+    for i in 0..pools {
+        ps.push(Pool::new(be, shape, 1000 + 17 * i as u64)?);
+    }
+    let plan = {
+        let args = ps[0].args(shape).map_err(tensor_err)?;
+        ssm_ssu::plan(&args).map_err(|e| CudaError::Unsupported(format!("bench plan: {e}")))?
+    };
+    // Eager warm-up (compiles and loads the kernel), and a check that nothing was flagged.
+    for p in ps.iter_mut() {
+        be.selective_state_update(&plan, p.args(shape).map_err(tensor_err)?)?;
+    }
+    be.check()?;
+    let stream: Arc<_> = be.stream().clone();
+    stream
+        .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+        .map_err(CudaError::driver("cuStreamBeginCapture"))?;
+    let captured = (|| {
+        for i in 0..calls {
+            let args = ps[i % pools].args(shape).map_err(tensor_err)?;
+            be.selective_state_update(&plan, args)?;
+        }
+        Ok::<(), CudaError>(())
+    })();
+    let graph = stream.end_capture(CUgraphInstantiate_flags(0)).map_err(CudaError::driver("cuStreamEndCapture"))?;
+    captured?;
+    let graph = graph.ok_or_else(|| CudaError::Unsupported("empty graph".into()))?;
+    graph.upload().map_err(CudaError::driver("cuGraphUpload"))?;
+    for _ in 0..3 {
+        graph.launch().map_err(CudaError::driver("cuGraphLaunch"))?;
+    }
+    be.synchronize()?;
+    let mut per_call = Vec::new();
+    for _ in 0..15 {
+        let a = event(be)?;
+        graph.launch().map_err(CudaError::driver("cuGraphLaunch"))?;
+        let b = event(be)?;
+        per_call.push(elapsed_ms(&a, &b)? * 1e3 / calls as f64);
+    }
+    be.check()?;
+    let us = median(per_call);
+    Ok(SsuBenchResult {
+        shape: *shape,
+        us,
+        gbps: shape.bytes() as f64 / (us * 1e-6) / 1e9,
+        pools,
+        calls_per_graph: calls,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_count_of_mamba2_decode() {
+        let s = SsuBenchShape::mamba2_2p7b(64, DType::F32, 1);
+        let state = 64 * 80 * 64 * 128 * 4 * 2;
+        let tok = 64 * 80 * 64 * 2 * 2 + 64 * 80 * 2 + 64 * 128 * 2 * 2;
+        assert_eq!(s.bytes(), (state + tok + 3 * 80 * 4 + 64 * 4) as u64);
+        // Speculative: one read and one write per token.
+        let s4 = SsuBenchShape::mamba2_2p7b(64, DType::BF16, 4);
+        assert!(s4.bytes() > 64 * 80 * 64 * 128 * 2 * 5);
+        assert_eq!(s4.slots(), 256);
+        assert_eq!(s.label(), "h80 d64 n128 g1 f32 b64");
+    }
+}
