@@ -8,6 +8,7 @@
 //! caller provides outputs and scratch.
 
 mod conv;
+mod gdn;
 pub mod simd;
 mod ssu;
 

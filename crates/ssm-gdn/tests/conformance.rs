@@ -1,5 +1,6 @@
-//! Every conformance vector of the GDN ops, through the f32 and f64 references, in both state
-//! layouts (the files' `[slots, HV, V, K]` states are transposed for `[slots, HV, K, V]`).
+//! Every conformance vector of the GDN ops, through the f32 and f64 references and the CPU
+//! backend (one thread and two), in both state layouts (the files' `[slots, HV, V, K]` states
+//! are transposed for `[slots, HV, K, V]`).
 
 mod common;
 
@@ -25,5 +26,18 @@ fn reference_f64_passes_every_vector() {
     for op in OPS {
         let n = common::check_op(&Reference::F64, "reference-f64", op);
         eprintln!("reference-f64 {op}: {n} vectors passed");
+    }
+}
+
+#[test]
+fn cpu_backend_passes_every_vector() {
+    use ssm_cpu::{CpuBackend, Par};
+    let two = Par::Rayon(std::num::NonZeroUsize::new(2).unwrap());
+    for (label, par) in [("cpu-seq", Par::Seq), ("cpu-2t", two)] {
+        let be = CpuBackend::new(par).unwrap();
+        for op in OPS {
+            let n = common::check_op(&be, label, op);
+            eprintln!("{label} {op}: {n} vectors passed");
+        }
     }
 }
