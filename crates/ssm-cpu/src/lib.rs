@@ -10,6 +10,8 @@
 mod conv;
 mod gdn;
 pub mod simd;
+mod ring;
+mod ssd;
 mod ssu;
 
 use std::num::NonZeroUsize;

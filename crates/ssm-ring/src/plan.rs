@@ -672,24 +672,24 @@ pub fn plan_checkpointing_ssu(args: &CheckpointingSsu<'_>) -> Result<Checkpointi
     };
 
     // Host-resident index values.
-    if let (Some(cu), Some(cs)) = (&args.cu_seqlens, cu_seqlens) {
-        if cu.host_bytes().is_some() {
-            let total = match lead.rank {
-                1 => xsh[0],
-                _ => xsh[1],
-            };
-            let mut prev = 0i64;
-            for i in 0..=batch {
-                let v = read_int(cu, cs.at(i));
-                let bad = (i == 0 && v != 0) || v < prev || v > total as i64 || (i == batch && v != total as i64);
-                if bad {
-                    return Err(RingError::CuSeqlens { at: i, value: v, prev, tokens: total });
-                }
-                if i > 0 && (v - prev) as usize > tokens {
-                    return Err(RingError::SeqTooLong { seq: i - 1, len: (v - prev) as usize, max_seqlen: tokens });
-                }
-                prev = v;
+    if let (Some(cu), Some(cs)) = (&args.cu_seqlens, cu_seqlens)
+        && cu.host_bytes().is_some()
+    {
+        let total = match lead.rank {
+            1 => xsh[0],
+            _ => xsh[1],
+        };
+        let mut prev = 0i64;
+        for i in 0..=batch {
+            let v = read_int(cu, cs.at(i));
+            let bad = (i == 0 && v != 0) || v < prev || v > total as i64 || (i == batch && v != total as i64);
+            if bad {
+                return Err(RingError::CuSeqlens { at: i, value: v, prev, tokens: total });
             }
+            if i > 0 && (v - prev) as usize > tokens {
+                return Err(RingError::SeqTooLong { seq: i - 1, len: (v - prev) as usize, max_seqlen: tokens });
+            }
+            prev = v;
         }
     }
     let host_cursors = args.ring_start.host_bytes().is_some() && args.prev_num_accepted_tokens.host_bytes().is_some();

@@ -138,16 +138,22 @@ pub struct IoDtypes {
     pub out: Option<DType>,
 }
 
-/// Where each stage's f32 buffer lives in the workspace (offsets in elements).
+/// Where each stage's f32 buffer lives in the workspace (offsets in elements). Rows are
+/// padded to multiples of 8 elements (`q_row`, `state_row`) so that a backend can run
+/// eight-lane loops without tails.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WorkspaceLayout {
-    /// `dt_out` `[nchunks, H, Q]`: processed dt, zero past each chunk's end.
+    /// Row length of `dt_out`, `dA_cumsum` and `CB` rows: `chunk_size` rounded up to 8.
+    pub q_row: usize,
+    /// Row length of a state row: `dstate` rounded up to 8.
+    pub state_row: usize,
+    /// `dt_out` `[nchunks, H, q_row]`: processed dt, zero past each chunk's end.
     pub dt_out: usize,
-    /// `dA_cumsum` `[nchunks, H, Q]`.
+    /// `dA_cumsum` `[nchunks, H, q_row]`.
     pub da_cumsum: usize,
-    /// `states` `[nchunks, H, P, N]`: stage 2 chunk states, end states after stage 3.
+    /// `states` `[nchunks, H, P, state_row]`: stage 2 chunk states, end states after stage 3.
     pub states: usize,
-    /// `CB` `[nchunks, G, Q, Q]`.
+    /// `CB` `[nchunks, G, chunk_size, q_row]`.
     pub cb: usize,
     /// Total elements.
     pub len: usize,
@@ -162,12 +168,14 @@ impl SsdPlan {
     /// The f32 workspace a chunked backend needs (the size query).
     pub fn workspace(&self) -> WorkspaceLayout {
         let (c, h, q) = (self.nchunks, self.heads, self.chunk_size);
+        let q_row = q.div_ceil(8) * 8;
+        let state_row = self.dstate.div_ceil(8) * 8;
         let dt_out = 0;
-        let da_cumsum = c * h * q;
-        let states = 2 * c * h * q;
-        let cb = states + c * h * self.dim * self.dstate;
-        let len = cb + c * self.groups * q * q;
-        WorkspaceLayout { dt_out, da_cumsum, states, cb, len }
+        let da_cumsum = c * h * q_row;
+        let states = 2 * c * h * q_row;
+        let cb = states + c * h * self.dim * state_row;
+        let len = cb + c * self.groups * q * q_row;
+        WorkspaceLayout { q_row, state_row, dt_out, da_cumsum, states, cb, len }
     }
 
     /// Elements of f32 workspace a chunked backend needs.

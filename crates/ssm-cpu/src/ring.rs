@@ -1,0 +1,527 @@
+//! ReplaySSM on the CPU: ring trackers (integer loops, rows in order) and the
+//! checkpointing SSU.
+//!
+//! `checkpointing_ssu` runs one work item per (sequence, head). It does not replay the
+//! recurrence token by token; it uses the closed form of semantics/ssu.md §7.2 over the
+//! concatenated history + new tokens (`cum_j = A·Σ_{i≤j} dt_i`):
+//! - no flush: `y_t = exp(cum_t)·(C_t·S0) + Σ_{j≤t} exp(cum_t − cum_j)·dt_j·(C_t·B_j)·x_j + D·x_t`,
+//!   reading the checkpoint once and writing no state — the point of ReplaySSM;
+//! - flush: `S_k = exp(cum_{k−1})·S0 + Σ_{j<k} exp(cum_{k−1} − cum_j)·dt_j·x_j ⊗ B_j` is
+//!   stored, and the outputs use `S_k` plus the new tokens' terms.
+//!
+//! Then it appends the new tokens at ring rows `(start + k + i) % L` (x and dt per head; B once
+//! per group, by the group's first head). Those rows are never live history, so appends
+//! do not race with other heads' reads.
+
+use half::{bf16, f16};
+use ssm_ring::{
+    CheckpointingSsu, CheckpointingSsuPlan, CommitRingTrackers, RingBackend, TrackerMode, TrackerPlan,
+    UpdateRingTrackers,
+};
+use ssm_tensor::{DType, TensorMut};
+
+use crate::simd::{LANES, PowTwo, Simd, SimdKernel, dispatch};
+use crate::{CpuBackend, CpuError, require_host};
+
+/// A raw pointer that may cross threads; items write disjoint elements through it.
+#[derive(Clone, Copy)]
+struct SyncPtr<T>(*mut T);
+// SAFETY: items write only elements of their own (slot, head) — state rows, out rows, x/dt ring
+// rows of the head, B ring rows of the group (by one head) — see `checkpointing_ssu`.
+unsafe impl<T> Send for SyncPtr<T> {}
+// SAFETY: as above.
+unsafe impl<T> Sync for SyncPtr<T> {}
+
+#[inline(always)]
+fn rd(bytes: &[u8], dtype: DType, i: usize) -> f32 {
+    match dtype {
+        DType::F32 => f32::from_le_bytes(bytes[i * 4..i * 4 + 4].try_into().unwrap()),
+        DType::BF16 => bf16::from_bits(u16::from_le_bytes(bytes[i * 2..i * 2 + 2].try_into().unwrap())).to_f32(),
+        DType::F16 => f16::from_bits(u16::from_le_bytes(bytes[i * 2..i * 2 + 2].try_into().unwrap())).to_f32(),
+        _ => unreachable!("plan admits float tensors only"),
+    }
+}
+
+#[inline(always)]
+fn rd_int(bytes: &[u8], dtype: DType, i: usize) -> i64 {
+    match dtype {
+        DType::I32 => i32::from_le_bytes(bytes[i * 4..i * 4 + 4].try_into().unwrap()) as i64,
+        _ => i64::from_le_bytes(bytes[i * 8..i * 8 + 8].try_into().unwrap()),
+    }
+}
+
+fn wr_int(bytes: &mut [u8], dtype: DType, i: usize, v: i64) {
+    match dtype {
+        DType::I32 => bytes[i * 4..i * 4 + 4].copy_from_slice(&(v as i32).to_le_bytes()),
+        _ => bytes[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes()),
+    }
+}
+
+/// Writes `v` (rounded to nearest even) as element `i` of a `dtype` buffer.
+///
+/// # Safety
+/// `base` must point to a buffer holding element `i` of `dtype`, written by no other thread now.
+#[inline(always)]
+unsafe fn wr(base: *mut u8, dtype: DType, i: usize, v: f32) {
+    // SAFETY: in bounds and exclusive by the caller's contract; unaligned writes.
+    unsafe {
+        match dtype {
+            DType::F32 => (base.add(i * 4) as *mut f32).write_unaligned(v),
+            DType::BF16 => (base.add(i * 2) as *mut u16).write_unaligned(bf16::from_f32(v).to_bits()),
+            DType::F16 => (base.add(i * 2) as *mut u16).write_unaligned(f16::from_f32(v).to_bits()),
+            _ => unreachable!("plan admits float tensors only"),
+        }
+    }
+}
+
+/// Reads element `i` of a buffer that other items may write elsewhere, through its pointer.
+///
+/// # Safety
+/// Element `i` must be inside the buffer and written by no thread now.
+#[inline(always)]
+unsafe fn rd_ptr(base: *const u8, dtype: DType, i: usize) -> f32 {
+    // SAFETY: by the caller's contract; unaligned reads.
+    unsafe {
+        match dtype {
+            DType::F32 => (base.add(i * 4) as *const f32).read_unaligned(),
+            DType::BF16 => bf16::from_bits((base.add(i * 2) as *const u16).read_unaligned()).to_f32(),
+            DType::F16 => f16::from_bits((base.add(i * 2) as *const u16).read_unaligned()).to_f32(),
+            _ => unreachable!("plan admits float tensors only"),
+        }
+    }
+}
+
+fn tracker_bytes<'t>(t: &'t mut TensorMut<'_>, arg: &'static str) -> Result<&'t mut [u8], CpuError> {
+    let device = t.device();
+    require_host(arg, device)?;
+    t.host_bytes_mut().ok_or(CpuError::NotHost { arg, device })
+}
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+struct Inputs<'a> {
+    x: &'a [u8],
+    dt: &'a [u8],
+    a: &'a [u8],
+    b: &'a [u8],
+    c: &'a [u8],
+    d: Option<&'a [u8]>,
+    z: Option<&'a [u8]>,
+    dt_bias: Option<&'a [u8]>,
+    dtypes: [DType; 9],
+}
+
+// Indices into `Inputs::dtypes`.
+const X: usize = 0;
+const DT: usize = 1;
+const A: usize = 2;
+const B: usize = 3;
+const C: usize = 4;
+const D: usize = 5;
+const Z: usize = 6;
+const BIAS: usize = 7;
+const OUT: usize = 8;
+
+struct Ctx<'a> {
+    p: &'a CheckpointingSsuPlan,
+    inp: Inputs<'a>,
+    sbi: Option<(&'a [u8], DType)>,
+    cu: Option<(&'a [u8], DType)>,
+    ring_start: (&'a [u8], DType),
+    prev_num: (&'a [u8], DType),
+    state: SyncPtr<u8>,
+    x_cache: SyncPtr<u8>,
+    b_cache: SyncPtr<u8>,
+    dt_cache: SyncPtr<f32>,
+    out: SyncPtr<u8>,
+    dtypes: [DType; 3],
+}
+
+impl Ctx<'_> {
+    /// `(slot, seq, first token, tokens, ring_start, k)` of sequence `b`, or `None` for a pad
+    /// row or an empty sequence (both write nothing).
+    fn row(&self, b: usize) -> Option<[usize; 6]> {
+        let p = self.p;
+        let slot = match (self.sbi, p.index) {
+            (Some((bytes, t)), Some(col)) => {
+                let v = rd_int(bytes, t, col.at(b));
+                if Some(v) == p.pad_slot_id || v < 0 || v >= p.cache as i64 {
+                    return None;
+                }
+                v as usize
+            }
+            _ => b,
+        };
+        let (seq, tok0, n) = match (self.cu, p.cu_seqlens) {
+            (Some((bytes, t)), Some(cu)) => {
+                let s = rd_int(bytes, t, cu.at(b)) as usize;
+                (0, s, rd_int(bytes, t, cu.at(b + 1)) as usize - s)
+            }
+            _ => (b, 0, p.tokens),
+        };
+        if n == 0 {
+            return None;
+        }
+        let start = rd_int(self.ring_start.0, self.ring_start.1, p.ring_start.at(slot)) as usize;
+        let k = rd_int(self.prev_num.0, self.prev_num.1, p.prev_num_accepted_tokens.at(slot)) as usize;
+        Some([slot, seq, tok0, n, start, k])
+    }
+}
+
+struct Item<'a> {
+    ctx: &'a Ctx<'a>,
+    row: [usize; 6],
+    h: usize,
+}
+
+#[inline(always)]
+fn dot<S: Simd>(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = S::splat(0.0);
+    for i in (0..a.len()).step_by(LANES) {
+        acc = S::load(&a[i..]).mul_add(S::load(&b[i..]), acc);
+    }
+    acc.reduce_add()
+}
+
+#[inline(always)]
+fn axpy<S: Simd>(y: &mut [f32], alpha: f32, x: &[f32]) {
+    let a = S::splat(alpha);
+    for i in (0..y.len()).step_by(LANES) {
+        S::load(&x[i..]).mul_add(a, S::load(&y[i..])).store(&mut y[i..]);
+    }
+}
+
+impl SimdKernel for Item<'_> {
+    type Output = ();
+    #[inline(always)]
+    fn run<S: Simd + PowTwo>(self) {
+        let Item { ctx, row, h } = self;
+        let [slot, seq, tok0, n, start, k] = row;
+        let p = ctx.p;
+        let inp = &ctx.inp;
+        let ty = &inp.dtypes;
+        let [state_t, xc_t, bc_t] = ctx.dtypes;
+        let (pd, nd, l) = (p.dim, p.dstate, p.ring_len);
+        let (pr, nr) = (pd.div_ceil(LANES) * LANES, nd.div_ceil(LANES) * LANES);
+        let g = h / p.heads_per_group();
+        let m = k + n; // history + new tokens
+        let flush = m > p.window;
+        let a = rd(inp.a, ty[A], p.a.at(h, 0));
+        let softplus = |v: f32| if v <= 20.0 { v.exp().ln_1p() } else { v };
+        SCRATCH.with(|scratch| {
+            let mut scratch = scratch.borrow_mut();
+            let need = 2 * m + m * (pr + nr) + n * nr + n * pr + pd * nr;
+            if scratch.len() < need {
+                scratch.resize(need, 0.0);
+            }
+            let (dts, rest) = scratch.split_at_mut(m);
+            let (cum, rest) = rest.split_at_mut(m);
+            let (xs, rest) = rest.split_at_mut(m * pr);
+            let (bs, rest) = rest.split_at_mut(m * nr);
+            let (cs, rest) = rest.split_at_mut(n * nr);
+            let (ys, rest) = rest.split_at_mut(n * pr);
+            let srow = &mut rest[..pd * nr];
+            // Gather history (ring rows) and new tokens as padded f32 rows.
+            for j in 0..m {
+                let (xr, br) = (&mut xs[j * pr..(j + 1) * pr], &mut bs[j * nr..(j + 1) * nr]);
+                xr.iter_mut().for_each(|v| *v = 0.0);
+                br.iter_mut().for_each(|v| *v = 0.0);
+                if j < k {
+                    let r = (start + j) % l;
+                    // SAFETY: live ring rows are only read during this call (appends go to
+                    // rows k.. after the live window, see the module docs).
+                    unsafe {
+                        dts[j] = *ctx.dt_cache.0.add(p.dt_cache.at(slot, h, r, 0));
+                        for (q, v) in xr[..pd].iter_mut().enumerate() {
+                            *v = rd_ptr(ctx.x_cache.0, xc_t, p.x_cache.at(slot, h, r, q));
+                        }
+                        for (q, v) in br[..nd].iter_mut().enumerate() {
+                            *v = rd_ptr(ctx.b_cache.0, bc_t, p.b_cache.at(slot, g, r, q));
+                        }
+                    }
+                } else {
+                    let t = tok0 + j - k;
+                    let mut v = rd(inp.dt, ty[DT], p.dt.at(seq, t, h, 0));
+                    if let (Some(bias), Some(bp)) = (inp.dt_bias, p.dt_bias) {
+                        v += rd(bias, ty[BIAS], bp.at(h, 0));
+                    }
+                    dts[j] = if p.dt_softplus { softplus(v) } else { v };
+                    for (q, v) in xr[..pd].iter_mut().enumerate() {
+                        *v = rd(inp.x, ty[X], p.x.at(seq, t, h, q));
+                    }
+                    for (q, v) in br[..nd].iter_mut().enumerate() {
+                        *v = rd(inp.b, ty[B], p.b.at(seq, t, g, q));
+                    }
+                    let cr = &mut cs[(j - k) * nr..(j - k + 1) * nr];
+                    cr.iter_mut().for_each(|v| *v = 0.0);
+                    for (q, v) in cr[..nd].iter_mut().enumerate() {
+                        *v = rd(inp.c, ty[C], p.c.at(seq, t, g, q));
+                    }
+                }
+            }
+            let mut acc = 0.0f32;
+            for j in 0..m {
+                acc += a * dts[j];
+                cum[j] = acc;
+            }
+            // The base state: the checkpoint, or S_k on a flush (stored).
+            for q in 0..pd {
+                let r = &mut srow[q * nr..(q + 1) * nr];
+                r.iter_mut().for_each(|v| *v = 0.0);
+                for (nn, v) in r[..nd].iter_mut().enumerate() {
+                    // SAFETY: this item owns (slot, h) of the state.
+                    *v = unsafe { rd_ptr(ctx.state.0, state_t, p.state.at(slot, h, q, nn)) };
+                }
+            }
+            let (base_cum, first) = if flush && k > 0 {
+                let ck = cum[k - 1];
+                for q in 0..pd {
+                    let r = &mut srow[q * nr..(q + 1) * nr];
+                    let decay = S::splat(ck.exp());
+                    for i in (0..nr).step_by(LANES) {
+                        S::load(&r[i..]).mul(decay).store(&mut r[i..]);
+                    }
+                    for j in 0..k {
+                        let w = (ck - cum[j]).min(0.0).exp() * dts[j] * xs[j * pr + q];
+                        axpy::<S>(r, w, &bs[j * nr..(j + 1) * nr]);
+                    }
+                }
+                (ck, k)
+            } else {
+                (0.0, 0)
+            };
+            if flush {
+                for q in 0..pd {
+                    for nn in 0..nd {
+                        // SAFETY: this item owns (slot, h) of the state.
+                        unsafe { wr(ctx.state.0, state_t, p.state.at(slot, h, q, nn), srow[q * nr + nn]) };
+                    }
+                }
+            }
+            // Outputs of the new tokens.
+            for t in 0..n {
+                let jt = k + t;
+                let ct = &cs[t * nr..(t + 1) * nr];
+                let yt = &mut ys[t * pr..(t + 1) * pr];
+                yt.iter_mut().for_each(|v| *v = 0.0);
+                let scale = (cum[jt] - base_cum).min(0.0).exp();
+                for q in 0..pd {
+                    yt[q] = scale * dot::<S>(&srow[q * nr..(q + 1) * nr], ct);
+                }
+                for j in first..=jt {
+                    let w = (cum[jt] - cum[j]).min(0.0).exp() * dts[j] * dot::<S>(ct, &bs[j * nr..(j + 1) * nr]);
+                    axpy::<S>(yt, w, &xs[j * pr..(j + 1) * pr]);
+                }
+                let tok = tok0 + t;
+                for q in 0..pd {
+                    let xv = xs[jt * pr + q];
+                    let mut y = yt[q];
+                    if let (Some(d), Some(dp)) = (inp.d, p.d) {
+                        y += rd(d, ty[D], dp.at(h, q)) * xv;
+                    }
+                    if let (Some(z), Some(zp)) = (inp.z, p.z) {
+                        let zv = rd(z, ty[Z], zp.at(seq, tok, h, q));
+                        y *= zv / (1.0 + (-zv).exp());
+                    }
+                    // SAFETY: token `tok`, head h is written by this item only (plan-checked shape).
+                    unsafe { wr(ctx.out.0, ty[OUT], p.out.at(seq, tok, h, q), y) };
+                }
+            }
+            // Append the new tokens after the live window, on both branches.
+            for t in 0..n {
+                let r = (start + k + t) % l;
+                let j = k + t;
+                // SAFETY: ring row r of (slot, h) — and of (slot, g) for the group's first head —
+                // is written by this item only, and it is not a live row anyone reads.
+                unsafe {
+                    *ctx.dt_cache.0.add(p.dt_cache.at(slot, h, r, 0)) = dts[j];
+                    for q in 0..pd {
+                        wr(ctx.x_cache.0, xc_t, p.x_cache.at(slot, h, r, q), xs[j * pr + q]);
+                    }
+                    if h % p.heads_per_group() == 0 {
+                        for q in 0..nd {
+                            wr(ctx.b_cache.0, bc_t, p.b_cache.at(slot, g, r, q), bs[j * nr + q]);
+                        }
+                    }
+                }
+            }
+        });
+    }
+}
+
+impl CpuBackend {
+    fn trackers(&self, plan: &TrackerPlan, args: &mut TrackersArgs<'_, '_>) -> Result<(), CpuError> {
+        let idx = args
+            .index
+            .host_bytes()
+            .ok_or(CpuError::NotHost { arg: "state_batch_indices", device: args.index.device() })?;
+        let idx_t = args.index.dtype();
+        let extra = match (args.accepted, args.qsl) {
+            (Some(a), Some(q)) => Some((
+                a.host_bytes().ok_or(CpuError::NotHost { arg: "num_accepted_tokens", device: a.device() })?,
+                a.dtype(),
+                q.host_bytes().ok_or(CpuError::NotHost { arg: "query_start_loc", device: q.device() })?,
+                q.dtype(),
+            )),
+            _ => None,
+        };
+        let tt = plan.tracker_dtype;
+        let [rs_s, pa_s, pq_s] = plan.trackers;
+        let rs = tracker_bytes(args.rs, "ring_start")?;
+        let pa = tracker_bytes(args.pa, "prev_num_accepted")?;
+        let pq = tracker_bytes(args.pq, "prev_query_len")?;
+        for row in 0..plan.rows {
+            let slot = rd_int(idx, idx_t, plan.index.at(row));
+            if !plan.is_valid_slot(slot) {
+                continue;
+            }
+            let s = slot as usize;
+            let (ir, ia, iq) = (rs_s.at(s), pa_s.at(s), pq_s.at(s));
+            match plan.mode {
+                TrackerMode::Reset => {
+                    wr_int(rs, tt, ir, 0);
+                    wr_int(pa, tt, ia, 0);
+                    wr_int(pq, tt, iq, 0);
+                }
+                TrackerMode::Advance { logical_window, ring_buffer_len } => {
+                    let (prev, start) = (rd_int(pa, tt, ia), rd_int(rs, tt, ir));
+                    let must = prev + 1 > logical_window;
+                    wr_int(rs, tt, ir, if must { (start + prev).rem_euclid(ring_buffer_len) } else { start });
+                    wr_int(pa, tt, ia, if must { 1 } else { prev + 1 });
+                }
+                TrackerMode::Commit { logical_window, ring_buffer_len } => {
+                    let (acc_b, acc_t, qsl_b, qsl_t) = extra.expect("commit plans carry accepted counts");
+                    let (acc_s, qsl_s) = (plan.num_accepted_tokens.unwrap(), plan.query_start_loc.unwrap());
+                    let (prev, start, prev_q) = (rd_int(pa, tt, ia), rd_int(rs, tt, ir), rd_int(pq, tt, iq));
+                    let accepted = rd_int(acc_b, acc_t, acc_s.at(row));
+                    let must = prev_q > 0 && prev + prev_q > logical_window;
+                    let next_prev = match (prev_q, must) {
+                        (0, _) => 0,
+                        (_, true) => accepted,
+                        (_, false) => prev + accepted,
+                    };
+                    let cur_q = rd_int(qsl_b, qsl_t, qsl_s.at(row + 1)) - rd_int(qsl_b, qsl_t, qsl_s.at(row));
+                    wr_int(rs, tt, ir, if must { (start + prev).rem_euclid(ring_buffer_len) } else { start });
+                    wr_int(pa, tt, ia, next_prev);
+                    wr_int(pq, tt, iq, cur_q);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+struct TrackersArgs<'r, 'a> {
+    rs: &'r mut TensorMut<'a>,
+    pa: &'r mut TensorMut<'a>,
+    pq: &'r mut TensorMut<'a>,
+    index: &'r ssm_tensor::TensorRef<'a>,
+    accepted: Option<&'r ssm_tensor::TensorRef<'a>>,
+    qsl: Option<&'r ssm_tensor::TensorRef<'a>>,
+}
+
+impl RingBackend for CpuBackend {
+    type Error = CpuError;
+
+    /// Advances or resets the trackers on host tensors (rows in order). Trusts `plan`.
+    fn update_replayssm_ring_trackers(
+        &self,
+        plan: &TrackerPlan,
+        mut args: UpdateRingTrackers<'_>,
+    ) -> Result<(), CpuError> {
+        let tr = &mut args.trackers;
+        self.trackers(
+            plan,
+            &mut TrackersArgs {
+                rs: &mut tr.ring_start,
+                pa: &mut tr.prev_num_accepted,
+                pq: &mut tr.prev_query_len,
+                index: &args.state_batch_indices,
+                accepted: None,
+                qsl: None,
+            },
+        )
+    }
+
+    /// Commits the previous speculative window on host tensors (rows in order). Trusts `plan`.
+    fn commit_replayssm_ring_trackers(
+        &self,
+        plan: &TrackerPlan,
+        mut args: CommitRingTrackers<'_>,
+    ) -> Result<(), CpuError> {
+        let tr = &mut args.trackers;
+        self.trackers(
+            plan,
+            &mut TrackersArgs {
+                rs: &mut tr.ring_start,
+                pa: &mut tr.prev_num_accepted,
+                pq: &mut tr.prev_query_len,
+                index: &args.state_batch_indices,
+                accepted: Some(&args.num_accepted_tokens),
+                qsl: Some(&args.query_start_loc),
+            },
+        )
+    }
+
+    /// One checkpointing SSU step on host tensors. Trusts `plan`.
+    fn checkpointing_ssu(&self, plan: &CheckpointingSsuPlan, mut args: CheckpointingSsu<'_>) -> Result<(), CpuError> {
+        fn host<'t>(arg: &'static str, t: &ssm_tensor::TensorRef<'t>) -> Result<&'t [u8], CpuError> {
+            t.host_bytes().ok_or(CpuError::NotHost { arg, device: t.device() })
+        }
+        fn idx<'t>(
+            arg: &'static str,
+            t: &Option<ssm_tensor::TensorRef<'t>>,
+        ) -> Result<Option<(&'t [u8], DType)>, CpuError> {
+            t.as_ref().map(|t| Ok((host(arg, t)?, t.dtype()))).transpose()
+        }
+        let sbi = idx("state_batch_indices", &args.state_batch_indices)?;
+        let cu = idx("cu_seqlens", &args.cu_seqlens)?;
+        let ring_start = (host("ring_start", &args.ring_start)?, args.ring_start.dtype());
+        let prev_num =
+            (host("prev_num_accepted_tokens", &args.prev_num_accepted_tokens)?, args.prev_num_accepted_tokens.dtype());
+        let opt = |t: &Option<ssm_tensor::TensorRef<'_>>| t.as_ref().map(|t| t.dtype()).unwrap_or(DType::F32);
+        let inp = Inputs {
+            x: host("x", &args.x)?,
+            dt: host("dt", &args.dt)?,
+            a: host("A", &args.a)?,
+            b: host("B", &args.b)?,
+            c: host("C", &args.c)?,
+            d: args.d.as_ref().map(|t| host("D", t)).transpose()?,
+            z: args.z.as_ref().map(|t| host("z", t)).transpose()?,
+            dt_bias: args.dt_bias.as_ref().map(|t| host("dt_bias", t)).transpose()?,
+            dtypes: [
+                args.x.dtype(),
+                args.dt.dtype(),
+                args.a.dtype(),
+                args.b.dtype(),
+                args.c.dtype(),
+                opt(&args.d),
+                opt(&args.z),
+                opt(&args.dt_bias),
+                args.out.dtype(),
+            ],
+        };
+        let dtypes = [args.state.dtype(), args.x_cache.dtype(), args.b_cache.dtype()];
+        let ptr = |arg: &'static str, t: &mut TensorMut<'_>| -> Result<SyncPtr<u8>, CpuError> {
+            let device = t.device();
+            require_host(arg, device)?;
+            Ok(SyncPtr(t.host_bytes_mut().ok_or(CpuError::NotHost { arg, device })?.as_mut_ptr()))
+        };
+        let state = ptr("state", &mut args.state)?;
+        let x_cache = ptr("x_cache", &mut args.x_cache)?;
+        let b_cache = ptr("B_cache", &mut args.b_cache)?;
+        let out = ptr("out", &mut args.out)?;
+        let dt_cache = SyncPtr(ptr("dt_cache", &mut args.dt_cache)?.0 as *mut f32);
+        let ctx = Ctx { p: plan, inp, sbi, cu, ring_start, prev_num, state, x_cache, b_cache, dt_cache, out, dtypes };
+        let ctx = &ctx;
+        let heads = plan.heads;
+        self.for_each(plan.batch * heads, |i| {
+            if let Some(row) = ctx.row(i / heads) {
+                dispatch(Item { ctx, row, h: i % heads });
+            }
+        });
+        Ok(())
+    }
+}

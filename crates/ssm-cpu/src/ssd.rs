@@ -1,0 +1,544 @@
+//! Mamba2 SSD chunked prefill on the CPU: vLLM's five stages (semantics/ssd_mamba2.md §1.1,
+//! §2.3–§2.7) over a caller-owned f32 workspace laid out by [`SsdPlan::workspace`].
+//!
+//! 1. per (chunk, head): processed dt (`dt_out`, zero past the chunk's end) and its
+//!    `A`-scaled inclusive prefix sum (`dA_cumsum`); then the chunk's own state
+//!    `Σ_i exp(dA_last − dA_i)·dt_i·x_i ⊗ B_i` (stage 2);
+//!    per (chunk, group): `CB[i, j] = C_i·B_j` for `j ≤ i` (stage 4) — one parallel pass;
+//! 2. per (sequence, head): state passing, `S_end[c] = exp(dA_last[c])·S_in[c] + states[c]`
+//!    in place, with `S_in` the initial state (or zeros) where `seq_idx` changes, and the
+//!    returned states rounded to the state dtype (stage 3);
+//! 3. per (chunk, head): outputs `exp(dA_i)·C_i·S_in + Σ_{j≤i} CB_ij·exp(dA_i − dA_j)·dt_j·x_j
+//!    + D·x_i`, gated (stage 5).
+//!
+//! Everything is f32 (no intermediate bf16 rounding, unlike the Triton kernels, so results
+//! are closer to the f64 recurrence); inner loops run on eight lanes over `dstate`, `dim` or
+//! the chunk's token axis.
+
+use half::{bf16, f16};
+use ssm_ssd::{MambaChunkScanCombinedVarlen, SsdBackend, SsdPlan, WorkspaceLayout};
+use ssm_tensor::DType;
+
+use crate::simd::{LANES, PowTwo, Simd, SimdKernel, dispatch};
+use crate::{CpuBackend, CpuError, require_host};
+
+/// A raw pointer that may cross threads; work items write disjoint elements through it.
+#[derive(Clone, Copy)]
+struct SyncPtr<T>(*mut T);
+// SAFETY: every stage writes, through this pointer, only the elements of the work item it
+// runs (disjoint (chunk, head), (chunk, group) or (sequence, head) blocks, see each stage).
+unsafe impl<T> Send for SyncPtr<T> {}
+// SAFETY: as above.
+unsafe impl<T> Sync for SyncPtr<T> {}
+
+#[inline(always)]
+fn rd(bytes: &[u8], dtype: DType, i: usize) -> f32 {
+    match dtype {
+        DType::F32 => f32::from_le_bytes(bytes[i * 4..i * 4 + 4].try_into().unwrap()),
+        DType::BF16 => bf16::from_bits(u16::from_le_bytes(bytes[i * 2..i * 2 + 2].try_into().unwrap())).to_f32(),
+        DType::F16 => f16::from_bits(u16::from_le_bytes(bytes[i * 2..i * 2 + 2].try_into().unwrap())).to_f32(),
+        _ => unreachable!("plan admits float inputs only"),
+    }
+}
+
+#[inline(always)]
+fn rd_int(bytes: &[u8], dtype: DType, i: usize) -> i64 {
+    match dtype {
+        DType::I32 => i32::from_le_bytes(bytes[i * 4..i * 4 + 4].try_into().unwrap()) as i64,
+        _ => i64::from_le_bytes(bytes[i * 8..i * 8 + 8].try_into().unwrap()),
+    }
+}
+
+/// Writes `v` (rounded to nearest even) as element `i` of a `dtype` buffer.
+///
+/// # Safety
+/// `base` must point to a buffer holding element `i` of `dtype`, written by no other thread now.
+#[inline(always)]
+unsafe fn wr(base: *mut u8, dtype: DType, i: usize, v: f32) {
+    // SAFETY: in bounds and exclusive by the caller's contract; unaligned writes.
+    unsafe {
+        match dtype {
+            DType::F32 => (base.add(i * 4) as *mut f32).write_unaligned(v),
+            DType::BF16 => (base.add(i * 2) as *mut u16).write_unaligned(bf16::from_f32(v).to_bits()),
+            DType::F16 => (base.add(i * 2) as *mut u16).write_unaligned(f16::from_f32(v).to_bits()),
+            _ => unreachable!("plan admits float outputs only"),
+        }
+    }
+}
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` with a thread-local f32 scratch of at least `n` elements (grown once, then reused).
+fn with_scratch<R>(n: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+    SCRATCH.with(|s| {
+        let mut s = s.borrow_mut();
+        if s.len() < n {
+            s.resize(n, 0.0);
+        }
+        f(&mut s[..n])
+    })
+}
+
+/// Host bytes and dtypes of every input, read by all stages.
+struct Inputs<'a> {
+    x: &'a [u8],
+    dt: &'a [u8],
+    a: &'a [u8],
+    b: &'a [u8],
+    c: &'a [u8],
+    d: Option<(&'a [u8], DType)>,
+    z: Option<&'a [u8]>,
+    dt_bias: Option<(&'a [u8], DType)>,
+    init: Option<(&'a [u8], DType)>,
+    cu_chunk: (&'a [u8], DType),
+    seq_idx: (&'a [u8], DType),
+    last_chunk: (&'a [u8], DType),
+    a_dtype: DType,
+}
+
+struct Ctx<'a> {
+    p: &'a SsdPlan,
+    w: WorkspaceLayout,
+    inp: Inputs<'a>,
+    ws: SyncPtr<f32>,
+    out: Option<SyncPtr<u8>>,
+    states_out: SyncPtr<u8>,
+}
+
+impl Ctx<'_> {
+    fn chunk(&self, c: usize) -> (usize, usize) {
+        let (b, t) = self.inp.cu_chunk;
+        let s = rd_int(b, t, self.p.cu_chunk_seqlens.at(c)) as usize;
+        let e = rd_int(b, t, self.p.cu_chunk_seqlens.at(c + 1)) as usize;
+        (s, e)
+    }
+    fn seq(&self, c: usize) -> usize {
+        let (b, t) = self.inp.seq_idx;
+        rd_int(b, t, self.p.seq_idx.at(c)) as usize
+    }
+    fn opens(&self, c: usize) -> bool {
+        c == 0 || self.seq(c) != self.seq(c - 1)
+    }
+    fn last_chunk(&self, b: usize) -> i64 {
+        let (bytes, t) = self.inp.last_chunk;
+        rd_int(bytes, t, self.p.last_chunk_indices.at(b))
+    }
+    /// A workspace slice.
+    ///
+    /// # Safety
+    /// `off..off + len` must be inside the workspace and not written by another thread now.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn ws(&self, off: usize, len: usize) -> &mut [f32] {
+        // SAFETY: by the caller's contract.
+        unsafe { std::slice::from_raw_parts_mut(self.ws.0.add(off), len) }
+    }
+    fn dt_row_off(&self, c: usize, h: usize) -> usize {
+        (c * self.p.heads + h) * self.w.q_row
+    }
+    fn state_off(&self, c: usize, h: usize) -> usize {
+        self.w.states + (c * self.p.heads + h) * self.p.dim * self.w.state_row
+    }
+    fn cb_off(&self, c: usize, g: usize) -> usize {
+        self.w.cb + (c * self.p.groups + g) * self.p.chunk_size * self.w.q_row
+    }
+    /// Widens `rows` consecutive tokens of a `[T, i, j]` tensor at `(first, i)` into
+    /// `dst` rows of `row` elements (zero tails).
+    fn widen(
+        &self,
+        bytes: &[u8],
+        dtype: DType,
+        s: ssm_ssd::Strided3,
+        first: usize,
+        rows: usize,
+        i: usize,
+        n: usize,
+        row: usize,
+        dst: &mut [f32],
+    ) {
+        for r in 0..rows {
+            let d = &mut dst[r * row..(r + 1) * row];
+            for (k, v) in d[..n].iter_mut().enumerate() {
+                *v = rd(bytes, dtype, s.at(first + r, i, k));
+            }
+            d[n..].iter_mut().for_each(|v| *v = 0.0);
+        }
+    }
+}
+
+#[inline(always)]
+fn dot<S: Simd>(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc0 = S::splat(0.0);
+    let mut acc1 = S::splat(0.0);
+    let n = a.len();
+    let mut i = 0;
+    while i + 2 * LANES <= n {
+        acc0 = S::load(&a[i..]).mul_add(S::load(&b[i..]), acc0);
+        acc1 = S::load(&a[i + LANES..]).mul_add(S::load(&b[i + LANES..]), acc1);
+        i += 2 * LANES;
+    }
+    if i < n {
+        acc0 = S::load(&a[i..]).mul_add(S::load(&b[i..]), acc0);
+    }
+    acc0.add(acc1).reduce_add()
+}
+
+/// `y += alpha·x` over padded rows.
+#[inline(always)]
+fn axpy<S: Simd>(y: &mut [f32], alpha: f32, x: &[f32]) {
+    let a = S::splat(alpha);
+    for i in (0..y.len()).step_by(LANES) {
+        S::load(&x[i..]).mul_add(a, S::load(&y[i..])).store(&mut y[i..]);
+    }
+}
+
+/// Stage 1 + 2 for (chunk, head), or stage 4 for (chunk, group).
+struct ChunkItem<'a> {
+    ctx: &'a Ctx<'a>,
+    item: usize,
+}
+
+impl SimdKernel for ChunkItem<'_> {
+    type Output = ();
+    #[inline(always)]
+    fn run<S: Simd + PowTwo>(self) {
+        let ctx = self.ctx;
+        let p = ctx.p;
+        let per_chunk = p.heads + p.groups;
+        let (c, k) = (self.item / per_chunk, self.item % per_chunk);
+        if k < p.heads { chunk_state::<S>(ctx, c, k) } else { chunk_cb::<S>(ctx, c, k - p.heads) }
+    }
+}
+
+#[inline(always)]
+fn chunk_state<S: Simd + PowTwo>(ctx: &Ctx<'_>, c: usize, h: usize) {
+    let p = ctx.p;
+    let inp = &ctx.inp;
+    let (q_row, nr) = (ctx.w.q_row, ctx.w.state_row);
+    let (s, e) = ctx.chunk(c);
+    let len = e - s;
+    let g = h / p.heads_per_group();
+    // SAFETY: the dt_out / dA_cumsum rows and the states block of (c, h) belong to this item.
+    let (dt_out, da, st) = unsafe {
+        (
+            ctx.ws(ctx.w.dt_out + ctx.dt_row_off(c, h), q_row),
+            ctx.ws(ctx.w.da_cumsum + ctx.dt_row_off(c, h), q_row),
+            ctx.ws(ctx.state_off(c, h), p.dim * nr),
+        )
+    };
+    // Stage 1: dt processing (bias, softplus, clamp), zero padding, A-scaled cumsum.
+    let a = rd(inp.a, inp.a_dtype, p.a.at(h));
+    let bias = inp.dt_bias.map(|(b, t)| rd(b, t, p.dt_bias.unwrap().at(h)));
+    let (lo, hi) = p.dt_limit;
+    let mut cum = 0.0f32;
+    for i in 0..q_row {
+        let v = if i < len {
+            let mut v = rd(inp.dt, p.io_dtypes.dt, p.dt.at(s + i, h, 0));
+            if let Some(b) = bias {
+                v += b;
+            }
+            if p.dt_softplus && v <= 20.0 {
+                v = v.exp().ln_1p();
+            }
+            v.max(lo).min(hi)
+        } else {
+            0.0
+        };
+        dt_out[i] = v;
+        cum += a * v;
+        da[i] = cum;
+    }
+    // Stage 2: the chunk's own state, decayed to the chunk's end.
+    let da_last = da[len.max(1) - 1];
+    st.iter_mut().for_each(|v| *v = 0.0);
+    with_scratch(nr, |wb| {
+        for i in 0..len {
+            let w = (da_last - da[i]).min(0.0).exp() * dt_out[i];
+            for (n, v) in wb.iter_mut().enumerate() {
+                *v = if n < p.dstate { rd(inp.b, p.io_dtypes.b, p.b.at(s + i, g, n)) * w } else { 0.0 };
+            }
+            for pp in 0..p.dim {
+                let xv = rd(inp.x, p.io_dtypes.x, p.x.at(s + i, h, pp));
+                axpy::<S>(&mut st[pp * nr..(pp + 1) * nr], xv, wb);
+            }
+        }
+    });
+}
+
+#[inline(always)]
+fn chunk_cb<S: Simd + PowTwo>(ctx: &Ctx<'_>, c: usize, g: usize) {
+    let p = ctx.p;
+    let (q_row, nr) = (ctx.w.q_row, ctx.w.state_row);
+    let (s, e) = ctx.chunk(c);
+    let len = e - s;
+    // SAFETY: the CB block of (c, g) belongs to this item.
+    let cb = unsafe { ctx.ws(ctx.cb_off(c, g), p.chunk_size * q_row) };
+    with_scratch(2 * len * nr, |buf| {
+        let (cs, bs) = buf.split_at_mut(len * nr);
+        ctx.widen(ctx.inp.c, p.io_dtypes.c, p.c, s, len, g, p.dstate, nr, cs);
+        ctx.widen(ctx.inp.b, p.io_dtypes.b, p.b, s, len, g, p.dstate, nr, bs);
+        for i in 0..len {
+            let row = &mut cb[i * q_row..(i + 1) * q_row];
+            let ci = &cs[i * nr..(i + 1) * nr];
+            for j in 0..=i {
+                row[j] = dot::<S>(ci, &bs[j * nr..(j + 1) * nr]);
+            }
+            row[i + 1..].iter_mut().for_each(|v| *v = 0.0);
+        }
+    });
+}
+
+/// Stage 3 for (sequence, head).
+struct PassItem<'a> {
+    ctx: &'a Ctx<'a>,
+    item: usize,
+}
+
+impl SimdKernel for PassItem<'_> {
+    type Output = ();
+    #[inline(always)]
+    fn run<S: Simd + PowTwo>(self) {
+        let ctx = self.ctx;
+        let p = ctx.p;
+        let nr = ctx.w.state_row;
+        let (b, h) = (self.item / p.heads, self.item % p.heads);
+        let last = ctx.last_chunk(b);
+        let per = p.dim * nr;
+        with_scratch(per, |sin| {
+            load_init(ctx, b, h, sin);
+            if last < 0 {
+                // An empty sequence returns the state it entered with.
+                if !p.return_intermediate_states {
+                    store_state(ctx, b, h, sin);
+                }
+                return;
+            }
+            let last = last as usize;
+            let mut first = last;
+            while first > 0 && !ctx.opens(first) {
+                first -= 1;
+            }
+            for c in first..=last {
+                // SAFETY: the states blocks of this sequence's chunks, head h, belong to this item.
+                let st = unsafe { ctx.ws(ctx.state_off(c, h), per) };
+                let da_last = {
+                    // SAFETY: dA_cumsum is only read in this stage.
+                    let da = unsafe { ctx.ws(ctx.w.da_cumsum + ctx.dt_row_off(c, h), ctx.w.q_row) };
+                    da[p.chunk_size - 1].exp()
+                };
+                let decay = S::splat(da_last);
+                for i in (0..per).step_by(LANES) {
+                    let v = S::load(&sin[i..]).mul_add(decay, S::load(&st[i..]));
+                    v.store(&mut st[i..]);
+                    v.store(&mut sin[i..]);
+                }
+                if p.return_intermediate_states {
+                    store_state(ctx, c, h, st);
+                }
+            }
+            if !p.return_intermediate_states {
+                store_state(ctx, b, h, sin);
+            }
+        });
+    }
+}
+
+/// The state entering sequence `b`, head `h` (initial state or zeros), as padded f32 rows.
+fn load_init(ctx: &Ctx<'_>, b: usize, h: usize, dst: &mut [f32]) {
+    let p = ctx.p;
+    let nr = ctx.w.state_row;
+    dst.iter_mut().for_each(|v| *v = 0.0);
+    if let (Some((bytes, t)), Some(ip)) = (ctx.inp.init, p.initial_states) {
+        for pp in 0..p.dim {
+            for n in 0..p.dstate {
+                dst[pp * nr + n] = rd(bytes, t, ip.at(b, h, pp, n));
+            }
+        }
+    }
+}
+
+/// Stores padded f32 rows as `varlen_states[row, h]`, rounded to the state dtype.
+fn store_state(ctx: &Ctx<'_>, row: usize, h: usize, src: &[f32]) {
+    let p = ctx.p;
+    let nr = ctx.w.state_row;
+    for pp in 0..p.dim {
+        for n in 0..p.dstate {
+            // SAFETY: the plan checked `varlen_states`' shape; row `row`, head `h` is written by
+            // this (sequence or chunk, head) item only.
+            unsafe { wr(ctx.states_out.0, p.state_dtype, p.varlen_states.at(row, h, pp, n), src[pp * nr + n]) };
+        }
+    }
+}
+
+/// Stage 5 for (chunk, head).
+struct ScanItem<'a> {
+    ctx: &'a Ctx<'a>,
+    item: usize,
+}
+
+impl SimdKernel for ScanItem<'_> {
+    type Output = ();
+    #[inline(always)]
+    fn run<S: Simd + PowTwo>(self) {
+        let ctx = self.ctx;
+        let p = ctx.p;
+        let inp = &ctx.inp;
+        let (q_row, nr) = (ctx.w.q_row, ctx.w.state_row);
+        let (c, h) = (self.item / p.heads, self.item % p.heads);
+        let g = h / p.heads_per_group();
+        let (s, e) = ctx.chunk(c);
+        let len = e - s;
+        let pr = p.dim.div_ceil(LANES) * LANES;
+        let per = p.dim * nr;
+        // SAFETY: stages 1–4 are done; this stage only reads the workspace.
+        let (dt_out, da, cb) = unsafe {
+            (
+                &*ctx.ws(ctx.w.dt_out + ctx.dt_row_off(c, h), q_row),
+                &*ctx.ws(ctx.w.da_cumsum + ctx.dt_row_off(c, h), q_row),
+                &*ctx.ws(ctx.cb_off(c, g), p.chunk_size * q_row),
+            )
+        };
+        let opens = ctx.opens(c);
+        let has_prev = !opens || p.initial_states.is_some();
+        with_scratch(len * pr + len * nr + len * pr + q_row + per, |buf| {
+            let (xs, rest) = buf.split_at_mut(len * pr);
+            let (cs, rest) = rest.split_at_mut(len * nr);
+            let (ys, rest) = rest.split_at_mut(len * pr);
+            let (wrow, sin_buf) = rest.split_at_mut(q_row);
+            ctx.widen(inp.x, p.io_dtypes.x, p.x, s, len, h, p.dim, pr, xs);
+            ctx.widen(inp.c, p.io_dtypes.c, p.c, s, len, g, p.dstate, nr, cs);
+            ys.iter_mut().for_each(|v| *v = 0.0);
+            // Off-diagonal: the entering state seen through C, decayed to each token.
+            if has_prev {
+                let sin: &[f32] = if opens {
+                    load_init(ctx, ctx.seq(c), h, sin_buf);
+                    sin_buf
+                } else {
+                    // SAFETY: read only in this stage.
+                    unsafe { &*ctx.ws(ctx.state_off(c - 1, h), per) }
+                };
+                for i in 0..len {
+                    let scale = da[i].exp();
+                    let ci = &cs[i * nr..(i + 1) * nr];
+                    let yi = &mut ys[i * pr..(i + 1) * pr];
+                    for pp in 0..p.dim {
+                        yi[pp] = scale * dot::<S>(&sin[pp * nr..(pp + 1) * nr], ci);
+                    }
+                }
+            }
+            // Diagonal block: causal CB weighted by the decay between tokens and dt.
+            for i in 0..len {
+                let dai = S::splat(da[i]);
+                let cbi = &cb[i * q_row..(i + 1) * q_row];
+                let upto = (i + 1).div_ceil(LANES) * LANES;
+                for j in (0..upto).step_by(LANES) {
+                    let dec = dai.sub(S::load(&da[j..])).min_(S::splat(0.0)).exp();
+                    dec.mul(S::load(&dt_out[j..])).mul(S::load(&cbi[j..])).store(&mut wrow[j..]);
+                }
+                let yi = &mut ys[i * pr..(i + 1) * pr];
+                for j in 0..=i {
+                    axpy::<S>(yi, wrow[j], &xs[j * pr..(j + 1) * pr]);
+                }
+            }
+            let out = ctx.out.expect("stage 5 runs only with an output");
+            let out_dtype = p.io_dtypes.out.expect("output dtype");
+            let op = p.out.expect("output strides");
+            for i in 0..len {
+                for pp in 0..p.dim {
+                    let xv = xs[i * pr + pp];
+                    let mut y = ys[i * pr + pp];
+                    if let (Some((d, t)), Some(dp)) = (inp.d, p.d) {
+                        y += rd(d, t, dp.at(h, pp, 0)) * xv;
+                    }
+                    if let (Some(z), Some(zp)) = (inp.z, p.z) {
+                        let zv = rd(z, p.io_dtypes.z.unwrap(), zp.at(s + i, h, pp));
+                        y *= zv / (1.0 + (-zv).exp());
+                    }
+                    // SAFETY: the plan checked `out`'s shape and that its elements do not overlap;
+                    // token s+i, head h is written by this (chunk, head) item only.
+                    unsafe { wr(out.0, out_dtype, op.at(s + i, h, pp), y) };
+                }
+            }
+        });
+    }
+}
+
+impl CpuBackend {
+    /// Elements of f32 workspace [`SsdBackend::mamba_chunk_scan_combined_varlen`] needs for
+    /// `plan` (the size query; pass a buffer at least this long as `workspace` to avoid a
+    /// per-call allocation).
+    pub fn ssd_workspace_len(plan: &SsdPlan) -> usize {
+        plan.workspace_len()
+    }
+}
+
+impl SsdBackend for CpuBackend {
+    type Error = CpuError;
+
+    /// Runs the SSD prefill on host tensors. Trusts `plan` (built from `args` by `ssm_ssd::plan`).
+    fn mamba_chunk_scan_combined_varlen(
+        &self,
+        plan: &SsdPlan,
+        mut args: MambaChunkScanCombinedVarlen<'_>,
+    ) -> Result<(), CpuError> {
+        fn host<'t>(arg: &'static str, t: &ssm_tensor::TensorRef<'t>) -> Result<&'t [u8], CpuError> {
+            t.host_bytes().ok_or(CpuError::NotHost { arg, device: t.device() })
+        }
+        fn opt<'t>(
+            arg: &'static str,
+            t: &Option<ssm_tensor::TensorRef<'t>>,
+        ) -> Result<Option<(&'t [u8], DType)>, CpuError> {
+            t.as_ref().map(|t| host(arg, t).map(|b| (b, t.dtype()))).transpose()
+        }
+        let inp = Inputs {
+            x: host("x", &args.x)?,
+            dt: host("dt", &args.dt)?,
+            a: host("A", &args.a)?,
+            b: host("B", &args.b)?,
+            c: host("C", &args.c)?,
+            d: opt("D", &args.d)?,
+            z: opt("z", &args.z)?.map(|(b, _)| b),
+            dt_bias: opt("dt_bias", &args.dt_bias)?,
+            init: opt("initial_states", &args.initial_states)?,
+            cu_chunk: (host("cu_chunk_seqlens", &args.cu_chunk_seqlens)?, args.cu_chunk_seqlens.dtype()),
+            seq_idx: (host("seq_idx", &args.seq_idx)?, args.seq_idx.dtype()),
+            last_chunk: (host("last_chunk_indices", &args.last_chunk_indices)?, args.last_chunk_indices.dtype()),
+            a_dtype: args.a.dtype(),
+        };
+        require_host("varlen_states", args.varlen_states.device())?;
+        let states_out = SyncPtr(args.varlen_states.host_bytes_mut().expect("host checked").as_mut_ptr());
+        let out = match args.out.as_mut() {
+            Some(o) => {
+                require_host("out", o.device())?;
+                Some(SyncPtr(o.host_bytes_mut().expect("host checked").as_mut_ptr()))
+            }
+            None => None,
+        };
+        let w = plan.workspace();
+        let mut owned = Vec::new();
+        let ws: &mut [f32] = match (args.workspace.as_mut(), plan.workspace_offset) {
+            (Some(t), Some(off)) => {
+                let device = t.device();
+                require_host("workspace", device)?;
+                let all = t.host_data_mut::<f32>().map_err(|_| CpuError::NotHost { arg: "workspace", device })?;
+                &mut all[off..off + w.len]
+            }
+            _ => {
+                owned.resize(w.len, 0.0f32);
+                &mut owned
+            }
+        };
+        let ctx = Ctx { p: plan, w, inp, ws: SyncPtr(ws.as_mut_ptr()), out, states_out };
+        let ctx = &ctx;
+        // Stages 1, 2 (per chunk and head) and 4 (per chunk and group).
+        self.for_each(plan.nchunks * (plan.heads + plan.groups), |item| dispatch(ChunkItem { ctx, item }));
+        // Stage 3 (per sequence and head).
+        self.for_each(plan.batch * plan.heads, |item| dispatch(PassItem { ctx, item }));
+        // Stage 5 (per chunk and head).
+        if ctx.out.is_some() {
+            self.for_each(plan.nchunks * plan.heads, |item| dispatch(ScanItem { ctx, item }));
+        }
+        Ok(())
+    }
+}
