@@ -320,3 +320,379 @@ impl ConvBackend for CpuBackend {
         self.conv_any(plan, &args.x, &args.weight, args.bias.as_ref(), &mut args.conv_states, &mut args.out)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The CPU kernels against the scalar reference on random calls: odd dims, every width,
+    //! both state layouts, strided x, pads, empty sequences, the speculative rolling buffer
+    //! with accepted counts, prefix-caching tables and varlen prefill. Outputs start as NaN;
+    //! every element that must be written is checked, every other one must keep its poison,
+    //! and every state element outside the written windows must keep its bits.
+
+    use std::num::NonZeroUsize;
+
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+    use ssm_conv::reference::{Precision, Reference};
+    use ssm_conv::{Activation, ConvStateLayout, plan_fn, plan_update};
+    use ssm_tensor::{TensorMut, TensorRef};
+
+    use super::*;
+    use crate::Par;
+
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    enum Mode {
+        /// x `[batch, dim]`.
+        Single,
+        /// x `[batch, seqlen, dim]`, no speculation.
+        Multi,
+        /// Packed varlen with `num_accepted_tokens`.
+        SpecVarlen,
+        /// x `[batch, seqlen, dim]` with `num_accepted_tokens`.
+        Spec3d,
+        /// 2-D table with `initial_state_idx` / `block_idx_last_scheduled_token`.
+        Apc,
+        /// `causal_conv1d_fn`.
+        Prefill,
+    }
+
+    /// One random call, with everything needed to say what it must write.
+    struct Case<T> {
+        mode: Mode,
+        dim: usize,
+        width: usize,
+        slots: usize,
+        state_len: usize,
+        layout: ConvStateLayout,
+        activation: Activation,
+        pad: Option<i64>,
+        x: Vec<T>,
+        x_shape: Vec<usize>,
+        x_strides: Vec<isize>,
+        weight: Vec<T>,
+        bias: Option<Vec<T>>,
+        state: Vec<T>,
+        indices: Vec<i64>,
+        indices_shape: Vec<usize>,
+        accepted: Option<Vec<i32>>,
+        starts: Option<Vec<i32>>,
+        apc: Option<(Vec<i32>, Vec<i32>)>,
+        has_init: Vec<u8>,
+        /// Per sequence: (first token row, tokens, write slot or None, effective state length).
+        expect: Vec<(usize, usize, Option<usize>, usize)>,
+    }
+
+    fn rand_vals<T: Real>(rng: &mut ChaCha8Rng, n: usize, scale: f32) -> Vec<T> {
+        (0..n).map(|_| T::from_f32((rng.random::<f32>() * 2.0 - 1.0) * scale)).collect()
+    }
+
+    fn gen_case<T: Real>(rng: &mut ChaCha8Rng, mode: Mode) -> Case<T> {
+        let dim = [1, 3, 7, 8, 13, 17, 33, 70][rng.random_range(0..8)];
+        let width = rng.random_range(2..=4usize);
+        let batch = rng.random_range(1..=5usize);
+        let layout = if rng.random_bool(0.5) { ConvStateLayout::StateLenDim } else { ConvStateLayout::DimStateLen };
+        let activation = if rng.random_bool(0.5) { Activation::Silu } else { Activation::None };
+        let pad = [Some(0i64), Some(-1), None][rng.random_range(0..3)];
+        let num_spec = rng.random_range(0..=3usize);
+        let cols = if mode == Mode::Apc { 3 } else { 1 };
+        // Slot 0 is reserved when it is the pad; three spare slots nobody names.
+        let first = usize::from(pad == Some(0));
+        let slots = first + batch * cols + 3;
+        let mut free: Vec<usize> = (first..slots).collect();
+        for i in (1..free.len()).rev() {
+            free.swap(i, rng.random_range(0..=i));
+        }
+        let mut indices: Vec<i64> = free[..batch * cols].iter().map(|&s| s as i64).collect();
+        let mut is_pad = vec![false; batch];
+        if let Some(p) = pad {
+            for b in 0..batch {
+                if rng.random_bool(0.25) {
+                    is_pad[b] = true;
+                    let read_col = 0; // APC rows read column 0 in these cases
+                    indices[b * cols + read_col] = p;
+                }
+            }
+        }
+        let spec = matches!(mode, Mode::SpecVarlen | Mode::Spec3d);
+        let seqlen = match mode {
+            Mode::Single | Mode::Apc => 1,
+            Mode::Multi => rng.random_range(1..=4),
+            Mode::Spec3d => num_spec + 1,
+            _ => 0,
+        };
+        let lens: Vec<usize> = match mode {
+            Mode::SpecVarlen => (0..batch).map(|_| rng.random_range(0..=num_spec + 1)).collect(),
+            Mode::Prefill => (0..batch).map(|_| rng.random_range(0..=9)).collect(),
+            _ => vec![seqlen; batch],
+        };
+        let extra = rng.random_range(0..=2);
+        let state_len = width - 1 + if spec { num_spec } else { extra };
+        let tokens: usize = lens.iter().sum();
+        let varlen = matches!(mode, Mode::SpecVarlen | Mode::Prefill);
+        let (x_shape, rows) = match mode {
+            Mode::Single | Mode::Apc => (vec![batch, dim], batch),
+            Mode::Multi | Mode::Spec3d => (vec![batch, seqlen, dim], batch * seqlen),
+            _ => (vec![tokens, dim], tokens),
+        };
+        // Token-major storage, or vLLM's dim-major storage seen through permuted strides.
+        let dim_major = rng.random_bool(0.4);
+        let x_strides: Vec<isize> = match (x_shape.len(), dim_major) {
+            (2, false) => vec![dim as isize, 1],
+            (2, true) => vec![1, x_shape[0] as isize],
+            (_, false) => vec![(seqlen * dim) as isize, dim as isize, 1],
+            (_, true) => vec![(seqlen * dim) as isize, 1, seqlen as isize],
+        };
+        let accepted: Option<Vec<i32>> =
+            spec.then(|| (0..batch).map(|_| rng.random_range(1..=(state_len + 2 - width) as i32)).collect());
+        let starts: Option<Vec<i32>> = varlen.then(|| {
+            let mut s = vec![0i32];
+            for &l in &lens {
+                s.push(s.last().unwrap() + l as i32);
+            }
+            s
+        });
+        let apc = (mode == Mode::Apc).then(|| {
+            // Read column 0, write column 1 or 2 (never the pad: pads sit in column 0).
+            (vec![0i32; batch], (0..batch).map(|_| rng.random_range(1..=2)).collect::<Vec<i32>>())
+        });
+        let has_init: Vec<u8> = (0..batch).map(|_| u8::from(rng.random_bool(0.6))).collect();
+        let mut expect = Vec::new();
+        let mut row = 0;
+        for b in 0..batch {
+            let len = lens[b];
+            let start = if varlen { row } else { b * seqlen.max(1) };
+            row += len;
+            if is_pad[b] || len == 0 {
+                continue;
+            }
+            let write_col = apc.as_ref().map_or(0, |(_, l)| l[b] as usize);
+            let write = indices[b * cols + write_col] as usize;
+            let eff = if spec { width - 2 + len } else { width - 1 };
+            expect.push((start, len, Some(write), eff));
+        }
+        Case {
+            mode,
+            dim,
+            width,
+            slots,
+            state_len,
+            layout,
+            activation,
+            pad,
+            x: rand_vals(rng, rows * dim, 2.0),
+            x_shape,
+            x_strides,
+            weight: rand_vals(rng, dim * width, 1.0),
+            bias: rng.random_bool(0.5).then(|| rand_vals(rng, dim, 0.5)),
+            state: rand_vals(rng, slots * state_len * dim, 2.0),
+            indices,
+            indices_shape: if cols == 1 { vec![batch] } else { vec![batch, cols] },
+            accepted,
+            starts,
+            apc,
+            has_init,
+            expect,
+        }
+    }
+
+    /// Runs the case on `backend`; returns (state, out) after the call.
+    fn run<T: Real, B: ConvBackend>(c: &Case<T>, backend: &B) -> (Vec<T>, Vec<T>)
+    where
+        B::Error: std::fmt::Debug,
+    {
+        let mut state = c.state.clone();
+        let mut out = vec![T::from_f32(f32::NAN); c.x.len()];
+        let state_shape = match c.layout {
+            ConvStateLayout::StateLenDim => [c.slots, c.state_len, c.dim],
+            ConvStateLayout::DimStateLen => [c.slots, c.dim, c.state_len],
+        };
+        let x = TensorRef::from_slice(&c.x, &[c.x.len()]).unwrap().with_layout(&c.x_shape, &c.x_strides, 0).unwrap();
+        let outv =
+            TensorMut::from_slice(&mut out, &[c.x.len()]).unwrap().with_layout(&c.x_shape, &c.x_strides, 0).unwrap();
+        let stv = TensorMut::from_slice(&mut state, &state_shape).unwrap();
+        let weight = TensorRef::from_slice(&c.weight, &[c.dim, c.width]).unwrap();
+        let bias = c.bias.as_ref().map(|b| TensorRef::from_slice(b, &[c.dim]).unwrap());
+        let indices = TensorRef::from_slice(&c.indices, &c.indices_shape).unwrap();
+        let starts = c.starts.as_ref().map(|s| TensorRef::from_slice(s, &[s.len()]).unwrap());
+        if c.mode == Mode::Prefill {
+            let args = CausalConv1dFnArgs {
+                x: x.with_layout(&[c.x_shape[0], c.dim], &[c.x_strides[0], c.x_strides[1]], 0).unwrap(),
+                weight,
+                bias,
+                conv_states: stv,
+                conv_state_layout: c.layout,
+                query_start_loc: starts.unwrap(),
+                cache_indices: Some(indices),
+                has_initial_state: Some(TensorRef::from_slice(&c.has_init, &[c.has_init.len()]).unwrap()),
+                activation: c.activation,
+                pad_slot_id: c.pad,
+                out: outv,
+            };
+            let plan = plan_fn(&args).unwrap();
+            backend.causal_conv1d_fn(&plan, args).unwrap();
+        } else {
+            let args = CausalConv1dUpdateArgs {
+                x,
+                conv_state: stv,
+                conv_state_layout: c.layout,
+                weight,
+                bias,
+                activation: c.activation,
+                conv_state_indices: Some(indices),
+                num_accepted_tokens: c.accepted.as_ref().map(|a| TensorRef::from_slice(a, &[a.len()]).unwrap()),
+                query_start_loc: starts,
+                pad_slot_id: c.pad,
+                block_idx_last_scheduled_token: c
+                    .apc
+                    .as_ref()
+                    .map(|(_, l)| TensorRef::from_slice(l, &[l.len()]).unwrap()),
+                initial_state_idx: c.apc.as_ref().map(|(i, _)| TensorRef::from_slice(i, &[i.len()]).unwrap()),
+                out: outv,
+            };
+            let plan = plan_update(&args).unwrap();
+            backend.causal_conv1d_update(&plan, args).unwrap();
+        }
+        (state, out)
+    }
+
+    fn bits<T: Real>(v: T) -> u32 {
+        v.to_f32().to_bits()
+    }
+
+    fn check_case<T: Real>(seed: u64, mode: Mode, tol: f32) {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let c = gen_case::<T>(&mut rng, mode);
+        let (ref_state, ref_out) = run(&c, &Reference { precision: Precision::F32 });
+        let two = CpuBackend::new(Par::Rayon(NonZeroUsize::new(2).unwrap())).unwrap();
+        for (label, backend) in [("seq", CpuBackend::new(Par::Seq).unwrap()), ("rayon", two)] {
+            let (state, out) = run(&c, &backend);
+            let ctx = format!("seed {seed} {mode:?} {label} dim {} width {} layout {:?}", c.dim, c.width, c.layout);
+            // The state is a copy of storage values: bit-identical to the reference everywhere.
+            for (i, (a, b)) in state.iter().zip(&ref_state).enumerate() {
+                assert_eq!(bits(*a), bits(*b), "{ctx}: state element {i}");
+            }
+            // Outputs: the rows the call must write (from the case, not the plan) are written
+            // and agree with the reference; every other element keeps its NaN poison.
+            let mut written = vec![false; c.x.len()];
+            let pos = |row: usize, ch: usize| -> usize {
+                let (r, s) = (&c.x_shape, &c.x_strides);
+                let e = if r.len() == 3 {
+                    (row / r[1]) as isize * s[0] + (row % r[1]) as isize * s[1] + ch as isize * s[2]
+                } else {
+                    row as isize * s[0] + ch as isize * s[1]
+                };
+                e as usize
+            };
+            for &(start, len, _, _) in &c.expect {
+                for row in start..start + len {
+                    for ch in 0..c.dim {
+                        let i = pos(row, ch);
+                        written[i] = true;
+                        let (g, w) = (out[i].to_f32(), ref_out[i].to_f32());
+                        assert!(!w.is_nan() && !g.is_nan(), "{ctx}: out row {row} ch {ch} not written");
+                        assert!((g - w).abs() <= tol * (1.0 + w.abs()), "{ctx}: out row {row} ch {ch}: {g} vs {w}");
+                    }
+                }
+            }
+            for (i, w) in written.iter().enumerate() {
+                if !w {
+                    assert!(out[i].to_f32().is_nan() && ref_out[i].to_f32().is_nan(), "{ctx}: out element {i} written");
+                }
+            }
+        }
+        // Untouched state: every slot outside the written windows keeps its bits.
+        let at = |slot: usize, col: usize, ch: usize| match c.layout {
+            ConvStateLayout::StateLenDim => (slot * c.state_len + col) * c.dim + ch,
+            ConvStateLayout::DimStateLen => (slot * c.dim + ch) * c.state_len + col,
+        };
+        for slot in 0..c.slots {
+            let window = c.expect.iter().find(|e| e.2 == Some(slot)).map_or(0, |e| e.3);
+            for col in window..c.state_len {
+                for ch in 0..c.dim {
+                    let i = at(slot, col, ch);
+                    assert_eq!(bits(ref_state[i]), bits(c.state[i]), "seed {seed}: slot {slot} col {col} touched");
+                }
+            }
+        }
+    }
+
+    const MODES: [Mode; 6] = [Mode::Single, Mode::Multi, Mode::SpecVarlen, Mode::Spec3d, Mode::Apc, Mode::Prefill];
+
+    #[test]
+    fn conv_cpu_matches_reference_f32() {
+        for seed in 0..60 {
+            for mode in MODES {
+                check_case::<f32>(seed, mode, 2e-5);
+            }
+        }
+    }
+
+    #[test]
+    fn conv_cpu_matches_reference_bf16() {
+        for seed in 100..140 {
+            for mode in MODES {
+                check_case::<half::bf16>(seed, mode, 1e-2);
+            }
+        }
+    }
+
+    #[test]
+    fn conv_cpu_matches_reference_f16() {
+        for seed in 200..240 {
+            for mode in MODES {
+                check_case::<half::f16>(seed, mode, 2e-3);
+            }
+        }
+    }
+
+    #[test]
+    fn conv_portable_lanes_match_reference() {
+        // Every lane type, whatever this CPU supports: run the item bodies on portable lanes.
+        let mut rng = ChaCha8Rng::seed_from_u64(7);
+        for mode in MODES {
+            let c = gen_case::<f32>(&mut rng, mode);
+            let (ref_state, ref_out) = run(&c, &Reference { precision: Precision::F32 });
+            let (state, out) = run(&c, &Portable1);
+            assert_eq!(state, ref_state);
+            for (g, w) in out.iter().zip(&ref_out) {
+                assert!((g.is_nan() && w.is_nan()) || (g - w).abs() <= 2e-5 * (1.0 + w.abs()));
+            }
+        }
+    }
+
+    /// A sequential backend that runs items on `simd::Portable` lanes.
+    struct Portable1;
+
+    impl ConvBackend for Portable1 {
+        type Error = CpuError;
+        fn causal_conv1d_update(&self, plan: &ConvPlan, mut a: CausalConv1dUpdateArgs<'_>) -> Result<(), CpuError> {
+            portable(plan, &a.x, &a.weight, a.bias.as_ref(), &mut a.conv_state, &mut a.out);
+            Ok(())
+        }
+        fn causal_conv1d_fn(&self, plan: &ConvPlan, mut a: CausalConv1dFnArgs<'_>) -> Result<(), CpuError> {
+            portable(plan, &a.x, &a.weight, a.bias.as_ref(), &mut a.conv_states, &mut a.out);
+            Ok(())
+        }
+    }
+
+    fn portable(
+        plan: &ConvPlan,
+        x: &TensorRef<'_>,
+        w: &TensorRef<'_>,
+        b: Option<&TensorRef<'_>>,
+        s: &mut TensorMut<'_>,
+        o: &mut TensorMut<'_>,
+    ) {
+        let ctx = Ctx {
+            plan,
+            x: x.host_data::<f32>().unwrap(),
+            w: w.host_data::<f32>().unwrap(),
+            bias: b.map(|b| b.host_data::<f32>().unwrap()),
+            state: SharedBuf::new(s.host_data_mut::<f32>().unwrap()),
+            out: SharedBuf::new(o.host_data_mut::<f32>().unwrap()),
+        };
+        for seq in plan.seqs.as_ref().unwrap() {
+            Item { ctx, seq, c0: 0, c1: plan.dim }.run::<crate::simd::Portable>();
+        }
+    }
+}

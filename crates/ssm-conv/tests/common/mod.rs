@@ -194,7 +194,9 @@ pub fn compare(v: &Vector, name: &str, got: &[f64]) -> Result<usize, String> {
         if w.is_nan() {
             continue;
         }
-        if !((g - w).abs() <= atol + rtol * w.abs()) {
+        // Written so that a NaN result fails.
+        let within = (g - w).abs() <= atol + rtol * w.abs();
+        if !within {
             return Err(format!("{}: {name}[{i}] = {g}, expected {w} (atol {atol}, rtol {rtol})", v.name));
         }
         checked += 1;
