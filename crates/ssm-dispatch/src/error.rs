@@ -6,6 +6,9 @@ pub enum Error {
     /// The SSU arguments were refused by the plan.
     #[error(transparent)]
     Ssu(#[from] ssm_ssu::SsuError),
+    /// The causal conv1d arguments were refused by the plan.
+    #[error(transparent)]
+    Conv(#[from] ssm_conv::ConvError),
     /// The CPU backend failed.
     #[error(transparent)]
     Cpu(#[from] ssm_cpu::CpuError),

@@ -9,6 +9,7 @@
 
 mod backend;
 mod config;
+mod conv;
 mod error;
 mod ssu;
 
