@@ -3,7 +3,7 @@
 //
 //   STATE_T X_T DT_T A_T B_T C_T D_T DTB_T Z_T OUT_T   f32 / f16_t / bf16_t
 //   SBI_T DST_T NACC_T CU_T                            int / i64 (index tables)
-//   DSTATE VEC TPR VPT RPT NTHREADS                    tile geometry
+//   DSTATE VEC TPR VPT RPT NTHREADS MINB               tile geometry (MINB: min blocks/SM, 0 = none)
 //   HAS_Z HAS_D HAS_DT_BIAS DT_SOFTPLUS TIED HAS_SBI HAS_PAD VARLEN DENSE SPEC STOCH_ROUND   0/1
 //
 // One block owns one (sequence, head, tile of DIM_TILE = (NTHREADS / TPR) * RPT rows).
@@ -132,7 +132,13 @@ __device__ __forceinline__ i64 tok_base(const TokStrides& ts, i64 seq, i64 bos, 
 
 __device__ __forceinline__ float softplus_thr(float v) { return v <= 20.f ? logf(expf(v) + 1.f) : v; }
 
-extern "C" __global__ void __launch_bounds__(NTHREADS) ssu_kernel(const SsuParams p) {
+#if MINB > 0
+#define SSU_BOUNDS __launch_bounds__(NTHREADS, MINB)
+#else
+#define SSU_BOUNDS __launch_bounds__(NTHREADS)
+#endif
+
+extern "C" __global__ void SSU_BOUNDS ssu_kernel(const SsuParams p) {
     const int lane = threadIdx.x % TPR;
     const int row_group = threadIdx.x / TPR;
     i64 bid = blockIdx.x;

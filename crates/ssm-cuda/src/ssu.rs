@@ -111,6 +111,8 @@ pub struct SsuGeometry {
     pub rpt: u32,
     /// Threads per block.
     pub threads: u32,
+    /// Minimum resident blocks per SM asked of the compiler (`__launch_bounds__`); 0 = none.
+    pub min_blocks: u32,
 }
 
 impl SsuGeometry {
@@ -121,7 +123,7 @@ impl SsuGeometry {
 
     /// The geometry for a state of `state` dtype with `dstate` columns, `dim` rows per head.
     /// `vectorized`: whether every state row start is 16-byte aligned.
-    pub fn choose(state: DType, dstate: usize, dim: usize, vectorized: bool, tied: bool) -> Self {
+    pub fn choose(state: DType, dstate: usize, dim: usize, vectorized: bool, tied: bool, multi_token: bool) -> Self {
         let per16 = 16 / state.size();
         let vec = if vectorized && dstate.is_multiple_of(per16) { per16 } else { 1 };
         let nvec = dstate.div_ceil(vec).max(1);
@@ -141,8 +143,45 @@ impl SsuGeometry {
         while threads > 32 && (threads / tpr / 2) * rpt >= dim && threads / 2 >= tpr {
             threads /= 2;
         }
-        SsuGeometry { vec: vec as u32, tpr: tpr as u32, vpt: vpt as u32, rpt: rpt as u32, threads: threads as u32 }
+        // The token loop of multi-token routes costs registers; cap them (80 at 128 threads)
+        // so that six blocks stay resident per SM, which keeps enough loads in flight.
+        let min_blocks = if multi_token && threads == 128 { 6 } else { 0 };
+        let g = SsuGeometry {
+            vec: vec as u32,
+            tpr: tpr as u32,
+            vpt: vpt as u32,
+            rpt: rpt as u32,
+            threads: threads as u32,
+            min_blocks,
+        };
+        tuning_override(g)
     }
+}
+
+/// `SSM_CUDA_SSU_TUNE="rpt=2,threads=256,minb=6"` overrides the chosen geometry's rows per lane,
+/// threads per block and minimum blocks per SM (for tuning sweeps on a GPU; unset in normal use).
+/// Values that would break the tiling (threads not a multiple of 32 or below `tpr`) are ignored.
+fn tuning_override(mut g: SsuGeometry) -> SsuGeometry {
+    static TUNE: std::sync::OnceLock<Vec<(String, u32)>> = std::sync::OnceLock::new();
+    let tune = TUNE.get_or_init(|| {
+        std::env::var("SSM_CUDA_SSU_TUNE")
+            .unwrap_or_default()
+            .split(',')
+            .filter_map(|kv| {
+                let (k, v) = kv.split_once('=')?;
+                Some((k.trim().to_string(), v.trim().parse().ok()?))
+            })
+            .collect()
+    });
+    for (k, v) in tune {
+        match (k.as_str(), *v) {
+            ("rpt", v) if v >= 1 => g.rpt = v,
+            ("threads", v) if v.is_multiple_of(32) && v >= g.tpr && v <= 1024 => g.threads = v,
+            ("minb", v) => g.min_blocks = v,
+            _ => {}
+        }
+    }
+    g
 }
 
 /// Everything that selects one compiled SSU kernel (compact, hashed per call).
@@ -207,7 +246,14 @@ impl SsuKey {
                 idx(t.cu_seqlens),
             ],
             dstate: plan.dims.dstate,
-            geometry: SsuGeometry::choose(t.state, plan.dims.dstate, plan.dims.dim, vectorized, tied),
+            geometry: SsuGeometry::choose(
+                t.state,
+                plan.dims.dstate,
+                plan.dims.dim,
+                vectorized,
+                tied,
+                plan.route != Route::OneToken,
+            ),
             flags,
         }
     }
@@ -228,6 +274,7 @@ impl SsuKey {
             ("VPT", g.vpt.to_string()),
             ("RPT", g.rpt.to_string()),
             ("NTHREADS", g.threads.to_string()),
+            ("MINB", g.min_blocks.to_string()),
         ]);
         for (name, f) in [
             ("HAS_Z", F_Z),
@@ -261,7 +308,7 @@ pub fn ssu_catalogue() -> Vec<(String, KernelSpec)> {
         SsuKey {
             types: [state, io, io, F32, io, io, F32, F32, io, io, idx, idx, idx, I32],
             dstate,
-            geometry: SsuGeometry::choose(state, dstate, dim, vectorized, tied),
+            geometry: SsuGeometry::choose(state, dstate, dim, vectorized, tied, flags & (F_VARLEN | F_DENSE) != 0),
             flags,
         }
     };
@@ -505,23 +552,23 @@ mod tests {
 
     #[test]
     fn geometry_covers_dstate_with_16_byte_vectors() {
-        let g = SsuGeometry::choose(DType::F32, 128, 64, true, true);
+        let g = SsuGeometry::choose(DType::F32, 128, 64, true, true, false);
         assert_eq!((g.vec, g.tpr, g.vpt, g.rpt, g.threads), (4, 32, 1, 4, 128));
         assert_eq!(g.dim_tile(), 16);
-        let g = SsuGeometry::choose(DType::BF16, 128, 64, true, true);
+        let g = SsuGeometry::choose(DType::BF16, 128, 64, true, true, false);
         assert_eq!((g.vec, g.tpr, g.vpt, g.rpt), (8, 16, 1, 4));
         assert_eq!(g.dim_tile(), 32);
-        let g = SsuGeometry::choose(DType::F32, 256, 64, true, true);
+        let g = SsuGeometry::choose(DType::F32, 256, 64, true, true, false);
         assert_eq!((g.vec, g.tpr, g.vpt, g.rpt), (4, 32, 2, 2));
         // Unaligned or odd dstate: scalar accesses, every column still covered.
         for (ds, dim) in [(7, 5), (1, 1), (0, 3), (16, 3), (300, 2)] {
-            let g = SsuGeometry::choose(DType::F16, ds, dim, false, false);
+            let g = SsuGeometry::choose(DType::F16, ds, dim, false, false, true);
             assert_eq!(g.vec, 1);
             assert!((g.tpr * g.vpt) as usize >= ds, "{ds}");
             assert!(g.tpr.is_power_of_two() && g.tpr <= 32 && g.threads.is_multiple_of(32) && g.threads >= g.tpr);
         }
         // Small heads do not waste most of the block.
-        let g = SsuGeometry::choose(DType::BF16, 16, 4, true, true);
+        let g = SsuGeometry::choose(DType::BF16, 16, 4, true, true, false);
         assert!(g.dim_tile() < 64, "{g:?}");
     }
 }
