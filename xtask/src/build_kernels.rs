@@ -1,0 +1,78 @@
+//! `cargo xtask build-kernels`: NVRTC-compiles every CUDA kernel specialisation of the
+//! catalogue for each architecture and prints registers, stack, spills and shared memory per
+//! kernel. Needs NVRTC only (no GPU, no CUDA toolkit): on CI,
+//! `eval "$(bash ci/install-nvrtc.sh)"` provides it from PyPI wheels.
+
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+use ssm_cuda::Arch;
+use ssm_cuda::compile::{compile_with_report, copy_kernel_spec};
+use ssm_cuda::ssu::ssu_catalogue;
+
+/// Arguments of `build-kernels`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct BuildKernelsArgs {
+    /// Architectures as compute capabilities (`80`, `90`).
+    #[arg(long, value_delimiter = ',', default_value = "80,90")]
+    pub(crate) arch: Vec<u32>,
+    /// Fail when a kernel spills registers to local memory.
+    #[arg(long)]
+    pub(crate) deny_spills: bool,
+}
+
+pub(crate) fn run(args: &BuildKernelsArgs) -> anyhow::Result<()> {
+    if !ssm_cuda::nvrtc_available() {
+        bail!(
+            "NVRTC (libnvrtc.so.13) could not be loaded; install it with \
+             `eval \"$(bash ci/install-nvrtc.sh)\"` (PyPI wheels, no GPU needed)"
+        );
+    }
+    let (major, minor) = ssm_cuda::nvrtc_version().context("NVRTC version")?;
+    println!("NVRTC {major}.{minor}");
+    let mut kernels = vec![("copy 16-byte".to_string(), copy_kernel_spec())];
+    kernels.extend(ssu_catalogue());
+    println!(
+        "{:<6} {:<58} {:>5} {:>6} {:>7} {:>7} {:>6} {:>7} {:>6}",
+        "arch", "kernel", "regs", "stack", "spill-s", "spill-l", "smem", "cubin", "ms"
+    );
+    let (mut failures, mut spilling) = (Vec::new(), 0usize);
+    for &cc in &args.arch {
+        let arch = Arch { major: cc / 10, minor: cc % 10 };
+        for (label, spec) in &kernels {
+            let t0 = Instant::now();
+            match compile_with_report(spec, arch) {
+                Ok((bytes, u)) => {
+                    if u.spill_stores + u.spill_loads > 0 {
+                        spilling += 1;
+                    }
+                    println!(
+                        "{:<6} {:<58} {:>5} {:>6} {:>7} {:>7} {:>6} {:>7} {:>6}",
+                        arch.sm(),
+                        label,
+                        u.registers,
+                        u.stack_bytes,
+                        u.spill_stores,
+                        u.spill_loads,
+                        u.shared_bytes,
+                        bytes,
+                        t0.elapsed().as_millis()
+                    );
+                }
+                Err(e) => {
+                    println!("{:<6} {:<58} FAILED", arch.sm(), label);
+                    failures.push(format!("{} {label}: {e}", arch.sm()));
+                }
+            }
+        }
+    }
+    let total = kernels.len() * args.arch.len();
+    println!("{} of {total} specialisations compiled; {spilling} spill", total - failures.len());
+    if !failures.is_empty() {
+        bail!("{} kernel(s) failed to compile:\n{}", failures.len(), failures.join("\n\n"));
+    }
+    if args.deny_spills && spilling > 0 {
+        bail!("{spilling} kernel(s) spill registers");
+    }
+    Ok(())
+}
