@@ -10,6 +10,7 @@
 
 mod case;
 mod compare;
+mod conv;
 mod ssu;
 
 pub use case::{Case, CaseError, HostTensor, load_dir, load_file};
@@ -27,6 +28,14 @@ pub trait Target {
     fn selective_state_update(&self, _args: SelectiveStateUpdate<'_>) -> Result<(), String> {
         Err("not supported by this target".into())
     }
+    /// Runs `causal_conv1d_update` on host tensors.
+    fn causal_conv1d_update(&self, _args: ssm_conv::CausalConv1dUpdateArgs<'_>) -> Result<(), String> {
+        Err("not supported by this target".into())
+    }
+    /// Runs `causal_conv1d_fn` on host tensors.
+    fn causal_conv1d_fn(&self, _args: ssm_conv::CausalConv1dFnArgs<'_>) -> Result<(), String> {
+        Err("not supported by this target".into())
+    }
 }
 
 impl Target for ssm_dispatch::Runtime {
@@ -35,6 +44,12 @@ impl Target for ssm_dispatch::Runtime {
     }
     fn selective_state_update(&self, args: SelectiveStateUpdate<'_>) -> Result<(), String> {
         ssm_dispatch::Runtime::selective_state_update(self, args).map_err(|e| e.to_string())
+    }
+    fn causal_conv1d_update(&self, args: ssm_conv::CausalConv1dUpdateArgs<'_>) -> Result<(), String> {
+        ssm_dispatch::Runtime::causal_conv1d_update(self, args).map_err(|e| e.to_string())
+    }
+    fn causal_conv1d_fn(&self, args: ssm_conv::CausalConv1dFnArgs<'_>) -> Result<(), String> {
+        ssm_dispatch::Runtime::causal_conv1d_fn(self, args).map_err(|e| e.to_string())
     }
 }
 
@@ -63,12 +78,14 @@ pub struct CaseResult {
 }
 
 /// Ops this crate can map onto arguments.
-pub const KNOWN_OPS: &[&str] = &["selective_state_update"];
+pub const KNOWN_OPS: &[&str] = &["selective_state_update", "causal_conv1d_update", "causal_conv1d_fn"];
 
 /// Runs one case on `target` and compares its outputs.
 pub fn run_case(target: &dyn Target, case: &Case) -> CaseResult {
     let produced = match case.op.as_str() {
         "selective_state_update" => ssu::run(target, case),
+        "causal_conv1d_update" => conv::run_update(target, case),
+        "causal_conv1d_fn" => conv::run_fn(target, case),
         other => {
             return CaseResult {
                 name: case.name.clone(),
