@@ -23,7 +23,7 @@ use half::{bf16, f16};
 use ssm_gdn::plan::{ChunkPlan, ChunkStart, Gates, GatingPlan, RecurrentPlan, StartState, StateView};
 use ssm_gdn::{
     CHUNK_SIZE, ChunkGatedDeltaRuleArgs, FusedGdnGatingArgs, FusedRecurrentGatedDeltaRuleArgs,
-    FusedSigmoidGatingDeltaRuleUpdateArgs, GdnBackend, MAX_HEAD_K_DIM, StateLayout,
+    FusedSigmoidGatingDeltaRuleUpdateArgs, GdnBackend, StateLayout,
 };
 use ssm_tensor::{DType, TensorRef};
 
@@ -494,6 +494,165 @@ fn step_kv<S: Simd>(
     }
 }
 
+thread_local! {
+    /// Per-thread f32 buffers of the recurrent kernels (grown once, then reused).
+    static REC_SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Takes this thread's recurrent scratch, grown to at least `n` elements (contents unspecified);
+/// hand it back with [`give_rec_scratch`]. A plain take/give (no closure around the kernel body)
+/// keeps the body inside the caller's `#[target_feature]` function.
+#[inline(always)]
+fn take_rec_scratch(n: usize) -> Vec<f32> {
+    let mut buf = REC_SCRATCH.with(|cell| cell.take());
+    if buf.len() < n {
+        buf.resize(n, 0.0);
+    }
+    buf
+}
+
+/// Returns the scratch taken by [`take_rec_scratch`].
+#[inline(always)]
+fn give_rec_scratch(buf: Vec<f32>) {
+    REC_SCRATCH.with(|cell| cell.replace(buf));
+}
+
+/// `Σ row[c]·x[c]` over `n` elements of a stored row, widened to f32 (`x` padded to `round8(n)`).
+#[inline(always)]
+fn dot_row<S: Simd, R: Real>(row: &[R], x: &[f32], n: usize) -> f32 {
+    let full = n / LANES * LANES;
+    let (mut a0, mut a1) = (S::splat(0.0), S::splat(0.0));
+    let mut c = 0;
+    while c + 2 * LANES <= full {
+        a0 = R::load::<S>(&row[c..]).mul_add(S::load(&x[c..]), a0);
+        a1 = R::load::<S>(&row[c + LANES..]).mul_add(S::load(&x[c + LANES..]), a1);
+        c += 2 * LANES;
+    }
+    if c < full {
+        a0 = R::load::<S>(&row[c..]).mul_add(S::load(&x[c..]), a0);
+    }
+    let mut s = a0.add(a1).reduce_add();
+    for c in full..n {
+        s += row[c].to_f32() * x[c];
+    }
+    s
+}
+
+/// Where the direct decode path writes its updated rows.
+#[derive(Clone, Copy)]
+enum Dst {
+    /// Nowhere (a null write slot).
+    None,
+    /// Back over the rows it read.
+    InPlace,
+    /// Another head block: base pointer and element offset.
+    Other(SyncPtr<u8>, usize),
+}
+
+/// Pass 2 of the direct decode on one row: `x = row·e^g + u·k`, stored to `dst` (when given),
+/// returns `Σ x·q`. Reads `src`, or `dst` itself when `src` is `None` (in place).
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn row_update<S: Simd, R: Real>(
+    src: Option<&[R]>,
+    mut dst: Option<&mut [R]>,
+    kd: usize,
+    k: &[f32],
+    q: &[f32],
+    decay: f32,
+    ur: f32,
+) -> f32 {
+    let full = kd / LANES * LANES;
+    let (dv, u) = (S::splat(decay), S::splat(ur));
+    let mut acc = [S::splat(0.0); 2];
+    let mut c = 0;
+    while c < full {
+        let old = match (src, dst.as_deref()) {
+            (Some(s), _) => R::load::<S>(&s[c..]),
+            (None, Some(d)) => R::load::<S>(&d[c..]),
+            (None, None) => unreachable!("a row is read from somewhere"),
+        };
+        let x = old.mul_add(dv, u.mul(S::load(&k[c..])));
+        if let Some(w) = dst.as_deref_mut() {
+            R::store(x, &mut w[c..]);
+        }
+        let j = (c / LANES) & 1;
+        acc[j] = x.mul_add(S::load(&q[c..]), acc[j]);
+        c += LANES;
+    }
+    let mut tail = 0.0f32;
+    for c in full..kd {
+        let old = match (src, dst.as_deref()) {
+            (Some(s), _) => s[c].to_f32(),
+            (None, Some(d)) => d[c].to_f32(),
+            (None, None) => unreachable!("a row is read from somewhere"),
+        };
+        let x = old * decay + ur * k[c];
+        if let Some(w) = dst.as_deref_mut() {
+            w[c] = R::from_f32(x);
+        }
+        tail += x * q[c];
+    }
+    acc[0].add(acc[1]).reduce_add() + tail
+}
+
+/// One token on a V-major head straight from memory: each row of `S` is read once (and again
+/// from L1), updated in f32 and written once — one streaming pass over the state.
+///
+/// # Safety
+/// `vd` rows of `kd` elements from element `src_off` of `src` (and from the `dst` offset) must lie
+/// in their buffers and be accessed by no other thread now; an `Other` destination must not
+/// overlap the source rows.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn decode_vk_direct<S: Simd, R: Real>(
+    src: *mut u8,
+    src_off: usize,
+    dst: Dst,
+    kd: usize,
+    vd: usize,
+    q: &[f32],
+    k: &[f32],
+    decay: f32,
+    v: &[f32],
+    beta: &[f32],
+    out: &mut [f32],
+) {
+    for r in 0..vd {
+        let src_row = src.cast::<R>().wrapping_add(src_off + r * kd);
+        let pred = {
+            // SAFETY: the row is in bounds and not written by another thread (caller's contract).
+            let row = unsafe { std::slice::from_raw_parts(src_row as *const R, kd) };
+            dot_row::<S, R>(row, k, kd) * decay
+        };
+        let ur = (v[r] - pred) * beta[r];
+        out[r] = match dst {
+            Dst::None => {
+                // SAFETY: as above, read-only.
+                let row = unsafe { std::slice::from_raw_parts(src_row as *const R, kd) };
+                row_update::<S, R>(Some(row), None, kd, k, q, decay, ur)
+            }
+            Dst::InPlace => {
+                // SAFETY: the row is owned by this item (caller's contract); it is read and
+                // written through this one slice.
+                let row = unsafe { std::slice::from_raw_parts_mut(src_row, kd) };
+                row_update::<S, R>(None, Some(row), kd, k, q, decay, ur)
+            }
+            Dst::Other(base, off) => {
+                // SAFETY: source and destination rows are distinct blocks (different slots or
+                // tensors), each owned by this item for the call (caller's contract).
+                let (row, w) = unsafe {
+                    (
+                        std::slice::from_raw_parts(src_row as *const R, kd),
+                        std::slice::from_raw_parts_mut(base.get().cast::<R>().add(off + r * kd), kd),
+                    )
+                };
+                row_update::<S, R>(Some(row), Some(w), kd, k, q, decay, ur)
+            }
+        };
+    }
+}
+
 #[inline(always)]
 fn recurrent_item<S: Simd>(ctx: &RecCtx<'_>, item: usize) {
     let p = ctx.plan;
@@ -515,7 +674,7 @@ fn recurrent_item<S: Simd>(ctx: &RecCtx<'_>, item: usize) {
                 while v0 < d.v {
                     let nv = (d.v - v0).min(zeros.len());
                     // SAFETY: row (sequence n, token t, head hv) of `o` belongs to this item.
-                    unsafe { scatter(ctx.o.0, o_dtype, o_row(t, v0), o_at.strides[3], &zeros[..nv]) };
+                    unsafe { scatter(ctx.o.get(), o_dtype, o_row(t, v0), o_at.strides[3], &zeros[..nv]) };
                     v0 += nv;
                 }
             }
@@ -526,104 +685,159 @@ fn recurrent_item<S: Simd>(ctx: &RecCtx<'_>, item: usize) {
     let h = hv / d.group();
     let head = d.head_elems();
     let kp = round8(d.k);
+    let (q_at, q_dtype) = p.q;
+    let (k_at, k_dtype) = p.k;
+    let (v_at, v_dtype) = p.v;
     // Rows of S per block: VK tiles are [nv][kp], KV tiles are [kd][cp] with cp = round8(nv).
     let block = match p.layout {
         StateLayout::VK => (TILE / kp).min(MAX_BLOCK).min(d.v),
         StateLayout::KV => ((TILE / d.k) / LANES * LANES).min(MAX_BLOCK).min(round8(d.v)),
     };
-    let mut tile = [0.0f32; TILE];
-    let mut qb = [0.0f32; MAX_HEAD_K_DIM];
-    let mut kb = [0.0f32; MAX_HEAD_K_DIM];
-    let mut vb = [0.0f32; MAX_BLOCK];
-    let mut betab = [0.0f32; MAX_BLOCK];
-    let mut ob = [0.0f32; MAX_BLOCK];
-    let (q_at, q_dtype) = p.q;
-    let (k_at, k_dtype) = p.k;
-    let (v_at, v_dtype) = p.v;
-    let mut v0 = 0;
-    while v0 < d.v {
-        let nv = block.min(d.v - v0);
-        let cp = round8(nv);
-        // Tile geometry in memory (element offset of the block, row pitch, rows, columns) and in the tile.
-        let (moff, ld, rows, cols, tp) = match p.layout {
-            StateLayout::VK => (v0 * d.k, d.k, nv, d.k, kp),
-            StateLayout::KV => (v0, d.v, d.k, nv, cp),
-        };
-        match start {
-            StartState::Row(r) => {
-                let sv = p.state.as_ref().expect("a row start implies a pool");
-                // SAFETY: slot r's head hv rows of this block lie in the pool (plan); no other item
-                // writes them now (slot conflicts are refused by the plan; other items own other
-                // heads or other value rows).
-                unsafe {
-                    load_tile_dyn::<S>(
-                        sv.dtype,
-                        ctx.state.unwrap().0,
-                        sv.head(r, hv, head) + moff,
-                        ld,
-                        rows,
-                        cols,
-                        &mut tile,
-                        tp,
-                    )
-                };
-            }
-            _ => tile[..rows * tp].iter_mut().for_each(|x| *x = 0.0),
-        }
-        for t in 0..sp.len {
-            let tt = sp.t0 + t;
-            gather(ctx.q, q_dtype, q_at.at([sp.b, tt, h, 0]), q_at.strides[3], &mut qb[..d.k]);
-            gather(ctx.k, k_dtype, k_at.at([sp.b, tt, h, 0]), k_at.strides[3], &mut kb[..d.k]);
-            normalize::<S>(&mut qb, d.k, p.l2norm, p.eps, p.scale);
-            normalize::<S>(&mut kb, d.k, p.l2norm, p.eps, 1.0);
-            gather(ctx.v, v_dtype, v_at.at([sp.b, tt, hv, v0]), v_at.strides[3], &mut vb[..nv]);
-            vb[nv..cp].iter_mut().for_each(|x| *x = 0.0);
-            let g = token_gates(ctx, sp.b, tt, hv, v0, &mut betab[..nv]);
-            betab[nv..cp].iter_mut().for_each(|x| *x = 0.0);
-            let decay = g.exp();
-            match p.layout {
-                StateLayout::VK => step_vk::<S>(&mut tile, nv, kp, &qb, &kb, decay, &vb, &betab, &mut ob),
-                StateLayout::KV => step_kv::<S>(&mut tile, d.k, cp, &qb, &kb, decay, &vb, &betab, &mut ob),
-            }
-            // SAFETY: the output row of (sequence n, token t, head hv) belongs to this item.
-            unsafe { scatter(ctx.o.0, o_dtype, o_row(t, v0), o_at.strides[3], &ob[..nv]) };
-            if let Some(r) = p.store_row(ctx.ix.as_ref(), n, &sp, t) {
-                let sv = p.state.as_ref().expect("in-place stores imply a pool");
-                // SAFETY: slot r is written only by this sequence (plan), head hv and these value
-                // rows only by this item.
-                unsafe {
-                    store_tile_dyn::<S>(
-                        sv.dtype,
-                        ctx.state.unwrap().0,
-                        sv.head(r, hv, head) + moff,
-                        ld,
-                        rows,
-                        cols,
-                        &tile,
-                        tp,
-                    )
-                };
-            }
-            if let Some(r) = p.final_row(&sp, t) {
-                let fs = p.final_state.as_ref().expect("final rows imply final_state");
-                // SAFETY: row r = bos + t of `final_state` belongs to this sequence's token t; head hv
-                // and these value rows to this item.
-                unsafe {
-                    store_tile_dyn::<S>(
-                        fs.dtype,
-                        ctx.final_state.unwrap().0,
-                        fs.head(r, hv, head) + moff,
-                        ld,
-                        rows,
-                        cols,
-                        &tile,
-                        tp,
-                    )
-                };
+    let bp = round8(block);
+    // Direct path: one token, V-major, read from a slot and written (if at all) to one place of
+    // the same dtype: no tile, rows stream from memory to memory.
+    let direct = match (p.layout, start, sp.len) {
+        (StateLayout::VK, StartState::Row(r), 1) => {
+            let sv = p.state.expect("a row start implies a pool");
+            let src_off = sv.head(r, hv, head);
+            match (p.store_row(ctx.ix.as_ref(), n, &sp, 0), p.final_row(&sp, 0)) {
+                (Some(w), _) if w == r => Some((sv.dtype, src_off, Dst::InPlace)),
+                (Some(w), _) => Some((sv.dtype, src_off, Dst::Other(ctx.state.unwrap(), sv.head(w, hv, head)))),
+                (None, Some(f)) => {
+                    let fs = p.final_state.expect("final rows imply final_state");
+                    (fs.dtype == sv.dtype)
+                        .then(|| (sv.dtype, src_off, Dst::Other(ctx.final_state.unwrap(), fs.head(f, hv, head))))
+                }
+                (None, None) => Some((sv.dtype, src_off, Dst::None)),
             }
         }
-        v0 += nv;
+        _ => None,
+    };
+    let tile_len = if direct.is_some() { 0 } else { TILE };
+    let mut scratch = take_rec_scratch(tile_len + 2 * kp + 3 * bp);
+    {
+        let (tile, rest) = scratch.split_at_mut(tile_len);
+        let (qb, rest) = rest.split_at_mut(kp);
+        let (kb, rest) = rest.split_at_mut(kp);
+        let (vb, rest) = rest.split_at_mut(bp);
+        let (betab, ob) = rest.split_at_mut(bp);
+        let mut v0 = 0;
+        while v0 < d.v {
+            let nv = block.min(d.v - v0);
+            let cp = round8(nv);
+            // Tile geometry in memory (element offset of the block, row pitch, rows, columns) and in the tile.
+            let (moff, ld, rows, cols, tp) = match p.layout {
+                StateLayout::VK => (v0 * d.k, d.k, nv, d.k, kp),
+                StateLayout::KV => (v0, d.v, d.k, nv, cp),
+            };
+            if direct.is_none() {
+                match start {
+                    StartState::Row(r) => {
+                        let sv = p.state.as_ref().expect("a row start implies a pool");
+                        // SAFETY: slot r's head hv rows of this block lie in the pool (plan); no other
+                        // item writes them now (slot conflicts are refused by the plan; other items
+                        // own other heads or other value rows).
+                        unsafe {
+                            load_tile_dyn::<S>(
+                                sv.dtype,
+                                ctx.state.unwrap().get(),
+                                sv.head(r, hv, head) + moff,
+                                ld,
+                                rows,
+                                cols,
+                                tile,
+                                tp,
+                            )
+                        };
+                    }
+                    _ => tile[..rows * tp].iter_mut().for_each(|x| *x = 0.0),
+                }
+            }
+            for t in 0..sp.len {
+                let tt = sp.t0 + t;
+                gather(ctx.q, q_dtype, q_at.at([sp.b, tt, h, 0]), q_at.strides[3], &mut qb[..d.k]);
+                gather(ctx.k, k_dtype, k_at.at([sp.b, tt, h, 0]), k_at.strides[3], &mut kb[..d.k]);
+                normalize::<S>(qb, d.k, p.l2norm, p.eps, p.scale);
+                normalize::<S>(kb, d.k, p.l2norm, p.eps, 1.0);
+                gather(ctx.v, v_dtype, v_at.at([sp.b, tt, hv, v0]), v_at.strides[3], &mut vb[..nv]);
+                vb[nv..cp].iter_mut().for_each(|x| *x = 0.0);
+                let g = token_gates(ctx, sp.b, tt, hv, v0, &mut betab[..nv]);
+                betab[nv..cp].iter_mut().for_each(|x| *x = 0.0);
+                let decay = g.exp();
+                if let Some((dtype, src_off, dst)) = direct {
+                    let src = ctx.state.unwrap().get();
+                    let (off, dst) = match dst {
+                        Dst::Other(base, o) => (src_off + moff, Dst::Other(base, o + moff)),
+                        other => (src_off + moff, other),
+                    };
+                    // SAFETY: rows v0..v0+nv of head hv of the source slot (and of the destination)
+                    // are in bounds (plan) and touched by this item only: the plan refuses slots
+                    // shared between sequences when one of them writes; other items own other
+                    // heads. An `Other` destination is another slot or `final_state`.
+                    unsafe {
+                        match dtype {
+                            DType::F32 => {
+                                decode_vk_direct::<S, f32>(src, off, dst, d.k, nv, qb, kb, decay, vb, betab, ob)
+                            }
+                            DType::BF16 => {
+                                decode_vk_direct::<S, bf16>(src, off, dst, d.k, nv, qb, kb, decay, vb, betab, ob)
+                            }
+                            DType::F16 => {
+                                decode_vk_direct::<S, f16>(src, off, dst, d.k, nv, qb, kb, decay, vb, betab, ob)
+                            }
+                            _ => unreachable!("the plan admits f32/bf16/f16 states only"),
+                        }
+                    }
+                } else {
+                    match p.layout {
+                        StateLayout::VK => step_vk::<S>(tile, nv, kp, qb, kb, decay, vb, betab, ob),
+                        StateLayout::KV => step_kv::<S>(tile, d.k, cp, qb, kb, decay, vb, betab, ob),
+                    }
+                }
+                // SAFETY: the output row of (sequence n, token t, head hv) belongs to this item.
+                unsafe { scatter(ctx.o.get(), o_dtype, o_row(t, v0), o_at.strides[3], &ob[..nv]) };
+                if direct.is_some() {
+                    continue;
+                }
+                if let Some(r) = p.store_row(ctx.ix.as_ref(), n, &sp, t) {
+                    let sv = p.state.as_ref().expect("in-place stores imply a pool");
+                    // SAFETY: slot r is written only by this sequence (plan), head hv and these value
+                    // rows only by this item.
+                    unsafe {
+                        store_tile_dyn::<S>(
+                            sv.dtype,
+                            ctx.state.unwrap().get(),
+                            sv.head(r, hv, head) + moff,
+                            ld,
+                            rows,
+                            cols,
+                            tile,
+                            tp,
+                        )
+                    };
+                }
+                if let Some(r) = p.final_row(&sp, t) {
+                    let fs = p.final_state.as_ref().expect("final rows imply final_state");
+                    // SAFETY: row r = bos + t of `final_state` belongs to this sequence's token t;
+                    // head hv and these value rows to this item.
+                    unsafe {
+                        store_tile_dyn::<S>(
+                            fs.dtype,
+                            ctx.final_state.unwrap().get(),
+                            fs.head(r, hv, head) + moff,
+                            ld,
+                            rows,
+                            cols,
+                            tile,
+                            tp,
+                        )
+                    };
+                }
+            }
+            v0 += nv;
+        }
     }
+    give_rec_scratch(scratch);
 }
 
 fn host_ref<'a>(arg: &'static str, t: &TensorRef<'a>) -> Result<&'a [u8], CpuError> {
@@ -790,7 +1004,11 @@ fn gemm_tile<S: Simd, const R: usize, const G: usize>(
     let mut acc = [[S::splat(0.0); G]; R];
     for p in 0..kd {
         let brow = &b[p * ldb + c..p * ldb + c + G * LANES];
-        let bv: [S; G] = std::array::from_fn(|j| S::load(&brow[j * LANES..]));
+        // A plain loop, not `array::from_fn`: a closure would not inherit the caller's target features.
+        let mut bv = [S::splat(0.0); G];
+        for j in 0..G {
+            bv[j] = S::load(&brow[j * LANES..]);
+        }
         for r in 0..R {
             let av = S::splat(a[(i + r) * lda + p] * alpha);
             for j in 0..G {
