@@ -284,7 +284,7 @@ impl SimdKernel for Item<'_> {
                         S::load(&r[i..]).mul(decay).store(&mut r[i..]);
                     }
                     for j in 0..k {
-                        let w = (ck - cum[j]).min(0.0).exp() * dts[j] * xs[j * pr + q];
+                        let w = (ck - cum[j]).exp() * dts[j] * xs[j * pr + q];
                         axpy::<S>(r, w, &bs[j * nr..(j + 1) * nr]);
                     }
                 }
@@ -306,12 +306,12 @@ impl SimdKernel for Item<'_> {
                 let ct = &cs[t * nr..(t + 1) * nr];
                 let yt = &mut ys[t * pr..(t + 1) * pr];
                 yt.iter_mut().for_each(|v| *v = 0.0);
-                let scale = (cum[jt] - base_cum).min(0.0).exp();
+                let scale = (cum[jt] - base_cum).exp();
                 for q in 0..pd {
                     yt[q] = scale * dot::<S>(&srow[q * nr..(q + 1) * nr], ct);
                 }
                 for j in first..=jt {
-                    let w = (cum[jt] - cum[j]).min(0.0).exp() * dts[j] * dot::<S>(ct, &bs[j * nr..(j + 1) * nr]);
+                    let w = (cum[jt] - cum[j]).exp() * dts[j] * dot::<S>(ct, &bs[j * nr..(j + 1) * nr]);
                     axpy::<S>(yt, w, &xs[j * pr..(j + 1) * pr]);
                 }
                 let tok = tok0 + t;
