@@ -1,4 +1,4 @@
-use ssm_tensor::{DType, Device, TensorError};
+use ssm_tensor::{DType, Device};
 
 /// Why a ReplaySSM call was refused. Every variant names the argument (as vLLM and
 /// FlashInfer name it), what was expected and what came. Nothing is written when a call fails.
@@ -26,7 +26,8 @@ pub enum RingError {
     },
     /// The three tracker tensors do not have one entry per state slot each.
     #[error(
-        "`ring_start`, `prev_num_accepted` and `prev_query_len` must have the same length and dtype, got lengths {ring_start}, {prev_num_accepted}, {prev_query_len} and dtypes {dtypes:?}"
+        "`ring_start`, `prev_num_accepted` and `prev_query_len` must have the same length and dtype, got lengths {ring_start}, {prev_num_accepted}, {prev_query_len} and dtypes {}, {}, {}",
+        .dtypes[0], .dtypes[1], .dtypes[2]
     )]
     TrackerMismatch {
         /// Length of `ring_start`.
@@ -151,13 +152,5 @@ pub enum RingError {
         len: usize,
         /// The declared maximum.
         max_seqlen: usize,
-    },
-    /// A view could not be read.
-    #[error("`{arg}`: {source}")]
-    Tensor {
-        /// Argument name.
-        arg: &'static str,
-        /// The view's error.
-        source: TensorError,
     },
 }

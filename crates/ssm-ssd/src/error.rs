@@ -1,4 +1,4 @@
-use ssm_tensor::{DType, Device, TensorError};
+use ssm_tensor::{DType, Device};
 
 /// Why a `mamba_chunk_scan_combined_varlen` call was refused. Every variant names the
 /// argument (as vLLM names it), what was expected and what came. Nothing is written when a
@@ -179,13 +179,5 @@ pub enum SsdError {
         dtype: DType,
         /// Its shape.
         actual: Vec<usize>,
-    },
-    /// A view could not be read.
-    #[error("`{arg}`: {source}")]
-    Tensor {
-        /// Argument name.
-        arg: &'static str,
-        /// The view's error.
-        source: TensorError,
     },
 }

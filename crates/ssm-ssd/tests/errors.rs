@@ -1,0 +1,219 @@
+//! Every error class of `plan` for `mamba_chunk_scan_combined_varlen`, pinned with insta.
+//! Each case starts from a valid call and breaks one thing; the outputs are checked to be
+//! untouched (the plan fails before anything runs).
+
+use ssm_ssd::{MambaChunkScanCombinedVarlen, SsdError, plan};
+use ssm_tensor::{DType, Device, TensorMut, TensorRef};
+
+/// A valid call: 2 sequences of 5 and 3 tokens, chunk 4, H 4, P 3, N 8, G 2.
+struct Fixture {
+    x: Vec<f32>,
+    dt: Vec<f32>,
+    a: Vec<f32>,
+    b: Vec<f32>,
+    c: Vec<f32>,
+    out: Vec<f32>,
+    states: Vec<f32>,
+    init: Vec<f32>,
+    cu_seqlens: Vec<i32>,
+    cu_chunk: Vec<i32>,
+    last_chunk: Vec<i32>,
+    seq_idx: Vec<i32>,
+}
+
+const T: usize = 8;
+const H: usize = 4;
+const P: usize = 3;
+const N: usize = 8;
+const G: usize = 2;
+
+impl Fixture {
+    fn new() -> Self {
+        Fixture {
+            x: vec![0.5; T * H * P],
+            dt: vec![0.1; T * H],
+            a: vec![-1.0; H],
+            b: vec![0.2; T * G * N],
+            c: vec![0.3; T * G * N],
+            out: vec![f32::NAN; T * H * P],
+            states: vec![f32::NAN; 2 * H * P * N],
+            init: vec![0.0; 2 * H * P * N],
+            cu_seqlens: vec![0, 5, 8],
+            cu_chunk: vec![0, 4, 5, 8],
+            last_chunk: vec![1, 2],
+            seq_idx: vec![0, 0, 1],
+        }
+    }
+}
+
+fn args<'a>(f: &'a Fixture, out: &'a mut [f32], states: &'a mut [f32]) -> MambaChunkScanCombinedVarlen<'a> {
+    MambaChunkScanCombinedVarlen {
+        x: TensorRef::from_slice(&f.x, &[T, H, P]).unwrap(),
+        dt: TensorRef::from_slice(&f.dt, &[T, H]).unwrap(),
+        a: TensorRef::from_slice(&f.a, &[H]).unwrap(),
+        b: TensorRef::from_slice(&f.b, &[T, G, N]).unwrap(),
+        c: TensorRef::from_slice(&f.c, &[T, G, N]).unwrap(),
+        chunk_size: 4,
+        cu_seqlens: TensorRef::from_slice(&f.cu_seqlens, &[f.cu_seqlens.len()]).unwrap(),
+        cu_chunk_seqlens: TensorRef::from_slice(&f.cu_chunk, &[f.cu_chunk.len()]).unwrap(),
+        last_chunk_indices: TensorRef::from_slice(&f.last_chunk, &[f.last_chunk.len()]).unwrap(),
+        seq_idx: TensorRef::from_slice(&f.seq_idx, &[f.seq_idx.len()]).unwrap(),
+        out: Some(TensorMut::from_slice(out, &[T, H, P]).unwrap()),
+        d: None,
+        z: None,
+        dt_bias: None,
+        initial_states: Some(TensorRef::from_slice(&f.init, &[2, H, P, N]).unwrap()),
+        dt_softplus: true,
+        dt_limit: (0.0, f32::INFINITY),
+        return_intermediate_states: false,
+        state_dtype: None,
+        varlen_states: TensorMut::from_slice(states, &[2, H, P, N]).unwrap(),
+        workspace: None,
+    }
+}
+
+/// Plans `f` after `edit` and returns the refusal's message. `plan` takes the arguments by
+/// shared reference, so a refused call cannot have written anything.
+fn fail<'a>(f: &'a Fixture, edit: impl FnOnce(&mut MambaChunkScanCombinedVarlen<'a>)) -> String {
+    let out: &'a mut [f32] = Box::leak(f.out.clone().into_boxed_slice());
+    let states: &'a mut [f32] = Box::leak(f.states.clone().into_boxed_slice());
+    let mut a = args(f, out, states);
+    edit(&mut a);
+    let err: SsdError = plan(&a).expect_err("the call must be refused");
+    err.to_string()
+}
+
+fn with(f: impl FnOnce(&mut Fixture)) -> Fixture {
+    let mut fx = Fixture::new();
+    f(&mut fx);
+    fx
+}
+
+#[test]
+fn the_fixture_is_valid() {
+    let f = Fixture::new();
+    let (mut out, mut states) = (f.out.clone(), f.states.clone());
+    let p = plan(&args(&f, &mut out, &mut states)).unwrap();
+    assert_eq!((p.nchunks, p.batch, p.heads_per_group()), (3, 2, 2));
+}
+
+#[test]
+fn seq_idx_length_differs_from_the_chunk_count() {
+    let f = with(|f| f.seq_idx = vec![0, 1]);
+    insta::assert_snapshot!(fail(&f, |_| {}));
+}
+
+#[test]
+fn cu_chunk_seqlens_not_monotone() {
+    let f = with(|f| f.cu_chunk = vec![0, 4, 3, 8]);
+    insta::assert_snapshot!(fail(&f, |_| {}));
+}
+
+#[test]
+fn cu_seqlens_not_monotone() {
+    let f = with(|f| f.cu_seqlens = vec![0, 6, 5]);
+    insta::assert_snapshot!(fail(&f, |_| {}));
+}
+
+#[test]
+fn chunk_longer_than_chunk_size() {
+    let f = with(|f| {
+        f.cu_chunk = vec![0, 5, 8];
+        f.seq_idx = vec![0, 1];
+        f.last_chunk = vec![0, 1];
+    });
+    insta::assert_snapshot!(fail(&f, |_| {}));
+}
+
+#[test]
+fn chunk_spanning_two_sequences() {
+    let f = with(|f| {
+        f.cu_chunk = vec![0, 4, 8];
+        f.seq_idx = vec![0, 1];
+        f.last_chunk = vec![0, 1];
+    });
+    insta::assert_snapshot!(fail(&f, |_| {}));
+}
+
+#[test]
+fn seq_idx_decreasing_or_out_of_range() {
+    let f = with(|f| f.seq_idx = vec![0, 2, 1]);
+    insta::assert_snapshot!(fail(&f, |_| {}));
+}
+
+#[test]
+fn last_chunk_index_wrong() {
+    let f = with(|f| f.last_chunk = vec![0, 2]);
+    insta::assert_snapshot!(fail(&f, |_| {}));
+}
+
+#[test]
+fn initial_states_batch_mismatch() {
+    let f = Fixture::new();
+    insta::assert_snapshot!(fail(&f, |a| {
+        a.initial_states = Some(TensorRef::from_slice(&f.init, &[1, H, 2 * P, N]).unwrap());
+    }));
+}
+
+#[test]
+fn chunk_size_not_a_power_of_two() {
+    insta::assert_snapshot!(fail(&Fixture::new(), |a| a.chunk_size = 6));
+}
+
+#[test]
+fn dt_limit_not_an_interval() {
+    insta::assert_snapshot!(fail(&Fixture::new(), |a| a.dt_limit = (0.5, 0.1)));
+}
+
+#[test]
+fn shape_mismatch() {
+    let f = Fixture::new();
+    insta::assert_snapshot!(fail(&f, |a| a.dt = TensorRef::from_slice(&f.dt, &[H, T]).unwrap()));
+}
+
+#[test]
+fn dtype_not_accepted() {
+    let f = Fixture::new();
+    let bad: &'static [i32] = Box::leak(vec![0i32; T * H].into_boxed_slice());
+    insta::assert_snapshot!(fail(&f, |a| a.dt = TensorRef::from_slice(bad, &[T, H]).unwrap()));
+}
+
+#[test]
+fn heads_not_a_multiple_of_groups() {
+    let f = Fixture::new();
+    insta::assert_snapshot!(fail(&f, |a| {
+        a.b = TensorRef::from_slice(&f.b[..T * 3 * 4], &[T, 3, 4]).unwrap();
+    }));
+}
+
+#[test]
+fn x_not_contiguous_along_dim() {
+    let f = Fixture::new();
+    insta::assert_snapshot!(fail(&f, |a| {
+        a.x =
+            TensorRef::from_slice(&f.x, &[T, H, P]).unwrap().with_strides(&[1, T as isize, (T * H) as isize]).unwrap();
+    }));
+}
+
+#[test]
+fn tensors_on_different_devices() {
+    let f = Fixture::new();
+    insta::assert_snapshot!(fail(&f, |a| {
+        // SAFETY: the view is never dereferenced; the plan only compares devices.
+        a.a = unsafe { TensorRef::from_device_ptr(0x1000, H, DType::F32, Device::Cuda(0), &[H], &[1]) }.unwrap();
+    }));
+}
+
+#[test]
+fn state_dtype_disagrees_with_the_returned_buffer() {
+    insta::assert_snapshot!(fail(&Fixture::new(), |a| a.state_dtype = Some(DType::BF16)));
+}
+
+#[test]
+fn workspace_too_small() {
+    let f = Fixture::new();
+    let (mut out, mut states, mut ws) = (f.out.clone(), f.states.clone(), vec![0.0f32; 10]);
+    let mut a = args(&f, &mut out, &mut states);
+    a.workspace = Some(TensorMut::from_slice(&mut ws, &[10]).unwrap());
+    insta::assert_snapshot!(plan(&a).unwrap_err().to_string());
+}
