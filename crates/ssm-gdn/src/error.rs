@@ -95,7 +95,7 @@ pub enum GdnError {
         needs: &'static str,
     },
     /// `cu_seqlens` is not a valid list of sequence starts.
-    #[error("`cu_seqlens` must start at 0 and be non-decreasing up to T={tokens}; entry {at} is {value} after {prev}")]
+    #[error("`cu_seqlens` must be non-decreasing within [0, T={tokens}]; entry {at} is {value} after {prev}")]
     CuSeqlens {
         /// Index of the offending entry.
         at: usize,
@@ -106,16 +106,8 @@ pub enum GdnError {
         /// Tokens in the call.
         tokens: usize,
     },
-    /// `cu_seqlens` does not end at the number of tokens.
-    #[error("`cu_seqlens` must end at T={tokens} (the tokens in `q`), got {last}")]
-    CuSeqlensEnd {
-        /// Tokens in the call.
-        tokens: usize,
-        /// The last entry.
-        last: i64,
-    },
     /// A host-resident slot index is out of range.
-    #[error("`{arg}`[{seq}, {column}] = {value} is outside the {allowed} (slots={slots})")]
+    #[error("`{arg}` entry (sequence {seq}, column {column}) is {value}; expected the {allowed} (slots={slots})")]
     IndexOutOfRange {
         /// Argument name.
         arg: &'static str,

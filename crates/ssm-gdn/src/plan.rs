@@ -195,9 +195,9 @@ pub fn fused_gdn_gating(args: &FusedGdnGatingArgs<'_>) -> Result<GatingPlan, Gdn
         return Err(GdnError::Shape { arg: "a", expected: "[T, HV]".into(), actual: a.to_vec() });
     }
     let (tokens, hv) = (a[0], a[1]);
-    expect_shape("b", args.b.shape(), &[tokens, hv], "[T, HV] (from `a`)")?;
-    expect_shape("A_log", args.a_log.shape(), &[hv], "[HV] (from `a`)")?;
-    expect_shape("dt_bias", args.dt_bias.shape(), &[hv], "[HV] (from `a`)")?;
+    expect_shape("b", args.b.shape(), &[tokens, hv], "[T, HV], from `a`")?;
+    expect_shape("A_log", args.a_log.shape(), &[hv], "[HV], from `a`")?;
+    expect_shape("dt_bias", args.dt_bias.shape(), &[hv], "[HV], from `a`")?;
     let g = out_2d("g", &args.g, tokens, hv)?;
     let beta_output = out_2d("beta_output", &args.beta_output, tokens, hv)?;
     positive("beta", args.beta)?;
@@ -444,7 +444,7 @@ pub fn fused_recurrent_gated_delta_rule(
         let (b, t, hv, v) = (dims.batch, dims.seqlen, dims.v_heads, dims.v);
         float("g", args.g.dtype())?;
         same_device("g", "q", dev, args.g.device())?;
-        expect_shape("g", args.g.shape(), &[b, t, hv], "[B, T, HV] (from `v`)")?;
+        expect_shape("g", args.g.shape(), &[b, t, hv], "[B, T, HV], from `v`")?;
         let beta = match &args.beta {
             None => None,
             Some(beta) => {
@@ -494,8 +494,8 @@ pub fn fused_sigmoid_gating_delta_rule_update(
             float(name, x.dtype())?;
             same_device(name, "q", dev, x.device())?;
         }
-        expect_shape("A_log", args.a_log.shape(), &[hv], "[HV] (from `v`)")?;
-        expect_shape("dt_bias", args.dt_bias.shape(), &[hv], "[HV] (from `v`)")?;
+        expect_shape("A_log", args.a_log.shape(), &[hv], "[HV], from `v`")?;
+        expect_shape("dt_bias", args.dt_bias.shape(), &[hv], "[HV], from `v`")?;
         let a = token_head("a", &args.a, b, t, hv)?;
         let bb = token_head("b", &args.b, b, t, hv)?;
         positive("beta", args.beta)?;
@@ -546,7 +546,7 @@ fn qkvo(
         return Err(GdnError::Shape { arg: "q", expected: "[B, T, H, K]".into(), actual: qs.to_vec() });
     }
     let (b, t, h, kd) = (qs[0], qs[1], qs[2], qs[3]);
-    expect_shape("k", k.shape(), &[b, t, h, kd], "[B, T, H, K] (from `q`)")?;
+    expect_shape("k", k.shape(), &[b, t, h, kd], "[B, T, H, K], from `q`")?;
     let vs = v.shape();
     if vs.len() != 4 || vs[0] != b || vs[1] != t {
         return Err(GdnError::Shape { arg: "v", expected: format!("[B={b}, T={t}, HV, V]"), actual: vs.to_vec() });
@@ -561,7 +561,7 @@ fn qkvo(
     if vd == 0 {
         return Err(GdnError::HeadDim { arg: "v", max: usize::MAX, actual: vd });
     }
-    expect_shape("o", o.shape(), &[b, t, hv, vd], "[B, T, HV, V] (from `v`)")?;
+    expect_shape("o", o.shape(), &[b, t, hv, vd], "[B, T, HV, V], from `v`")?;
     no_overlap("o", o.shape(), o.strides())?;
     let seqs = match seqs_from_cu {
         Some(cu) => {
@@ -764,7 +764,7 @@ fn range_err(seq: usize, column: usize, value: i64, slots: usize) -> GdnError {
         seq,
         column,
         value,
-        allowed: "null block (<= 0) or [1, slots)",
+        allowed: "null block (<= 0) or a slot in [1, slots)",
         slots,
     }
 }
@@ -902,7 +902,7 @@ pub fn chunk_gated_delta_rule(args: &ChunkGatedDeltaRuleArgs<'_>) -> Result<Chun
     for (name, x) in [("g", &args.g), ("beta", &args.beta)] {
         float(name, x.dtype())?;
         same_device(name, "q", dev, x.device())?;
-        expect_shape(name, x.shape(), &[b, t, hv], "[B, T, HV] (from `v`)")?;
+        expect_shape(name, x.shape(), &[b, t, hv], "[B, T, HV], from `v`")?;
     }
     let cu_seqlens = match &args.cu_seqlens {
         Some(cu) => Some(cu_table(cu, dev, t)?),
@@ -1008,7 +1008,7 @@ pub fn chunk_gated_delta_rule(args: &ChunkGatedDeltaRuleArgs<'_>) -> Result<Chun
                                 seq: n,
                                 column: 0,
                                 value: s,
-                                allowed: "pad value or [0, slots)",
+                                allowed: "pad value or a slot in [0, slots)",
                                 slots: st.rows,
                             });
                         }
@@ -1052,7 +1052,7 @@ fn expect_shape(arg: &'static str, got: &[usize], want: &[usize], names: &str) -
     if got == want {
         Ok(())
     } else {
-        Err(GdnError::Shape { arg, expected: format!("{want:?} {names}"), actual: got.to_vec() })
+        Err(GdnError::Shape { arg, expected: format!("{want:?} ({names})"), actual: got.to_vec() })
     }
 }
 

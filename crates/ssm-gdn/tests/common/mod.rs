@@ -401,3 +401,166 @@ where
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     cases.len()
 }
+
+/// Owned buffers of one recurrent call (`fused_recurrent_gated_delta_rule`), for the property
+/// and error tests.
+#[derive(Clone)]
+pub struct RecCase {
+    pub q: Buf,
+    pub k: Buf,
+    pub v: Buf,
+    pub g: Buf,
+    pub beta: Option<Buf>,
+    pub state: Option<Buf>,
+    pub final_state: Option<Buf>,
+    pub cu: Option<Buf>,
+    pub ix: Option<Buf>,
+    pub na: Option<Buf>,
+    pub o: Buf,
+    pub scale: Option<f32>,
+    pub l2norm: bool,
+    pub layout: StateLayout,
+}
+
+impl RecCase {
+    pub fn args(&mut self) -> FusedRecurrentGatedDeltaRuleArgs<'_> {
+        FusedRecurrentGatedDeltaRuleArgs {
+            q: self.q.r(),
+            k: self.k.r(),
+            v: self.v.r(),
+            g: self.g.r(),
+            beta: self.beta.as_ref().map(|b| b.r()),
+            scale: self.scale,
+            initial_state: self.state.as_mut().map(|s| s.m()),
+            final_state: self.final_state.as_mut().map(|s| s.m()),
+            cu_seqlens: self.cu.as_ref().map(|b| b.r()),
+            ssm_state_indices: self.ix.as_ref().map(|b| b.r()),
+            num_accepted_tokens: self.na.as_ref().map(|b| b.r()),
+            use_qk_l2norm_in_kernel: self.l2norm,
+            eps: 1e-6,
+            state_layout: self.layout,
+            o: self.o.m(),
+        }
+    }
+
+    /// Plans and runs the call on `be`.
+    pub fn run<B: GdnBackend>(&mut self, be: &B) -> Result<(), String>
+    where
+        B::Error: std::fmt::Debug,
+    {
+        let args = self.args();
+        let p = plan::fused_recurrent_gated_delta_rule(&args).map_err(|e| e.to_string())?;
+        be.fused_recurrent_gated_delta_rule(&p, args).map_err(|e| format!("{e:?}"))
+    }
+}
+
+/// Owned buffers of one chunked-prefill call.
+#[derive(Clone)]
+pub struct ChunkCase {
+    pub q: Buf,
+    pub k: Buf,
+    pub v: Buf,
+    pub g: Buf,
+    pub beta: Buf,
+    pub state: Option<Buf>,
+    pub indices: Option<Buf>,
+    pub has_initial_state: Option<Buf>,
+    pub pad_slot_id: Option<i64>,
+    pub inplace: bool,
+    pub final_state: Option<Buf>,
+    pub cu: Option<Buf>,
+    pub o: Buf,
+    pub scratch: Option<Buf>,
+    pub layout: StateLayout,
+}
+
+impl ChunkCase {
+    pub fn args(&mut self) -> ChunkGatedDeltaRuleArgs<'_> {
+        ChunkGatedDeltaRuleArgs {
+            q: self.q.r(),
+            k: self.k.r(),
+            v: self.v.r(),
+            g: self.g.r(),
+            beta: self.beta.r(),
+            scale: None,
+            initial_state: self.state.as_mut().map(|s| s.m()),
+            initial_state_indices: self.indices.as_ref().map(|b| b.r()),
+            has_initial_state: self.has_initial_state.as_ref().map(|b| b.r()),
+            pad_slot_id: self.pad_slot_id,
+            inplace_final_state: self.inplace,
+            final_state: self.final_state.as_mut().map(|s| s.m()),
+            cu_seqlens: self.cu.as_ref().map(|b| b.r()),
+            use_qk_l2norm_in_kernel: true,
+            eps: 1e-6,
+            state_layout: self.layout,
+            o: self.o.m(),
+            scratch: self.scratch.as_mut().map(|s| s.m()),
+        }
+    }
+
+    /// Plans and runs the call on `be`.
+    pub fn run<B: GdnBackend>(&mut self, be: &B) -> Result<(), String>
+    where
+        B::Error: std::fmt::Debug,
+    {
+        let args = self.args();
+        let p = plan::chunk_gated_delta_rule(&args).map_err(|e| e.to_string())?;
+        be.chunk_gated_delta_rule(&p, args).map_err(|e| format!("{e:?}"))
+    }
+}
+
+/// A deterministic generator for test inputs.
+pub struct Gen(rand_chacha::ChaCha8Rng);
+
+impl Gen {
+    pub fn new(seed: u64) -> Gen {
+        use rand::SeedableRng;
+        Gen(rand_chacha::ChaCha8Rng::seed_from_u64(seed))
+    }
+    pub fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
+        use rand::Rng;
+        self.0.random_range(lo..hi)
+    }
+    pub fn below(&mut self, n: usize) -> usize {
+        use rand::Rng;
+        self.0.random_range(0..n)
+    }
+    pub fn normal_buf(&mut self, dtype: DType, shape: &[usize], scale: f32) -> Buf {
+        let n: usize = shape.iter().product();
+        let vals: Vec<f32> = (0..n).map(|_| (self.uniform(-1.0, 1.0) + self.uniform(-1.0, 1.0)) * scale).collect();
+        Buf::from_f32(dtype, shape, &vals)
+    }
+    pub fn range_buf(&mut self, dtype: DType, shape: &[usize], lo: f32, hi: f32) -> Buf {
+        let n: usize = shape.iter().product();
+        let vals: Vec<f32> = (0..n).map(|_| self.uniform(lo, hi)).collect();
+        Buf::from_f32(dtype, shape, &vals)
+    }
+    /// A random permutation of `0..n`.
+    pub fn perm(&mut self, n: usize) -> Vec<usize> {
+        let mut p: Vec<usize> = (0..n).collect();
+        for i in (1..n).rev() {
+            p.swap(i, self.below(i + 1));
+        }
+        p
+    }
+}
+
+/// Elementwise `|a − b| <= atol + rtol·|b|`, where both must be finite (or both NaN when
+/// `nan_ok`); returns a description of the first mismatches.
+pub fn close(what: &str, got: &Buf, want: &Buf, atol: f64, rtol: f64) -> Result<(), String> {
+    assert_eq!(got.shape, want.shape, "{what}");
+    let mut bad = Vec::new();
+    for i in 0..want.numel() {
+        let (g, w) = (got.get(i), want.get(i));
+        let ok =
+            if w.is_nan() || g.is_nan() { w.is_nan() && g.is_nan() } else { (g - w).abs() <= atol + rtol * w.abs() };
+        if !ok {
+            bad.push((i, g, w));
+        }
+    }
+    if bad.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("{what}: {} of {} off; first {:?}", bad.len(), want.numel(), &bad[..bad.len().min(6)]))
+    }
+}

@@ -1,0 +1,333 @@
+//! Every malformed-input class is refused by the plan with a typed error naming the argument,
+//! what was expected and what came (messages pinned by insta snapshots), and nothing is written.
+
+mod common;
+
+use common::{Buf, ChunkCase, Gen, RecCase};
+use ssm_gdn::{FusedGdnGatingArgs, FusedSigmoidGatingDeltaRuleUpdateArgs, GdnError, StateLayout, plan};
+use ssm_tensor::{DType, Device, TensorMut, TensorRef};
+
+/// A valid call: two sequences of 1 and 2 tokens, H=2, HV=4, K=8, V=4 (K ≠ V), 5 slots.
+fn base() -> RecCase {
+    let mut g = Gen::new(7);
+    RecCase {
+        q: g.normal_buf(DType::BF16, &[1, 3, 2, 8], 1.0),
+        k: g.normal_buf(DType::BF16, &[1, 3, 2, 8], 1.0),
+        v: g.normal_buf(DType::BF16, &[1, 3, 4, 4], 1.0),
+        g: g.range_buf(DType::F32, &[1, 3, 4], -1.0, -0.01),
+        beta: Some(g.range_buf(DType::F32, &[1, 3, 4], 0.1, 0.9)),
+        state: Some(g.normal_buf(DType::F32, &[5, 4, 4, 8], 0.5)),
+        final_state: None,
+        cu: Some(Buf::from_i64(DType::I32, &[3], &[0, 1, 3])),
+        ix: Some(Buf::from_i64(DType::I32, &[2], &[3, 1])),
+        na: None,
+        o: Buf::nan(DType::BF16, &[1, 3, 4, 4]),
+        scale: None,
+        l2norm: true,
+        layout: StateLayout::VK,
+    }
+}
+
+fn plan_err(case: &mut RecCase) -> GdnError {
+    let args = case.args();
+    plan::fused_recurrent_gated_delta_rule(&args).expect_err("the plan must refuse this call")
+}
+
+#[test]
+fn base_case_is_valid() {
+    let mut c = base();
+    assert!(plan::fused_recurrent_gated_delta_rule(&c.args()).is_ok());
+}
+
+#[test]
+fn recurrent_shape_errors() {
+    let mut c = base();
+    c.q = Buf::nan(DType::BF16, &[3, 2, 8]);
+    insta::assert_snapshot!("q_rank", plan_err(&mut c));
+
+    let mut c = base();
+    c.k = Buf::nan(DType::BF16, &[1, 3, 2, 16]);
+    insta::assert_snapshot!("k_mismatch", plan_err(&mut c));
+
+    let mut c = base();
+    c.v = Buf::nan(DType::BF16, &[1, 3, 3, 4]);
+    insta::assert_snapshot!("hv_not_multiple_of_h", plan_err(&mut c));
+
+    let mut c = base();
+    c.g = Buf::nan(DType::F32, &[1, 3, 2]);
+    insta::assert_snapshot!("g_shape", plan_err(&mut c));
+
+    let mut c = base();
+    c.beta = Some(Buf::nan(DType::F32, &[1, 3, 4, 2]));
+    insta::assert_snapshot!("beta_shape", plan_err(&mut c));
+
+    let mut c = base();
+    c.o = Buf::nan(DType::BF16, &[1, 3, 4, 8]);
+    insta::assert_snapshot!("o_shape", plan_err(&mut c));
+
+    let mut c = base();
+    c.q = Buf::nan(DType::BF16, &[1, 3, 2, 2000]);
+    c.k = Buf::nan(DType::BF16, &[1, 3, 2, 2000]);
+    insta::assert_snapshot!("head_k_dim_too_large", plan_err(&mut c));
+
+    let mut c = base();
+    c.q = Buf::nan(DType::BF16, &[2, 3, 2, 8]);
+    c.k = Buf::nan(DType::BF16, &[2, 3, 2, 8]);
+    c.v = Buf::nan(DType::BF16, &[2, 3, 4, 4]);
+    c.o = Buf::nan(DType::BF16, &[2, 3, 4, 4]);
+    c.g = Buf::nan(DType::F32, &[2, 3, 4]);
+    c.beta = None;
+    insta::assert_snapshot!("cu_seqlens_needs_batch_1", plan_err(&mut c));
+}
+
+#[test]
+fn state_layout_errors() {
+    // K and V swapped: a [slots, HV, K, V] pool passed as [slots, HV, V, K].
+    let mut c = base();
+    c.state = Some(Buf::nan(DType::F32, &[5, 4, 8, 4]));
+    insta::assert_snapshot!("state_kv_mismatch_vk", plan_err(&mut c));
+
+    let mut c = base();
+    c.layout = StateLayout::KV;
+    insta::assert_snapshot!("state_kv_mismatch_kv", plan_err(&mut c));
+
+    let mut c = base();
+    c.state = Some(Buf::nan(DType::F32, &[5, 4, 32]));
+    insta::assert_snapshot!("state_rank", plan_err(&mut c));
+
+    let mut c = base();
+    c.ix = None;
+    c.final_state = Some(Buf::nan(DType::F32, &[2, 4, 4, 8]));
+    insta::assert_snapshot!("final_state_rows", plan_err(&mut c));
+
+    // Slots laid out with the value rows strided (a transposed view of a [.., K, V] buffer).
+    let mut c = base();
+    let err = {
+        let mut args = c.args();
+        let st = args.initial_state.take().unwrap();
+        args.initial_state = Some(st.with_layout(&[5, 4, 4, 8], &[128, 32, 1, 4], 0).unwrap());
+        plan::fused_recurrent_gated_delta_rule(&args).unwrap_err()
+    };
+    insta::assert_snapshot!("state_strides", err);
+}
+
+#[test]
+fn dtype_and_device_errors() {
+    let mut c = base();
+    c.q = Buf::zeros(DType::I32, &[1, 3, 2, 8]);
+    insta::assert_snapshot!("q_dtype", plan_err(&mut c));
+
+    let mut c = base();
+    c.state = Some(Buf::zeros(DType::I64, &[5, 4, 4, 8]));
+    insta::assert_snapshot!("state_dtype", plan_err(&mut c));
+
+    let mut c = base();
+    c.ix = Some(Buf::from_f32(DType::F32, &[2], &[3.0, 1.0]));
+    insta::assert_snapshot!("indices_dtype", plan_err(&mut c));
+
+    let mut c = base();
+    let err = {
+        let mut args = c.args();
+        // SAFETY: the view is never dereferenced; the plan only reads its metadata.
+        args.g =
+            unsafe { TensorRef::from_device_ptr(0x1000, 12, DType::F32, Device::Cuda(0), &[1, 3, 4], &[12, 4, 1]) }
+                .unwrap();
+        plan::fused_recurrent_gated_delta_rule(&args).unwrap_err()
+    };
+    insta::assert_snapshot!("device_mismatch", err);
+}
+
+#[test]
+fn index_errors() {
+    let mut c = base();
+    c.cu = Some(Buf::from_i64(DType::I32, &[3], &[0, 2, 1]));
+    insta::assert_snapshot!("cu_seqlens_not_monotone", plan_err(&mut c));
+
+    let mut c = base();
+    c.cu = Some(Buf::from_i64(DType::I64, &[3], &[0, 1, 4]));
+    insta::assert_snapshot!("cu_seqlens_past_end", plan_err(&mut c));
+
+    let mut c = base();
+    c.ix = Some(Buf::from_i64(DType::I32, &[2], &[3, 5]));
+    insta::assert_snapshot!("index_out_of_range", plan_err(&mut c));
+
+    let mut c = base();
+    c.ix = Some(Buf::from_i64(DType::I32, &[2], &[2, 2]));
+    insta::assert_snapshot!("slot_conflict", plan_err(&mut c));
+
+    let mut c = base();
+    c.ix = Some(Buf::from_i64(DType::I32, &[2, 1], &[3, 1]));
+    insta::assert_snapshot!("too_many_tokens_for_columns", plan_err(&mut c));
+
+    let mut c = base();
+    c.na = Some(Buf::from_i64(DType::I32, &[2], &[1, 1]));
+    insta::assert_snapshot!("num_accepted_needs_2d", plan_err(&mut c));
+
+    let mut c = base();
+    c.ix = Some(Buf::from_i64(DType::I32, &[1], &[3]));
+    insta::assert_snapshot!("indices_too_few_rows", plan_err(&mut c));
+}
+
+#[test]
+fn scalar_and_overlap_errors() {
+    let mut c = base();
+    c.scale = Some(-1.0);
+    insta::assert_snapshot!("scale_not_positive", plan_err(&mut c));
+
+    let mut c = base();
+    let err = {
+        let mut args = c.args();
+        let o = std::mem::replace(&mut args.o, TensorMut::from_slice::<f32>(&mut [], &[0]).unwrap());
+        args.o = o.with_layout(&[1, 3, 4, 4], &[0, 4, 0, 1], 0).unwrap();
+        plan::fused_recurrent_gated_delta_rule(&args).unwrap_err()
+    };
+    insta::assert_snapshot!("o_overlapping", err);
+}
+
+#[test]
+fn gating_errors() {
+    let a_log = Buf::nan(DType::F32, &[4]);
+    let a = Buf::nan(DType::BF16, &[3, 4]);
+    let b = Buf::nan(DType::BF16, &[3, 4]);
+    let dt = Buf::nan(DType::BF16, &[4]);
+    let mut g = Buf::nan(DType::BF16, &[1, 3, 4]);
+    let mut beta = Buf::nan(DType::BF16, &[1, 3, 4]);
+    let args = FusedGdnGatingArgs {
+        a_log: a_log.r(),
+        a: a.r(),
+        b: b.r(),
+        dt_bias: dt.r(),
+        beta: 1.0,
+        threshold: 20.0,
+        g: g.m(),
+        beta_output: beta.m(),
+    };
+    insta::assert_snapshot!("gating_g_dtype", plan::fused_gdn_gating(&args).unwrap_err());
+
+    let mut g = Buf::nan(DType::F32, &[1, 3, 4]);
+    let mut beta = Buf::nan(DType::BF16, &[3, 3, 4]);
+    let args = FusedGdnGatingArgs {
+        a_log: a_log.r(),
+        a: a.r(),
+        b: b.r(),
+        dt_bias: dt.r(),
+        beta: 1.0,
+        threshold: 20.0,
+        g: g.m(),
+        beta_output: beta.m(),
+    };
+    insta::assert_snapshot!("gating_beta_output_shape", plan::fused_gdn_gating(&args).unwrap_err());
+}
+
+#[test]
+fn sigmoid_gating_errors() {
+    let mut c = base();
+    let a_log = Buf::nan(DType::F32, &[4]);
+    let a = Buf::nan(DType::BF16, &[3, 2]);
+    let b = Buf::nan(DType::BF16, &[3, 4]);
+    let dt = Buf::nan(DType::BF16, &[4]);
+    let args = c.args();
+    let args = FusedSigmoidGatingDeltaRuleUpdateArgs {
+        a_log: a_log.r(),
+        a: a.r(),
+        b: b.r(),
+        dt_bias: dt.r(),
+        q: args.q,
+        k: args.k,
+        v: args.v,
+        beta: 1.0,
+        threshold: 20.0,
+        scale: None,
+        initial_state: args.initial_state,
+        final_state: None,
+        cu_seqlens: args.cu_seqlens,
+        ssm_state_indices: args.ssm_state_indices,
+        num_accepted_tokens: None,
+        use_qk_l2norm_in_kernel: true,
+        eps: 1e-6,
+        state_layout: StateLayout::VK,
+        o: args.o,
+    };
+    insta::assert_snapshot!("sigmoid_a_shape", plan::fused_sigmoid_gating_delta_rule_update(&args).unwrap_err());
+}
+
+fn chunk_base() -> ChunkCase {
+    let mut g = Gen::new(11);
+    ChunkCase {
+        q: g.normal_buf(DType::BF16, &[1, 5, 1, 8], 1.0),
+        k: g.normal_buf(DType::BF16, &[1, 5, 1, 8], 1.0),
+        v: g.normal_buf(DType::BF16, &[1, 5, 2, 4], 1.0),
+        g: g.range_buf(DType::F32, &[1, 5, 2], -1.0, -0.01),
+        beta: g.range_buf(DType::BF16, &[1, 5, 2], 0.1, 0.9),
+        state: Some(g.normal_buf(DType::F32, &[4, 2, 4, 8], 0.5)),
+        indices: Some(Buf::from_i64(DType::I32, &[2], &[2, 3])),
+        has_initial_state: Some(Buf::from_i64(DType::Bool, &[2], &[1, 0])),
+        pad_slot_id: Some(-1),
+        inplace: true,
+        final_state: None,
+        cu: Some(Buf::from_i64(DType::I32, &[3], &[0, 2, 5])),
+        o: Buf::nan(DType::BF16, &[1, 5, 2, 4]),
+        scratch: None,
+        layout: StateLayout::VK,
+    }
+}
+
+fn chunk_err(c: &mut ChunkCase) -> GdnError {
+    plan::chunk_gated_delta_rule(&c.args()).expect_err("the plan must refuse this call")
+}
+
+#[test]
+fn chunk_errors() {
+    let mut c = chunk_base();
+    assert!(plan::chunk_gated_delta_rule(&c.args()).is_ok());
+
+    let mut c = chunk_base();
+    c.indices = Some(Buf::from_i64(DType::I32, &[2], &[2, 4]));
+    insta::assert_snapshot!("chunk_index_out_of_range", chunk_err(&mut c));
+
+    let mut c = chunk_base();
+    c.indices = Some(Buf::from_i64(DType::I32, &[2], &[3, 3]));
+    insta::assert_snapshot!("chunk_slot_conflict", chunk_err(&mut c));
+
+    let mut c = chunk_base();
+    c.state = None;
+    c.indices = None;
+    insta::assert_snapshot!("chunk_inplace_needs_state", chunk_err(&mut c));
+
+    let mut c = chunk_base();
+    c.state = None;
+    c.indices = None;
+    c.inplace = false;
+    insta::assert_snapshot!("chunk_has_initial_state_needs_state", chunk_err(&mut c));
+
+    let mut c = chunk_base();
+    c.cu = Some(Buf::from_i64(DType::I32, &[3], &[0, 3, 2]));
+    insta::assert_snapshot!("chunk_cu_seqlens_not_monotone", chunk_err(&mut c));
+
+    let mut c = chunk_base();
+    c.layout = StateLayout::KV;
+    insta::assert_snapshot!("chunk_state_layout", chunk_err(&mut c));
+
+    let mut c = chunk_base();
+    c.scratch = Some(Buf::nan(DType::BF16, &[64]));
+    insta::assert_snapshot!("chunk_scratch_dtype", chunk_err(&mut c));
+}
+
+#[test]
+fn nothing_is_written_on_failure() {
+    let cpu = ssm_cpu::CpuBackend::new(ssm_cpu::Par::Seq).unwrap();
+    let mut c = base();
+    c.ix = Some(Buf::from_i64(DType::I32, &[2], &[2, 2]));
+    let before = c.clone();
+    let err = c.run(&cpu).unwrap_err();
+    assert!(err.contains("state slot 2"), "{err}");
+    assert_eq!(c.state.as_ref().unwrap().bytes(), before.state.as_ref().unwrap().bytes());
+    assert_eq!(c.o.bytes(), before.o.bytes());
+
+    let mut c = chunk_base();
+    c.indices = Some(Buf::from_i64(DType::I32, &[2], &[2, 9]));
+    let before = c.clone();
+    assert!(c.run(&cpu).is_err());
+    assert_eq!(c.state.as_ref().unwrap().bytes(), before.state.as_ref().unwrap().bytes());
+    assert_eq!(c.o.bytes(), before.o.bytes());
+}
