@@ -141,17 +141,17 @@ pub(crate) fn run(args: &GpuBundleArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The bundle's entry point. Stages: `tests`, `sanitize`, `bench` (default: all three).
-/// Logs go to `$OUT` when set (the GPU machine's result folder), else `DIR/out`.
+/// The bundle's entry point. Stages run in the order given: `tests`, `sanitize`, `bench`
+/// (default: all three, in that order). Logs go to `$OUT` when set (the GPU machine's
+/// result folder), else `DIR/out`; `summary.txt` collects one line per step.
 const RUN_SH: &str = r#"#!/usr/bin/env bash
 # GPU suite of ssm-kernels, for a machine with a CUDA driver and NVRTC but no Rust.
-#   bash run.sh [tests] [sanitize] [bench]      (default: all)
+#   bash run.sh [tests] [sanitize] [bench]      (default: tests sanitize bench)
 #   PEER_VLLM=/path/to/extracted/vllm  bash run.sh bench   # adds vLLM's Triton peer
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 out="${OUT:-$here/out}"
 mkdir -p "$out"
-stages="${*:-tests sanitize bench}"
 export SSM_REQUIRE_GPU=1
 export SSM_CONFORMANCE_DIR="$here/vectors"
 export SSM_CUDA_CACHE_DIR="${SSM_CUDA_CACHE_DIR:-$here/.cubin-cache}"
@@ -162,39 +162,46 @@ for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
 done
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv 2>&1 | tee "$out/nvidia-smi.txt"
 status=0
-summary=()
-if [[ " $stages " == *" tests "* ]]; then
+note() { echo "$1" | tee -a "$out/summary.txt"; }
+
+run_tests() {
     for t in "$here"/bin/test-*; do
         name="$(basename "$t")"
         if "$t" --test-threads=1 >"$out/$name.log" 2>&1; then r=ok; else r=FAILED; status=1; fi
-        summary+=("$name: $r ($(grep -E '^test result' "$out/$name.log" | tail -n1))")
-        echo "${summary[-1]}"
+        note "$name: $r ($(grep -E '^test result' "$out/$name.log" | tail -n1))"
     done
-fi
-if [[ " $stages " == *" sanitize "* ]]; then
-    gpu_test="$(ls "$here"/bin/test-ssm-cuda-gpu_ssu 2>/dev/null)"
-    if command -v compute-sanitizer >/dev/null && [ -n "$gpu_test" ]; then
-        for tool in memcheck racecheck; do
-            compute-sanitizer --tool "$tool" --error-exitcode 99 "$gpu_test" --test-threads=1 \
-                >"$out/sanitizer-$tool.log" 2>&1
-            rc=$?
-            [ $rc -eq 0 ] || status=1
-            summary+=("compute-sanitizer $tool: rc=$rc; $(grep -E 'ERROR SUMMARY|test result' "$out/sanitizer-$tool.log" | tr '\n' ' ')")
-            echo "${summary[-1]}"
-        done
-    else
-        summary+=("compute-sanitizer: not available"); status=1
+}
+
+run_sanitize() {
+    local gpu_test="$here/bin/test-ssm-cuda-gpu_ssu"
+    if ! command -v compute-sanitizer >/dev/null || [ ! -x "$gpu_test" ]; then
+        note "compute-sanitizer: not available"; status=1; return
     fi
-fi
-if [[ " $stages " == *" bench "* ]]; then
-    peer=()
+    for tool in memcheck racecheck; do
+        compute-sanitizer --tool "$tool" --error-exitcode 99 "$gpu_test" --test-threads=1 >"$out/sanitizer-$tool.log" 2>&1
+        local rc=$?
+        [ $rc -eq 0 ] || status=1
+        note "compute-sanitizer $tool: rc=$rc; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|test result' "$out/sanitizer-$tool.log" | tr '\n' ' ')"
+    done
+}
+
+run_bench() {
+    local peer=()
     [ -n "${PEER_VLLM:-}" ] && peer=(--peer-vllm "$PEER_VLLM" --peer-script "$here/peers/ssu_peer.py")
     if "$here/bin/xtask" bench-cuda-ssu "${peer[@]}" --json "$out/bench_ssu_cuda.json" 2>&1 | tee "$out/bench.log"; then
-        summary+=("bench: ok")
+        note "bench: ok"
     else
-        summary+=("bench: FAILED"); status=1
+        note "bench: FAILED"; status=1
     fi
-fi
-printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"
+}
+
+for stage in ${*:-tests sanitize bench}; do
+    case "$stage" in
+        tests) run_tests ;;
+        sanitize) run_sanitize ;;
+        bench) run_bench ;;
+        *) echo "unknown stage $stage" >&2; status=2 ;;
+    esac
+done
 exit $status
 "#;

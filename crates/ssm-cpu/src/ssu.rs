@@ -63,6 +63,7 @@ unsafe fn wr(base: *mut u8, dtype: DType, i: usize, v: f32) {
 
 thread_local! {
     static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    static TOKENS: RefCell<Vec<i64>> = const { RefCell::new(Vec::new()) };
 }
 
 struct Inputs<'a> {
@@ -81,6 +82,9 @@ struct Inputs<'a> {
 }
 
 struct Item<'a, St> {
+    scratch: &'a mut Vec<f32>,
+    /// Per token: x, out and z element bases and the destination slot.
+    tokens: &'a mut Vec<i64>,
     plan: &'a SsuPlan,
     inp: &'a Inputs<'a>,
     state: SyncPtr<St>,
@@ -94,7 +98,12 @@ impl CpuBackend {
         let (state, out) = (SyncPtr(state), SyncPtr(out));
         let heads = plan.dims.heads;
         let body = |i: usize| {
-            dispatch(Item { plan, inp, state, out, seq: i / heads, head: i % heads });
+            SCRATCH.with(|scratch| {
+                TOKENS.with(|tokens| {
+                    let (scratch, tokens) = (&mut *scratch.borrow_mut(), &mut *tokens.borrow_mut());
+                    dispatch(Item { scratch, tokens, plan, inp, state, out, seq: i / heads, head: i % heads });
+                })
+            })
         };
         let n = plan.dims.seqs * heads;
         if plan.alias_free {
@@ -171,7 +180,9 @@ impl<St: Real> SimdKernel for Item<'_, St> {
 
     #[inline(always)]
     fn run<S: Simd + PowTwo>(self) -> () {
-        let Item { plan, inp, state, out, seq: b, head: h } = self;
+        // No closure below may contain lane operations: a closure is compiled without the
+        // caller's target features, which would turn every intrinsic into a call.
+        let Item { scratch, tokens, plan, inp, state, out, seq: b, head: h } = self;
         let ty = &plan.dtypes;
         let dims = &plan.dims;
         let (dim, n_st) = (dims.dim, dims.dstate);
@@ -221,8 +232,7 @@ impl<St: Real> SimdKernel for Item<'_, St> {
 
         // Per-token vectors: B (times dt in the tied form), C; tied scalars dt and dA.
         let nv = n_st.div_ceil(LANES) * LANES;
-        SCRATCH.with(|scratch| {
-            let mut scratch = scratch.borrow_mut();
+        {
             let need = len * (2 * nv + 2) + 3 * nv;
             if scratch.len() < need {
                 scratch.resize(need, 0.0);
@@ -233,6 +243,18 @@ impl<St: Real> SimdKernel for Item<'_, St> {
             let (das, rest) = rest.split_at_mut(len);
             let (row, rest) = rest.split_at_mut(nv);
             let (da_row, bdt_row) = rest.split_at_mut(nv);
+            tokens.clear();
+            for t in 0..len {
+                tokens.push(tok(&plan.x, t) as i64);
+                tokens.push(tok(&plan.out, t) as i64);
+                tokens.push(plan.z.map_or(0, |zs| tok(&zs, t)) as i64);
+                tokens.push(if spec_dsts {
+                    let dtab = plan.dst_state_batch_indices.unwrap();
+                    rd_int(inp.dst.unwrap(), dtab.dtype, dtab.strides.at([b, t]))
+                } else {
+                    0
+                });
+            }
             for t in 0..len {
                 let (bb, cb) = (tok(&plan.b, t), tok(&plan.c, t));
                 let dtv = if tied { dt_of(t, 0) } else { 1.0 };
@@ -265,7 +287,8 @@ impl<St: Real> SimdKernel for Item<'_, St> {
                     _ => 0.0,
                 };
                 for t in 0..len {
-                    let xv = rd(inp.x, ty.x, plan.x.at(tok(&plan.x, t), h, p));
+                    let [xb, ob, zb, ds] = tokens[4 * t..4 * t + 4].try_into().unwrap();
+                    let xv = rd(inp.x, ty.x, plan.x.at(xb as isize, h, p));
                     let bt = &bv[t * nv..(t + 1) * nv];
                     let ct = &cv[t * nv..(t + 1) * nv];
                     let mut acc = S::splat(0.0);
@@ -297,8 +320,6 @@ impl<St: Real> SimdKernel for Item<'_, St> {
                         }
                     }
                     if spec_dsts {
-                        let dtab = plan.dst_state_batch_indices.unwrap();
-                        let ds = rd_int(inp.dst.unwrap(), dtab.dtype, dtab.strides.at([b, t]));
                         if !plan.is_pad(ds) {
                             let off = plan.state.at([ds as usize, h, p, 0]);
                             // SAFETY: `ds` was checked by the plan; (ds, h) is owned by this item
@@ -309,12 +330,12 @@ impl<St: Real> SimdKernel for Item<'_, St> {
                     }
                     let mut y = acc.reduce_add() + xv * d_p;
                     if let (Some(z), Some(zs)) = (inp.z, plan.z) {
-                        let zv = rd(z, ty.z.unwrap(), zs.at(tok(&zs, t), h, p));
+                        let zv = rd(z, ty.z.unwrap(), zs.at(zb as isize, h, p));
                         y *= zv / (1.0 + (-zv).exp());
                     }
                     // SAFETY: the plan checked `out`'s shape and that its elements do not overlap;
                     // token (t) of sequence b, head h, row p is written by this item only.
-                    unsafe { wr(out.0, ty.out, plan.out.at(tok(&plan.out, t), h, p), y) };
+                    unsafe { wr(out.0, ty.out, plan.out.at(ob as isize, h, p), y) };
                 }
                 if final_store {
                     let off = plan.state.at([dst_final as usize, h, p, 0]);
@@ -336,7 +357,7 @@ impl<St: Real> SimdKernel for Item<'_, St> {
                     }
                 }
             }
-        });
+        }
     }
 }
 

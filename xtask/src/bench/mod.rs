@@ -1,0 +1,281 @@
+//! `cargo xtask bench`: every op family on the best available backend over realistic shapes.
+//!
+//! Memory-bound kernels are judged by achieved bandwidth against a copy measured in the same
+//! run with the same threads: `fraction_of_copy = (bytes that must move / time) / copy GB/s`,
+//! where the bytes count each state slot read and written and every input and output once.
+
+mod conv;
+mod ssu;
+
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use serde::Serialize;
+use ssm_dispatch::{BackendKind, Config, Runtime};
+
+/// `cargo xtask bench`.
+#[derive(clap::Args)]
+pub(crate) struct Args {
+    /// Op family to run: all, ssu, conv (more as families land).
+    #[arg(long, default_value = "all")]
+    op: String,
+    /// Backend: auto (CUDA when a device is ready, else CPU), cpu or cuda.
+    #[arg(long, default_value = "auto")]
+    backend: BackendKind,
+    /// Fewer shapes and shorter timing, for a smoke run.
+    #[arg(long)]
+    quick: bool,
+    /// Where to write the JSON records (default target/bench/bench.json).
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// CPU threads (default: all cores); the copy is measured with the same count.
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Only cases whose shape name contains this text.
+    #[arg(long)]
+    filter: Option<String>,
+}
+
+/// One measured case.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Record {
+    pub op: String,
+    pub backend: String,
+    pub shape: String,
+    pub state_dtype: String,
+    pub batch: usize,
+    pub steps: usize,
+    pub seconds: f64,
+    pub bytes: u64,
+    pub gbps: f64,
+    pub copy_gbps: f64,
+    pub fraction_of_copy: f64,
+}
+
+/// A benchmark case: sizes, the bytes one call must move, and a prepared call.
+pub(crate) trait BenchCase {
+    fn op(&self) -> &'static str;
+    fn shape(&self) -> String;
+    fn state_dtype(&self) -> &'static str;
+    fn batch(&self) -> usize;
+    fn steps(&self) -> usize;
+    /// Bytes one call must move through memory.
+    fn bytes(&self) -> u64;
+    /// Allocates the data and returns one call (each call may use a different state pool).
+    fn prepare<'a>(&self, rt: &'a Runtime) -> anyhow::Result<Box<dyn FnMut() -> anyhow::Result<()> + 'a>>;
+}
+
+impl Args {
+    pub(crate) fn run(self) -> anyhow::Result<()> {
+        let config = Config { backend: self.backend, cpu_threads: self.threads, ..Config::default() };
+        let rt = Runtime::new(&config).context("starting the backend")?;
+        let threads = match rt.kind() {
+            BackendKind::Cpu => {
+                self.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+            }
+            _ => 0,
+        };
+        let mut cases: Vec<Box<dyn BenchCase>> = Vec::new();
+        let want = |op: &str| self.op == "all" || self.op == op;
+        if want("ssu") {
+            cases.extend(ssu::cases(self.quick));
+        }
+        if want("conv") {
+            cases.extend(conv::cases(self.quick));
+        }
+        if let Some(f) = &self.filter {
+            cases.retain(|c| c.shape().contains(f.as_str()));
+        }
+        anyhow::ensure!(!cases.is_empty(), "no bench cases for --op {}", self.op);
+
+        eprintln!("measuring copy bandwidth on {} ({} threads)…", rt.kind(), threads.max(1));
+        let copy_gbps = measure_copy(threads.max(1), self.quick);
+        eprintln!("copy: {copy_gbps:.1} GB/s (bytes read + written)");
+
+        let budget = if self.quick { Duration::from_millis(150) } else { Duration::from_millis(600) };
+        let pb = indicatif::ProgressBar::new(cases.len() as u64)
+            .with_style(indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} {msg}").expect("valid template"));
+        let mut records = Vec::new();
+        for case in &cases {
+            pb.set_message(format!("{} {} {} b{}", case.op(), case.shape(), case.state_dtype(), case.batch()));
+            let seconds = time_case(case.as_ref(), &rt, budget)?;
+            let gbps = case.bytes() as f64 / seconds / 1e9;
+            records.push(Record {
+                op: case.op().into(),
+                backend: rt.kind().to_string(),
+                shape: case.shape(),
+                state_dtype: case.state_dtype().into(),
+                batch: case.batch(),
+                steps: case.steps(),
+                seconds,
+                bytes: case.bytes(),
+                gbps,
+                copy_gbps,
+                fraction_of_copy: gbps / copy_gbps,
+            });
+            pb.inc(1);
+        }
+        pb.finish_and_clear();
+
+        print_table(&records, copy_gbps, &rt, threads);
+        let out_dir = crate::project_root().join("target/bench");
+        std::fs::create_dir_all(&out_dir)?;
+        let json = self.json.unwrap_or_else(|| out_dir.join("bench.json"));
+        std::fs::write(&json, serde_json::to_string_pretty(&records)?)?;
+        let plots = plot(&records, &out_dir)?;
+        println!(
+            "wrote {} and {}",
+            json.display(),
+            plots.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+        );
+        Ok(())
+    }
+}
+
+/// Median seconds per call after a warm-up, within a time budget (at least 5 calls).
+fn time_case(case: &dyn BenchCase, rt: &Runtime, budget: Duration) -> anyhow::Result<f64> {
+    let mut call = case.prepare(rt)?;
+    for _ in 0..3 {
+        call()?;
+    }
+    let mut times = Vec::new();
+    let start = Instant::now();
+    while times.len() < 5 || (start.elapsed() < budget && times.len() < 500) {
+        let t = Instant::now();
+        call()?;
+        times.push(t.elapsed().as_secs_f64());
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(times[times.len() / 2])
+}
+
+/// Host copy bandwidth (bytes read + written per second, GB/s) with `threads` threads over
+/// buffers far larger than the caches; the best of several passes.
+pub(crate) fn measure_copy(threads: usize, quick: bool) -> f64 {
+    let size = if quick { 128 << 20 } else { 512 << 20 };
+    let src: Vec<u8> = (0..size).map(|i| (i * 7 + 3) as u8).collect();
+    let mut dst = vec![1u8; size];
+    let chunk = size.div_ceil(threads);
+    let mut best = 0.0f64;
+    for _ in 0..if quick { 4 } else { 8 } {
+        let t = Instant::now();
+        std::thread::scope(|s| {
+            for (d, sr) in dst.chunks_mut(chunk).zip(src.chunks(chunk)) {
+                s.spawn(move || d.copy_from_slice(sr));
+            }
+        });
+        let secs = t.elapsed().as_secs_f64();
+        best = best.max(2.0 * size as f64 / secs / 1e9);
+    }
+    std::hint::black_box(&dst);
+    best
+}
+
+fn print_table(records: &[Record], copy_gbps: f64, rt: &Runtime, threads: usize) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(
+        out,
+        "\nbackend {} ({} threads), copy {:.1} GB/s\n{:<5} {:<24} {:<6} {:>6} {:>5} {:>12} {:>10} {:>9}",
+        rt.kind(),
+        threads.max(1),
+        copy_gbps,
+        "op",
+        "shape",
+        "state",
+        "batch",
+        "steps",
+        "µs/call",
+        "GB/s",
+        "of copy"
+    );
+    for r in records {
+        let _ = writeln!(
+            out,
+            "{:<5} {:<24} {:<6} {:>6} {:>5} {:>12.1} {:>10.2} {:>9.3}",
+            r.op,
+            r.shape,
+            r.state_dtype,
+            r.batch,
+            r.steps,
+            r.seconds * 1e6,
+            r.gbps,
+            r.fraction_of_copy
+        );
+    }
+}
+
+/// One SVG per op: achieved GB/s against batch, a line per (shape, state, steps), and the copy line.
+fn plot(records: &[Record], dir: &std::path::Path) -> anyhow::Result<Vec<PathBuf>> {
+    use plotters::prelude::*;
+    let mut paths = Vec::new();
+    let mut ops: Vec<&str> = records.iter().map(|r| r.op.as_str()).collect();
+    ops.dedup();
+    for op in ops {
+        let rs: Vec<&Record> = records.iter().filter(|r| r.op == op).collect();
+        let path = dir.join(format!("{op}.svg"));
+        let copy = rs[0].copy_gbps;
+        let ymax = rs.iter().map(|r| r.gbps).fold(copy, f64::max) * 1.15;
+        let xmax = rs.iter().map(|r| r.batch).max().unwrap_or(1) as f64;
+        let root = SVGBackend::new(&path, (1000, 600)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(format!("{op}: achieved bandwidth ({} backend)", rs[0].backend), ("sans-serif", 22))
+            .margin(15)
+            .x_label_area_size(40)
+            .y_label_area_size(60)
+            .build_cartesian_2d((0.8f64..xmax * 1.25).log_scale(), 0f64..ymax)
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        chart
+            .configure_mesh()
+            .x_desc("batch")
+            .y_desc("GB/s (read + written)")
+            .draw()
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        chart
+            .draw_series(LineSeries::new([(0.8, copy), (xmax * 1.25, copy)], BLACK.stroke_width(2)))
+            .map_err(|e| anyhow::anyhow!("{e}"))?
+            .label(format!("copy {copy:.1} GB/s"))
+            .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], BLACK));
+        let mut series: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
+        for r in &rs {
+            let key = format!("{} {} steps={}", r.shape, r.state_dtype, r.steps);
+            match series.iter_mut().find(|(k, _)| *k == key) {
+                Some((_, pts)) => pts.push((r.batch as f64, r.gbps)),
+                None => series.push((key, vec![(r.batch as f64, r.gbps)])),
+            }
+        }
+        for (i, (key, pts)) in series.into_iter().enumerate() {
+            let color = Palette99::pick(i).to_rgba();
+            chart
+                .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
+                .map_err(|e| anyhow::anyhow!("{e}"))?
+                .label(key)
+                .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], color));
+            chart
+                .draw_series(pts.into_iter().map(|p| Circle::new(p, 3, color.filled())))
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .position(SeriesLabelPosition::LowerRight)
+            .draw()
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        root.present().map_err(|e| anyhow::anyhow!("{e}"))?;
+        drop(chart);
+        drop(root);
+        paths.push(path);
+    }
+    Ok(paths)
+}
+
+/// Deterministic, non-zero, bounded fill values (fast for hundreds of MB).
+pub(crate) fn fill_values(n: usize, seed: u64, scale: f32) -> impl Iterator<Item = f32> {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let table: Vec<f32> = (0..4099).map(|_| (rng.random::<f32>() - 0.5) * 2.0 * scale + scale * 0.01).collect();
+    (0..n).map(move |i| table[i % table.len()])
+}
