@@ -20,6 +20,9 @@ pub struct Config {
     pub philox_rounds: u32,
     /// First stochastic-rounding seed; each call takes the next value.
     pub seed: u64,
+    /// Enable the ReplaySSM ops (checkpointing SSU and ring trackers); `Runtime::new` refuses
+    /// it on a backend without them.
+    pub replayssm: bool,
 }
 
 impl Default for Config {
@@ -32,6 +35,7 @@ impl Default for Config {
             stochastic_rounding: false,
             philox_rounds: 0,
             seed: 0,
+            replayssm: false,
         }
     }
 }

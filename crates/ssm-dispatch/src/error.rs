@@ -9,6 +9,18 @@ pub enum Error {
     /// The causal conv1d arguments were refused by the plan.
     #[error(transparent)]
     Conv(#[from] ssm_conv::ConvError),
+    /// The SSD prefill arguments were refused by the plan.
+    #[error(transparent)]
+    Ssd(#[from] ssm_ssd::SsdError),
+    /// The ReplaySSM arguments were refused by the plan.
+    #[error(transparent)]
+    Ring(#[from] ssm_ring::RingError),
+    /// A ReplaySSM op was called on a runtime configured without ReplaySSM.
+    #[error("`{op}` needs a runtime configured with `replayssm: true`")]
+    ReplaySsmDisabled {
+        /// The op called.
+        op: &'static str,
+    },
     /// The CPU backend failed.
     #[error(transparent)]
     Cpu(#[from] ssm_cpu::CpuError),

@@ -11,11 +11,14 @@ mod backend;
 mod config;
 mod conv;
 mod error;
+mod ring;
+mod ssd;
 mod ssu;
 
 pub use backend::{Backend, BackendKind};
 pub use config::Config;
 pub use error::Error;
+pub use ring::SelectiveStateUpdateReplaySsm;
 pub use ssm_cpu::Par;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -45,6 +48,11 @@ impl Runtime {
     pub fn new(config: &Config) -> Result<Self, Error> {
         let ssu_algorithm: ssm_ssu::SsuAlgorithm = config.ssu_algorithm.parse()?;
         let backend = Backend::start(config)?;
+        // ReplaySSM runs where a backend implements it (the CPU today), like vLLM refusing it
+        // on backends without a kernel.
+        if config.replayssm && backend.kind() != BackendKind::Cpu {
+            return Err(Error::Unsupported { backend: "cuda", what: "ReplaySSM (`replayssm: true`)" });
+        }
         Ok(Runtime { backend, config: config.clone(), ssu_algorithm, seed_counter: AtomicU64::new(config.seed) })
     }
 
