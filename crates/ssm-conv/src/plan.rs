@@ -290,6 +290,26 @@ fn check_conflicts(arg: &'static str, seqs: &[ConvSeq]) -> Result<(), ConvError>
     Ok(())
 }
 
+/// Written tensors must map distinct elements to distinct memory (backends write them from
+/// several threads): sorted by |stride|, each axis must step past everything the smaller
+/// axes reach.
+fn check_no_overlap(arg: &'static str, shape: &[usize], strides: &[isize]) -> Result<(), ConvError> {
+    if shape.contains(&0) {
+        return Ok(());
+    }
+    let mut axes: Vec<(usize, usize)> =
+        shape.iter().zip(strides).filter(|(n, _)| **n > 1).map(|(&n, &s)| (s.unsigned_abs(), n)).collect();
+    axes.sort_unstable();
+    let mut reach = 0usize;
+    for (stride, n) in axes {
+        if stride <= reach {
+            return Err(ConvError::Overlapping { arg, shape: shape.to_vec(), strides: strides.to_vec() });
+        }
+        reach += (n - 1) * stride;
+    }
+    Ok(())
+}
+
 fn check_float(arg: &'static str, t: DType) -> Result<DType, ConvError> {
     if !t.is_float() {
         return Err(ConvError::DType { arg, expected: FLOATS.into(), actual: t });
@@ -346,6 +366,7 @@ pub fn plan_update(args: &CausalConv1dUpdateArgs<'_>) -> Result<ConvPlan, ConvEr
     }
     check_dtype("out", out.dtype(), dtype)?;
     check_device("out", out.device(), device)?;
+    check_no_overlap("out", out.shape(), out.strides())?;
     let ost = out.strides();
     let (out_seq_stride, out_tok) = match (varlen, xs.len()) {
         (true, _) => (0, TokenStrides { token: ost[0], dim: ost[1] }),
@@ -358,6 +379,7 @@ pub fn plan_update(args: &CausalConv1dUpdateArgs<'_>) -> Result<ConvPlan, ConvEr
         check_state("conv_state", cs.shape(), cs.strides(), cs.layout().offset(), args.conv_state_layout, dim, width)?;
     check_dtype("conv_state", cs.dtype(), dtype)?;
     check_device("conv_state", cs.device(), device)?;
+    check_no_overlap("conv_state", cs.shape(), cs.strides())?;
     let bias = check_bias(args.bias.as_ref(), dim, dtype, device)?;
 
     // Batch size and the tables' shapes.
@@ -570,12 +592,14 @@ pub fn plan_fn(args: &CausalConv1dFnArgs<'_>) -> Result<ConvPlan, ConvError> {
     }
     check_dtype("out", out.dtype(), dtype)?;
     check_device("out", out.device(), device)?;
+    check_no_overlap("out", out.shape(), out.strides())?;
     let out_tok = TokenStrides { token: out.strides()[0], dim: out.strides()[1] };
     let cs = &args.conv_states;
     let (slots, state_len, state) =
         check_state("conv_states", cs.shape(), cs.strides(), cs.layout().offset(), args.conv_state_layout, dim, width)?;
     check_dtype("conv_states", cs.dtype(), dtype)?;
     check_device("conv_states", cs.device(), device)?;
+    check_no_overlap("conv_states", cs.shape(), cs.strides())?;
     let bias = check_bias(args.bias.as_ref(), dim, dtype, device)?;
 
     let qsl = &args.query_start_loc;

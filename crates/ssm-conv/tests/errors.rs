@@ -252,6 +252,16 @@ fn shape_mismatches() {
 }
 
 #[test]
+fn written_tensors_overlapping_themselves() {
+    let mut a = update();
+    a.conv_state = m(vec![0.0f32; 6 * 8 * 3], &[6 * 8 * 3]).with_layout(&[6, 8, 3], &[24, 1, 1], 0).unwrap();
+    insta::assert_snapshot!("update_state_overlapping", err_update(&a));
+    let mut f = prefill();
+    f.out = m(vec![0.0f32; 7 * 8], &[7 * 8]).with_layout(&[7, 8], &[0, 1], 0).unwrap();
+    insta::assert_snapshot!("fn_out_broadcast", err_fn(&f));
+}
+
+#[test]
 fn device_mismatch() {
     let mut a = update();
     // SAFETY: the view is never dereferenced: the plan only compares devices.

@@ -1,12 +1,14 @@
 //! Causal conv1d on the CPU ([`ssm_conv::ConvBackend`]).
 //!
-//! Work items are (sequence, channel chunk) pairs: the plan guarantees that no slot written
-//! by one sequence is used by another, and chunks of one sequence touch disjoint channels,
-//! so every item writes memory no other item reads or writes. Inside an item, eight
-//! channels at a time: the weights and the history window are loaded once into lanes, the
-//! new state window is copied (storage values, bit-exact), then every token of the sequence
-//! runs through the window in registers. Lanes load directly where a tensor is contiguous
-//! along `dim` and gather/scatter otherwise, so both conv-state layouts and any strides work.
+//! Work items are (block of sequences, channel chunk) pairs: the plan guarantees that no
+//! slot written by one sequence is used by another and that the written tensors do not
+//! overlap themselves, and chunks touch disjoint channels, so every item writes memory no
+//! other item reads or writes. Inside an item, per block of 256 channels, the taps and the
+//! bias are loaded into lanes once; then for each sequence, eight channels at a time, the
+//! history window is loaded, the new state window is copied (storage values, bit-exact),
+//! and every token of the sequence runs through the window in registers. Lanes load
+//! directly where a tensor is contiguous along `dim` and gather/scatter otherwise, so both
+//! conv-state layouts and any strides work.
 //!
 //! Numerics follow [`ssm_conv::reference`]: f32 accumulation from the bias, each product
 //! rounded to the storage dtype for f16/bf16 (fused multiply-add for f32), silu as
@@ -56,6 +58,47 @@ impl<T: Real> SharedBuf<T> {
         assert!(i < self.len);
         // SAFETY: in bounds (asserted); element i belongs to the calling item alone.
         unsafe { self.ptr.add(i).write(v) }
+    }
+
+    /// Copies `n` elements `src + k·stride` to `dst + k·stride` (distinct columns of this item).
+    #[inline(always)]
+    fn copy_within(&self, src: isize, dst: isize, stride: isize, n: usize) {
+        if stride == 1 {
+            let (s, d) = (src as usize, dst as usize);
+            assert!(s + n <= self.len && d + n <= self.len);
+            // SAFETY: both ranges are in bounds (asserted) and belong to this item alone;
+            // `copy` allows overlap.
+            unsafe { std::ptr::copy(self.ptr.add(s), self.ptr.add(d), n) }
+        } else {
+            for k in 0..n as isize {
+                self.write((dst + k * stride) as usize, self.read((src + k * stride) as usize));
+            }
+        }
+    }
+
+    /// Copies `n` elements `src[from + k·sstride]` to `dst + k·dstride`.
+    #[inline(always)]
+    fn copy_from(&self, src: &[T], from: isize, sstride: isize, dst: isize, dstride: isize, n: usize) {
+        if sstride == 1 && dstride == 1 {
+            let (f, d) = (from as usize, dst as usize);
+            let src = &src[f..f + n];
+            assert!(d + n <= self.len);
+            // SAFETY: the target range is in bounds (asserted) and belongs to this item alone;
+            // `src` is another tensor's memory (a shared borrow), so the ranges do not overlap.
+            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.add(d), n) }
+        } else {
+            for k in 0..n as isize {
+                self.write((dst + k * dstride) as usize, src[(from + k * sstride) as usize]);
+            }
+        }
+    }
+
+    /// Writes `v` to `n` elements `dst + k·stride`.
+    #[inline(always)]
+    fn fill(&self, dst: isize, stride: isize, n: usize, v: T) {
+        for k in 0..n as isize {
+            self.write((dst + k * stride) as usize, v);
+        }
     }
 
     /// Loads `n ≤ 8` elements `base + k·stride` as lanes (zeros past `n`).
@@ -153,10 +196,13 @@ impl<T> Clone for Ctx<'_, T> {
 }
 impl<T> Copy for Ctx<'_, T> {}
 
-/// One (sequence, channel range) item.
+/// Channels whose taps and bias one item keeps in lanes while it walks its sequences.
+const SUB: usize = 32 * LANES;
+
+/// One (block of sequences, channel range) item.
 struct Item<'a, T> {
     ctx: Ctx<'a, T>,
-    seq: &'a ConvSeq,
+    seqs: &'a [ConvSeq],
     c0: usize,
     c1: usize,
 }
@@ -174,74 +220,87 @@ impl<T: Real> SimdKernel for Item<'_, T> {
 }
 
 impl<T: Real> Item<'_, T> {
+    /// For each block of [`SUB`] channels: taps and bias into lanes once, then every sequence.
     #[inline(always)]
     fn body<S: Simd + PowTwo, const W: usize>(&self) {
-        let Ctx { plan, x, w, bias, state, out } = self.ctx;
-        let s = self.seq;
-        let st = plan.state;
-        let at = |slot: usize, col: usize, c: usize| {
-            st.offset as isize + slot as isize * st.slot + col as isize * st.col + c as isize * st.dim
-        };
-        let silu_on = plan.activation == ssm_conv::Activation::Silu;
+        let Ctx { plan, w, bias, .. } = self.ctx;
         let mut c = self.c0;
         while c < self.c1 {
-            let n = LANES.min(self.c1 - c);
-            let ci = c as isize;
-            let wb = plan.weight.offset as isize + ci * plan.weight.dim;
-            let taps: [S; W] =
-                std::array::from_fn(|j| load_ro::<T, S>(w, wb + j as isize * plan.weight.tap, plan.weight.dim, n));
-            let b0 = match (bias, plan.bias) {
-                (Some(b), Some(g)) => load_ro::<T, S>(b, g.offset as isize + ci * g.dim, g.dim, n),
-                _ => S::splat(0.0),
-            };
-            // History window, loaded before the state is written (read and write slot may coincide).
-            let mut hist: [S; 3] = std::array::from_fn(|j| match s.read_slot {
-                Some(r) if j < W - 1 => state.load::<S>(at(r, s.offset + j, c), st.dim, n),
-                _ => S::splat(0.0),
+            let end = (c + SUB).min(self.c1);
+            let groups = (end - c).div_ceil(LANES);
+            let taps: [[S; W]; SUB / LANES] = std::array::from_fn(|g| {
+                let cg = c + g * LANES;
+                if g >= groups {
+                    return [S::splat(0.0); W];
+                }
+                let n = LANES.min(end - cg);
+                let wb = plan.weight.offset as isize + cg as isize * plan.weight.dim;
+                std::array::from_fn(|j| load_ro::<T, S>(w, wb + j as isize * plan.weight.tap, plan.weight.dim, n))
             });
-            // New window: kept history (source columns lie ahead of their targets), then inputs.
-            if let Some(ws) = s.write_slot {
-                for i in 0..s.state_len {
-                    let dst = at(ws, i, c);
-                    if i + s.len < s.state_len {
-                        match s.read_slot {
-                            Some(r) => {
-                                let src = at(r, s.offset + i + s.shift, c);
-                                for k in 0..n as isize {
-                                    state.write((dst + k * st.dim) as usize, state.read((src + k * st.dim) as usize));
-                                }
-                            }
-                            None => {
-                                for k in 0..n as isize {
-                                    state.write((dst + k * st.dim) as usize, T::from_f32(0.0));
-                                }
-                            }
-                        }
-                    } else {
-                        let src = s.x_start + (i + s.len - s.state_len) as isize * plan.x.token + ci * plan.x.dim;
-                        for k in 0..n as isize {
-                            state.write((dst + k * st.dim) as usize, x[(src + k * plan.x.dim) as usize]);
-                        }
+            let b0: [S; SUB / LANES] = std::array::from_fn(|g| {
+                let cg = c + g * LANES;
+                match (bias, plan.bias) {
+                    (Some(b), Some(bs)) if g < groups => {
+                        load_ro::<T, S>(b, bs.offset as isize + cg as isize * bs.dim, bs.dim, LANES.min(end - cg))
                     }
+                    _ => S::splat(0.0),
+                }
+            });
+            for seq in self.seqs {
+                for g in 0..groups {
+                    let cg = c + g * LANES;
+                    self.group::<S, W>(seq, cg, LANES.min(end - cg), &taps[g], b0[g]);
                 }
             }
-            for t in 0..s.len {
-                let xt = load_ro::<T, S>(x, s.x_start + t as isize * plan.x.token + ci * plan.x.dim, plan.x.dim, n);
-                let mut acc = b0;
-                for j in 0..W - 1 {
-                    acc = mac::<T, S>(hist[j], taps[j], acc);
+            c = end;
+        }
+    }
+
+    /// Channels `[c, c + n)` of one sequence: history, state window, outputs.
+    #[inline(always)]
+    fn group<S: Simd + PowTwo, const W: usize>(&self, s: &ConvSeq, c: usize, n: usize, taps: &[S; W], b0: S) {
+        let Ctx { plan, x, state, out, .. } = self.ctx;
+        let st = plan.state;
+        let at = |slot: usize, col: usize| {
+            st.offset as isize + slot as isize * st.slot + col as isize * st.col + c as isize * st.dim
+        };
+        let ci = c as isize;
+        // History window, loaded before the state is written (read and write slot may coincide).
+        let mut hist: [S; 3] = std::array::from_fn(|j| match s.read_slot {
+            Some(r) if j < W - 1 => state.load::<S>(at(r, s.offset + j), st.dim, n),
+            _ => S::splat(0.0),
+        });
+        // New window: kept history (source columns lie ahead of their targets), then inputs.
+        if let Some(ws) = s.write_slot {
+            for i in 0..s.state_len {
+                let dst = at(ws, i);
+                if i + s.len < s.state_len {
+                    match s.read_slot {
+                        Some(r) => state.copy_within(at(r, s.offset + i + s.shift), dst, st.dim, n),
+                        None => state.fill(dst, st.dim, n, T::from_f32(0.0)),
+                    }
+                } else {
+                    let src = s.x_start + (i + s.len - s.state_len) as isize * plan.x.token + ci * plan.x.dim;
+                    state.copy_from(x, src, plan.x.dim, dst, st.dim, n);
                 }
-                acc = mac::<T, S>(xt, taps[W - 1], acc);
-                for j in 0..W - 2 {
-                    hist[j] = hist[j + 1];
-                }
-                hist[W - 2] = xt;
-                if silu_on {
-                    acc = silu(acc);
-                }
-                out.store(acc, s.out_start + t as isize * plan.out.token + ci * plan.out.dim, plan.out.dim, n);
             }
-            c += LANES;
+        }
+        let silu_on = plan.activation == ssm_conv::Activation::Silu;
+        for t in 0..s.len {
+            let xt = load_ro::<T, S>(x, s.x_start + t as isize * plan.x.token + ci * plan.x.dim, plan.x.dim, n);
+            let mut acc = b0;
+            for j in 0..W - 1 {
+                acc = mac::<T, S>(hist[j], taps[j], acc);
+            }
+            acc = mac::<T, S>(xt, taps[W - 1], acc);
+            for j in 0..W - 2 {
+                hist[j] = hist[j + 1];
+            }
+            hist[W - 2] = xt;
+            if silu_on {
+                acc = silu(acc);
+            }
+            out.store(acc, s.out_start + t as isize * plan.out.token + ci * plan.out.dim, plan.out.dim, n);
         }
     }
 }
@@ -268,16 +327,22 @@ impl CpuBackend {
         if seqs.is_empty() {
             return;
         }
-        // Split channels so that small batches still give every thread several items,
-        // with at least 64 channels per item.
+        // About four items per thread: channel chunks of at least 64 channels first, then
+        // blocks of sequences when the channels alone do not give enough items.
         let groups = plan.dim.div_ceil(LANES);
         let threads = self.par().threads();
-        let per_seq = if threads == 1 { 1 } else { (4 * threads).div_ceil(seqs.len()).clamp(1, groups.div_ceil(8)) };
-        let chunk = groups.div_ceil(per_seq) * LANES;
+        let target = if threads == 1 { 1 } else { 4 * threads };
+        let chunks = target.min(groups.div_ceil(8)).max(1);
+        let chunk = groups.div_ceil(chunks) * LANES;
         let chunks = plan.dim.div_ceil(chunk);
-        self.for_each(seqs.len() * chunks, |i| {
-            let c0 = (i % chunks) * chunk;
-            dispatch(Item { ctx, seq: &seqs[i / chunks], c0, c1: (c0 + chunk).min(plan.dim) });
+        let blocks = target.div_ceil(chunks).clamp(1, seqs.len());
+        let block = seqs.len().div_ceil(blocks);
+        let blocks = seqs.len().div_ceil(block);
+        self.for_each(chunks * blocks, |i| {
+            let (b, k) = (i / chunks, i % chunks);
+            let c0 = k * chunk;
+            let seqs = &seqs[b * block..((b + 1) * block).min(seqs.len())];
+            dispatch(Item { ctx, seqs, c0, c1: (c0 + chunk).min(plan.dim) });
         });
     }
 
@@ -387,7 +452,7 @@ mod tests {
     }
 
     fn gen_case<T: Real>(rng: &mut ChaCha8Rng, mode: Mode) -> Case<T> {
-        let dim = [1, 3, 7, 8, 13, 17, 33, 70][rng.random_range(0..8)];
+        let dim = [1, 3, 7, 8, 13, 17, 33, 70, 300][rng.random_range(0..9)];
         let width = rng.random_range(2..=4usize);
         let batch = rng.random_range(1..=5usize);
         let layout = if rng.random_bool(0.5) { ConvStateLayout::StateLenDim } else { ConvStateLayout::DimStateLen };
@@ -691,8 +756,6 @@ mod tests {
             state: SharedBuf::new(s.host_data_mut::<f32>().unwrap()),
             out: SharedBuf::new(o.host_data_mut::<f32>().unwrap()),
         };
-        for seq in plan.seqs.as_ref().unwrap() {
-            Item { ctx, seq, c0: 0, c1: plan.dim }.run::<crate::simd::Portable>();
-        }
+        Item { ctx, seqs: plan.seqs.as_ref().unwrap(), c0: 0, c1: plan.dim }.run::<crate::simd::Portable>();
     }
 }
