@@ -11,6 +11,8 @@
 mod case;
 mod compare;
 mod conv;
+mod ring;
+mod ssd;
 mod ssu;
 
 pub use case::{Case, CaseError, HostTensor, load_dir, load_file};
@@ -37,6 +39,18 @@ pub trait Target {
         Err("not supported by this target".into())
     }
 }
+    /// Runs `mamba_chunk_scan_combined_varlen` on host tensors.
+    fn mamba_chunk_scan_combined_varlen(&self, _args: ssm_ssd::MambaChunkScanCombinedVarlen<'_>) -> Result<(), String> {
+        Err("not supported by this target".into())
+    }
+    /// Runs `update_replayssm_ring_trackers` on host tensors.
+    fn update_replayssm_ring_trackers(&self, _args: ssm_ring::UpdateRingTrackers<'_>) -> Result<(), String> {
+        Err("not supported by this target".into())
+    }
+    /// Runs `commit_replayssm_ring_trackers` on host tensors.
+    fn commit_replayssm_ring_trackers(&self, _args: ssm_ring::CommitRingTrackers<'_>) -> Result<(), String> {
+        Err("not supported by this target".into())
+    }
 
 impl Target for ssm_dispatch::Runtime {
     fn label(&self) -> String {
@@ -52,6 +66,15 @@ impl Target for ssm_dispatch::Runtime {
         ssm_dispatch::Runtime::causal_conv1d_fn(self, args).map_err(|e| e.to_string())
     }
 }
+    fn mamba_chunk_scan_combined_varlen(&self, args: ssm_ssd::MambaChunkScanCombinedVarlen<'_>) -> Result<(), String> {
+        ssm_dispatch::Runtime::mamba_chunk_scan_combined_varlen(self, args).map_err(|e| e.to_string())
+    }
+    fn update_replayssm_ring_trackers(&self, args: ssm_ring::UpdateRingTrackers<'_>) -> Result<(), String> {
+        ssm_dispatch::Runtime::update_replayssm_ring_trackers(self, args).map_err(|e| e.to_string())
+    }
+    fn commit_replayssm_ring_trackers(&self, args: ssm_ring::CommitRingTrackers<'_>) -> Result<(), String> {
+        ssm_dispatch::Runtime::commit_replayssm_ring_trackers(self, args).map_err(|e| e.to_string())
+    }
 
 /// How one case ended.
 #[derive(Debug, Clone, PartialEq)]
@@ -78,7 +101,14 @@ pub struct CaseResult {
 }
 
 /// Ops this crate can map onto arguments.
-pub const KNOWN_OPS: &[&str] = &["selective_state_update", "causal_conv1d_update", "causal_conv1d_fn"];
+pub const KNOWN_OPS: &[&str] = &[
+    "selective_state_update",
+    "causal_conv1d_update",
+    "causal_conv1d_fn",
+    "mamba_chunk_scan_combined_varlen",
+    "update_replayssm_ring_trackers",
+    "commit_replayssm_ring_trackers",
+];
 
 /// Runs one case on `target` and compares its outputs.
 pub fn run_case(target: &dyn Target, case: &Case) -> CaseResult {
@@ -87,6 +117,9 @@ pub fn run_case(target: &dyn Target, case: &Case) -> CaseResult {
         "causal_conv1d_update" => conv::run_update(target, case),
         "causal_conv1d_fn" => conv::run_fn(target, case),
         other => {
+        "mamba_chunk_scan_combined_varlen" => ssd::run(target, case),
+        "update_replayssm_ring_trackers" => ring::run_update(target, case),
+        "commit_replayssm_ring_trackers" => ring::run_commit(target, case),
             return CaseResult {
                 name: case.name.clone(),
                 op: other.to_string(),

@@ -20,8 +20,8 @@ pub struct Config {
     pub philox_rounds: u32,
     /// First stochastic-rounding seed; each call takes the next value.
     pub seed: u64,
-    /// Enable the ReplaySSM ops (checkpointing SSU and ring trackers); `Runtime::new` refuses
-    /// it on a backend without them.
+    /// Enable ReplaySSM (the checkpointing SSU; the ring trackers are plain bookkeeping and
+    /// always available); `Runtime::new` refuses it on a backend without a kernel.
     pub replayssm: bool,
 }
 

@@ -70,7 +70,6 @@ impl Runtime {
     /// vLLM's `update_replayssm_ring_trackers`: advances (window given) or resets the cursors of
     /// every slot `state_batch_indices` names; pads and out-of-range slots are skipped.
     pub fn update_replayssm_ring_trackers(&self, args: UpdateRingTrackers<'_>) -> Result<(), Error> {
-        self.replayssm_backend("update_replayssm_ring_trackers")?;
         let plan = ssm_ring::plan_update(&args)?;
         self.check_ring_device("ring_start", args.trackers.ring_start.device())?;
         match &self.backend {
@@ -95,7 +94,6 @@ impl Runtime {
     /// vLLM's `commit_replayssm_ring_trackers`: folds in the previous speculative window's
     /// accepted counts and records the current query lengths.
     pub fn commit_replayssm_ring_trackers(&self, args: CommitRingTrackers<'_>) -> Result<(), Error> {
-        self.replayssm_backend("commit_replayssm_ring_trackers")?;
         let plan = ssm_ring::plan_commit(&args)?;
         self.check_ring_device("ring_start", args.trackers.ring_start.device())?;
         match &self.backend {

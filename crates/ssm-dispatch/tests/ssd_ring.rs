@@ -43,22 +43,43 @@ fn replay_config() -> Config {
 }
 
 #[test]
-fn replayssm_ops_need_the_config_switch() {
+fn the_checkpointing_ssu_needs_the_config_switch() {
     let rt = Runtime::new(&Config::cpu(Some(1))).unwrap();
     let mut p = pools();
-    let idx = [1i32];
+    let slots = [1i32];
+    let (x, dt, a, bc) = (vec![0.5f32; H * P], vec![0.1f32; H], [-1.0f32; H], vec![0.2f32; N]);
+    let mut out = vec![f32::NAN; H * P];
     let err = rt
-        .update_replayssm_ring_trackers(UpdateRingTrackers::reset(
-            RingTrackers {
+        .selective_state_update_replayssm(SelectiveStateUpdateReplaySsm {
+            state: TensorMut::from_slice(&mut p.state, &[CACHE, H, P, N]).unwrap(),
+            x_cache: TensorMut::from_slice(&mut p.x_cache, &[CACHE, H, L, P]).unwrap(),
+            b_cache: TensorMut::from_slice(&mut p.b_cache, &[CACHE, 1, L, N]).unwrap(),
+            dt_cache: TensorMut::from_slice(&mut p.dt_cache, &[CACHE, H, L]).unwrap(),
+            trackers: RingTrackers {
                 ring_start: TensorMut::from_slice(&mut p.ring_start, &[CACHE]).unwrap(),
                 prev_num_accepted: TensorMut::from_slice(&mut p.prev, &[CACHE]).unwrap(),
                 prev_query_len: TensorMut::from_slice(&mut p.prev_q, &[CACHE]).unwrap(),
             },
-            TensorRef::from_slice(&idx, &[1]).unwrap(),
-            None,
-        ))
+            logical_window: (L - 1) as i64,
+            x: TensorRef::from_slice(&x, &[1, H, P]).unwrap(),
+            dt: TensorRef::from_slice(&dt, &[1, H]).unwrap(),
+            a: TensorRef::from_slice(&a, &[H]).unwrap(),
+            b: TensorRef::from_slice(&bc, &[1, 1, N]).unwrap(),
+            c: TensorRef::from_slice(&bc, &[1, 1, N]).unwrap(),
+            out: TensorMut::from_slice(&mut out, &[1, H, P]).unwrap(),
+            d: None,
+            z: None,
+            dt_bias: None,
+            dt_softplus: true,
+            state_batch_indices: Some(TensorRef::from_slice(&slots, &[1]).unwrap()),
+            pad_slot_id: Some(0),
+            cu_seqlens: None,
+            max_seqlen: None,
+            update_trackers: true,
+        })
         .unwrap_err();
     assert!(matches!(err, Error::ReplaySsmDisabled { .. }), "{err}");
+    assert!(out.iter().all(|v| v.is_nan()) && p.prev == [0; CACHE], "a refused call wrote");
     assert!(Runtime::new(&replay_config()).is_ok());
 }
 
