@@ -38,7 +38,6 @@ pub trait Target {
     fn causal_conv1d_fn(&self, _args: ssm_conv::CausalConv1dFnArgs<'_>) -> Result<(), String> {
         Err("not supported by this target".into())
     }
-}
     /// Runs `mamba_chunk_scan_combined_varlen` on host tensors.
     fn mamba_chunk_scan_combined_varlen(&self, _args: ssm_ssd::MambaChunkScanCombinedVarlen<'_>) -> Result<(), String> {
         Err("not supported by this target".into())
@@ -51,6 +50,7 @@ pub trait Target {
     fn commit_replayssm_ring_trackers(&self, _args: ssm_ring::CommitRingTrackers<'_>) -> Result<(), String> {
         Err("not supported by this target".into())
     }
+}
 
 impl Target for ssm_dispatch::Runtime {
     fn label(&self) -> String {
@@ -65,7 +65,6 @@ impl Target for ssm_dispatch::Runtime {
     fn causal_conv1d_fn(&self, args: ssm_conv::CausalConv1dFnArgs<'_>) -> Result<(), String> {
         ssm_dispatch::Runtime::causal_conv1d_fn(self, args).map_err(|e| e.to_string())
     }
-}
     fn mamba_chunk_scan_combined_varlen(&self, args: ssm_ssd::MambaChunkScanCombinedVarlen<'_>) -> Result<(), String> {
         ssm_dispatch::Runtime::mamba_chunk_scan_combined_varlen(self, args).map_err(|e| e.to_string())
     }
@@ -75,6 +74,7 @@ impl Target for ssm_dispatch::Runtime {
     fn commit_replayssm_ring_trackers(&self, args: ssm_ring::CommitRingTrackers<'_>) -> Result<(), String> {
         ssm_dispatch::Runtime::commit_replayssm_ring_trackers(self, args).map_err(|e| e.to_string())
     }
+}
 
 /// How one case ended.
 #[derive(Debug, Clone, PartialEq)]
@@ -116,10 +116,10 @@ pub fn run_case(target: &dyn Target, case: &Case) -> CaseResult {
         "selective_state_update" => ssu::run(target, case),
         "causal_conv1d_update" => conv::run_update(target, case),
         "causal_conv1d_fn" => conv::run_fn(target, case),
-        other => {
         "mamba_chunk_scan_combined_varlen" => ssd::run(target, case),
         "update_replayssm_ring_trackers" => ring::run_update(target, case),
         "commit_replayssm_ring_trackers" => ring::run_commit(target, case),
+        other => {
             return CaseResult {
                 name: case.name.clone(),
                 op: other.to_string(),
