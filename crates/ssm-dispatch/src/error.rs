@@ -15,6 +15,9 @@ pub enum Error {
     /// The ReplaySSM arguments were refused by the plan.
     #[error(transparent)]
     Ring(#[from] ssm_ring::RingError),
+    /// The gated delta rule arguments were refused by the plan.
+    #[error(transparent)]
+    Gdn(#[from] ssm_gdn::GdnError),
     /// A ReplaySSM op was called on a runtime configured without ReplaySSM.
     #[error("`{op}` needs a runtime configured with `replayssm: true`")]
     ReplaySsmDisabled {

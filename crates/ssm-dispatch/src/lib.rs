@@ -11,6 +11,7 @@ mod backend;
 mod config;
 mod conv;
 mod error;
+mod gdn;
 mod ring;
 mod ssd;
 mod ssu;
