@@ -2,7 +2,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use safetensors::{Dtype, SafeTensors};
-use ssm_tensor::{DType, TensorMut, TensorRef};
+use ssm_tensor::{DType, HostTensor, TensorRef};
 
 /// Why a vector file could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -23,82 +23,6 @@ pub enum CaseError {
         /// What is wrong.
         reason: String,
     },
-}
-
-/// An owned host tensor (8-byte aligned storage) that hands out views.
-#[derive(Debug, Clone, PartialEq)]
-pub struct HostTensor {
-    /// Element type.
-    pub dtype: DType,
-    /// Shape.
-    pub shape: Vec<usize>,
-    words: Vec<u64>,
-    len: usize,
-}
-
-impl HostTensor {
-    /// A tensor from little-endian bytes.
-    pub fn from_bytes(dtype: DType, shape: Vec<usize>, bytes: &[u8]) -> Self {
-        let mut words = vec![0u64; bytes.len().div_ceil(8)];
-        bytemuck::cast_slice_mut::<u64, u8>(&mut words)[..bytes.len()].copy_from_slice(bytes);
-        HostTensor { dtype, shape, words, len: bytes.len() }
-    }
-
-    /// A tensor of `shape` filled with `value` (floats).
-    pub fn filled(dtype: DType, shape: Vec<usize>, value: f32) -> Self {
-        let n: usize = shape.iter().product();
-        let mut bytes = Vec::with_capacity(n * dtype.size());
-        for _ in 0..n {
-            match dtype {
-                DType::F32 => bytes.extend_from_slice(&value.to_le_bytes()),
-                DType::F16 => bytes.extend_from_slice(&half::f16::from_f32(value).to_le_bytes()),
-                DType::BF16 => bytes.extend_from_slice(&half::bf16::from_f32(value).to_le_bytes()),
-                _ => bytes.extend_from_slice(&vec![0u8; dtype.size()]),
-            }
-        }
-        Self::from_bytes(dtype, shape, &bytes)
-    }
-
-    /// The raw bytes.
-    pub fn bytes(&self) -> &[u8] {
-        &bytemuck::cast_slice::<u64, u8>(&self.words)[..self.len]
-    }
-
-    /// The raw bytes, writable.
-    pub fn bytes_mut(&mut self) -> &mut [u8] {
-        let len = self.len;
-        &mut bytemuck::cast_slice_mut::<u64, u8>(&mut self.words)[..len]
-    }
-
-    /// A contiguous read-only view.
-    pub fn view(&self) -> TensorRef<'_> {
-        TensorRef::from_bytes(self.bytes(), self.dtype, &self.shape).expect("a HostTensor is consistent")
-    }
-
-    /// A contiguous writable view.
-    pub fn view_mut(&mut self) -> TensorMut<'_> {
-        let (dtype, shape) = (self.dtype, self.shape.clone());
-        TensorMut::from_bytes(self.bytes_mut(), dtype, &shape).expect("a HostTensor is consistent")
-    }
-
-    /// Elements as f64 (floats, ints and bools), row-major.
-    pub fn to_f64_vec(&self) -> Vec<f64> {
-        let b = self.bytes();
-        let s = self.dtype.size();
-        (0..self.len / s)
-            .map(|i| {
-                let e = &b[i * s..(i + 1) * s];
-                match self.dtype {
-                    DType::F32 => f32::from_le_bytes(e.try_into().unwrap()) as f64,
-                    DType::F16 => half::f16::from_le_bytes(e.try_into().unwrap()).to_f64(),
-                    DType::BF16 => half::bf16::from_le_bytes(e.try_into().unwrap()).to_f64(),
-                    DType::I32 => i32::from_le_bytes(e.try_into().unwrap()) as f64,
-                    DType::I64 => i64::from_le_bytes(e.try_into().unwrap()) as f64,
-                    DType::Bool => e[0] as f64,
-                }
-            })
-            .collect()
-    }
 }
 
 /// One conformance case.

@@ -11,12 +11,14 @@
 mod case;
 mod compare;
 mod conv;
+mod gdn;
 mod ring;
 mod ssd;
 mod ssu;
 
-pub use case::{Case, CaseError, HostTensor, load_dir, load_file};
+pub use case::{Case, CaseError, load_dir, load_file};
 pub use compare::{OutputReport, Tolerance, compare};
+pub use ssm_tensor::HostTensor;
 
 use ssm_ssu::SelectiveStateUpdate;
 
@@ -50,6 +52,28 @@ pub trait Target {
     fn commit_replayssm_ring_trackers(&self, _args: ssm_ring::CommitRingTrackers<'_>) -> Result<(), String> {
         Err("not supported by this target".into())
     }
+    /// Runs `fused_gdn_gating` on host tensors.
+    fn fused_gdn_gating(&self, _args: ssm_gdn::FusedGdnGatingArgs<'_>) -> Result<(), String> {
+        Err("not supported by this target".into())
+    }
+    /// Runs `fused_recurrent_gated_delta_rule` on host tensors.
+    fn fused_recurrent_gated_delta_rule(
+        &self,
+        _args: ssm_gdn::FusedRecurrentGatedDeltaRuleArgs<'_>,
+    ) -> Result<(), String> {
+        Err("not supported by this target".into())
+    }
+    /// Runs `fused_sigmoid_gating_delta_rule_update` on host tensors.
+    fn fused_sigmoid_gating_delta_rule_update(
+        &self,
+        _args: ssm_gdn::FusedSigmoidGatingDeltaRuleUpdateArgs<'_>,
+    ) -> Result<(), String> {
+        Err("not supported by this target".into())
+    }
+    /// Runs `chunk_gated_delta_rule` on host tensors.
+    fn chunk_gated_delta_rule(&self, _args: ssm_gdn::ChunkGatedDeltaRuleArgs<'_>) -> Result<(), String> {
+        Err("not supported by this target".into())
+    }
 }
 
 impl Target for ssm_dispatch::Runtime {
@@ -73,6 +97,24 @@ impl Target for ssm_dispatch::Runtime {
     }
     fn commit_replayssm_ring_trackers(&self, args: ssm_ring::CommitRingTrackers<'_>) -> Result<(), String> {
         ssm_dispatch::Runtime::commit_replayssm_ring_trackers(self, args).map_err(|e| e.to_string())
+    }
+    fn fused_gdn_gating(&self, args: ssm_gdn::FusedGdnGatingArgs<'_>) -> Result<(), String> {
+        ssm_dispatch::Runtime::fused_gdn_gating(self, args).map_err(|e| e.to_string())
+    }
+    fn fused_recurrent_gated_delta_rule(
+        &self,
+        args: ssm_gdn::FusedRecurrentGatedDeltaRuleArgs<'_>,
+    ) -> Result<(), String> {
+        ssm_dispatch::Runtime::fused_recurrent_gated_delta_rule(self, args).map_err(|e| e.to_string())
+    }
+    fn fused_sigmoid_gating_delta_rule_update(
+        &self,
+        args: ssm_gdn::FusedSigmoidGatingDeltaRuleUpdateArgs<'_>,
+    ) -> Result<(), String> {
+        ssm_dispatch::Runtime::fused_sigmoid_gating_delta_rule_update(self, args).map_err(|e| e.to_string())
+    }
+    fn chunk_gated_delta_rule(&self, args: ssm_gdn::ChunkGatedDeltaRuleArgs<'_>) -> Result<(), String> {
+        ssm_dispatch::Runtime::chunk_gated_delta_rule(self, args).map_err(|e| e.to_string())
     }
 }
 
@@ -108,6 +150,10 @@ pub const KNOWN_OPS: &[&str] = &[
     "mamba_chunk_scan_combined_varlen",
     "update_replayssm_ring_trackers",
     "commit_replayssm_ring_trackers",
+    "fused_gdn_gating",
+    "fused_recurrent_gated_delta_rule",
+    "fused_sigmoid_gating_delta_rule_update",
+    "chunk_gated_delta_rule",
 ];
 
 /// Runs one case on `target` and compares its outputs.
@@ -119,6 +165,10 @@ pub fn run_case(target: &dyn Target, case: &Case) -> CaseResult {
         "mamba_chunk_scan_combined_varlen" => ssd::run(target, case),
         "update_replayssm_ring_trackers" => ring::run_update(target, case),
         "commit_replayssm_ring_trackers" => ring::run_commit(target, case),
+        "fused_gdn_gating" => gdn::run_gating(target, case),
+        "fused_recurrent_gated_delta_rule" => gdn::run_recurrent(target, case),
+        "fused_sigmoid_gating_delta_rule_update" => gdn::run_sigmoid(target, case),
+        "chunk_gated_delta_rule" => gdn::run_chunk(target, case),
         other => {
             return CaseResult {
                 name: case.name.clone(),

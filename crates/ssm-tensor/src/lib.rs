@@ -10,15 +10,20 @@
 //! passes `A`, `D` and `dt_bias` as stride-0 views). Every constructor checks
 //! that each reachable element lies inside the borrowed memory, so no view can
 //! address out of bounds.
+//!
+//! [`HostTensor`] is the one owning type: an aligned host buffer for tests, tools and
+//! benchmarks, which hands out views.
 
 mod dtype;
 mod error;
 mod layout;
+mod owned;
 mod view;
 
 pub use dtype::{DType, Element};
 pub use error::TensorError;
 pub use layout::{Layout, MAX_RANK};
+pub use owned::HostTensor;
 pub use view::{Device, TensorMut, TensorRef};
 
 pub use half::{bf16, f16};

@@ -1,0 +1,195 @@
+//! Gated delta rule cases onto [`ssm_gdn`]'s arguments: `fused_gdn_gating`,
+//! `fused_recurrent_gated_delta_rule`, `fused_sigmoid_gating_delta_rule_update` and
+//! `chunk_gated_delta_rule`. The vectors hold vLLM's GPU state layout `[slots, HV, V, K]`
+//! ([`StateLayout::VK`]); in-place states come back as `out.initial_state`, per-token or per-sequence
+//! states as `out.final_state`, outputs as `out.o`. The recurrent ops' skipped (null-block) rows
+//! are NaN in the files and are not compared.
+
+use ssm_gdn::{
+    ChunkGatedDeltaRuleArgs, FusedGdnGatingArgs, FusedRecurrentGatedDeltaRuleArgs,
+    FusedSigmoidGatingDeltaRuleUpdateArgs, StateLayout,
+};
+use ssm_tensor::DType;
+
+use crate::{Case, HostTensor, Produced, Target};
+
+/// vLLM's l2norm eps (the GDN Triton kernels hard-code it).
+const EPS: f32 = 1e-6;
+
+fn missing(n: &str) -> (bool, String) {
+    (false, format!("input `{n}` missing"))
+}
+
+fn f32_arg(case: &Case, name: &str, default: f32) -> f32 {
+    case.arg(name).and_then(|v| v.as_f64()).map(|x| x as f32).unwrap_or(default)
+}
+
+fn bool_arg(case: &Case, name: &str, default: bool) -> bool {
+    case.arg(name).and_then(|v| v.as_bool()).unwrap_or(default)
+}
+
+fn scale(case: &Case) -> Option<f32> {
+    case.arg("scale").and_then(|v| v.as_f64()).map(|x| x as f32)
+}
+
+/// Runs a `fused_gdn_gating` case: outputs `g` (f32) and `beta_output` (in `b`'s dtype), `[1, T, HV]`.
+pub(crate) fn run_gating(target: &dyn Target, case: &Case) -> Produced {
+    let a = case.input("a").ok_or_else(|| missing("a"))?;
+    let b = case.input("b").ok_or_else(|| missing("b"))?;
+    let &[t, hv] = a.shape.as_slice() else {
+        return Err((false, format!("a has shape {:?}, expected [T, HV]", a.shape)));
+    };
+    let mut g = HostTensor::filled(DType::F32, vec![1, t, hv], f32::NAN);
+    let mut beta = HostTensor::filled(b.dtype, vec![1, t, hv], f32::NAN);
+    let args = FusedGdnGatingArgs {
+        a_log: case.input_view("A_log").ok_or_else(|| missing("A_log"))?,
+        a: a.view(),
+        b: b.view(),
+        dt_bias: case.input_view("dt_bias").ok_or_else(|| missing("dt_bias"))?,
+        beta: f32_arg(case, "beta", 1.0),
+        threshold: f32_arg(case, "threshold", 20.0),
+        g: g.view_mut(),
+        beta_output: beta.view_mut(),
+    };
+    target.fused_gdn_gating(args).map_err(|e| (false, e))?;
+    Ok(vec![("g".into(), g), ("beta_output".into(), beta)])
+}
+
+/// The buffers of a recurrent case: output `o` (q's dtype, NaN-poisoned), the pool (cloned) and,
+/// when not in place, the per-token `final_state`.
+struct RecurrentBuffers {
+    o: HostTensor,
+    state: Option<HostTensor>,
+    final_state: Option<HostTensor>,
+}
+
+impl RecurrentBuffers {
+    fn new(case: &Case) -> Result<Self, (bool, String)> {
+        let q = case.input("q").ok_or_else(|| missing("q"))?;
+        let v = case.input("v").ok_or_else(|| missing("v"))?;
+        let state = case.input("initial_state").cloned();
+        let final_state = if bool_arg(case, "inplace_final_state", true) {
+            None
+        } else {
+            let s = state.as_ref().ok_or_else(|| missing("initial_state"))?;
+            let mut shape = s.shape.clone();
+            shape[0] = q.shape[0] * q.shape[1];
+            Some(HostTensor::filled(s.dtype, shape, f32::NAN))
+        };
+        Ok(RecurrentBuffers { o: HostTensor::filled(q.dtype, v.shape.clone(), f32::NAN), state, final_state })
+    }
+
+    fn produced(self) -> Vec<(String, HostTensor)> {
+        let mut out = vec![("o".to_string(), self.o)];
+        match (self.final_state, self.state) {
+            (Some(f), _) => out.push(("final_state".into(), f)),
+            (None, Some(s)) => out.push(("initial_state".into(), s)),
+            (None, None) => {}
+        }
+        out
+    }
+}
+
+/// Runs a `fused_recurrent_gated_delta_rule` case.
+pub(crate) fn run_recurrent(target: &dyn Target, case: &Case) -> Produced {
+    let mut bufs = RecurrentBuffers::new(case)?;
+    let view = |n: &str| case.input_view(n);
+    let req = |n: &'static str| view(n).ok_or_else(|| missing(n));
+    let args = FusedRecurrentGatedDeltaRuleArgs {
+        q: req("q")?,
+        k: req("k")?,
+        v: req("v")?,
+        g: req("g")?,
+        beta: view("beta"),
+        scale: scale(case),
+        initial_state: bufs.state.as_mut().map(|s| s.view_mut()),
+        final_state: bufs.final_state.as_mut().map(|s| s.view_mut()),
+        cu_seqlens: view("cu_seqlens"),
+        ssm_state_indices: view("ssm_state_indices"),
+        num_accepted_tokens: view("num_accepted_tokens"),
+        use_qk_l2norm_in_kernel: bool_arg(case, "use_qk_l2norm_in_kernel", false),
+        eps: EPS,
+        state_layout: StateLayout::VK,
+        o: bufs.o.view_mut(),
+    };
+    target.fused_recurrent_gated_delta_rule(args).map_err(|e| (false, e))?;
+    Ok(bufs.produced())
+}
+
+/// Runs a `fused_sigmoid_gating_delta_rule_update` case.
+pub(crate) fn run_sigmoid(target: &dyn Target, case: &Case) -> Produced {
+    if bool_arg(case, "is_kda", false) {
+        return Err((true, "KDA (per-channel decay) is not a GDN op".into()));
+    }
+    let mut bufs = RecurrentBuffers::new(case)?;
+    let view = |n: &str| case.input_view(n);
+    let req = |n: &'static str| view(n).ok_or_else(|| missing(n));
+    let args = FusedSigmoidGatingDeltaRuleUpdateArgs {
+        a_log: req("A_log")?,
+        a: req("a")?,
+        b: req("b")?,
+        dt_bias: req("dt_bias")?,
+        q: req("q")?,
+        k: req("k")?,
+        v: req("v")?,
+        beta: f32_arg(case, "beta", 1.0),
+        threshold: f32_arg(case, "threshold", 20.0),
+        scale: scale(case),
+        initial_state: bufs.state.as_mut().map(|s| s.view_mut()),
+        final_state: bufs.final_state.as_mut().map(|s| s.view_mut()),
+        cu_seqlens: view("cu_seqlens"),
+        ssm_state_indices: view("ssm_state_indices"),
+        num_accepted_tokens: view("num_accepted_tokens"),
+        use_qk_l2norm_in_kernel: bool_arg(case, "use_qk_l2norm_in_kernel", false),
+        eps: EPS,
+        state_layout: StateLayout::VK,
+        o: bufs.o.view_mut(),
+    };
+    target.fused_sigmoid_gating_delta_rule_update(args).map_err(|e| (false, e))?;
+    Ok(bufs.produced())
+}
+
+/// Runs a `chunk_gated_delta_rule` case: vLLM's dense `initial_state` `[N, HV, V, K]` (read
+/// only), `final_state` f32 `[N, HV, V, K]` when `output_final_state`.
+pub(crate) fn run_chunk(target: &dyn Target, case: &Case) -> Produced {
+    let q = case.input("q").ok_or_else(|| missing("q"))?;
+    let v = case.input("v").ok_or_else(|| missing("v"))?;
+    let k = case.input("k").ok_or_else(|| missing("k"))?;
+    let seqs = match case.input("cu_seqlens") {
+        Some(cu) => cu.shape[0].saturating_sub(1),
+        None => q.shape[0],
+    };
+    let (hv, kd, vd) = (v.shape[2], k.shape[3], v.shape[3]);
+    let mut o = HostTensor::filled(q.dtype, v.shape.clone(), f32::NAN);
+    let mut state = case.input("initial_state").cloned();
+    let mut final_state = bool_arg(case, "output_final_state", false)
+        .then(|| HostTensor::filled(DType::F32, vec![seqs, hv, vd, kd], f32::NAN));
+    let view = |n: &str| case.input_view(n);
+    let req = |n: &'static str| view(n).ok_or_else(|| missing(n));
+    let args = ChunkGatedDeltaRuleArgs {
+        q: req("q")?,
+        k: req("k")?,
+        v: req("v")?,
+        g: req("g")?,
+        beta: req("beta")?,
+        scale: scale(case),
+        initial_state: state.as_mut().map(|s| s.view_mut()),
+        initial_state_indices: None,
+        has_initial_state: None,
+        pad_slot_id: None,
+        inplace_final_state: false,
+        final_state: final_state.as_mut().map(|s| s.view_mut()),
+        cu_seqlens: view("cu_seqlens"),
+        use_qk_l2norm_in_kernel: bool_arg(case, "use_qk_l2norm_in_kernel", false),
+        eps: EPS,
+        state_layout: StateLayout::VK,
+        o: o.view_mut(),
+        scratch: None,
+    };
+    target.chunk_gated_delta_rule(args).map_err(|e| (false, e))?;
+    let mut out = vec![("o".to_string(), o)];
+    if let Some(f) = final_state {
+        out.push(("final_state".into(), f));
+    }
+    Ok(out)
+}

@@ -1,0 +1,105 @@
+use half::{bf16, f16};
+
+use crate::{DType, TensorMut, TensorRef};
+
+/// An owned host tensor (8-byte aligned storage) that hands out views.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostTensor {
+    /// Element type.
+    pub dtype: DType,
+    /// Shape.
+    pub shape: Vec<usize>,
+    words: Vec<u64>,
+    len: usize,
+}
+
+impl HostTensor {
+    /// A tensor from little-endian bytes.
+    pub fn from_bytes(dtype: DType, shape: Vec<usize>, bytes: &[u8]) -> Self {
+        let mut words = vec![0u64; bytes.len().div_ceil(8)];
+        bytemuck::cast_slice_mut::<u64, u8>(&mut words)[..bytes.len()].copy_from_slice(bytes);
+        HostTensor { dtype, shape, words, len: bytes.len() }
+    }
+
+    /// A tensor of `shape` filled with `value` (floats).
+    pub fn filled(dtype: DType, shape: Vec<usize>, value: f32) -> Self {
+        let n: usize = shape.iter().product();
+        let mut bytes = Vec::with_capacity(n * dtype.size());
+        for _ in 0..n {
+            match dtype {
+                DType::F32 => bytes.extend_from_slice(&value.to_le_bytes()),
+                DType::F16 => bytes.extend_from_slice(&f16::from_f32(value).to_le_bytes()),
+                DType::BF16 => bytes.extend_from_slice(&bf16::from_f32(value).to_le_bytes()),
+                _ => bytes.extend_from_slice(&vec![0u8; dtype.size()]),
+            }
+        }
+        Self::from_bytes(dtype, shape, &bytes)
+    }
+
+    /// A float tensor from f32 values, rounded to nearest even in `dtype` (F32, F16 or BF16).
+    pub fn from_f32(dtype: DType, shape: Vec<usize>, values: &[f32]) -> Self {
+        assert_eq!(values.len(), shape.iter().product::<usize>(), "values must fill the shape");
+        let mut bytes = Vec::with_capacity(values.len() * dtype.size());
+        for &v in values {
+            match dtype {
+                DType::F32 => bytes.extend_from_slice(&v.to_le_bytes()),
+                DType::F16 => bytes.extend_from_slice(&f16::from_f32(v).to_le_bytes()),
+                DType::BF16 => bytes.extend_from_slice(&bf16::from_f32(v).to_le_bytes()),
+                other => panic!("from_f32 makes float tensors, not {other}"),
+            }
+        }
+        Self::from_bytes(dtype, shape, &bytes)
+    }
+
+    /// An integer tensor (I32 or I64) from i64 values.
+    pub fn from_i64(dtype: DType, shape: Vec<usize>, values: &[i64]) -> Self {
+        assert_eq!(values.len(), shape.iter().product::<usize>(), "values must fill the shape");
+        let bytes: Vec<u8> = match dtype {
+            DType::I32 => values.iter().flat_map(|&v| (v as i32).to_le_bytes()).collect(),
+            DType::I64 => values.iter().flat_map(|&v| v.to_le_bytes()).collect(),
+            other => panic!("from_i64 makes index tensors, not {other}"),
+        };
+        Self::from_bytes(dtype, shape, &bytes)
+    }
+
+    /// The raw bytes.
+    pub fn bytes(&self) -> &[u8] {
+        &bytemuck::cast_slice::<u64, u8>(&self.words)[..self.len]
+    }
+
+    /// The raw bytes, writable.
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        let len = self.len;
+        &mut bytemuck::cast_slice_mut::<u64, u8>(&mut self.words)[..len]
+    }
+
+    /// A contiguous read-only view.
+    pub fn view(&self) -> TensorRef<'_> {
+        TensorRef::from_bytes(self.bytes(), self.dtype, &self.shape).expect("a HostTensor is consistent")
+    }
+
+    /// A contiguous writable view.
+    pub fn view_mut(&mut self) -> TensorMut<'_> {
+        let (dtype, shape) = (self.dtype, self.shape.clone());
+        TensorMut::from_bytes(self.bytes_mut(), dtype, &shape).expect("a HostTensor is consistent")
+    }
+
+    /// Elements as f64 (floats, ints and bools), row-major.
+    pub fn to_f64_vec(&self) -> Vec<f64> {
+        let b = self.bytes();
+        let s = self.dtype.size();
+        (0..self.len / s)
+            .map(|i| {
+                let e = &b[i * s..(i + 1) * s];
+                match self.dtype {
+                    DType::F32 => f32::from_le_bytes(e.try_into().unwrap()) as f64,
+                    DType::F16 => f16::from_le_bytes(e.try_into().unwrap()).to_f64(),
+                    DType::BF16 => bf16::from_le_bytes(e.try_into().unwrap()).to_f64(),
+                    DType::I32 => i32::from_le_bytes(e.try_into().unwrap()) as f64,
+                    DType::I64 => i64::from_le_bytes(e.try_into().unwrap()) as f64,
+                    DType::Bool => e[0] as f64,
+                }
+            })
+            .collect()
+    }
+}
