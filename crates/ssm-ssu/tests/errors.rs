@@ -1,0 +1,249 @@
+//! Every malformed-argument class gets a typed error naming the argument, the expected and
+//! the actual value; messages are pinned here. A failed call writes nothing.
+
+use ssm_ssu::{SelectiveStateUpdate, SsuAlgorithm, StochasticRounding};
+use ssm_tensor::{DType, HostTensor, TensorRef};
+
+/// A valid Mamba2 decode call: 3 sequences, 4 heads, 2 groups, dim 8, dstate 16, 6 slots.
+struct Base {
+    state: HostTensor,
+    x: HostTensor,
+    dt: HostTensor,
+    a: HostTensor,
+    b: HostTensor,
+    c: HostTensor,
+    d: HostTensor,
+    dt_bias: HostTensor,
+    out: HostTensor,
+    sbi: HostTensor,
+    sbi2: HostTensor,
+    nacc: HostTensor,
+    cu: HostTensor,
+}
+
+fn f(dtype: DType, shape: &[usize]) -> HostTensor {
+    let n: usize = shape.iter().product();
+    HostTensor::from_f32(dtype, shape.to_vec(), &(0..n).map(|i| (i % 7) as f32 * 0.1 - 0.3).collect::<Vec<_>>())
+}
+
+fn base() -> Base {
+    Base {
+        state: f(DType::F32, &[6, 4, 8, 16]),
+        x: f(DType::BF16, &[3, 4, 8]),
+        dt: f(DType::BF16, &[3, 4, 1]),
+        a: HostTensor::from_f32(DType::F32, vec![4, 1, 1], &[-1.0, -2.0, -0.5, -1.5]),
+        b: f(DType::BF16, &[3, 2, 16]),
+        c: f(DType::BF16, &[3, 2, 16]),
+        d: f(DType::F32, &[4, 1]),
+        dt_bias: f(DType::F32, &[4, 1]),
+        out: HostTensor::filled(DType::BF16, vec![3, 4, 8], f32::NAN),
+        sbi: HostTensor::from_i64(DType::I32, vec![3], &[1, 2, 3]),
+        sbi2: HostTensor::from_i64(DType::I32, vec![3, 2], &[1, 4, 2, 5, 3, 0]),
+        nacc: HostTensor::from_i64(DType::I32, vec![3], &[1, 2, 1]),
+        cu: HostTensor::from_i64(DType::I32, vec![4], &[0, 1, 2, 3]),
+    }
+}
+
+impl Base {
+    fn args(&mut self) -> SelectiveStateUpdate<'_> {
+        SelectiveStateUpdate {
+            state: self.state.view_mut(),
+            x: self.x.view(),
+            dt: self.dt.view().expand(&[3, 4, 8]).unwrap(),
+            a: self.a.view().expand(&[4, 8, 16]).unwrap(),
+            b: self.b.view(),
+            c: self.c.view(),
+            d: Some(self.d.view().expand(&[4, 8]).unwrap()),
+            dt_bias: Some(self.dt_bias.view().expand(&[4, 8]).unwrap()),
+            z: None,
+            dt_softplus: true,
+            state_batch_indices: Some(self.sbi.view()),
+            dst_state_batch_indices: None,
+            pad_slot_id: Some(0),
+            out: self.out.view_mut(),
+            num_accepted_tokens: None,
+            cu_seqlens: None,
+            stochastic_rounding: None,
+        }
+    }
+}
+
+/// Plans `edit(args)` and returns the error message; the base call itself must plan.
+fn err(edit: impl for<'a> FnOnce(&mut SelectiveStateUpdate<'a>, &'a Base)) -> String {
+    let mut owned = base();
+    let extra = base();
+    let before = owned.state.clone();
+    let msg = {
+        let mut args = owned.args();
+        // SAFETY-free trick: `extra` lives as long as `args`' borrows need.
+        let extra: &Base = Box::leak(Box::new(extra));
+        edit(&mut args, extra);
+        match ssm_ssu::plan(&args) {
+            Ok(p) => panic!("expected an error, got a plan: {p:?}"),
+            Err(e) => e.to_string(),
+        }
+    };
+    assert_eq!(owned.state, before, "a refused call must not write the state");
+    msg
+}
+
+fn t<'a>(h: &'a HostTensor) -> TensorRef<'a> {
+    h.view()
+}
+
+#[test]
+fn base_call_plans() {
+    let mut b = base();
+    ssm_ssu::plan(&b.args()).unwrap();
+}
+
+#[test]
+fn wrong_rank() {
+    let bad = Box::leak(Box::new(f(DType::F32, &[6, 4, 8, 16, 1])));
+    insta::assert_snapshot!("state_rank", err(|a, _| a.state = bad.view_mut()));
+    let r1 = Box::leak(Box::new(f(DType::F32, &[4])));
+    insta::assert_snapshot!("x_rank", err(|a, _| a.x = t(r1)));
+    insta::assert_snapshot!("a_rank", err(|a, _| a.a = t(r1)));
+}
+
+#[test]
+fn mismatched_sizes() {
+    let x_bad = Box::leak(Box::new(f(DType::BF16, &[3, 5, 8])));
+    insta::assert_snapshot!("x_heads", err(|a, _| a.x = t(x_bad)));
+    let b_bad = Box::leak(Box::new(f(DType::BF16, &[3, 2, 12])));
+    insta::assert_snapshot!("b_dstate", err(|a, _| a.b = t(b_bad)));
+    let c_bad = Box::leak(Box::new(f(DType::BF16, &[3, 1, 16])));
+    insta::assert_snapshot!("c_groups", err(|a, _| a.c = t(c_bad)));
+    let b3 = Box::leak(Box::new(f(DType::BF16, &[3, 3, 16])));
+    let c3 = Box::leak(Box::new(f(DType::BF16, &[3, 3, 16])));
+    insta::assert_snapshot!(
+        "heads_not_divisible",
+        err(|a, _| {
+            a.b = t(b3);
+            a.c = t(c3);
+        })
+    );
+    let a_bad = Box::leak(Box::new(f(DType::F32, &[4, 8, 15])));
+    insta::assert_snapshot!("a_shape", err(|a, _| a.a = t(a_bad)));
+    let d_bad = Box::leak(Box::new(f(DType::F32, &[3, 8])));
+    insta::assert_snapshot!("d_shape", err(|a, _| a.d = Some(t(d_bad))));
+    let dt_bad = Box::leak(Box::new(f(DType::BF16, &[2, 4, 8])));
+    insta::assert_snapshot!("dt_rows", err(|a, _| a.dt = t(dt_bad)));
+    let z_bad = Box::leak(Box::new(f(DType::BF16, &[3, 4, 9])));
+    insta::assert_snapshot!("z_dim", err(|a, _| a.z = Some(t(z_bad))));
+}
+
+#[test]
+fn wrong_dtypes() {
+    insta::assert_snapshot!("x_int", err(|a, e| a.x = e.sbi.view()));
+    let idx = Box::leak(Box::new(f(DType::F32, &[3])));
+    insta::assert_snapshot!("indices_float", err(|a, _| a.state_batch_indices = Some(t(idx))));
+    let st = Box::leak(Box::new(HostTensor::from_i64(DType::I32, vec![6, 4, 8, 16], &vec![0; 6 * 4 * 8 * 16])));
+    insta::assert_snapshot!("state_int", err(|a, _| a.state = st.view_mut()));
+    insta::assert_snapshot!(
+        "sr_needs_f16",
+        err(|a, _| a.stochastic_rounding = Some(StochasticRounding { seed: 1, philox_rounds: 10 }))
+    );
+}
+
+#[test]
+fn layout_requirements() {
+    // state with dstate not contiguous: a transposed view of the last two axes.
+    let st = Box::leak(Box::new(f(DType::F32, &[6, 4, 16, 8])));
+    insta::assert_snapshot!(
+        "state_not_contiguous",
+        err(|a, _| a.state = st.view_mut().with_layout(&[6, 4, 8, 16], &[512, 128, 1, 8], 0).unwrap())
+    );
+    let o = Box::leak(Box::new(f(DType::BF16, &[4, 8])));
+    insta::assert_snapshot!(
+        "out_overlapping",
+        err(|a, _| a.out = o.view_mut().with_layout(&[3, 4, 8], &[0, 8, 1], 0).unwrap())
+    );
+}
+
+#[test]
+fn varlen_and_speculative_arguments() {
+    let cu2 = Box::leak(Box::new(HostTensor::from_i64(DType::I32, vec![2, 2], &[0, 1, 2, 3])));
+    insta::assert_snapshot!("cu_seqlens_not_1d", err(|a, _| a.cu_seqlens = Some(t(cu2))));
+    let cu_long = Box::leak(Box::new(HostTensor::from_i64(DType::I32, vec![5], &[0, 1, 2, 3, 3])));
+    insta::assert_snapshot!("cu_seqlens_too_long_for_table", err(|a, _| a.cu_seqlens = Some(t(cu_long))));
+    let cu_dec = Box::leak(Box::new(HostTensor::from_i64(DType::I32, vec![4], &[0, 2, 1, 3])));
+    insta::assert_snapshot!("cu_seqlens_not_monotone", err(|a, _| a.cu_seqlens = Some(t(cu_dec))));
+    let cu_over = Box::leak(Box::new(HostTensor::from_i64(DType::I32, vec![4], &[0, 1, 2, 4])));
+    insta::assert_snapshot!("cu_seqlens_past_rows", err(|a, _| a.cu_seqlens = Some(t(cu_over))));
+    insta::assert_snapshot!(
+        "nacc_without_indices",
+        err(|a, e| {
+            a.state_batch_indices = None;
+            a.num_accepted_tokens = Some(e.nacc.view());
+        })
+    );
+    insta::assert_snapshot!("nacc_with_1d_table", err(|a, e| a.num_accepted_tokens = Some(e.nacc.view())));
+    insta::assert_snapshot!(
+        "nacc_with_1d_dst",
+        err(|a, e| {
+            a.state_batch_indices = Some(e.sbi2.view());
+            a.dst_state_batch_indices = Some(e.sbi.view());
+            a.num_accepted_tokens = Some(e.nacc.view());
+        })
+    );
+    let nacc_far = Box::leak(Box::new(HostTensor::from_i64(DType::I32, vec![3], &[1, 3, 1])));
+    insta::assert_snapshot!(
+        "nacc_past_table",
+        err(|a, e| {
+            a.state_batch_indices = Some(e.sbi2.view());
+            a.num_accepted_tokens = Some(t(nacc_far));
+        })
+    );
+    insta::assert_snapshot!(
+        "dst_without_src",
+        err(|a, e| {
+            a.state_batch_indices = None;
+            a.dst_state_batch_indices = Some(e.sbi.view());
+        })
+    );
+    let short = Box::leak(Box::new(HostTensor::from_i64(DType::I32, vec![2], &[1, 2])));
+    insta::assert_snapshot!("table_too_short", err(|a, _| a.state_batch_indices = Some(t(short))));
+    let x4 = Box::leak(Box::new(f(DType::BF16, &[3, 1, 4, 8])));
+    insta::assert_snapshot!(
+        "dense_with_cu_seqlens",
+        err(|a, e| {
+            a.x = t(x4);
+            a.cu_seqlens = Some(e.cu.view());
+        })
+    );
+}
+
+#[test]
+fn host_indices_out_of_range() {
+    let bad = Box::leak(Box::new(HostTensor::from_i64(DType::I64, vec![3], &[1, 6, 3])));
+    insta::assert_snapshot!("index_past_pool", err(|a, _| a.state_batch_indices = Some(t(bad))));
+    let neg = Box::leak(Box::new(HostTensor::from_i64(DType::I32, vec![3], &[1, -1, 3])));
+    insta::assert_snapshot!("negative_index_pad_zero", err(|a, _| a.state_batch_indices = Some(t(neg))));
+    let dst_bad = Box::leak(Box::new(HostTensor::from_i64(DType::I32, vec![3], &[4, 99, 5])));
+    insta::assert_snapshot!("dst_index_past_pool", err(|a, _| a.dst_state_batch_indices = Some(t(dst_bad))));
+    insta::assert_snapshot!(
+        "no_pad_value",
+        err(|a, _| {
+            a.pad_slot_id = None;
+            a.state_batch_indices = Some(t(neg));
+        })
+    );
+}
+
+#[test]
+fn device_mismatch() {
+    // SAFETY: the device view is planned only, never dereferenced.
+    let dev = unsafe {
+        TensorRef::from_device_ptr(0x1000, 96, DType::BF16, ssm_tensor::Device::Cuda(0), &[3, 4, 8], &[32, 8, 1])
+    }
+    .unwrap();
+    insta::assert_snapshot!("x_on_device", err(|a, _| a.x = dev));
+}
+
+#[test]
+fn unknown_algorithm() {
+    let e = "fastest".parse::<SsuAlgorithm>().unwrap_err();
+    insta::assert_snapshot!("unknown_algorithm", e.to_string());
+    assert_eq!("horizontal".parse::<SsuAlgorithm>().unwrap(), SsuAlgorithm::Horizontal);
+}
