@@ -50,6 +50,68 @@ template <typename T> __device__ __forceinline__ T from_f32(float v) { return Fr
 __device__ __forceinline__ i64 load_index(const int* p) { return (i64)*p; }
 __device__ __forceinline__ i64 load_index(const i64* p) { return *p; }
 
+// Read-only loads through the non-coherent cache (inputs the kernel never writes).
+__device__ __forceinline__ float ld_ro(const float* p) { return __ldg(p); }
+__device__ __forceinline__ f16_t ld_ro(const f16_t* p) {
+    f16_t v;
+    v.bits = __ldg(&p->bits);
+    return v;
+}
+__device__ __forceinline__ bf16_t ld_ro(const bf16_t* p) {
+    bf16_t v;
+    v.bits = __ldg(&p->bits);
+    return v;
+}
+
+// N consecutive read-only elements as f32: one 16-, 8- or 4-byte load when N * sizeof(T) is
+// one of those (the caller guarantees the alignment), else element by element.
+template <int N, typename T> __device__ __forceinline__ void load_vec_ro(const T* p, float* out) {
+    if constexpr (N * sizeof(T) == 16) {
+        uint4 u = __ldg(reinterpret_cast<const uint4*>(p));
+        const T* e = reinterpret_cast<const T*>(&u);
+#pragma unroll
+        for (int i = 0; i < N; ++i) out[i] = to_f32(e[i]);
+    } else if constexpr (N * sizeof(T) > 16 && (N * sizeof(T)) % 16 == 0) {
+        constexpr int K = 16 / sizeof(T);
+#pragma unroll
+        for (int c = 0; c < N / K; ++c) load_vec_ro<K>(p + c * K, out + c * K);
+    } else if constexpr (N * sizeof(T) == 8) {
+        uint2 u = __ldg(reinterpret_cast<const uint2*>(p));
+        const T* e = reinterpret_cast<const T*>(&u);
+#pragma unroll
+        for (int i = 0; i < N; ++i) out[i] = to_f32(e[i]);
+    } else if constexpr (N * sizeof(T) == 4 && N > 1) {
+        unsigned int u = __ldg(reinterpret_cast<const unsigned int*>(p));
+        const T* e = reinterpret_cast<const T*>(&u);
+#pragma unroll
+        for (int i = 0; i < N; ++i) out[i] = to_f32(e[i]);
+    } else {
+#pragma unroll
+        for (int i = 0; i < N; ++i) out[i] = to_f32(ld_ro(p + i));
+    }
+}
+
+// Two f32 → one packed pair of 16-bit floats, round to nearest even (one instruction on sm_80+).
+template <typename T> __device__ __forceinline__ u32 pack2(float lo, float hi);
+template <> __device__ __forceinline__ u32 pack2<bf16_t>(float lo, float hi) {
+#if __CUDA_ARCH__ >= 800
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+#else
+    return (u32)from_f32<bf16_t>(lo).bits | ((u32)from_f32<bf16_t>(hi).bits << 16);
+#endif
+}
+template <> __device__ __forceinline__ u32 pack2<f16_t>(float lo, float hi) {
+#if __CUDA_ARCH__ >= 800
+    u32 r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+#else
+    return (u32)from_f32<f16_t>(lo).bits | ((u32)from_f32<f16_t>(hi).bits << 16);
+#endif
+}
+
 // N consecutive elements starting at `p` as f32. With N * sizeof(T) == 16 the caller
 // guarantees 16-byte alignment and one 128-bit load is issued.
 template <int N, typename T> __device__ __forceinline__ void load_vec(const T* p, float* out) {
@@ -65,7 +127,12 @@ template <int N, typename T> __device__ __forceinline__ void load_vec(const T* p
 }
 
 template <int N, typename T> __device__ __forceinline__ void store_vec(T* p, const float* in) {
-    if constexpr (N * sizeof(T) == 16) {
+    if constexpr (N * sizeof(T) == 16 && sizeof(T) == 2) {
+        u32 w[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) w[i] = pack2<T>(in[2 * i], in[2 * i + 1]);
+        *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
+    } else if constexpr (N * sizeof(T) == 16) {
         uint4 u;
         T* e = reinterpret_cast<T*>(&u);
 #pragma unroll

@@ -4,7 +4,8 @@
 //   STATE_T X_T DT_T A_T B_T C_T D_T DTB_T Z_T OUT_T   f32 / f16_t / bf16_t
 //   SBI_T DST_T NACC_T CU_T                            int / i64 (index tables)
 //   DSTATE VEC TPR VPT RPT NTHREADS MINB               tile geometry (MINB: min blocks/SM, 0 = none)
-//   HAS_Z HAS_D HAS_DT_BIAS DT_SOFTPLUS TIED HAS_SBI HAS_PAD VARLEN DENSE SPEC STOCH_ROUND   0/1
+//   HAS_Z HAS_D HAS_DT_BIAS DT_SOFTPLUS TIED HAS_SBI HAS_PAD VARLEN DENSE SPEC STOCH_ROUND BC_VEC   0/1
+//   (BC_VEC: B and C are contiguous along dstate and VEC-element aligned: vector loads)
 //
 // One block owns one (sequence, head, tile of DIM_TILE = (NTHREADS / TPR) * RPT rows).
 // TPR lanes share one row of the state; each lane holds VPT vectors of VEC elements of a
@@ -237,41 +238,58 @@ extern "C" __global__ void SSU_BOUNDS ssu_kernel(const SsuParams p) {
     // Per-head and per-row parameters.
     const A_T* a = reinterpret_cast<const A_T*>(p.a) + (i64)h * p.a_head;
 #if TIED
-    const float a_head = to_f32(a[0]);
-#endif
+    const float a_head = to_f32(ld_ro(a));
 #if HAS_DT_BIAS
+    const float dtb_head = to_f32(ld_ro(reinterpret_cast<const DTB_T*>(p.dt_bias) + (i64)h * p.dtb_head));
+#endif
+#elif HAS_DT_BIAS
     float dtb[RPT];
 #pragma unroll
     for (int r = 0; r < RPT; ++r)
-        dtb[r] = prow[r] < p.dim ? to_f32(reinterpret_cast<const DTB_T*>(p.dt_bias)[(i64)h * p.dtb_head + (i64)prow[r] * p.dtb_dim]) : 0.f;
+        dtb[r] = prow[r] < p.dim ? to_f32(ld_ro(reinterpret_cast<const DTB_T*>(p.dt_bias) + (i64)h * p.dtb_head + (i64)prow[r] * p.dtb_dim)) : 0.f;
 #endif
 #if HAS_D
     float dd[RPT];
 #pragma unroll
     for (int r = 0; r < RPT; ++r)
-        dd[r] = prow[r] < p.dim ? to_f32(reinterpret_cast<const D_T*>(p.d)[(i64)h * p.d_head + (i64)prow[r] * p.d_dim]) : 0.f;
+        dd[r] = prow[r] < p.dim ? to_f32(ld_ro(reinterpret_cast<const D_T*>(p.d) + (i64)h * p.d_head + (i64)prow[r] * p.d_dim)) : 0.f;
 #endif
 
     for (int t = 0; t < len; ++t) {
-        // Token inputs of this (token, head): x, dt, z per row; B, C per dstate column.
-        float xv[RPT], dtv[RPT];
+        // Token inputs of this (token, head): x, z (and dt unless tied) per row; B, C per column.
+        float xv[RPT];
 #if HAS_Z
         float zv[RPT];
+#endif
+#if TIED
+        // vLLM's TIE_HDIM: one dt per head, so dA and B·dt are shared by every row.
+        float dth = to_f32(ld_ro(reinterpret_cast<const DT_T*>(p.dt) + tok_base(p.dts, seq, bos, t) + (i64)h * p.dts.head));
+#if HAS_DT_BIAS
+        dth += dtb_head;
+#endif
+#if DT_SOFTPLUS
+        dth = softplus_thr(dth);
+#endif
+        const float dA = expf(a_head * dth);
+#else
+        float dtv[RPT];
 #endif
 #pragma unroll
         for (int r = 0; r < RPT; ++r) {
             const bool ok = prow[r] < p.dim;
             const i64 pr = ok ? prow[r] : 0;
-            xv[r] = to_f32(reinterpret_cast<const X_T*>(p.x)[tok_base(p.xs, seq, bos, t) + (i64)h * p.xs.head + pr * p.xs.dim]);
-            dtv[r] = to_f32(reinterpret_cast<const DT_T*>(p.dt)[tok_base(p.dts, seq, bos, t) + (i64)h * p.dts.head + pr * p.dts.dim]);
+            xv[r] = to_f32(ld_ro(reinterpret_cast<const X_T*>(p.x) + tok_base(p.xs, seq, bos, t) + (i64)h * p.xs.head + pr * p.xs.dim));
 #if HAS_Z
-            zv[r] = to_f32(reinterpret_cast<const Z_T*>(p.z)[tok_base(p.zs, seq, bos, t) + (i64)h * p.zs.head + pr * p.zs.dim]);
+            zv[r] = to_f32(ld_ro(reinterpret_cast<const Z_T*>(p.z) + tok_base(p.zs, seq, bos, t) + (i64)h * p.zs.head + pr * p.zs.dim));
 #endif
+#if !TIED
+            dtv[r] = to_f32(ld_ro(reinterpret_cast<const DT_T*>(p.dt) + tok_base(p.dts, seq, bos, t) + (i64)h * p.dts.head + pr * p.dts.dim));
 #if HAS_DT_BIAS
             dtv[r] += dtb[r];
 #endif
 #if DT_SOFTPLUS
             dtv[r] = softplus_thr(dtv[r]);
+#endif
 #endif
         }
         float bv[VPT][VEC], cv[VPT][VEC];
@@ -280,38 +298,53 @@ extern "C" __global__ void SSU_BOUNDS ssu_kernel(const SsuParams p) {
             const C_T* cp = reinterpret_cast<const C_T*>(p.c) + tok_base(p.cs, seq, bos, t) + (i64)g * p.cs.head;
 #pragma unroll
             for (int v = 0; v < VPT; ++v) {
+                const int vi = lane + v * TPR;
+#if BC_VEC
+                // B and C contiguous along dstate and aligned to VEC elements (host-checked).
+                if (vi < NVEC) {
+                    load_vec_ro<VEC>(bp + vi * VEC, bv[v]);
+                    load_vec_ro<VEC>(cp + vi * VEC, cv[v]);
+                } else {
+#pragma unroll
+                    for (int e = 0; e < VEC; ++e) bv[v][e] = cv[v][e] = 0.f;
+                }
+#else
 #pragma unroll
                 for (int e = 0; e < VEC; ++e) {
-                    const int n = (lane + v * TPR) * VEC + e;
+                    const int n = vi * VEC + e;
                     const bool ok = n < DSTATE;
-                    bv[v][e] = ok ? to_f32(bp[(i64)n * p.bs.dim]) : 0.f;
-                    cv[v][e] = ok ? to_f32(cp[(i64)n * p.cs.dim]) : 0.f;
+                    bv[v][e] = ok ? to_f32(ld_ro(bp + (i64)n * p.bs.dim)) : 0.f;
+                    cv[v][e] = ok ? to_f32(ld_ro(cp + (i64)n * p.cs.dim)) : 0.f;
                 }
+#endif
+#if TIED
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) bv[v][e] = __fmul_rn(bv[v][e], dth);  // B·dt, rounded as the reference
+#endif
             }
         }
 
         // Recurrence and output (semantics/ssu.md §3.2): y uses the un-rounded f32 state.
+        // dB·x is rounded as the reference rounds it; the update is one FMA (exact when dA = 1).
         float y[RPT];
 #pragma unroll
         for (int r = 0; r < RPT; ++r) {
-#if TIED
-            const float dA = expf(a_head * dtv[r]);
-#endif
             float acc = 0.f;
 #pragma unroll
             for (int v = 0; v < VPT; ++v) {
 #pragma unroll
                 for (int e = 0; e < VEC; ++e) {
-#if !TIED
+#if TIED
+                    const float dbx = __fmul_rn(bv[v][e], xv[r]);
+#else
                     const int n = (lane + v * TPR) * VEC + e;
                     const bool ok = n < DSTATE && prow[r] < p.dim;
-                    const float av = ok ? to_f32(a[(i64)prow[r] * p.a_dim + (i64)n * p.a_n]) : 0.f;
+                    const float av = ok ? to_f32(ld_ro(a + (i64)prow[r] * p.a_dim + (i64)n * p.a_n)) : 0.f;
                     const float dA = expf(av * dtv[r]);
+                    const float dbx = __fmul_rn(__fmul_rn(bv[v][e], dtv[r]), xv[r]);
 #endif
-                    // Rounded exactly as the reference (no contraction into an FMA), so that
-                    // the state is bit-identical to the CPU's for the same dA.
-                    s[r][v][e] = __fadd_rn(__fmul_rn(s[r][v][e], dA), __fmul_rn(__fmul_rn(bv[v][e], dtv[r]), xv[r]));
-                    acc += s[r][v][e] * cv[v][e];
+                    s[r][v][e] = fmaf(s[r][v][e], dA, dbx);
+                    acc = fmaf(s[r][v][e], cv[v][e], acc);
                 }
             }
 #pragma unroll

@@ -225,7 +225,7 @@ impl CudaBackend {
 
     /// [`prewarm`](Self::prewarm) for the kernel an SSU plan launches.
     pub fn prewarm_ssu(&self, plan: &ssm_ssu::SsuPlan) -> Result<(), CudaError> {
-        let key = ssu::SsuKey::from_plan(plan, true);
+        let key = ssu::SsuKey::from_plan(plan, None);
         self.ssu_function(&key).map(|_| ())
     }
 

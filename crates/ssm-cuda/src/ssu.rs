@@ -123,7 +123,17 @@ impl SsuGeometry {
 
     /// The geometry for a state of `state` dtype with `dstate` columns, `dim` rows per head.
     /// `vectorized`: whether every state row start is 16-byte aligned.
-    pub fn choose(state: DType, dstate: usize, dim: usize, vectorized: bool, tied: bool, multi_token: bool) -> Self {
+    /// `rows_total`: sequences × heads × dim of the call; small calls get fewer rows per lane
+    /// (more, shorter-lived threads: latency rather than bandwidth bounds them).
+    pub fn choose(
+        state: DType,
+        dstate: usize,
+        dim: usize,
+        vectorized: bool,
+        tied: bool,
+        multi_token: bool,
+        rows_total: usize,
+    ) -> Self {
         let per16 = 16 / state.size();
         let vec = if vectorized && dstate.is_multiple_of(per16) { per16 } else { 1 };
         let nvec = dstate.div_ceil(vec).max(1);
@@ -134,6 +144,12 @@ impl SsuGeometry {
         let mut rpt = (4 / vpt).max(1);
         if !tied {
             rpt = rpt.min(2);
+        }
+        // Keep about two waves of resident threads (132 SMs × 2048 on an H100/H200) before
+        // giving lanes several rows.
+        const WAVE_THREADS: usize = 132 * 2048;
+        while rpt > 1 && rows_total * tpr / rpt < 2 * WAVE_THREADS {
+            rpt /= 2;
         }
         let mut threads = 128usize;
         let dim = dim.max(1);
@@ -204,9 +220,14 @@ const F_VARLEN: u16 = 128;
 const F_DENSE: u16 = 256;
 const F_SPEC: u16 = 512;
 const F_SR: u16 = 1024;
+const F_BC_VEC: u16 = 2048;
 
 impl SsuKey {
-    pub(crate) fn from_plan(plan: &SsuPlan, vectorized: bool) -> Self {
+    /// The key of `plan`. `addrs`: the device base addresses of `state`, `B` and `C` (their
+    /// alignment picks the vector widths); `None` assumes allocation-aligned bases.
+    pub(crate) fn from_plan(plan: &SsuPlan, addrs: Option<(u64, u64, u64)>) -> Self {
+        let (sa, ba, ca) = addrs.unwrap_or((0, 0, 0));
+        let vectorized = state_rows_aligned(plan, sa);
         let t = plan.dtypes;
         let idx = |o: Option<DType>| o.unwrap_or(DType::I32);
         let flt = |o: Option<DType>| o.unwrap_or(DType::F32);
@@ -228,6 +249,20 @@ impl SsuKey {
         set(matches!(plan.route, Route::Dense { .. }), F_DENSE);
         set(plan.spec, F_SPEC);
         set(plan.stochastic_rounding.is_some(), F_SR);
+        let geometry = SsuGeometry::choose(
+            t.state,
+            plan.dims.dstate,
+            plan.dims.dim,
+            vectorized,
+            tied,
+            plan.route != Route::OneToken,
+            plan.dims.seqs * plan.dims.heads * plan.dims.dim,
+        );
+        let vec = geometry.vec as usize;
+        set(
+            bc_aligned(&plan.b, t.b, ba, vec, plan.dims.dstate) && bc_aligned(&plan.c, t.c, ca, vec, plan.dims.dstate),
+            F_BC_VEC,
+        );
         SsuKey {
             types: [
                 t.state,
@@ -246,14 +281,7 @@ impl SsuKey {
                 idx(t.cu_seqlens),
             ],
             dstate: plan.dims.dstate,
-            geometry: SsuGeometry::choose(
-                t.state,
-                plan.dims.dstate,
-                plan.dims.dim,
-                vectorized,
-                tied,
-                plan.route != Route::OneToken,
-            ),
+            geometry,
             flags,
         }
     }
@@ -288,6 +316,7 @@ impl SsuKey {
             ("DENSE", F_DENSE),
             ("SPEC", F_SPEC),
             ("STOCH_ROUND", F_SR),
+            ("BC_VEC", F_BC_VEC),
         ] {
             defines.push((name, u8::from(self.flags & f != 0).to_string()));
         }
@@ -308,8 +337,16 @@ pub fn ssu_catalogue() -> Vec<(String, KernelSpec)> {
         SsuKey {
             types: [state, io, io, F32, io, io, F32, F32, io, io, idx, idx, idx, I32],
             dstate,
-            geometry: SsuGeometry::choose(state, dstate, dim, vectorized, tied, flags & (F_VARLEN | F_DENSE) != 0),
-            flags,
+            geometry: SsuGeometry::choose(
+                state,
+                dstate,
+                dim,
+                vectorized,
+                tied,
+                flags & (F_VARLEN | F_DENSE) != 0,
+                64 * 80 * dim,
+            ),
+            flags: if vectorized { flags | F_BC_VEC } else { flags },
         }
     };
     let mut out = Vec::new();
@@ -355,7 +392,17 @@ pub fn ssu_catalogue() -> Vec<(String, KernelSpec)> {
 /// usual case: device allocations are 256-byte aligned), e.g. for [`CudaBackend::prewarm`]
 /// before graph capture.
 pub fn ssu_kernel_spec(plan: &SsuPlan) -> KernelSpec {
-    SsuKey::from_plan(plan, state_rows_aligned(plan, 0)).spec()
+    SsuKey::from_plan(plan, None).spec()
+}
+
+/// Whether `B` or `C` can be read `vec` elements at a time: contiguous along dstate and every
+/// chunk start aligned to `vec` elements (at most 16 bytes).
+fn bc_aligned(ts: &TokenStrides, dtype: DType, addr: u64, vec: usize, dstate: usize) -> bool {
+    let es = dtype.size() as i64;
+    let align = (vec as i64 * es).min(16);
+    let base = addr as i64 + ts.offset as i64 * es;
+    let ok = |stride: isize| (stride as i64 * es) % align == 0;
+    (ts.dim == 1 || dstate <= 1) && base % align == 0 && ok(ts.seq) && ok(ts.tok) && ok(ts.head)
 }
 
 /// Whether every state row `[slot, h, p, 0]` starts on a 16-byte boundary, for a base address `addr`.
@@ -509,8 +556,11 @@ impl SsuBackend for CudaBackend {
                 return Err(CudaError::Unsupported(format!("{what} = {v} exceeds the kernel's 32-bit counters")));
             }
         }
-        let vectorized = state_rows_aligned(plan, args.state.device_addr().unwrap_or(0));
-        let key = SsuKey::from_plan(plan, vectorized);
+        let addr = |a: Option<u64>| a.unwrap_or(0);
+        let key = SsuKey::from_plan(
+            plan,
+            Some((addr(args.state.device_addr()), addr(args.b.device_addr()), addr(args.c.device_addr()))),
+        );
         let dim_tiles = dims.dim.div_ceil(key.geometry.dim_tile() as usize);
         let blocks = dims.seqs * dims.heads * dim_tiles;
         if blocks == 0 {
@@ -552,23 +602,26 @@ mod tests {
 
     #[test]
     fn geometry_covers_dstate_with_16_byte_vectors() {
-        let g = SsuGeometry::choose(DType::F32, 128, 64, true, true, false);
+        let g = SsuGeometry::choose(DType::F32, 128, 64, true, true, false, 1 << 24);
         assert_eq!((g.vec, g.tpr, g.vpt, g.rpt, g.threads), (4, 32, 1, 4, 128));
         assert_eq!(g.dim_tile(), 16);
-        let g = SsuGeometry::choose(DType::BF16, 128, 64, true, true, false);
+        let g = SsuGeometry::choose(DType::BF16, 128, 64, true, true, false, 1 << 24);
         assert_eq!((g.vec, g.tpr, g.vpt, g.rpt), (8, 16, 1, 4));
         assert_eq!(g.dim_tile(), 32);
-        let g = SsuGeometry::choose(DType::F32, 256, 64, true, true, false);
+        let g = SsuGeometry::choose(DType::F32, 256, 64, true, true, false, 1 << 24);
         assert_eq!((g.vec, g.tpr, g.vpt, g.rpt), (4, 32, 2, 2));
         // Unaligned or odd dstate: scalar accesses, every column still covered.
         for (ds, dim) in [(7, 5), (1, 1), (0, 3), (16, 3), (300, 2)] {
-            let g = SsuGeometry::choose(DType::F16, ds, dim, false, false, true);
+            let g = SsuGeometry::choose(DType::F16, ds, dim, false, false, true, 1 << 24);
             assert_eq!(g.vec, 1);
             assert!((g.tpr * g.vpt) as usize >= ds, "{ds}");
             assert!(g.tpr.is_power_of_two() && g.tpr <= 32 && g.threads.is_multiple_of(32) && g.threads >= g.tpr);
         }
+        // Small calls (batch 1 of Mamba2-2.7B: 80 heads × 64 rows) get one row per lane.
+        let g = SsuGeometry::choose(DType::F32, 128, 64, true, true, false, 80 * 64);
+        assert_eq!((g.rpt, g.dim_tile()), (1, 4));
         // Small heads do not waste most of the block.
-        let g = SsuGeometry::choose(DType::BF16, 16, 4, true, true, false);
+        let g = SsuGeometry::choose(DType::BF16, 16, 4, true, true, false, 1 << 24);
         assert!(g.dim_tile() < 64, "{g:?}");
     }
 }
