@@ -35,7 +35,11 @@ fn cargo_executables(
 ) -> anyhow::Result<Vec<(String, PathBuf)>> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut cmd = Command::new(cargo);
-    cmd.current_dir(root).args(args).arg("--message-format=json-render-diagnostics").stdout(Stdio::piped());
+    cmd.current_dir(root)
+        .args(args)
+        .arg("--message-format=json-render-diagnostics")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
     println!("{cmd:?}");
     let out = cmd.output().context("running cargo")?;
     if !out.status.success() {

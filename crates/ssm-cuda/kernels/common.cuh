@@ -114,9 +114,14 @@ template <> __device__ __forceinline__ u32 pack2<f16_t>(float lo, float hi) {
 
 // N consecutive elements starting at `p` as f32. With N * sizeof(T) == 16 the caller
 // guarantees 16-byte alignment and one 128-bit load is issued.
-template <int N, typename T> __device__ __forceinline__ void load_vec(const T* p, float* out) {
+template <int N, typename T, bool STREAMING = false> __device__ __forceinline__ void load_vec(const T* p, float* out) {
     if constexpr (N * sizeof(T) == 16) {
-        uint4 u = *reinterpret_cast<const uint4*>(p);
+        uint4 u;
+        if constexpr (STREAMING) {
+            u = __ldcs(reinterpret_cast<const uint4*>(p));
+        } else {
+            u = *reinterpret_cast<const uint4*>(p);
+        }
         const T* e = reinterpret_cast<const T*>(&u);
 #pragma unroll
         for (int i = 0; i < N; ++i) out[i] = to_f32(e[i]);
@@ -126,18 +131,23 @@ template <int N, typename T> __device__ __forceinline__ void load_vec(const T* p
     }
 }
 
-template <int N, typename T> __device__ __forceinline__ void store_vec(T* p, const float* in) {
-    if constexpr (N * sizeof(T) == 16 && sizeof(T) == 2) {
-        u32 w[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) w[i] = pack2<T>(in[2 * i], in[2 * i + 1]);
-        *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
-    } else if constexpr (N * sizeof(T) == 16) {
+// Stores N elements from f32 (round to nearest even). STREAMING: 16-byte accesses use the
+// evict-first cache hint (`st.global.cs`); the state is written once and not read again.
+template <int N, typename T, bool STREAMING = false> __device__ __forceinline__ void store_vec(T* p, const float* in) {
+    if constexpr (N * sizeof(T) == 16) {
         uint4 u;
-        T* e = reinterpret_cast<T*>(&u);
+        if constexpr (sizeof(T) == 2) {
+            u = make_uint4(pack2<T>(in[0], in[1]), pack2<T>(in[2], in[3]), pack2<T>(in[4], in[5]), pack2<T>(in[6], in[7]));
+        } else {
+            T* e = reinterpret_cast<T*>(&u);
 #pragma unroll
-        for (int i = 0; i < N; ++i) e[i] = from_f32<T>(in[i]);
-        *reinterpret_cast<uint4*>(p) = u;
+            for (int i = 0; i < N; ++i) e[i] = from_f32<T>(in[i]);
+        }
+        if constexpr (STREAMING) {
+            __stcs(reinterpret_cast<uint4*>(p), u);
+        } else {
+            *reinterpret_cast<uint4*>(p) = u;
+        }
     } else {
 #pragma unroll
         for (int i = 0; i < N; ++i) p[i] = from_f32<T>(in[i]);

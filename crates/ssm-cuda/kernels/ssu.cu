@@ -3,7 +3,8 @@
 //
 //   STATE_T X_T DT_T A_T B_T C_T D_T DTB_T Z_T OUT_T   f32 / f16_t / bf16_t
 //   SBI_T DST_T NACC_T CU_T                            int / i64 (index tables)
-//   DSTATE VEC TPR VPT RPT NTHREADS MINB               tile geometry (MINB: min blocks/SM, 0 = none)
+//   DSTATE VEC TPR VPT RPT NTHREADS MINB STATE_CS      tile geometry (MINB: min blocks/SM, 0 = none;
+//                                                      STATE_CS: streaming cache hints on the state)
 //   HAS_Z HAS_D HAS_DT_BIAS DT_SOFTPLUS TIED HAS_SBI HAS_PAD VARLEN DENSE SPEC STOCH_ROUND BC_VEC   0/1
 //   (BC_VEC: B and C are contiguous along dstate and VEC-element aligned: vector loads)
 //
@@ -149,27 +150,49 @@ extern "C" __global__ void SSU_BOUNDS ssu_kernel(const SsuParams p) {
     const i64 seq = bid / p.heads;
     const int g = h / p.heads_per_group;
 
+    // ---- index loads: every one is issued before any is used, so that a block waits for
+    // one round trip to memory before its state loads, not one per table ----
+#if VARLEN
+    const CU_T* cu = reinterpret_cast<const CU_T*>(p.cu);
+    i64 bos = load_index(cu + seq * p.cu_s);
+    const i64 eos = load_index(cu + (seq + 1) * p.cu_s);
+#else
+    const i64 bos = 0;
+#endif
+#if HAS_SBI
+    const SBI_T* srow = reinterpret_cast<const SBI_T*>(p.sbi) + seq * p.sbi_seq;
+    const DST_T* dtab = reinterpret_cast<const DST_T*>(p.dst) + seq * p.dst_seq;
+#if SPEC
+    // The source column depends on the accepted count; the first four entries of the row are
+    // read alongside it (speculative tables are narrow), the rest only when needed.
+    const i64 accepted = load_index(reinterpret_cast<const NACC_T*>(p.nacc) + seq * p.nacc_s);
+    i64 pre[4];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) pre[c] = c < p.sbi_width ? load_index(srow + c * p.sbi_col) : 0;
+#else
+    const i64 src0 = load_index(srow);
+    const i64 dst0 = load_index(dtab);
+#endif
+#endif
+
     // ---- the sequence's tokens ----
     int len = 1;
-    i64 bos = 0;
 #if VARLEN
-    {
-        const CU_T* cu = reinterpret_cast<const CU_T*>(p.cu);
-        bos = load_index(cu + seq * p.cu_s);
-        const i64 eos = load_index(cu + (seq + 1) * p.cu_s);
-        if (bos < 0 || eos < bos || eos > p.rows) {
-            raise_error(p, ERR_CU_SEQLENS);
-            return;
-        }
-        if (eos == bos) return;  // empty sequence: nothing written
-        len = (int)(eos - bos);
+    if (bos < 0 || eos < bos || eos > p.rows) {
+        raise_error(p, ERR_CU_SEQLENS);
+        return;
     }
+    if (eos == bos) return;  // empty sequence: nothing written
+    len = (int)(eos - bos);
 #elif DENSE
     len = p.steps;
 #endif
 
     // ---- slots ----
-    i64 src = seq, dst = seq;
+    i64 src = seq;
+#if !SPEC
+    i64 dst = seq;
+#endif
     bool live = true;
 #if !HAS_SBI
     // Without tables sequence b reads and writes slot b (the plan cannot check the pool size
@@ -179,40 +202,21 @@ extern "C" __global__ void SSU_BOUNDS ssu_kernel(const SsuParams p) {
         return;
     }
 #else
-    i64 col0 = 0;
 #if SPEC
-    {
-        const i64 acc = load_index(reinterpret_cast<const NACC_T*>(p.nacc) + seq * p.nacc_s);
-        col0 = acc - 1 > 0 ? acc - 1 : 0;
-        if (col0 >= p.sbi_width || len > p.dst_width) {
-            raise_error(p, ERR_ACCEPTED);
-            return;
-        }
+    const i64 col0 = accepted - 1 > 0 ? accepted - 1 : 0;
+    if (col0 >= p.sbi_width || len > p.dst_width) {
+        raise_error(p, ERR_ACCEPTED);
+        return;
     }
+    src = col0 == 0 ? pre[0] : col0 == 1 ? pre[1] : col0 == 2 ? pre[2] : col0 == 3 ? pre[3] : load_index(srow + col0 * p.sbi_col);
+#else
+    src = src0;
+    dst = dst0;
 #endif
-    src = load_index(reinterpret_cast<const SBI_T*>(p.sbi) + seq * p.sbi_seq + col0 * p.sbi_col);
     live = !(HAS_PAD && src == p.pad);
     if (live && (src < 0 || src >= p.slots)) {
         raise_error(p, ERR_SLOT);
         return;
-    }
-    if (live) {
-        const DST_T* dtab = reinterpret_cast<const DST_T*>(p.dst) + seq * p.dst_seq;
-#if SPEC
-        for (int t = 0; t < len; ++t) {
-            const i64 d = load_index(dtab + t * p.dst_col);
-            if (!(HAS_PAD && d == p.pad) && (d < 0 || d >= p.slots)) {
-                raise_error(p, ERR_SLOT);
-                return;
-            }
-        }
-#else
-        dst = load_index(dtab);
-        if (!(HAS_PAD && dst == p.pad) && (dst < 0 || dst >= p.slots)) {
-            raise_error(p, ERR_SLOT);
-            return;
-        }
-#endif
     }
 #endif
 
@@ -227,13 +231,34 @@ extern "C" __global__ void SSU_BOUNDS ssu_kernel(const SsuParams p) {
         for (int v = 0; v < VPT; ++v) {
             const int vi = lane + v * TPR;
             if (live && prow[r] < p.dim && vi < NVEC) {
-                load_vec<VEC>(state + src * p.st_slot + (i64)h * p.st_head + (i64)prow[r] * p.st_dim + vi * VEC, s[r][v]);
+                load_vec<VEC, STATE_T, STATE_CS>(state + src * p.st_slot + (i64)h * p.st_head + (i64)prow[r] * p.st_dim + vi * VEC, s[r][v]);
             } else {
 #pragma unroll
                 for (int e = 0; e < VEC; ++e) s[r][v][e] = 0.f;
             }
         }
     }
+
+#if HAS_SBI
+    // Destinations are checked while the state loads are in flight; an invalid one still
+    // skips the whole sequence before anything is written.
+    if (live) {
+#if SPEC
+        for (int t = 0; t < len; ++t) {
+            const i64 d = load_index(dtab + t * p.dst_col);
+            if (!(HAS_PAD && d == p.pad) && (d < 0 || d >= p.slots)) {
+                raise_error(p, ERR_SLOT);
+                return;
+            }
+        }
+#else
+        if (!(HAS_PAD && dst == p.pad) && (dst < 0 || dst >= p.slots)) {
+            raise_error(p, ERR_SLOT);
+            return;
+        }
+#endif
+    }
+#endif
 
     // Per-head and per-row parameters.
     const A_T* a = reinterpret_cast<const A_T*>(p.a) + (i64)h * p.a_head;
@@ -365,7 +390,7 @@ extern "C" __global__ void SSU_BOUNDS ssu_kernel(const SsuParams p) {
                     for (int v = 0; v < VPT; ++v) {
                         const int vi = lane + v * TPR;
                         if (prow[r] < p.dim && vi < NVEC)
-                            store_vec<VEC>(out_state + d * p.st_slot + (i64)h * p.st_head + (i64)prow[r] * p.st_dim + vi * VEC, s[r][v]);
+                            store_vec<VEC, STATE_T, STATE_CS>(out_state + d * p.st_slot + (i64)h * p.st_head + (i64)prow[r] * p.st_dim + vi * VEC, s[r][v]);
                     }
             }
         }
@@ -405,7 +430,7 @@ extern "C" __global__ void SSU_BOUNDS ssu_kernel(const SsuParams p) {
                     const i64 off = src * p.st_slot + (i64)h * p.st_head + (i64)prow[r] * p.st_dim + vi * VEC;
                     sr_store_f16<VEC>(q, s[r][v], p.seed, off, vi * VEC, p.philox_rounds);
 #else
-                    store_vec<VEC>(q, s[r][v]);
+                    store_vec<VEC, STATE_T, STATE_CS>(q, s[r][v]);
 #endif
                 }
             }

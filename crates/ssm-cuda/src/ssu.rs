@@ -113,6 +113,8 @@ pub struct SsuGeometry {
     pub threads: u32,
     /// Minimum resident blocks per SM asked of the compiler (`__launch_bounds__`); 0 = none.
     pub min_blocks: u32,
+    /// Streaming (evict-first) cache hints on the state's loads and stores.
+    pub streaming: bool,
 }
 
 impl SsuGeometry {
@@ -169,13 +171,14 @@ impl SsuGeometry {
             rpt: rpt as u32,
             threads: threads as u32,
             min_blocks,
+            streaming: false,
         };
         tuning_override(g)
     }
 }
 
-/// `SSM_CUDA_SSU_TUNE="rpt=2,threads=256,minb=6"` overrides the chosen geometry's rows per lane,
-/// threads per block and minimum blocks per SM (for tuning sweeps on a GPU; unset in normal use).
+/// `SSM_CUDA_SSU_TUNE="rpt=2,threads=256,minb=6,cs=1"` overrides the chosen geometry's rows per
+/// lane, threads per block, minimum blocks per SM and streaming cache hints (for tuning sweeps on a GPU; unset in normal use).
 /// Values that would break the tiling (threads not a multiple of 32 or below `tpr`) are ignored.
 fn tuning_override(mut g: SsuGeometry) -> SsuGeometry {
     static TUNE: std::sync::OnceLock<Vec<(String, u32)>> = std::sync::OnceLock::new();
@@ -194,6 +197,7 @@ fn tuning_override(mut g: SsuGeometry) -> SsuGeometry {
             ("rpt", v) if v >= 1 => g.rpt = v,
             ("threads", v) if v.is_multiple_of(32) && v >= g.tpr && v <= 1024 => g.threads = v,
             ("minb", v) => g.min_blocks = v,
+            ("cs", v) => g.streaming = v != 0,
             _ => {}
         }
     }
@@ -303,6 +307,7 @@ impl SsuKey {
             ("RPT", g.rpt.to_string()),
             ("NTHREADS", g.threads.to_string()),
             ("MINB", g.min_blocks.to_string()),
+            ("STATE_CS", u8::from(g.streaming).to_string()),
         ]);
         for (name, f) in [
             ("HAS_Z", F_Z),
