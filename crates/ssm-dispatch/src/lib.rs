@@ -94,3 +94,8 @@ impl Runtime {
         self.seed_counter.fetch_add(1, Ordering::Relaxed)
     }
 }
+
+/// The README's examples compile and run as doctests.
+#[doc = include_str!("../../../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

@@ -1,0 +1,90 @@
+//! Configuration errors are typed and name what was wrong.
+
+use ssm_dispatch::{BackendKind, Config, Error, Runtime};
+
+#[test]
+fn unknown_algorithm_is_refused() {
+    let cfg = Config { ssu_algorithm: "fastest".into(), ..Config::cpu(Some(1)) };
+    let e = Runtime::new(&cfg).unwrap_err();
+    insta::assert_snapshot!("unknown_algorithm", e.to_string());
+}
+
+#[test]
+fn config_from_json_with_defaults_and_unknown_fields() {
+    let cfg: Config = serde_json::from_str(r#"{"backend": "cpu", "ssu_algorithm": "horizontal"}"#).unwrap();
+    assert_eq!(cfg.backend, BackendKind::Cpu);
+    assert_eq!(Runtime::new(&cfg).unwrap().ssu_algorithm(), ssm_ssu::SsuAlgorithm::Horizontal);
+    let e = serde_json::from_str::<Config>(r#"{"backend": "tpu"}"#).unwrap_err();
+    insta::assert_snapshot!("unknown_backend", e.to_string());
+    let e = serde_json::from_str::<Config>(r#"{"algorithm": "auto"}"#).unwrap_err();
+    assert!(e.to_string().starts_with("unknown field `algorithm`"), "{e}");
+}
+
+#[test]
+fn cuda_without_a_device_or_feature_is_a_clear_error() {
+    let cfg = Config { backend: BackendKind::Cuda, ..Config::default() };
+    match Runtime::new(&cfg) {
+        Ok(rt) => {
+            // Only on a machine with a ready CUDA device and the `cuda` feature.
+            assert!(cfg!(feature = "cuda"));
+            assert_eq!(rt.kind(), BackendKind::Cuda);
+        }
+        Err(Error::NotCompiledWithCuda) => assert!(!cfg!(feature = "cuda")),
+        Err(Error::NoCudaDevice(why)) => {
+            assert!(cfg!(feature = "cuda"));
+            assert!(!why.is_empty());
+        }
+        Err(other) => panic!("unexpected error: {other}"),
+    }
+}
+
+#[test]
+fn auto_falls_back_to_cpu_without_a_device() {
+    let rt = Runtime::new(&Config::default()).unwrap();
+    if !cfg!(feature = "cuda") {
+        assert_eq!(rt.kind(), BackendKind::Cpu);
+        assert_eq!(rt.device(), ssm_tensor::Device::Cpu);
+    }
+    rt.check().unwrap();
+}
+
+#[test]
+fn wrong_device_is_refused_before_anything_runs() {
+    use ssm_ssu::SelectiveStateUpdate;
+    use ssm_tensor::{DType, Device, TensorMut, TensorRef};
+    let rt = Runtime::new(&Config::cpu(Some(1))).unwrap();
+    // SAFETY: these device views are planned and refused, never dereferenced.
+    let (mut st, x, dt, a, b, out) = unsafe {
+        (
+            TensorMut::from_device_ptr(0x1000, 2 * 8 * 4, DType::F32, Device::Cuda(0), &[2, 1, 8, 4], &[32, 32, 4, 1])
+                .unwrap(),
+            TensorRef::from_device_ptr(0x2000, 8, DType::F32, Device::Cuda(0), &[1, 1, 8], &[8, 8, 1]).unwrap(),
+            TensorRef::from_device_ptr(0x3000, 8, DType::F32, Device::Cuda(0), &[1, 1, 8], &[8, 8, 1]).unwrap(),
+            TensorRef::from_device_ptr(0x4000, 32, DType::F32, Device::Cuda(0), &[1, 8, 4], &[32, 4, 1]).unwrap(),
+            TensorRef::from_device_ptr(0x5000, 4, DType::F32, Device::Cuda(0), &[1, 1, 4], &[4, 4, 1]).unwrap(),
+            TensorMut::from_device_ptr(0x6000, 8, DType::F32, Device::Cuda(0), &[1, 1, 8], &[8, 8, 1]).unwrap(),
+        )
+    };
+    let e = rt
+        .selective_state_update(SelectiveStateUpdate {
+            state: st.reborrow(),
+            x,
+            dt,
+            a,
+            b,
+            c: b,
+            d: None,
+            dt_bias: None,
+            z: None,
+            dt_softplus: false,
+            state_batch_indices: None,
+            dst_state_batch_indices: None,
+            pad_slot_id: None,
+            out,
+            num_accepted_tokens: None,
+            cu_seqlens: None,
+            stochastic_rounding: None,
+        })
+        .unwrap_err();
+    insta::assert_snapshot!("wrong_device", e.to_string());
+}
