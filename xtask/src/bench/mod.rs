@@ -5,6 +5,7 @@
 //! where the bytes count each state slot read and written and every input and output once.
 
 mod conv;
+mod gdn;
 mod ssu;
 
 use std::io::Write as _;
@@ -84,6 +85,9 @@ impl Args {
         }
         if want("conv") {
             cases.extend(conv::cases(self.quick));
+        }
+        if want("gdn") {
+            cases.extend(gdn::cases(self.quick));
         }
         if let Some(f) = &self.filter {
             cases.retain(|c| c.shape().contains(f.as_str()));
