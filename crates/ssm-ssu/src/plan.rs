@@ -1,6 +1,6 @@
 use std::cell::RefCell;
 
-use ssm_tensor::{DType, Device, TensorMut, TensorRef};
+use ssm_tensor::{DType, Device, MAX_RANK, TensorMut, TensorRef};
 
 use crate::{SelectiveStateUpdate, SsuError, StochasticRounding};
 
@@ -264,10 +264,37 @@ fn dtype_in(arg: &'static str, t: DType, allowed: &[DType], expected: &'static s
 const FLOATS: &[DType] = &[DType::F32, DType::F16, DType::BF16];
 const INDICES: &[DType] = &[DType::I32, DType::I64];
 
-/// Shape and strides after inserting size-1 / stride-0 axes at `at`.
-fn unsqueeze(shape: &[usize], strides: &[isize], at: usize) -> (Vec<usize>, Vec<isize>) {
-    let mut sh = shape.to_vec();
-    let mut st = strides.to_vec();
+/// A short inline list (a shape or strides), so that planning never allocates.
+#[derive(Clone, Copy)]
+struct Dims<T: Copy> {
+    len: usize,
+    a: [T; MAX_RANK],
+}
+
+impl<T: Copy + Default> Dims<T> {
+    fn from_slice(s: &[T]) -> Self {
+        let mut a = [T::default(); MAX_RANK];
+        a[..s.len()].copy_from_slice(s);
+        Dims { len: s.len(), a }
+    }
+    fn insert(&mut self, at: usize, v: T) {
+        self.a.copy_within(at..self.len, at + 1);
+        self.a[at] = v;
+        self.len += 1;
+    }
+}
+
+impl<T: Copy> std::ops::Deref for Dims<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        &self.a[..self.len]
+    }
+}
+
+/// Shape and strides after inserting a size-1 / stride-0 axis at `at` (callers check the
+/// rank first, so there is room).
+fn unsqueeze(shape: &Dims<usize>, strides: &Dims<isize>, at: usize) -> (Dims<usize>, Dims<isize>) {
+    let (mut sh, mut st) = (*shape, *strides);
     sh.insert(at, 1);
     st.insert(at, 0);
     (sh, st)
@@ -279,30 +306,45 @@ fn shape_str(names: &[(&str, usize)]) -> String {
 }
 
 struct Norm {
-    shape: Vec<usize>,
-    strides: Vec<isize>,
+    shape: Dims<usize>,
+    strides: Dims<isize>,
     offset: isize,
 }
 
 fn norm_ref(t: &TensorRef<'_>) -> Norm {
-    Norm { shape: t.shape().to_vec(), strides: t.strides().to_vec(), offset: t.layout().offset() as isize }
+    Norm {
+        shape: Dims::from_slice(t.shape()),
+        strides: Dims::from_slice(t.strides()),
+        offset: t.layout().offset() as isize,
+    }
 }
 
 fn norm_mut(t: &TensorMut<'_>) -> Norm {
-    Norm { shape: t.shape().to_vec(), strides: t.strides().to_vec(), offset: t.layout().offset() as isize }
+    Norm {
+        shape: Dims::from_slice(t.shape()),
+        strides: Dims::from_slice(t.strides()),
+        offset: t.layout().offset() as isize,
+    }
 }
 
 /// Whether no two logical elements of a layout share memory (a sufficient condition:
 /// sorted by stride, each stride is at least the span of the axes inside it).
 fn non_overlapping(shape: &[usize], strides: &[isize]) -> bool {
-    let mut dims: Vec<(usize, isize)> =
-        shape.iter().copied().zip(strides.iter().copied()).filter(|&(n, _)| n > 1).collect();
-    if dims.iter().any(|&(_, s)| s <= 0) {
-        return false;
+    let mut buf = [(0usize, 0isize); MAX_RANK];
+    let mut len = 0;
+    for (&n, &s) in shape.iter().zip(strides) {
+        if n > 1 {
+            if s <= 0 {
+                return false;
+            }
+            buf[len] = (n, s);
+            len += 1;
+        }
     }
-    dims.sort_by_key(|&(_, s)| s);
+    let dims = &mut buf[..len];
+    dims.sort_unstable_by_key(|&(_, s)| s);
     let mut span = 1isize;
-    for (n, s) in dims {
+    for &mut (n, s) in dims {
         if s < span {
             return false;
         }
@@ -397,7 +439,7 @@ pub fn plan(args: &SelectiveStateUpdate<'_>) -> Result<SsuPlan, SsuError> {
     match state.shape.len() {
         3 => (state.shape, state.strides) = unsqueeze(&state.shape, &state.strides, 1),
         4 => {}
-        _ => return Err(SsuError::Rank { arg: "state", expected: "3 or 4", actual: state.shape }),
+        _ => return Err(SsuError::Rank { arg: "state", expected: "3 or 4", actual: state.shape.to_vec() }),
     }
     let (slots, heads, dim, dstate) = (state.shape[0], state.shape[1], state.shape[2], state.shape[3]);
     if dstate > 1 && state.strides[3] != 1 {
@@ -425,15 +467,15 @@ pub fn plan(args: &SelectiveStateUpdate<'_>) -> Result<SsuPlan, SsuError> {
         }
         4 => {
             if args.cu_seqlens.is_some() {
-                return Err(SsuError::DenseWithCuSeqlens { actual: x0.shape });
+                return Err(SsuError::DenseWithCuSeqlens { actual: x0.shape.to_vec() });
             }
             (Route::Dense { steps: x0.shape[1] }, x0.shape[0] * x0.shape[1], 2)
         }
-        _ => return Err(SsuError::Rank { arg: "x", expected: "2, 3 or 4", actual: x0.shape }),
+        _ => return Err(SsuError::Rank { arg: "x", expected: "2, 3 or 4", actual: x0.shape.to_vec() }),
     };
-    let token_prefix: Vec<(&str, usize)> = match route {
-        Route::Dense { steps } => vec![("batch", x0.shape[0]), ("steps", steps)],
-        _ => vec![("rows", rows)],
+    let token_prefix: &[(&str, usize)] = match route {
+        Route::Dense { steps } => &[("batch", x0.shape[0]), ("steps", steps)],
+        _ => &[("rows", rows)],
     };
 
     // A token tensor [prefix.., heads, dim] with optional missing heads axis.
@@ -442,23 +484,22 @@ pub fn plan(args: &SelectiveStateUpdate<'_>) -> Result<SsuPlan, SsuError> {
         if n.shape.len() == seq_dims + 1 {
             (n.shape, n.strides) = unsqueeze(&n.shape, &n.strides, seq_dims);
         }
-        let mut want: Vec<(&str, usize)> = token_prefix.clone();
-        want.push(inner);
-        want.push(last);
-        let want_shape: Vec<usize> = want.iter().map(|w| w.1).collect();
         // The inner (heads/groups) extent of B/C is free: it defines `groups`.
-        let ok = n.shape.len() == want_shape.len()
-            && n.shape[..seq_dims] == want_shape[..seq_dims]
+        let ok = n.shape.len() == seq_dims + 2
+            && n.shape[..seq_dims].iter().zip(token_prefix).all(|(&have, &(_, want))| have == want)
             && (inner.1 == usize::MAX || n.shape[seq_dims] == inner.1)
             && n.shape[seq_dims + 1] == last.1;
         if !ok {
-            let shown: Vec<(&str, usize)> =
-                want.iter().map(|&(k, v)| if v == usize::MAX { (k, 0) } else { (k, v) }).collect();
+            let shown: Vec<(&str, usize)> = token_prefix
+                .iter()
+                .chain([&inner, &last])
+                .map(|&(k, v)| if v == usize::MAX { (k, 0) } else { (k, v) })
+                .collect();
             let mut s = shape_str(&shown);
             if inner.1 == usize::MAX {
                 s = s.replace(&format!("{}=0", inner.0), inner.0);
             }
-            return Err(SsuError::Shape { arg, expected: s, actual: n.shape });
+            return Err(SsuError::Shape { arg, expected: s, actual: n.shape.to_vec() });
         }
         let (seq, tok) = if seq_dims == 2 { (n.strides[0], n.strides[1]) } else { (n.strides[0], n.strides[0]) };
         Ok((
@@ -493,9 +534,9 @@ pub fn plan(args: &SelectiveStateUpdate<'_>) -> Result<SsuPlan, SsuError> {
     match an.shape.len() {
         2 => (an.shape, an.strides) = unsqueeze(&an.shape, &an.strides, 0),
         3 => {}
-        _ => return Err(SsuError::Rank { arg: "A", expected: "2 or 3", actual: an.shape }),
+        _ => return Err(SsuError::Rank { arg: "A", expected: "2 or 3", actual: an.shape.to_vec() }),
     }
-    if an.shape != [heads, dim, dstate] {
+    if *an.shape != [heads, dim, dstate] {
         return Err(SsuError::Shape {
             arg: "A",
             expected: shape_str(&[("heads", heads), ("dim", dim), ("dstate", dstate)]),
@@ -510,9 +551,9 @@ pub fn plan(args: &SelectiveStateUpdate<'_>) -> Result<SsuPlan, SsuError> {
         match n.shape.len() {
             1 => (n.shape, n.strides) = unsqueeze(&n.shape, &n.strides, 0),
             2 => {}
-            _ => return Err(SsuError::Rank { arg, expected: "1 or 2", actual: n.shape }),
+            _ => return Err(SsuError::Rank { arg, expected: "1 or 2", actual: n.shape.to_vec() }),
         }
-        if n.shape != [heads, dim] {
+        if *n.shape != [heads, dim] {
             return Err(SsuError::Shape {
                 arg,
                 expected: shape_str(&[("heads", heads), ("dim", dim)]),
