@@ -51,7 +51,7 @@ fn state_shape(layout: StateLayout, rows: usize, hv: usize, k: usize, v: usize) 
 fn chunked_prefill_equals_f64_recurrence() {
     let dims = [(16usize, 40usize), (72, 24), (8, 136), (40, 8)];
     let lens_pool = [0usize, 1, 5, 63, 64, 65, 130, 17];
-    let mut rng = Gen::new(0x5eed_c4);
+    let mut rng = Gen::new(0x005e_edc4);
     for case in 0..8 {
         let (k, v) = dims[case % dims.len()];
         let h = 1 + rng.below(2);
@@ -381,7 +381,7 @@ fn random_recurrent(rng: &mut Gen, case: usize) -> (RecCase, Vec<i64>, Vec<usize
         }
     }
     let state_dt = if case % 4 == 3 { DType::BF16 } else { DType::F32 };
-    let io = if case % 2 == 0 { DType::BF16 } else { DType::F32 };
+    let io = if case.is_multiple_of(2) { DType::BF16 } else { DType::F32 };
     let headwise = case % 5 == 1;
     let ix =
         if multi { Buf::from_i64(DType::I64, &[n, cols], &table) } else { Buf::from_i64(DType::I32, &[n], &table) };

@@ -212,7 +212,9 @@ pub fn compare(what: &str, got: &Buf, want: &Buf, atol: f64, rtol: f64) -> Resul
         }
         let g = got.get(i);
         let err = (g - w).abs();
-        if !(err <= atol + rtol * w.abs()) {
+        // NaN where a value is expected fails too.
+        let within = err <= atol + rtol * w.abs();
+        if !within {
             bad.push((i, g, w));
         }
         if err.is_finite() {
