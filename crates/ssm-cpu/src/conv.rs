@@ -4,9 +4,9 @@
 //! slot written by one sequence is used by another and that the written tensors do not
 //! overlap themselves, and chunks touch disjoint channels, so every item writes memory no
 //! other item reads or writes. Inside an item, per block of 256 channels, the taps and the
-//! bias are loaded into lanes once; then for each sequence, eight channels at a time, the
-//! history window is loaded, the new state window is copied (storage values, bit-exact),
-//! and every token of the sequence runs through the window in registers. Lanes load
+//! bias are loaded into lanes once; then for each sequence the history windows are loaded,
+//! the new state windows are copied (storage values, bit-exact), and the tokens run in tiles
+//! of 16: per eight channels, the window stays in lanes through the tile. Lanes load
 //! directly where a tensor is contiguous along `dim` and gather/scatter otherwise, so both
 //! conv-state layouts and any strides work.
 //!
@@ -63,7 +63,16 @@ impl<T: Real> SharedBuf<T> {
     /// Copies `n` elements `src + k·stride` to `dst + k·stride` (distinct columns of this item).
     #[inline(always)]
     fn copy_within(&self, src: isize, dst: isize, stride: isize, n: usize) {
-        if stride == 1 {
+        if stride == 1 && n == LANES {
+            let (s, d) = (src as usize, dst as usize);
+            assert!(s + LANES <= self.len && d + LANES <= self.len);
+            // SAFETY: both ranges are in bounds (asserted) and belong to this item alone; the
+            // eight values are read before they are written.
+            unsafe {
+                let v = self.ptr.add(s).cast::<[T; LANES]>().read_unaligned();
+                self.ptr.add(d).cast::<[T; LANES]>().write_unaligned(v);
+            }
+        } else if stride == 1 {
             let (s, d) = (src as usize, dst as usize);
             assert!(s + n <= self.len && d + n <= self.len);
             // SAFETY: both ranges are in bounds (asserted) and belong to this item alone;
@@ -79,7 +88,13 @@ impl<T: Real> SharedBuf<T> {
     /// Copies `n` elements `src[from + k·sstride]` to `dst + k·dstride`.
     #[inline(always)]
     fn copy_from(&self, src: &[T], from: isize, sstride: isize, dst: isize, dstride: isize, n: usize) {
-        if sstride == 1 && dstride == 1 {
+        if sstride == 1 && dstride == 1 && n == LANES {
+            let (f, d) = (from as usize, dst as usize);
+            let v: [T; LANES] = src[f..f + LANES].try_into().expect("eight elements");
+            assert!(d + LANES <= self.len);
+            // SAFETY: the target range is in bounds (asserted) and belongs to this item alone.
+            unsafe { self.ptr.add(d).cast::<[T; LANES]>().write_unaligned(v) }
+        } else if sstride == 1 && dstride == 1 {
             let (f, d) = (from as usize, dst as usize);
             let src = &src[f..f + n];
             assert!(d + n <= self.len);
@@ -228,79 +243,115 @@ impl<T: Real> Item<'_, T> {
         while c < self.c1 {
             let end = (c + SUB).min(self.c1);
             let groups = (end - c).div_ceil(LANES);
-            let taps: [[S; W]; SUB / LANES] = std::array::from_fn(|g| {
+            // Plain loops, no closures: closures would not inherit the caller's target features,
+            // and the lane intrinsics would stop inlining.
+            let mut taps = [[S::splat(0.0); W]; SUB / LANES];
+            let mut b0 = [S::splat(0.0); SUB / LANES];
+            for g in 0..groups {
                 let cg = c + g * LANES;
-                if g >= groups {
-                    return [S::splat(0.0); W];
-                }
                 let n = LANES.min(end - cg);
                 let wb = plan.weight.offset as isize + cg as isize * plan.weight.dim;
-                std::array::from_fn(|j| load_ro::<T, S>(w, wb + j as isize * plan.weight.tap, plan.weight.dim, n))
-            });
-            let b0: [S; SUB / LANES] = std::array::from_fn(|g| {
-                let cg = c + g * LANES;
-                match (bias, plan.bias) {
-                    (Some(b), Some(bs)) if g < groups => {
-                        load_ro::<T, S>(b, bs.offset as isize + cg as isize * bs.dim, bs.dim, LANES.min(end - cg))
-                    }
-                    _ => S::splat(0.0),
+                for j in 0..W {
+                    taps[g][j] = load_ro::<T, S>(w, wb + j as isize * plan.weight.tap, plan.weight.dim, n);
                 }
-            });
+                if let (Some(b), Some(bs)) = (bias, plan.bias) {
+                    b0[g] = load_ro::<T, S>(b, bs.offset as isize + cg as isize * bs.dim, bs.dim, n);
+                }
+            }
             for seq in self.seqs {
-                for g in 0..groups {
-                    let cg = c + g * LANES;
-                    self.group::<S, W>(seq, cg, LANES.min(end - cg), &taps[g], b0[g]);
-                }
+                self.block::<S, W>(seq, c, end, &taps, &b0);
             }
             c = end;
         }
     }
 
-    /// Channels `[c, c + n)` of one sequence: history, state window, outputs.
+    /// Channels `[c, end)` (at most [`SUB`]) of one sequence: history, state window, then the
+    /// tokens in order, each token's row walked contiguously.
     #[inline(always)]
-    fn group<S: Simd + PowTwo, const W: usize>(&self, s: &ConvSeq, c: usize, n: usize, taps: &[S; W], b0: S) {
+    fn block<S: Simd + PowTwo, const W: usize>(
+        &self,
+        s: &ConvSeq,
+        c: usize,
+        end: usize,
+        taps: &[[S; W]; SUB / LANES],
+        b0: &[S; SUB / LANES],
+    ) {
         let Ctx { plan, x, state, out, .. } = self.ctx;
         let st = plan.state;
-        let at = |slot: usize, col: usize| {
-            st.offset as isize + slot as isize * st.slot + col as isize * st.col + c as isize * st.dim
-        };
-        let ci = c as isize;
-        // History window, loaded before the state is written (read and write slot may coincide).
-        let mut hist: [S; 3] = std::array::from_fn(|j| match s.read_slot {
-            Some(r) if j < W - 1 => state.load::<S>(at(r, s.offset + j), st.dim, n),
-            _ => S::splat(0.0),
-        });
-        // New window: kept history (source columns lie ahead of their targets), then inputs.
-        if let Some(ws) = s.write_slot {
-            for i in 0..s.state_len {
-                let dst = at(ws, i);
-                if i + s.len < s.state_len {
-                    match s.read_slot {
-                        Some(r) => state.copy_within(at(r, s.offset + i + s.shift), dst, st.dim, n),
-                        None => state.fill(dst, st.dim, n, T::from_f32(0.0)),
+        let groups = (end - c).div_ceil(LANES);
+        // History windows, loaded before the state is written (read and write slot may coincide).
+        let mut hist = [[S::splat(0.0); 3]; SUB / LANES];
+        for g in 0..groups {
+            let cg = c + g * LANES;
+            let n = LANES.min(end - cg);
+            let base = st.offset as isize + cg as isize * st.dim;
+            if let Some(r) = s.read_slot {
+                for j in 0..W - 1 {
+                    hist[g][j] =
+                        state.load::<S>(base + r as isize * st.slot + (s.offset + j) as isize * st.col, st.dim, n);
+                }
+            }
+            // New window: kept history (source columns lie ahead of their targets), then inputs.
+            if let Some(ws) = s.write_slot {
+                for i in 0..s.state_len {
+                    let dst = base + ws as isize * st.slot + i as isize * st.col;
+                    if i + s.len < s.state_len {
+                        match s.read_slot {
+                            Some(r) => {
+                                let src = base + r as isize * st.slot + (s.offset + i + s.shift) as isize * st.col;
+                                state.copy_within(src, dst, st.dim, n)
+                            }
+                            None => state.fill(dst, st.dim, n, T::from_f32(0.0)),
+                        }
+                    } else {
+                        let src =
+                            s.x_start + (i + s.len - s.state_len) as isize * plan.x.token + cg as isize * plan.x.dim;
+                        state.copy_from(x, src, plan.x.dim, dst, st.dim, n);
                     }
-                } else {
-                    let src = s.x_start + (i + s.len - s.state_len) as isize * plan.x.token + ci * plan.x.dim;
-                    state.copy_from(x, src, plan.x.dim, dst, st.dim, n);
                 }
             }
         }
         let silu_on = plan.activation == ssm_conv::Activation::Silu;
-        for t in 0..s.len {
-            let xt = load_ro::<T, S>(x, s.x_start + t as isize * plan.x.token + ci * plan.x.dim, plan.x.dim, n);
-            let mut acc = b0;
-            for j in 0..W - 1 {
-                acc = mac::<T, S>(hist[j], taps[j], acc);
+        // Tiles of TILE tokens: per group, the window and the taps stay in lanes for the whole
+        // tile, and the tile's rows are walked contiguously across the block's channels.
+        const TILE: usize = 16;
+        let mut t0 = 0;
+        while t0 < s.len {
+            let t1 = (t0 + TILE).min(s.len);
+            for g in 0..groups {
+                let cg = c + g * LANES;
+                let n = LANES.min(end - cg);
+                let tg = taps[g];
+                let mut h = hist[g];
+                for t in t0..t1 {
+                    let xt = load_ro::<T, S>(
+                        x,
+                        s.x_start + t as isize * plan.x.token + cg as isize * plan.x.dim,
+                        plan.x.dim,
+                        n,
+                    );
+                    let mut acc = b0[g];
+                    for j in 0..W - 1 {
+                        acc = mac::<T, S>(h[j], tg[j], acc);
+                    }
+                    acc = mac::<T, S>(xt, tg[W - 1], acc);
+                    for j in 0..W - 2 {
+                        h[j] = h[j + 1];
+                    }
+                    h[W - 2] = xt;
+                    if silu_on {
+                        acc = silu(acc);
+                    }
+                    out.store(
+                        acc,
+                        s.out_start + t as isize * plan.out.token + cg as isize * plan.out.dim,
+                        plan.out.dim,
+                        n,
+                    );
+                }
+                hist[g] = h;
             }
-            acc = mac::<T, S>(xt, taps[W - 1], acc);
-            for j in 0..W - 2 {
-                hist[j] = hist[j + 1];
-            }
-            hist[W - 2] = xt;
-            if silu_on {
-                acc = silu(acc);
-            }
-            out.store(acc, s.out_start + t as isize * plan.out.token + ci * plan.out.dim, plan.out.dim, n);
+            t0 = t1;
         }
     }
 }
@@ -487,7 +538,7 @@ mod tests {
         };
         let lens: Vec<usize> = match mode {
             Mode::SpecVarlen => (0..batch).map(|_| rng.random_range(0..=num_spec + 1)).collect(),
-            Mode::Prefill => (0..batch).map(|_| rng.random_range(0..=9)).collect(),
+            Mode::Prefill => (0..batch).map(|_| rng.random_range(0..=40)).collect(),
             _ => vec![seqlen; batch],
         };
         let extra = rng.random_range(0..=2);
