@@ -375,7 +375,7 @@ impl CpuBackend {
             state: SharedBuf::new(state.host_data_mut::<T>().expect("plan checked dtype and device")),
             out: SharedBuf::new(out.host_data_mut::<T>().expect("plan checked dtype and device")),
         };
-        if seqs.is_empty() {
+        if seqs.is_empty() || plan.dim == 0 {
             return;
         }
         // About four items per thread: channel chunks of at least 64 channels first, then
@@ -729,6 +729,37 @@ mod tests {
                     assert_eq!(bits(ref_state[i]), bits(c.state[i]), "seed {seed}: slot {slot} col {col} touched");
                 }
             }
+        }
+    }
+
+    #[test]
+    fn conv_empty_calls_write_nothing() {
+        // dim 0, and a batch of pads only: plans succeed and nothing is written.
+        let cpu = CpuBackend::new(Par::Rayon(NonZeroUsize::new(2).unwrap())).unwrap();
+        for (dim, indices) in [(0usize, [1i32, 2]), (4, [0, 0])] {
+            let x = vec![1.0f32; 2 * dim];
+            let w = vec![0.5f32; dim * 3];
+            let mut state = vec![7.0f32; 3 * 2 * dim];
+            let mut out = vec![f32::NAN; 2 * dim];
+            let args = CausalConv1dUpdateArgs {
+                x: TensorRef::from_slice(&x, &[2, dim]).unwrap(),
+                conv_state: TensorMut::from_slice(&mut state, &[3, 2, dim]).unwrap(),
+                conv_state_layout: ConvStateLayout::StateLenDim,
+                weight: TensorRef::from_slice(&w, &[dim, 3]).unwrap(),
+                bias: None,
+                activation: Activation::Silu,
+                conv_state_indices: Some(TensorRef::from_slice(&indices, &[2]).unwrap()),
+                num_accepted_tokens: None,
+                query_start_loc: None,
+                pad_slot_id: Some(0),
+                block_idx_last_scheduled_token: None,
+                initial_state_idx: None,
+                out: TensorMut::from_slice(&mut out, &[2, dim]).unwrap(),
+            };
+            let plan = plan_update(&args).unwrap();
+            cpu.causal_conv1d_update(&plan, args).unwrap();
+            assert!(state.iter().all(|&v| v == 7.0));
+            assert!(out.iter().all(|v| v.is_nan()));
         }
     }
 
