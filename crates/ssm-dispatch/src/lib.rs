@@ -12,6 +12,7 @@ mod config;
 mod conv;
 mod error;
 mod gdn;
+mod gdn_core;
 mod ring;
 mod ssd;
 mod ssu;
@@ -19,6 +20,7 @@ mod ssu;
 pub use backend::{Backend, BackendKind};
 pub use config::Config;
 pub use error::Error;
+pub use gdn_core::{GdnAttentionCoreArgs, GdnAttentionMetadata};
 pub use ring::SelectiveStateUpdateReplaySsm;
 pub use ssm_cpu::Par;
 

@@ -1,0 +1,342 @@
+//! The GDN attention core on a mixed batch (speculative sequences, decodes with a padded row,
+//! prefills with and without initial state, tokens interleaved) equals running its parts
+//! separately with the single ops; untouched slots stay bit-identical and padded rows keep the
+//! caller's values.
+
+use ssm_conv::{Activation, CausalConv1dFnArgs, CausalConv1dUpdateArgs, ConvStateLayout};
+use ssm_dispatch::{Config, GdnAttentionCoreArgs, GdnAttentionMetadata, Runtime};
+use ssm_gdn::{ChunkGatedDeltaRuleArgs, FusedGdnGatingArgs, FusedSigmoidGatingDeltaRuleUpdateArgs, StateLayout};
+use ssm_tensor::{DType, HostTensor};
+
+const H: usize = 2;
+const K: usize = 16;
+const HV: usize = 4;
+const V: usize = 8;
+const CONV_DIM: usize = 2 * H * K + HV * V;
+const WIDTH: usize = 4;
+const STATE_LEN: usize = WIDTH - 1 + 2;
+const SLOTS: usize = 16;
+
+/// Deterministic values in `[-scale, scale]`.
+fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            ((x >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
+        })
+        .collect()
+}
+
+fn t(shape: &[usize], seed: u64, scale: f32) -> HostTensor {
+    HostTensor::from_f32(DType::F32, shape.to_vec(), &values(shape.iter().product(), seed, scale))
+}
+
+fn bools(v: &[i64]) -> HostTensor {
+    HostTensor::from_bytes(DType::Bool, vec![v.len()], &v.iter().map(|&x| x as u8).collect::<Vec<_>>())
+}
+
+fn ints(v: &[i64]) -> HostTensor {
+    HostTensor::from_i64(DType::I32, vec![v.len()], v)
+}
+
+fn rows(x: &HostTensor, rows: &[usize]) -> HostTensor {
+    let w = x.shape[1..].iter().product::<usize>();
+    let mut shape = x.shape.clone();
+    shape[0] = rows.len();
+    let vals: Vec<f32> =
+        rows.iter().flat_map(|&r| (0..w).map(move |j| (r, j))).map(|(r, j)| x.to_f64_vec()[r * w + j] as f32).collect();
+    HostTensor::from_f32(x.dtype, shape, &vals)
+}
+
+fn close(what: &str, got: &HostTensor, want: &HostTensor, tol: f64) {
+    let (g, w) = (got.to_f64_vec(), want.to_f64_vec());
+    assert_eq!(g.len(), w.len(), "{what}");
+    for (i, (a, b)) in g.iter().zip(&w).enumerate() {
+        assert!((a - b).abs() <= tol * (1.0 + b.abs()), "{what}[{i}]: {a} vs {b}");
+    }
+}
+
+struct Batch {
+    mixed: HostTensor,
+    a: HostTensor,
+    b: HostTensor,
+    weight: HostTensor,
+    bias: HostTensor,
+    a_log: HostTensor,
+    dt_bias: HostTensor,
+    conv: HostTensor,
+    ssm: HostTensor,
+    /// Batch rows of: spec seq 0 (3), spec seq 1 (3), decode 0, decode 1 (padded), prefill 0 (70), prefill 1 (5).
+    spec_rows: Vec<usize>,
+    dec_rows: Vec<usize>,
+    pre_rows: Vec<usize>,
+}
+
+fn batch(layout: StateLayout) -> Batch {
+    // Token order: decode0, spec0 ×3, prefill0 ×70, spec1 ×3, decode1, prefill1 ×5.
+    let mut order = Vec::new();
+    order.extend(std::iter::repeat_n("d0", 1));
+    order.extend(std::iter::repeat_n("s0", 3));
+    order.extend(std::iter::repeat_n("p0", 70));
+    order.extend(std::iter::repeat_n("s1", 3));
+    order.extend(std::iter::repeat_n("d1", 1));
+    order.extend(std::iter::repeat_n("p1", 5));
+    let pick = |names: &[&str]| -> Vec<usize> {
+        names.iter().flat_map(|n| order.iter().enumerate().filter(move |(_, o)| *o == n).map(|(i, _)| i)).collect()
+    };
+    let tokens = order.len();
+    let ssm_shape = match layout {
+        StateLayout::VK => vec![SLOTS, HV, V, K],
+        StateLayout::KV => vec![SLOTS, HV, K, V],
+    };
+    Batch {
+        mixed: t(&[tokens, CONV_DIM], 1, 1.0),
+        a: t(&[tokens, HV], 2, 2.0),
+        b: t(&[tokens, HV], 3, 2.0),
+        weight: t(&[CONV_DIM, WIDTH], 4, 0.5),
+        bias: t(&[CONV_DIM], 5, 0.1),
+        a_log: t(&[HV], 6, 1.0),
+        dt_bias: t(&[HV], 7, 0.5),
+        conv: t(&[SLOTS, STATE_LEN, CONV_DIM], 8, 1.0),
+        ssm: HostTensor::from_f32(DType::F32, ssm_shape.clone(), &values(ssm_shape.iter().product(), 9, 0.5)),
+        spec_rows: pick(&["s0", "s1"]),
+        dec_rows: pick(&["d0", "d1"]),
+        pre_rows: pick(&["p0", "p1"]),
+    }
+}
+
+// Slots: spec 0 → [1, 2, 3], spec 1 → [4, 5, 6]; decodes → [7, 0 (pad)]; prefills → [9, 10].
+const SPEC_TABLE: [i64; 6] = [1, 2, 3, 4, 5, 6];
+const NON_SPEC_SLOTS: [i64; 4] = [7, 0, 9, 10];
+const ACCEPTED: [i64; 2] = [1, 2];
+const HAS_INIT: [i64; 4] = [1, 1, 1, 0];
+const TOUCHED: [usize; 9] = [1, 2, 3, 4, 5, 6, 7, 9, 10];
+
+#[test]
+fn gdn_core_on_a_mixed_batch_equals_its_parts() {
+    for layout in [StateLayout::VK, StateLayout::KV] {
+        for threads in [Some(1), Some(2)] {
+            let rt = Runtime::new(&Config::cpu(threads)).unwrap();
+            let base = batch(layout);
+            let tokens = base.mixed.shape[0];
+            let sentinel = 7.0;
+
+            // The core.
+            let mut core =
+                (base.conv.clone(), base.ssm.clone(), HostTensor::filled(DType::F32, vec![tokens, HV, V], sentinel));
+            let spec_table = HostTensor::from_i64(DType::I32, vec![2, 3], &SPEC_TABLE);
+            let non_spec_rows: Vec<usize> = base.dec_rows.iter().chain(&base.pre_rows).copied().collect();
+            let spec_indx = ints(&base.spec_rows.iter().map(|&r| r as i64).collect::<Vec<_>>());
+            let non_spec_indx = ints(&non_spec_rows.iter().map(|&r| r as i64).collect::<Vec<_>>());
+            let spec_qsl = ints(&[0, 3, 6]);
+            let non_spec_qsl = ints(&[0, 1, 2, 72, 77]);
+            let non_spec_slots = ints(&NON_SPEC_SLOTS);
+            let accepted = ints(&ACCEPTED);
+            let has_init = bools(&HAS_INIT);
+            rt.gdn_attention_core(GdnAttentionCoreArgs {
+                mixed_qkv: base.mixed.view(),
+                b: base.b.view(),
+                a: base.a.view(),
+                conv_weight: base.weight.view(),
+                conv_bias: Some(base.bias.view()),
+                activation: Activation::Silu,
+                conv_state: core.0.view_mut(),
+                conv_state_layout: ConvStateLayout::StateLenDim,
+                ssm_state: core.1.view_mut(),
+                ssm_state_layout: layout,
+                a_log: base.a_log.view(),
+                dt_bias: base.dt_bias.view(),
+                num_k_heads: H,
+                pad_slot_id: Some(0),
+                metadata: GdnAttentionMetadata {
+                    num_prefills: 2,
+                    num_prefill_tokens: 75,
+                    num_decodes: 2,
+                    num_decode_tokens: 2,
+                    num_spec_decodes: 2,
+                    num_spec_decode_tokens: 6,
+                    num_actual_tokens: tokens,
+                    has_initial_state: Some(has_init.view()),
+                    spec_query_start_loc: Some(spec_qsl.view()),
+                    non_spec_query_start_loc: Some(non_spec_qsl.view()),
+                    spec_state_indices_tensor: Some(spec_table.view()),
+                    non_spec_state_indices_tensor: Some(non_spec_slots.view()),
+                    spec_token_indx: Some(spec_indx.view()),
+                    non_spec_token_indx: Some(non_spec_indx.view()),
+                    num_accepted_tokens: Some(accepted.view()),
+                },
+                core_attn_out: core.2.view_mut(),
+            })
+            .unwrap();
+
+            // The parts, one op at a time: speculative, decodes (fused decode), prefills (chunk).
+            let (mut conv, mut ssm) = (base.conv.clone(), base.ssm.clone());
+            let mut want = HostTensor::filled(DType::F32, vec![tokens, HV, V], sentinel);
+            let run_part = |rows_: &[usize],
+                            qsl: &HostTensor,
+                            conv: &mut HostTensor,
+                            ssm: &mut HostTensor,
+                            kind: &str|
+             -> HostTensor {
+                let n = rows_.len();
+                let x = rows(&base.mixed, rows_);
+                let mut y = HostTensor::filled(DType::F32, vec![n, CONV_DIM], 0.0);
+                let col0 = ints(&[1, 4]);
+                let dec_slots = ints(&NON_SPEC_SLOTS[..2]);
+                let pre_slots = ints(&NON_SPEC_SLOTS[2..]);
+                let pre_has = bools(&HAS_INIT[2..]);
+                match kind {
+                    "prefill" => rt
+                        .causal_conv1d_fn(CausalConv1dFnArgs {
+                            x: x.view(),
+                            weight: base.weight.view(),
+                            bias: Some(base.bias.view()),
+                            conv_states: conv.view_mut(),
+                            conv_state_layout: ConvStateLayout::StateLenDim,
+                            query_start_loc: qsl.view(),
+                            cache_indices: Some(pre_slots.view()),
+                            has_initial_state: Some(pre_has.view()),
+                            activation: Activation::Silu,
+                            pad_slot_id: Some(0),
+                            out: y.view_mut(),
+                        })
+                        .unwrap(),
+                    _ => rt
+                        .causal_conv1d_update(CausalConv1dUpdateArgs {
+                            x: x.view(),
+                            conv_state: conv.view_mut(),
+                            conv_state_layout: ConvStateLayout::StateLenDim,
+                            weight: base.weight.view(),
+                            bias: Some(base.bias.view()),
+                            activation: Activation::Silu,
+                            conv_state_indices: Some(if kind == "spec" { col0.view() } else { dec_slots.view() }),
+                            num_accepted_tokens: (kind == "spec").then(|| accepted.view()),
+                            query_start_loc: (kind == "spec").then(|| qsl.view()),
+                            pad_slot_id: Some(0),
+                            block_idx_last_scheduled_token: None,
+                            initial_state_idx: None,
+                            out: y.view_mut(),
+                        })
+                        .unwrap(),
+                }
+                let cd = CONV_DIM as isize;
+                let q = y.view().with_layout(&[1, n, H, K], &[0, cd, K as isize, 1], 0).unwrap();
+                let k = y.view().with_layout(&[1, n, H, K], &[0, cd, K as isize, 1], H * K).unwrap();
+                let v = y.view().with_layout(&[1, n, HV, V], &[0, cd, V as isize, 1], 2 * H * K).unwrap();
+                let a = rows(&base.a, rows_);
+                let b = rows(&base.b, rows_);
+                let mut o = HostTensor::filled(DType::F32, vec![1, n, HV, V], f32::NAN);
+                if kind == "prefill" {
+                    let mut g = HostTensor::filled(DType::F32, vec![1, n, HV], 0.0);
+                    let mut beta = HostTensor::filled(DType::F32, vec![1, n, HV], 0.0);
+                    rt.fused_gdn_gating(FusedGdnGatingArgs {
+                        a_log: base.a_log.view(),
+                        a: a.view(),
+                        b: b.view(),
+                        dt_bias: base.dt_bias.view(),
+                        beta: 1.0,
+                        threshold: 20.0,
+                        g: g.view_mut(),
+                        beta_output: beta.view_mut(),
+                    })
+                    .unwrap();
+                    rt.chunk_gated_delta_rule(ChunkGatedDeltaRuleArgs {
+                        q,
+                        k,
+                        v,
+                        g: g.view(),
+                        beta: beta.view(),
+                        scale: None,
+                        initial_state: Some(ssm.view_mut()),
+                        initial_state_indices: Some(pre_slots.view()),
+                        has_initial_state: Some(pre_has.view()),
+                        pad_slot_id: Some(0),
+                        inplace_final_state: true,
+                        final_state: None,
+                        cu_seqlens: Some(qsl.view()),
+                        use_qk_l2norm_in_kernel: true,
+                        eps: 1e-6,
+                        state_layout: layout,
+                        o: o.view_mut(),
+                        scratch: None,
+                    })
+                    .unwrap();
+                } else {
+                    let table = HostTensor::from_i64(DType::I32, vec![2, 3], &SPEC_TABLE);
+                    rt.fused_sigmoid_gating_delta_rule_update(FusedSigmoidGatingDeltaRuleUpdateArgs {
+                        a_log: base.a_log.view(),
+                        a: a.view(),
+                        b: b.view(),
+                        dt_bias: base.dt_bias.view(),
+                        q,
+                        k,
+                        v,
+                        beta: 1.0,
+                        threshold: 20.0,
+                        scale: None,
+                        initial_state: Some(ssm.view_mut()),
+                        final_state: None,
+                        cu_seqlens: Some(qsl.view()),
+                        ssm_state_indices: Some(if kind == "spec" { table.view() } else { dec_slots.view() }),
+                        num_accepted_tokens: (kind == "spec").then(|| accepted.view()),
+                        use_qk_l2norm_in_kernel: true,
+                        eps: 1e-6,
+                        state_layout: layout,
+                        o: o.view_mut(),
+                    })
+                    .unwrap();
+                }
+                o
+            };
+            let parts = [
+                (&base.spec_rows, ints(&[0, 3, 6]), "spec"),
+                (&base.dec_rows, ints(&[0, 1, 2]), "decode"),
+                (&base.pre_rows, ints(&[0, 70, 75]), "prefill"),
+            ];
+            let w = HV * V;
+            for (rows_, qsl, kind) in parts {
+                let o = run_part(rows_, &qsl, &mut conv, &mut ssm, kind);
+                let ov = o.to_f64_vec();
+                let mut all = want.to_f64_vec();
+                for (i, &r) in rows_.iter().enumerate() {
+                    if ov[i * w].is_nan() {
+                        continue; // skipped (padded) sequence: the caller's values stay
+                    }
+                    all[r * w..(r + 1) * w].copy_from_slice(&ov[i * w..(i + 1) * w]);
+                }
+                want = HostTensor::from_f32(
+                    DType::F32,
+                    vec![tokens, HV, V],
+                    &all.iter().map(|&x| x as f32).collect::<Vec<_>>(),
+                );
+            }
+            let what = format!("{layout:?} threads {threads:?}");
+            close(&format!("{what} core_attn_out"), &core.2, &want, 1e-4);
+            close(&format!("{what} conv_state"), &core.0, &conv, 1e-6);
+            close(&format!("{what} ssm_state"), &core.1, &ssm, 1e-4);
+            // The padded decode's rows keep the sentinel; untouched slots are bit-identical.
+            let d1 = base.dec_rows[1];
+            assert!(
+                core.2.to_f64_vec()[d1 * w..(d1 + 1) * w].iter().all(|&x| x == sentinel as f64),
+                "{what}: padded row"
+            );
+            let per_ssm = base.ssm.bytes().len() / SLOTS;
+            let per_conv = base.conv.bytes().len() / SLOTS;
+            for s in (0..SLOTS).filter(|s| !TOUCHED.contains(s)) {
+                assert_eq!(
+                    core.1.bytes()[s * per_ssm..(s + 1) * per_ssm],
+                    base.ssm.bytes()[s * per_ssm..(s + 1) * per_ssm],
+                    "{what}: ssm slot {s}"
+                );
+                assert_eq!(
+                    core.0.bytes()[s * per_conv..(s + 1) * per_conv],
+                    base.conv.bytes()[s * per_conv..(s + 1) * per_conv],
+                    "{what}: conv slot {s}"
+                );
+            }
+        }
+    }
+}
