@@ -271,6 +271,45 @@ impl<St: Real> SimdKernel for Item<'_, St> {
                 }
             }
 
+            // The plain decode step (one token, tied parameters, a live row, no stochastic
+            // rounding): one fused pass per row, state read, updated and stored chunk by chunk
+            // without the f32 row buffer.
+            if len == 1 && tied && live && !plan.spec && plan.stochastic_rounding.is_none() && n_st % LANES == 0 {
+                let [xb, ob, zb, _] = tokens[0..4].try_into().unwrap();
+                let (da, bt, ct) = (S::splat(das[0]), &bv[..nv], &cv[..nv]);
+                for p in 0..dim {
+                    let xv = rd(inp.x, ty.x, plan.x.at(xb as isize, h, p));
+                    let xs = S::splat(xv);
+                    let src_off = plan.state.at([src as usize, h, p, 0]);
+                    let dst_off = plan.state.at([dst_final as usize, h, p, 0]);
+                    let mut acc = S::splat(0.0);
+                    for n in (0..n_st).step_by(LANES) {
+                        // SAFETY: both rows were checked by the plan and belong to this item;
+                        // each chunk is read through a slice that ends before the write below
+                        // (source and destination may be the same row).
+                        let v = St::load::<S>(unsafe { std::slice::from_raw_parts(state.0.add(src_off + n), LANES) })
+                            .mul_add(da, S::load(&bt[n..]).mul(xs));
+                        if final_store {
+                            // SAFETY: as above; no other reference to this chunk is alive.
+                            St::store(v, unsafe { std::slice::from_raw_parts_mut(state.0.add(dst_off + n), LANES) });
+                        }
+                        acc = v.mul_add(S::load(&ct[n..]), acc);
+                    }
+                    let d_p = match (inp.d, plan.d) {
+                        (Some(d), Some(s)) => rd(d, ty.d.unwrap(), s.at([h, p])),
+                        _ => 0.0,
+                    };
+                    let mut y = acc.reduce_add() + xv * d_p;
+                    if let (Some(z), Some(zs)) = (inp.z, plan.z) {
+                        let zv = rd(z, ty.z.unwrap(), zs.at(zb as isize, h, p));
+                        y *= zv / (1.0 + (-zv).exp());
+                    }
+                    // SAFETY: out element (token, h, p) belongs to this item (see below).
+                    unsafe { wr(out.0, ty.out, plan.out.at(ob as isize, h, p), y) };
+                }
+                return;
+            }
+
             for p in 0..dim {
                 // Load the row (zeros for a pad source), widened to f32.
                 if live {
