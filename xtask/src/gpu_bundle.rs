@@ -159,6 +159,8 @@ mkdir -p "$out"
 export SSM_REQUIRE_GPU=1
 export SSM_CONFORMANCE_DIR="$here/vectors"
 export SSM_CUDA_CACHE_DIR="${SSM_CUDA_CACHE_DIR:-$here/.cubin-cache}"
+# Snapshot tests (insta) find their snapshots under the workspace the bundle sits in.
+export INSTA_WORKSPACE_ROOT="${INSTA_WORKSPACE_ROOT:-$(cd "$here/.." && pwd)}" INSTA_UPDATE=no CI=true
 # NVRTC: the CUDA toolkit's, else the pip wheel's.
 for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
          $(python3 -c 'import nvidia.cu13, os; print(os.path.join(os.path.dirname(nvidia.cu13.__file__), "lib"))' 2>/dev/null); do

@@ -3,8 +3,9 @@
 //
 //   STATE_T X_T DT_T A_T B_T C_T D_T DTB_T Z_T OUT_T   f32 / f16_t / bf16_t
 //   SBI_T DST_T NACC_T CU_T                            int / i64 (index tables)
-//   DSTATE VEC TPR VPT RPT NTHREADS MINB STATE_CS      tile geometry (MINB: min blocks/SM, 0 = none;
-//                                                      STATE_CS: streaming cache hints on the state)
+//   DSTATE VEC TPR VPT RPT NTHREADS MINB STATE_CS ROWSTORE   tile geometry (MINB: min blocks/SM,
+//       0 = none; STATE_CS: streaming cache hints on the state; ROWSTORE: one-token final state
+//       stored row by row as soon as computed)
 //   HAS_Z HAS_D HAS_DT_BIAS DT_SOFTPLUS TIED HAS_SBI HAS_PAD VARLEN DENSE SPEC STOCH_ROUND BC_VEC   0/1
 //   (BC_VEC: B and C are contiguous along dstate and VEC-element aligned: vector loads)
 //
@@ -134,6 +135,30 @@ __device__ __forceinline__ i64 tok_base(const TokStrides& ts, i64 seq, i64 bos, 
 
 __device__ __forceinline__ float softplus_thr(float v) { return v <= 20.f ? logf(expf(v) + 1.f) : v; }
 
+#if !SPEC
+// Stores one row of the final (non-speculative) state to slot `dst`. With stochastic rounding
+// the random offsets are element offsets of the *source* state (vLLM, semantics/ssu.md §2.7).
+__device__ __forceinline__ void store_final_row(const SsuParams& p, float (&row)[VPT][VEC], int prow, int lane, int h,
+                                                i64 src, i64 dst) {
+    if (prow >= p.dim) return;
+    STATE_T* out_state = reinterpret_cast<STATE_T*>(p.state);
+#pragma unroll
+    for (int v = 0; v < VPT; ++v) {
+        const int vi = lane + v * TPR;
+        if (vi < NVEC) {
+            STATE_T* q = out_state + dst * p.st_slot + (i64)h * p.st_head + (i64)prow * p.st_dim + vi * VEC;
+#if STOCH_ROUND
+            const i64 off = src * p.st_slot + (i64)h * p.st_head + (i64)prow * p.st_dim + vi * VEC;
+            sr_store_f16<VEC>(q, row[v], p.seed, off, vi * VEC, p.philox_rounds);
+#else
+            (void)src;
+            store_vec<VEC, STATE_T, STATE_CS>(q, row[v]);
+#endif
+        }
+    }
+}
+#endif
+
 #if MINB > 0
 #define SSU_BOUNDS __launch_bounds__(NTHREADS, MINB)
 #else
@@ -260,6 +285,11 @@ extern "C" __global__ void SSU_BOUNDS ssu_kernel(const SsuParams p) {
     }
 #endif
 
+#if !SPEC
+    // The final state goes to `dst` unless the source is a pad or the destination is the pad.
+    const bool store_final = live && !(HAS_SBI && HAS_PAD && dst == p.pad);
+#endif
+
     // Per-head and per-row parameters.
     const A_T* a = reinterpret_cast<const A_T*>(p.a) + (i64)h * p.a_head;
 #if TIED
@@ -372,6 +402,10 @@ extern "C" __global__ void SSU_BOUNDS ssu_kernel(const SsuParams p) {
                     acc = fmaf(s[r][v][e], cv[v][e], acc);
                 }
             }
+#if !SPEC && !VARLEN && !DENSE && ROWSTORE
+            // One token: this row's final state is known; store it now (ROWSTORE).
+            if (store_final) store_final_row(p, s[r], prow[r], lane, h, src, dst);
+#endif
 #pragma unroll
             for (int o = TPR / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o, TPR);
             y[r] = acc;
@@ -413,27 +447,11 @@ extern "C" __global__ void SSU_BOUNDS ssu_kernel(const SsuParams p) {
         }
     }
 
-#if !SPEC
-    // Final state (non-speculative): to the destination slot, unless the source is a pad
-    // or the destination is the pad value.
-    if (live && !(HAS_SBI && HAS_PAD && dst == p.pad)) {
-        STATE_T* out_state = reinterpret_cast<STATE_T*>(p.state);
+#if !SPEC && (VARLEN || DENSE || !ROWSTORE)
+    // Final state (non-speculative): to the destination slot.
+    if (store_final) {
 #pragma unroll
-        for (int r = 0; r < RPT; ++r)
-#pragma unroll
-            for (int v = 0; v < VPT; ++v) {
-                const int vi = lane + v * TPR;
-                if (prow[r] < p.dim && vi < NVEC) {
-                    STATE_T* q = out_state + dst * p.st_slot + (i64)h * p.st_head + (i64)prow[r] * p.st_dim + vi * VEC;
-#if STOCH_ROUND
-                    // Offsets are element offsets of the *source* state (vLLM, semantics/ssu.md §2.7).
-                    const i64 off = src * p.st_slot + (i64)h * p.st_head + (i64)prow[r] * p.st_dim + vi * VEC;
-                    sr_store_f16<VEC>(q, s[r][v], p.seed, off, vi * VEC, p.philox_rounds);
-#else
-                    store_vec<VEC, STATE_T, STATE_CS>(q, s[r][v]);
-#endif
-                }
-            }
+        for (int r = 0; r < RPT; ++r) store_final_row(p, s[r], prow[r], lane, h, src, dst);
     }
 #endif
 }

@@ -115,6 +115,8 @@ pub struct SsuGeometry {
     pub min_blocks: u32,
     /// Streaming (evict-first) cache hints on the state's loads and stores.
     pub streaming: bool,
+    /// One-token route: store each row's final state as soon as it is computed.
+    pub row_store: bool,
 }
 
 impl SsuGeometry {
@@ -161,9 +163,16 @@ impl SsuGeometry {
         while threads > 32 && (threads / tpr / 2) * rpt >= dim && threads / 2 >= tpr {
             threads /= 2;
         }
-        // The token loop of multi-token routes costs registers; cap them (80 at 128 threads)
-        // so that six blocks stay resident per SM, which keeps enough loads in flight.
-        let min_blocks = if multi_token && threads == 128 { 6 } else { 0 };
+        // Multi-token routes (measured on an H200, docs/PERF.md): a 4-byte state wants eight rows
+        // per lane with registers capped for six resident blocks; a 16-bit state four rows with
+        // the cap for eight blocks.
+        let mut min_blocks = 0;
+        if multi_token && threads == 128 {
+            if state.size() == 4 && tied && vpt == 1 && rows_total * tpr / 8 >= 2 * WAVE_THREADS && dim >= 32 {
+                rpt = 8;
+            }
+            min_blocks = if state.size() == 4 { 6 } else { 8 };
+        }
         let g = SsuGeometry {
             vec: vec as u32,
             tpr: tpr as u32,
@@ -171,14 +180,17 @@ impl SsuGeometry {
             rpt: rpt as u32,
             threads: threads as u32,
             min_blocks,
-            streaming: false,
+            // Evict-first hints on the state (read once, written once) measured better on an H200.
+            streaming: true,
+            row_store: false,
         };
         tuning_override(g)
     }
 }
 
-/// `SSM_CUDA_SSU_TUNE="rpt=2,threads=256,minb=6,cs=1"` overrides the chosen geometry's rows per
-/// lane, threads per block, minimum blocks per SM and streaming cache hints (for tuning sweeps on a GPU; unset in normal use).
+/// `SSM_CUDA_SSU_TUNE="rpt=2,threads=256,minb=6,cs=1,rowstore=1"` overrides the chosen geometry's
+/// rows per lane, threads per block, minimum blocks per SM, streaming cache hints and row-wise
+/// final stores (for tuning sweeps on a GPU; unset in normal use).
 /// Values that would break the tiling (threads not a multiple of 32 or below `tpr`) are ignored.
 fn tuning_override(mut g: SsuGeometry) -> SsuGeometry {
     static TUNE: std::sync::OnceLock<Vec<(String, u32)>> = std::sync::OnceLock::new();
@@ -198,6 +210,7 @@ fn tuning_override(mut g: SsuGeometry) -> SsuGeometry {
             ("threads", v) if v.is_multiple_of(32) && v >= g.tpr && v <= 1024 => g.threads = v,
             ("minb", v) => g.min_blocks = v,
             ("cs", v) => g.streaming = v != 0,
+            ("rowstore", v) => g.row_store = v != 0,
             _ => {}
         }
     }
@@ -308,6 +321,7 @@ impl SsuKey {
             ("NTHREADS", g.threads.to_string()),
             ("MINB", g.min_blocks.to_string()),
             ("STATE_CS", u8::from(g.streaming).to_string()),
+            ("ROWSTORE", u8::from(g.row_store).to_string()),
         ]);
         for (name, f) in [
             ("HAS_Z", F_Z),
