@@ -174,6 +174,7 @@ struct Item<'a> {
     ctx: &'a Ctx<'a>,
     row: [usize; 6],
     h: usize,
+    scratch: &'a mut Vec<f32>,
 }
 
 #[inline(always)]
@@ -197,7 +198,7 @@ impl SimdKernel for Item<'_> {
     type Output = ();
     #[inline(always)]
     fn run<S: Simd + PowTwo>(self) {
-        let Item { ctx, row, h } = self;
+        let Item { ctx, row, h, scratch } = self;
         let [slot, seq, tok0, n, start, k] = row;
         let p = ctx.p;
         let inp = &ctx.inp;
@@ -210,8 +211,9 @@ impl SimdKernel for Item<'_> {
         let flush = m > p.window;
         let a = rd(inp.a, ty[A], p.a.at(h, 0));
         let softplus = |v: f32| if v <= 20.0 { v.exp().ln_1p() } else { v };
-        SCRATCH.with(|scratch| {
-            let mut scratch = scratch.borrow_mut();
+        // No closure below may hold lane code: closures are compiled without the caller's
+        // target features.
+        {
             let need = 2 * m + m * (pr + nr) + n * nr + n * pr + pd * nr;
             if scratch.len() < need {
                 scratch.resize(need, 0.0);
@@ -226,8 +228,8 @@ impl SimdKernel for Item<'_> {
             // Gather history (ring rows) and new tokens as padded f32 rows.
             for j in 0..m {
                 let (xr, br) = (&mut xs[j * pr..(j + 1) * pr], &mut bs[j * nr..(j + 1) * nr]);
-                xr.iter_mut().for_each(|v| *v = 0.0);
-                br.iter_mut().for_each(|v| *v = 0.0);
+                xr.fill(0.0);
+                br.fill(0.0);
                 if j < k {
                     let r = (start + j) % l;
                     // SAFETY: live ring rows are only read during this call (appends go to
@@ -255,7 +257,7 @@ impl SimdKernel for Item<'_> {
                         *v = rd(inp.b, ty[B], p.b.at(seq, t, g, q));
                     }
                     let cr = &mut cs[(j - k) * nr..(j - k + 1) * nr];
-                    cr.iter_mut().for_each(|v| *v = 0.0);
+                    cr.fill(0.0);
                     for (q, v) in cr[..nd].iter_mut().enumerate() {
                         *v = rd(inp.c, ty[C], p.c.at(seq, t, g, q));
                     }
@@ -269,7 +271,7 @@ impl SimdKernel for Item<'_> {
             // The base state: the checkpoint, or S_k on a flush (stored).
             for q in 0..pd {
                 let r = &mut srow[q * nr..(q + 1) * nr];
-                r.iter_mut().for_each(|v| *v = 0.0);
+                r.fill(0.0);
                 for (nn, v) in r[..nd].iter_mut().enumerate() {
                     // SAFETY: this item owns (slot, h) of the state.
                     *v = unsafe { rd_ptr(ctx.state.0, state_t, p.state.at(slot, h, q, nn)) };
@@ -305,7 +307,7 @@ impl SimdKernel for Item<'_> {
                 let jt = k + t;
                 let ct = &cs[t * nr..(t + 1) * nr];
                 let yt = &mut ys[t * pr..(t + 1) * pr];
-                yt.iter_mut().for_each(|v| *v = 0.0);
+                yt.fill(0.0);
                 let scale = (cum[jt] - base_cum).exp();
                 for q in 0..pd {
                     yt[q] = scale * dot::<S>(&srow[q * nr..(q + 1) * nr], ct);
@@ -347,7 +349,7 @@ impl SimdKernel for Item<'_> {
                     }
                 }
             }
-        });
+        }
     }
 }
 
@@ -519,7 +521,7 @@ impl RingBackend for CpuBackend {
         let heads = plan.heads;
         self.for_each(plan.batch * heads, |i| {
             if let Some(row) = ctx.row(i / heads) {
-                dispatch(Item { ctx, row, h: i % heads });
+                SCRATCH.with(|s| dispatch(Item { ctx, row, h: i % heads, scratch: &mut s.borrow_mut() }));
             }
         });
         Ok(())

@@ -70,15 +70,17 @@ thread_local! {
     static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// Runs `f` with a thread-local f32 scratch of at least `n` elements (grown once, then reused).
-fn with_scratch<R>(n: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
-    SCRATCH.with(|s| {
-        let mut s = s.borrow_mut();
-        if s.len() < n {
-            s.resize(n, 0.0);
-        }
-        f(&mut s[..n])
-    })
+/// The first `n` elements of a scratch vector, grown once and then reused.
+///
+/// Work items get this thread's scratch from the `for_each` closure; no lane operation may
+/// live in a closure, which is compiled without the caller's target features (every
+/// intrinsic would become a call).
+#[inline(always)]
+fn take(scratch: &mut Vec<f32>, n: usize) -> &mut [f32] {
+    if scratch.len() < n {
+        scratch.resize(n, 0.0);
+    }
+    &mut scratch[..n]
 }
 
 /// Host bytes and dtypes of every input, read by all stages.
@@ -162,7 +164,7 @@ impl Ctx<'_> {
             for (k, v) in d[..n].iter_mut().enumerate() {
                 *v = rd(bytes, dtype, s.at(first + r, i, k));
             }
-            d[n..].iter_mut().for_each(|v| *v = 0.0);
+            d[n..].fill(0.0);
         }
     }
 }
@@ -197,6 +199,7 @@ fn axpy<S: Simd>(y: &mut [f32], alpha: f32, x: &[f32]) {
 struct ChunkItem<'a> {
     ctx: &'a Ctx<'a>,
     item: usize,
+    scratch: &'a mut Vec<f32>,
 }
 
 impl SimdKernel for ChunkItem<'_> {
@@ -207,12 +210,16 @@ impl SimdKernel for ChunkItem<'_> {
         let p = ctx.p;
         let per_chunk = p.heads + p.groups;
         let (c, k) = (self.item / per_chunk, self.item % per_chunk);
-        if k < p.heads { chunk_state::<S>(ctx, c, k) } else { chunk_cb::<S>(ctx, c, k - p.heads) }
+        if k < p.heads {
+            chunk_state::<S>(ctx, c, k, self.scratch)
+        } else {
+            chunk_cb::<S>(ctx, c, k - p.heads, self.scratch)
+        }
     }
 }
 
 #[inline(always)]
-fn chunk_state<S: Simd + PowTwo>(ctx: &Ctx<'_>, c: usize, h: usize) {
+fn chunk_state<S: Simd + PowTwo>(ctx: &Ctx<'_>, c: usize, h: usize, scratch: &mut Vec<f32>) {
     let p = ctx.p;
     let inp = &ctx.inp;
     let (q_row, nr) = (ctx.w.q_row, ctx.w.state_row);
@@ -251,48 +258,46 @@ fn chunk_state<S: Simd + PowTwo>(ctx: &Ctx<'_>, c: usize, h: usize) {
     }
     // Stage 2: the chunk's own state, decayed to the chunk's end.
     let da_last = da[len.max(1) - 1];
-    st.iter_mut().for_each(|v| *v = 0.0);
-    with_scratch(nr, |wb| {
-        for i in 0..len {
-            let w = (da_last - da[i]).min(0.0).exp() * dt_out[i];
-            for (n, v) in wb.iter_mut().enumerate() {
-                *v = if n < p.dstate { rd(inp.b, p.io_dtypes.b, p.b.at(s + i, g, n)) * w } else { 0.0 };
-            }
-            for pp in 0..p.dim {
-                let xv = rd(inp.x, p.io_dtypes.x, p.x.at(s + i, h, pp));
-                axpy::<S>(&mut st[pp * nr..(pp + 1) * nr], xv, wb);
-            }
+    st.fill(0.0);
+    let wb = take(scratch, nr);
+    for i in 0..len {
+        let w = (da_last - da[i]).min(0.0).exp() * dt_out[i];
+        for (n, v) in wb.iter_mut().enumerate() {
+            *v = if n < p.dstate { rd(inp.b, p.io_dtypes.b, p.b.at(s + i, g, n)) * w } else { 0.0 };
         }
-    });
+        for pp in 0..p.dim {
+            let xv = rd(inp.x, p.io_dtypes.x, p.x.at(s + i, h, pp));
+            axpy::<S>(&mut st[pp * nr..(pp + 1) * nr], xv, wb);
+        }
+    }
 }
 
 #[inline(always)]
-fn chunk_cb<S: Simd + PowTwo>(ctx: &Ctx<'_>, c: usize, g: usize) {
+fn chunk_cb<S: Simd + PowTwo>(ctx: &Ctx<'_>, c: usize, g: usize, scratch: &mut Vec<f32>) {
     let p = ctx.p;
     let (q_row, nr) = (ctx.w.q_row, ctx.w.state_row);
     let (s, e) = ctx.chunk(c);
     let len = e - s;
     // SAFETY: the CB block of (c, g) belongs to this item.
     let cb = unsafe { ctx.ws(ctx.cb_off(c, g), p.chunk_size * q_row) };
-    with_scratch(2 * len * nr, |buf| {
-        let (cs, bs) = buf.split_at_mut(len * nr);
-        ctx.widen(ctx.inp.c, p.io_dtypes.c, p.c, s, len, g, p.dstate, nr, cs);
-        ctx.widen(ctx.inp.b, p.io_dtypes.b, p.b, s, len, g, p.dstate, nr, bs);
-        for i in 0..len {
-            let row = &mut cb[i * q_row..(i + 1) * q_row];
-            let ci = &cs[i * nr..(i + 1) * nr];
-            for j in 0..=i {
-                row[j] = dot::<S>(ci, &bs[j * nr..(j + 1) * nr]);
-            }
-            row[i + 1..].iter_mut().for_each(|v| *v = 0.0);
+    let (cs, bs) = take(scratch, 2 * len * nr).split_at_mut(len * nr);
+    ctx.widen(ctx.inp.c, p.io_dtypes.c, p.c, s, len, g, p.dstate, nr, cs);
+    ctx.widen(ctx.inp.b, p.io_dtypes.b, p.b, s, len, g, p.dstate, nr, bs);
+    for i in 0..len {
+        let row = &mut cb[i * q_row..(i + 1) * q_row];
+        let ci = &cs[i * nr..(i + 1) * nr];
+        for j in 0..=i {
+            row[j] = dot::<S>(ci, &bs[j * nr..(j + 1) * nr]);
         }
-    });
+        row[i + 1..].fill(0.0);
+    }
 }
 
 /// Stage 3 for (sequence, head).
 struct PassItem<'a> {
     ctx: &'a Ctx<'a>,
     item: usize,
+    scratch: &'a mut Vec<f32>,
 }
 
 impl SimdKernel for PassItem<'_> {
@@ -305,7 +310,8 @@ impl SimdKernel for PassItem<'_> {
         let (b, h) = (self.item / p.heads, self.item % p.heads);
         let last = ctx.last_chunk(b);
         let per = p.dim * nr;
-        with_scratch(per, |sin| {
+        let sin = take(self.scratch, per);
+        {
             load_init(ctx, b, h, sin);
             if last < 0 {
                 // An empty sequence returns the state it entered with.
@@ -340,7 +346,7 @@ impl SimdKernel for PassItem<'_> {
             if !p.return_intermediate_states {
                 store_state(ctx, b, h, sin);
             }
-        });
+        }
     }
 }
 
@@ -348,7 +354,7 @@ impl SimdKernel for PassItem<'_> {
 fn load_init(ctx: &Ctx<'_>, b: usize, h: usize, dst: &mut [f32]) {
     let p = ctx.p;
     let nr = ctx.w.state_row;
-    dst.iter_mut().for_each(|v| *v = 0.0);
+    dst.fill(0.0);
     if let (Some((bytes, t)), Some(ip)) = (ctx.inp.init, p.initial_states) {
         for pp in 0..p.dim {
             for n in 0..p.dstate {
@@ -375,6 +381,7 @@ fn store_state(ctx: &Ctx<'_>, row: usize, h: usize, src: &[f32]) {
 struct ScanItem<'a> {
     ctx: &'a Ctx<'a>,
     item: usize,
+    scratch: &'a mut Vec<f32>,
 }
 
 impl SimdKernel for ScanItem<'_> {
@@ -401,14 +408,15 @@ impl SimdKernel for ScanItem<'_> {
         };
         let opens = ctx.opens(c);
         let has_prev = !opens || p.initial_states.is_some();
-        with_scratch(len * pr + len * nr + len * pr + q_row + per, |buf| {
+        let buf = take(self.scratch, len * pr + len * nr + len * pr + q_row + per);
+        {
             let (xs, rest) = buf.split_at_mut(len * pr);
             let (cs, rest) = rest.split_at_mut(len * nr);
             let (ys, rest) = rest.split_at_mut(len * pr);
             let (wrow, sin_buf) = rest.split_at_mut(q_row);
             ctx.widen(inp.x, p.io_dtypes.x, p.x, s, len, h, p.dim, pr, xs);
             ctx.widen(inp.c, p.io_dtypes.c, p.c, s, len, g, p.dstate, nr, cs);
-            ys.iter_mut().for_each(|v| *v = 0.0);
+            ys.fill(0.0);
             // Off-diagonal: the entering state seen through C, decayed to each token.
             if has_prev {
                 let sin: &[f32] = if opens {
@@ -460,7 +468,7 @@ impl SimdKernel for ScanItem<'_> {
                     unsafe { wr(out.0, out_dtype, op.at(s + i, h, pp), y) };
                 }
             }
-        });
+        }
     }
 }
 
@@ -532,12 +540,18 @@ impl SsdBackend for CpuBackend {
         let ctx = Ctx { p: plan, w, inp, ws: SyncPtr(ws.as_mut_ptr()), out, states_out };
         let ctx = &ctx;
         // Stages 1, 2 (per chunk and head) and 4 (per chunk and group).
-        self.for_each(plan.nchunks * (plan.heads + plan.groups), |item| dispatch(ChunkItem { ctx, item }));
+        self.for_each(plan.nchunks * (plan.heads + plan.groups), |item| {
+            SCRATCH.with(|s| dispatch(ChunkItem { ctx, item, scratch: &mut s.borrow_mut() }))
+        });
         // Stage 3 (per sequence and head).
-        self.for_each(plan.batch * plan.heads, |item| dispatch(PassItem { ctx, item }));
+        self.for_each(plan.batch * plan.heads, |item| {
+            SCRATCH.with(|s| dispatch(PassItem { ctx, item, scratch: &mut s.borrow_mut() }))
+        });
         // Stage 5 (per chunk and head).
         if ctx.out.is_some() {
-            self.for_each(plan.nchunks * plan.heads, |item| dispatch(ScanItem { ctx, item }));
+            self.for_each(plan.nchunks * plan.heads, |item| {
+                SCRATCH.with(|s| dispatch(ScanItem { ctx, item, scratch: &mut s.borrow_mut() }))
+            });
         }
         Ok(())
     }
