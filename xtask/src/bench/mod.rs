@@ -6,6 +6,7 @@
 
 mod conv;
 mod gdn;
+mod ssd;
 mod ssu;
 
 use std::io::Write as _;
@@ -19,7 +20,7 @@ use ssm_dispatch::{BackendKind, Config, Runtime};
 /// `cargo xtask bench`.
 #[derive(clap::Args)]
 pub(crate) struct Args {
-    /// Op family to run: all, ssu, conv (more as families land).
+    /// Op family to run: all, ssu, conv, ssd (SSD prefill + ReplaySSM decode) (more as families land).
     #[arg(long, default_value = "all")]
     op: String,
     /// Backend: auto (CUDA when a device is ready, else CPU), cpu or cuda.
@@ -88,6 +89,10 @@ impl Args {
         }
         if want("gdn") {
             cases.extend(gdn::cases(self.quick));
+        }
+        if want("ssd") {
+            // SSD prefill and the ReplaySSM decode cycle (compare with `--op ssu`).
+            cases.extend(ssd::cases(self.quick));
         }
         if let Some(f) = &self.filter {
             cases.retain(|c| c.shape().contains(f.as_str()));
