@@ -179,7 +179,7 @@ impl<St: Real> SimdKernel for Item<'_, St> {
     type Output = ();
 
     #[inline(always)]
-    fn run<S: Simd + PowTwo>(self) -> () {
+    fn run<S: Simd + PowTwo>(self) {
         // No closure below may contain lane operations: a closure is compiled without the
         // caller's target features, which would turn every intrinsic into a call.
         let Item { scratch, tokens, plan, inp, state, out, seq: b, head: h } = self;
@@ -358,14 +358,12 @@ impl<St: Real> SimdKernel for Item<'_, St> {
                             acc = s.mul_add(S::load(&ct[n..]), acc);
                         }
                     }
-                    if spec_dsts {
-                        if !plan.is_pad(ds) {
-                            let off = plan.state.at([ds as usize, h, p, 0]);
-                            // SAFETY: `ds` was checked by the plan; (ds, h) is owned by this item
-                            // (alias_free) or items run in order.
-                            let drow = unsafe { std::slice::from_raw_parts_mut(state.0.add(off), n_st) };
-                            store_row::<S, St>(row, drow);
-                        }
+                    if spec_dsts && !plan.is_pad(ds) {
+                        let off = plan.state.at([ds as usize, h, p, 0]);
+                        // SAFETY: `ds` was checked by the plan; (ds, h) is owned by this item
+                        // (alias_free) or items run in order.
+                        let drow = unsafe { std::slice::from_raw_parts_mut(state.0.add(off), n_st) };
+                        store_row::<S, St>(row, drow);
                     }
                     let mut y = acc.reduce_add() + xv * d_p;
                     if let (Some(z), Some(zs)) = (inp.z, plan.z) {

@@ -23,17 +23,12 @@ fn config_from_json_with_defaults_and_unknown_fields() {
 #[test]
 fn cuda_without_a_device_or_feature_is_a_clear_error() {
     let cfg = Config { backend: BackendKind::Cuda, ..Config::default() };
+    let compiled = cfg!(feature = "cuda");
     match Runtime::new(&cfg) {
-        Ok(rt) => {
-            // Only on a machine with a ready CUDA device and the `cuda` feature.
-            assert!(cfg!(feature = "cuda"));
-            assert_eq!(rt.kind(), BackendKind::Cuda);
-        }
-        Err(Error::NotCompiledWithCuda) => assert!(!cfg!(feature = "cuda")),
-        Err(Error::NoCudaDevice(why)) => {
-            assert!(cfg!(feature = "cuda"));
-            assert!(!why.is_empty());
-        }
+        // Only on a machine with a ready CUDA device and the `cuda` feature.
+        Ok(rt) => assert_eq!((compiled, rt.kind()), (true, BackendKind::Cuda)),
+        Err(Error::NotCompiledWithCuda) => assert!(!compiled, "the cuda feature is on"),
+        Err(Error::NoCudaDevice(why)) => assert!(compiled && !why.is_empty(), "{why}"),
         Err(other) => panic!("unexpected error: {other}"),
     }
 }

@@ -61,7 +61,7 @@ pub fn round_f16_stochastic(x: f32, rbits: u32) -> f16 {
         // |x| >= 2^-14: f16 normal (or overflow). Add below the 10th mantissa bit, truncate.
         let bits = ax.to_bits().wrapping_add(rbits) & !0x1FFF;
         let v = f32::from_bits(bits);
-        if !(v <= 65504.0) { 0x7C00 } else { f16::from_f32(v).to_bits() }
+        if v > 65504.0 { 0x7C00 } else { f16::from_f32(v).to_bits() }
     } else {
         // f16 subnormal range: units of 2^-24.
         let q = ax * 16_777_216.0;
@@ -109,7 +109,7 @@ mod tests {
     #[test]
     fn stochastic_rounding_is_unbiased() {
         // The mean of many rounded values converges to the f32 value, for normals and subnormals.
-        for &x in &[1.000_123_4f32, -3.141_592_7, 0.1, 1.234_5e-6, -7.0e-8, 33333.33] {
+        for &x in &[1.000_123_4f32, -3.217_345, 0.1, 1.234_5e-6, -7.0e-8, 33333.33] {
             let n = 200_000u64;
             let mut sum = 0.0f64;
             for i in 0..n {

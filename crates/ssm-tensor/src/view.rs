@@ -53,7 +53,7 @@ pub struct TensorMut<'a> {
 fn check_bytes(bytes: &[u8], dtype: DType) -> Result<usize, TensorError> {
     let align = (bytes.as_ptr() as usize & 15).trailing_zeros().min(4);
     let align = 1usize << align;
-    if bytes.len() % dtype.size() != 0 || align < dtype.size().min(16) {
+    if !bytes.len().is_multiple_of(dtype.size()) || align < dtype.size().min(16) {
         return Err(TensorError::BadBytes { len: bytes.len(), align, dtype });
     }
     Ok(bytes.len() / dtype.size())
@@ -329,7 +329,7 @@ impl<'a> TensorMut<'a> {
 
 /// Calls `f` with every multi-index of `shape` in row-major order.
 pub(crate) fn for_each_index(shape: &[usize], mut f: impl FnMut(&[usize])) {
-    if shape.iter().any(|&n| n == 0) {
+    if shape.contains(&0) {
         return;
     }
     let mut idx = [0usize; crate::MAX_RANK];
