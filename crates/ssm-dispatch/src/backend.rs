@@ -49,6 +49,9 @@ pub use ssm_cuda::CudaBackend;
 pub enum CudaBackend {}
 
 /// The backend a runtime drives.
+// One per runtime, built once and never moved on a hot path: the variants' size difference
+// costs nothing, and boxing would only add an indirection to every call.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum Backend {
     /// Host tensors, SIMD + threads.

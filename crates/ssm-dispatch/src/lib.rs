@@ -17,7 +17,7 @@ mod ring;
 mod ssd;
 mod ssu;
 
-pub use backend::{Backend, BackendKind};
+pub use backend::{Backend, BackendKind, CudaBackend};
 pub use config::Config;
 pub use error::Error;
 pub use gdn_core::{GdnAttentionCoreArgs, GdnAttentionMetadata};
