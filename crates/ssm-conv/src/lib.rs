@@ -34,7 +34,7 @@
 //! - [`CausalConv1dUpdateArgs`], [`CausalConv1dFnArgs`]: the borrowed arguments;
 //! - [`plan_update`], [`plan_fn`]: every check, once, returning a [`ConvPlan`];
 //! - [`ConvBackend`]: the trait each backend implements;
-//! - [`reference`]: the kernel-faithful scalar implementation (f32, and an f64 variant).
+//! - [`mod@reference`]: the kernel-faithful scalar implementation (f32, and an f64 variant).
 
 mod args;
 mod error;
