@@ -139,7 +139,15 @@ impl SsuGeometry {
         rows_total: usize,
     ) -> Self {
         let per16 = 16 / state.size();
-        let vec = if vectorized && dstate.is_multiple_of(per16) { per16 } else { 1 };
+        let mut vec = if vectorized && dstate.is_multiple_of(per16) { per16 } else { 1 };
+        // Tuning sweeps may ask for narrower state accesses (a power of two below 16 bytes).
+        if let Some(v) = tune_value("vec")
+            && v >= 1
+            && (v as usize) < vec
+            && (v as usize).is_power_of_two()
+        {
+            vec = v as usize;
+        }
         let nvec = dstate.div_ceil(vec).max(1);
         let tpr = nvec.next_power_of_two().min(32);
         let vpt = nvec.div_ceil(tpr);
@@ -188,13 +196,14 @@ impl SsuGeometry {
     }
 }
 
-/// `SSM_CUDA_SSU_TUNE="rpt=2,threads=256,minb=6,cs=1,rowstore=1"` overrides the chosen geometry's
-/// rows per lane, threads per block, minimum blocks per SM, streaming cache hints and row-wise
-/// final stores (for tuning sweeps on a GPU; unset in normal use).
+/// `SSM_CUDA_SSU_TUNE="rpt=2,threads=256,minb=6,cs=1,rowstore=1,vec=4"` overrides the chosen
+/// geometry's rows per lane, threads per block, minimum blocks per SM, streaming cache hints,
+/// row-wise final stores and (narrower) state vector width (for tuning sweeps on a GPU; unset in
+/// normal use).
 /// Values that would break the tiling (threads not a multiple of 32 or below `tpr`) are ignored.
-fn tuning_override(mut g: SsuGeometry) -> SsuGeometry {
+fn tune_pairs() -> &'static [(String, u32)] {
     static TUNE: std::sync::OnceLock<Vec<(String, u32)>> = std::sync::OnceLock::new();
-    let tune = TUNE.get_or_init(|| {
+    TUNE.get_or_init(|| {
         std::env::var("SSM_CUDA_SSU_TUNE")
             .unwrap_or_default()
             .split(',')
@@ -203,8 +212,15 @@ fn tuning_override(mut g: SsuGeometry) -> SsuGeometry {
                 Some((k.trim().to_string(), v.trim().parse().ok()?))
             })
             .collect()
-    });
-    for (k, v) in tune {
+    })
+}
+
+fn tune_value(key: &str) -> Option<u32> {
+    tune_pairs().iter().find(|(k, _)| k == key).map(|&(_, v)| v)
+}
+
+fn tuning_override(mut g: SsuGeometry) -> SsuGeometry {
+    for (k, v) in tune_pairs() {
         match (k.as_str(), *v) {
             ("rpt", v) if v >= 1 => g.rpt = v,
             ("threads", v) if v.is_multiple_of(32) && v >= g.tpr && v <= 1024 => g.threads = v,
