@@ -653,6 +653,87 @@ unsafe fn decode_vk_direct<S: Simd, R: Real>(
     }
 }
 
+/// One token on a K-major head straight from memory (`V` a multiple of 8): pass 1 reads the
+/// head (`pred = Σ_k S[k][:]·k_k`), pass 2 re-reads it (from L2), writes the update to `dst`
+/// (when given) and accumulates `o`. Reads `src`, or `dst` itself when in place.
+///
+/// # Safety
+/// `kd·vd` elements from element `src_off` of `src` (and from the `dst` offset) must lie in their
+/// buffers and be accessed by no other thread now; an `Other` destination must not overlap the
+/// source.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn decode_kv_direct<S: Simd, R: Real>(
+    src: *mut u8,
+    src_off: usize,
+    dst: Dst,
+    kd: usize,
+    vd: usize,
+    q: &[f32],
+    k: &[f32],
+    decay: f32,
+    v: &mut [f32],
+    beta: &[f32],
+    out: &mut [f32],
+) {
+    let head = src.cast::<R>().wrapping_add(src_off);
+    let n = kd * vd;
+    let (src, mut dst): (Option<&[R]>, Option<&mut [R]>) = match dst {
+        // SAFETY: the head block is in bounds and not written by another thread (caller's contract).
+        Dst::None => (Some(unsafe { std::slice::from_raw_parts(head as *const R, n) }), None),
+        // SAFETY: the head block is owned by this item; it is read and written through one slice.
+        Dst::InPlace => (None, Some(unsafe { std::slice::from_raw_parts_mut(head, n) })),
+        // SAFETY: source and destination are distinct blocks, each owned by this item now.
+        Dst::Other(base, off) => unsafe {
+            (
+                Some(std::slice::from_raw_parts(head as *const R, n)),
+                Some(std::slice::from_raw_parts_mut(base.get().cast::<R>().add(off), n)),
+            )
+        },
+    };
+    // Both passes walk the head row by row (sequential memory); the per-column sums live in
+    // `out` (pass 1: predictions, pass 2: outputs) and the corrections `u` in `v`.
+    let dv = S::splat(decay);
+    out[..vd].iter_mut().for_each(|x| *x = 0.0);
+    for ki in 0..kd {
+        let kk = S::splat(k[ki]);
+        let row = match (src, dst.as_deref()) {
+            (Some(s), _) => &s[ki * vd..(ki + 1) * vd],
+            (None, Some(d)) => &d[ki * vd..(ki + 1) * vd],
+            (None, None) => unreachable!("a head is read from somewhere"),
+        };
+        let mut c = 0;
+        while c < vd {
+            R::load::<S>(&row[c..]).mul_add(kk, S::load(&out[c..])).store(&mut out[c..]);
+            c += LANES;
+        }
+    }
+    let mut c = 0;
+    while c < vd {
+        S::load(&v[c..]).sub(S::load(&out[c..]).mul(dv)).mul(S::load(&beta[c..])).store(&mut v[c..]);
+        S::splat(0.0).store(&mut out[c..]);
+        c += LANES;
+    }
+    for ki in 0..kd {
+        let kk = S::splat(k[ki]);
+        let qq = S::splat(q[ki]);
+        let mut c = 0;
+        while c < vd {
+            let old = match (src, dst.as_deref()) {
+                (Some(s), _) => R::load::<S>(&s[ki * vd + c..]),
+                (None, Some(d)) => R::load::<S>(&d[ki * vd + c..]),
+                (None, None) => unreachable!("a head is read from somewhere"),
+            };
+            let x = old.mul_add(dv, S::load(&v[c..]).mul(kk));
+            if let Some(d) = dst.as_deref_mut() {
+                R::store(x, &mut d[ki * vd + c..]);
+            }
+            x.mul_add(qq, S::load(&out[c..])).store(&mut out[c..]);
+            c += LANES;
+        }
+    }
+}
+
 #[inline(always)]
 fn recurrent_item<S: Simd>(ctx: &RecCtx<'_>, item: usize) {
     let p = ctx.plan;
@@ -694,10 +775,12 @@ fn recurrent_item<S: Simd>(ctx: &RecCtx<'_>, item: usize) {
         StateLayout::KV => ((TILE / d.k) / LANES * LANES).min(MAX_BLOCK).min(round8(d.v)),
     };
     let bp = round8(block);
-    // Direct path: one token, V-major, read from a slot and written (if at all) to one place of
+    // Direct path: one token, read from a slot and written (if at all) to one place of
     // the same dtype: no tile, rows stream from memory to memory.
+    // The K-major direct path handles a whole head at once (V a multiple of the lanes).
+    let kv_direct_ok = d.v % LANES == 0 && block >= d.v;
     let direct = match (p.layout, start, sp.len) {
-        (StateLayout::VK, StartState::Row(r), 1) => {
+        (layout, StartState::Row(r), 1) if layout == StateLayout::VK || kv_direct_ok => {
             let sv = p.state.expect("a row start implies a pool");
             let src_off = sv.head(r, hv, head);
             match (p.store_row(ctx.ix.as_ref(), n, &sp, 0), p.final_row(&sp, 0)) {
@@ -775,15 +858,24 @@ fn recurrent_item<S: Simd>(ctx: &RecCtx<'_>, item: usize) {
                     // shared between sequences when one of them writes; other items own other
                     // heads. An `Other` destination is another slot or `final_state`.
                     unsafe {
-                        match dtype {
-                            DType::F32 => {
+                        match (p.layout, dtype) {
+                            (StateLayout::VK, DType::F32) => {
                                 decode_vk_direct::<S, f32>(src, off, dst, d.k, nv, qb, kb, decay, vb, betab, ob)
                             }
-                            DType::BF16 => {
+                            (StateLayout::VK, DType::BF16) => {
                                 decode_vk_direct::<S, bf16>(src, off, dst, d.k, nv, qb, kb, decay, vb, betab, ob)
                             }
-                            DType::F16 => {
+                            (StateLayout::VK, DType::F16) => {
                                 decode_vk_direct::<S, f16>(src, off, dst, d.k, nv, qb, kb, decay, vb, betab, ob)
+                            }
+                            (StateLayout::KV, DType::F32) => {
+                                decode_kv_direct::<S, f32>(src, off, dst, d.k, d.v, qb, kb, decay, vb, betab, ob)
+                            }
+                            (StateLayout::KV, DType::BF16) => {
+                                decode_kv_direct::<S, bf16>(src, off, dst, d.k, d.v, qb, kb, decay, vb, betab, ob)
+                            }
+                            (StateLayout::KV, DType::F16) => {
+                                decode_kv_direct::<S, f16>(src, off, dst, d.k, d.v, qb, kb, decay, vb, betab, ob)
                             }
                             _ => unreachable!("the plan admits f32/bf16/f16 states only"),
                         }
