@@ -778,7 +778,7 @@ fn recurrent_item<S: Simd>(ctx: &RecCtx<'_>, item: usize) {
     // Direct path: one token, read from a slot and written (if at all) to one place of
     // the same dtype: no tile, rows stream from memory to memory.
     // The K-major direct path handles a whole head at once (V a multiple of the lanes).
-    let kv_direct_ok = d.v % LANES == 0 && block >= d.v;
+    let kv_direct_ok = d.v.is_multiple_of(LANES) && block >= d.v;
     let direct = match (p.layout, start, sp.len) {
         (layout, StartState::Row(r), 1) if layout == StateLayout::VK || kv_direct_ok => {
             let sv = p.state.expect("a row start implies a pool");
