@@ -74,19 +74,51 @@ unsafe fn wr(base: *mut u8, dtype: DType, i: usize, v: f32) {
     }
 }
 
-/// Reads element `i` of a buffer that other items may write elsewhere, through its pointer.
+/// Widens a contiguous row of `dst.len()` elements starting at element `at` of a `dtype` buffer.
 ///
 /// # Safety
-/// Element `i` must be inside the buffer and written by no thread now.
+/// The row must be inside the buffer and written by no other thread now.
 #[inline(always)]
-unsafe fn rd_ptr(base: *const u8, dtype: DType, i: usize) -> f32 {
-    // SAFETY: by the caller's contract; unaligned reads.
+unsafe fn load_row(base: *const u8, dtype: DType, at: usize, dst: &mut [f32]) {
+    let n = dst.len();
+    // SAFETY: by the caller's contract; the plan admits only float states, aligned for their
+    // dtype (views are built from typed or aligned memory).
     unsafe {
         match dtype {
-            DType::F32 => (base.add(i * 4) as *const f32).read_unaligned(),
-            DType::BF16 => bf16::from_bits((base.add(i * 2) as *const u16).read_unaligned()).to_f32(),
-            DType::F16 => f16::from_bits((base.add(i * 2) as *const u16).read_unaligned()).to_f32(),
-            _ => unreachable!("plan admits float tensors only"),
+            DType::F32 => dst.copy_from_slice(std::slice::from_raw_parts((base as *const f32).add(at), n)),
+            DType::BF16 => {
+                let src = std::slice::from_raw_parts((base as *const bf16).add(at), n);
+                dst.iter_mut().zip(src).for_each(|(d, s)| *d = s.to_f32());
+            }
+            DType::F16 => {
+                let src = std::slice::from_raw_parts((base as *const f16).add(at), n);
+                dst.iter_mut().zip(src).for_each(|(d, s)| *d = s.to_f32());
+            }
+            _ => unreachable!("plan admits float states only"),
+        }
+    }
+}
+
+/// Stores a row (rounded to nearest even) at element `at` of a `dtype` buffer.
+///
+/// # Safety
+/// The row must be inside the buffer and accessed by no other thread now.
+#[inline(always)]
+unsafe fn store_row(base: *mut u8, dtype: DType, at: usize, src: &[f32]) {
+    let n = src.len();
+    // SAFETY: by the caller's contract.
+    unsafe {
+        match dtype {
+            DType::F32 => std::slice::from_raw_parts_mut((base as *mut f32).add(at), n).copy_from_slice(src),
+            DType::BF16 => std::slice::from_raw_parts_mut((base as *mut bf16).add(at), n)
+                .iter_mut()
+                .zip(src)
+                .for_each(|(d, s)| *d = bf16::from_f32(*s)),
+            DType::F16 => std::slice::from_raw_parts_mut((base as *mut f16).add(at), n)
+                .iter_mut()
+                .zip(src)
+                .for_each(|(d, s)| *d = f16::from_f32(*s)),
+            _ => unreachable!("plan admits float states only"),
         }
     }
 }
@@ -236,12 +268,8 @@ impl SimdKernel for Item<'_> {
                     // rows k.. after the live window, see the module docs).
                     unsafe {
                         dts[j] = *ctx.dt_cache.0.add(p.dt_cache.at(slot, h, r, 0));
-                        for (q, v) in xr[..pd].iter_mut().enumerate() {
-                            *v = rd_ptr(ctx.x_cache.0, xc_t, p.x_cache.at(slot, h, r, q));
-                        }
-                        for (q, v) in br[..nd].iter_mut().enumerate() {
-                            *v = rd_ptr(ctx.b_cache.0, bc_t, p.b_cache.at(slot, g, r, q));
-                        }
+                        load_row(ctx.x_cache.0, xc_t, p.x_cache.at(slot, h, r, 0), &mut xr[..pd]);
+                        load_row(ctx.b_cache.0, bc_t, p.b_cache.at(slot, g, r, 0), &mut br[..nd]);
                     }
                 } else {
                     let t = tok0 + j - k;
@@ -272,10 +300,9 @@ impl SimdKernel for Item<'_> {
             for q in 0..pd {
                 let r = &mut srow[q * nr..(q + 1) * nr];
                 r.fill(0.0);
-                for (nn, v) in r[..nd].iter_mut().enumerate() {
-                    // SAFETY: this item owns (slot, h) of the state.
-                    *v = unsafe { rd_ptr(ctx.state.0, state_t, p.state.at(slot, h, q, nn)) };
-                }
+                // SAFETY: the plan checked the slot and the state layout (last stride 1), so
+                // the row's `dstate` elements are inside the state; this item owns (slot, h).
+                unsafe { load_row(ctx.state.0, state_t, p.state.at(slot, h, q, 0), &mut r[..nd]) };
             }
             let (base_cum, first) = if flush && k > 0 {
                 let ck = cum[k - 1];
@@ -296,10 +323,8 @@ impl SimdKernel for Item<'_> {
             };
             if flush {
                 for q in 0..pd {
-                    for nn in 0..nd {
-                        // SAFETY: this item owns (slot, h) of the state.
-                        unsafe { wr(ctx.state.0, state_t, p.state.at(slot, h, q, nn), srow[q * nr + nn]) };
-                    }
+                    // SAFETY: as for the load above; the row is written by this item only.
+                    unsafe { store_row(ctx.state.0, state_t, p.state.at(slot, h, q, 0), &srow[q * nr..q * nr + nd]) };
                 }
             }
             // Outputs of the new tokens.
