@@ -38,6 +38,9 @@ pub(crate) struct Args {
     /// Only cases whose shape name contains this text.
     #[arg(long)]
     filter: Option<String>,
+    /// CUDA only: folder with vLLM's extracted Triton SSU files; times the peer on the same shapes.
+    #[arg(long)]
+    peer_vllm: Option<PathBuf>,
 }
 
 /// One measured case.
@@ -73,6 +76,25 @@ impl Args {
     pub(crate) fn run(self) -> anyhow::Result<()> {
         let config = Config { backend: self.backend, cpu_threads: self.threads, ..Config::default() };
         let rt = Runtime::new(&config).context("starting the backend")?;
+        #[cfg(feature = "cuda")]
+        if rt.kind() == BackendKind::Cuda {
+            // Device kernels are timed with CUDA-graph replay against the card's copy bandwidth.
+            anyhow::ensure!(
+                self.op == "all" || self.op == "ssu",
+                "the CUDA backend implements the ssu family so far; --op {} has no CUDA kernels",
+                self.op
+            );
+            drop(rt);
+            let args = crate::bench_cuda::CudaSsuBenchArgs {
+                batches: if self.quick { vec![1, 64] } else { vec![1, 8, 64, 256, 1024] },
+                peer_vllm: self.peer_vllm,
+                peer_script: None,
+                python: "python3".into(),
+                json: self.json,
+                copy_bytes: 2 << 30,
+            };
+            return crate::bench_cuda::run(&args).map(|_| ());
+        }
         let threads = match rt.kind() {
             BackendKind::Cpu => {
                 self.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
