@@ -159,6 +159,64 @@ __device__ __forceinline__ void store_final_row(const SsuParams& p, float (&row)
 }
 #endif
 
+// The inputs of one (token, head) a lane needs: x (and z, and dt unless tied) for its rows,
+// B and C for its dstate columns. Loaded as a group before any is used, so that their
+// round trips to memory overlap each other and the state's.
+struct TokIn {
+    float x[RPT];
+#if HAS_Z
+    float z[RPT];
+#endif
+#if TIED
+    float dt;
+#else
+    float dt[RPT];
+#endif
+    float b[VPT][VEC], c[VPT][VEC];
+};
+
+__device__ __forceinline__ void load_token(const SsuParams& p, TokIn& in, i64 seq, i64 bos, int t, int h, int g,
+                                           const int (&prow)[RPT], int lane) {
+#pragma unroll
+    for (int r = 0; r < RPT; ++r) {
+        const i64 pr = prow[r] < p.dim ? prow[r] : 0;
+        in.x[r] = to_f32(ld_ro(reinterpret_cast<const X_T*>(p.x) + tok_base(p.xs, seq, bos, t) + (i64)h * p.xs.head + pr * p.xs.dim));
+#if HAS_Z
+        in.z[r] = to_f32(ld_ro(reinterpret_cast<const Z_T*>(p.z) + tok_base(p.zs, seq, bos, t) + (i64)h * p.zs.head + pr * p.zs.dim));
+#endif
+#if !TIED
+        in.dt[r] = to_f32(ld_ro(reinterpret_cast<const DT_T*>(p.dt) + tok_base(p.dts, seq, bos, t) + (i64)h * p.dts.head + pr * p.dts.dim));
+#endif
+    }
+#if TIED
+    in.dt = to_f32(ld_ro(reinterpret_cast<const DT_T*>(p.dt) + tok_base(p.dts, seq, bos, t) + (i64)h * p.dts.head));
+#endif
+    const B_T* bp = reinterpret_cast<const B_T*>(p.b) + tok_base(p.bs, seq, bos, t) + (i64)g * p.bs.head;
+    const C_T* cp = reinterpret_cast<const C_T*>(p.c) + tok_base(p.cs, seq, bos, t) + (i64)g * p.cs.head;
+#pragma unroll
+    for (int v = 0; v < VPT; ++v) {
+        const int vi = lane + v * TPR;
+#if BC_VEC
+        // B and C contiguous along dstate and aligned to VEC elements (host-checked).
+        if (vi < NVEC) {
+            load_vec_ro<VEC>(bp + vi * VEC, in.b[v]);
+            load_vec_ro<VEC>(cp + vi * VEC, in.c[v]);
+        } else {
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) in.b[v][e] = in.c[v][e] = 0.f;
+        }
+#else
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+            const int n = vi * VEC + e;
+            const bool ok = n < DSTATE;
+            in.b[v][e] = ok ? to_f32(ld_ro(bp + (i64)n * p.bs.dim)) : 0.f;
+            in.c[v][e] = ok ? to_f32(ld_ro(cp + (i64)n * p.cs.dim)) : 0.f;
+        }
+#endif
+    }
+}
+
 #if MINB > 0
 #define SSU_BOUNDS __launch_bounds__(NTHREADS, MINB)
 #else
@@ -213,6 +271,37 @@ extern "C" __global__ void SSU_BOUNDS ssu_kernel(const SsuParams p) {
     len = p.steps;
 #endif
 
+    // Rows of this lane and the per-head parameters: loaded now, before the slot index is
+    // back (they do not depend on it).
+    int prow[RPT];
+#pragma unroll
+    for (int r = 0; r < RPT; ++r) prow[r] = tile * DIM_TILE + r * ROW_GROUPS + row_group;
+    // One-token route: the token's inputs are loaded now, before the slot index is back.
+    // (Multi-token routes load each token at the top of its iteration: holding token 0 across
+    // the state load costs them more registers than it saves.)
+    TokIn cur;
+#if !VARLEN && !DENSE
+    load_token(p, cur, seq, bos, 0, h, g, prow, lane);
+#endif
+    const A_T* a = reinterpret_cast<const A_T*>(p.a) + (i64)h * p.a_head;
+#if TIED
+    const float a_head = to_f32(ld_ro(a));
+#if HAS_DT_BIAS
+    const float dtb_head = to_f32(ld_ro(reinterpret_cast<const DTB_T*>(p.dt_bias) + (i64)h * p.dtb_head));
+#endif
+#elif HAS_DT_BIAS
+    float dtb[RPT];
+#pragma unroll
+    for (int r = 0; r < RPT; ++r)
+        dtb[r] = prow[r] < p.dim ? to_f32(ld_ro(reinterpret_cast<const DTB_T*>(p.dt_bias) + (i64)h * p.dtb_head + (i64)prow[r] * p.dtb_dim)) : 0.f;
+#endif
+#if HAS_D
+    float dd[RPT];
+#pragma unroll
+    for (int r = 0; r < RPT; ++r)
+        dd[r] = prow[r] < p.dim ? to_f32(ld_ro(reinterpret_cast<const D_T*>(p.d) + (i64)h * p.d_head + (i64)prow[r] * p.d_dim)) : 0.f;
+#endif
+
     // ---- slots ----
     i64 src = seq;
 #if !SPEC
@@ -248,10 +337,8 @@ extern "C" __global__ void SSU_BOUNDS ssu_kernel(const SsuParams p) {
     // ---- load the state tile (all loads issued before any use) ----
     const STATE_T* state = reinterpret_cast<const STATE_T*>(p.state);
     float s[RPT][VPT][VEC];
-    int prow[RPT];
 #pragma unroll
     for (int r = 0; r < RPT; ++r) {
-        prow[r] = tile * DIM_TILE + r * ROW_GROUPS + row_group;
 #pragma unroll
         for (int v = 0; v < VPT; ++v) {
             const int vi = lane + v * TPR;
@@ -290,35 +377,25 @@ extern "C" __global__ void SSU_BOUNDS ssu_kernel(const SsuParams p) {
     const bool store_final = live && !(HAS_SBI && HAS_PAD && dst == p.pad);
 #endif
 
-    // Per-head and per-row parameters.
-    const A_T* a = reinterpret_cast<const A_T*>(p.a) + (i64)h * p.a_head;
-#if TIED
-    const float a_head = to_f32(ld_ro(a));
-#if HAS_DT_BIAS
-    const float dtb_head = to_f32(ld_ro(reinterpret_cast<const DTB_T*>(p.dt_bias) + (i64)h * p.dtb_head));
-#endif
-#elif HAS_DT_BIAS
-    float dtb[RPT];
-#pragma unroll
-    for (int r = 0; r < RPT; ++r)
-        dtb[r] = prow[r] < p.dim ? to_f32(ld_ro(reinterpret_cast<const DTB_T*>(p.dt_bias) + (i64)h * p.dtb_head + (i64)prow[r] * p.dtb_dim)) : 0.f;
-#endif
-#if HAS_D
-    float dd[RPT];
-#pragma unroll
-    for (int r = 0; r < RPT; ++r)
-        dd[r] = prow[r] < p.dim ? to_f32(ld_ro(reinterpret_cast<const D_T*>(p.d) + (i64)h * p.d_head + (i64)prow[r] * p.d_dim)) : 0.f;
-#endif
-
     for (int t = 0; t < len; ++t) {
-        // Token inputs of this (token, head): x, z (and dt unless tied) per row; B, C per column.
+        // Later tokens' inputs: loaded as a group before any is used (token 0's were loaded
+        // before the state).
+#if !VARLEN && !DENSE
+        if (t > 0) load_token(p, cur, seq, bos, t, h, g, prow, lane);
+#else
+        load_token(p, cur, seq, bos, t, h, g, prow, lane);
+#endif
         float xv[RPT];
+#pragma unroll
+        for (int r = 0; r < RPT; ++r) xv[r] = cur.x[r];
 #if HAS_Z
         float zv[RPT];
+#pragma unroll
+        for (int r = 0; r < RPT; ++r) zv[r] = cur.z[r];
 #endif
 #if TIED
         // vLLM's TIE_HDIM: one dt per head, so dA and B·dt are shared by every row.
-        float dth = to_f32(ld_ro(reinterpret_cast<const DT_T*>(p.dt) + tok_base(p.dts, seq, bos, t) + (i64)h * p.dts.head));
+        float dth = cur.dt;
 #if HAS_DT_BIAS
         dth += dtb_head;
 #endif
@@ -328,54 +405,28 @@ extern "C" __global__ void SSU_BOUNDS ssu_kernel(const SsuParams p) {
         const float dA = expf(a_head * dth);
 #else
         float dtv[RPT];
-#endif
 #pragma unroll
         for (int r = 0; r < RPT; ++r) {
-            const bool ok = prow[r] < p.dim;
-            const i64 pr = ok ? prow[r] : 0;
-            xv[r] = to_f32(ld_ro(reinterpret_cast<const X_T*>(p.x) + tok_base(p.xs, seq, bos, t) + (i64)h * p.xs.head + pr * p.xs.dim));
-#if HAS_Z
-            zv[r] = to_f32(ld_ro(reinterpret_cast<const Z_T*>(p.z) + tok_base(p.zs, seq, bos, t) + (i64)h * p.zs.head + pr * p.zs.dim));
-#endif
-#if !TIED
-            dtv[r] = to_f32(ld_ro(reinterpret_cast<const DT_T*>(p.dt) + tok_base(p.dts, seq, bos, t) + (i64)h * p.dts.head + pr * p.dts.dim));
+            dtv[r] = cur.dt[r];
 #if HAS_DT_BIAS
             dtv[r] += dtb[r];
 #endif
 #if DT_SOFTPLUS
             dtv[r] = softplus_thr(dtv[r]);
 #endif
-#endif
         }
+#endif
         float bv[VPT][VEC], cv[VPT][VEC];
-        {
-            const B_T* bp = reinterpret_cast<const B_T*>(p.b) + tok_base(p.bs, seq, bos, t) + (i64)g * p.bs.head;
-            const C_T* cp = reinterpret_cast<const C_T*>(p.c) + tok_base(p.cs, seq, bos, t) + (i64)g * p.cs.head;
 #pragma unroll
-            for (int v = 0; v < VPT; ++v) {
-                const int vi = lane + v * TPR;
-#if BC_VEC
-                // B and C contiguous along dstate and aligned to VEC elements (host-checked).
-                if (vi < NVEC) {
-                    load_vec_ro<VEC>(bp + vi * VEC, bv[v]);
-                    load_vec_ro<VEC>(cp + vi * VEC, cv[v]);
-                } else {
+        for (int v = 0; v < VPT; ++v) {
 #pragma unroll
-                    for (int e = 0; e < VEC; ++e) bv[v][e] = cv[v][e] = 0.f;
-                }
-#else
-#pragma unroll
-                for (int e = 0; e < VEC; ++e) {
-                    const int n = vi * VEC + e;
-                    const bool ok = n < DSTATE;
-                    bv[v][e] = ok ? to_f32(ld_ro(bp + (i64)n * p.bs.dim)) : 0.f;
-                    cv[v][e] = ok ? to_f32(ld_ro(cp + (i64)n * p.cs.dim)) : 0.f;
-                }
-#endif
+            for (int e = 0; e < VEC; ++e) {
 #if TIED
-#pragma unroll
-                for (int e = 0; e < VEC; ++e) bv[v][e] = __fmul_rn(bv[v][e], dth);  // B·dt, rounded as the reference
+                bv[v][e] = __fmul_rn(cur.b[v][e], dth);  // B·dt, rounded as the reference
+#else
+                bv[v][e] = cur.b[v][e];
 #endif
+                cv[v][e] = cur.c[v][e];
             }
         }
 
