@@ -9,8 +9,8 @@
 
 mod conv;
 mod gdn;
-pub mod simd;
 mod ring;
+pub mod simd;
 mod ssd;
 mod ssu;
 
