@@ -43,6 +43,9 @@ pub trait Simd: Copy + Send + Sync + 'static {
     fn exp(self) -> Self;
     /// Sum of the lanes.
     fn reduce_add(self) -> f32;
+    /// Hints that the cache line holding `p` will be read soon (a no-op where unsupported).
+    #[inline(always)]
+    fn prefetch<T>(_p: *const T) {}
 }
 
 /// Portable lanes on `wide::f32x8`.
@@ -282,6 +285,10 @@ mod avx2 {
             super::exp_poly(self)
         }
         #[inline(always)]
+        fn prefetch<T>(p: *const T) {
+            Avx2::prefetch_line(p)
+        }
+        #[inline(always)]
         fn reduce_add(self) -> f32 {
             // SAFETY: see the module-wide note.
             unsafe {
@@ -292,6 +299,15 @@ mod avx2 {
                 let s = _mm_add_ss(s, _mm_shuffle_ps::<0b01>(s, s));
                 _mm_cvtss_f32(s)
             }
+        }
+    }
+
+    impl Avx2 {
+        /// Prefetch into all cache levels; never faults, even for an address past the tensor.
+        #[inline(always)]
+        pub fn prefetch_line<T>(p: *const T) {
+            // SAFETY: prefetch is a hint; it never dereferences or faults.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) }
         }
     }
 

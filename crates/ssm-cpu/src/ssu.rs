@@ -61,6 +61,9 @@ unsafe fn wr(base: *mut u8, dtype: DType, i: usize, v: f32) {
     }
 }
 
+/// How many state rows ahead the plain decode step prefetches.
+const PREFETCH_ROWS: usize = 4;
+
 thread_local! {
     static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     static TOKENS: RefCell<Vec<i64>> = const { RefCell::new(Vec::new()) };
@@ -282,6 +285,15 @@ impl<St: Real> SimdKernel for Item<'_, St> {
                     let xs = S::splat(xv);
                     let src_off = plan.state.at([src as usize, h, p, 0]);
                     let dst_off = plan.state.at([dst_final as usize, h, p, 0]);
+                    // Keep several rows of loads in flight: prefetch the row PREFETCH_ROWS ahead
+                    // (a hint only; an address past the head is harmless).
+                    if p + PREFETCH_ROWS < dim {
+                        let ahead = plan.state.at([src as usize, h, p + PREFETCH_ROWS, 0]);
+                        let row_bytes = n_st * std::mem::size_of::<St>();
+                        for line in (0..row_bytes).step_by(64) {
+                            S::prefetch(state.0.wrapping_add(ahead).cast::<u8>().wrapping_add(line));
+                        }
+                    }
                     let mut acc = S::splat(0.0);
                     for n in (0..n_st).step_by(LANES) {
                         // SAFETY: both rows were checked by the plan and belong to this item;
