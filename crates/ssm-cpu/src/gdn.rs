@@ -620,6 +620,13 @@ unsafe fn decode_vk_direct<S: Simd, R: Real>(
 ) {
     for r in 0..vd {
         let src_row = src.cast::<R>().wrapping_add(src_off + r * kd);
+        // Keep loads in flight: prefetch the row 4 ahead (a hint; never faults).
+        if r + 4 < vd {
+            let ahead = src.cast::<R>().wrapping_add(src_off + (r + 4) * kd).cast::<u8>();
+            for line in (0..kd * std::mem::size_of::<R>()).step_by(64) {
+                S::prefetch(ahead.wrapping_add(line));
+            }
+        }
         let pred = {
             // SAFETY: the row is in bounds and not written by another thread (caller's contract).
             let row = unsafe { std::slice::from_raw_parts(src_row as *const R, kd) };
@@ -697,6 +704,13 @@ unsafe fn decode_kv_direct<S: Simd, R: Real>(
     out[..vd].iter_mut().for_each(|x| *x = 0.0);
     for ki in 0..kd {
         let kk = S::splat(k[ki]);
+        // Prefetch the row 4 ahead of pass 1 (a hint; never faults).
+        if ki + 4 < kd {
+            let ahead = head.cast::<R>().wrapping_add((ki + 4) * vd).cast::<u8>();
+            for line in (0..vd * std::mem::size_of::<R>()).step_by(64) {
+                S::prefetch(ahead.wrapping_add(line));
+            }
+        }
         let row = match (src, dst.as_deref()) {
             (Some(s), _) => &s[ki * vd..(ki + 1) * vd],
             (None, Some(d)) => &d[ki * vd..(ki + 1) * vd],
