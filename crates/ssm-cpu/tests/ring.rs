@@ -3,6 +3,8 @@
 //! (one-token with tracker advances; speculative windows committed with random accepted
 //! counts) against the plain SSU recurrence on the accepted tokens.
 
+// One vector reader for the SSD and ring tests (kept in ssm-ssd/tests/common).
+#[path = "../../ssm-ssd/tests/common/mod.rs"]
 mod ssd_ring_common;
 
 use rand::{Rng, SeedableRng};

@@ -1,6 +1,8 @@
 //! SSD chunked prefill on the CPU: every conformance vector (reference and CPU backend),
 //! and property tests against the f64 token-by-token recurrence.
 
+// One vector reader for the SSD and ring tests (kept in ssm-ssd/tests/common).
+#[path = "../../ssm-ssd/tests/common/mod.rs"]
 mod ssd_ring_common;
 
 use rand::{Rng, SeedableRng};

@@ -1,6 +1,8 @@
 //! Every `update_replayssm_ring_trackers` and `commit_replayssm_ring_trackers` conformance
 //! vector through the reference: integers exact.
 
+// One vector reader for the SSD and ring tests (kept in ssm-ssd/tests/common).
+#[path = "../../ssm-ssd/tests/common/mod.rs"]
 mod common;
 
 use common::{Case, load};
