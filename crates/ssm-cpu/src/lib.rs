@@ -9,6 +9,7 @@
 
 mod conv;
 mod gdn;
+mod host;
 mod ring;
 pub mod simd;
 mod ssd;

@@ -20,57 +20,14 @@ use ssm_ring::{
 };
 use ssm_tensor::{DType, TensorMut};
 
+use crate::host::{SyncPtr, rd, rd_int, wr};
 use crate::simd::{LANES, PowTwo, Simd, SimdKernel, dispatch};
 use crate::{CpuBackend, CpuError, require_host};
-
-/// A raw pointer that may cross threads; items write disjoint elements through it.
-#[derive(Clone, Copy)]
-struct SyncPtr<T>(*mut T);
-// SAFETY: items write only elements of their own (slot, head) — state rows, out rows, x/dt ring
-// rows of the head, B ring rows of the group (by one head) — see `checkpointing_ssu`.
-unsafe impl<T> Send for SyncPtr<T> {}
-// SAFETY: as above.
-unsafe impl<T> Sync for SyncPtr<T> {}
-
-#[inline(always)]
-fn rd(bytes: &[u8], dtype: DType, i: usize) -> f32 {
-    match dtype {
-        DType::F32 => f32::from_le_bytes(bytes[i * 4..i * 4 + 4].try_into().unwrap()),
-        DType::BF16 => bf16::from_bits(u16::from_le_bytes(bytes[i * 2..i * 2 + 2].try_into().unwrap())).to_f32(),
-        DType::F16 => f16::from_bits(u16::from_le_bytes(bytes[i * 2..i * 2 + 2].try_into().unwrap())).to_f32(),
-        _ => unreachable!("plan admits float tensors only"),
-    }
-}
-
-#[inline(always)]
-fn rd_int(bytes: &[u8], dtype: DType, i: usize) -> i64 {
-    match dtype {
-        DType::I32 => i32::from_le_bytes(bytes[i * 4..i * 4 + 4].try_into().unwrap()) as i64,
-        _ => i64::from_le_bytes(bytes[i * 8..i * 8 + 8].try_into().unwrap()),
-    }
-}
 
 fn wr_int(bytes: &mut [u8], dtype: DType, i: usize, v: i64) {
     match dtype {
         DType::I32 => bytes[i * 4..i * 4 + 4].copy_from_slice(&(v as i32).to_le_bytes()),
         _ => bytes[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes()),
-    }
-}
-
-/// Writes `v` (rounded to nearest even) as element `i` of a `dtype` buffer.
-///
-/// # Safety
-/// `base` must point to a buffer holding element `i` of `dtype`, written by no other thread now.
-#[inline(always)]
-unsafe fn wr(base: *mut u8, dtype: DType, i: usize, v: f32) {
-    // SAFETY: in bounds and exclusive by the caller's contract; unaligned writes.
-    unsafe {
-        match dtype {
-            DType::F32 => (base.add(i * 4) as *mut f32).write_unaligned(v),
-            DType::BF16 => (base.add(i * 2) as *mut u16).write_unaligned(bf16::from_f32(v).to_bits()),
-            DType::F16 => (base.add(i * 2) as *mut u16).write_unaligned(f16::from_f32(v).to_bits()),
-            _ => unreachable!("plan admits float tensors only"),
-        }
     }
 }
 

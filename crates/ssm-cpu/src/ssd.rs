@@ -15,56 +15,12 @@
 //! are closer to the f64 recurrence); inner loops run on eight lanes over `dstate`, `dim` or
 //! the chunk's token axis.
 
-use half::{bf16, f16};
 use ssm_ssd::{MambaChunkScanCombinedVarlen, SsdBackend, SsdPlan, WorkspaceLayout};
 use ssm_tensor::DType;
 
+use crate::host::{SyncPtr, rd, rd_int, wr};
 use crate::simd::{LANES, PowTwo, Simd, SimdKernel, dispatch};
 use crate::{CpuBackend, CpuError, require_host};
-
-/// A raw pointer that may cross threads; work items write disjoint elements through it.
-#[derive(Clone, Copy)]
-struct SyncPtr<T>(*mut T);
-// SAFETY: every stage writes, through this pointer, only the elements of the work item it
-// runs (disjoint (chunk, head), (chunk, group) or (sequence, head) blocks, see each stage).
-unsafe impl<T> Send for SyncPtr<T> {}
-// SAFETY: as above.
-unsafe impl<T> Sync for SyncPtr<T> {}
-
-#[inline(always)]
-fn rd(bytes: &[u8], dtype: DType, i: usize) -> f32 {
-    match dtype {
-        DType::F32 => f32::from_le_bytes(bytes[i * 4..i * 4 + 4].try_into().unwrap()),
-        DType::BF16 => bf16::from_bits(u16::from_le_bytes(bytes[i * 2..i * 2 + 2].try_into().unwrap())).to_f32(),
-        DType::F16 => f16::from_bits(u16::from_le_bytes(bytes[i * 2..i * 2 + 2].try_into().unwrap())).to_f32(),
-        _ => unreachable!("plan admits float inputs only"),
-    }
-}
-
-#[inline(always)]
-fn rd_int(bytes: &[u8], dtype: DType, i: usize) -> i64 {
-    match dtype {
-        DType::I32 => i32::from_le_bytes(bytes[i * 4..i * 4 + 4].try_into().unwrap()) as i64,
-        _ => i64::from_le_bytes(bytes[i * 8..i * 8 + 8].try_into().unwrap()),
-    }
-}
-
-/// Writes `v` (rounded to nearest even) as element `i` of a `dtype` buffer.
-///
-/// # Safety
-/// `base` must point to a buffer holding element `i` of `dtype`, written by no other thread now.
-#[inline(always)]
-unsafe fn wr(base: *mut u8, dtype: DType, i: usize, v: f32) {
-    // SAFETY: in bounds and exclusive by the caller's contract; unaligned writes.
-    unsafe {
-        match dtype {
-            DType::F32 => (base.add(i * 4) as *mut f32).write_unaligned(v),
-            DType::BF16 => (base.add(i * 2) as *mut u16).write_unaligned(bf16::from_f32(v).to_bits()),
-            DType::F16 => (base.add(i * 2) as *mut u16).write_unaligned(f16::from_f32(v).to_bits()),
-            _ => unreachable!("plan admits float outputs only"),
-        }
-    }
-}
 
 thread_local! {
     static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };

@@ -13,53 +13,9 @@ use ssm_ssu::philox::{round_f16_stochastic, sr_bits};
 use ssm_ssu::{ParamForm, Route, SelectiveStateUpdate, SsuBackend, SsuPlan, TokenStrides};
 use ssm_tensor::DType;
 
+use crate::host::{SyncPtr, rd, rd_int, wr};
 use crate::simd::{LANES, PowTwo, Real, Simd, SimdKernel, dispatch};
 use crate::{CpuBackend, CpuError, require_host};
-
-/// A raw pointer that may cross threads. Items write disjoint elements through it (the plan's
-/// `alias_free`, or in-order execution when that is false).
-#[derive(Clone, Copy)]
-struct SyncPtr<T>(*mut T);
-// SAFETY: the pointer is only dereferenced at element indices the plan assigns to exactly one
-// work item at a time (see `selective_state_update`), so sharing it between threads is sound.
-unsafe impl<T> Send for SyncPtr<T> {}
-// SAFETY: as above.
-unsafe impl<T> Sync for SyncPtr<T> {}
-
-#[inline(always)]
-fn rd(bytes: &[u8], dtype: DType, i: usize) -> f32 {
-    match dtype {
-        DType::F32 => f32::from_le_bytes(bytes[i * 4..i * 4 + 4].try_into().unwrap()),
-        DType::BF16 => bf16::from_bits(u16::from_le_bytes(bytes[i * 2..i * 2 + 2].try_into().unwrap())).to_f32(),
-        DType::F16 => f16::from_bits(u16::from_le_bytes(bytes[i * 2..i * 2 + 2].try_into().unwrap())).to_f32(),
-        _ => unreachable!("plan admits float inputs only"),
-    }
-}
-
-#[inline(always)]
-fn rd_int(bytes: &[u8], dtype: DType, i: usize) -> i64 {
-    match dtype {
-        DType::I32 => i32::from_le_bytes(bytes[i * 4..i * 4 + 4].try_into().unwrap()) as i64,
-        _ => i64::from_le_bytes(bytes[i * 8..i * 8 + 8].try_into().unwrap()),
-    }
-}
-
-/// Writes `v` (rounded to nearest even) as element `i` of a `dtype` buffer.
-///
-/// # Safety
-/// `base` must point to a buffer holding element `i` of `dtype`, written by no other thread now.
-#[inline(always)]
-unsafe fn wr(base: *mut u8, dtype: DType, i: usize, v: f32) {
-    // SAFETY: in bounds and exclusive by the caller's contract; unaligned writes.
-    unsafe {
-        match dtype {
-            DType::F32 => (base.add(i * 4) as *mut f32).write_unaligned(v),
-            DType::BF16 => (base.add(i * 2) as *mut u16).write_unaligned(bf16::from_f32(v).to_bits()),
-            DType::F16 => (base.add(i * 2) as *mut u16).write_unaligned(f16::from_f32(v).to_bits()),
-            _ => unreachable!("plan admits float outputs only"),
-        }
-    }
-}
 
 /// How many state rows ahead the plain decode step prefetches.
 const PREFETCH_ROWS: usize = 4;
