@@ -517,23 +517,56 @@ fn give_rec_scratch(buf: Vec<f32>) {
     REC_SCRATCH.with(|cell| cell.replace(buf));
 }
 
-/// `Σ row[c]·x[c]` over `n` elements of a stored row, widened to f32 (`x` padded to `round8(n)`).
+/// Loads 8 elements at `p` as f32 lanes.
+///
+/// # Safety
+/// `p` must be valid for reading 8 elements.
 #[inline(always)]
-fn dot_row<S: Simd, R: Real>(row: &[R], x: &[f32], n: usize) -> f32 {
+unsafe fn ld<S: Simd, R: Real>(p: *const R) -> S {
+    // SAFETY: 8 readable elements at `p` (caller's contract).
+    R::load::<S>(unsafe { std::slice::from_raw_parts(p, LANES) })
+}
+
+/// Stores 8 lanes at `p` (rounded to `R`).
+///
+/// # Safety
+/// `p` must be valid for writing 8 elements, and no reference to them may be live.
+#[inline(always)]
+unsafe fn st<S: Simd, R: Real>(v: S, p: *mut R) {
+    // SAFETY: 8 writable elements at `p`, not otherwise borrowed (caller's contract).
+    R::store::<S>(v, unsafe { std::slice::from_raw_parts_mut(p, LANES) })
+}
+
+/// `Σ row[c]·x[c]` over `n` elements of a stored row, widened to f32 (`x` padded to `round8(n)`).
+/// Four independent accumulators keep the FMA latency chain off the critical path.
+///
+/// # Safety
+/// `row` must be valid for reading `n` elements.
+#[inline(always)]
+unsafe fn dot_row<S: Simd, R: Real>(row: *const R, x: &[f32], n: usize) -> f32 {
     let full = n / LANES * LANES;
-    let (mut a0, mut a1) = (S::splat(0.0), S::splat(0.0));
+    let xs = &x[..full];
+    let (mut a0, mut a1, mut a2, mut a3) = (S::splat(0.0), S::splat(0.0), S::splat(0.0), S::splat(0.0));
     let mut c = 0;
-    while c + 2 * LANES <= full {
-        a0 = R::load::<S>(&row[c..]).mul_add(S::load(&x[c..]), a0);
-        a1 = R::load::<S>(&row[c + LANES..]).mul_add(S::load(&x[c + LANES..]), a1);
-        c += 2 * LANES;
+    while c + 4 * LANES <= full {
+        // SAFETY: `c + 32 ≤ full ≤ n`, inside the row (caller's contract).
+        unsafe {
+            a0 = ld::<S, R>(row.add(c)).mul_add(S::load(&xs[c..]), a0);
+            a1 = ld::<S, R>(row.add(c + LANES)).mul_add(S::load(&xs[c + LANES..]), a1);
+            a2 = ld::<S, R>(row.add(c + 2 * LANES)).mul_add(S::load(&xs[c + 2 * LANES..]), a2);
+            a3 = ld::<S, R>(row.add(c + 3 * LANES)).mul_add(S::load(&xs[c + 3 * LANES..]), a3);
+        }
+        c += 4 * LANES;
     }
-    if c < full {
-        a0 = R::load::<S>(&row[c..]).mul_add(S::load(&x[c..]), a0);
+    while c < full {
+        // SAFETY: `c + 8 ≤ full ≤ n`, inside the row.
+        a0 = unsafe { ld::<S, R>(row.add(c)) }.mul_add(S::load(&xs[c..]), a0);
+        c += LANES;
     }
-    let mut s = a0.add(a1).reduce_add();
-    for c in full..n {
-        s += row[c].to_f32() * x[c];
+    let mut s = a0.add(a1).add(a2.add(a3)).reduce_add();
+    for (c, xc) in x.iter().enumerate().take(n).skip(full) {
+        // SAFETY: `c < n`, inside the row.
+        s += unsafe { *row.add(c) }.to_f32() * xc;
     }
     s
 }
@@ -549,13 +582,19 @@ enum Dst {
     Other(SyncPtr<u8>, usize),
 }
 
-/// Pass 2 of the direct decode on one row: `x = row·e^g + u·k`, stored to `dst` (when given),
-/// returns `Σ x·q`. Reads `src`, or `dst` itself when `src` is `None` (in place).
+/// Pass 2 of the direct decode on one row: `x = src·e^g + u·k`, stored to `dst` (unless null),
+/// returns `Σ x·q`. `dst` may equal `src` (in place). Unrolled by two with named accumulators:
+/// an indexed accumulator array spills to the stack and chains every FMA through a
+/// store-to-load forward.
+///
+/// # Safety
+/// `src` must be valid for reading `kd` elements; `dst` null or valid for writing `kd` elements
+/// (it may be `src` itself, and must not overlap it otherwise); no reference to either is live.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn row_update<S: Simd, R: Real>(
-    src: Option<&[R]>,
-    mut dst: Option<&mut [R]>,
+unsafe fn row_update<S: Simd, R: Real>(
+    src: *const R,
+    dst: *mut R,
     kd: usize,
     k: &[f32],
     q: &[f32],
@@ -563,41 +602,126 @@ fn row_update<S: Simd, R: Real>(
     ur: f32,
 ) -> f32 {
     let full = kd / LANES * LANES;
+    let (ks, qs) = (&k[..full], &q[..full]);
     let (dv, u) = (S::splat(decay), S::splat(ur));
-    let mut acc = [S::splat(0.0); 2];
+    let write = !dst.is_null();
+    let (mut o0, mut o1) = (S::splat(0.0), S::splat(0.0));
     let mut c = 0;
-    while c < full {
-        let old = match (src, dst.as_deref()) {
-            (Some(s), _) => R::load::<S>(&s[c..]),
-            (None, Some(d)) => R::load::<S>(&d[c..]),
-            (None, None) => unreachable!("a row is read from somewhere"),
-        };
-        let x = old.mul_add(dv, u.mul(S::load(&k[c..])));
-        if let Some(w) = dst.as_deref_mut() {
-            R::store(x, &mut w[c..]);
+    while c + 2 * LANES <= full {
+        // SAFETY: `c + 16 ≤ full ≤ kd`, inside both rows (caller's contract); each element is
+        // read before it is written.
+        unsafe {
+            let x0 = ld::<S, R>(src.add(c)).mul_add(dv, u.mul(S::load(&ks[c..])));
+            let x1 = ld::<S, R>(src.add(c + LANES)).mul_add(dv, u.mul(S::load(&ks[c + LANES..])));
+            if write {
+                st::<S, R>(x0, dst.add(c));
+                st::<S, R>(x1, dst.add(c + LANES));
+            }
+            o0 = x0.mul_add(S::load(&qs[c..]), o0);
+            o1 = x1.mul_add(S::load(&qs[c + LANES..]), o1);
         }
-        let j = (c / LANES) & 1;
-        acc[j] = x.mul_add(S::load(&q[c..]), acc[j]);
-        c += LANES;
+        c += 2 * LANES;
+    }
+    if c < full {
+        // SAFETY: `c + 8 ≤ full ≤ kd`, inside both rows.
+        unsafe {
+            let x0 = ld::<S, R>(src.add(c)).mul_add(dv, u.mul(S::load(&ks[c..])));
+            if write {
+                st::<S, R>(x0, dst.add(c));
+            }
+            o0 = x0.mul_add(S::load(&qs[c..]), o0);
+        }
     }
     let mut tail = 0.0f32;
     for c in full..kd {
-        let old = match (src, dst.as_deref()) {
-            (Some(s), _) => s[c].to_f32(),
-            (None, Some(d)) => d[c].to_f32(),
-            (None, None) => unreachable!("a row is read from somewhere"),
-        };
-        let x = old * decay + ur * k[c];
-        if let Some(w) = dst.as_deref_mut() {
-            w[c] = R::from_f32(x);
+        // SAFETY: `c < kd`, inside the source row.
+        let x = unsafe { *src.add(c) }.to_f32() * decay + ur * k[c];
+        if write {
+            // SAFETY: `c < kd`, inside the destination row.
+            unsafe { *dst.add(c) = R::from_f32(x) };
         }
         tail += x * q[c];
     }
-    acc[0].add(acc[1]).reduce_add() + tail
+    o0.add(o1).reduce_add() + tail
+}
+
+/// `N` rows of a V-major head at once (`kd` a multiple of 8): the `N` dot products with `k`
+/// (two accumulators per row), then the `N` updates with their dots with `q`. Independent rows
+/// give the FMA pipes `2N` chains instead of one row's reduction latency after another.
+///
+/// # Safety
+/// Rows `src + r·kd` (and `dst + r·kd` unless `dst` is null) for `r < N` must be valid for `kd`
+/// elements; `dst` may equal `src` and must not overlap it otherwise; no reference to either is
+/// live; `k` and `q` hold at least `kd` elements.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn vk_rows<S: Simd, R: Real, const N: usize>(
+    src: *const R,
+    dst: *mut R,
+    kd: usize,
+    q: &[f32],
+    k: &[f32],
+    decay: f32,
+    v: &[f32],
+    beta: &[f32],
+    out: &mut [f32],
+) {
+    let (kp, qp) = (k[..kd].as_ptr(), q[..kd].as_ptr());
+    let mut a = [[S::splat(0.0); 2]; N];
+    let mut c = 0;
+    while c + 2 * LANES <= kd {
+        // SAFETY: `c + 16 ≤ kd`: inside each of the N rows and `k` (caller's contract).
+        unsafe {
+            let (k0, k1) = (ld::<S, f32>(kp.add(c)), ld::<S, f32>(kp.add(c + LANES)));
+            for (j, aj) in a.iter_mut().enumerate() {
+                let row = src.add(j * kd + c);
+                aj[0] = ld::<S, R>(row).mul_add(k0, aj[0]);
+                aj[1] = ld::<S, R>(row.add(LANES)).mul_add(k1, aj[1]);
+            }
+        }
+        c += 2 * LANES;
+    }
+    if c < kd {
+        // SAFETY: `c + 8 ≤ kd` (`kd` a multiple of 8): inside each row and `k`.
+        unsafe {
+            let k0 = ld::<S, f32>(kp.add(c));
+            for (j, aj) in a.iter_mut().enumerate() {
+                aj[0] = ld::<S, R>(src.add(j * kd + c)).mul_add(k0, aj[0]);
+            }
+        }
+    }
+    let mut u = [S::splat(0.0); N];
+    for j in 0..N {
+        let pred = a[j][0].add(a[j][1]).reduce_add() * decay;
+        u[j] = S::splat((v[j] - pred) * beta[j]);
+    }
+    let dv = S::splat(decay);
+    let write = !dst.is_null();
+    let mut o = [S::splat(0.0); N];
+    let mut c = 0;
+    while c < kd {
+        // SAFETY: `c + 8 ≤ kd`: inside each source and destination row, `k` and `q` (caller's
+        // contract); each element is read before it is written.
+        unsafe {
+            let (kk, qq) = (ld::<S, f32>(kp.add(c)), ld::<S, f32>(qp.add(c)));
+            for j in 0..N {
+                let x = ld::<S, R>(src.add(j * kd + c)).mul_add(dv, u[j].mul(kk));
+                if write {
+                    st::<S, R>(x, dst.add(j * kd + c));
+                }
+                o[j] = x.mul_add(qq, o[j]);
+            }
+        }
+        c += LANES;
+    }
+    for j in 0..N {
+        out[j] = o[j].reduce_add();
+    }
 }
 
 /// One token on a V-major head straight from memory: each row of `S` is read once (and again
-/// from L1), updated in f32 and written once — one streaming pass over the state.
+/// from L1), updated in f32 and written once — one streaming pass over the state. Rows go four
+/// at a time when `kd` is a multiple of 8, else one by one.
 ///
 /// # Safety
 /// `vd` rows of `kd` elements from element `src_off` of `src` (and from the `dst` offset) must lie
@@ -618,45 +742,39 @@ unsafe fn decode_vk_direct<S: Simd, R: Real>(
     beta: &[f32],
     out: &mut [f32],
 ) {
-    for r in 0..vd {
-        let src_row = src.cast::<R>().wrapping_add(src_off + r * kd);
-        // Keep loads in flight: prefetch the row 4 ahead (a hint; never faults).
-        if r + 4 < vd {
-            let ahead = src.cast::<R>().wrapping_add(src_off + (r + 4) * kd).cast::<u8>();
-            for line in (0..kd * std::mem::size_of::<R>()).step_by(64) {
+    const AHEAD: usize = 16;
+    let rows = src.cast::<R>().wrapping_add(src_off);
+    let dst_rows = match dst {
+        Dst::None => std::ptr::null_mut(),
+        Dst::InPlace => rows,
+        Dst::Other(base, off) => base.get().cast::<R>().wrapping_add(off),
+    };
+    let row_bytes = kd * std::mem::size_of::<R>();
+    let group = if kd.is_multiple_of(LANES) { 4 } else { 1 };
+    let mut r = 0;
+    while r < vd {
+        let n = if r + group <= vd { group } else { 1 };
+        // Keep loads in flight: prefetch the rows `AHEAD` ahead (a hint; never faults).
+        for a in r + AHEAD..(r + AHEAD + n).min(vd) {
+            let ahead = rows.wrapping_add(a * kd).cast::<u8>();
+            for line in (0..row_bytes).step_by(64) {
                 S::prefetch(ahead.wrapping_add(line));
             }
         }
-        let pred = {
-            // SAFETY: the row is in bounds and not written by another thread (caller's contract).
-            let row = unsafe { std::slice::from_raw_parts(src_row as *const R, kd) };
-            dot_row::<S, R>(row, k, kd) * decay
-        };
-        let ur = (v[r] - pred) * beta[r];
-        out[r] = match dst {
-            Dst::None => {
-                // SAFETY: as above, read-only.
-                let row = unsafe { std::slice::from_raw_parts(src_row as *const R, kd) };
-                row_update::<S, R>(Some(row), None, kd, k, q, decay, ur)
-            }
-            Dst::InPlace => {
-                // SAFETY: the row is owned by this item (caller's contract); it is read and
-                // written through this one slice.
-                let row = unsafe { std::slice::from_raw_parts_mut(src_row, kd) };
-                row_update::<S, R>(None, Some(row), kd, k, q, decay, ur)
-            }
-            Dst::Other(base, off) => {
-                // SAFETY: source and destination rows are distinct blocks (different slots or
-                // tensors), each owned by this item for the call (caller's contract).
-                let (row, w) = unsafe {
-                    (
-                        std::slice::from_raw_parts(src_row as *const R, kd),
-                        std::slice::from_raw_parts_mut(base.get().cast::<R>().add(off + r * kd), kd),
-                    )
-                };
-                row_update::<S, R>(Some(row), Some(w), kd, k, q, decay, ur)
-            }
-        };
+        let s = rows.wrapping_add(r * kd);
+        // A null destination (write nowhere) stays null.
+        let d = if dst_rows.is_null() { dst_rows } else { dst_rows.wrapping_add(r * kd) };
+        if n == 4 {
+            // SAFETY: rows r..r+4 are in bounds and owned by this item (caller's contract).
+            unsafe { vk_rows::<S, R, 4>(s, d, kd, q, k, decay, &v[r..], &beta[r..], &mut out[r..]) };
+        } else {
+            // SAFETY: row r is in bounds and owned by this item (caller's contract).
+            let pred = unsafe { dot_row::<S, R>(s, k, kd) } * decay;
+            let ur = (v[r] - pred) * beta[r];
+            // SAFETY: as above; an `Other` row is a distinct block.
+            out[r] = unsafe { row_update::<S, R>(s, d, kd, k, q, decay, ur) };
+        }
+        r += n;
     }
 }
 
