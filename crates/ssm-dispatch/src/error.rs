@@ -24,6 +24,15 @@ pub enum Error {
         /// The op called.
         op: &'static str,
     },
+    /// A per-layer core call (`mamba2_mixer_core`) got metadata or arguments that do not fit
+    /// together; nothing was written.
+    #[error("`{arg}` {problem}")]
+    Core {
+        /// The argument or metadata field.
+        arg: &'static str,
+        /// What it must be, and what it was.
+        problem: String,
+    },
     /// The CPU backend failed.
     #[error(transparent)]
     Cpu(#[from] ssm_cpu::CpuError),

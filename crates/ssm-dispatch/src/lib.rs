@@ -13,6 +13,7 @@ mod conv;
 mod error;
 mod gdn;
 mod gdn_core;
+mod mamba2_core;
 mod ring;
 mod ssd;
 mod ssu;
@@ -21,6 +22,7 @@ pub use backend::{Backend, BackendKind, CudaBackend};
 pub use config::Config;
 pub use error::Error;
 pub use gdn_core::{GdnAttentionCoreArgs, GdnAttentionMetadata};
+pub use mamba2_core::{Mamba2AttentionMetadata, Mamba2MixerCoreArgs};
 pub use ring::SelectiveStateUpdateReplaySsm;
 pub use ssm_cpu::Par;
 
