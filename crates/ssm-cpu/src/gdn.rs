@@ -114,6 +114,64 @@ unsafe fn scatter(base: *mut u8, dtype: DType, off: usize, stride: isize, vals: 
     }
 }
 
+/// [`gather`] with lanes: a unit-stride run converts 8 elements at a time.
+#[inline(always)]
+fn gather_v<S: Simd>(bytes: &[u8], dtype: DType, off: usize, stride: isize, out: &mut [f32]) {
+    #[inline(always)]
+    fn run<S: Simd, R: Real + bytemuck::Pod>(bytes: &[u8], off: usize, out: &mut [f32]) {
+        let s: &[R] = bytemuck::cast_slice(bytes);
+        let src = &s[off..off + out.len()];
+        let full = out.len() / LANES * LANES;
+        let mut c = 0;
+        while c < full {
+            R::load::<S>(&src[c..]).store(&mut out[c..]);
+            c += LANES;
+        }
+        for (o, x) in out[full..].iter_mut().zip(&src[full..]) {
+            *o = x.to_f32();
+        }
+    }
+    match (dtype, stride) {
+        (DType::F32, 1) => run::<S, f32>(bytes, off, out),
+        (DType::BF16, 1) => run::<S, bf16>(bytes, off, out),
+        (DType::F16, 1) => run::<S, f16>(bytes, off, out),
+        _ => gather(bytes, dtype, off, stride, out),
+    }
+}
+
+/// [`scatter`] with lanes: a unit-stride run rounds and stores 8 elements at a time.
+///
+/// # Safety
+/// As [`scatter`].
+#[inline(always)]
+unsafe fn scatter_v<S: Simd>(base: *mut u8, dtype: DType, off: usize, stride: isize, vals: &[f32]) {
+    /// # Safety
+    /// `vals.len()` elements of `R` from element `off` of `base` are in bounds and exclusive.
+    #[inline(always)]
+    unsafe fn run<S: Simd, R: Real>(base: *mut u8, off: usize, vals: &[f32]) {
+        // SAFETY: caller's contract; the buffer is aligned for `R` (checked when the view was built).
+        let dst = unsafe { std::slice::from_raw_parts_mut(base.cast::<R>().add(off), vals.len()) };
+        let full = vals.len() / LANES * LANES;
+        let mut c = 0;
+        while c < full {
+            R::store::<S>(S::load(&vals[c..]), &mut dst[c..]);
+            c += LANES;
+        }
+        for (d, v) in dst[full..].iter_mut().zip(&vals[full..]) {
+            *d = R::from_f32(*v);
+        }
+    }
+    // SAFETY: every arm forwards the caller's contract (in bounds, exclusive, aligned).
+    unsafe {
+        match (dtype, stride) {
+            (DType::F32, 1) => run::<S, f32>(base, off, vals),
+            (DType::BF16, 1) => run::<S, bf16>(base, off, vals),
+            (DType::F16, 1) => run::<S, f16>(base, off, vals),
+            _ => scatter(base, dtype, off, stride, vals),
+        }
+    }
+}
+
 /// Loads `rows × cols` elements (memory row pitch `ld`, from element `off`) into `tile` rows of
 /// pitch `tp >= round8(cols)`, widened to f32 and zero-padded.
 ///
@@ -645,20 +703,23 @@ unsafe fn row_update<S: Simd, R: Real>(
     o0.add(o1).reduce_add() + tail
 }
 
-/// `N` rows of a V-major head at once (`kd` a multiple of 8): the `N` dot products with `k`
-/// (two accumulators per row), then the `N` updates with their dots with `q`. Independent rows
-/// give the FMA pipes `2N` chains instead of one row's reduction latency after another.
+/// Blocks of four rows of a V-major head (`kd` a multiple of 8, `4·nblk` rows), software
+/// pipelined: the loop that updates block `b` (`x = e^g·S + u kᵀ`, stored, `o += x·q`) also
+/// accumulates the dot products `S·k` of block `b + 1`, so the dot → `u` dependency of one block
+/// overlaps the streaming of the previous one instead of stalling the core. Rows are prefetched
+/// `AHEAD` rows ahead.
 ///
 /// # Safety
-/// Rows `src + r·kd` (and `dst + r·kd` unless `dst` is null) for `r < N` must be valid for `kd`
-/// elements; `dst` may equal `src` and must not overlap it otherwise; no reference to either is
-/// live; `k` and `q` hold at least `kd` elements.
+/// Rows `src + r·kd` (and `dst + r·kd` unless `dst` is null) for `r < 4·nblk` must be valid for
+/// `kd` elements and accessed by no other thread; `dst` may equal `src` and must not overlap it
+/// otherwise; `k`, `q` hold `kd`, `v`, `beta`, `out` hold `4·nblk` elements.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-unsafe fn vk_rows<S: Simd, R: Real, const N: usize>(
+unsafe fn vk_blocks4<S: Simd, R: Real>(
     src: *const R,
     dst: *mut R,
     kd: usize,
+    nblk: usize,
     q: &[f32],
     k: &[f32],
     decay: f32,
@@ -666,62 +727,86 @@ unsafe fn vk_rows<S: Simd, R: Real, const N: usize>(
     beta: &[f32],
     out: &mut [f32],
 ) {
+    const AHEAD: usize = 8;
+    let rows = 4 * nblk;
     let (kp, qp) = (k[..kd].as_ptr(), q[..kd].as_ptr());
-    let mut a = [[S::splat(0.0); 2]; N];
-    let mut c = 0;
-    while c + 2 * LANES <= kd {
-        // SAFETY: `c + 16 ≤ kd`: inside each of the N rows and `k` (caller's contract).
-        unsafe {
-            let (k0, k1) = (ld::<S, f32>(kp.add(c)), ld::<S, f32>(kp.add(c + LANES)));
-            for (j, aj) in a.iter_mut().enumerate() {
-                let row = src.add(j * kd + c);
-                aj[0] = ld::<S, R>(row).mul_add(k0, aj[0]);
-                aj[1] = ld::<S, R>(row.add(LANES)).mul_add(k1, aj[1]);
-            }
-        }
-        c += 2 * LANES;
-    }
-    if c < kd {
-        // SAFETY: `c + 8 ≤ kd` (`kd` a multiple of 8): inside each row and `k`.
-        unsafe {
-            let k0 = ld::<S, f32>(kp.add(c));
-            for (j, aj) in a.iter_mut().enumerate() {
-                aj[0] = ld::<S, R>(src.add(j * kd + c)).mul_add(k0, aj[0]);
-            }
-        }
-    }
-    let mut u = [S::splat(0.0); N];
-    for j in 0..N {
-        let pred = a[j][0].add(a[j][1]).reduce_add() * decay;
-        u[j] = S::splat((v[j] - pred) * beta[j]);
-    }
+    let row_bytes = kd * std::mem::size_of::<R>();
     let dv = S::splat(decay);
     let write = !dst.is_null();
-    let mut o = [S::splat(0.0); N];
+    // The dot products of block 0.
+    let mut a = [S::splat(0.0); 4];
     let mut c = 0;
     while c < kd {
-        // SAFETY: `c + 8 ≤ kd`: inside each source and destination row, `k` and `q` (caller's
-        // contract); each element is read before it is written.
+        // SAFETY: `c + 8 ≤ kd`: inside rows 0..4 and `k` (caller's contract).
         unsafe {
-            let (kk, qq) = (ld::<S, f32>(kp.add(c)), ld::<S, f32>(qp.add(c)));
-            for j in 0..N {
-                let x = ld::<S, R>(src.add(j * kd + c)).mul_add(dv, u[j].mul(kk));
-                if write {
-                    st::<S, R>(x, dst.add(j * kd + c));
-                }
-                o[j] = x.mul_add(qq, o[j]);
+            let kk = ld::<S, f32>(kp.add(c));
+            for (j, aj) in a.iter_mut().enumerate() {
+                *aj = ld::<S, R>(src.add(j * kd + c)).mul_add(kk, *aj);
             }
         }
         c += LANES;
     }
-    for j in 0..N {
-        out[j] = o[j].reduce_add();
+    for b in 0..nblk {
+        let r = 4 * b;
+        for ahead in r + AHEAD..(r + AHEAD + 4).min(rows) {
+            let line0 = src.wrapping_add(ahead * kd).cast::<u8>();
+            for line in (0..row_bytes).step_by(64) {
+                S::prefetch(line0.wrapping_add(line));
+            }
+        }
+        let mut u = [S::splat(0.0); 4];
+        for j in 0..4 {
+            u[j] = S::splat((v[r + j] - a[j].reduce_add() * decay) * beta[r + j]);
+        }
+        let blk = src.wrapping_add(r * kd);
+        let wblk = if write { dst.wrapping_add(r * kd) } else { dst };
+        let next = blk.wrapping_add(4 * kd);
+        let mut o = [S::splat(0.0); 4];
+        a = [S::splat(0.0); 4];
+        let mut c = 0;
+        if b + 1 < nblk {
+            while c < kd {
+                // SAFETY: `c + 8 ≤ kd`: inside the rows of blocks b and b+1 (source and
+                // destination), `k` and `q`; each element of block b is read before it is
+                // written, and block b+1 is only read (caller's contract).
+                unsafe {
+                    let (kk, qq) = (ld::<S, f32>(kp.add(c)), ld::<S, f32>(qp.add(c)));
+                    for j in 0..4 {
+                        let x = ld::<S, R>(blk.add(j * kd + c)).mul_add(dv, u[j].mul(kk));
+                        if write {
+                            st::<S, R>(x, wblk.add(j * kd + c));
+                        }
+                        o[j] = x.mul_add(qq, o[j]);
+                        a[j] = ld::<S, R>(next.add(j * kd + c)).mul_add(kk, a[j]);
+                    }
+                }
+                c += LANES;
+            }
+        } else {
+            while c < kd {
+                // SAFETY: as above, block b only.
+                unsafe {
+                    let (kk, qq) = (ld::<S, f32>(kp.add(c)), ld::<S, f32>(qp.add(c)));
+                    for j in 0..4 {
+                        let x = ld::<S, R>(blk.add(j * kd + c)).mul_add(dv, u[j].mul(kk));
+                        if write {
+                            st::<S, R>(x, wblk.add(j * kd + c));
+                        }
+                        o[j] = x.mul_add(qq, o[j]);
+                    }
+                }
+                c += LANES;
+            }
+        }
+        for j in 0..4 {
+            out[r + j] = o[j].reduce_add();
+        }
     }
 }
 
 /// One token on a V-major head straight from memory: each row of `S` is read once (and again
-/// from L1), updated in f32 and written once — one streaming pass over the state. Rows go four
-/// at a time when `kd` is a multiple of 8, else one by one.
+/// from L1), updated in f32 and written once — one streaming pass over the state. Rows go in
+/// pipelined blocks of four when `kd` is a multiple of 8 ([`vk_blocks4`]), the rest one by one.
 ///
 /// # Safety
 /// `vd` rows of `kd` elements from element `src_off` of `src` (and from the `dst` offset) must lie
@@ -742,50 +827,39 @@ unsafe fn decode_vk_direct<S: Simd, R: Real>(
     beta: &[f32],
     out: &mut [f32],
 ) {
-    const AHEAD: usize = 16;
     let rows = src.cast::<R>().wrapping_add(src_off);
     let dst_rows = match dst {
         Dst::None => std::ptr::null_mut(),
         Dst::InPlace => rows,
         Dst::Other(base, off) => base.get().cast::<R>().wrapping_add(off),
     };
-    let row_bytes = kd * std::mem::size_of::<R>();
-    let group = if kd.is_multiple_of(LANES) { 4 } else { 1 };
-    let mut r = 0;
-    while r < vd {
-        let n = if r + group <= vd { group } else { 1 };
-        // Keep loads in flight: prefetch the rows `AHEAD` ahead (a hint; never faults).
-        for a in r + AHEAD..(r + AHEAD + n).min(vd) {
-            let ahead = rows.wrapping_add(a * kd).cast::<u8>();
-            for line in (0..row_bytes).step_by(64) {
-                S::prefetch(ahead.wrapping_add(line));
-            }
-        }
+    let nblk = if kd.is_multiple_of(LANES) { vd / 4 } else { 0 };
+    if nblk > 0 {
+        // SAFETY: rows 0..4·nblk are in bounds and owned by this item (caller's contract).
+        unsafe { vk_blocks4::<S, R>(rows, dst_rows, kd, nblk, q, k, decay, v, beta, out) };
+    }
+    for r in 4 * nblk..vd {
         let s = rows.wrapping_add(r * kd);
         // A null destination (write nowhere) stays null.
         let d = if dst_rows.is_null() { dst_rows } else { dst_rows.wrapping_add(r * kd) };
-        if n == 4 {
-            // SAFETY: rows r..r+4 are in bounds and owned by this item (caller's contract).
-            unsafe { vk_rows::<S, R, 4>(s, d, kd, q, k, decay, &v[r..], &beta[r..], &mut out[r..]) };
-        } else {
-            // SAFETY: row r is in bounds and owned by this item (caller's contract).
-            let pred = unsafe { dot_row::<S, R>(s, k, kd) } * decay;
-            let ur = (v[r] - pred) * beta[r];
-            // SAFETY: as above; an `Other` row is a distinct block.
-            out[r] = unsafe { row_update::<S, R>(s, d, kd, k, q, decay, ur) };
-        }
-        r += n;
+        // SAFETY: row r is in bounds and owned by this item (caller's contract).
+        let pred = unsafe { dot_row::<S, R>(s, k, kd) } * decay;
+        let ur = (v[r] - pred) * beta[r];
+        // SAFETY: as above; an `Other` row is a distinct block.
+        out[r] = unsafe { row_update::<S, R>(s, d, kd, k, q, decay, ur) };
     }
 }
 
-/// One token on a K-major head straight from memory (`V` a multiple of 8): pass 1 reads the
-/// head (`pred = Σ_k S[k][:]·k_k`), pass 2 re-reads it (from L2), writes the update to `dst`
-/// (when given) and accumulates `o`. Reads `src`, or `dst` itself when in place.
+/// One token on a K-major head straight from memory (`V` a multiple of 8). Pass 1 reads the
+/// head once, two rows at a time, for both `p = Sᵀk` and `r = Sᵀq`; then `u = β(v − e^g·p)` and
+/// `o = e^g·r + (k·q)·u` (the output of the updated state without reading it again); pass 2
+/// (only when the state is written) re-reads the head from L2 and stores `e^g·S + k uᵀ`.
+/// `v` is overwritten with `u`, `r` is scratch, `out` receives `o`.
 ///
 /// # Safety
 /// `kd·vd` elements from element `src_off` of `src` (and from the `dst` offset) must lie in their
 /// buffers and be accessed by no other thread now; an `Other` destination must not overlap the
-/// source.
+/// source; `vd` is a multiple of 8; `q`, `k` hold `kd`, `v`, `beta`, `r`, `out` hold `vd` elements.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 unsafe fn decode_kv_direct<S: Simd, R: Real>(
@@ -799,68 +873,88 @@ unsafe fn decode_kv_direct<S: Simd, R: Real>(
     decay: f32,
     v: &mut [f32],
     beta: &[f32],
+    r: &mut [f32],
     out: &mut [f32],
 ) {
+    const AHEAD: usize = 8;
     let head = src.cast::<R>().wrapping_add(src_off);
-    let n = kd * vd;
-    let (src, mut dst): (Option<&[R]>, Option<&mut [R]>) = match dst {
-        // SAFETY: the head block is in bounds and not written by another thread (caller's contract).
-        Dst::None => (Some(unsafe { std::slice::from_raw_parts(head as *const R, n) }), None),
-        // SAFETY: the head block is owned by this item; it is read and written through one slice.
-        Dst::InPlace => (None, Some(unsafe { std::slice::from_raw_parts_mut(head, n) })),
-        // SAFETY: source and destination are distinct blocks, each owned by this item now.
-        Dst::Other(base, off) => unsafe {
-            (
-                Some(std::slice::from_raw_parts(head as *const R, n)),
-                Some(std::slice::from_raw_parts_mut(base.get().cast::<R>().add(off), n)),
-            )
-        },
+    let dst_head = match dst {
+        Dst::None => std::ptr::null_mut(),
+        Dst::InPlace => head,
+        Dst::Other(base, off) => base.get().cast::<R>().wrapping_add(off),
     };
-    // Both passes walk the head row by row (sequential memory); the per-column sums live in
-    // `out` (pass 1: predictions, pass 2: outputs) and the corrections `u` in `v`.
-    let dv = S::splat(decay);
-    out[..vd].iter_mut().for_each(|x| *x = 0.0);
-    for ki in 0..kd {
-        let kk = S::splat(k[ki]);
-        // Prefetch the row 4 ahead of pass 1 (a hint; never faults).
-        if ki + 4 < kd {
-            let ahead = head.cast::<R>().wrapping_add((ki + 4) * vd).cast::<u8>();
-            for line in (0..vd * std::mem::size_of::<R>()).step_by(64) {
-                S::prefetch(ahead.wrapping_add(line));
+    let (pp, rp) = (out[..vd].as_mut_ptr(), r[..vd].as_mut_ptr());
+    let row_bytes = vd * std::mem::size_of::<R>();
+    out[..vd].fill(0.0);
+    r[..vd].fill(0.0);
+    let mut ki = 0;
+    while ki < kd {
+        let two = ki + 1 < kd;
+        for a in [ki + AHEAD, ki + AHEAD + 1] {
+            if a < kd {
+                let ahead = head.wrapping_add(a * vd).cast::<u8>();
+                for line in (0..row_bytes).step_by(64) {
+                    S::prefetch(ahead.wrapping_add(line));
+                }
             }
         }
-        let row = match (src, dst.as_deref()) {
-            (Some(s), _) => &s[ki * vd..(ki + 1) * vd],
-            (None, Some(d)) => &d[ki * vd..(ki + 1) * vd],
-            (None, None) => unreachable!("a head is read from somewhere"),
-        };
-        let mut c = 0;
-        while c < vd {
-            R::load::<S>(&row[c..]).mul_add(kk, S::load(&out[c..])).store(&mut out[c..]);
-            c += LANES;
+        let (k0, q0) = (S::splat(k[ki]), S::splat(q[ki]));
+        let row0 = head.wrapping_add(ki * vd);
+        if two {
+            let (k1, q1) = (S::splat(k[ki + 1]), S::splat(q[ki + 1]));
+            let row1 = row0.wrapping_add(vd);
+            let mut c = 0;
+            while c < vd {
+                // SAFETY: rows ki and ki+1 of the head hold `vd` elements each; `c + 8 ≤ vd`
+                // (a multiple of 8) inside `out` and `r` (caller's contract).
+                unsafe {
+                    let (s0, s1) = (ld::<S, R>(row0.add(c)), ld::<S, R>(row1.add(c)));
+                    let p = s1.mul_add(k1, s0.mul_add(k0, ld::<S, f32>(pp.add(c))));
+                    let rr = s1.mul_add(q1, s0.mul_add(q0, ld::<S, f32>(rp.add(c))));
+                    st::<S, f32>(p, pp.add(c));
+                    st::<S, f32>(rr, rp.add(c));
+                }
+                c += LANES;
+            }
+            ki += 2;
+        } else {
+            let mut c = 0;
+            while c < vd {
+                // SAFETY: as above, one row.
+                unsafe {
+                    let s0 = ld::<S, R>(row0.add(c));
+                    st::<S, f32>(s0.mul_add(k0, ld::<S, f32>(pp.add(c))), pp.add(c));
+                    st::<S, f32>(s0.mul_add(q0, ld::<S, f32>(rp.add(c))), rp.add(c));
+                }
+                c += LANES;
+            }
+            ki += 1;
         }
     }
+    let kq: f32 = k[..kd].iter().zip(&q[..kd]).map(|(a, b)| a * b).sum();
+    let (dv, kqv) = (S::splat(decay), S::splat(kq));
     let mut c = 0;
     while c < vd {
-        S::load(&v[c..]).sub(S::load(&out[c..]).mul(dv)).mul(S::load(&beta[c..])).store(&mut v[c..]);
-        S::splat(0.0).store(&mut out[c..]);
+        let u = S::load(&v[c..]).sub(S::load(&out[c..]).mul(dv)).mul(S::load(&beta[c..]));
+        u.store(&mut v[c..]);
+        S::load(&r[c..]).mul(dv).add(kqv.mul(u)).store(&mut out[c..]);
         c += LANES;
     }
+    if dst_head.is_null() {
+        return;
+    }
+    let up = v[..vd].as_ptr();
     for ki in 0..kd {
         let kk = S::splat(k[ki]);
-        let qq = S::splat(q[ki]);
+        let (row, w) = (head.wrapping_add(ki * vd), dst_head.wrapping_add(ki * vd));
         let mut c = 0;
         while c < vd {
-            let old = match (src, dst.as_deref()) {
-                (Some(s), _) => R::load::<S>(&s[ki * vd + c..]),
-                (None, Some(d)) => R::load::<S>(&d[ki * vd + c..]),
-                (None, None) => unreachable!("a head is read from somewhere"),
-            };
-            let x = old.mul_add(dv, S::load(&v[c..]).mul(kk));
-            if let Some(d) = dst.as_deref_mut() {
-                R::store(x, &mut d[ki * vd + c..]);
+            // SAFETY: row ki of the source and destination heads holds `vd` elements, `c + 8 ≤ vd`;
+            // each element is read before it is written (in place) or the blocks are disjoint.
+            unsafe {
+                let x = ld::<S, R>(row.add(c)).mul_add(dv, ld::<S, f32>(up.add(c)).mul(kk));
+                st::<S, R>(x, w.add(c));
             }
-            x.mul_add(qq, S::load(&out[c..])).store(&mut out[c..]);
             c += LANES;
         }
     }
@@ -929,13 +1023,14 @@ fn recurrent_item<S: Simd>(ctx: &RecCtx<'_>, item: usize) {
         _ => None,
     };
     let tile_len = if direct.is_some() { 0 } else { TILE };
-    let mut scratch = take_rec_scratch(tile_len + 2 * kp + 3 * bp);
+    let mut scratch = take_rec_scratch(tile_len + 2 * kp + 4 * bp);
     {
         let (tile, rest) = scratch.split_at_mut(tile_len);
         let (qb, rest) = rest.split_at_mut(kp);
         let (kb, rest) = rest.split_at_mut(kp);
         let (vb, rest) = rest.split_at_mut(bp);
-        let (betab, ob) = rest.split_at_mut(bp);
+        let (betab, rest) = rest.split_at_mut(bp);
+        let (rb, ob) = rest.split_at_mut(bp);
         let mut v0 = 0;
         while v0 < d.v {
             let nv = block.min(d.v - v0);
@@ -970,11 +1065,11 @@ fn recurrent_item<S: Simd>(ctx: &RecCtx<'_>, item: usize) {
             }
             for t in 0..sp.len {
                 let tt = sp.t0 + t;
-                gather(ctx.q, q_dtype, q_at.at([sp.b, tt, h, 0]), q_at.strides[3], &mut qb[..d.k]);
-                gather(ctx.k, k_dtype, k_at.at([sp.b, tt, h, 0]), k_at.strides[3], &mut kb[..d.k]);
+                gather_v::<S>(ctx.q, q_dtype, q_at.at([sp.b, tt, h, 0]), q_at.strides[3], &mut qb[..d.k]);
+                gather_v::<S>(ctx.k, k_dtype, k_at.at([sp.b, tt, h, 0]), k_at.strides[3], &mut kb[..d.k]);
                 normalize::<S>(qb, d.k, p.l2norm, p.eps, p.scale);
                 normalize::<S>(kb, d.k, p.l2norm, p.eps, 1.0);
-                gather(ctx.v, v_dtype, v_at.at([sp.b, tt, hv, v0]), v_at.strides[3], &mut vb[..nv]);
+                gather_v::<S>(ctx.v, v_dtype, v_at.at([sp.b, tt, hv, v0]), v_at.strides[3], &mut vb[..nv]);
                 vb[nv..cp].iter_mut().for_each(|x| *x = 0.0);
                 let g = token_gates(ctx, sp.b, tt, hv, v0, &mut betab[..nv]);
                 betab[nv..cp].iter_mut().for_each(|x| *x = 0.0);
@@ -1001,13 +1096,13 @@ fn recurrent_item<S: Simd>(ctx: &RecCtx<'_>, item: usize) {
                                 decode_vk_direct::<S, f16>(src, off, dst, d.k, nv, qb, kb, decay, vb, betab, ob)
                             }
                             (StateLayout::KV, DType::F32) => {
-                                decode_kv_direct::<S, f32>(src, off, dst, d.k, d.v, qb, kb, decay, vb, betab, ob)
+                                decode_kv_direct::<S, f32>(src, off, dst, d.k, d.v, qb, kb, decay, vb, betab, rb, ob)
                             }
                             (StateLayout::KV, DType::BF16) => {
-                                decode_kv_direct::<S, bf16>(src, off, dst, d.k, d.v, qb, kb, decay, vb, betab, ob)
+                                decode_kv_direct::<S, bf16>(src, off, dst, d.k, d.v, qb, kb, decay, vb, betab, rb, ob)
                             }
                             (StateLayout::KV, DType::F16) => {
-                                decode_kv_direct::<S, f16>(src, off, dst, d.k, d.v, qb, kb, decay, vb, betab, ob)
+                                decode_kv_direct::<S, f16>(src, off, dst, d.k, d.v, qb, kb, decay, vb, betab, rb, ob)
                             }
                             _ => unreachable!("the plan admits f32/bf16/f16 states only"),
                         }
@@ -1019,7 +1114,7 @@ fn recurrent_item<S: Simd>(ctx: &RecCtx<'_>, item: usize) {
                     }
                 }
                 // SAFETY: the output row of (sequence n, token t, head hv) belongs to this item.
-                unsafe { scatter(ctx.o.get(), o_dtype, o_row(t, v0), o_at.strides[3], &ob[..nv]) };
+                unsafe { scatter_v::<S>(ctx.o.get(), o_dtype, o_row(t, v0), o_at.strides[3], &ob[..nv]) };
                 if direct.is_some() {
                     continue;
                 }
@@ -1388,13 +1483,13 @@ fn chunk_item<S: Simd>(ctx: &ChunkCtx<'_>, item: usize, ws: &mut [f32]) {
         for i in 0..cl {
             let tt = sp.t0 + c0 + i;
             let qi = &mut qm[i * kp..(i + 1) * kp];
-            gather(ctx.q, q_dt, q_at.at([sp.b, tt, h_idx, 0]), q_at.strides[3], &mut qi[..kd]);
+            gather_v::<S>(ctx.q, q_dt, q_at.at([sp.b, tt, h_idx, 0]), q_at.strides[3], &mut qi[..kd]);
             normalize::<S>(qi, kd, p.l2norm, p.eps, p.scale);
             let ki = &mut km[i * kp..(i + 1) * kp];
-            gather(ctx.k, k_dt, k_at.at([sp.b, tt, h_idx, 0]), k_at.strides[3], &mut ki[..kd]);
+            gather_v::<S>(ctx.k, k_dt, k_at.at([sp.b, tt, h_idx, 0]), k_at.strides[3], &mut ki[..kd]);
             normalize::<S>(ki, kd, p.l2norm, p.eps, 1.0);
             let ui = &mut um[i * vp..(i + 1) * vp];
-            gather(ctx.v, v_dt, v_at.at([sp.b, tt, hv, 0]), v_at.strides[3], &mut ui[..vd]);
+            gather_v::<S>(ctx.v, v_dt, v_at.at([sp.b, tt, hv, 0]), v_at.strides[3], &mut ui[..vd]);
             ui[vd..].iter_mut().for_each(|x| *x = 0.0);
             acc += rd(ctx.g, g_dt, g_at.at([sp.b, tt, hv]));
             gc[i] = acc;
@@ -1439,7 +1534,9 @@ fn chunk_item<S: Simd>(ctx: &ChunkCtx<'_>, item: usize, ws: &mut [f32]) {
         for i in 0..cl {
             let tt = sp.t0 + c0 + i;
             // SAFETY: the output row of (sequence n, token tt, head hv) belongs to this item.
-            unsafe { scatter(ctx.o.0, o_dt, o_at.at([sp.b, tt, hv, 0]), o_at.strides[3], &om[i * vp..i * vp + vd]) };
+            unsafe {
+                scatter_v::<S>(ctx.o.0, o_dt, o_at.at([sp.b, tt, hv, 0]), o_at.strides[3], &om[i * vp..i * vp + vd])
+            };
         }
         // H ← e^{G_last}·H + Σ_i e^{G_last − G_i} k_i V'_iᵀ.
         let glast = gc[cl - 1];
