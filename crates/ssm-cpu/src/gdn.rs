@@ -852,7 +852,7 @@ unsafe fn decode_vk_direct<S: Simd, R: Real>(
 }
 
 /// One token on a K-major head straight from memory (`V` a multiple of 8). Pass 1 reads the
-/// head once, two rows at a time, for both `p = Sᵀk` and `r = Sᵀq`; then `u = β(v − e^g·p)` and
+/// head once, four rows at a time, for both `p = Sᵀk` and `r = Sᵀq`; then `u = β(v − e^g·p)` and
 /// `o = e^g·r + (k·q)·u` (the output of the updated state without reading it again); pass 2
 /// (only when the state is written) re-reads the head from L2 and stores `e^g·S + k uᵀ`.
 /// `v` is overwritten with `u`, `r` is scratch, `out` receives `o`.
@@ -890,35 +890,36 @@ unsafe fn decode_kv_direct<S: Simd, R: Real>(
     r[..vd].fill(0.0);
     let mut ki = 0;
     while ki < kd {
-        let two = ki + 1 < kd;
-        for a in [ki + AHEAD, ki + AHEAD + 1] {
-            if a < kd {
-                let ahead = head.wrapping_add(a * vd).cast::<u8>();
-                for line in (0..row_bytes).step_by(64) {
-                    S::prefetch(ahead.wrapping_add(line));
-                }
+        // Four rows at a time (one load and store of each running sum per four rows), then one.
+        let n = if ki + 4 <= kd { 4 } else { 1 };
+        for a in ki + AHEAD..(ki + AHEAD + n).min(kd) {
+            let ahead = head.wrapping_add(a * vd).cast::<u8>();
+            for line in (0..row_bytes).step_by(64) {
+                S::prefetch(ahead.wrapping_add(line));
             }
         }
-        let (k0, q0) = (S::splat(k[ki]), S::splat(q[ki]));
         let row0 = head.wrapping_add(ki * vd);
-        if two {
-            let (k1, q1) = (S::splat(k[ki + 1]), S::splat(q[ki + 1]));
-            let row1 = row0.wrapping_add(vd);
+        if n == 4 {
+            let kk = [S::splat(k[ki]), S::splat(k[ki + 1]), S::splat(k[ki + 2]), S::splat(k[ki + 3])];
+            let qq = [S::splat(q[ki]), S::splat(q[ki + 1]), S::splat(q[ki + 2]), S::splat(q[ki + 3])];
             let mut c = 0;
             while c < vd {
-                // SAFETY: rows ki and ki+1 of the head hold `vd` elements each; `c + 8 ≤ vd`
+                // SAFETY: rows ki..ki+4 of the head hold `vd` elements each; `c + 8 ≤ vd`
                 // (a multiple of 8) inside `out` and `r` (caller's contract).
                 unsafe {
-                    let (s0, s1) = (ld::<S, R>(row0.add(c)), ld::<S, R>(row1.add(c)));
-                    let p = s1.mul_add(k1, s0.mul_add(k0, ld::<S, f32>(pp.add(c))));
-                    let rr = s1.mul_add(q1, s0.mul_add(q0, ld::<S, f32>(rp.add(c))));
+                    let (mut p, mut rr) = (ld::<S, f32>(pp.add(c)), ld::<S, f32>(rp.add(c)));
+                    for j in 0..4 {
+                        let sj = ld::<S, R>(row0.add(j * vd + c));
+                        p = sj.mul_add(kk[j], p);
+                        rr = sj.mul_add(qq[j], rr);
+                    }
                     st::<S, f32>(p, pp.add(c));
                     st::<S, f32>(rr, rp.add(c));
                 }
                 c += LANES;
             }
-            ki += 2;
         } else {
+            let (k0, q0) = (S::splat(k[ki]), S::splat(q[ki]));
             let mut c = 0;
             while c < vd {
                 // SAFETY: as above, one row.
@@ -929,8 +930,8 @@ unsafe fn decode_kv_direct<S: Simd, R: Real>(
                 }
                 c += LANES;
             }
-            ki += 1;
         }
+        ki += n;
     }
     let kq: f32 = k[..kd].iter().zip(&q[..kd]).map(|(a, b)| a * b).sum();
     let (dv, kqv) = (S::splat(decay), S::splat(kq));
