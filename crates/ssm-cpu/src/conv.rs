@@ -172,26 +172,13 @@ fn load_ro<T: Real, S: Simd>(d: &[T], base: isize, stride: isize, n: usize) -> S
 /// forms it from f16/bf16 operands; fused for f32.
 #[inline(always)]
 fn mac<T: Real, S: Simd>(a: S, b: S, acc: S) -> S {
-    if T::DTYPE == DType::F32 {
-        a.mul_add(b, acc)
-    } else {
-        let mut r = [T::from_f32(0.0); LANES];
-        T::store(a.mul(b), &mut r);
-        acc.add(T::load::<S>(&r))
-    }
+    if T::DTYPE == DType::F32 { a.mul_add(b, acc) } else { acc.add(T::round::<S>(a.mul(b))) }
 }
 
 /// `y / (1 + e^-y)` lane-wise.
 #[inline(always)]
 fn silu<S: Simd + PowTwo>(y: S) -> S {
-    let d = S::splat(1.0).add(S::splat(0.0).sub(y).exp());
-    let (mut a, mut b) = ([0.0f32; LANES], [0.0f32; LANES]);
-    y.store(&mut a);
-    d.store(&mut b);
-    for k in 0..LANES {
-        a[k] /= b[k];
-    }
-    S::load(&a)
+    y.div(S::splat(1.0).add(S::splat(0.0).sub(y).exp()))
 }
 
 /// Everything one item needs.

@@ -37,6 +37,23 @@ pub trait Simd: Copy + Send + Sync + 'static {
     fn mul(self, b: Self) -> Self;
     /// `self * b + c` (fused on AVX2+FMA).
     fn mul_add(self, b: Self, c: Self) -> Self;
+    /// Lane-wise quotient (IEEE division).
+    fn div(self, b: Self) -> Self;
+    /// Each lane rounded to bf16 (nearest even, NaN quietened as `half` does), kept as f32:
+    /// what storing and reloading bf16 gives, without the memory round trip.
+    #[inline(always)]
+    fn round_bf16(self) -> Self {
+        let mut r = [bf16::ZERO; LANES];
+        self.store_bf16(&mut r);
+        Self::load_bf16(&r)
+    }
+    /// Each lane rounded to f16 (nearest even), kept as f32.
+    #[inline(always)]
+    fn round_f16(self) -> Self {
+        let mut r = [f16::ZERO; LANES];
+        self.store_f16(&mut r);
+        Self::load_f16(&r)
+    }
     /// Lane-wise maximum.
     fn max(self, b: Self) -> Self;
     /// Lane-wise `e^x`.
@@ -105,6 +122,10 @@ impl Simd for Portable {
     #[inline(always)]
     fn mul_add(self, b: Self, c: Self) -> Self {
         Portable(self.0.mul_add(b.0, c.0))
+    }
+    #[inline(always)]
+    fn div(self, b: Self) -> Self {
+        Portable(self.0 / b.0)
     }
     #[inline(always)]
     fn max(self, b: Self) -> Self {
@@ -276,6 +297,30 @@ mod avx2 {
             unsafe { Avx2(_mm256_fmadd_ps(self.0, b.0, c.0)) }
         }
         #[inline(always)]
+        fn div(self, b: Self) -> Self {
+            // SAFETY: see the module-wide note.
+            unsafe { Avx2(_mm256_div_ps(self.0, b.0)) }
+        }
+        #[inline(always)]
+        fn round_bf16(self) -> Self {
+            // SAFETY: see the module-wide note. The same rounding as `store_bf16`, kept in lanes:
+            // bits + 0x7fff + lsb with the low half cleared; NaN gets the quiet bit.
+            unsafe {
+                let bits = _mm256_castps_si256(self.0);
+                let lsb = _mm256_and_si256(_mm256_srli_epi32::<16>(bits), _mm256_set1_epi32(1));
+                let rounded = _mm256_add_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(0x7fff)), lsb);
+                let nan = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_UNORD_Q>(self.0, self.0));
+                let quiet = _mm256_or_si256(bits, _mm256_set1_epi32(0x0040_0000));
+                let r = _mm256_blendv_epi8(rounded, quiet, nan);
+                Avx2(_mm256_castsi256_ps(_mm256_and_si256(r, _mm256_set1_epi32(0xffff_0000u32 as i32))))
+            }
+        }
+        #[inline(always)]
+        fn round_f16(self) -> Self {
+            // SAFETY: see the module-wide note; F16C rounds to nearest even and widens exactly.
+            unsafe { Avx2(_mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(self.0))) }
+        }
+        #[inline(always)]
         fn max(self, b: Self) -> Self {
             // SAFETY: see the module-wide note.
             unsafe { Avx2(_mm256_max_ps(self.0, b.0)) }
@@ -396,6 +441,8 @@ pub trait Real: ssm_tensor::Element + Copy {
     fn load<S: Simd>(s: &[Self]) -> S;
     /// Stores 8 lanes, rounding to nearest even.
     fn store<S: Simd>(v: S, s: &mut [Self]);
+    /// Each lane rounded to this type and widened back (identity for f32).
+    fn round<S: Simd>(v: S) -> S;
 }
 
 impl Real for f32 {
@@ -414,6 +461,10 @@ impl Real for f32 {
     #[inline(always)]
     fn store<S: Simd>(v: S, s: &mut [Self]) {
         v.store(s)
+    }
+    #[inline(always)]
+    fn round<S: Simd>(v: S) -> S {
+        v
     }
 }
 
@@ -434,6 +485,10 @@ impl Real for bf16 {
     fn store<S: Simd>(v: S, s: &mut [Self]) {
         v.store_bf16(s)
     }
+    #[inline(always)]
+    fn round<S: Simd>(v: S) -> S {
+        v.round_bf16()
+    }
 }
 
 impl Real for f16 {
@@ -452,6 +507,10 @@ impl Real for f16 {
     #[inline(always)]
     fn store<S: Simd>(v: S, s: &mut [Self]) {
         v.store_f16(s)
+    }
+    #[inline(always)]
+    fn round<S: Simd>(v: S) -> S {
+        v.round_f16()
     }
 }
 
@@ -501,6 +560,46 @@ mod tests {
             }
             assert_eq!(b[i].to_bits(), bf16::from_f32(x).to_bits(), "bf16 of {x}");
             assert_eq!(h[i].to_bits(), f16::from_f32(x).to_bits(), "f16 of {x}");
+        }
+    }
+
+    /// `round_bf16`/`round_f16` in lanes against `half`'s scalar rounding, on ties, subnormals,
+    /// infinities, NaN and random bit patterns (the dispatched path, then the portable one).
+    struct Rounds(Vec<f32>);
+    impl SimdKernel for Rounds {
+        type Output = (Vec<f32>, Vec<f32>);
+        #[inline(always)]
+        fn run<S: Simd + PowTwo>(self) -> Self::Output {
+            let (mut b, mut h) = (vec![0.0; self.0.len()], vec![0.0; self.0.len()]);
+            for i in (0..self.0.len()).step_by(8) {
+                let v = S::load(&self.0[i..]);
+                v.round_bf16().store(&mut b[i..]);
+                v.round_f16().store(&mut h[i..]);
+            }
+            (b, h)
+        }
+    }
+
+    #[test]
+    fn lane_rounding_matches_half() {
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut xs: Vec<f32> = (0..4096)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                f32::from_bits(x as u32)
+            })
+            .collect();
+        xs.extend([1.0 + 1.0 / 256.0, 1.0 + 3.0 / 256.0, 1e-40, -1e-45, 65520.0, 1e5, f32::INFINITY, f32::NAN]);
+        while xs.len() % 8 != 0 {
+            xs.push(0.5);
+        }
+        for (b, h) in [dispatch(Rounds(xs.clone())), Rounds(xs.clone()).run::<Portable>()] {
+            for (i, &v) in xs.iter().enumerate() {
+                assert_eq!(b[i].to_bits(), bf16::from_f32(v).to_f32().to_bits(), "bf16 of {v:e}");
+                assert_eq!(h[i].to_bits(), f16::from_f32(v).to_f32().to_bits(), "f16 of {v:e}");
+            }
         }
     }
 
