@@ -129,7 +129,9 @@ impl Simd for Portable {
     }
     #[inline(always)]
     fn max(self, b: Self) -> Self {
-        Portable(self.0.max(b.0))
+        // x86 `maxps` semantics on every target: the second operand when either is NaN (wide's
+        // `max` returns the non-NaN lane, which turned `exp(NaN)` into 0 on this path).
+        Portable(self.0.simd_gt(b.0).blend(self.0, b.0))
     }
     #[inline(always)]
     fn exp(self) -> Self {
@@ -185,7 +187,8 @@ impl PowTwo for Portable {
     }
     #[inline(always)]
     fn min_(self, b: Self) -> Self {
-        Portable(self.0.min(b.0))
+        // x86 `minps` semantics, as `max` above.
+        Portable(self.0.simd_lt(b.0).blend(self.0, b.0))
     }
 }
 
@@ -592,7 +595,7 @@ mod tests {
             })
             .collect();
         xs.extend([1.0 + 1.0 / 256.0, 1.0 + 3.0 / 256.0, 1e-40, -1e-45, 65520.0, 1e5, f32::INFINITY, f32::NAN]);
-        while xs.len() % 8 != 0 {
+        while !xs.len().is_multiple_of(8) {
             xs.push(0.5);
         }
         for (b, h) in [dispatch(Rounds(xs.clone())), Rounds(xs.clone()).run::<Portable>()] {
