@@ -131,7 +131,7 @@ impl Simd for Portable {
     fn max(self, b: Self) -> Self {
         // x86 `maxps` semantics on every target: the second operand when either is NaN (wide's
         // `max` returns the non-NaN lane, which turned `exp(NaN)` into 0 on this path).
-        Portable(self.0.simd_gt(b.0).blend(self.0, b.0))
+        Portable(self.0.simd_gt(b.0).bitselect(self.0, b.0))
     }
     #[inline(always)]
     fn exp(self) -> Self {
@@ -188,7 +188,7 @@ impl PowTwo for Portable {
     #[inline(always)]
     fn min_(self, b: Self) -> Self {
         // x86 `minps` semantics, as `max` above.
-        Portable(self.0.simd_lt(b.0).blend(self.0, b.0))
+        Portable(self.0.simd_lt(b.0).bitselect(self.0, b.0))
     }
 }
 
