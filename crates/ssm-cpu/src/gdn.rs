@@ -20,7 +20,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use half::{bf16, f16};
-use ssm_gdn::plan::{ChunkPlan, ChunkStart, Gates, GatingPlan, RecurrentPlan, StartState, StateView};
+use ssm_gdn::plan::{ChunkPlan, ChunkStart, Gates, GatingPlan, RecurrentPlan, SeqSpan, StartState, StateView};
 use ssm_gdn::{
     CHUNK_SIZE, ChunkGatedDeltaRuleArgs, FusedGdnGatingArgs, FusedRecurrentGatedDeltaRuleArgs,
     FusedSigmoidGatingDeltaRuleUpdateArgs, GdnBackend, StateLayout,
@@ -805,6 +805,120 @@ unsafe fn vk_blocks4<S: Simd, R: Real>(
     }
 }
 
+/// Several tokens on a V-major head straight from memory (`kd` a multiple of 8, `vd` of 4):
+/// per block of four rows, the rows are read once into `buf` (with the dots for token 0), then
+/// every token updates the block in L1 — one fused pass that stores the rows to that token's
+/// destination (if any), accumulates its outputs and already the dots with the next token's
+/// key — so the state is read once and written once per destination, as the op requires.
+/// `toks` holds per token `[q (kp) | k (kp) | v (vd) | beta (vd)]` (q, k normalised), `decays`
+/// per token `e^g`, `dsts` per token the destination element offset in `base`; `outs` receives
+/// `T × vd` outputs; `buf` holds `4·kd` f32.
+///
+/// # Safety
+/// The head at element `src_off` of `base` and every destination head (`vd·kd` elements each)
+/// must lie in the buffer and be accessed by no other thread now; a destination may be the
+/// source head itself (each block is read before it is written).
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn decode_vk_multi<S: Simd, R: Real>(
+    base: *mut u8,
+    src_off: usize,
+    dsts: &[Option<usize>],
+    kd: usize,
+    vd: usize,
+    toks: &[f32],
+    decays: &[f32],
+    outs: &mut [f32],
+    buf: &mut [f32],
+) {
+    const AHEAD: usize = 4;
+    let nt = dsts.len();
+    let kp = round8(kd);
+    let stride = 2 * kp + 2 * vd;
+    let (src, root) = (base.cast::<R>().wrapping_add(src_off), base.cast::<R>());
+    let row_bytes = kd * std::mem::size_of::<R>();
+    let bp = buf[..4 * kd].as_mut_ptr();
+    // Streaming stores need every 8-lane chunk aligned to its size: true when the pool and each
+    // destination head start aligned and rows are whole multiples of 8 elements.
+    let lane_bytes = LANES * std::mem::size_of::<R>();
+    let aligned = dsts.iter().flatten().all(|&off| (root.wrapping_add(off) as usize).is_multiple_of(lane_bytes));
+    let mut r0 = 0;
+    while r0 < vd {
+        for ahead in r0 + AHEAD..(r0 + AHEAD + 4).min(vd) {
+            let line0 = src.wrapping_add(ahead * kd).cast::<u8>();
+            for line in (0..row_bytes).step_by(64) {
+                S::prefetch(line0.wrapping_add(line));
+            }
+        }
+        // Read the block once, with the dots for token 0.
+        let kp0 = toks[kp..kp + kd].as_ptr();
+        let mut a = [S::splat(0.0); 4];
+        let mut c = 0;
+        while c < kd {
+            // SAFETY: rows r0..r0+4 of the source head and `buf` hold `kd` elements each, `c + 8 ≤ kd`
+            // (caller's contract); the source is only read here.
+            unsafe {
+                let kk = ld::<S, f32>(kp0.add(c));
+                for (j, aj) in a.iter_mut().enumerate() {
+                    let x = ld::<S, R>(src.add((r0 + j) * kd + c));
+                    st::<S, f32>(x, bp.add(j * kd + c));
+                    *aj = x.mul_add(kk, *aj);
+                }
+            }
+            c += LANES;
+        }
+        for t in 0..nt {
+            let tk = &toks[t * stride..(t + 1) * stride];
+            let (qp, kt) = (tk[..kd].as_ptr(), tk[kp..kp + kd].as_ptr());
+            let (vt, bt) = (&tk[2 * kp..2 * kp + vd], &tk[2 * kp + vd..2 * kp + 2 * vd]);
+            let decay = decays[t];
+            let dv = S::splat(decay);
+            let mut u = [S::splat(0.0); 4];
+            for j in 0..4 {
+                u[j] = S::splat((vt[r0 + j] - a[j].reduce_add() * decay) * bt[r0 + j]);
+            }
+            let dst = dsts[t].map(|off| root.wrapping_add(off + r0 * kd));
+            // A destination other than the source head is write-only here: stream it (no read for
+            // ownership of lines nobody reads), when its rows are aligned for that.
+            let stream = dsts[t].is_some_and(|off| off != src_off) && aligned;
+            let next = (t + 1 < nt).then(|| toks[(t + 1) * stride + kp..(t + 1) * stride + kp + kd].as_ptr());
+            let mut o = [S::splat(0.0); 4];
+            a = [S::splat(0.0); 4];
+            let mut c = 0;
+            while c < kd {
+                // SAFETY: `c + 8 ≤ kd`: inside `buf`'s rows, the destination rows (caller's
+                // contract), and the token vectors (`kd ≤ kp`).
+                unsafe {
+                    let (kk, qq) = (ld::<S, f32>(kt.add(c)), ld::<S, f32>(qp.add(c)));
+                    let kn = match next {
+                        Some(np) => ld::<S, f32>(np.add(c)),
+                        None => S::splat(0.0),
+                    };
+                    for j in 0..4 {
+                        let x = ld::<S, f32>(bp.add(j * kd + c)).mul_add(dv, u[j].mul(kk));
+                        st::<S, f32>(x, bp.add(j * kd + c));
+                        if let Some(d) = dst {
+                            if stream {
+                                R::stream::<S>(x, d.add(j * kd + c));
+                            } else {
+                                st::<S, R>(x, d.add(j * kd + c));
+                            }
+                        }
+                        o[j] = x.mul_add(qq, o[j]);
+                        a[j] = x.mul_add(kn, a[j]);
+                    }
+                }
+                c += LANES;
+            }
+            for j in 0..4 {
+                outs[t * vd + r0 + j] = o[j].reduce_add();
+            }
+        }
+        r0 += 4;
+    }
+    S::store_fence();
+}
+
 /// One token on a V-major head straight from memory: each row of `S` is read once (and again
 /// from L1), updated in f32 and written once — one streaming pass over the state. Rows go in
 /// pipelined blocks of four when `kd` is a multiple of 8 ([`vk_blocks4`]), the rest one by one.
@@ -968,6 +1082,73 @@ unsafe fn decode_kv_direct<S: Simd, R: Real>(
     }
 }
 
+/// [`decode_vk_multi`] for one (sequence, value head) item: gathers and normalises every
+/// token's q/k, v and gates, runs the rows, scatters the outputs.
+#[inline(always)]
+fn recurrent_multi<S: Simd>(ctx: &RecCtx<'_>, n: usize, hv: usize, h: usize, r: usize, sp: &SeqSpan) {
+    let p = ctx.plan;
+    let d = p.dims;
+    let (kd, vd, nt) = (d.k, d.v, sp.len);
+    let kp = round8(kd);
+    let stride = 2 * kp + 2 * vd;
+    let (q_at, q_dtype) = p.q;
+    let (k_at, k_dtype) = p.k;
+    let (v_at, v_dtype) = p.v;
+    let (o_at, o_dtype) = p.o;
+    let sv = p.state.expect("a row start implies a pool");
+    let head = d.head_elems();
+    let mut scratch = take_rec_scratch(nt * (stride + 1 + vd) + 4 * kd);
+    {
+        let (toks, rest) = scratch.split_at_mut(nt * stride);
+        let (decays, rest) = rest.split_at_mut(nt);
+        let (outs, buf) = rest.split_at_mut(nt * vd);
+        for t in 0..nt {
+            let tt = sp.t0 + t;
+            let tk = &mut toks[t * stride..(t + 1) * stride];
+            let (qb, rest) = tk.split_at_mut(kp);
+            let (kb, rest) = rest.split_at_mut(kp);
+            let (vb, betab) = rest.split_at_mut(vd);
+            gather_v::<S>(ctx.q, q_dtype, q_at.at([sp.b, tt, h, 0]), q_at.strides[3], &mut qb[..kd]);
+            gather_v::<S>(ctx.k, k_dtype, k_at.at([sp.b, tt, h, 0]), k_at.strides[3], &mut kb[..kd]);
+            qb[kd..].fill(0.0);
+            kb[kd..].fill(0.0);
+            normalize::<S>(qb, kd, p.l2norm, p.eps, p.scale);
+            normalize::<S>(kb, kd, p.l2norm, p.eps, 1.0);
+            gather_v::<S>(ctx.v, v_dtype, v_at.at([sp.b, tt, hv, 0]), v_at.strides[3], vb);
+            decays[t] = token_gates(ctx, sp.b, tt, hv, 0, betab).exp();
+        }
+        let dsts: [Option<usize>; 16] = std::array::from_fn(|t| {
+            (t < nt).then(|| p.store_row(ctx.ix.as_ref(), n, sp, t).map(|w| sv.head(w, hv, head))).flatten()
+        });
+        let mut dyn_dsts = Vec::new();
+        let dsts: &[Option<usize>] = if nt <= 16 {
+            &dsts[..nt]
+        } else {
+            dyn_dsts.extend((0..nt).map(|t| p.store_row(ctx.ix.as_ref(), n, sp, t).map(|w| sv.head(w, hv, head))));
+            &dyn_dsts
+        };
+        let base = ctx.state.unwrap().get();
+        let src_off = sv.head(r, hv, head);
+        // SAFETY: the source head and every destination head of this (sequence, value head) are
+        // in the pool (plan) and touched by this item only: the plan refuses slots shared between
+        // sequences when one of them writes; other items own other heads.
+        unsafe {
+            match sv.dtype {
+                DType::F32 => decode_vk_multi::<S, f32>(base, src_off, dsts, kd, vd, toks, decays, outs, buf),
+                DType::BF16 => decode_vk_multi::<S, bf16>(base, src_off, dsts, kd, vd, toks, decays, outs, buf),
+                DType::F16 => decode_vk_multi::<S, f16>(base, src_off, dsts, kd, vd, toks, decays, outs, buf),
+                _ => unreachable!("the plan admits f32/bf16/f16 states only"),
+            }
+        }
+        for t in 0..nt {
+            let at = o_at.at([sp.b, sp.t0 + t, hv, 0]);
+            // SAFETY: the output row of (sequence n, token t, head hv) belongs to this item.
+            unsafe { scatter_v::<S>(ctx.o.get(), o_dtype, at, o_at.strides[3], &outs[t * vd..(t + 1) * vd]) };
+        }
+    }
+    give_rec_scratch(scratch);
+}
+
 #[inline(always)]
 fn recurrent_item<S: Simd>(ctx: &RecCtx<'_>, item: usize) {
     let p = ctx.plan;
@@ -1009,6 +1190,15 @@ fn recurrent_item<S: Simd>(ctx: &RecCtx<'_>, item: usize) {
         StateLayout::KV => ((TILE / d.k) / LANES * LANES).min(MAX_BLOCK).min(round8(d.v)),
     };
     let bp = round8(block);
+    // Several tokens from a slot of a V-major pool, stored (if at all) back into the pool:
+    // the multi-token direct path (read once, write once per destination).
+    if let (StateLayout::VK, StartState::Row(r), true, None) = (p.layout, start, sp.len > 1, p.final_state)
+        && d.k.is_multiple_of(LANES)
+        && d.v.is_multiple_of(4)
+    {
+        recurrent_multi::<S>(ctx, n, hv, h, r, &sp);
+        return;
+    }
     // Direct path: one token, read from a slot and written (if at all) to one place of
     // the same dtype: no tile, rows stream from memory to memory.
     // The K-major direct path handles a whole head at once (V a multiple of the lanes).

@@ -63,6 +63,38 @@ pub trait Simd: Copy + Send + Sync + 'static {
     /// Hints that the cache line holding `p` will be read soon (a no-op where unsupported).
     #[inline(always)]
     fn prefetch<T>(_p: *const T) {}
+    /// Stores 8 f32 at `p` bypassing the caches where supported (a plain store elsewhere):
+    /// for write-only destinations, which then cost no read for ownership. Follow a batch of
+    /// these with [`Simd::store_fence`].
+    ///
+    /// # Safety
+    /// `p` must be valid for writing 8 f32 and 32-byte aligned.
+    #[inline(always)]
+    unsafe fn stream(self, p: *mut f32) {
+        // SAFETY: caller's contract.
+        self.store(unsafe { std::slice::from_raw_parts_mut(p, LANES) })
+    }
+    /// As [`Simd::stream`] for 8 bf16 (rounded as `store_bf16`); `p` 16-byte aligned.
+    ///
+    /// # Safety
+    /// `p` must be valid for writing 8 bf16 and 16-byte aligned.
+    #[inline(always)]
+    unsafe fn stream_bf16(self, p: *mut bf16) {
+        // SAFETY: caller's contract.
+        self.store_bf16(unsafe { std::slice::from_raw_parts_mut(p, LANES) })
+    }
+    /// As [`Simd::stream`] for 8 f16 (rounded as `store_f16`); `p` 16-byte aligned.
+    ///
+    /// # Safety
+    /// `p` must be valid for writing 8 f16 and 16-byte aligned.
+    #[inline(always)]
+    unsafe fn stream_f16(self, p: *mut f16) {
+        // SAFETY: caller's contract.
+        self.store_f16(unsafe { std::slice::from_raw_parts_mut(p, LANES) })
+    }
+    /// Orders earlier streaming stores before later stores (`sfence`; a no-op elsewhere).
+    #[inline(always)]
+    fn store_fence() {}
 }
 
 /// Portable lanes on `wide::f32x8`.
@@ -337,6 +369,29 @@ mod avx2 {
             Avx2::prefetch_line(p)
         }
         #[inline(always)]
+        unsafe fn stream(self, p: *mut f32) {
+            // SAFETY: 8 writable, 32-byte aligned f32 at `p` (caller's contract).
+            unsafe { _mm256_stream_ps(p, self.0) }
+        }
+        #[inline(always)]
+        unsafe fn stream_bf16(self, p: *mut bf16) {
+            let mut tmp = [bf16::ZERO; super::LANES];
+            self.store_bf16(&mut tmp);
+            // SAFETY: 16 writable, 16-byte aligned bytes at `p` (caller's contract).
+            unsafe { _mm_stream_si128(p.cast(), _mm_loadu_si128(tmp.as_ptr().cast())) }
+        }
+        #[inline(always)]
+        unsafe fn stream_f16(self, p: *mut f16) {
+            // SAFETY: 16 writable, 16-byte aligned bytes at `p` (caller's contract); F16C rounds
+            // to nearest even.
+            unsafe { _mm_stream_si128(p.cast(), _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(self.0)) }
+        }
+        #[inline(always)]
+        fn store_fence() {
+            // SAFETY: a fence has no memory operands.
+            unsafe { _mm_sfence() }
+        }
+        #[inline(always)]
         fn reduce_add(self) -> f32 {
             // SAFETY: see the module-wide note.
             unsafe {
@@ -446,6 +501,11 @@ pub trait Real: ssm_tensor::Element + Copy {
     fn store<S: Simd>(v: S, s: &mut [Self]);
     /// Each lane rounded to this type and widened back (identity for f32).
     fn round<S: Simd>(v: S) -> S;
+    /// Streams 8 lanes to `p` ([`Simd::stream`] and its siblings).
+    ///
+    /// # Safety
+    /// `p` valid for 8 elements and aligned to their size (32 bytes for f32, 16 otherwise).
+    unsafe fn stream<S: Simd>(v: S, p: *mut Self);
 }
 
 impl Real for f32 {
@@ -468,6 +528,11 @@ impl Real for f32 {
     #[inline(always)]
     fn round<S: Simd>(v: S) -> S {
         v
+    }
+    #[inline(always)]
+    unsafe fn stream<S: Simd>(v: S, p: *mut Self) {
+        // SAFETY: caller's contract.
+        unsafe { v.stream(p) }
     }
 }
 
@@ -492,6 +557,11 @@ impl Real for bf16 {
     fn round<S: Simd>(v: S) -> S {
         v.round_bf16()
     }
+    #[inline(always)]
+    unsafe fn stream<S: Simd>(v: S, p: *mut Self) {
+        // SAFETY: caller's contract.
+        unsafe { v.stream_bf16(p) }
+    }
 }
 
 impl Real for f16 {
@@ -514,6 +584,11 @@ impl Real for f16 {
     #[inline(always)]
     fn round<S: Simd>(v: S) -> S {
         v.round_f16()
+    }
+    #[inline(always)]
+    unsafe fn stream<S: Simd>(v: S, p: *mut Self) {
+        // SAFETY: caller's contract.
+        unsafe { v.stream_f16(p) }
     }
 }
 

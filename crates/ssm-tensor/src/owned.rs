@@ -2,22 +2,35 @@ use half::{bf16, f16};
 
 use crate::{DType, TensorMut, TensorRef};
 
-/// An owned host tensor (8-byte aligned storage) that hands out views.
+/// 64 bytes, 64-byte aligned: the storage unit of [`HostTensor`]. Buffers start on a cache
+/// line, as a serving stack's allocator gives them (PyTorch aligns to 64), so kernels can use
+/// aligned (streaming) stores on them.
+#[derive(Clone, Copy, PartialEq, Debug)]
+#[repr(C, align(64))]
+struct Line([u8; 64]);
+
+// SAFETY: a plain byte array without padding (size 64 equals its alignment); every bit pattern
+// is valid and zero is a valid value.
+unsafe impl bytemuck::Zeroable for Line {}
+// SAFETY: as above.
+unsafe impl bytemuck::Pod for Line {}
+
+/// An owned host tensor (64-byte aligned storage) that hands out views.
 #[derive(Debug, Clone, PartialEq)]
 pub struct HostTensor {
     /// Element type.
     pub dtype: DType,
     /// Shape.
     pub shape: Vec<usize>,
-    words: Vec<u64>,
+    words: Vec<Line>,
     len: usize,
 }
 
 impl HostTensor {
     /// A tensor from little-endian bytes.
     pub fn from_bytes(dtype: DType, shape: Vec<usize>, bytes: &[u8]) -> Self {
-        let mut words = vec![0u64; bytes.len().div_ceil(8)];
-        bytemuck::cast_slice_mut::<u64, u8>(&mut words)[..bytes.len()].copy_from_slice(bytes);
+        let mut words = vec![Line([0; 64]); bytes.len().div_ceil(64)];
+        bytemuck::cast_slice_mut::<Line, u8>(&mut words)[..bytes.len()].copy_from_slice(bytes);
         HostTensor { dtype, shape, words, len: bytes.len() }
     }
 
@@ -64,13 +77,13 @@ impl HostTensor {
 
     /// The raw bytes.
     pub fn bytes(&self) -> &[u8] {
-        &bytemuck::cast_slice::<u64, u8>(&self.words)[..self.len]
+        &bytemuck::cast_slice::<Line, u8>(&self.words)[..self.len]
     }
 
     /// The raw bytes, writable.
     pub fn bytes_mut(&mut self) -> &mut [u8] {
         let len = self.len;
-        &mut bytemuck::cast_slice_mut::<u64, u8>(&mut self.words)[..len]
+        &mut bytemuck::cast_slice_mut::<Line, u8>(&mut self.words)[..len]
     }
 
     /// A contiguous read-only view.
