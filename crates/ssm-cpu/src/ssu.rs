@@ -278,6 +278,7 @@ impl<St: Real> SimdKernel for Item<'_, St> {
                 return;
             }
 
+            let mut streamed = false;
             for p in 0..dim {
                 // Load the row (zeros for a pad source), widened to f32.
                 if live {
@@ -330,8 +331,22 @@ impl<St: Real> SimdKernel for Item<'_, St> {
                         let off = plan.state.at([ds as usize, h, p, 0]);
                         // SAFETY: `ds` was checked by the plan; (ds, h) is owned by this item
                         // (alias_free) or items run in order.
-                        let drow = unsafe { std::slice::from_raw_parts_mut(state.0.add(off), n_st) };
-                        store_row::<S, St>(row, drow);
+                        let dptr = unsafe { state.0.add(off) };
+                        // A token's column other than the source is write-only in this call:
+                        // streaming stores skip the read for ownership of its lines.
+                        let lane_bytes = LANES * std::mem::size_of::<St>();
+                        if ds != src && n_st.is_multiple_of(LANES) && (dptr as usize).is_multiple_of(lane_bytes) {
+                            for n in (0..n_st).step_by(LANES) {
+                                // SAFETY: `n + 8 ≤ dstate`, inside the destination row; aligned
+                                // (checked above); no reference to the row is alive.
+                                unsafe { St::stream::<S>(S::load(&row[n..]), dptr.add(n)) };
+                            }
+                            streamed = true;
+                        } else {
+                            // SAFETY: as above.
+                            let drow = unsafe { std::slice::from_raw_parts_mut(dptr, n_st) };
+                            store_row::<S, St>(row, drow);
+                        }
                     }
                     let mut y = acc.reduce_add() + xv * d_p;
                     if let (Some(z), Some(zs)) = (inp.z, plan.z) {
@@ -361,6 +376,9 @@ impl<St: Real> SimdKernel for Item<'_, St> {
                         }
                     }
                 }
+            }
+            if streamed {
+                S::store_fence();
             }
         }
     }
