@@ -217,13 +217,27 @@ unsafe fn store_tile<S: Simd, R: Real>(
     cols: usize,
     tile: &[f32],
     tp: usize,
+    stream: bool,
 ) {
     let full = cols / LANES * LANES;
+    let lane_bytes = LANES * std::mem::size_of::<R>();
+    let mut streamed = false;
     for r in 0..rows {
-        // SAFETY: row `r` spans `cols` elements inside the buffer, owned by this item (caller's contract).
-        let dst = unsafe { std::slice::from_raw_parts_mut(base.cast::<R>().add(off + r * ld), cols) };
+        let row = base.cast::<R>().wrapping_add(off + r * ld);
         let src = &tile[r * tp..(r + 1) * tp];
         let mut c = 0;
+        // A write-only destination: streaming stores (no read for ownership) where aligned.
+        if stream && (row as usize).is_multiple_of(lane_bytes) {
+            while c < full {
+                // SAFETY: `c + 8 ≤ cols`, inside row `r` (caller's contract), aligned (checked:
+                // the row start is, and `c` is a multiple of 8 elements).
+                unsafe { R::stream::<S>(S::load(&src[c..]), row.add(c)) };
+                c += LANES;
+            }
+            streamed = true;
+        }
+        // SAFETY: row `r` spans `cols` elements inside the buffer, owned by this item (caller's contract).
+        let dst = unsafe { std::slice::from_raw_parts_mut(row, cols) };
         while c < full {
             R::store(S::load(&src[c..]), &mut dst[c..]);
             c += LANES;
@@ -231,6 +245,9 @@ unsafe fn store_tile<S: Simd, R: Real>(
         for c in full..cols {
             dst[c] = R::from_f32(src[c]);
         }
+    }
+    if streamed {
+        S::store_fence();
     }
 }
 
@@ -274,13 +291,14 @@ unsafe fn store_tile_dyn<S: Simd>(
     cols: usize,
     tile: &[f32],
     tp: usize,
+    stream: bool,
 ) {
     // SAFETY: forwarded contract.
     unsafe {
         match dtype {
-            DType::F32 => store_tile::<S, f32>(base, off, ld, rows, cols, tile, tp),
-            DType::BF16 => store_tile::<S, bf16>(base, off, ld, rows, cols, tile, tp),
-            DType::F16 => store_tile::<S, f16>(base, off, ld, rows, cols, tile, tp),
+            DType::F32 => store_tile::<S, f32>(base, off, ld, rows, cols, tile, tp, stream),
+            DType::BF16 => store_tile::<S, bf16>(base, off, ld, rows, cols, tile, tp, stream),
+            DType::F16 => store_tile::<S, f16>(base, off, ld, rows, cols, tile, tp, stream),
             _ => unreachable!("the plan admits f32/bf16/f16 states only"),
         }
     }
@@ -1318,6 +1336,8 @@ fn recurrent_item<S: Simd>(ctx: &RecCtx<'_>, item: usize) {
                 }
                 if let Some(r) = p.store_row(ctx.ix.as_ref(), n, &sp, t) {
                     let sv = p.state.as_ref().expect("in-place stores imply a pool");
+                    // A slot other than the one this sequence started from is write-only here.
+                    let stream = !matches!(start, StartState::Row(s0) if s0 == r);
                     // SAFETY: slot r is written only by this sequence (plan), head hv and these value
                     // rows only by this item.
                     unsafe {
@@ -1330,6 +1350,7 @@ fn recurrent_item<S: Simd>(ctx: &RecCtx<'_>, item: usize) {
                             cols,
                             tile,
                             tp,
+                            stream,
                         )
                     };
                 }
@@ -1347,6 +1368,7 @@ fn recurrent_item<S: Simd>(ctx: &RecCtx<'_>, item: usize) {
                             cols,
                             tile,
                             tp,
+                            true,
                         )
                     };
                 }
