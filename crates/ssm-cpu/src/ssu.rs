@@ -310,14 +310,27 @@ impl<St: Real> SimdKernel for Item<'_, St> {
                     } else {
                         let dtv = dt_of(t, p);
                         let dtl = S::splat(dtv);
+                        // A's row [h, p, :]: straight from memory when it is f32 with unit stride
+                        // (the usual Mamba1 `A = -exp(A_log)`), else element by element.
+                        let a0 = plan.a.at([h, p, 0]);
+                        let a_row: Option<&[f32]> = (ty.a == DType::F32 && plan.a.strides[2] == 1)
+                            .then(|| bytemuck::try_cast_slice::<u8, f32>(inp.a).ok())
+                            .flatten()
+                            .map(|a| &a[a0..a0 + n_st]);
                         for n in (0..nv).step_by(LANES) {
-                            let mut av = [0.0f32; LANES];
-                            for (k, a) in av.iter_mut().enumerate() {
-                                if n + k < n_st {
-                                    *a = rd(inp.a, ty.a, plan.a.at([h, p, n + k]));
+                            let av = match a_row {
+                                Some(ar) if n + LANES <= n_st => S::load(&ar[n..]),
+                                _ => {
+                                    let mut av = [0.0f32; LANES];
+                                    for (k, a) in av.iter_mut().enumerate() {
+                                        if n + k < n_st {
+                                            *a = rd(inp.a, ty.a, plan.a.at([h, p, n + k]));
+                                        }
+                                    }
+                                    S::load(&av)
                                 }
-                            }
-                            S::load(&av).mul(dtl).exp().store(&mut da_row[n..]);
+                            };
+                            av.mul(dtl).exp().store(&mut da_row[n..]);
                             S::load(&bt[n..]).mul(dtl).store(&mut bdt_row[n..]);
                         }
                         let xs = S::splat(xv);
