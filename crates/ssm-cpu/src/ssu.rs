@@ -50,21 +50,47 @@ struct Item<'a, St> {
     out: SyncPtr<u8>,
     seq: usize,
     head: usize,
+    /// Rows `[p0, p1)` of the head (the whole head unless few items split it).
+    rows: (usize, usize),
 }
 
 impl CpuBackend {
     fn ssu_typed<St: Real>(&self, plan: &SsuPlan, inp: &Inputs<'_>, state: *mut St, out: *mut u8) {
         let (state, out) = (SyncPtr(state), SyncPtr(out));
         let heads = plan.dims.heads;
+        let dim = plan.dims.dim;
+        // Few (sequence, head) items (Mamba1: one head per sequence; small batches) leave threads
+        // idle: split each head's rows into chunks so that there are about four items per thread.
+        // Rows of one head are disjoint state rows and outputs, so chunks never share memory.
+        let pairs = plan.dims.seqs * heads;
+        let threads = self.par().threads();
+        let chunks = if plan.alias_free && threads > 1 && pairs < 4 * threads {
+            (4 * threads).div_ceil(pairs.max(1)).min(dim.div_ceil(64)).max(1)
+        } else {
+            1
+        };
+        let chunk = dim.div_ceil(chunks);
         let body = |i: usize| {
+            let (pair, k) = (i / chunks, i % chunks);
+            let rows = (k * chunk, ((k + 1) * chunk).min(dim));
             SCRATCH.with(|scratch| {
                 TOKENS.with(|tokens| {
                     let (scratch, tokens) = (&mut *scratch.borrow_mut(), &mut *tokens.borrow_mut());
-                    dispatch(Item { scratch, tokens, plan, inp, state, out, seq: i / heads, head: i % heads });
+                    dispatch(Item {
+                        scratch,
+                        tokens,
+                        plan,
+                        inp,
+                        state,
+                        out,
+                        seq: pair / heads,
+                        head: pair % heads,
+                        rows,
+                    });
                 })
             })
         };
-        let n = plan.dims.seqs * heads;
+        let n = pairs * chunks;
         if plan.alias_free {
             self.for_each(n, body);
         } else {
@@ -141,10 +167,10 @@ impl<St: Real> SimdKernel for Item<'_, St> {
     fn run<S: Simd + PowTwo>(self) {
         // No closure below may contain lane operations: a closure is compiled without the
         // caller's target features, which would turn every intrinsic into a call.
-        let Item { scratch, tokens, plan, inp, state, out, seq: b, head: h } = self;
+        let Item { scratch, tokens, plan, inp, state, out, seq: b, head: h, rows: (p_lo, p_hi) } = self;
         let ty = &plan.dtypes;
         let dims = &plan.dims;
-        let (dim, n_st) = (dims.dim, dims.dstate);
+        let n_st = dims.dstate;
 
         // Sequence bounds.
         let (start, len) = match plan.route {
@@ -236,14 +262,14 @@ impl<St: Real> SimdKernel for Item<'_, St> {
             if len == 1 && tied && live && !plan.spec && plan.stochastic_rounding.is_none() && n_st % LANES == 0 {
                 let [xb, ob, zb, _] = tokens[0..4].try_into().unwrap();
                 let (da, bt, ct) = (S::splat(das[0]), &bv[..nv], &cv[..nv]);
-                for p in 0..dim {
+                for p in p_lo..p_hi {
                     let xv = rd(inp.x, ty.x, plan.x.at(xb as isize, h, p));
                     let xs = S::splat(xv);
                     let src_off = plan.state.at([src as usize, h, p, 0]);
                     let dst_off = plan.state.at([dst_final as usize, h, p, 0]);
                     // Keep several rows of loads in flight: prefetch the row PREFETCH_ROWS ahead
                     // (a hint only; an address past the head is harmless).
-                    if p + PREFETCH_ROWS < dim {
+                    if p + PREFETCH_ROWS < p_hi {
                         let ahead = plan.state.at([src as usize, h, p + PREFETCH_ROWS, 0]);
                         let row_bytes = n_st * std::mem::size_of::<St>();
                         for line in (0..row_bytes).step_by(64) {
@@ -279,7 +305,7 @@ impl<St: Real> SimdKernel for Item<'_, St> {
             }
 
             let mut streamed = false;
-            for p in 0..dim {
+            for p in p_lo..p_hi {
                 // Load the row (zeros for a pad source), widened to f32.
                 if live {
                     let off = plan.state.at([src as usize, h, p, 0]);
