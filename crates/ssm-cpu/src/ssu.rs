@@ -204,11 +204,16 @@ impl<St: Real> SimdKernel for Item<'_, St> {
         let tok = |ts: &TokenStrides, t: usize| plan.token_base(ts, b, base_row) + t as isize * ts.tok;
         let tied = plan.form == ParamForm::Tied;
         let softplus = |v: f32| if v <= 20.0 { (v.exp() + 1.0).ln() } else { v };
-        let dt_of = |t: usize, p: usize| {
+        // dt + dt_bias of (token t, row p), before softplus (scalar: no lanes in closures).
+        let dt_raw = |t: usize, p: usize| {
             let mut v = rd(inp.dt, ty.dt, plan.dt.at(tok(&plan.dt, t), h, p));
             if let (Some(bias), Some(s)) = (inp.dt_bias, plan.dt_bias) {
                 v += rd(bias, ty.dt_bias.unwrap(), s.at([h, p]));
             }
+            v
+        };
+        let dt_of = |t: usize, p: usize| {
+            let v = dt_raw(t, p);
             if plan.dt_softplus { softplus(v) } else { v }
         };
         let a_head = rd(inp.a, ty.a, plan.a.at([h, 0, 0]));
@@ -218,7 +223,10 @@ impl<St: Real> SimdKernel for Item<'_, St> {
         // Per-token vectors: B (times dt in the tied form), C; tied scalars dt and dA.
         let nv = n_st.div_ceil(LANES) * LANES;
         {
-            let need = len * (2 * nv + 2) + 3 * nv;
+            // Per token and row of this item: the processed dt (per-channel form) and the z gate
+            // factor, computed eight rows at a time below.
+            let rp = (p_hi - p_lo).div_ceil(LANES) * LANES;
+            let need = len * (2 * nv + 2) + 3 * nv + 2 * len * rp;
             if scratch.len() < need {
                 scratch.resize(need, 0.0);
             }
@@ -227,7 +235,10 @@ impl<St: Real> SimdKernel for Item<'_, St> {
             let (dts, rest) = rest.split_at_mut(len);
             let (das, rest) = rest.split_at_mut(len);
             let (row, rest) = rest.split_at_mut(nv);
-            let (da_row, bdt_row) = rest.split_at_mut(nv);
+            let (da_row, rest) = rest.split_at_mut(nv);
+            let (bdt_row, rest) = rest.split_at_mut(nv);
+            let (dt_rows, rest) = rest.split_at_mut(len * rp);
+            let z_rows = &mut rest[..len * rp];
             tokens.clear();
             for t in 0..len {
                 tokens.push(tok(&plan.x, t) as i64);
@@ -304,6 +315,37 @@ impl<St: Real> SimdKernel for Item<'_, St> {
                 return;
             }
 
+            // The scalar per-row work of the general path, eight rows at a time: softplus of
+            // dt + dt_bias (per-channel form; the tied form has it per token above) and z's silu
+            // factor, so that no row pays scalar `exp`/`ln` calls.
+            let has_z = inp.z.is_some() && plan.z.is_some();
+            for t in 0..len {
+                let zb = tokens[4 * t + 2];
+                let mut p = p_lo;
+                while p < p_hi {
+                    let m = LANES.min(p_hi - p);
+                    let at = t * rp + (p - p_lo);
+                    if !tied {
+                        let mut v = [0.0f32; LANES];
+                        for (k, vk) in v.iter_mut().enumerate().take(m) {
+                            *vk = dt_raw(t, p + k);
+                        }
+                        let lanes = S::load(&v);
+                        let lanes = if plan.dt_softplus { softplus_lanes(lanes) } else { lanes };
+                        lanes.store(&mut dt_rows[at..]);
+                    }
+                    if has_z {
+                        let (z, zs) = (inp.z.unwrap(), plan.z.unwrap());
+                        let mut v = [0.0f32; LANES];
+                        for (k, vk) in v.iter_mut().enumerate().take(m) {
+                            *vk = rd(z, ty.z.unwrap(), zs.at(zb as isize, h, p + k));
+                        }
+                        let zl = S::load(&v);
+                        zl.div(S::splat(1.0).add(S::splat(0.0).sub(zl).exp())).store(&mut z_rows[at..]);
+                    }
+                    p += LANES;
+                }
+            }
             let mut streamed = false;
             for p in p_lo..p_hi {
                 // Load the row (zeros for a pad source), widened to f32.
@@ -321,7 +363,7 @@ impl<St: Real> SimdKernel for Item<'_, St> {
                     _ => 0.0,
                 };
                 for t in 0..len {
-                    let [xb, ob, zb, ds] = tokens[4 * t..4 * t + 4].try_into().unwrap();
+                    let [xb, ob, _, ds] = tokens[4 * t..4 * t + 4].try_into().unwrap();
                     let xv = rd(inp.x, ty.x, plan.x.at(xb as isize, h, p));
                     let bt = &bv[t * nv..(t + 1) * nv];
                     let ct = &cv[t * nv..(t + 1) * nv];
@@ -334,7 +376,7 @@ impl<St: Real> SimdKernel for Item<'_, St> {
                             acc = s.mul_add(S::load(&ct[n..]), acc);
                         }
                     } else {
-                        let dtv = dt_of(t, p);
+                        let dtv = dt_rows[t * rp + (p - p_lo)];
                         let dtl = S::splat(dtv);
                         // A's row [h, p, :]: straight from memory when it is f32 with unit stride
                         // (the usual Mamba1 `A = -exp(A_log)`), else element by element.
@@ -388,9 +430,8 @@ impl<St: Real> SimdKernel for Item<'_, St> {
                         }
                     }
                     let mut y = acc.reduce_add() + xv * d_p;
-                    if let (Some(z), Some(zs)) = (inp.z, plan.z) {
-                        let zv = rd(z, ty.z.unwrap(), zs.at(zb as isize, h, p));
-                        y *= zv / (1.0 + (-zv).exp());
+                    if has_z {
+                        y *= z_rows[t * rp + (p - p_lo)];
                     }
                     // SAFETY: the plan checked `out`'s shape and that its elements do not overlap;
                     // token (t) of sequence b, head h, row p is written by this item only.
@@ -448,4 +489,22 @@ fn store_row<S: Simd, St: Real>(row: &[f32], dst: &mut [St]) {
     for i in full..n {
         dst[i] = St::from_f32(row[i]);
     }
+}
+
+/// `ln(1 + e^v)` lane-wise, as `max(v, 0) + ln1p(e^-|v|)`: `ln1p(u)` for `u ∈ (0, 1]` is
+/// `2·atanh(u / (2 + u))`, an odd series in `s = u / (2 + u) ≤ 1/3` summed to `s^15` (truncation
+/// below 2e-9). Within a few ulp of the scalar `ln(e^v + 1)` (threshold 20: above it the
+/// correction is below half an ulp of `v`, so the result is `v` as there). NaN stays NaN.
+#[inline(always)]
+fn softplus_lanes<S: Simd + PowTwo>(v: S) -> S {
+    let zero = S::splat(0.0);
+    let neg_abs = zero.sub(v.max(zero.sub(v)));
+    let u = neg_abs.exp();
+    let s = u.div(S::splat(2.0).add(u));
+    let s2 = s.mul(s);
+    let mut poly = S::splat(1.0 / 15.0);
+    for c in [1.0 / 13.0, 1.0 / 11.0, 1.0 / 9.0, 1.0 / 7.0, 1.0 / 5.0, 1.0 / 3.0, 1.0] {
+        poly = poly.mul_add(s2, S::splat(c));
+    }
+    v.max(zero).add(S::splat(2.0).mul(s).mul(poly))
 }
