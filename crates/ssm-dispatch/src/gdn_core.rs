@@ -148,6 +148,17 @@ fn gather_rows(t: &TensorRef<'_>, rows: &[usize], arg: &'static str) -> Result<H
     Ok(out)
 }
 
+/// Rows `rows` of `mixed_qkv`, `a` and `b`: one path's inputs, contiguous.
+fn path_rows(ts: [&TensorRef<'_>; 3], rows: &[usize]) -> Result<[HostTensor; 3], Error> {
+    Ok([gather_rows(ts[0], rows, "mixed_qkv")?, gather_rows(ts[1], rows, "a")?, gather_rows(ts[2], rows, "b")?])
+}
+
+/// An `[n]` view of column 0 of an `[n, ·]` slot table (or of an `[n]` table itself).
+fn first_column<'a>(t: TensorRef<'a>, n: usize, arg: &'static str) -> Result<TensorRef<'a>, Error> {
+    t.with_layout(&[n], &[t.strides()[0]], t.layout().offset())
+        .map_err(|source| Error::Gdn(GdnError::Tensor { arg, source }))
+}
+
 /// Writes row `i` of `src` (`[n, HV·V]` contiguous) to row `rows[i]` of `dst` (`[T, HV, V]`).
 fn scatter_rows(src: &HostTensor, rows: &[usize], dst: &mut TensorMut<'_>) -> Result<(), Error> {
     let width = src.shape[1..].iter().product::<usize>();
@@ -189,8 +200,10 @@ fn scatter_rows(src: &HostTensor, rows: &[usize], dst: &mut TensorMut<'_>) -> Re
     Ok(())
 }
 
-/// Starts of a `[n + 1]` host tensor as a new i32 tensor (a copy, so it can be re-based).
-fn starts(t: &TensorRef<'_>, n: usize, arg: &'static str) -> Result<HostTensor, Error> {
+/// Starts of a `[n + 1]` host tensor as a new i32 tensor (a copy, so it can be re-based);
+/// a missing tensor is an error saying it `needs` a value.
+fn starts(t: Option<&TensorRef<'_>>, n: usize, arg: &'static str, needs: &'static str) -> Result<HostTensor, Error> {
+    let t = t.ok_or_else(|| meta_err(arg, needs))?;
     let v = index_list(Some(t), n + 1, arg)?;
     Ok(HostTensor::from_i64(DType::I32, vec![n + 1], &v.iter().map(|&x| x as i64).collect::<Vec<_>>()))
 }
@@ -218,7 +231,52 @@ fn qkv_views(
     ])
 }
 
+/// The per-layer parameters of the fused gating + delta-rule decode, shared by both decode paths.
+struct DecodeStep<'a> {
+    a_log: TensorRef<'a>,
+    dt_bias: TensorRef<'a>,
+    state_layout: StateLayout,
+}
+
 impl Runtime {
+    /// `fused_sigmoid_gating_delta_rule_update` as the core calls it (vLLM's gating constants,
+    /// q/k l2norm, in-place states): for the speculative path (2-D table, accepted counts) and
+    /// for plain decodes (1-D slots).
+    #[allow(clippy::too_many_arguments)]
+    fn gdn_decode_step(
+        &self,
+        p: &DecodeStep<'_>,
+        [a, b]: [TensorRef<'_>; 2],
+        [q, k, v]: [TensorRef<'_>; 3],
+        state: TensorMut<'_>,
+        cu_seqlens: &HostTensor,
+        slots: TensorRef<'_>,
+        num_accepted_tokens: Option<TensorRef<'_>>,
+        o: TensorMut<'_>,
+    ) -> Result<(), Error> {
+        self.fused_sigmoid_gating_delta_rule_update(FusedSigmoidGatingDeltaRuleUpdateArgs {
+            a_log: p.a_log,
+            a,
+            b,
+            dt_bias: p.dt_bias,
+            q,
+            k,
+            v,
+            beta: 1.0,
+            threshold: 20.0,
+            scale: None,
+            initial_state: Some(state),
+            final_state: None,
+            cu_seqlens: Some(cu_seqlens.view()),
+            ssm_state_indices: Some(slots),
+            num_accepted_tokens,
+            use_qk_l2norm_in_kernel: true,
+            eps: 1e-6,
+            state_layout: p.state_layout,
+            o,
+        })
+    }
+
     /// The GDN attention core of one layer over a mixed batch (speculative sequences, decodes,
     /// prefills): conv1d, then the gated delta rule, outputs scattered back in token order
     /// ([`GdnAttentionCoreArgs`], module docs for the deviations from vLLM). Writes
@@ -272,22 +330,11 @@ impl Runtime {
         if m.num_spec_decodes > 0 {
             let ns = m.num_spec_decodes;
             let rows = index_list(m.spec_token_indx.as_ref(), m.num_spec_decode_tokens, "spec_token_indx")?;
-            let x = gather_rows(&mixed_qkv, &rows, "mixed_qkv")?;
-            let a_s = gather_rows(&a, &rows, "a")?;
-            let b_s = gather_rows(&b, &rows, "b")?;
-            let qsl = starts(
-                m.spec_query_start_loc
-                    .as_ref()
-                    .ok_or_else(|| meta_err("spec_query_start_loc", "a value with speculative sequences"))?,
-                ns,
-                "spec_query_start_loc",
-            )?;
-            let table = m
-                .spec_state_indices_tensor
-                .ok_or_else(|| meta_err("spec_state_indices_tensor", "a value with speculative sequences"))?;
-            let column0 = table
-                .with_layout(&[ns], &[table.strides()[0]], table.layout().offset())
-                .map_err(|source| Error::Gdn(GdnError::Tensor { arg: "spec_state_indices_tensor", source }))?;
+            let [x, a_s, b_s] = path_rows([&mixed_qkv, &a, &b], &rows)?;
+            let needs = "a value with speculative sequences";
+            let qsl = starts(m.spec_query_start_loc.as_ref(), ns, "spec_query_start_loc", needs)?;
+            let table = m.spec_state_indices_tensor.ok_or_else(|| meta_err("spec_state_indices_tensor", needs))?;
+            let column0 = first_column(table, ns, "spec_state_indices_tensor")?;
             let mut conv_out = HostTensor::filled(io, vec![rows.len(), conv_dim], 0.0);
             self.causal_conv1d_update(CausalConv1dUpdateArgs {
                 x: x.view(),
@@ -306,27 +353,17 @@ impl Runtime {
             })?;
             let [q, k, v] = qkv_views(&conv_out, conv_dim, h, kd, hv, vd)?;
             let mut o = HostTensor::filled(io, vec![1, rows.len(), hv, vd], f32::NAN);
-            self.fused_sigmoid_gating_delta_rule_update(FusedSigmoidGatingDeltaRuleUpdateArgs {
-                a_log,
-                a: a_s.view(),
-                b: b_s.view(),
-                dt_bias,
-                q,
-                k,
-                v,
-                beta: 1.0,
-                threshold: 20.0,
-                scale: None,
-                initial_state: Some(ssm_state.reborrow()),
-                final_state: None,
-                cu_seqlens: Some(qsl.view()),
-                ssm_state_indices: Some(table),
-                num_accepted_tokens: m.num_accepted_tokens,
-                use_qk_l2norm_in_kernel: true,
-                eps: 1e-6,
-                state_layout: ssm_state_layout,
-                o: o.view_mut(),
-            })?;
+            let decode = DecodeStep { a_log, dt_bias, state_layout: ssm_state_layout };
+            self.gdn_decode_step(
+                &decode,
+                [a_s.view(), b_s.view()],
+                [q, k, v],
+                ssm_state.reborrow(),
+                &qsl,
+                table,
+                m.num_accepted_tokens,
+                o.view_mut(),
+            )?;
             let o = HostTensor::from_bytes(io, vec![rows.len(), hv * vd], o.bytes());
             scatter_rows(&o, &rows, &mut core_attn_out)?;
         }
@@ -345,22 +382,12 @@ impl Runtime {
                     ));
                 }
             };
-            let x = gather_rows(&mixed_qkv, &rows, "mixed_qkv")?;
-            let a_n = gather_rows(&a, &rows, "a")?;
-            let b_n = gather_rows(&b, &rows, "b")?;
-            let qsl = starts(
-                m.non_spec_query_start_loc
-                    .as_ref()
-                    .ok_or_else(|| meta_err("non_spec_query_start_loc", "a value with non-speculative sequences"))?,
-                nn,
-                "non_spec_query_start_loc",
-            )?;
-            let slots = m
-                .non_spec_state_indices_tensor
-                .ok_or_else(|| meta_err("non_spec_state_indices_tensor", "a value with non-speculative sequences"))?;
-            let slots = slots
-                .with_layout(&[nn], &[slots.strides()[0]], slots.layout().offset())
-                .map_err(|source| Error::Gdn(GdnError::Tensor { arg: "non_spec_state_indices_tensor", source }))?;
+            let [x, a_n, b_n] = path_rows([&mixed_qkv, &a, &b], &rows)?;
+            let needs = "a value with non-speculative sequences";
+            let qsl = starts(m.non_spec_query_start_loc.as_ref(), nn, "non_spec_query_start_loc", needs)?;
+            let slots =
+                m.non_spec_state_indices_tensor.ok_or_else(|| meta_err("non_spec_state_indices_tensor", needs))?;
+            let slots = first_column(slots, nn, "non_spec_state_indices_tensor")?;
             let mut conv_out = HostTensor::filled(io, vec![rows.len(), conv_dim], 0.0);
             if m.num_prefills > 0 {
                 self.causal_conv1d_fn(CausalConv1dFnArgs {
@@ -431,27 +458,17 @@ impl Runtime {
                     scratch: None,
                 })?;
             } else {
-                self.fused_sigmoid_gating_delta_rule_update(FusedSigmoidGatingDeltaRuleUpdateArgs {
-                    a_log,
-                    a: a_n.view(),
-                    b: b_n.view(),
-                    dt_bias,
-                    q,
-                    k,
-                    v,
-                    beta: 1.0,
-                    threshold: 20.0,
-                    scale: None,
-                    initial_state: Some(ssm_state.reborrow()),
-                    final_state: None,
-                    cu_seqlens: Some(qsl.view()),
-                    ssm_state_indices: Some(slots),
-                    num_accepted_tokens: None,
-                    use_qk_l2norm_in_kernel: true,
-                    eps: 1e-6,
-                    state_layout: ssm_state_layout,
-                    o: o.view_mut(),
-                })?;
+                let decode = DecodeStep { a_log, dt_bias, state_layout: ssm_state_layout };
+                self.gdn_decode_step(
+                    &decode,
+                    [a_n.view(), b_n.view()],
+                    [q, k, v],
+                    ssm_state.reborrow(),
+                    &qsl,
+                    slots,
+                    None,
+                    o.view_mut(),
+                )?;
             }
             let o = HostTensor::from_bytes(io, vec![rows.len(), hv * vd], o.bytes());
             scatter_rows(&o, &rows, &mut core_attn_out)?;
