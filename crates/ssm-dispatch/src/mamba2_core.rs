@@ -14,9 +14,10 @@
 //! written to several blocks) is not supported: the metadata has no `block_idx_*` fields, and
 //! each sequence reads and writes one slot (`"none"` and `"align"` modes).
 //!
-//! Allocation: with `conv_out` given, a batch without prefills allocates nothing (the conv
-//! writes `conv_out`, the SSU reads views of it and writes `out`); the prefill path allocates
-//! the initial and final states of its sequences and the SSD workspace.
+//! Allocation: with `conv_out` given, a batch without prefills and without pad rows allocates
+//! nothing (the conv writes `conv_out`, the SSU reads views of it and writes `out`); pad rows
+//! cost a small buffer of the `out` rows they keep; the prefill path allocates the initial and
+//! final states of its sequences and the SSD workspace.
 
 use ssm_conv::{Activation, CausalConv1dFnArgs, CausalConv1dUpdateArgs, ConvStateLayout};
 use ssm_ssd::MambaChunkScanCombinedVarlen;
@@ -326,9 +327,20 @@ impl Runtime {
         let mut pad_rows = Vec::new();
         if let (Some(table), Some(pad)) = (m.state_indices_tensor_d, pad_slot_id) {
             let nd = m.num_decodes;
-            let starts = match m.query_start_loc_d {
-                Some(q) => ints(&q, nd + 1, "query_start_loc_d")?,
-                None => (0..=nd as i64).collect(),
+            if let Some(q) = m.query_start_loc_d
+                && (q.host_bytes().is_none() || q.rank() != 1 || q.shape()[0] < nd + 1)
+            {
+                return Err(core_err("query_start_loc_d", format!("must be a host [{}], got {:?}", nd + 1, q.shape())));
+            }
+            // Decode i's first row (read in place: the decode path allocates nothing for this).
+            let start = |i: usize| -> Result<usize, Error> {
+                match m.query_start_loc_d {
+                    Some(q) => q
+                        .get_i64(&[i])
+                        .map(|v| v.max(0) as usize)
+                        .map_err(|e| core_err("query_start_loc_d", format!("cannot be read: {e}"))),
+                    None => Ok(i),
+                }
             };
             if table.host_bytes().is_none() || table.rank() == 0 || table.shape()[0] < nd {
                 return Err(core_err(
@@ -342,7 +354,7 @@ impl Runtime {
                     .get_i64(at)
                     .map_err(|e| core_err("state_indices_tensor_d", format!("cannot be read: {e}")))?;
                 if slot == pad {
-                    pad_rows.extend(starts[i].max(0) as usize..(starts[i + 1].max(0) as usize).min(td));
+                    pad_rows.extend(start(i)?..start(i + 1)?.min(td));
                 }
             }
         }
