@@ -28,7 +28,7 @@ impl Args {
         let cases = load_dir(&dir)?;
         let (mut passed, mut failed, mut skipped) = (0, 0, 0);
         let mut skipped_ops = std::collections::BTreeSet::new();
-        println!("conformance on {} ({} cases in {})", rt.kind(), cases.len(), dir.display());
+        println!("conformance on {} ({} cases in {})", rt.devices(), cases.len(), dir.display());
         for case in cases.iter().filter(|c| self.op.as_deref().is_none_or(|o| o == c.op)) {
             let r = run_case(&rt, case);
             let figures: Vec<String> =

@@ -78,7 +78,7 @@ pub trait Target {
 
 impl Target for ssm_dispatch::Runtime {
     fn label(&self) -> String {
-        self.kind().to_string()
+        self.devices().to_string()
     }
     fn selective_state_update(&self, args: SelectiveStateUpdate<'_>) -> Result<(), String> {
         ssm_dispatch::Runtime::selective_state_update(self, args).map_err(|e| e.to_string())

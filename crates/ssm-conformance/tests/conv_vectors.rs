@@ -3,7 +3,7 @@
 
 use ssm_conformance::{Status, Target, default_vectors_dir, load_dir, run_case};
 use ssm_conv::reference::{Precision, Reference};
-use ssm_conv::{CausalConv1dFnArgs, CausalConv1dUpdateArgs, ConvBackend};
+use ssm_conv::{CausalConv1dFnArgs, CausalConv1dUpdateArgs, Run};
 use ssm_dispatch::{Config, Runtime};
 
 const OPS: [&str; 2] = ["causal_conv1d_update", "causal_conv1d_fn"];
@@ -15,12 +15,12 @@ impl Target for Ref {
         format!("reference-{:?}", self.0)
     }
     fn causal_conv1d_update(&self, args: CausalConv1dUpdateArgs<'_>) -> Result<(), String> {
-        let plan = ssm_conv::plan_update(&args).map_err(|e| e.to_string())?;
-        Reference { precision: self.0 }.causal_conv1d_update(&plan, args).map_err(|e| e.to_string())
+        let call = ssm_conv::plan(args).map_err(|e| e.to_string())?;
+        Reference { precision: self.0 }.run(call).map_err(|e| e.to_string())
     }
     fn causal_conv1d_fn(&self, args: CausalConv1dFnArgs<'_>) -> Result<(), String> {
-        let plan = ssm_conv::plan_fn(&args).map_err(|e| e.to_string())?;
-        Reference { precision: self.0 }.causal_conv1d_fn(&plan, args).map_err(|e| e.to_string())
+        let call = ssm_conv::plan(args).map_err(|e| e.to_string())?;
+        Reference { precision: self.0 }.run(call).map_err(|e| e.to_string())
     }
 }
 

@@ -3,19 +3,15 @@
 
 use ssm_conformance::{Status, Target, default_vectors_dir, load_dir, run_case};
 use ssm_dispatch::{Config, Runtime};
-use ssm_ssu::{SelectiveStateUpdate, SsuBackend};
+use ssm_ssu::SelectiveStateUpdate;
 
 struct Ref<B>(B, &'static str);
-impl<B: SsuBackend> Target for Ref<B>
-where
-    B::Error: std::fmt::Display,
-{
+impl<B: ssm_ssu::SsuBackend<ssm_ssu::SsuError>> Target for Ref<B> {
     fn label(&self) -> String {
         self.1.into()
     }
     fn selective_state_update(&self, args: SelectiveStateUpdate<'_>) -> Result<(), String> {
-        let plan = ssm_ssu::plan(&args).map_err(|e| e.to_string())?;
-        self.0.selective_state_update(&plan, args).map_err(|e| e.to_string())
+        self.0.run(ssm_tensor::Planned::new(args).map_err(|e| e.to_string())?).map_err(|e| e.to_string())
     }
 }
 

@@ -32,8 +32,8 @@
 //!
 //! The crate has the four pieces every op family has:
 //! - [`CausalConv1dUpdateArgs`], [`CausalConv1dFnArgs`]: the borrowed arguments;
-//! - [`plan_update`], [`plan_fn`]: every check, once, returning a [`ConvPlan`];
-//! - [`ConvBackend`]: the trait each backend implements;
+//! - [`plan`]: every check, once, returning the arguments and their [`ConvPlan`] as one
+//!   [`Planned`] call, the only thing a backend accepts (`impl Run<CausalConv1dUpdateArgs> for …`);
 //! - [`mod@reference`]: the kernel-faithful scalar implementation (f32, and an f64 variant).
 
 mod args;
@@ -43,20 +43,50 @@ pub mod reference;
 
 pub use args::{Activation, CausalConv1dFnArgs, CausalConv1dUpdateArgs, ConvStateLayout};
 pub use error::{ConvError, PadDisplay};
-pub use plan::{
-    BiasStrides, ConvOp, ConvPlan, ConvSeq, StateStrides, TokenStrides, WeightStrides, plan_fn, plan_update,
-};
+pub use plan::{BiasStrides, ConvOp, ConvPlan, ConvSeq, StateStrides, TokenStrides, WeightStrides};
+pub use ssm_tensor::{Op, Planned, Run};
 
-/// A backend that runs the causal conv1d ops.
+impl Op for CausalConv1dUpdateArgs<'_> {
+    const NAME: &'static str = "causal_conv1d_update";
+    type Plan = ConvPlan;
+    type Error = ConvError;
+    fn plan(&self) -> Result<ConvPlan, ConvError> {
+        plan::plan_update(self)
+    }
+    fn device(plan: &ConvPlan) -> ssm_tensor::Device {
+        plan.device
+    }
+}
+
+impl Op for CausalConv1dFnArgs<'_> {
+    const NAME: &'static str = "causal_conv1d_fn";
+    type Plan = ConvPlan;
+    type Error = ConvError;
+    fn plan(&self) -> Result<ConvPlan, ConvError> {
+        plan::plan_fn(self)
+    }
+    fn device(plan: &ConvPlan) -> ssm_tensor::Device {
+        plan.device
+    }
+}
+
+/// Checks every argument of a conv call ([`CausalConv1dUpdateArgs`] or
+/// [`CausalConv1dFnArgs`]) and keeps them with their plan. Backends trust the plan: they
+/// write `out` rows and state columns exactly as its [`ConvSeq`]s say, and nothing else.
 ///
-/// Implementations trust `plan` (built by [`plan_update`] / [`plan_fn`] from the same
-/// `args`) and never re-validate shapes or host index values. They write `out` rows and
-/// state columns exactly as the plan's [`ConvSeq`]s say, and nothing else.
-pub trait ConvBackend {
-    /// The backend's error type.
-    type Error;
-    /// Runs `causal_conv1d_update`.
-    fn causal_conv1d_update(&self, plan: &ConvPlan, args: CausalConv1dUpdateArgs<'_>) -> Result<(), Self::Error>;
-    /// Runs `causal_conv1d_fn`.
-    fn causal_conv1d_fn(&self, plan: &ConvPlan, args: CausalConv1dFnArgs<'_>) -> Result<(), Self::Error>;
+/// Errors name the argument and what was expected; nothing is written by a failed call.
+pub fn plan<A: Op<Error = ConvError>>(args: A) -> Result<Planned<A>, ConvError> {
+    Planned::new(args)
+}
+
+/// A backend of both causal conv1d ops, with one error type `E`: every backend implements it (through
+/// its `Run` impls), and generic harnesses take it as their bound.
+pub trait ConvBackend<E>:
+    for<'a> Run<CausalConv1dUpdateArgs<'a>, Error = E> + for<'a> Run<CausalConv1dFnArgs<'a>, Error = E>
+{
+}
+
+impl<E, B: for<'a> Run<CausalConv1dUpdateArgs<'a>, Error = E> + for<'a> Run<CausalConv1dFnArgs<'a>, Error = E>>
+    ConvBackend<E> for B
+{
 }

@@ -325,7 +325,7 @@ fn check_float(arg: &'static str, t: DType) -> Result<DType, ConvError> {
 /// out of range (slots, prefix-caching columns, accepted counts) or in conflict. Only the
 /// table entries the call uses are checked (column 0 or the prefix-caching columns; the
 /// accepted count of pad and empty sequences is ignored).
-pub fn plan_update(args: &CausalConv1dUpdateArgs<'_>) -> Result<ConvPlan, ConvError> {
+pub(crate) fn plan_update(args: &CausalConv1dUpdateArgs<'_>) -> Result<ConvPlan, ConvError> {
     let x = &args.x;
     let dtype = check_float("x", x.dtype())?;
     let device = x.device();
@@ -570,7 +570,7 @@ pub fn plan_update(args: &CausalConv1dUpdateArgs<'_>) -> Result<ConvPlan, ConvEr
 ///
 /// Errors as [`plan_update`]; `has_initial_state` must be bool, `cache_indices` 1-D, and
 /// slots of non-pad, non-empty sequences pairwise distinct.
-pub fn plan_fn(args: &CausalConv1dFnArgs<'_>) -> Result<ConvPlan, ConvError> {
+pub(crate) fn plan_fn(args: &CausalConv1dFnArgs<'_>) -> Result<ConvPlan, ConvError> {
     let x = &args.x;
     let dtype = check_float("x", x.dtype())?;
     let device = x.device();

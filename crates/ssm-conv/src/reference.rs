@@ -21,7 +21,7 @@
 use half::{bf16, f16};
 use ssm_tensor::{DType, Element, TensorError, TensorMut, TensorRef};
 
-use crate::{Activation, CausalConv1dFnArgs, CausalConv1dUpdateArgs, ConvBackend, ConvPlan, ConvSeq};
+use crate::{Activation, CausalConv1dFnArgs, CausalConv1dUpdateArgs, ConvPlan, ConvSeq, Planned, Run};
 
 /// Which arithmetic the reference uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,15 +83,19 @@ macro_rules! half_storage {
 half_storage!(bf16);
 half_storage!(f16);
 
-impl ConvBackend for Reference {
+impl Run<CausalConv1dUpdateArgs<'_>> for Reference {
     type Error = TensorError;
-
-    fn causal_conv1d_update(&self, plan: &ConvPlan, mut args: CausalConv1dUpdateArgs<'_>) -> Result<(), TensorError> {
-        run(self.precision, plan, &args.x, &args.weight, args.bias.as_ref(), &mut args.conv_state, &mut args.out)
+    fn run(&self, call: Planned<CausalConv1dUpdateArgs<'_>>) -> Result<(), TensorError> {
+        let (mut args, plan) = call.into_parts();
+        run(self.precision, &plan, &args.x, &args.weight, args.bias.as_ref(), &mut args.conv_state, &mut args.out)
     }
+}
 
-    fn causal_conv1d_fn(&self, plan: &ConvPlan, mut args: CausalConv1dFnArgs<'_>) -> Result<(), TensorError> {
-        run(self.precision, plan, &args.x, &args.weight, args.bias.as_ref(), &mut args.conv_states, &mut args.out)
+impl Run<CausalConv1dFnArgs<'_>> for Reference {
+    type Error = TensorError;
+    fn run(&self, call: Planned<CausalConv1dFnArgs<'_>>) -> Result<(), TensorError> {
+        let (mut args, plan) = call.into_parts();
+        run(self.precision, &plan, &args.x, &args.weight, args.bias.as_ref(), &mut args.conv_states, &mut args.out)
     }
 }
 

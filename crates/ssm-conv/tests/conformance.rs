@@ -4,15 +4,12 @@
 mod common;
 
 use common::{Vector, run_fn, run_update, vector_files};
+use ssm_conv::ConvStateLayout;
 use ssm_conv::reference::{Precision, Reference};
-use ssm_conv::{ConvBackend, ConvStateLayout};
 
 const LAYOUTS: [ConvStateLayout; 2] = [ConvStateLayout::DimStateLen, ConvStateLayout::StateLenDim];
 
-fn check_all<B: ConvBackend>(label: &str, backend: &B)
-where
-    B::Error: std::fmt::Debug,
-{
+fn check_all<B: ssm_conv::ConvBackend<E>, E: std::fmt::Debug>(label: &str, backend: &B) {
     let mut failures = Vec::new();
     let (mut cases, mut elements) = (0, 0);
     for (op, files) in [

@@ -4,9 +4,7 @@
 //! that the buffers are untouched anyway.
 
 use half::f16;
-use ssm_conv::{
-    Activation, CausalConv1dFnArgs, CausalConv1dUpdateArgs, ConvError, ConvStateLayout, plan_fn, plan_update,
-};
+use ssm_conv::{Activation, CausalConv1dFnArgs, CausalConv1dUpdateArgs, ConvError, ConvStateLayout};
 use ssm_tensor::{DType, Device, Element, TensorMut, TensorRef};
 
 fn leak<T: Element>(v: Vec<T>) -> &'static mut [T] {
@@ -77,14 +75,14 @@ fn prefill() -> CausalConv1dFnArgs<'static> {
 }
 
 fn err_update(a: &CausalConv1dUpdateArgs<'_>) -> String {
-    match plan_update(a) {
+    match ssm_tensor::Op::plan(a) {
         Ok(_) => panic!("expected an error"),
         Err(e) => e.to_string(),
     }
 }
 
 fn err_fn(a: &CausalConv1dFnArgs<'_>) -> String {
-    match plan_fn(a) {
+    match ssm_tensor::Op::plan(a) {
         Ok(_) => panic!("expected an error"),
         Err(e) => e.to_string(),
     }
@@ -92,9 +90,9 @@ fn err_fn(a: &CausalConv1dFnArgs<'_>) -> String {
 
 #[test]
 fn valid_calls_plan() {
-    assert!(plan_update(&update()).is_ok());
-    assert!(plan_update(&spec_update()).is_ok());
-    let p = plan_fn(&prefill()).unwrap();
+    assert!(ssm_tensor::Op::plan(&update()).is_ok());
+    assert!(ssm_tensor::Op::plan(&spec_update()).is_ok());
+    let p = ssm_tensor::Op::plan(&prefill()).unwrap();
     // The empty sequence and the pad write nothing: only two sequences have work.
     assert_eq!(p.seqs.as_ref().unwrap().len(), 2);
 }
@@ -279,7 +277,7 @@ fn refused_calls_write_nothing() {
         a.conv_state = TensorMut::from_slice(&mut state, &[6, 8, 3]).unwrap();
         a.out = TensorMut::from_slice(&mut out, &[3, 8]).unwrap();
         a.conv_state_indices = Some(r(vec![1i32, 9, 4], &[3]));
-        assert!(matches!(plan_update(&a), Err(ConvError::SlotOutOfRange { value: 9, .. })));
+        assert!(matches!(ssm_tensor::Op::plan(&a), Err(ConvError::SlotOutOfRange { value: 9, .. })));
     }
     assert!(state.iter().all(|&v| v == 0.25));
     assert!(out.iter().all(|&v| v == -7.0));

@@ -7,11 +7,9 @@
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use ssm_conv::reference::{Precision, Reference};
-use ssm_conv::{
-    Activation, CausalConv1dFnArgs, CausalConv1dUpdateArgs, ConvBackend, ConvStateLayout, plan_fn, plan_update,
-};
+use ssm_conv::{Activation, CausalConv1dFnArgs, CausalConv1dUpdateArgs, ConvStateLayout};
 use ssm_cpu::{CpuBackend, Par};
-use ssm_tensor::{TensorMut, TensorRef};
+use ssm_tensor::{Run, TensorMut, TensorRef};
 
 /// The plain causal conv of channel `c` at the end of `seq` (f64).
 fn naive(seq: &[Vec<f32>], c: usize, w: &[f32], width: usize, bias: f32, silu: bool) -> f64 {
@@ -51,10 +49,7 @@ fn shape(slots: usize, len: usize, dim: usize, layout: ConvStateLayout) -> [usiz
     }
 }
 
-fn run_backend<B: ConvBackend>(backend: &B, seed: u64, layout: ConvStateLayout)
-where
-    B::Error: std::fmt::Debug,
-{
+fn run_backend<B: ssm_conv::ConvBackend<E>, E: std::fmt::Debug>(backend: &B, seed: u64, layout: ConvStateLayout) {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let width = rng.random_range(2..=4usize);
     let num_spec = rng.random_range(1..=3usize);
@@ -109,8 +104,7 @@ where
                 initial_state_idx: None,
                 out: TensorMut::from_slice(&mut out, &[tokens, dim]).unwrap(),
             };
-            let plan = plan_update(&args).unwrap();
-            backend.causal_conv1d_update(&plan, args).unwrap();
+            backend.run(ssm_tensor::Planned::new(args).unwrap()).unwrap();
         }
         for b in 0..batch {
             let mut seq = hist[b].clone();
@@ -177,8 +171,7 @@ fn prefill_then_decode_equals_one_prefill() {
                 pad_slot_id: Some(0),
                 out: TensorMut::from_slice(&mut out, &[n, dim]).unwrap(),
             };
-            let plan = plan_fn(&args).unwrap();
-            cpu.causal_conv1d_fn(&plan, args).unwrap();
+            cpu.run(ssm_tensor::Planned::new(args).unwrap()).unwrap();
             out
         };
         // One prefill over everything.
@@ -208,8 +201,7 @@ fn prefill_then_decode_equals_one_prefill() {
                 initial_state_idx: None,
                 out: TensorMut::from_slice(&mut out, &[1, dim]).unwrap(),
             };
-            let plan = plan_update(&args).unwrap();
-            cpu.causal_conv1d_update(&plan, args).unwrap();
+            cpu.run(ssm_tensor::Planned::new(args).unwrap()).unwrap();
             got.extend(out);
         }
         for (i, (g, a)) in got.iter().zip(&all).enumerate() {

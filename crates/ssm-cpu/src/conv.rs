@@ -15,8 +15,8 @@
 //! `y / (1 + e^-y)`. Nothing is allocated per call.
 
 use half::{bf16, f16};
-use ssm_conv::{CausalConv1dFnArgs, CausalConv1dUpdateArgs, ConvBackend, ConvPlan, ConvSeq};
-use ssm_tensor::{DType, TensorMut, TensorRef};
+use ssm_conv::{CausalConv1dFnArgs, CausalConv1dUpdateArgs, ConvPlan, ConvSeq};
+use ssm_tensor::{DType, Planned, Run, TensorMut, TensorRef};
 
 use crate::simd::{LANES, PowTwo, Real, Simd, SimdKernel, dispatch};
 use crate::{CpuBackend, CpuError, require_host};
@@ -410,16 +410,20 @@ impl CpuBackend {
     }
 }
 
-impl ConvBackend for CpuBackend {
+impl Run<CausalConv1dUpdateArgs<'_>> for CpuBackend {
     type Error = CpuError;
-
-    /// Runs `causal_conv1d_update` as planned; allocates nothing.
-    fn causal_conv1d_update(&self, plan: &ConvPlan, mut args: CausalConv1dUpdateArgs<'_>) -> Result<(), CpuError> {
+    fn run(&self, call: Planned<CausalConv1dUpdateArgs<'_>>) -> Result<(), CpuError> {
+        let (mut args, plan) = call.into_parts();
+        let plan = &plan;
         self.conv_any(plan, &args.x, &args.weight, args.bias.as_ref(), &mut args.conv_state, &mut args.out)
     }
+}
 
-    /// Runs `causal_conv1d_fn` as planned; allocates nothing.
-    fn causal_conv1d_fn(&self, plan: &ConvPlan, mut args: CausalConv1dFnArgs<'_>) -> Result<(), CpuError> {
+impl Run<CausalConv1dFnArgs<'_>> for CpuBackend {
+    type Error = CpuError;
+    fn run(&self, call: Planned<CausalConv1dFnArgs<'_>>) -> Result<(), CpuError> {
+        let (mut args, plan) = call.into_parts();
+        let plan = &plan;
         self.conv_any(plan, &args.x, &args.weight, args.bias.as_ref(), &mut args.conv_states, &mut args.out)
     }
 }
@@ -437,7 +441,7 @@ mod tests {
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
     use ssm_conv::reference::{Precision, Reference};
-    use ssm_conv::{Activation, ConvStateLayout, plan_fn, plan_update};
+    use ssm_conv::{Activation, ConvStateLayout};
     use ssm_tensor::{TensorMut, TensorRef};
 
     use super::*;
@@ -599,10 +603,7 @@ mod tests {
     }
 
     /// Runs the case on `backend`; returns (state, out) after the call.
-    fn run<T: Real, B: ConvBackend>(c: &Case<T>, backend: &B) -> (Vec<T>, Vec<T>)
-    where
-        B::Error: std::fmt::Debug,
-    {
+    fn run<T: Real, B: ssm_conv::ConvBackend<E>, E: std::fmt::Debug>(c: &Case<T>, backend: &B) -> (Vec<T>, Vec<T>) {
         let mut state = c.state.clone();
         let mut out = vec![T::from_f32(f32::NAN); c.x.len()];
         let state_shape = match c.layout {
@@ -631,8 +632,7 @@ mod tests {
                 pad_slot_id: c.pad,
                 out: outv,
             };
-            let plan = plan_fn(&args).unwrap();
-            backend.causal_conv1d_fn(&plan, args).unwrap();
+            backend.run(ssm_tensor::Planned::new(args).unwrap()).unwrap();
         } else {
             let args = CausalConv1dUpdateArgs {
                 x,
@@ -652,8 +652,7 @@ mod tests {
                 initial_state_idx: c.apc.as_ref().map(|(i, _)| TensorRef::from_slice(i, &[i.len()]).unwrap()),
                 out: outv,
             };
-            let plan = plan_update(&args).unwrap();
-            backend.causal_conv1d_update(&plan, args).unwrap();
+            backend.run(ssm_tensor::Planned::new(args).unwrap()).unwrap();
         }
         (state, out)
     }
@@ -743,8 +742,7 @@ mod tests {
                 initial_state_idx: None,
                 out: TensorMut::from_slice(&mut out, &[2, dim]).unwrap(),
             };
-            let plan = plan_update(&args).unwrap();
-            cpu.causal_conv1d_update(&plan, args).unwrap();
+            cpu.run(ssm_tensor::Planned::new(args).unwrap()).unwrap();
             assert!(state.iter().all(|&v| v == 7.0));
             assert!(out.iter().all(|v| v.is_nan()));
         }
@@ -797,14 +795,20 @@ mod tests {
     /// A sequential backend that runs items on `simd::Portable` lanes.
     struct Portable1;
 
-    impl ConvBackend for Portable1 {
+    impl Run<CausalConv1dUpdateArgs<'_>> for Portable1 {
         type Error = CpuError;
-        fn causal_conv1d_update(&self, plan: &ConvPlan, mut a: CausalConv1dUpdateArgs<'_>) -> Result<(), CpuError> {
-            portable(plan, &a.x, &a.weight, a.bias.as_ref(), &mut a.conv_state, &mut a.out);
+        fn run(&self, call: Planned<CausalConv1dUpdateArgs<'_>>) -> Result<(), CpuError> {
+            let (mut a, plan) = call.into_parts();
+            portable(&plan, &a.x, &a.weight, a.bias.as_ref(), &mut a.conv_state, &mut a.out);
             Ok(())
         }
-        fn causal_conv1d_fn(&self, plan: &ConvPlan, mut a: CausalConv1dFnArgs<'_>) -> Result<(), CpuError> {
-            portable(plan, &a.x, &a.weight, a.bias.as_ref(), &mut a.conv_states, &mut a.out);
+    }
+
+    impl Run<CausalConv1dFnArgs<'_>> for Portable1 {
+        type Error = CpuError;
+        fn run(&self, call: Planned<CausalConv1dFnArgs<'_>>) -> Result<(), CpuError> {
+            let (mut a, plan) = call.into_parts();
+            portable(&plan, &a.x, &a.weight, a.bias.as_ref(), &mut a.conv_states, &mut a.out);
             Ok(())
         }
     }

@@ -23,9 +23,9 @@ use half::{bf16, f16};
 use ssm_gdn::plan::{ChunkPlan, ChunkStart, Gates, GatingPlan, RecurrentPlan, SeqSpan, StartState, StateView};
 use ssm_gdn::{
     CHUNK_SIZE, ChunkGatedDeltaRuleArgs, FusedGdnGatingArgs, FusedRecurrentGatedDeltaRuleArgs,
-    FusedSigmoidGatingDeltaRuleUpdateArgs, GdnBackend, StateLayout,
+    FusedSigmoidGatingDeltaRuleUpdateArgs, StateLayout,
 };
-use ssm_tensor::{DType, TensorRef};
+use ssm_tensor::{DType, Planned, Run, TensorRef};
 
 use crate::simd::{LANES, PowTwo, Real, Simd, SimdKernel, dispatch};
 use crate::{CpuBackend, CpuError, require_host};
@@ -1781,10 +1781,11 @@ fn chunk_item<S: Simd>(ctx: &ChunkCtx<'_>, item: usize, ws: &mut [f32]) {
     }
 }
 
-impl GdnBackend for CpuBackend {
+impl Run<FusedGdnGatingArgs<'_>> for CpuBackend {
     type Error = CpuError;
-
-    fn fused_gdn_gating(&self, plan: &GatingPlan, mut args: FusedGdnGatingArgs<'_>) -> Result<(), CpuError> {
+    fn run(&self, call: Planned<FusedGdnGatingArgs<'_>>) -> Result<(), CpuError> {
+        let (mut args, plan) = call.into_parts();
+        let plan = &plan;
         for (arg, d) in [
             ("A_log", args.a_log.device()),
             ("a", args.a.device()),
@@ -1798,12 +1799,13 @@ impl GdnBackend for CpuBackend {
         gating(plan, &mut args);
         Ok(())
     }
+}
 
-    fn fused_recurrent_gated_delta_rule(
-        &self,
-        plan: &RecurrentPlan,
-        args: FusedRecurrentGatedDeltaRuleArgs<'_>,
-    ) -> Result<(), CpuError> {
+impl Run<FusedRecurrentGatedDeltaRuleArgs<'_>> for CpuBackend {
+    type Error = CpuError;
+    fn run(&self, call: Planned<FusedRecurrentGatedDeltaRuleArgs<'_>>) -> Result<(), CpuError> {
+        let (args, plan) = call.into_parts();
+        let plan = &plan;
         let FusedRecurrentGatedDeltaRuleArgs {
             q,
             k,
@@ -1828,12 +1830,13 @@ impl GdnBackend for CpuBackend {
         let out = RecOut { initial_state: initial_state.as_mut(), final_state: final_state.as_mut(), o: &mut o };
         self.run_recurrent(plan, &q, &k, &v, gates, [cu_seqlens, ssm_state_indices, num_accepted_tokens], out)
     }
+}
 
-    fn fused_sigmoid_gating_delta_rule_update(
-        &self,
-        plan: &RecurrentPlan,
-        args: FusedSigmoidGatingDeltaRuleUpdateArgs<'_>,
-    ) -> Result<(), CpuError> {
+impl Run<FusedSigmoidGatingDeltaRuleUpdateArgs<'_>> for CpuBackend {
+    type Error = CpuError;
+    fn run(&self, call: Planned<FusedSigmoidGatingDeltaRuleUpdateArgs<'_>>) -> Result<(), CpuError> {
+        let (args, plan) = call.into_parts();
+        let plan = &plan;
         let FusedSigmoidGatingDeltaRuleUpdateArgs {
             a_log,
             a,
@@ -1859,14 +1862,13 @@ impl GdnBackend for CpuBackend {
         let out = RecOut { initial_state: initial_state.as_mut(), final_state: final_state.as_mut(), o: &mut o };
         self.run_recurrent(plan, &q, &k, &v, gates, [cu_seqlens, ssm_state_indices, num_accepted_tokens], out)
     }
+}
 
-    fn chunk_gated_delta_rule_scratch_size(&self, plan: &ChunkPlan) -> usize {
-        let items = plan.dims.seqs * plan.dims.v_heads;
-        let workers = self.par().threads().min(items).max(1);
-        workers * ChunkScratch::new(plan.dims.k, plan.dims.v).len
-    }
-
-    fn chunk_gated_delta_rule(&self, plan: &ChunkPlan, args: ChunkGatedDeltaRuleArgs<'_>) -> Result<(), CpuError> {
+impl Run<ChunkGatedDeltaRuleArgs<'_>> for CpuBackend {
+    type Error = CpuError;
+    fn run(&self, call: Planned<ChunkGatedDeltaRuleArgs<'_>>) -> Result<(), CpuError> {
+        let (args, plan) = call.into_parts();
+        let plan = &plan;
         let ChunkGatedDeltaRuleArgs {
             q,
             k,
@@ -1947,5 +1949,13 @@ impl GdnBackend for CpuBackend {
             }
         });
         Ok(())
+    }
+}
+
+impl ssm_gdn::ChunkScratch for CpuBackend {
+    fn chunk_gated_delta_rule_scratch_size(&self, plan: &ChunkPlan) -> usize {
+        let items = plan.dims.seqs * plan.dims.v_heads;
+        let workers = self.par().threads().min(items).max(1);
+        workers * ChunkScratch::new(plan.dims.k, plan.dims.v).len
     }
 }

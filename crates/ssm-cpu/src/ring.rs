@@ -15,10 +15,9 @@
 
 use half::{bf16, f16};
 use ssm_ring::{
-    CheckpointingSsu, CheckpointingSsuPlan, CommitRingTrackers, RingBackend, TrackerMode, TrackerPlan,
-    UpdateRingTrackers,
+    CheckpointingSsu, CheckpointingSsuPlan, CommitRingTrackers, TrackerMode, TrackerPlan, UpdateRingTrackers,
 };
-use ssm_tensor::{DType, TensorMut};
+use ssm_tensor::{DType, Planned, Run, TensorMut};
 
 use crate::host::{SyncPtr, rd, rd_int, wr};
 use crate::simd::{LANES, PowTwo, Simd, SimdKernel, dispatch};
@@ -406,15 +405,11 @@ struct TrackersArgs<'r, 'a> {
     qsl: Option<&'r ssm_tensor::TensorRef<'a>>,
 }
 
-impl RingBackend for CpuBackend {
+impl Run<UpdateRingTrackers<'_>> for CpuBackend {
     type Error = CpuError;
-
-    /// Advances or resets the trackers on host tensors (rows in order). Trusts `plan`.
-    fn update_replayssm_ring_trackers(
-        &self,
-        plan: &TrackerPlan,
-        mut args: UpdateRingTrackers<'_>,
-    ) -> Result<(), CpuError> {
+    fn run(&self, call: Planned<UpdateRingTrackers<'_>>) -> Result<(), CpuError> {
+        let (mut args, plan) = call.into_parts();
+        let plan = &plan;
         let tr = &mut args.trackers;
         self.trackers(
             plan,
@@ -428,13 +423,13 @@ impl RingBackend for CpuBackend {
             },
         )
     }
+}
 
-    /// Commits the previous speculative window on host tensors (rows in order). Trusts `plan`.
-    fn commit_replayssm_ring_trackers(
-        &self,
-        plan: &TrackerPlan,
-        mut args: CommitRingTrackers<'_>,
-    ) -> Result<(), CpuError> {
+impl Run<CommitRingTrackers<'_>> for CpuBackend {
+    type Error = CpuError;
+    fn run(&self, call: Planned<CommitRingTrackers<'_>>) -> Result<(), CpuError> {
+        let (mut args, plan) = call.into_parts();
+        let plan = &plan;
         let tr = &mut args.trackers;
         self.trackers(
             plan,
@@ -448,9 +443,13 @@ impl RingBackend for CpuBackend {
             },
         )
     }
+}
 
-    /// One checkpointing SSU step on host tensors. Trusts `plan`.
-    fn checkpointing_ssu(&self, plan: &CheckpointingSsuPlan, mut args: CheckpointingSsu<'_>) -> Result<(), CpuError> {
+impl Run<CheckpointingSsu<'_>> for CpuBackend {
+    type Error = CpuError;
+    fn run(&self, call: Planned<CheckpointingSsu<'_>>) -> Result<(), CpuError> {
+        let (mut args, plan) = call.into_parts();
+        let plan = &plan;
         fn host<'t>(arg: &'static str, t: &ssm_tensor::TensorRef<'t>) -> Result<&'t [u8], CpuError> {
             t.host_bytes().ok_or(CpuError::NotHost { arg, device: t.device() })
         }

@@ -15,8 +15,8 @@
 //! are closer to the f64 recurrence); inner loops run on eight lanes over `dstate`, `dim` or
 //! the chunk's token axis.
 
-use ssm_ssd::{MambaChunkScanCombinedVarlen, SsdBackend, SsdPlan, WorkspaceLayout};
-use ssm_tensor::DType;
+use ssm_ssd::{MambaChunkScanCombinedVarlen, SsdPlan, WorkspaceLayout};
+use ssm_tensor::{DType, Planned, Run};
 
 use crate::host::{SyncPtr, rd, rd_int, wr};
 use crate::simd::{LANES, PowTwo, Simd, SimdKernel, dispatch};
@@ -437,15 +437,11 @@ impl CpuBackend {
     }
 }
 
-impl SsdBackend for CpuBackend {
+impl Run<MambaChunkScanCombinedVarlen<'_>> for CpuBackend {
     type Error = CpuError;
-
-    /// Runs the SSD prefill on host tensors. Trusts `plan` (built from `args` by `ssm_ssd::plan`).
-    fn mamba_chunk_scan_combined_varlen(
-        &self,
-        plan: &SsdPlan,
-        mut args: MambaChunkScanCombinedVarlen<'_>,
-    ) -> Result<(), CpuError> {
+    fn run(&self, call: Planned<MambaChunkScanCombinedVarlen<'_>>) -> Result<(), CpuError> {
+        let (mut args, plan) = call.into_parts();
+        let plan = &plan;
         fn host<'t>(arg: &'static str, t: &ssm_tensor::TensorRef<'t>) -> Result<&'t [u8], CpuError> {
             t.host_bytes().ok_or(CpuError::NotHost { arg, device: t.device() })
         }

@@ -10,8 +10,8 @@ use std::cell::RefCell;
 
 use half::{bf16, f16};
 use ssm_ssu::philox::{round_f16_stochastic, sr_bits};
-use ssm_ssu::{ParamForm, Route, SelectiveStateUpdate, SsuBackend, SsuPlan, TokenStrides};
-use ssm_tensor::DType;
+use ssm_ssu::{ParamForm, Route, SelectiveStateUpdate, SsuPlan, TokenStrides};
+use ssm_tensor::{DType, Planned, Run};
 
 use crate::host::{SyncPtr, rd, rd_int, wr};
 use crate::simd::{LANES, PowTwo, Real, Simd, SimdKernel, dispatch};
@@ -99,11 +99,11 @@ impl CpuBackend {
     }
 }
 
-impl SsuBackend for CpuBackend {
+impl Run<SelectiveStateUpdate<'_>> for CpuBackend {
     type Error = CpuError;
-
-    /// Runs the update on host tensors. Trusts `plan` (built from `args` by `ssm_ssu::plan`).
-    fn selective_state_update(&self, plan: &SsuPlan, mut args: SelectiveStateUpdate<'_>) -> Result<(), CpuError> {
+    fn run(&self, call: Planned<SelectiveStateUpdate<'_>>) -> Result<(), CpuError> {
+        let (mut args, plan) = call.into_parts();
+        let plan = &plan;
         require_host("state", args.state.device())?;
         fn host<'t>(t: &ssm_tensor::TensorRef<'t>) -> Option<&'t [u8]> {
             t.host_bytes()

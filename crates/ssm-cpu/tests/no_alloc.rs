@@ -5,8 +5,8 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use ssm_cpu::{CpuBackend, Par};
-use ssm_ssu::{SelectiveStateUpdate, SsuBackend};
-use ssm_tensor::{DType, HostTensor};
+use ssm_ssu::SelectiveStateUpdate;
+use ssm_tensor::{DType, HostTensor, Run};
 
 struct Counting;
 static ALLOCS: AtomicUsize = AtomicUsize::new(0);
@@ -74,8 +74,7 @@ fn decode_steps_do_not_allocate() {
                 stochastic_rounding: None,
             };
             let before = ALLOCS.load(Ordering::SeqCst);
-            let plan = ssm_ssu::plan(&args).unwrap();
-            cpu.selective_state_update(&plan, args).unwrap();
+            cpu.run(ssm_tensor::Planned::new(args).unwrap()).unwrap();
             ALLOCS.load(Ordering::SeqCst) - before
         };
         // Warm-up: every pool thread sizes its scratch.

@@ -11,10 +11,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use ssd_ring_common::{Case, Tensor, load};
 use ssm_cpu::{CpuBackend, Par};
-use ssm_ring::{
-    CheckpointingSsu, CommitRingTrackers, RingBackend, RingTrackers, UpdateRingTrackers, plan_checkpointing_ssu,
-    plan_commit, plan_update, reference,
-};
+use ssm_ring::{CheckpointingSsu, CommitRingTrackers, RingTrackers, Run, UpdateRingTrackers, reference};
 use ssm_tensor::{DType, TensorMut, TensorRef, bf16};
 
 fn backends() -> Vec<CpuBackend> {
@@ -61,10 +58,10 @@ fn ring_tracker_vectors_pass_exactly_on_reference_and_cpu() {
                 ring_buffer_len: case.args["ring_buffer_len"].as_i64(),
                 pad_slot_id: case.args["pad_slot_id"].as_i64(),
             };
-            let p = plan_update(&args).unwrap();
+            let p = ssm_tensor::Planned::new(args).unwrap();
             match engine {
-                Engine::Cpu(k) => cpus[k].update_replayssm_ring_trackers(&p, args).unwrap(),
-                _ => reference::update_replayssm_ring_trackers(&p, args),
+                Engine::Cpu(k) => cpus[k].run(p).unwrap(),
+                _ => reference::update_replayssm_ring_trackers(p),
             }
             check_trackers(case, &rs, &pa, &pq, engine);
             println!("{} {engine:?}: exact", case.name);
@@ -84,10 +81,10 @@ fn ring_tracker_vectors_pass_exactly_on_reference_and_cpu() {
                 ring_buffer_len: case.args["ring_buffer_len"].as_i64().unwrap(),
                 pad_slot_id: case.args["pad_slot_id"].as_i64(),
             };
-            let p = plan_commit(&args).unwrap();
+            let p = ssm_tensor::Planned::new(args).unwrap();
             match engine {
-                Engine::Cpu(k) => cpus[k].commit_replayssm_ring_trackers(&p, args).unwrap(),
-                _ => reference::commit_replayssm_ring_trackers(&p, args),
+                Engine::Cpu(k) => cpus[k].run(p).unwrap(),
+                _ => reference::commit_replayssm_ring_trackers(p),
             }
             check_trackers(case, &rs, &pa, &pq, engine);
             println!("{} {engine:?}: exact", case.name);
@@ -241,11 +238,11 @@ fn run_step(engine: Engine, cpus: &[CpuBackend], m: &Model, pools: &mut Pools, s
         cu_seqlens: cu.map(|c| TensorRef::from_slice(c, &[batch + 1]).unwrap()),
         max_seqlen,
     };
-    let pl = plan_checkpointing_ssu(&args).unwrap();
+    let pl = ssm_tensor::Planned::new(args).unwrap();
     match engine {
-        Engine::Ref32 => reference::checkpointing_ssu(&pl, args),
-        Engine::Ref64 => reference::checkpointing_ssu_f64(&pl, args),
-        Engine::Cpu(k) => cpus[k].checkpointing_ssu(&pl, args).unwrap(),
+        Engine::Ref32 => reference::checkpointing_ssu(pl),
+        Engine::Ref64 => reference::checkpointing_ssu_f64(pl),
+        Engine::Cpu(k) => cpus[k].run(pl).unwrap(),
     }
     out
 }
@@ -387,10 +384,10 @@ fn tracker_update(engine: Engine, cpus: &[CpuBackend], pools: &mut Pools, slots:
         ring_buffer_len: Some(l),
         pad_slot_id: pad,
     };
-    let p = plan_update(&args).unwrap();
+    let p = ssm_tensor::Planned::new(args).unwrap();
     match engine {
-        Engine::Cpu(k) => cpus[k].update_replayssm_ring_trackers(&p, args).unwrap(),
-        _ => reference::update_replayssm_ring_trackers(&p, args),
+        Engine::Cpu(k) => cpus[k].run(p).unwrap(),
+        _ => reference::update_replayssm_ring_trackers(p),
     }
 }
 
@@ -420,10 +417,10 @@ fn tracker_commit(
         ring_buffer_len: l,
         pad_slot_id: pad,
     };
-    let p = plan_commit(&args).unwrap();
+    let p = ssm_tensor::Planned::new(args).unwrap();
     match engine {
-        Engine::Cpu(k) => cpus[k].commit_replayssm_ring_trackers(&p, args).unwrap(),
-        _ => reference::commit_replayssm_ring_trackers(&p, args),
+        Engine::Cpu(k) => cpus[k].run(p).unwrap(),
+        _ => reference::commit_replayssm_ring_trackers(p),
     }
 }
 

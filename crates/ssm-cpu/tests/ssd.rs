@@ -9,7 +9,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use ssd_ring_common::{Case, Tensor, load};
 use ssm_cpu::{CpuBackend, Par};
-use ssm_ssd::{MambaChunkScanCombinedVarlen, SsdBackend, compute_chunk_metadata, plan, reference};
+use ssm_ssd::{MambaChunkScanCombinedVarlen, Run, compute_chunk_metadata, reference};
 use ssm_tensor::{DType, TensorMut, TensorRef, bf16};
 
 fn backends() -> Vec<CpuBackend> {
@@ -64,15 +64,15 @@ fn run_vector(case: &Case, engine: Engine, cpus: &[CpuBackend], with_workspace: 
         workspace: None,
     };
     if with_workspace {
-        let need = plan(&args).unwrap().workspace_len();
+        let need = ssm_tensor::Op::plan(&args).unwrap().workspace_len();
         ws_buf = vec![f32::NAN; need + 3];
         args.workspace = Some(TensorMut::from_slice(&mut ws_buf[3..], &[need]).unwrap());
     }
-    let p = plan(&args).unwrap_or_else(|e| panic!("{}: {e}", case.name));
+    let p = ssm_tensor::Planned::new(args).unwrap_or_else(|e| panic!("{}: {e}", case.name));
     match engine {
-        Engine::Ref32 => reference::mamba_chunk_scan_combined_varlen(&p, args),
-        Engine::Ref64 => reference::mamba_chunk_scan_combined_varlen_f64(&p, args),
-        Engine::Cpu(k) => cpus[k].mamba_chunk_scan_combined_varlen(&p, args).unwrap(),
+        Engine::Ref32 => reference::mamba_chunk_scan_combined_varlen(p),
+        Engine::Ref64 => reference::mamba_chunk_scan_combined_varlen_f64(p),
+        Engine::Cpu(k) => cpus[k].run(p).unwrap(),
     }
     let (e1, n1) = case.check("out", &out);
     let (e2, n2) = case.check("varlen_states", &states);
@@ -248,11 +248,11 @@ impl Problem {
             varlen_states: TensorMut::from_slice(&mut states[..], &[rows, h, p, n]).unwrap(),
             workspace: None,
         };
-        let pl = plan(&args).unwrap();
+        let pl = ssm_tensor::Planned::new(args).unwrap();
         match engine {
-            Engine::Ref32 => reference::mamba_chunk_scan_combined_varlen(&pl, args),
-            Engine::Ref64 => reference::mamba_chunk_scan_combined_varlen_f64(&pl, args),
-            Engine::Cpu(k) => cpus[k].mamba_chunk_scan_combined_varlen(&pl, args).unwrap(),
+            Engine::Ref32 => reference::mamba_chunk_scan_combined_varlen(pl),
+            Engine::Ref64 => reference::mamba_chunk_scan_combined_varlen_f64(pl),
+            Engine::Cpu(k) => cpus[k].run(pl).unwrap(),
         }
         if self.bf16_io {
             out = out_b.iter().map(|v| v.to_f32()).collect();

@@ -11,7 +11,7 @@ use rand::prelude::*;
 use rand_chacha::ChaCha8Rng;
 use ssm_cpu::{CpuBackend, Par};
 use ssm_ssu::reference::Reference;
-use ssm_ssu::{SelectiveStateUpdate, SsuBackend, StochasticRounding};
+use ssm_ssu::{Run, SelectiveStateUpdate, StochasticRounding};
 use ssm_tensor::{DType, HostTensor};
 
 const FLOATS: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
@@ -283,11 +283,11 @@ fn run_one(seed: u64, backend: &CpuBackend) {
     let mut want = build(spec.clone(), &mut ChaCha8Rng::seed_from_u64(seed ^ 0x5eed));
     let mut got = build(spec.clone(), &mut ChaCha8Rng::seed_from_u64(seed ^ 0x5eed));
     let ctx = format!("seed {seed}: {spec:?}");
-    let plan = ssm_ssu::plan(&want.args()).unwrap_or_else(|e| panic!("{ctx}: plan failed: {e}"));
-    Reference.selective_state_update(&plan, want.args()).unwrap();
-    let plan2 = ssm_ssu::plan(&got.args()).unwrap();
-    assert_eq!(plan, plan2);
-    backend.selective_state_update(&plan2, got.args()).unwrap();
+    let want_call = ssm_ssu::plan(want.args()).unwrap_or_else(|e| panic!("{ctx}: plan failed: {e}"));
+    let got_call = ssm_ssu::plan(got.args()).unwrap();
+    assert_eq!(want_call.plan(), got_call.plan());
+    Reference.run(want_call).unwrap();
+    backend.run(got_call).unwrap();
 
     // Outputs: written exactly where the reference writes, and close.
     let (w, g) = (want.out.to_f64_vec(), got.out.to_f64_vec());

@@ -15,8 +15,9 @@ use std::sync::Arc;
 use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaEvent, LaunchConfig, PushKernelArg};
 use rand::{Rng, SeedableRng};
-use ssm_ssu::{SelectiveStateUpdate, SsuBackend};
+use ssm_ssu::SelectiveStateUpdate;
 use ssm_tensor::DType;
+use ssm_tensor::Run;
 
 use crate::compile::{KernelSource, KernelSpec};
 use crate::testing::DeviceBuffer;
@@ -284,6 +285,10 @@ fn tensor_err(e: ssm_tensor::TensorError) -> CudaError {
     CudaError::Unsupported(format!("bench view: {e}"))
 }
 
+fn plan(args: SelectiveStateUpdate<'_>) -> Result<ssm_tensor::Planned<SelectiveStateUpdate<'_>>, CudaError> {
+    ssm_ssu::plan(args).map_err(|e| CudaError::Unsupported(format!("bench plan: {e}")))
+}
+
 /// Times `shape`: CUDA-graph replay of many calls rotating over enough pools to defeat the L2.
 pub fn bench_ssu(be: &CudaBackend, shape: &SsuBenchShape) -> Result<SsuBenchResult, CudaError> {
     let pool_bytes = shape.bytes().max(1);
@@ -293,13 +298,9 @@ pub fn bench_ssu(be: &CudaBackend, shape: &SsuBenchShape) -> Result<SsuBenchResu
     for i in 0..pools {
         ps.push(Pool::new(be, shape, 1000 + 17 * i as u64)?);
     }
-    let plan = {
-        let args = ps[0].args(shape).map_err(tensor_err)?;
-        ssm_ssu::plan(&args).map_err(|e| CudaError::Unsupported(format!("bench plan: {e}")))?
-    };
     // Eager warm-up (compiles and loads the kernel), and a check that nothing was flagged.
     for p in ps.iter_mut() {
-        be.selective_state_update(&plan, p.args(shape).map_err(tensor_err)?)?;
+        be.run(plan(p.args(shape).map_err(tensor_err)?)?)?;
     }
     be.check()?;
     let stream: Arc<_> = be.stream().clone();
@@ -308,8 +309,7 @@ pub fn bench_ssu(be: &CudaBackend, shape: &SsuBenchShape) -> Result<SsuBenchResu
         .map_err(CudaError::driver("cuStreamBeginCapture"))?;
     let captured = (|| {
         for i in 0..calls {
-            let args = ps[i % pools].args(shape).map_err(tensor_err)?;
-            be.selective_state_update(&plan, args)?;
+            be.run(plan(ps[i % pools].args(shape).map_err(tensor_err)?)?)?;
         }
         Ok::<(), CudaError>(())
     })();

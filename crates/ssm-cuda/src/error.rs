@@ -50,11 +50,11 @@ pub enum CudaError {
         /// NVRTC's program log.
         log: String,
     },
-    /// A tensor the CUDA backend must read or write is not on its device.
-    #[error("argument `{arg}` lives on {actual}; this CUDA backend runs on {expected}")]
+    /// A planned call's tensors are not on this backend's device.
+    #[error("the tensors of `{op}` live on {actual}; this CUDA backend runs on {expected}")]
     WrongDevice {
-        /// Argument name.
-        arg: &'static str,
+        /// The op.
+        op: &'static str,
         /// The backend's device.
         expected: ssm_tensor::Device,
         /// Where the tensor lives.
@@ -63,7 +63,10 @@ pub enum CudaError {
     /// A kernel flagged invalid index values (see [`DeviceErrors`]).
     #[error("a kernel skipped rows with invalid index values: {0}")]
     InvalidIndices(DeviceErrors),
-    /// Something this backend does not implement.
+    /// An op this backend has no kernel for yet.
+    #[error(transparent)]
+    Op(#[from] ssm_tensor::Unsupported),
+    /// A size or option this backend's kernels do not implement.
     #[error("not supported by the CUDA backend: {0}")]
     Unsupported(String),
 }

@@ -11,7 +11,8 @@
 //!   `result` layers, every `unsafe` block with its `// SAFETY:` reason;
 //! - launch: `#[repr(C)]` Pod parameter blocks (`ssu::SsuParams`) pushed through cudarc's
 //!   launch builder on the backend's stream;
-//! - safe ops: `impl ssm_ssu::SsuBackend for CudaBackend`, which takes device tensor views
+//! - safe ops: `impl Run<SelectiveStateUpdate> for CudaBackend` (and a typed
+//!   [`ssm_tensor::Unsupported`] for every op without a kernel yet), which takes device tensor views
 //!   (`TensorRef::from_device_ptr`), never allocates when `out` is given, never copies a value
 //!   back to the host and never synchronises; [`CudaBackend::check`] reads the device error
 //!   word off the hot path.
@@ -22,6 +23,7 @@ mod error;
 pub mod nvrtc;
 pub mod ssu;
 pub mod testing;
+mod unsupported;
 
 pub use cudarc;
 
@@ -155,6 +157,15 @@ impl CudaBackend {
     /// The device this backend runs on.
     pub fn device(&self) -> ssm_tensor::Device {
         ssm_tensor::Device::Cuda(self.ordinal as u32)
+    }
+
+    /// Refuses a planned call whose tensors live elsewhere: the one device comparison of a
+    /// call (the plan already checked that every tensor shares this device).
+    pub(crate) fn expect_device<A: ssm_tensor::Op>(&self, call: &ssm_tensor::Planned<A>) -> Result<(), CudaError> {
+        if call.device() != self.device() {
+            return Err(CudaError::WrongDevice { op: call.name(), expected: self.device(), actual: call.device() });
+        }
+        Ok(())
     }
 
     /// The device's compute capability.

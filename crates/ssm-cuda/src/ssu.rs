@@ -3,8 +3,9 @@
 
 use bytemuck::{Pod, Zeroable};
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
-use ssm_ssu::{ParamForm, Route, SelectiveStateUpdate, SsuBackend, SsuPlan, TokenStrides};
+use ssm_ssu::{ParamForm, Route, SelectiveStateUpdate, SsuPlan, TokenStrides};
 use ssm_tensor::DType;
+use ssm_tensor::{Planned, Run};
 
 use crate::compile::{KernelSource, KernelSpec};
 use crate::{CudaBackend, CudaError};
@@ -455,41 +456,6 @@ fn addr_of(base: Option<u64>, offset: isize, dtype: DType) -> u64 {
 }
 
 impl CudaBackend {
-    fn check_ssu_devices(&self, plan: &SsuPlan, args: &SelectiveStateUpdate<'_>) -> Result<(), CudaError> {
-        let want = self.device();
-        if plan.device != want {
-            return Err(CudaError::WrongDevice { arg: "state", expected: want, actual: plan.device });
-        }
-        let mut refs: Vec<(&'static str, Option<u64>)> = vec![
-            ("state", args.state.device_addr()),
-            ("x", args.x.device_addr()),
-            ("dt", args.dt.device_addr()),
-            ("A", args.a.device_addr()),
-            ("B", args.b.device_addr()),
-            ("C", args.c.device_addr()),
-            ("out", args.out.device_addr()),
-        ];
-        for (n, t) in [
-            ("D", &args.d),
-            ("dt_bias", &args.dt_bias),
-            ("z", &args.z),
-            ("state_batch_indices", &args.state_batch_indices),
-            ("dst_state_batch_indices", &args.dst_state_batch_indices),
-            ("num_accepted_tokens", &args.num_accepted_tokens),
-            ("cu_seqlens", &args.cu_seqlens),
-        ] {
-            if let Some(t) = t {
-                refs.push((n, t.device_addr()));
-            }
-        }
-        for (arg, a) in refs {
-            if a.is_none() {
-                return Err(CudaError::WrongDevice { arg, expected: want, actual: ssm_tensor::Device::Cpu });
-            }
-        }
-        Ok(())
-    }
-
     fn ssu_params(&self, plan: &SsuPlan, args: &SelectiveStateUpdate<'_>, dim_tiles: usize) -> SsuParams {
         let t = plan.dtypes;
         let zero = TokStridesC::default();
@@ -576,15 +542,17 @@ impl CudaBackend {
     }
 }
 
-impl SsuBackend for CudaBackend {
+impl Run<SelectiveStateUpdate<'_>> for CudaBackend {
     type Error = CudaError;
 
     /// Launches one SSU kernel on the backend's stream. Every tensor must be a device view on
     /// this backend's device. Nothing is allocated, nothing is copied back to the host, and
     /// the call does not wait for the kernel: invalid device index values are reported later
     /// by [`CudaBackend::check`].
-    fn selective_state_update(&self, plan: &SsuPlan, args: SelectiveStateUpdate<'_>) -> Result<(), CudaError> {
-        self.check_ssu_devices(plan, &args)?;
+    fn run(&self, call: Planned<SelectiveStateUpdate<'_>>) -> Result<(), CudaError> {
+        self.expect_device(&call)?;
+        let (args, plan) = call.into_parts();
+        let plan = &plan;
         let dims = plan.dims;
         for (what, v) in [("sequences", dims.seqs), ("heads", dims.heads), ("dim", dims.dim), ("steps", dims.rows)] {
             if v > i32::MAX as usize {

@@ -5,7 +5,8 @@
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
-use ssm_ssu::{SelectiveStateUpdate, SsuBackend, SsuError};
+use ssm_ssu::{SelectiveStateUpdate, SsuError};
+use ssm_tensor::Run;
 use ssm_tensor::{DType, TensorError, TensorMut, TensorRef};
 
 use crate::{CudaBackend, CudaError};
@@ -246,9 +247,7 @@ impl DeviceSsuArgs {
 pub fn run_ssu_mirrored(backend: &CudaBackend, mut args: SelectiveStateUpdate<'_>) -> Result<(), MirrorError> {
     let mut dev = DeviceSsuArgs::upload(backend, &args)?;
     {
-        let dev_args = dev.args()?;
-        let plan = ssm_ssu::plan(&dev_args)?;
-        backend.selective_state_update(&plan, dev_args)?;
+        backend.run(ssm_ssu::plan(dev.args()?)?)?;
     }
     backend.synchronize()?;
     let sb = dev.state.buf.download()?;

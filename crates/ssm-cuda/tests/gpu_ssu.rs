@@ -10,14 +10,13 @@ use rand_chacha::ChaCha8Rng;
 use ssm_cuda::cudarc::driver::sys;
 use ssm_cuda::testing::{DeviceSsuArgs, MirrorError, run_ssu_mirrored};
 use ssm_cuda::{CudaError, DeviceErrors};
+use ssm_ssu::StochasticRounding;
 use ssm_ssu::reference::Reference;
-use ssm_ssu::{SsuBackend, StochasticRounding};
-use ssm_tensor::DType;
+use ssm_tensor::{DType, Run};
 
 fn run_reference(case: &mut Case) {
     let args = case.args();
-    let plan = ssm_ssu::plan(&args).expect("host plan");
-    Reference.selective_state_update(&plan, args).expect("reference");
+    Reference.run(ssm_tensor::Planned::new(args).expect("host plan")).expect("reference");
 }
 
 /// The random matrix of the CPU property tests: every route, both parameter forms, every
@@ -247,15 +246,14 @@ fn graph_replay_equals_eager_execution() {
     let mut case = Case::random(CaseSpec::mamba2(32, DType::F32), 4242);
     let mut eager = DeviceSsuArgs::upload(&be, &case.args()).unwrap();
     let mut graphed = DeviceSsuArgs::upload(&be, &case.args()).unwrap();
-    let plan = ssm_ssu::plan(&eager.args().unwrap()).unwrap();
-    be.prewarm_ssu(&plan).unwrap();
+    be.prewarm_ssu(ssm_ssu::plan(eager.args().unwrap()).unwrap().plan()).unwrap();
     for _ in 0..100 {
-        be.selective_state_update(&plan, eager.args().unwrap()).unwrap();
+        be.run(ssm_ssu::plan(eager.args().unwrap()).unwrap()).unwrap();
     }
     be.synchronize().unwrap();
     let stream = be.stream().clone();
     stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
-    be.selective_state_update(&plan, graphed.args().unwrap()).unwrap();
+    be.run(ssm_ssu::plan(graphed.args().unwrap()).unwrap()).unwrap();
     let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0)).unwrap().expect("a captured graph");
     for _ in 0..100 {
         graph.launch().unwrap();
@@ -273,14 +271,12 @@ fn calls_allocate_no_device_memory() {
     let Some(be) = gpu("calls_allocate_no_device_memory") else { return };
     let mut case = Case::random(CaseSpec::mamba2(64, DType::BF16), 31);
     let mut dev = DeviceSsuArgs::upload(&be, &case.args()).unwrap();
-    let plan = ssm_ssu::plan(&dev.args().unwrap()).unwrap();
-    be.selective_state_update(&plan, dev.args().unwrap()).unwrap();
+    be.run(ssm_ssu::plan(dev.args().unwrap()).unwrap()).unwrap();
     be.synchronize().unwrap();
     let (free_before, _) = be.mem_info().unwrap();
     for _ in 0..200 {
         let args = dev.args().unwrap();
-        let plan = ssm_ssu::plan(&args).unwrap();
-        be.selective_state_update(&plan, args).unwrap();
+        be.run(ssm_tensor::Planned::new(args).unwrap()).unwrap();
     }
     be.synchronize().unwrap();
     let (free_after, _) = be.mem_info().unwrap();
@@ -293,7 +289,6 @@ fn host_tensors_are_refused() {
     let Some(be) = gpu("host_tensors_are_refused") else { return };
     let mut case = Case::random(CaseSpec::mamba2(2, DType::F32), 1);
     let args = case.args();
-    let plan = ssm_ssu::plan(&args).unwrap();
-    let err = be.selective_state_update(&plan, args).unwrap_err();
+    let err = be.run(ssm_ssu::plan(args).unwrap()).unwrap_err();
     assert!(matches!(err, CudaError::WrongDevice { .. }), "{err}");
 }

@@ -4,16 +4,17 @@ use ssm_tensor::Device;
 
 use crate::{Config, Error};
 
-/// Which backend a [`Config`] asks for.
+/// Which backends a [`Config`] asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum BackendKind {
-    /// CUDA when a device is ready, else CPU.
+    /// Both: the CPU backend for host tensors, and the CUDA backend for device tensors when
+    /// a device is ready. Each call runs where its tensors live.
     #[default]
     Auto,
-    /// The CPU backend.
+    /// The CPU backend only.
     Cpu,
-    /// The CUDA backend.
+    /// The CUDA backend only.
     Cuda,
 }
 
@@ -43,94 +44,130 @@ impl std::fmt::Display for BackendKind {
 pub use ssm_cuda::CudaBackend;
 
 /// Stand-in for the CUDA backend in builds without the `cuda` feature: it cannot be
-/// constructed, and `Runtime::new` answers [`Error::NotCompiledWithCuda`] instead.
+/// constructed (`Runtime::new` answers [`Error::NotCompiledWithCuda`] for `cuda`), so it runs
+/// every op and can never be reached.
 #[cfg(not(feature = "cuda"))]
 #[derive(Debug)]
 pub enum CudaBackend {}
 
-/// The backend a runtime drives.
-// One per runtime, built once and never moved on a hot path: the variants' size difference
-// costs nothing, and boxing would only add an indirection to every call.
-#[allow(clippy::large_enum_variant)]
-#[derive(Debug)]
-pub enum Backend {
-    /// Host tensors, SIMD + threads.
-    Cpu(CpuBackend),
-    /// Device tensors on one CUDA device.
-    Cuda(CudaBackend),
+#[cfg(not(feature = "cuda"))]
+impl<A: ssm_tensor::Op> ssm_tensor::Run<A> for CudaBackend {
+    type Error = std::convert::Infallible;
+    fn run(&self, _call: ssm_tensor::Planned<A>) -> Result<(), Self::Error> {
+        match *self {}
+    }
 }
 
-impl Backend {
+#[cfg(not(feature = "cuda"))]
+impl ssm_gdn::ChunkScratch for CudaBackend {
+    fn chunk_gated_delta_rule_scratch_size(&self, _plan: &ssm_gdn::ChunkPlan) -> usize {
+        match *self {}
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+impl CudaBackend {
+    /// Unreachable: no value of this type exists.
+    pub fn ordinal(&self) -> u32 {
+        match *self {}
+    }
+    fn check(&self) -> Result<(), Error> {
+        match *self {}
+    }
+}
+
+/// The devices a runtime runs calls on: the host (its CPU backend) and at most one CUDA
+/// device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Devices {
+    /// Host tensors run on the CPU backend.
+    pub cpu: bool,
+    /// Tensors on this CUDA device run on the CUDA backend.
+    pub cuda: Option<u32>,
+}
+
+impl Devices {
+    /// Whether a call whose tensors live on `device` runs here.
+    pub fn contains(&self, device: Device) -> bool {
+        match device {
+            Device::Cpu => self.cpu,
+            Device::Cuda(n) => self.cuda == Some(n),
+        }
+    }
+}
+
+impl std::fmt::Display for Devices {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (self.cpu, self.cuda) {
+            (true, Some(n)) => write!(f, "cpu and cuda:{n}"),
+            (false, Some(n)) => write!(f, "cuda:{n}"),
+            (true, None) => f.write_str("cpu"),
+            (false, None) => f.write_str("no device"),
+        }
+    }
+}
+
+/// The backends one runtime drives: built once by `Runtime::new`.
+#[derive(Debug)]
+pub(crate) struct Backends {
+    pub(crate) cpu: Option<CpuBackend>,
+    pub(crate) cuda: Option<CudaBackend>,
+}
+
+impl Backends {
     pub(crate) fn start(config: &Config) -> Result<Self, Error> {
         match config.backend {
-            BackendKind::Cpu => Self::cpu(config),
-            BackendKind::Cuda => Self::cuda(config),
+            BackendKind::Cpu => Ok(Backends { cpu: Some(cpu(config)?), cuda: None }),
+            BackendKind::Cuda => Ok(Backends { cpu: None, cuda: Some(cuda(config)?) }),
             BackendKind::Auto => {
-                #[cfg(feature = "cuda")]
-                {
-                    match ssm_cuda::probe() {
-                        ssm_cuda::Availability::Ready { .. } => {
-                            log::info!("ssm-dispatch: backend auto -> cuda:{}", config.cuda_device);
-                            return Self::cuda(config);
-                        }
-                        other => log::info!("ssm-dispatch: backend auto -> cpu ({other})"),
+                let cuda = match cuda(config) {
+                    Ok(c) => {
+                        log::info!("ssm-dispatch: backend auto -> cpu for host tensors, cuda:{}", config.cuda_device);
+                        Some(c)
                     }
-                }
-                #[cfg(not(feature = "cuda"))]
-                log::info!("ssm-dispatch: backend auto -> cpu (built without the cuda feature)");
-                Self::cpu(config)
+                    Err(why) => {
+                        log::info!("ssm-dispatch: backend auto -> cpu only ({why})");
+                        None
+                    }
+                };
+                Ok(Backends { cpu: Some(cpu(config)?), cuda })
             }
         }
     }
 
-    fn cpu(config: &Config) -> Result<Self, Error> {
-        let par = match config.cpu_threads {
-            None => Par::all_cores(),
-            Some(0) | Some(1) => Par::Seq,
-            Some(n) => Par::Rayon(std::num::NonZeroUsize::new(n).expect("n > 1")),
-        };
-        Ok(Backend::Cpu(CpuBackend::new(par)?))
-    }
-
-    #[cfg(feature = "cuda")]
-    fn cuda(config: &Config) -> Result<Self, Error> {
-        match ssm_cuda::probe() {
-            ssm_cuda::Availability::Ready { .. } => Ok(Backend::Cuda(CudaBackend::new(config.cuda_device)?)),
-            other => Err(Error::NoCudaDevice(other.to_string())),
-        }
-    }
-
-    #[cfg(not(feature = "cuda"))]
-    fn cuda(_config: &Config) -> Result<Self, Error> {
-        Err(Error::NotCompiledWithCuda)
-    }
-
-    /// Which kind of backend this is.
-    pub fn kind(&self) -> BackendKind {
-        match self {
-            Backend::Cpu(_) => BackendKind::Cpu,
-            Backend::Cuda(_) => BackendKind::Cuda,
-        }
-    }
-
-    /// The device its tensors must live on.
-    pub fn device(&self) -> Device {
-        match self {
-            Backend::Cpu(_) => Device::Cpu,
-            #[cfg(feature = "cuda")]
-            Backend::Cuda(c) => Device::Cuda(c.ordinal()),
-            #[cfg(not(feature = "cuda"))]
-            Backend::Cuda(c) => match *c {},
-        }
+    pub(crate) fn devices(&self) -> Devices {
+        Devices { cpu: self.cpu.is_some(), cuda: self.cuda.as_ref().map(|c| c.ordinal()) }
     }
 
     pub(crate) fn check(&self) -> Result<(), Error> {
-        match self {
-            Backend::Cpu(_) => Ok(()),
+        match &self.cuda {
             #[cfg(feature = "cuda")]
-            Backend::Cuda(c) => Ok(c.check()?),
+            Some(c) => Ok(c.check()?),
             #[cfg(not(feature = "cuda"))]
-            Backend::Cuda(c) => match *c {},
+            Some(c) => c.check(),
+            None => Ok(()),
         }
     }
+}
+
+fn cpu(config: &Config) -> Result<CpuBackend, Error> {
+    let par = match config.cpu_threads {
+        None => Par::all_cores(),
+        Some(0) | Some(1) => Par::Seq,
+        Some(n) => Par::Rayon(std::num::NonZeroUsize::new(n).expect("n > 1")),
+    };
+    Ok(CpuBackend::new(par)?)
+}
+
+#[cfg(feature = "cuda")]
+fn cuda(config: &Config) -> Result<CudaBackend, Error> {
+    match ssm_cuda::probe() {
+        ssm_cuda::Availability::Ready { .. } => Ok(CudaBackend::new(config.cuda_device)?),
+        other => Err(Error::NoCudaDevice(other.to_string())),
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda(_config: &Config) -> Result<CudaBackend, Error> {
+    Err(Error::NotCompiledWithCuda)
 }

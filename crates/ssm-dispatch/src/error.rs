@@ -48,15 +48,15 @@ pub enum Error {
     /// `cuda` was asked for and no device is ready.
     #[error("backend `cuda` requested, but no CUDA device is ready: {0}")]
     NoCudaDevice(String),
-    /// A tensor lives on another device than the runtime's.
-    #[error("`{arg}` lives on {actual}, but this runtime runs on {expected}")]
+    /// A call's tensors live on a device this runtime has no backend for.
+    #[error("the tensors of `{op}` live on {actual}, but this runtime runs calls on {runs_on}")]
     WrongDevice {
-        /// Argument name.
-        arg: &'static str,
-        /// The runtime's device.
-        expected: Device,
-        /// The tensor's device.
+        /// The op called.
+        op: &'static str,
+        /// Where the call's tensors live.
         actual: Device,
+        /// Where this runtime runs calls.
+        runs_on: crate::Devices,
     },
     /// The backend does not implement this op or option.
     #[error("the {backend} backend does not support {what}")]
@@ -66,4 +66,10 @@ pub enum Error {
         /// What is missing.
         what: &'static str,
     },
+}
+
+impl From<std::convert::Infallible> for Error {
+    fn from(never: std::convert::Infallible) -> Self {
+        match never {}
+    }
 }

@@ -283,7 +283,7 @@ impl Runtime {
     /// `core_attn_out` rows of sequences that are not skipped, and the conv and SSM slots the
     /// metadata names. Host tensors only (the metadata is read on the host).
     pub fn gdn_attention_core(&self, args: GdnAttentionCoreArgs<'_>) -> Result<(), Error> {
-        if self.device() != Device::Cpu {
+        if args.mixed_qkv.device() != Device::Cpu {
             return Err(Error::Unsupported { backend: "cuda", what: "gdn_attention_core" });
         }
         let GdnAttentionCoreArgs {

@@ -1,11 +1,18 @@
-//! The facade of ssm-kernels: one [`Runtime`] per device, one method per op.
+//! The facade of ssm-kernels: one [`Runtime`], one method per op.
 //!
 //! Mirrors vLLM's `ssu_dispatch`: a serde [`Config`] names the backend (`auto`, `cpu`,
-//! `cuda`), the SSU algorithm and stochastic rounding; [`Runtime::new`] picks the backend
-//! (`auto`: CUDA when a device is ready, else CPU, with a log line like vLLM's triton→cpu
-//! override) and refuses combinations a backend cannot run. Each op method builds the op
-//! crate's checked plan, checks that every tensor lives on the runtime's device, and
-//! forwards to the backend. There is no global state.
+//! `cuda`), the SSU algorithm and stochastic rounding; [`Runtime::new`] starts the backends
+//! and refuses combinations a backend cannot run. There is no global state.
+//!
+//! **Where a call runs.** Every op method plans its arguments (the op crate's checks, once;
+//! the plan records the one device all tensors live on) and hands the planned call to the
+//! backend of that device: host tensors go to the CPU backend, tensors on `cuda:N` to the
+//! CUDA backend. `cpu` and `cuda` start one backend; `auto` starts the CPU backend and, when
+//! a device is ready, the CUDA backend too, so every op that exists on the CPU stays
+//! reachable with host tensors on a GPU host, and device tensors run on the GPU. A call
+//! whose device has no backend here is refused ([`Error::WrongDevice`]); an op a backend has
+//! no kernel for answers a typed [`ssm_tensor::Unsupported`] (see the table in
+//! docs/ARCHITECTURE.md).
 
 mod backend;
 mod config;
@@ -18,22 +25,24 @@ mod ring;
 mod ssd;
 mod ssu;
 
-pub use backend::{Backend, BackendKind, CudaBackend};
+pub use backend::{BackendKind, CudaBackend, Devices};
 pub use config::Config;
 pub use error::Error;
 pub use gdn_core::{GdnAttentionCoreArgs, GdnAttentionMetadata};
 pub use mamba2_core::{Mamba2AttentionMetadata, Mamba2MixerCoreArgs};
 pub use ring::SelectiveStateUpdateReplaySsm;
-pub use ssm_cpu::Par;
+pub use ssm_cpu::{CpuBackend, Par};
+pub use ssm_tensor::{Op, Planned, Run};
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use backend::Backends;
 use ssm_tensor::Device;
 
-/// A configured backend and the per-runtime state ops need (the stochastic-rounding seed
-/// counter). `Send + Sync`: share one per device.
+/// The configured backends and the per-runtime state ops need (the stochastic-rounding seed
+/// counter). `Send + Sync`: share one per process or per device.
 pub struct Runtime {
-    backend: Backend,
+    backends: Backends,
     config: Config,
     ssu_algorithm: ssm_ssu::SsuAlgorithm,
     seed_counter: AtomicU64,
@@ -41,39 +50,41 @@ pub struct Runtime {
 
 impl std::fmt::Debug for Runtime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Runtime").field("backend", &self.backend.kind()).field("config", &self.config).finish()
+        f.debug_struct("Runtime").field("devices", &self.devices()).field("config", &self.config).finish()
     }
 }
 
 impl Runtime {
-    /// Validates `config` and starts its backend.
+    /// Validates `config` and starts its backends.
     ///
     /// Errors: an unknown SSU algorithm name; `cuda` requested without the `cuda` feature or
-    /// without a ready device; a CPU thread pool that would not start.
+    /// without a ready device; ReplaySSM on `cuda` (no kernel there yet); a CPU thread pool
+    /// that would not start.
     pub fn new(config: &Config) -> Result<Self, Error> {
         let ssu_algorithm: ssm_ssu::SsuAlgorithm = config.ssu_algorithm.parse()?;
-        let backend = Backend::start(config)?;
+        let backends = Backends::start(config)?;
         // ReplaySSM runs where a backend implements it (the CPU today), like vLLM refusing it
         // on backends without a kernel.
-        if config.replayssm && backend.kind() != BackendKind::Cpu {
+        if config.replayssm && backends.cpu.is_none() {
             return Err(Error::Unsupported { backend: "cuda", what: "ReplaySSM (`replayssm: true`)" });
         }
-        Ok(Runtime { backend, config: config.clone(), ssu_algorithm, seed_counter: AtomicU64::new(config.seed) })
+        Ok(Runtime { backends, config: config.clone(), ssu_algorithm, seed_counter: AtomicU64::new(config.seed) })
     }
 
-    /// The backend in use.
-    pub fn backend(&self) -> &Backend {
-        &self.backend
+    /// The CPU backend, which runs calls on host tensors (absent under `backend: cuda`).
+    pub fn cpu(&self) -> Option<&CpuBackend> {
+        self.backends.cpu.as_ref()
     }
 
-    /// Which kind of backend runs the ops.
-    pub fn kind(&self) -> BackendKind {
-        self.backend.kind()
+    /// The CUDA backend, which runs calls on its device's tensors (absent under `backend: cpu`,
+    /// without the `cuda` feature, or when `auto` found no ready device).
+    pub fn cuda(&self) -> Option<&CudaBackend> {
+        self.backends.cuda.as_ref()
     }
 
-    /// The device every tensor passed to this runtime must live on.
-    pub fn device(&self) -> Device {
-        self.backend.device()
+    /// The devices whose tensors this runtime runs calls on.
+    pub fn devices(&self) -> Devices {
+        self.backends.devices()
     }
 
     /// The configuration the runtime was built from.
@@ -88,9 +99,37 @@ impl Runtime {
 
     /// Reads and clears the device error word (device-resident indices that were out of
     /// range and skipped). Synchronizes with the device: call it off the hot path.
-    /// Always `Ok` on the CPU, whose plans check host indices before running.
+    /// Always `Ok` without a CUDA backend: CPU plans check host indices before running.
     pub fn check(&self) -> Result<(), Error> {
-        self.backend.check()
+        self.backends.check()
+    }
+
+    /// Runs a planned call (from an op crate's `plan`) on the backend of the device its
+    /// tensors live on: the one dispatch path of every op method.
+    ///
+    /// Errors: [`Error::WrongDevice`] when this runtime has no backend for that device;
+    /// else the backend's error (an op without a kernel there: its typed "unsupported").
+    pub fn run<A: Op>(&self, call: Planned<A>) -> Result<(), Error>
+    where
+        CpuBackend: Run<A>,
+        CudaBackend: Run<A>,
+        Error: From<<CpuBackend as Run<A>>::Error> + From<<CudaBackend as Run<A>>::Error>,
+    {
+        match (call.device(), &self.backends.cpu, &self.backends.cuda) {
+            (Device::Cpu, Some(cpu), _) => Ok(cpu.run(call)?),
+            (Device::Cuda(n), _, Some(cuda)) if cuda.ordinal() == n => Ok(cuda.run(call)?),
+            (actual, ..) => Err(Error::WrongDevice { op: call.name(), actual, runs_on: self.devices() }),
+        }
+    }
+
+    /// Plans `args` and runs them: every op method is this one line.
+    fn plan_and_run<A: Op>(&self, args: A) -> Result<(), Error>
+    where
+        CpuBackend: Run<A>,
+        CudaBackend: Run<A>,
+        Error: From<A::Error> + From<<CpuBackend as Run<A>>::Error> + From<<CudaBackend as Run<A>>::Error>,
+    {
+        self.run(Planned::new(args)?)
     }
 
     /// A fresh stochastic-rounding seed (the configured seed, then a counter).

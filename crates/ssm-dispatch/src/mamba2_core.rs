@@ -25,6 +25,7 @@ use ssm_ssu::SelectiveStateUpdate;
 use ssm_tensor::{Device, HostTensor, TensorMut, TensorRef};
 
 use crate::{Error, Runtime};
+use ssm_tensor::Op;
 
 /// vLLM's `Mamba2AttentionMetadata` (the fields the core reads, `"none"`/`"align"` cache
 /// modes). Index tensors are host `i32`/`i64`; `has_initial_states_p` is bool. Tokens are
@@ -254,7 +255,7 @@ impl Runtime {
     /// Errors ([`Error::Core`] for the metadata, else the error of the op that refuses its part):
     /// every op's plan runs before any op does, so on an error nothing is written.
     pub fn mamba2_mixer_core(&self, args: Mamba2MixerCoreArgs<'_>) -> Result<(), Error> {
-        if self.device() != Device::Cpu {
+        if args.xbc.device() != Device::Cpu {
             return Err(Error::Unsupported { backend: "cuda", what: "mamba2_mixer_core" });
         }
         let Mamba2MixerCoreArgs {
@@ -475,7 +476,7 @@ impl Runtime {
                 out: rows_mut(s.conv_out.reborrow(), "conv_out", 0, td)?,
             };
             if plan_only {
-                ssm_conv::plan_update(&conv)?;
+                Op::plan(&conv)?;
             } else {
                 self.causal_conv1d_update(conv)?;
             }
@@ -504,7 +505,7 @@ impl Runtime {
                 stochastic_rounding: None,
             };
             if plan_only {
-                ssm_ssu::plan(&ssu)?;
+                Op::plan(&ssu)?;
             } else {
                 self.selective_state_update(ssu)?;
             }
@@ -525,7 +526,7 @@ impl Runtime {
             out: rows_mut(s.conv_out.reborrow(), "conv_out", td, tp)?,
         };
         if plan_only {
-            ssm_conv::plan_fn(&conv)?;
+            Op::plan(&conv)?;
         } else {
             self.causal_conv1d_fn(conv)?;
         }
@@ -573,7 +574,7 @@ impl Runtime {
             workspace: None,
         };
         if plan_only {
-            ssm_ssd::plan(&ssd)?;
+            Op::plan(&ssd)?;
             return Ok(());
         }
         self.mamba_chunk_scan_combined_varlen(ssd)?;

@@ -1,7 +1,7 @@
-use ssm_ring::{CheckpointingSsu, CommitRingTrackers, RingBackend, RingTrackers, UpdateRingTrackers};
-use ssm_tensor::{Device, TensorMut, TensorRef};
+use ssm_ring::{CheckpointingSsu, CommitRingTrackers, RingTrackers, UpdateRingTrackers};
+use ssm_tensor::{TensorMut, TensorRef};
 
-use crate::{Backend, Error, Runtime};
+use crate::{Error, Runtime};
 
 /// Arguments of [`Runtime::selective_state_update_replayssm`], vLLM's
 /// `selective_state_update_replayssm_flashinfer`: one checkpointing SSU step
@@ -59,26 +59,10 @@ impl Runtime {
         if self.config.replayssm { Ok(()) } else { Err(Error::ReplaySsmDisabled { op }) }
     }
 
-    fn check_ring_device(&self, arg: &'static str, actual: Device) -> Result<(), Error> {
-        let expected = self.device();
-        if actual != expected {
-            return Err(Error::WrongDevice { arg, expected, actual });
-        }
-        Ok(())
-    }
-
     /// vLLM's `update_replayssm_ring_trackers`: advances (window given) or resets the cursors of
     /// every slot `state_batch_indices` names; pads and out-of-range slots are skipped.
     pub fn update_replayssm_ring_trackers(&self, args: UpdateRingTrackers<'_>) -> Result<(), Error> {
-        let plan = ssm_ring::plan_update(&args)?;
-        self.check_ring_device("ring_start", args.trackers.ring_start.device())?;
-        match &self.backend {
-            Backend::Cpu(cpu) => Ok(cpu.update_replayssm_ring_trackers(&plan, args)?),
-            #[cfg(feature = "cuda")]
-            Backend::Cuda(_) => Err(Error::Unsupported { backend: "cuda", what: "ReplaySSM" }),
-            #[cfg(not(feature = "cuda"))]
-            Backend::Cuda(c) => match *c {},
-        }
+        self.plan_and_run(args)
     }
 
     /// vLLM's `reset_replayssm_ring_trackers`: zeroes the three cursors of every valid slot.
@@ -94,15 +78,7 @@ impl Runtime {
     /// vLLM's `commit_replayssm_ring_trackers`: folds in the previous speculative window's
     /// accepted counts and records the current query lengths.
     pub fn commit_replayssm_ring_trackers(&self, args: CommitRingTrackers<'_>) -> Result<(), Error> {
-        let plan = ssm_ring::plan_commit(&args)?;
-        self.check_ring_device("ring_start", args.trackers.ring_start.device())?;
-        match &self.backend {
-            Backend::Cpu(cpu) => Ok(cpu.commit_replayssm_ring_trackers(&plan, args)?),
-            #[cfg(feature = "cuda")]
-            Backend::Cuda(_) => Err(Error::Unsupported { backend: "cuda", what: "ReplaySSM" }),
-            #[cfg(not(feature = "cuda"))]
-            Backend::Cuda(c) => match *c {},
-        }
+        self.plan_and_run(args)
     }
 
     /// FlashInfer's `checkpointing_ssu` (ReplaySSM decode step): writes `out`, the ring rows
@@ -110,15 +86,7 @@ impl Runtime {
     /// moves the cursors ([`ssm_ring::CheckpointingSsu`]).
     pub fn checkpointing_ssu(&self, args: CheckpointingSsu<'_>) -> Result<(), Error> {
         self.replayssm_backend("checkpointing_ssu")?;
-        let plan = ssm_ring::plan_checkpointing_ssu(&args)?;
-        self.check_ring_device("state", args.state.device())?;
-        match &self.backend {
-            Backend::Cpu(cpu) => Ok(cpu.checkpointing_ssu(&plan, args)?),
-            #[cfg(feature = "cuda")]
-            Backend::Cuda(_) => Err(Error::Unsupported { backend: "cuda", what: "ReplaySSM" }),
-            #[cfg(not(feature = "cuda"))]
-            Backend::Cuda(c) => match *c {},
-        }
+        self.plan_and_run(args)
     }
 
     /// vLLM's `selective_state_update_replayssm_flashinfer`: one checkpointing SSU step with
@@ -129,71 +97,53 @@ impl Runtime {
         self.replayssm_backend("selective_state_update_replayssm")?;
         let SelectiveStateUpdateReplaySsm { mut trackers, logical_window, update_trackers, .. } = args;
         let ring_len = args.x_cache.shape().get(2).copied().unwrap_or(0) as i64;
-        let indices = args.state_batch_indices;
-        // Plan the tracker update first (when asked), then the step.
-        let update_plan = match (update_trackers, indices) {
-            (true, Some(idx)) => {
-                let upd = UpdateRingTrackers {
-                    trackers,
-                    state_batch_indices: idx,
-                    logical_window: Some(logical_window),
-                    ring_buffer_len: Some(ring_len),
-                    pad_slot_id: args.pad_slot_id,
-                };
-                let plan = ssm_ring::plan_update(&upd)?;
-                trackers = upd.trackers;
-                Some((plan, idx))
-            }
-            _ => None,
-        };
-        {
-            let step = CheckpointingSsu {
-                state: args.state,
-                x_cache: args.x_cache,
-                b_cache: args.b_cache,
-                dt_cache: args.dt_cache,
-                ring_start: trackers.ring_start.as_ref(),
-                prev_num_accepted_tokens: trackers.prev_num_accepted.as_ref(),
-                x: args.x,
-                dt: args.dt,
-                a: args.a,
-                b: args.b,
-                c: args.c,
-                out: args.out,
-                d: args.d,
-                z: args.z,
-                dt_bias: args.dt_bias,
-                dt_softplus: args.dt_softplus,
-                state_batch_indices: indices,
-                pad_slot_id: args.pad_slot_id,
-                cu_seqlens: args.cu_seqlens,
-                max_seqlen: args.max_seqlen,
-            };
-            let plan = ssm_ring::plan_checkpointing_ssu(&step)?;
-            self.check_ring_device("state", step.state.device())?;
-            match &self.backend {
-                Backend::Cpu(cpu) => cpu.checkpointing_ssu(&plan, step)?,
-                #[cfg(feature = "cuda")]
-                Backend::Cuda(_) => return Err(Error::Unsupported { backend: "cuda", what: "ReplaySSM" }),
-                #[cfg(not(feature = "cuda"))]
-                Backend::Cuda(c) => match *c {},
+        let indices = args.state_batch_indices.filter(|_| update_trackers);
+        let pad_slot_id = args.pad_slot_id;
+        fn update<'t>(
+            trackers: RingTrackers<'t>,
+            state_batch_indices: TensorRef<'t>,
+            (window, ring_len, pad_slot_id): (i64, i64, Option<i64>),
+        ) -> UpdateRingTrackers<'t> {
+            UpdateRingTrackers {
+                trackers,
+                state_batch_indices,
+                logical_window: Some(window),
+                ring_buffer_len: Some(ring_len),
+                pad_slot_id,
             }
         }
-        if let Some((plan, idx)) = update_plan {
-            let upd = UpdateRingTrackers {
-                trackers,
-                state_batch_indices: idx,
-                logical_window: Some(logical_window),
-                ring_buffer_len: Some(ring_len),
-                pad_slot_id: args.pad_slot_id,
-            };
-            match &self.backend {
-                Backend::Cpu(cpu) => cpu.update_replayssm_ring_trackers(&plan, upd)?,
-                #[cfg(feature = "cuda")]
-                Backend::Cuda(_) => return Err(Error::Unsupported { backend: "cuda", what: "ReplaySSM" }),
-                #[cfg(not(feature = "cuda"))]
-                Backend::Cuda(c) => match *c {},
-            }
+        let sizes = (logical_window, ring_len, pad_slot_id);
+        // The tracker update reads what the step reads, so it is planned first (a refusal
+        // writes nothing) and planned again to run once the step has released the cursors;
+        // its plan depends only on shapes and dtypes, which the step cannot change.
+        if let Some(idx) = indices {
+            ssm_ring::plan(update(trackers.reborrow(), idx, sizes))?;
+        }
+        let step = CheckpointingSsu {
+            state: args.state,
+            x_cache: args.x_cache,
+            b_cache: args.b_cache,
+            dt_cache: args.dt_cache,
+            ring_start: trackers.ring_start.as_ref(),
+            prev_num_accepted_tokens: trackers.prev_num_accepted.as_ref(),
+            x: args.x,
+            dt: args.dt,
+            a: args.a,
+            b: args.b,
+            c: args.c,
+            out: args.out,
+            d: args.d,
+            z: args.z,
+            dt_bias: args.dt_bias,
+            dt_softplus: args.dt_softplus,
+            state_batch_indices: args.state_batch_indices,
+            pad_slot_id: args.pad_slot_id,
+            cu_seqlens: args.cu_seqlens,
+            max_seqlen: args.max_seqlen,
+        };
+        self.plan_and_run(step)?;
+        if let Some(idx) = indices {
+            self.plan_and_run(update(trackers.reborrow(), idx, sizes))?;
         }
         Ok(())
     }

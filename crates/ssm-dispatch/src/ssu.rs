@@ -1,12 +1,12 @@
-use ssm_ssu::{SelectiveStateUpdate, SsuBackend, StochasticRounding};
+use ssm_ssu::{SelectiveStateUpdate, StochasticRounding};
 
-use crate::{Backend, Error, Runtime};
+use crate::{Error, Runtime};
 
 impl Runtime {
-    /// vLLM's `selective_state_update`: plans the call (every check, once), checks that
-    /// every tensor is on this runtime's device, and runs it on the backend. Writes `out`
-    /// and exactly the state slots the tables name. With `stochastic_rounding` enabled in
-    /// the config and no seed in `args`, the runtime supplies the next seed.
+    /// vLLM's `selective_state_update`: plans the call (every check, once) and runs it on the
+    /// backend of the device its tensors live on. Writes `out` and exactly the state slots the
+    /// tables name. With `stochastic_rounding` enabled in the config and no seed in `args`,
+    /// the runtime supplies the next seed.
     ///
     /// No allocation and no host/device synchronisation on the CUDA path.
     pub fn selective_state_update(&self, mut args: SelectiveStateUpdate<'_>) -> Result<(), Error> {
@@ -17,17 +17,6 @@ impl Runtime {
             args.stochastic_rounding =
                 Some(StochasticRounding { seed: self.next_seed(), philox_rounds: self.config.philox_rounds });
         }
-        let plan = ssm_ssu::plan(&args)?;
-        let expected = self.device();
-        if plan.device != expected {
-            return Err(Error::WrongDevice { arg: "state", expected, actual: plan.device });
-        }
-        match &self.backend {
-            Backend::Cpu(cpu) => Ok(cpu.selective_state_update(&plan, args)?),
-            #[cfg(feature = "cuda")]
-            Backend::Cuda(cuda) => Ok(cuda.selective_state_update(&plan, args)?),
-            #[cfg(not(feature = "cuda"))]
-            Backend::Cuda(c) => match *c {},
-        }
+        self.plan_and_run(args)
     }
 }

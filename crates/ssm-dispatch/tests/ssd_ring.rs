@@ -206,8 +206,8 @@ fn ssd_prefill_through_the_runtime_equals_the_reference() {
             workspace: None,
         };
         if reference {
-            let plan = ssm_ssd::plan(&args).unwrap();
-            ssm_ssd::reference::mamba_chunk_scan_combined_varlen_f64(&plan, args);
+            let plan = ssm_tensor::Planned::new(args).unwrap();
+            ssm_ssd::reference::mamba_chunk_scan_combined_varlen_f64(plan);
         } else {
             rt.mamba_chunk_scan_combined_varlen(args).unwrap();
         }

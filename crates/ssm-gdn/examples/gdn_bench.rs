@@ -7,8 +7,8 @@ use std::time::Instant;
 
 use half::bf16;
 use ssm_cpu::{CpuBackend, Par};
-use ssm_gdn::{ChunkGatedDeltaRuleArgs, FusedSigmoidGatingDeltaRuleUpdateArgs, GdnBackend, StateLayout, plan};
-use ssm_tensor::{TensorMut, TensorRef};
+use ssm_gdn::{ChunkGatedDeltaRuleArgs, FusedSigmoidGatingDeltaRuleUpdateArgs, StateLayout};
+use ssm_tensor::{Run, TensorMut, TensorRef};
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
@@ -61,8 +61,7 @@ fn main() {
                 o: TensorMut::from_slice(&mut o, &[1, batch, hv, v]).unwrap(),
             };
             let t0 = Instant::now();
-            let p = plan::fused_sigmoid_gating_delta_rule_update(&args).unwrap();
-            be.fused_sigmoid_gating_delta_rule_update(&p, args).unwrap();
+            be.run(ssm_tensor::Planned::new(args).unwrap()).unwrap();
             times.push(t0.elapsed().as_secs_f64());
         }
         let t = median(times);
@@ -123,8 +122,7 @@ fn main() {
                 scratch: None,
             };
             let t0 = Instant::now();
-            let p = plan::chunk_gated_delta_rule(&args).unwrap();
-            be.chunk_gated_delta_rule(&p, args).unwrap();
+            be.run(ssm_tensor::Planned::new(args).unwrap()).unwrap();
             times.push(t0.elapsed().as_secs_f64());
         }
         let t = median(times);

@@ -212,6 +212,6 @@ pub struct ChunkGatedDeltaRuleArgs<'a> {
     /// Output `[B, T, HV, V]`.
     pub o: TensorMut<'a>,
     /// Optional f32 scratch (`[n]`, contiguous, host) of at least
-    /// [`GdnBackend::chunk_gated_delta_rule_scratch_size`](crate::GdnBackend::chunk_gated_delta_rule_scratch_size) elements.
+    /// [`ChunkScratch::chunk_gated_delta_rule_scratch_size`](crate::ChunkScratch::chunk_gated_delta_rule_scratch_size) elements.
     pub scratch: Option<TensorMut<'a>>,
 }

@@ -15,7 +15,7 @@
 //!
 //! Every op has the same four pieces: borrowed `…Args` named as vLLM names them, a
 //! [`plan`] function per op that checks everything once before anything is written,
-//! the [`GdnBackend`] trait, and the scalar [`reference`] (f32 and f64).
+//! the [`Run`] impls of each backend, and the scalar [`reference`] (f32 and f64).
 //!
 //! # Null slots (vLLM's `NULL_BLOCK_ID` rule)
 //! vLLM's recurrent GDN kernels have no `pad_slot_id` argument: any slot index `<= 0` is the
@@ -36,6 +36,7 @@ pub use args::{
 };
 pub use error::GdnError;
 pub use plan::{ChunkPlan, GatingPlan, RecurrentPlan};
+pub use ssm_tensor::{Op, Planned, Run};
 
 /// The chunk length of the chunked prefill (vLLM's `FLA_CHUNK_SIZE`).
 pub const CHUNK_SIZE: usize = 64;
@@ -44,36 +45,88 @@ pub const CHUNK_SIZE: usize = 64;
 /// the CPU kernels keep one normalised `q`/`k` row on the stack).
 pub const MAX_HEAD_K_DIM: usize = 1024;
 
-/// A backend that runs the gated delta rule ops.
+impl Op for FusedGdnGatingArgs<'_> {
+    const NAME: &'static str = "fused_gdn_gating";
+    type Plan = GatingPlan;
+    type Error = GdnError;
+    fn plan(&self) -> Result<GatingPlan, GdnError> {
+        plan::fused_gdn_gating(self)
+    }
+    fn device(plan: &GatingPlan) -> ssm_tensor::Device {
+        plan.device
+    }
+}
+
+impl Op for FusedRecurrentGatedDeltaRuleArgs<'_> {
+    const NAME: &'static str = "fused_recurrent_gated_delta_rule";
+    type Plan = RecurrentPlan;
+    type Error = GdnError;
+    fn plan(&self) -> Result<RecurrentPlan, GdnError> {
+        plan::fused_recurrent_gated_delta_rule(self)
+    }
+    fn device(plan: &RecurrentPlan) -> ssm_tensor::Device {
+        plan.device
+    }
+}
+
+impl Op for FusedSigmoidGatingDeltaRuleUpdateArgs<'_> {
+    const NAME: &'static str = "fused_sigmoid_gating_delta_rule_update";
+    type Plan = RecurrentPlan;
+    type Error = GdnError;
+    fn plan(&self) -> Result<RecurrentPlan, GdnError> {
+        plan::fused_sigmoid_gating_delta_rule_update(self)
+    }
+    fn device(plan: &RecurrentPlan) -> ssm_tensor::Device {
+        plan.device
+    }
+}
+
+impl Op for ChunkGatedDeltaRuleArgs<'_> {
+    const NAME: &'static str = "chunk_gated_delta_rule";
+    type Plan = ChunkPlan;
+    type Error = GdnError;
+    fn plan(&self) -> Result<ChunkPlan, GdnError> {
+        plan::chunk_gated_delta_rule(self)
+    }
+    fn device(plan: &ChunkPlan) -> ssm_tensor::Device {
+        plan.device
+    }
+}
+
+/// Checks every argument of a gated-delta-rule call ([`FusedGdnGatingArgs`],
+/// [`FusedRecurrentGatedDeltaRuleArgs`], [`FusedSigmoidGatingDeltaRuleUpdateArgs`] or
+/// [`ChunkGatedDeltaRuleArgs`]) and keeps them with their plan. Backends trust the plan and
+/// write exactly what the call's `Args` documents, nothing else.
 ///
-/// Implementations trust the plan (built by the matching function in [`plan`] from the same
-/// `args`) and never re-validate shapes or host index values. Each method writes exactly what
-/// its `Args` documents and nothing else.
-pub trait GdnBackend {
-    /// The backend's error type.
-    type Error;
+/// Errors name the argument and what was expected; nothing is written by a failed call.
+pub fn plan<A: Op<Error = GdnError>>(args: A) -> Result<Planned<A>, GdnError> {
+    Planned::new(args)
+}
 
-    /// `g = −exp(A_log)·softplus(a + dt_bias)` and `β = sigmoid(b)`; writes `g` and `beta_output`.
-    fn fused_gdn_gating(&self, plan: &GatingPlan, args: FusedGdnGatingArgs<'_>) -> Result<(), Self::Error>;
-
-    /// The recurrence with precomputed `g` and `beta`; writes `o` and the state slots.
-    fn fused_recurrent_gated_delta_rule(
-        &self,
-        plan: &RecurrentPlan,
-        args: FusedRecurrentGatedDeltaRuleArgs<'_>,
-    ) -> Result<(), Self::Error>;
-
-    /// The recurrence with the gating fused in; writes `o` and the state slots.
-    fn fused_sigmoid_gating_delta_rule_update(
-        &self,
-        plan: &RecurrentPlan,
-        args: FusedSigmoidGatingDeltaRuleUpdateArgs<'_>,
-    ) -> Result<(), Self::Error>;
-
-    /// Elements of f32 scratch the chunked prefill wants for `plan` (0 when it needs none).
-    /// Passing at least this much as `args.scratch` makes the call allocation-free.
+/// Elements of f32 scratch a backend's chunked prefill wants for a plan (0 when it needs
+/// none); passing at least this much as [`ChunkGatedDeltaRuleArgs::scratch`] makes the call
+/// allocation-free.
+pub trait ChunkScratch {
+    /// The size query, from the plan's dimensions and the backend's parallelism alone.
     fn chunk_gated_delta_rule_scratch_size(&self, plan: &ChunkPlan) -> usize;
+}
 
-    /// Chunked prefill; writes `o`, `final_state` and (in place) the pool slots.
-    fn chunk_gated_delta_rule(&self, plan: &ChunkPlan, args: ChunkGatedDeltaRuleArgs<'_>) -> Result<(), Self::Error>;
+/// A backend of every gated-delta-rule op, with one error type `E`: every backend implements it (through
+/// its `Run` impls), and generic harnesses take it as their bound.
+pub trait GdnBackend<E>:
+    for<'a> Run<FusedGdnGatingArgs<'a>, Error = E>
+    + for<'a> Run<FusedRecurrentGatedDeltaRuleArgs<'a>, Error = E>
+    + for<'a> Run<FusedSigmoidGatingDeltaRuleUpdateArgs<'a>, Error = E>
+    + for<'a> Run<ChunkGatedDeltaRuleArgs<'a>, Error = E>
+{
+}
+
+impl<
+    E,
+    B: for<'a> Run<FusedGdnGatingArgs<'a>, Error = E>
+        + for<'a> Run<FusedRecurrentGatedDeltaRuleArgs<'a>, Error = E>
+        + for<'a> Run<FusedSigmoidGatingDeltaRuleUpdateArgs<'a>, Error = E>
+        + for<'a> Run<ChunkGatedDeltaRuleArgs<'a>, Error = E>,
+> GdnBackend<E> for B
+{
 }

@@ -148,6 +148,8 @@ impl GdnDims {
 /// The checked plan of [`FusedGdnGatingArgs`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct GatingPlan {
+    /// Where every tensor lives.
+    pub device: Device,
     /// Tokens `T`.
     pub tokens: usize,
     /// Value heads `HV`.
@@ -171,7 +173,7 @@ pub struct GatingPlan {
 }
 
 /// Checks a [`FusedGdnGatingArgs`] call.
-pub fn fused_gdn_gating(args: &FusedGdnGatingArgs<'_>) -> Result<GatingPlan, GdnError> {
+pub(crate) fn fused_gdn_gating(args: &FusedGdnGatingArgs<'_>) -> Result<GatingPlan, GdnError> {
     let dev = args.a.device();
     float("A_log", args.a_log.dtype())?;
     float("a", args.a.dtype())?;
@@ -203,6 +205,7 @@ pub fn fused_gdn_gating(args: &FusedGdnGatingArgs<'_>) -> Result<GatingPlan, Gdn
     positive("beta", args.beta)?;
     finite("threshold", args.threshold)?;
     Ok(GatingPlan {
+        device: dev,
         tokens,
         v_heads: hv,
         a_log: strided(&args.a_log),
@@ -422,7 +425,7 @@ struct RecurrentCommon<'r, 'a> {
 }
 
 /// Checks a [`FusedRecurrentGatedDeltaRuleArgs`] call.
-pub fn fused_recurrent_gated_delta_rule(
+pub(crate) fn fused_recurrent_gated_delta_rule(
     args: &FusedRecurrentGatedDeltaRuleArgs<'_>,
 ) -> Result<RecurrentPlan, GdnError> {
     let common = RecurrentCommon {
@@ -470,7 +473,7 @@ pub fn fused_recurrent_gated_delta_rule(
 }
 
 /// Checks a [`FusedSigmoidGatingDeltaRuleUpdateArgs`] call.
-pub fn fused_sigmoid_gating_delta_rule_update(
+pub(crate) fn fused_sigmoid_gating_delta_rule_update(
     args: &FusedSigmoidGatingDeltaRuleUpdateArgs<'_>,
 ) -> Result<RecurrentPlan, GdnError> {
     let common = RecurrentCommon {
@@ -896,7 +899,7 @@ impl ChunkPlan {
 }
 
 /// Checks a [`ChunkGatedDeltaRuleArgs`] call.
-pub fn chunk_gated_delta_rule(args: &ChunkGatedDeltaRuleArgs<'_>) -> Result<ChunkPlan, GdnError> {
+pub(crate) fn chunk_gated_delta_rule(args: &ChunkGatedDeltaRuleArgs<'_>) -> Result<ChunkPlan, GdnError> {
     let (dims, dev) = qkvo(&args.q, &args.k, &args.v, &args.o, args.cu_seqlens.as_ref())?;
     let (b, t, hv) = (dims.batch, dims.seqlen, dims.v_heads);
     for (name, x) in [("g", &args.g), ("beta", &args.beta)] {

@@ -16,7 +16,7 @@ use crate::args::{
     FusedSigmoidGatingDeltaRuleUpdateArgs, StateLayout,
 };
 use crate::plan::{ChunkPlan, ChunkStart, Gates, GatingPlan, GdnDims, RecurrentPlan, StartState, StateView, Strided};
-use crate::{GdnBackend, GdnError};
+use crate::{GdnError, Planned, Run};
 
 /// Arithmetic precision of the reference.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -513,21 +513,23 @@ fn inputs<'r, 'a>(p: &RecurrentPlan, qkv: QkvRefs<'r, 'a>, gates: GateSource<'r,
     }
 }
 
-impl GdnBackend for Reference {
+impl Run<FusedGdnGatingArgs<'_>> for Reference {
     type Error = GdnError;
-
-    fn fused_gdn_gating(&self, plan: &GatingPlan, mut args: FusedGdnGatingArgs<'_>) -> Result<(), GdnError> {
+    fn run(&self, call: Planned<FusedGdnGatingArgs<'_>>) -> Result<(), GdnError> {
+        let (mut args, plan) = call.into_parts();
+        let plan = &plan;
         match self.precision {
             Precision::F32 => gating::<f32>(plan, &mut args),
             Precision::F64 => gating::<f64>(plan, &mut args),
         }
     }
+}
 
-    fn fused_recurrent_gated_delta_rule(
-        &self,
-        plan: &RecurrentPlan,
-        args: FusedRecurrentGatedDeltaRuleArgs<'_>,
-    ) -> Result<(), GdnError> {
+impl Run<FusedRecurrentGatedDeltaRuleArgs<'_>> for Reference {
+    type Error = GdnError;
+    fn run(&self, call: Planned<FusedRecurrentGatedDeltaRuleArgs<'_>>) -> Result<(), GdnError> {
+        let (args, plan) = call.into_parts();
+        let plan = &plan;
         let FusedRecurrentGatedDeltaRuleArgs {
             q,
             k,
@@ -554,12 +556,13 @@ impl GdnBackend for Reference {
             Precision::F64 => recurrent::<f64>(plan, &inp, cu, ix, na, out),
         }
     }
+}
 
-    fn fused_sigmoid_gating_delta_rule_update(
-        &self,
-        plan: &RecurrentPlan,
-        args: FusedSigmoidGatingDeltaRuleUpdateArgs<'_>,
-    ) -> Result<(), GdnError> {
+impl Run<FusedSigmoidGatingDeltaRuleUpdateArgs<'_>> for Reference {
+    type Error = GdnError;
+    fn run(&self, call: Planned<FusedSigmoidGatingDeltaRuleUpdateArgs<'_>>) -> Result<(), GdnError> {
+        let (args, plan) = call.into_parts();
+        let plan = &plan;
         let FusedSigmoidGatingDeltaRuleUpdateArgs {
             a_log,
             a,
@@ -585,15 +588,22 @@ impl GdnBackend for Reference {
             Precision::F64 => recurrent::<f64>(plan, &inp, cu, ix, na, out),
         }
     }
+}
 
-    fn chunk_gated_delta_rule_scratch_size(&self, _plan: &ChunkPlan) -> usize {
-        0
-    }
-
-    fn chunk_gated_delta_rule(&self, plan: &ChunkPlan, mut args: ChunkGatedDeltaRuleArgs<'_>) -> Result<(), GdnError> {
+impl Run<ChunkGatedDeltaRuleArgs<'_>> for Reference {
+    type Error = GdnError;
+    fn run(&self, call: Planned<ChunkGatedDeltaRuleArgs<'_>>) -> Result<(), GdnError> {
+        let (mut args, plan) = call.into_parts();
+        let plan = &plan;
         match self.precision {
             Precision::F32 => chunk::<f32>(plan, &mut args),
             Precision::F64 => chunk::<f64>(plan, &mut args),
         }
+    }
+}
+
+impl crate::ChunkScratch for Reference {
+    fn chunk_gated_delta_rule_scratch_size(&self, _plan: &ChunkPlan) -> usize {
+        0
     }
 }

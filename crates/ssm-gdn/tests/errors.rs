@@ -4,7 +4,7 @@
 mod common;
 
 use common::{Buf, ChunkCase, Gen, RecCase};
-use ssm_gdn::{FusedGdnGatingArgs, FusedSigmoidGatingDeltaRuleUpdateArgs, GdnError, StateLayout, plan};
+use ssm_gdn::{FusedGdnGatingArgs, FusedSigmoidGatingDeltaRuleUpdateArgs, GdnError, StateLayout};
 use ssm_tensor::{DType, Device, TensorMut, TensorRef};
 
 /// A valid call: two sequences of 1 and 2 tokens, H=2, HV=4, K=8, V=4 (K ≠ V), 5 slots.
@@ -30,13 +30,13 @@ fn base() -> RecCase {
 
 fn plan_err(case: &mut RecCase) -> GdnError {
     let args = case.args();
-    plan::fused_recurrent_gated_delta_rule(&args).expect_err("the plan must refuse this call")
+    ssm_tensor::Op::plan(&args).expect_err("the plan must refuse this call")
 }
 
 #[test]
 fn base_case_is_valid() {
     let mut c = base();
-    assert!(plan::fused_recurrent_gated_delta_rule(&c.args()).is_ok());
+    assert!(ssm_tensor::Op::plan(&c.args()).is_ok());
 }
 
 #[test]
@@ -106,7 +106,7 @@ fn state_layout_errors() {
         let mut args = c.args();
         let st = args.initial_state.take().unwrap();
         args.initial_state = Some(st.with_layout(&[5, 4, 4, 8], &[128, 32, 1, 4], 0).unwrap());
-        plan::fused_recurrent_gated_delta_rule(&args).unwrap_err()
+        ssm_tensor::Op::plan(&args).unwrap_err()
     };
     insta::assert_snapshot!("state_strides", err);
 }
@@ -132,7 +132,7 @@ fn dtype_and_device_errors() {
         args.g =
             unsafe { TensorRef::from_device_ptr(0x1000, 12, DType::F32, Device::Cuda(0), &[1, 3, 4], &[12, 4, 1]) }
                 .unwrap();
-        plan::fused_recurrent_gated_delta_rule(&args).unwrap_err()
+        ssm_tensor::Op::plan(&args).unwrap_err()
     };
     insta::assert_snapshot!("device_mismatch", err);
 }
@@ -179,7 +179,7 @@ fn scalar_and_overlap_errors() {
         let mut args = c.args();
         let o = std::mem::replace(&mut args.o, TensorMut::from_slice::<f32>(&mut [], &[0]).unwrap());
         args.o = o.with_layout(&[1, 3, 4, 4], &[0, 4, 0, 1], 0).unwrap();
-        plan::fused_recurrent_gated_delta_rule(&args).unwrap_err()
+        ssm_tensor::Op::plan(&args).unwrap_err()
     };
     insta::assert_snapshot!("o_overlapping", err);
 }
@@ -202,7 +202,7 @@ fn gating_errors() {
         g: g.m(),
         beta_output: beta.m(),
     };
-    insta::assert_snapshot!("gating_g_dtype", plan::fused_gdn_gating(&args).unwrap_err());
+    insta::assert_snapshot!("gating_g_dtype", ssm_tensor::Op::plan(&args).unwrap_err());
 
     let mut g = Buf::nan(DType::F32, &[1, 3, 4]);
     let mut beta = Buf::nan(DType::BF16, &[3, 3, 4]);
@@ -216,7 +216,7 @@ fn gating_errors() {
         g: g.m(),
         beta_output: beta.m(),
     };
-    insta::assert_snapshot!("gating_beta_output_shape", plan::fused_gdn_gating(&args).unwrap_err());
+    insta::assert_snapshot!("gating_beta_output_shape", ssm_tensor::Op::plan(&args).unwrap_err());
 }
 
 #[test]
@@ -248,7 +248,7 @@ fn sigmoid_gating_errors() {
         state_layout: StateLayout::VK,
         o: args.o,
     };
-    insta::assert_snapshot!("sigmoid_a_shape", plan::fused_sigmoid_gating_delta_rule_update(&args).unwrap_err());
+    insta::assert_snapshot!("sigmoid_a_shape", ssm_tensor::Op::plan(&args).unwrap_err());
 }
 
 fn chunk_base() -> ChunkCase {
@@ -273,13 +273,13 @@ fn chunk_base() -> ChunkCase {
 }
 
 fn chunk_err(c: &mut ChunkCase) -> GdnError {
-    plan::chunk_gated_delta_rule(&c.args()).expect_err("the plan must refuse this call")
+    ssm_tensor::Op::plan(&c.args()).expect_err("the plan must refuse this call")
 }
 
 #[test]
 fn chunk_errors() {
     let mut c = chunk_base();
-    assert!(plan::chunk_gated_delta_rule(&c.args()).is_ok());
+    assert!(ssm_tensor::Op::plan(&c.args()).is_ok());
 
     let mut c = chunk_base();
     c.indices = Some(Buf::from_i64(DType::I32, &[2], &[2, 4]));

@@ -12,7 +12,7 @@ mod common;
 use common::{Buf, ChunkCase, Gen, RecCase, close};
 use ssm_cpu::{CpuBackend, Par};
 use ssm_gdn::reference::Reference;
-use ssm_gdn::{FusedSigmoidGatingDeltaRuleUpdateArgs, GdnBackend, StateLayout, plan};
+use ssm_gdn::{ChunkScratch, FusedSigmoidGatingDeltaRuleUpdateArgs, Planned, Run, StateLayout, plan};
 use ssm_tensor::DType;
 
 fn backends() -> Vec<(&'static str, CpuBackend)> {
@@ -98,7 +98,7 @@ fn chunked_prefill_equals_f64_recurrence() {
             if case % 4 == 1 {
                 let need = {
                     let args = got.args();
-                    let p = plan::chunk_gated_delta_rule(&args).unwrap();
+                    let p = ssm_tensor::Op::plan(&args).unwrap();
                     be.chunk_gated_delta_rule_scratch_size(&p)
                 };
                 got.scratch = Some(Buf::nan(DType::F32, &[need]));
@@ -504,7 +504,7 @@ fn sigmoid_gating_matches_reference_and_gating_plus_recurrent() {
         let a = rng.normal_buf(DType::BF16, &[n, hv], 2.0);
         let b = rng.normal_buf(DType::BF16, &[n, hv], 2.0);
         let dt = rng.normal_buf(DType::BF16, &[hv], 1.0);
-        let run = |c: &mut RecCase, be: &dyn Fn(&ssm_gdn::RecurrentPlan, FusedSigmoidGatingDeltaRuleUpdateArgs<'_>)| {
+        let run = |c: &mut RecCase, be: &dyn Fn(Planned<FusedSigmoidGatingDeltaRuleUpdateArgs<'_>>)| {
             let r = c.args();
             let args = FusedSigmoidGatingDeltaRuleUpdateArgs {
                 a_log: a_log.r(),
@@ -527,11 +527,10 @@ fn sigmoid_gating_matches_reference_and_gating_plus_recurrent() {
                 state_layout: layout,
                 o: r.o,
             };
-            let p = plan::fused_sigmoid_gating_delta_rule_update(&args).unwrap();
-            be(&p, args);
+            be(plan(args).unwrap());
         };
         let mut want = base.clone();
-        run(&mut want, &|p, args| Reference::F32.fused_sigmoid_gating_delta_rule_update(p, args).unwrap());
+        run(&mut want, &|call| Reference::F32.run(call).unwrap());
         // The same call as fused_gdn_gating (g, β in f32) + fused_recurrent.
         let mut g = Buf::nan(DType::F32, &[1, n, hv]);
         let mut beta = Buf::nan(DType::F32, &[1, n, hv]);
@@ -546,8 +545,7 @@ fn sigmoid_gating_matches_reference_and_gating_plus_recurrent() {
                 g: g.m(),
                 beta_output: beta.m(),
             };
-            let p = plan::fused_gdn_gating(&args).unwrap();
-            CpuBackend::new(Par::Seq).unwrap().fused_gdn_gating(&p, args).unwrap();
+            CpuBackend::new(Par::Seq).unwrap().run(plan(args).unwrap()).unwrap();
         }
         let mut split = base.clone();
         split.g = g;
@@ -558,7 +556,7 @@ fn sigmoid_gating_matches_reference_and_gating_plus_recurrent() {
             .unwrap();
         for (label, be) in backends() {
             let mut got = base.clone();
-            run(&mut got, &|p, args| be.fused_sigmoid_gating_delta_rule_update(p, args).unwrap());
+            run(&mut got, &|call| be.run(call).unwrap());
             close(&format!("{label} o"), &got.o, &want.o, 1e-5, 1e-4).unwrap();
             close(&format!("{label} state"), got.state.as_ref().unwrap(), want.state.as_ref().unwrap(), 1e-5, 1e-4)
                 .unwrap();

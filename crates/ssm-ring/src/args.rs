@@ -35,6 +35,17 @@ pub struct UpdateRingTrackers<'a> {
     pub pad_slot_id: Option<i64>,
 }
 
+impl RingTrackers<'_> {
+    /// The same three tensors, borrowed again for a shorter call.
+    pub fn reborrow(&mut self) -> RingTrackers<'_> {
+        RingTrackers {
+            ring_start: self.ring_start.reborrow(),
+            prev_num_accepted: self.prev_num_accepted.reborrow(),
+            prev_query_len: self.prev_query_len.reborrow(),
+        }
+    }
+}
+
 impl<'a> UpdateRingTrackers<'a> {
     /// The arguments of `reset_replayssm_ring_trackers`: zero the three cursors of every valid slot.
     pub fn reset(trackers: RingTrackers<'a>, state_batch_indices: TensorRef<'a>, pad_slot_id: Option<i64>) -> Self {

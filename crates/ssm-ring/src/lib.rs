@@ -5,8 +5,8 @@
 //! its outputs, appends its own tokens to the ring, and stores a new checkpoint only when
 //! the ring's window is full (semantics/ssu.md §7, SEMANTICS.md "ReplaySSM").
 //!
-//! Ops, with the pieces every op family has (args, [`plan_update`]/[`plan_commit`]/
-//! [`plan_checkpointing_ssu`], [`RingBackend`], [`reference`]):
+//! Ops, with the pieces every op family has (args, [`plan`], the backends' [`Run`] impls,
+//! [`reference`]):
 //! - ring trackers, integer-exact as vLLM's Triton kernels define them:
 //!   `update_replayssm_ring_trackers` (advance after a decoded token, or reset when no
 //!   window is given), `reset_replayssm_ring_trackers`, `commit_replayssm_ring_trackers`
@@ -25,28 +25,68 @@ pub use args::{CheckpointingSsu, CommitRingTrackers, RingTrackers, UpdateRingTra
 pub use error::RingError;
 pub use plan::{
     CheckpointingSsuPlan, HeadParam, PoolStrides, Strided1, TokenForm, TokenStrides, TrackerMode, TrackerPlan,
-    plan_checkpointing_ssu, plan_commit, plan_update,
 };
+pub use ssm_tensor::{Op, Planned, Run};
 
-/// A backend that runs the ReplaySSM ops.
+impl Op for UpdateRingTrackers<'_> {
+    const NAME: &'static str = "update_replayssm_ring_trackers";
+    type Plan = TrackerPlan;
+    type Error = RingError;
+    fn plan(&self) -> Result<TrackerPlan, RingError> {
+        plan::plan_update(self)
+    }
+    fn device(plan: &TrackerPlan) -> ssm_tensor::Device {
+        plan.device
+    }
+}
+
+impl Op for CommitRingTrackers<'_> {
+    const NAME: &'static str = "commit_replayssm_ring_trackers";
+    type Plan = TrackerPlan;
+    type Error = RingError;
+    fn plan(&self) -> Result<TrackerPlan, RingError> {
+        plan::plan_commit(self)
+    }
+    fn device(plan: &TrackerPlan) -> ssm_tensor::Device {
+        plan.device
+    }
+}
+
+impl Op for CheckpointingSsu<'_> {
+    const NAME: &'static str = "checkpointing_ssu";
+    type Plan = CheckpointingSsuPlan;
+    type Error = RingError;
+    fn plan(&self) -> Result<CheckpointingSsuPlan, RingError> {
+        plan::plan_checkpointing_ssu(self)
+    }
+    fn device(plan: &CheckpointingSsuPlan) -> ssm_tensor::Device {
+        plan.device
+    }
+}
+
+/// Checks every argument of a ReplaySSM call ([`UpdateRingTrackers`], [`CommitRingTrackers`]
+/// or [`CheckpointingSsu`]) and keeps them with their plan. Backends trust the plan.
 ///
-/// Implementations trust the plan (built from the same args) and never re-validate.
-pub trait RingBackend {
-    /// The backend's error type.
-    type Error;
-    /// Advances (or, with a reset plan, resets) the trackers of every valid slot.
-    fn update_replayssm_ring_trackers(
-        &self,
-        plan: &TrackerPlan,
-        args: UpdateRingTrackers<'_>,
-    ) -> Result<(), Self::Error>;
-    /// Commits the previous speculative window and records the current query lengths.
-    fn commit_replayssm_ring_trackers(
-        &self,
-        plan: &TrackerPlan,
-        args: CommitRingTrackers<'_>,
-    ) -> Result<(), Self::Error>;
-    /// One checkpointing SSU step: writes `out`, the ring rows after the live history, and the
-    /// checkpoint of flushing sequences; nothing else.
-    fn checkpointing_ssu(&self, plan: &CheckpointingSsuPlan, args: CheckpointingSsu<'_>) -> Result<(), Self::Error>;
+/// Tracker updates and commits skip pads and out-of-range slots (they are not errors); the
+/// checkpointing SSU checks every host index it reads. Nothing is written by a failed call.
+pub fn plan<A: Op<Error = RingError>>(args: A) -> Result<Planned<A>, RingError> {
+    Planned::new(args)
+}
+
+/// A backend of every ReplaySSM op, with one error type `E`: every backend implements it (through
+/// its `Run` impls), and generic harnesses take it as their bound.
+pub trait RingBackend<E>:
+    for<'a> Run<UpdateRingTrackers<'a>, Error = E>
+    + for<'a> Run<CommitRingTrackers<'a>, Error = E>
+    + for<'a> Run<CheckpointingSsu<'a>, Error = E>
+{
+}
+
+impl<
+    E,
+    B: for<'a> Run<UpdateRingTrackers<'a>, Error = E>
+        + for<'a> Run<CommitRingTrackers<'a>, Error = E>
+        + for<'a> Run<CheckpointingSsu<'a>, Error = E>,
+> RingBackend<E> for B
+{
 }

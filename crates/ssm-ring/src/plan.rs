@@ -44,6 +44,8 @@ pub enum TrackerMode {
 /// The checked plan of a tracker call (update, reset or commit).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TrackerPlan {
+    /// Where every tensor lives.
+    pub device: Device,
     /// What the call does.
     pub mode: TrackerMode,
     /// Request rows (`state_batch_indices.shape[0]`); 0 makes the call a no-op.
@@ -154,7 +156,7 @@ fn window_values(logical_window: i64, ring_buffer_len: i64) -> Result<(), RingEr
 
 /// Checks `update_replayssm_ring_trackers` (and reset) arguments. Slot values are not errors:
 /// pads and out-of-range entries are skipped by every backend.
-pub fn plan_update(args: &UpdateRingTrackers<'_>) -> Result<TrackerPlan, RingError> {
+pub(crate) fn plan_update(args: &UpdateRingTrackers<'_>) -> Result<TrackerPlan, RingError> {
     let (tracker_dtype, num_states, trackers, device) = trackers_plan(&args.trackers)?;
     let (index, rows) = slot_column("state_batch_indices", &args.state_batch_indices)?;
     check_device("state_batch_indices", "ring_start", device, args.state_batch_indices.device())?;
@@ -168,6 +170,7 @@ pub fn plan_update(args: &UpdateRingTrackers<'_>) -> Result<TrackerPlan, RingErr
         }
     };
     Ok(TrackerPlan {
+        device,
         mode,
         rows,
         num_states,
@@ -181,7 +184,7 @@ pub fn plan_update(args: &UpdateRingTrackers<'_>) -> Result<TrackerPlan, RingErr
 }
 
 /// Checks `commit_replayssm_ring_trackers` arguments.
-pub fn plan_commit(args: &CommitRingTrackers<'_>) -> Result<TrackerPlan, RingError> {
+pub(crate) fn plan_commit(args: &CommitRingTrackers<'_>) -> Result<TrackerPlan, RingError> {
     let (tracker_dtype, num_states, trackers, device) = trackers_plan(&args.trackers)?;
     let (index, rows) = slot_column("state_batch_indices", &args.state_batch_indices)?;
     check_device("state_batch_indices", "ring_start", device, args.state_batch_indices.device())?;
@@ -207,6 +210,7 @@ pub fn plan_commit(args: &CommitRingTrackers<'_>) -> Result<TrackerPlan, RingErr
         });
     }
     Ok(TrackerPlan {
+        device,
         mode: TrackerMode::Commit { logical_window: args.logical_window, ring_buffer_len: args.ring_buffer_len },
         rows,
         num_states,
@@ -301,6 +305,8 @@ impl HeadParam {
 /// The checked plan of a `checkpointing_ssu` call.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CheckpointingSsuPlan {
+    /// Where every tensor lives.
+    pub device: Device,
     /// Token layout.
     pub form: TokenForm,
     /// Sequences.
@@ -500,7 +506,7 @@ fn pool(arg: &'static str, t: &TensorMut<'_>, names: &[&str], want: &[usize]) ->
 /// Checks a `checkpointing_ssu` call: shapes, dtypes, strides, devices, and, for host
 /// tensors, every index the call reads (`state_batch_indices`, the cursors of the slots it
 /// uses, `cu_seqlens`). Nothing is written by the op when this fails.
-pub fn plan_checkpointing_ssu(args: &CheckpointingSsu<'_>) -> Result<CheckpointingSsuPlan, RingError> {
+pub(crate) fn plan_checkpointing_ssu(args: &CheckpointingSsu<'_>) -> Result<CheckpointingSsuPlan, RingError> {
     let device = args.state.device();
     let dev = |arg: &'static str, d: Device| check_device(arg, "state", device, d);
     dev("x_cache", args.x_cache.device())?;
@@ -741,6 +747,7 @@ pub fn plan_checkpointing_ssu(args: &CheckpointingSsu<'_>) -> Result<Checkpointi
     }
 
     Ok(CheckpointingSsuPlan {
+        device,
         form,
         batch,
         tokens,

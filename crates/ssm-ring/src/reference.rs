@@ -5,11 +5,14 @@
 
 use std::ops::{Add, Div, Mul, Sub};
 
+use crate::Planned;
 use crate::host::{read_float, read_int, write_float, write_int};
-use crate::{CheckpointingSsu, CheckpointingSsuPlan, CommitRingTrackers, TrackerMode, TrackerPlan, UpdateRingTrackers};
+use crate::{CheckpointingSsu, CheckpointingSsuPlan, CommitRingTrackers, TrackerMode, UpdateRingTrackers};
 
 /// Runs `update_replayssm_ring_trackers` (or reset) on host tensors, rows in order.
-pub fn update_replayssm_ring_trackers(plan: &TrackerPlan, mut args: UpdateRingTrackers<'_>) {
+pub fn update_replayssm_ring_trackers(call: Planned<UpdateRingTrackers<'_>>) {
+    let (mut args, plan) = call.into_parts();
+    let plan = &plan;
     for row in 0..plan.rows {
         let slot = read_int(&args.state_batch_indices, plan.index.at(row));
         if !plan.is_valid_slot(slot) {
@@ -40,12 +43,14 @@ pub fn update_replayssm_ring_trackers(plan: &TrackerPlan, mut args: UpdateRingTr
 
 /// Runs `reset_replayssm_ring_trackers`: the same call as [`update_replayssm_ring_trackers`]
 /// with a reset plan.
-pub fn reset_replayssm_ring_trackers(plan: &TrackerPlan, args: UpdateRingTrackers<'_>) {
-    update_replayssm_ring_trackers(plan, args)
+pub fn reset_replayssm_ring_trackers(call: Planned<UpdateRingTrackers<'_>>) {
+    update_replayssm_ring_trackers(call)
 }
 
 /// Runs `commit_replayssm_ring_trackers` on host tensors, rows in order.
-pub fn commit_replayssm_ring_trackers(plan: &TrackerPlan, mut args: CommitRingTrackers<'_>) {
+pub fn commit_replayssm_ring_trackers(call: Planned<CommitRingTrackers<'_>>) {
+    let (mut args, plan) = call.into_parts();
+    let plan = &plan;
     let TrackerMode::Commit { logical_window, ring_buffer_len } = plan.mode else {
         unreachable!("commit needs a commit plan")
     };
@@ -133,13 +138,17 @@ pub fn softplus<F: Precision>(v: F) -> F {
 }
 
 /// `checkpointing_ssu` in f32.
-pub fn checkpointing_ssu(plan: &CheckpointingSsuPlan, args: CheckpointingSsu<'_>) {
+pub fn checkpointing_ssu(call: Planned<CheckpointingSsu<'_>>) {
+    let (args, plan) = call.into_parts();
+    let plan = &plan;
     run::<f32>(plan, args)
 }
 
 /// `checkpointing_ssu` with f64 arithmetic (stores round to each tensor's dtype; `dt_cache`
 /// stores f32).
-pub fn checkpointing_ssu_f64(plan: &CheckpointingSsuPlan, args: CheckpointingSsu<'_>) {
+pub fn checkpointing_ssu_f64(call: Planned<CheckpointingSsu<'_>>) {
+    let (args, plan) = call.into_parts();
+    let plan = &plan;
     run::<f64>(plan, args)
 }
 

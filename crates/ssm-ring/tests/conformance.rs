@@ -6,7 +6,7 @@
 mod common;
 
 use common::{Case, load};
-use ssm_ring::{CommitRingTrackers, RingTrackers, UpdateRingTrackers, plan_commit, plan_update, reference};
+use ssm_ring::{CommitRingTrackers, RingTrackers, UpdateRingTrackers, reference};
 
 fn opt_i64(v: &serde_json::Value) -> Option<i64> {
     v.as_i64()
@@ -34,8 +34,8 @@ fn reference_passes_every_update_vector() {
             ring_buffer_len: opt_i64(&case.args["ring_buffer_len"]),
             pad_slot_id: opt_i64(&case.args["pad_slot_id"]),
         };
-        let p = plan_update(&args).unwrap();
-        reference::update_replayssm_ring_trackers(&p, args);
+        let p = ssm_tensor::Planned::new(args).unwrap();
+        reference::update_replayssm_ring_trackers(p);
         check_exact(case, "ring_start", &rs);
         check_exact(case, "prev_num_accepted", &pa);
         check_exact(case, "prev_query_len", &pq);
@@ -63,8 +63,8 @@ fn reference_passes_every_commit_vector() {
             ring_buffer_len: case.args["ring_buffer_len"].as_i64().unwrap(),
             pad_slot_id: opt_i64(&case.args["pad_slot_id"]),
         };
-        let p = plan_commit(&args).unwrap();
-        reference::commit_replayssm_ring_trackers(&p, args);
+        let p = ssm_tensor::Planned::new(args).unwrap();
+        reference::commit_replayssm_ring_trackers(p);
         check_exact(case, "ring_start", &rs);
         check_exact(case, "prev_num_accepted", &pa);
         check_exact(case, "prev_query_len", &pq);

@@ -2,10 +2,7 @@
 //! valid call and breaks one thing. Plans take the arguments by shared reference, so a
 //! refused call cannot have written anything.
 
-use ssm_ring::{
-    CheckpointingSsu, CommitRingTrackers, RingError, RingTrackers, UpdateRingTrackers, plan_checkpointing_ssu,
-    plan_commit, plan_update,
-};
+use ssm_ring::{CheckpointingSsu, CommitRingTrackers, RingError, RingTrackers, UpdateRingTrackers};
 use ssm_tensor::{DType, Device, TensorMut, TensorRef};
 
 fn leak<T: Clone>(v: &[T]) -> &'static mut [T] {
@@ -33,7 +30,7 @@ fn update(edit: impl FnOnce(&mut UpdateRingTrackers<'static>)) -> Result<(), Rin
         pad_slot_id: Some(0),
     };
     edit(&mut a);
-    plan_update(&a).map(|_| ())
+    ssm_tensor::Op::plan(&a).map(|_| ())
 }
 
 fn commit(edit: impl FnOnce(&mut CommitRingTrackers<'static>)) -> Result<(), RingError> {
@@ -47,7 +44,7 @@ fn commit(edit: impl FnOnce(&mut CommitRingTrackers<'static>)) -> Result<(), Rin
         pad_slot_id: Some(0),
     };
     edit(&mut a);
-    plan_commit(&a).map(|_| ())
+    ssm_tensor::Op::plan(&a).map(|_| ())
 }
 
 const CACHE: usize = 4;
@@ -85,7 +82,7 @@ fn ckpt(edit: impl FnOnce(&mut CheckpointingSsu<'static>)) -> Result<(), RingErr
         max_seqlen: None,
     };
     edit(&mut a);
-    plan_checkpointing_ssu(&a).map(|_| ())
+    ssm_tensor::Op::plan(&a).map(|_| ())
 }
 
 /// Replaces the token tensors by `rows` packed tokens (varlen) or `[B, t]` dense ones.

@@ -61,6 +61,8 @@ impl Strided4 {
 /// The checked plan of one `mamba_chunk_scan_combined_varlen` call.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SsdPlan {
+    /// Where every tensor lives.
+    pub device: Device,
     /// Packed tokens `T`.
     pub tokens: usize,
     /// Heads `H`.
@@ -274,7 +276,7 @@ fn state4(arg: &'static str, t: &TensorRef<'_>, want: &[usize; 4], row_name: &st
 /// Checks one call: shapes, dtypes, strides and devices of every tensor, and, for host
 /// metadata, every value (`cu_seqlens`, `cu_chunk_seqlens`, `seq_idx`, `last_chunk_indices`).
 /// Backends trust the returned plan; nothing is written when this fails.
-pub fn plan(args: &MambaChunkScanCombinedVarlen<'_>) -> Result<SsdPlan, SsdError> {
+pub(crate) fn plan(args: &MambaChunkScanCombinedVarlen<'_>) -> Result<SsdPlan, SsdError> {
     let device = args.x.device();
     let dev = |arg: &'static str, d: Device| {
         if d == device { Ok(()) } else { Err(SsdError::Device { arg, expected: device, actual: d }) }
@@ -425,6 +427,7 @@ pub fn plan(args: &MambaChunkScanCombinedVarlen<'_>) -> Result<SsdPlan, SsdError
         out: args.out.as_ref().map(|t| t.dtype()),
     };
     let mut plan = SsdPlan {
+        device,
         tokens,
         heads,
         dim,

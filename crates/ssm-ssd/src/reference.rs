@@ -6,6 +6,7 @@
 
 use std::ops::{Add, Div, Mul, Sub};
 
+use crate::Planned;
 use crate::host::{read_float, write_float};
 use crate::{MambaChunkScanCombinedVarlen, SsdPlan};
 
@@ -77,12 +78,16 @@ pub fn process_dt<F: Precision>(raw: F, bias: Option<F>, softplus: bool, (lo, hi
 }
 
 /// The f32 reference.
-pub fn mamba_chunk_scan_combined_varlen(plan: &SsdPlan, args: MambaChunkScanCombinedVarlen<'_>) {
+pub fn mamba_chunk_scan_combined_varlen(call: Planned<MambaChunkScanCombinedVarlen<'_>>) {
+    let (args, plan) = call.into_parts();
+    let plan = &plan;
     run::<f32>(plan, args)
 }
 
 /// The f64 reference (stores round to each tensor's dtype).
-pub fn mamba_chunk_scan_combined_varlen_f64(plan: &SsdPlan, args: MambaChunkScanCombinedVarlen<'_>) {
+pub fn mamba_chunk_scan_combined_varlen_f64(call: Planned<MambaChunkScanCombinedVarlen<'_>>) {
+    let (args, plan) = call.into_parts();
+    let plan = &plan;
     run::<f64>(plan, args)
 }
 

@@ -4,7 +4,7 @@
 mod common;
 
 use common::{Case, Tensor, load};
-use ssm_ssd::{MambaChunkScanCombinedVarlen, plan, reference};
+use ssm_ssd::{MambaChunkScanCombinedVarlen, reference};
 use ssm_tensor::DType;
 
 fn state_dtype(case: &Case) -> Option<DType> {
@@ -46,11 +46,11 @@ fn run(case: &Case, f64: bool) {
         varlen_states: states.view_mut(),
         workspace: None,
     };
-    let p = plan(&args).unwrap_or_else(|e| panic!("{}: {e}", case.name));
+    let p = ssm_tensor::Planned::new(args).unwrap_or_else(|e| panic!("{}: {e}", case.name));
     if f64 {
-        reference::mamba_chunk_scan_combined_varlen_f64(&p, args);
+        reference::mamba_chunk_scan_combined_varlen_f64(p);
     } else {
-        reference::mamba_chunk_scan_combined_varlen(&p, args);
+        reference::mamba_chunk_scan_combined_varlen(p);
     }
     let (e1, n1) = case.check("out", &out);
     let (e2, n2) = case.check("varlen_states", &states);

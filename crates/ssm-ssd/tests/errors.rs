@@ -2,7 +2,7 @@
 //! Each case starts from a valid call and breaks one thing; the outputs are checked to be
 //! untouched (the plan fails before anything runs).
 
-use ssm_ssd::{MambaChunkScanCombinedVarlen, SsdError, plan};
+use ssm_ssd::{MambaChunkScanCombinedVarlen, SsdError};
 use ssm_tensor::{DType, Device, TensorMut, TensorRef};
 
 /// A valid call: 2 sequences of 5 and 3 tokens, chunk 4, H 4, P 3, N 8, G 2.
@@ -79,7 +79,7 @@ fn fail<'a>(f: &'a Fixture, edit: impl FnOnce(&mut MambaChunkScanCombinedVarlen<
     let states: &'a mut [f32] = Box::leak(f.states.clone().into_boxed_slice());
     let mut a = args(f, out, states);
     edit(&mut a);
-    let err: SsdError = plan(&a).expect_err("the call must be refused");
+    let err: SsdError = ssm_tensor::Op::plan(&a).expect_err("the call must be refused");
     err.to_string()
 }
 
@@ -93,7 +93,7 @@ fn with(f: impl FnOnce(&mut Fixture)) -> Fixture {
 fn the_fixture_is_valid() {
     let f = Fixture::new();
     let (mut out, mut states) = (f.out.clone(), f.states.clone());
-    let p = plan(&args(&f, &mut out, &mut states)).unwrap();
+    let p = ssm_tensor::Op::plan(&args(&f, &mut out, &mut states)).unwrap();
     assert_eq!((p.nchunks, p.batch, p.heads_per_group()), (3, 2, 2));
 }
 
@@ -215,5 +215,5 @@ fn workspace_too_small() {
     let (mut out, mut states, mut ws) = (f.out.clone(), f.states.clone(), vec![0.0f32; 10]);
     let mut a = args(&f, &mut out, &mut states);
     a.workspace = Some(TensorMut::from_slice(&mut ws, &[10]).unwrap());
-    insta::assert_snapshot!(plan(&a).unwrap_err().to_string());
+    insta::assert_snapshot!(ssm_tensor::Op::plan(&a).unwrap_err().to_string());
 }

@@ -8,10 +8,50 @@
 //!
 //! The crate has the four pieces every op family has:
 //! - [`SelectiveStateUpdate`]: the borrowed arguments, named as vLLM names them;
-//! - [`plan`]: every check, once, before anything is written; it returns an [`SsuPlan`]
-//!   that backends trust;
-//! - [`SsuBackend`]: the trait each backend implements;
+//! - [`plan`]: every check, once, before anything is written; it returns the arguments
+//!   and their [`SsuPlan`] as one [`Planned`] call, the only thing a backend accepts
+//!   (`impl Run<SelectiveStateUpdate> for …`);
 //! - [`reference`]: the kernel-faithful scalar implementation (f32, and an f64 variant).
+//!
+//! A plan from one call cannot run with another call's arguments. A backend takes one
+//! [`Planned`] value, made only by [`plan`] from the arguments it keeps:
+//!
+//! ```
+//! # use ssm_ssu::{Planned, Run, SelectiveStateUpdate};
+//! fn decode<'a>(backend: &impl Run<SelectiveStateUpdate<'a>>, args: SelectiveStateUpdate<'a>) {
+//!     let call = ssm_ssu::plan(args).expect("checked");
+//!     let _ = backend.run(call); // the plan travels with the arguments it was built from
+//! }
+//! ```
+//!
+//! Pairing the plan of a large call with the arguments of a small one does not compile,
+//! neither by building the pair (its fields are private) ...
+//!
+//! ```compile_fail,E0451
+//! # use ssm_ssu::{Planned, Run, SelectiveStateUpdate};
+//! fn forge<'a>(
+//!     backend: &impl Run<SelectiveStateUpdate<'a>>,
+//!     small: SelectiveStateUpdate<'a>,
+//!     big: Planned<SelectiveStateUpdate<'a>>,
+//! ) {
+//!     let (_, plan) = big.into_parts();
+//!     let _ = backend.run(Planned { args: small, plan, device: ssm_tensor::Device::Cpu });
+//! }
+//! ```
+//!
+//! ... nor by handing a backend the plan and the arguments side by side:
+//!
+//! ```compile_fail,E0308
+//! # use ssm_ssu::{Planned, Run, SelectiveStateUpdate};
+//! fn forge<'a>(
+//!     backend: &impl Run<SelectiveStateUpdate<'a>>,
+//!     small: SelectiveStateUpdate<'a>,
+//!     big: Planned<SelectiveStateUpdate<'a>>,
+//! ) {
+//!     let (_, plan) = big.into_parts();
+//!     let _ = backend.run((small, plan));
+//! }
+//! ```
 
 mod args;
 mod error;
@@ -21,15 +61,33 @@ pub mod reference;
 
 pub use args::{SelectiveStateUpdate, StochasticRounding};
 pub use error::SsuError;
-pub use plan::{IndexTable, ParamForm, Route, SsuAlgorithm, SsuDims, SsuDtypes, SsuPlan, Strided, TokenStrides, plan};
+pub use plan::{IndexTable, ParamForm, Route, SsuAlgorithm, SsuDims, SsuDtypes, SsuPlan, Strided, TokenStrides};
+pub use ssm_tensor::{Op, Planned, Run};
 
-/// A backend that runs the selective state update.
-///
-/// Implementations trust `plan` (built by [`plan`] from the same `args`) and never
-/// re-validate shapes or host index values.
-pub trait SsuBackend {
-    /// The backend's error type.
-    type Error;
-    /// Runs one call: writes `out` and the state slots the tables name, nothing else.
-    fn selective_state_update(&self, plan: &SsuPlan, args: SelectiveStateUpdate<'_>) -> Result<(), Self::Error>;
+impl Op for SelectiveStateUpdate<'_> {
+    const NAME: &'static str = "selective_state_update";
+    type Plan = SsuPlan;
+    type Error = SsuError;
+    fn plan(&self) -> Result<SsuPlan, SsuError> {
+        plan::plan(self)
+    }
+    fn device(plan: &SsuPlan) -> ssm_tensor::Device {
+        plan.device
+    }
 }
+
+/// Checks every argument of a selective state update and keeps them with their plan.
+///
+/// Applies vLLM's unsqueeze rules, detects the route (one-token, varlen, dense), the
+/// parameter form (tied by strides, as vLLM does), and, for host-resident index tensors,
+/// checks every index value the call will read. Errors name the argument and what was
+/// expected; nothing is written by a failed call.
+pub fn plan(args: SelectiveStateUpdate<'_>) -> Result<Planned<SelectiveStateUpdate<'_>>, SsuError> {
+    Planned::new(args)
+}
+
+/// A backend of the selective state update, with one error type `E`: every backend implements it (through
+/// its `Run` impls), and generic harnesses take it as their bound.
+pub trait SsuBackend<E>: for<'a> Run<SelectiveStateUpdate<'a>, Error = E> {}
+
+impl<E, B: for<'a> Run<SelectiveStateUpdate<'a>, Error = E>> SsuBackend<E> for B {}

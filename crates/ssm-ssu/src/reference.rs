@@ -17,7 +17,7 @@ use ssm_tensor::{DType, Device, TensorError};
 
 use crate::philox::{round_f16_stochastic, sr_bits};
 use crate::plan::{ParamForm, Route, host_seq_bounds};
-use crate::{SelectiveStateUpdate, SsuBackend, SsuError, SsuPlan};
+use crate::{Planned, Run, SelectiveStateUpdate, SsuError, SsuPlan};
 
 /// The f32 reference as a backend.
 #[derive(Debug, Clone, Copy, Default)]
@@ -27,17 +27,19 @@ pub struct Reference;
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ReferenceF64;
 
-impl SsuBackend for Reference {
+impl Run<SelectiveStateUpdate<'_>> for Reference {
     type Error = SsuError;
-    fn selective_state_update(&self, plan: &SsuPlan, args: SelectiveStateUpdate<'_>) -> Result<(), SsuError> {
-        run::<f32>(plan, args)
+    fn run(&self, call: Planned<SelectiveStateUpdate<'_>>) -> Result<(), SsuError> {
+        let (args, plan) = call.into_parts();
+        run::<f32>(&plan, args)
     }
 }
 
-impl SsuBackend for ReferenceF64 {
+impl Run<SelectiveStateUpdate<'_>> for ReferenceF64 {
     type Error = SsuError;
-    fn selective_state_update(&self, plan: &SsuPlan, args: SelectiveStateUpdate<'_>) -> Result<(), SsuError> {
-        run::<f64>(plan, args)
+    fn run(&self, call: Planned<SelectiveStateUpdate<'_>>) -> Result<(), SsuError> {
+        let (args, plan) = call.into_parts();
+        run::<f64>(&plan, args)
     }
 }
 

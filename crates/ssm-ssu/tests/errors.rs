@@ -78,7 +78,7 @@ fn err(edit: impl for<'a> FnOnce(&mut SelectiveStateUpdate<'a>, &'a Base)) -> St
         // SAFETY-free trick: `extra` lives as long as `args`' borrows need.
         let extra: &Base = Box::leak(Box::new(extra));
         edit(&mut args, extra);
-        match ssm_ssu::plan(&args) {
+        match ssm_tensor::Op::plan(&args) {
             Ok(p) => panic!("expected an error, got a plan: {p:?}"),
             Err(e) => e.to_string(),
         }
@@ -94,7 +94,7 @@ fn t<'a>(h: &'a HostTensor) -> TensorRef<'a> {
 #[test]
 fn base_call_plans() {
     let mut b = base();
-    ssm_ssu::plan(&b.args()).unwrap();
+    ssm_tensor::Op::plan(&b.args()).unwrap();
 }
 
 #[test]

@@ -11,6 +11,9 @@
 //! that each reachable element lies inside the borrowed memory, so no view can
 //! address out of bounds.
 //!
+//! [`Planned`] pairs an op's arguments with the plan checked from them; backends [`Run`]
+//! planned calls only.
+//!
 //! [`HostTensor`] is the one owning type: an aligned host buffer for tests, tools and
 //! benchmarks, which hands out views.
 
@@ -18,12 +21,14 @@ mod dtype;
 mod error;
 mod layout;
 mod owned;
+mod planned;
 mod view;
 
 pub use dtype::{DType, Element};
 pub use error::TensorError;
 pub use layout::{Layout, MAX_RANK};
 pub use owned::HostTensor;
+pub use planned::{Op, Planned, Run, Unsupported};
 pub use view::{Device, TensorMut, TensorRef};
 
 pub use half::{bf16, f16};

@@ -182,7 +182,7 @@ impl BenchCase for GdnCase {
                     o: o.view_mut(),
                     scratch: None,
                 };
-                let plan = ssm_gdn::plan::chunk_gated_delta_rule(&args)?;
+                let plan = ssm_tensor::Op::plan(&args)?;
                 Some(HostTensor::filled(DType::F32, vec![rt.chunk_gated_delta_rule_scratch_size(&plan).max(1)], 0.0))
             }
             Kind::Decode => None,

@@ -83,7 +83,7 @@ impl Args {
         let config = Config { backend: self.backend, cpu_threads: self.threads, ..Config::default() };
         let rt = Runtime::new(&config).context("starting the backend")?;
         #[cfg(feature = "cuda")]
-        if rt.kind() == BackendKind::Cuda {
+        if rt.cuda().is_some() {
             // Device kernels are timed with CUDA-graph replay against the card's copy bandwidth.
             anyhow::ensure!(
                 self.op == "all" || self.op == "ssu",
@@ -101,12 +101,8 @@ impl Args {
             };
             return crate::bench_cuda::run(&args).map(|_| ());
         }
-        let threads = match rt.kind() {
-            BackendKind::Cpu => {
-                self.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
-            }
-            _ => 0,
-        };
+        // Host cases: the runtime's CPU backend runs them.
+        let threads = self.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
         let mut cases: Vec<Box<dyn BenchCase>> = Vec::new();
         let want = |op: &str| self.op == "all" || self.op == op;
         if want("ssu") {
@@ -127,7 +123,7 @@ impl Args {
         }
         anyhow::ensure!(!cases.is_empty(), "no bench cases for --op {}", self.op);
 
-        eprintln!("measuring copy bandwidth on {} ({} threads)…", rt.kind(), threads.max(1));
+        eprintln!("measuring copy bandwidth on {} ({} threads)…", rt.devices(), threads.max(1));
         let mut probe = CopyProbe::new(threads.max(1))?;
         let copy_gbps = (0..if self.quick { 4 } else { 8 }).map(|_| probe.pass()).fold(0.0f64, f64::max);
         eprintln!("copy: {copy_gbps:.1} GB/s (bytes read + written, best of a 512 MiB copy)");
@@ -142,7 +138,7 @@ impl Args {
             let gbps = case.bytes() as f64 / seconds / 1e9;
             records.push(Record {
                 op: case.op().into(),
-                backend: rt.kind().to_string(),
+                backend: "cpu".into(),
                 shape: case.shape(),
                 state_dtype: case.state_dtype().into(),
                 batch: case.batch(),
@@ -248,7 +244,7 @@ fn print_table(records: &[Record], copy_gbps: f64, rt: &Runtime, threads: usize)
         out,
         "\nbackend {} ({} threads), copy {:.1} GB/s (512 MiB, best of the first passes; each row's fraction\n\
          uses the median copy measured around and during that row, column \"copy\")\n{:<5} {:<24} {:<6} {:>6} {:>5} {:>12} {:>10} {:>8} {:>9}",
-        rt.kind(),
+        rt.devices(),
         threads.max(1),
         copy_gbps,
         "op",

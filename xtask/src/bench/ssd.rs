@@ -132,7 +132,7 @@ impl BenchCase for SsdCase {
                 varlen_states: states.view_mut(),
                 workspace: None,
             };
-            let need = ssm_ssd::plan(&args)?.workspace_len();
+            let need = ssm_tensor::Op::plan(&args)?.workspace_len();
             if ws.len() < need {
                 ws.resize(need, 0.0);
             }

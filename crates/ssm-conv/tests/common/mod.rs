@@ -1,5 +1,5 @@
 //! Loading the conformance vectors (`shared/conformance/vectors`, FORMAT.md) and running them
-//! through any [`ConvBackend`].
+//! through any [`ssm_conv::ConvBackend`].
 
 #![allow(dead_code, unreachable_pub)]
 
@@ -7,9 +7,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use half::{bf16, f16};
-use ssm_conv::{
-    Activation, CausalConv1dFnArgs, CausalConv1dUpdateArgs, ConvBackend, ConvStateLayout, plan_fn, plan_update,
-};
+use ssm_conv::{Activation, CausalConv1dFnArgs, CausalConv1dUpdateArgs, ConvStateLayout};
 use ssm_tensor::{TensorMut, TensorRef};
 
 /// The vectors directory: `SSM_CONFORMANCE_DIR`, or `../shared/conformance/vectors` next to the workspace.
@@ -205,10 +203,11 @@ pub fn compare(v: &Vector, name: &str, got: &[f64]) -> Result<usize, String> {
 }
 
 /// Runs a `causal_conv1d_update` vector with the given state layout; returns elements checked.
-pub fn run_update<B: ConvBackend>(backend: &B, v: &Vector, layout: ConvStateLayout) -> Result<usize, String>
-where
-    B::Error: std::fmt::Debug,
-{
+pub fn run_update<B: ssm_conv::ConvBackend<E>, E: std::fmt::Debug>(
+    backend: &B,
+    v: &Vector,
+    layout: ConvStateLayout,
+) -> Result<usize, String> {
     let (xshape, xbuf) = v.get("in.x").unwrap();
     let (sshape, sbuf) = v.get("in.conv_state").unwrap();
     let (slots, dim, state_len) = (sshape[0], sshape[1], sshape[2]);
@@ -247,8 +246,9 @@ where
             initial_state_idx: v.input("initial_state_idx"),
             out: out_buf.view_mut(xshape).with_layout(&vshape, &vstrides, 0).unwrap(),
         };
-        let plan = plan_update(&args).map_err(|e| format!("{}: plan: {e}", v.name))?;
-        backend.causal_conv1d_update(&plan, args).map_err(|e| format!("{}: backend: {e:?}", v.name))?;
+        backend
+            .run(ssm_tensor::Planned::new(args).map_err(|e| format!("{}: plan: {e}", v.name))?)
+            .map_err(|e| format!("{}: backend: {e:?}", v.name))?;
     }
     let state_logical = match layout {
         ConvStateLayout::DimStateLen => state_buf,
@@ -269,10 +269,11 @@ where
 }
 
 /// Runs a `causal_conv1d_fn` vector with the given state layout; returns elements checked.
-pub fn run_fn<B: ConvBackend>(backend: &B, v: &Vector, layout: ConvStateLayout) -> Result<usize, String>
-where
-    B::Error: std::fmt::Debug,
-{
+pub fn run_fn<B: ssm_conv::ConvBackend<E>, E: std::fmt::Debug>(
+    backend: &B,
+    v: &Vector,
+    layout: ConvStateLayout,
+) -> Result<usize, String> {
     let (xshape, xbuf) = v.get("in.x").unwrap();
     let (dim, tokens) = (xshape[0], xshape[1]);
     let (sshape, sbuf) = v.get("in.conv_states").unwrap();
@@ -309,8 +310,9 @@ where
             pad_slot_id: v.pad(),
             out: out_buf.view_mut(xshape).with_layout(&[tokens, dim], &[1, tokens as isize], 0).unwrap(),
         };
-        let plan = plan_fn(&args).map_err(|e| format!("{}: plan: {e}", v.name))?;
-        backend.causal_conv1d_fn(&plan, args).map_err(|e| format!("{}: backend: {e:?}", v.name))?;
+        backend
+            .run(ssm_tensor::Planned::new(args).map_err(|e| format!("{}: plan: {e}", v.name))?)
+            .map_err(|e| format!("{}: backend: {e:?}", v.name))?;
     }
     let state_logical = match layout {
         ConvStateLayout::DimStateLen => state_buf,

@@ -1,6 +1,6 @@
 //! Shared test support: owned host buffers, the conformance-vector reader, and one runner per
 //! op that maps a vector file's `in.*` tensors and `args` onto the op's Args and runs them
-//! through any [`GdnBackend`].
+//! through any [`ssm_gdn::GdnBackend`].
 
 #![allow(dead_code, unreachable_pub)]
 
@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use half::{bf16, f16};
 use ssm_gdn::{
     ChunkGatedDeltaRuleArgs, FusedGdnGatingArgs, FusedRecurrentGatedDeltaRuleArgs,
-    FusedSigmoidGatingDeltaRuleUpdateArgs, GdnBackend, StateLayout, plan,
+    FusedSigmoidGatingDeltaRuleUpdateArgs, StateLayout,
 };
 use ssm_tensor::{DType, TensorMut, TensorRef};
 
@@ -237,10 +237,11 @@ pub fn compare(what: &str, got: &Buf, want: &Buf, atol: f64, rtol: f64) -> Resul
 
 /// Runs a case through `be` with the state in `layout` (the file's VK state is transposed for KV);
 /// returns `(output name, got, expected)` triples, expected already in `layout`.
-pub fn run_case<B: GdnBackend>(be: &B, case: &Case, layout: StateLayout) -> Vec<(String, Buf, Buf)>
-where
-    B::Error: std::fmt::Debug,
-{
+pub fn run_case<B: ssm_gdn::GdnBackend<E>, E: std::fmt::Debug>(
+    be: &B,
+    case: &Case,
+    layout: StateLayout,
+) -> Vec<(String, Buf, Buf)> {
     let to_layout = |b: &Buf| if layout == StateLayout::KV { b.transpose_last2() } else { b.clone() };
     let opt = |n: &str| case.input(n).cloned();
     let eps = 1e-6;
@@ -261,8 +262,7 @@ where
                     g: g.m(),
                     beta_output: beta.m(),
                 };
-                let p = plan::fused_gdn_gating(&args).unwrap();
-                be.fused_gdn_gating(&p, args).unwrap();
+                be.run(ssm_tensor::Planned::new(args).unwrap()).unwrap();
             }
             vec![
                 ("g".into(), g, case.expected("g").clone()),
@@ -305,8 +305,7 @@ where
                     state_layout: layout,
                     o: o.m(),
                 };
-                let p = plan::fused_recurrent_gated_delta_rule(&args).unwrap();
-                be.fused_recurrent_gated_delta_rule(&p, args).unwrap();
+                be.run(ssm_tensor::Planned::new(args).unwrap()).unwrap();
             } else {
                 let args = FusedSigmoidGatingDeltaRuleUpdateArgs {
                     a_log: case.input("A_log").unwrap().r(),
@@ -329,8 +328,7 @@ where
                     state_layout: layout,
                     o: o.m(),
                 };
-                let p = plan::fused_sigmoid_gating_delta_rule_update(&args).unwrap();
-                be.fused_sigmoid_gating_delta_rule_update(&p, args).unwrap();
+                be.run(ssm_tensor::Planned::new(args).unwrap()).unwrap();
             }
             let mut outs = vec![("o".to_string(), o, case.expected("o").clone())];
             if let Some(fs) = final_state {
@@ -370,8 +368,7 @@ where
                 o: o.m(),
                 scratch: None,
             };
-            let p = plan::chunk_gated_delta_rule(&args).unwrap();
-            be.chunk_gated_delta_rule(&p, args).unwrap();
+            be.run(ssm_tensor::Planned::new(args).unwrap()).unwrap();
             vec![("o".into(), o, case.expected("o").clone()), ("final_state".into(), fs, want_fs)]
         }
         op => panic!("unknown op {op}"),
@@ -379,10 +376,7 @@ where
 }
 
 /// Runs every case of `op` through `be` in both layouts; returns how many passed.
-pub fn check_op<B: GdnBackend>(be: &B, label: &str, op: &str) -> usize
-where
-    B::Error: std::fmt::Debug,
-{
+pub fn check_op<B: ssm_gdn::GdnBackend<E>, E: std::fmt::Debug>(be: &B, label: &str, op: &str) -> usize {
     let cases = cases(op);
     assert!(!cases.is_empty(), "no vectors for {op}");
     let mut failures = Vec::new();
@@ -446,13 +440,9 @@ impl RecCase {
     }
 
     /// Plans and runs the call on `be`.
-    pub fn run<B: GdnBackend>(&mut self, be: &B) -> Result<(), String>
-    where
-        B::Error: std::fmt::Debug,
-    {
+    pub fn run<B: ssm_gdn::GdnBackend<E>, E: std::fmt::Debug>(&mut self, be: &B) -> Result<(), String> {
         let args = self.args();
-        let p = plan::fused_recurrent_gated_delta_rule(&args).map_err(|e| e.to_string())?;
-        be.fused_recurrent_gated_delta_rule(&p, args).map_err(|e| format!("{e:?}"))
+        be.run(ssm_tensor::Planned::new(args).map_err(|e| e.to_string())?).map_err(|e| format!("{e:?}"))
     }
 }
 
@@ -501,13 +491,9 @@ impl ChunkCase {
     }
 
     /// Plans and runs the call on `be`.
-    pub fn run<B: GdnBackend>(&mut self, be: &B) -> Result<(), String>
-    where
-        B::Error: std::fmt::Debug,
-    {
+    pub fn run<B: ssm_gdn::GdnBackend<E>, E: std::fmt::Debug>(&mut self, be: &B) -> Result<(), String> {
         let args = self.args();
-        let p = plan::chunk_gated_delta_rule(&args).map_err(|e| e.to_string())?;
-        be.chunk_gated_delta_rule(&p, args).map_err(|e| format!("{e:?}"))
+        be.run(ssm_tensor::Planned::new(args).map_err(|e| e.to_string())?).map_err(|e| format!("{e:?}"))
     }
 }
 

@@ -1,0 +1,38 @@
+//! The ops the CUDA backend has no kernel for yet: each answers a typed
+//! [`ssm_tensor::Unsupported`] naming the op, and writes nothing.
+
+use ssm_tensor::{Op, Planned, Run, Unsupported};
+
+use crate::{CudaBackend, CudaError};
+
+macro_rules! unsupported {
+    ($($args:ty),* $(,)?) => {$(
+        impl Run<$args> for CudaBackend {
+            type Error = CudaError;
+            fn run(&self, call: Planned<$args>) -> Result<(), CudaError> {
+                self.expect_device(&call)?;
+                Err(Unsupported { op: <$args as Op>::NAME, backend: "cuda" }.into())
+            }
+        }
+    )*};
+}
+
+unsupported!(
+    ssm_conv::CausalConv1dUpdateArgs<'_>,
+    ssm_conv::CausalConv1dFnArgs<'_>,
+    ssm_gdn::FusedGdnGatingArgs<'_>,
+    ssm_gdn::FusedRecurrentGatedDeltaRuleArgs<'_>,
+    ssm_gdn::FusedSigmoidGatingDeltaRuleUpdateArgs<'_>,
+    ssm_gdn::ChunkGatedDeltaRuleArgs<'_>,
+    ssm_ssd::MambaChunkScanCombinedVarlen<'_>,
+    ssm_ring::UpdateRingTrackers<'_>,
+    ssm_ring::CommitRingTrackers<'_>,
+    ssm_ring::CheckpointingSsu<'_>,
+);
+
+impl ssm_gdn::ChunkScratch for CudaBackend {
+    /// No chunked-prefill kernel yet, so no scratch.
+    fn chunk_gated_delta_rule_scratch_size(&self, _plan: &ssm_gdn::ChunkPlan) -> usize {
+        0
+    }
+}
