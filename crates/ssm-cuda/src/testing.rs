@@ -111,7 +111,7 @@ impl DeviceBuffer {
     }
 }
 
-/// Failure of [`run_ssu_mirrored`].
+/// Failure of [`run_ssu_mirrored`] and [`stage_ssu`].
 #[derive(Debug, thiserror::Error)]
 pub enum MirrorError {
     /// The device arguments did not plan.
@@ -123,6 +123,9 @@ pub enum MirrorError {
     /// A view could not be built.
     #[error(transparent)]
     Tensor(#[from] TensorError),
+    /// The launcher given to [`stage_ssu`] failed (its message).
+    #[error("{0}")]
+    Run(String),
 }
 
 struct Mirrored {
@@ -243,13 +246,25 @@ impl DeviceSsuArgs {
 /// `state` and `out` back into the host tensors. Then reads the device error word
 /// ([`CudaBackend::check`]). Index values are checked by the kernel, not by the plan (the
 /// plan sees device tables), which is what the garbage-index tests need.
-pub fn run_ssu_mirrored(backend: &CudaBackend, mut args: SelectiveStateUpdate<'_>) -> Result<(), MirrorError> {
-    let mut dev = DeviceSsuArgs::upload(backend, &args)?;
-    {
-        let dev_args = dev.args()?;
+pub fn run_ssu_mirrored(backend: &CudaBackend, args: SelectiveStateUpdate<'_>) -> Result<(), MirrorError> {
+    stage_ssu(backend, args, |dev_args| {
         let plan = ssm_ssu::plan(&dev_args)?;
-        backend.selective_state_update(&plan, dev_args)?;
-    }
+        Ok(backend.selective_state_update(&plan, dev_args)?)
+    })
+}
+
+/// The one host↔device staging of a selective state update: copies the whole memory of every
+/// tensor of `args` (host tensors) to `backend`'s device, calls `run` with the same call over
+/// the device copies (same layouts), waits for the device, copies `state` and `out` back into
+/// the host tensors, and reads the device error word ([`CudaBackend::check`]). `run` is what
+/// launches: the backend itself ([`run_ssu_mirrored`]) or a runtime on the same device.
+pub fn stage_ssu(
+    backend: &CudaBackend,
+    mut args: SelectiveStateUpdate<'_>,
+    run: impl FnOnce(SelectiveStateUpdate<'_>) -> Result<(), MirrorError>,
+) -> Result<(), MirrorError> {
+    let mut dev = DeviceSsuArgs::upload(backend, &args)?;
+    run(dev.args()?)?;
     backend.synchronize()?;
     let sb = dev.state.buf.download()?;
     let ob = dev.out.buf.download()?;
