@@ -20,10 +20,9 @@
 //! or, for reports that should not panic (the `cargo xtask conformance` runner),
 //! [`run_all`] / [`run_cases`] → [`Report`]. The [`reference`] targets run the op crates'
 //! references; the `cuda` feature adds [`cuda::Staged`], which copies host tensors onto a
-//! CUDA runtime's device and back. Random cases for property tests live in [`cases`].
+//! CUDA runtime's device and back.
 
 mod case;
-// CASES pub mod cases;
 mod compare;
 mod conv;
 #[cfg(feature = "cuda")]
