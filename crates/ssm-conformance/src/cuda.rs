@@ -51,15 +51,5 @@ impl Target for Staged {
         }
     }
 
-    unstaged! {
-        causal_conv1d_update: ssm_conv::CausalConv1dUpdateArgs<'_>,
-        causal_conv1d_fn: ssm_conv::CausalConv1dFnArgs<'_>,
-        mamba_chunk_scan_combined_varlen: ssm_ssd::MambaChunkScanCombinedVarlen<'_>,
-        update_replayssm_ring_trackers: ssm_ring::UpdateRingTrackers<'_>,
-        commit_replayssm_ring_trackers: ssm_ring::CommitRingTrackers<'_>,
-        fused_gdn_gating: ssm_gdn::FusedGdnGatingArgs<'_>,
-        fused_recurrent_gated_delta_rule: ssm_gdn::FusedRecurrentGatedDeltaRuleArgs<'_>,
-        fused_sigmoid_gating_delta_rule_update: ssm_gdn::FusedSigmoidGatingDeltaRuleUpdateArgs<'_>,
-        chunk_gated_delta_rule: ssm_gdn::ChunkGatedDeltaRuleArgs<'_>,
-    }
+    crate::target::non_ssu_ops!(unstaged);
 }

@@ -158,28 +158,40 @@ impl Target for ssm_dispatch::Runtime {
 #[derive(Debug)]
 pub struct Labeled<T>(pub T, pub String);
 
-macro_rules! forward {
-    ($($op:ident: $args:ty),* $(,)?) => {
-        impl<T: Target> Target for Labeled<T> {
-            fn label(&self) -> String {
-                self.1.clone()
-            }
-            $(fn $op(&self, args: $args) -> Result<(), TargetError> {
-                self.0.$op(args)
-            })*
+/// Calls `$m!` with every op but `selective_state_update` as `name: ArgsType` pairs (the
+/// one list of the ops' signatures that the forwarding impls are generated from).
+macro_rules! non_ssu_ops {
+    ($m:ident) => {
+        $m! {
+            causal_conv1d_update: ssm_conv::CausalConv1dUpdateArgs<'_>,
+            causal_conv1d_fn: ssm_conv::CausalConv1dFnArgs<'_>,
+            mamba_chunk_scan_combined_varlen: ssm_ssd::MambaChunkScanCombinedVarlen<'_>,
+            update_replayssm_ring_trackers: ssm_ring::UpdateRingTrackers<'_>,
+            commit_replayssm_ring_trackers: ssm_ring::CommitRingTrackers<'_>,
+            fused_gdn_gating: ssm_gdn::FusedGdnGatingArgs<'_>,
+            fused_recurrent_gated_delta_rule: ssm_gdn::FusedRecurrentGatedDeltaRuleArgs<'_>,
+            fused_sigmoid_gating_delta_rule_update: ssm_gdn::FusedSigmoidGatingDeltaRuleUpdateArgs<'_>,
+            chunk_gated_delta_rule: ssm_gdn::ChunkGatedDeltaRuleArgs<'_>,
         }
     };
 }
+#[cfg_attr(not(feature = "cuda"), allow(unused_imports))]
+pub(crate) use non_ssu_ops;
 
-forward! {
-    selective_state_update: SelectiveStateUpdate<'_>,
-    causal_conv1d_update: ssm_conv::CausalConv1dUpdateArgs<'_>,
-    causal_conv1d_fn: ssm_conv::CausalConv1dFnArgs<'_>,
-    mamba_chunk_scan_combined_varlen: ssm_ssd::MambaChunkScanCombinedVarlen<'_>,
-    update_replayssm_ring_trackers: ssm_ring::UpdateRingTrackers<'_>,
-    commit_replayssm_ring_trackers: ssm_ring::CommitRingTrackers<'_>,
-    fused_gdn_gating: ssm_gdn::FusedGdnGatingArgs<'_>,
-    fused_recurrent_gated_delta_rule: ssm_gdn::FusedRecurrentGatedDeltaRuleArgs<'_>,
-    fused_sigmoid_gating_delta_rule_update: ssm_gdn::FusedSigmoidGatingDeltaRuleUpdateArgs<'_>,
-    chunk_gated_delta_rule: ssm_gdn::ChunkGatedDeltaRuleArgs<'_>,
+macro_rules! forward {
+    ($($op:ident: $args:ty),* $(,)?) => {
+        $(fn $op(&self, args: $args) -> Result<(), TargetError> {
+            self.0.$op(args)
+        })*
+    };
+}
+
+impl<T: Target> Target for Labeled<T> {
+    fn label(&self) -> String {
+        self.1.clone()
+    }
+    fn selective_state_update(&self, args: SelectiveStateUpdate<'_>) -> Result<(), TargetError> {
+        self.0.selective_state_update(args)
+    }
+    non_ssu_ops!(forward);
 }
