@@ -1,6 +1,6 @@
 use std::path::PathBuf;
 
-use ssm_conformance::{KNOWN_OPS, Status, default_vectors_dir, load_dir, run_case};
+use ssm_conformance::{KNOWN_OPS, Status, Target, default_vectors_dir, load_dir, run_cases};
 use ssm_dispatch::{BackendKind, Config, Runtime};
 
 /// `cargo xtask conformance`.
@@ -25,32 +25,36 @@ impl Args {
         let dir = self.vectors.unwrap_or_else(default_vectors_dir);
         let config = Config { backend: self.backend, cpu_threads: self.threads, ..Config::default() };
         let rt = Runtime::new(&config)?;
+        let label = rt.devices().to_string();
+        let target = target(rt, label);
         let cases = load_dir(&dir)?;
         let (mut passed, mut failed, mut skipped) = (0, 0, 0);
         let mut skipped_ops = std::collections::BTreeSet::new();
-        println!("conformance on {} ({} cases in {})", rt.devices(), cases.len(), dir.display());
-        for case in cases.iter().filter(|c| self.op.as_deref().is_none_or(|o| o == c.op)) {
-            let r = run_case(&rt, case);
+        println!("conformance on {} ({} cases in {})", target.label(), cases.len(), dir.display());
+        let ops: Vec<&str> = self.op.as_deref().into_iter().collect();
+        let report = run_cases(target.as_ref(), &cases, &ops);
+        for r in &report.results {
             let figures: Vec<String> =
                 r.outputs.iter().map(|o| format!("{} abs {:.2e} rel {:.2e}", o.name, o.max_abs, o.max_rel)).collect();
             match &r.status {
                 Status::Passed => {
                     passed += 1;
-                    println!("PASS {}/{}  {}", r.op, r.name, figures.join(", "));
+                    println!("PASS {}  {}", r.id(), figures.join(", "));
                 }
                 Status::Failed(why) => {
                     failed += 1;
-                    println!("FAIL {}/{}  {why}", r.op, r.name);
+                    println!("FAIL {}  {why}", r.id());
                 }
                 Status::Skipped(why) => {
                     skipped += 1;
                     if !KNOWN_OPS.contains(&r.op.as_str()) {
                         skipped_ops.insert(r.op.clone());
                     }
-                    println!("SKIP {}/{}  {why}", r.op, r.name);
+                    println!("SKIP {}  {why}", r.id());
                 }
             }
         }
+        println!("{}", report.summary());
         if !skipped_ops.is_empty() {
             println!("ops without a mapping yet: {}", skipped_ops.into_iter().collect::<Vec<_>>().join(", "));
         }
@@ -64,4 +68,17 @@ impl Args {
         }
         Ok(())
     }
+}
+
+/// The runtime as a conformance target: with CUDA compiled in, host tensors are staged onto the
+/// runtime's device (a CPU runtime runs them as they are).
+#[cfg(feature = "cuda")]
+fn target(rt: Runtime, label: String) -> Box<dyn Target> {
+    Box::new(ssm_conformance::cuda::Staged::new(rt, label))
+}
+
+/// The runtime as a conformance target (CPU only in this build).
+#[cfg(not(feature = "cuda"))]
+fn target(rt: Runtime, label: String) -> Box<dyn Target> {
+    Box::new(ssm_conformance::Labeled(rt, label))
 }

@@ -1,7 +1,8 @@
 //! Gated delta rule cases onto [`ssm_gdn`]'s arguments: `fused_gdn_gating`,
 //! `fused_recurrent_gated_delta_rule`, `fused_sigmoid_gating_delta_rule_update` and
 //! `chunk_gated_delta_rule`. The vectors hold vLLM's GPU state layout `[slots, HV, V, K]`
-//! ([`StateLayout::VK`]); in-place states come back as `out.initial_state`, per-token or per-sequence
+//! ([`StateLayout::VK`]; the [`crate::Variant::GdnKv`] run hands them over transposed, as
+//! [`StateLayout::KV`], and transposes the results back); in-place states come back as `out.initial_state`, per-token or per-sequence
 //! states as `out.final_state`, outputs as `out.o`. The recurrent ops' skipped (null-block) rows
 //! are NaN in the files and are not compared.
 
@@ -11,7 +12,13 @@ use ssm_gdn::{
 };
 use ssm_tensor::DType;
 
-use crate::{Case, HostTensor, Produced, Target};
+use crate::{Case, HostTensor, Produced, Target, transpose_last2};
+
+/// The layout states are handed over in, and the conversion from/to the stored `VK` layout
+/// (a transpose is its own inverse).
+fn layout(kv: bool) -> (StateLayout, fn(HostTensor) -> HostTensor) {
+    if kv { (StateLayout::KV, |t| transpose_last2(&t)) } else { (StateLayout::VK, |t| t) }
+}
 
 /// vLLM's l2norm eps (the GDN Triton kernels hard-code it).
 const EPS: f32 = 1e-6;
@@ -51,7 +58,7 @@ pub(crate) fn run_gating(target: &dyn Target, case: &Case) -> Produced {
         g: g.view_mut(),
         beta_output: beta.view_mut(),
     };
-    target.fused_gdn_gating(args).map_err(|e| (false, e))?;
+    target.fused_gdn_gating(args).map_err(crate::TargetError::into_produced)?;
     Ok(vec![("g".into(), g), ("beta_output".into(), beta)])
 }
 
@@ -64,10 +71,11 @@ struct RecurrentBuffers {
 }
 
 impl RecurrentBuffers {
-    fn new(case: &Case) -> Result<Self, (bool, String)> {
+    fn new(case: &Case, kv: bool) -> Result<Self, (bool, String)> {
+        let (_, conv) = layout(kv);
         let q = case.input("q").ok_or_else(|| missing("q"))?;
         let v = case.input("v").ok_or_else(|| missing("v"))?;
-        let state = case.input("initial_state").cloned();
+        let state = case.input("initial_state").cloned().map(conv);
         let final_state = if bool_arg(case, "inplace_final_state", true) {
             None
         } else {
@@ -76,14 +84,16 @@ impl RecurrentBuffers {
             shape[0] = q.shape[0] * q.shape[1];
             Some(HostTensor::filled(s.dtype, shape, f32::NAN))
         };
+        // (NaN-filled: its shape already follows the converted state's.)
         Ok(RecurrentBuffers { o: HostTensor::filled(q.dtype, v.shape.clone(), f32::NAN), state, final_state })
     }
 
-    fn produced(self) -> Vec<(String, HostTensor)> {
+    fn produced(self, kv: bool) -> Vec<(String, HostTensor)> {
+        let (_, conv) = layout(kv);
         let mut out = vec![("o".to_string(), self.o)];
         match (self.final_state, self.state) {
-            (Some(f), _) => out.push(("final_state".into(), f)),
-            (None, Some(s)) => out.push(("initial_state".into(), s)),
+            (Some(f), _) => out.push(("final_state".into(), conv(f))),
+            (None, Some(s)) => out.push(("initial_state".into(), conv(s))),
             (None, None) => {}
         }
         out
@@ -91,8 +101,9 @@ impl RecurrentBuffers {
 }
 
 /// Runs a `fused_recurrent_gated_delta_rule` case.
-pub(crate) fn run_recurrent(target: &dyn Target, case: &Case) -> Produced {
-    let mut bufs = RecurrentBuffers::new(case)?;
+pub(crate) fn run_recurrent(target: &dyn Target, case: &Case, kv: bool) -> Produced {
+    let (state_layout, _) = layout(kv);
+    let mut bufs = RecurrentBuffers::new(case, kv)?;
     let view = |n: &str| case.input_view(n);
     let req = |n: &'static str| view(n).ok_or_else(|| missing(n));
     let args = FusedRecurrentGatedDeltaRuleArgs {
@@ -109,19 +120,20 @@ pub(crate) fn run_recurrent(target: &dyn Target, case: &Case) -> Produced {
         num_accepted_tokens: view("num_accepted_tokens"),
         use_qk_l2norm_in_kernel: bool_arg(case, "use_qk_l2norm_in_kernel", false),
         eps: EPS,
-        state_layout: StateLayout::VK,
+        state_layout,
         o: bufs.o.view_mut(),
     };
-    target.fused_recurrent_gated_delta_rule(args).map_err(|e| (false, e))?;
-    Ok(bufs.produced())
+    target.fused_recurrent_gated_delta_rule(args).map_err(crate::TargetError::into_produced)?;
+    Ok(bufs.produced(kv))
 }
 
 /// Runs a `fused_sigmoid_gating_delta_rule_update` case.
-pub(crate) fn run_sigmoid(target: &dyn Target, case: &Case) -> Produced {
+pub(crate) fn run_sigmoid(target: &dyn Target, case: &Case, kv: bool) -> Produced {
+    let (state_layout, _) = layout(kv);
     if bool_arg(case, "is_kda", false) {
         return Err((true, "KDA (per-channel decay) is not a GDN op".into()));
     }
-    let mut bufs = RecurrentBuffers::new(case)?;
+    let mut bufs = RecurrentBuffers::new(case, kv)?;
     let view = |n: &str| case.input_view(n);
     let req = |n: &'static str| view(n).ok_or_else(|| missing(n));
     let args = FusedSigmoidGatingDeltaRuleUpdateArgs {
@@ -142,16 +154,17 @@ pub(crate) fn run_sigmoid(target: &dyn Target, case: &Case) -> Produced {
         num_accepted_tokens: view("num_accepted_tokens"),
         use_qk_l2norm_in_kernel: bool_arg(case, "use_qk_l2norm_in_kernel", false),
         eps: EPS,
-        state_layout: StateLayout::VK,
+        state_layout,
         o: bufs.o.view_mut(),
     };
-    target.fused_sigmoid_gating_delta_rule_update(args).map_err(|e| (false, e))?;
-    Ok(bufs.produced())
+    target.fused_sigmoid_gating_delta_rule_update(args).map_err(crate::TargetError::into_produced)?;
+    Ok(bufs.produced(kv))
 }
 
 /// Runs a `chunk_gated_delta_rule` case: vLLM's dense `initial_state` `[N, HV, V, K]` (read
 /// only), `final_state` f32 `[N, HV, V, K]` when `output_final_state`.
-pub(crate) fn run_chunk(target: &dyn Target, case: &Case) -> Produced {
+pub(crate) fn run_chunk(target: &dyn Target, case: &Case, kv: bool) -> Produced {
+    let (state_layout, conv) = layout(kv);
     let q = case.input("q").ok_or_else(|| missing("q"))?;
     let v = case.input("v").ok_or_else(|| missing("v"))?;
     let k = case.input("k").ok_or_else(|| missing("k"))?;
@@ -161,9 +174,9 @@ pub(crate) fn run_chunk(target: &dyn Target, case: &Case) -> Produced {
     };
     let (hv, kd, vd) = (v.shape[2], k.shape[3], v.shape[3]);
     let mut o = HostTensor::filled(q.dtype, v.shape.clone(), f32::NAN);
-    let mut state = case.input("initial_state").cloned();
+    let mut state = case.input("initial_state").cloned().map(conv);
     let mut final_state = bool_arg(case, "output_final_state", false)
-        .then(|| HostTensor::filled(DType::F32, vec![seqs, hv, vd, kd], f32::NAN));
+        .then(|| conv(HostTensor::filled(DType::F32, vec![seqs, hv, vd, kd], f32::NAN)));
     let view = |n: &str| case.input_view(n);
     let req = |n: &'static str| view(n).ok_or_else(|| missing(n));
     let args = ChunkGatedDeltaRuleArgs {
@@ -182,14 +195,14 @@ pub(crate) fn run_chunk(target: &dyn Target, case: &Case) -> Produced {
         cu_seqlens: view("cu_seqlens"),
         use_qk_l2norm_in_kernel: bool_arg(case, "use_qk_l2norm_in_kernel", false),
         eps: EPS,
-        state_layout: StateLayout::VK,
+        state_layout,
         o: o.view_mut(),
         scratch: None,
     };
-    target.chunk_gated_delta_rule(args).map_err(|e| (false, e))?;
+    target.chunk_gated_delta_rule(args).map_err(crate::TargetError::into_produced)?;
     let mut out = vec![("o".to_string(), o)];
     if let Some(f) = final_state {
-        out.push(("final_state".into(), f));
+        out.push(("final_state".into(), conv(f)));
     }
     Ok(out)
 }

@@ -24,7 +24,7 @@ pub(crate) fn run_update(target: &dyn Target, case: &Case) -> Produced {
         ring_buffer_len: case.arg("ring_buffer_len").and_then(|v| v.as_i64()),
         pad_slot_id: case.arg("pad_slot_id").and_then(|v| v.as_i64()),
     };
-    target.update_replayssm_ring_trackers(args).map_err(|e| (false, e))?;
+    target.update_replayssm_ring_trackers(args).map_err(crate::TargetError::into_produced)?;
     Ok(vec![("ring_start".into(), rs), ("prev_num_accepted".into(), pa), ("prev_query_len".into(), pq)])
 }
 
@@ -47,6 +47,6 @@ pub(crate) fn run_commit(target: &dyn Target, case: &Case) -> Produced {
         ring_buffer_len: int("ring_buffer_len")?,
         pad_slot_id: case.arg("pad_slot_id").and_then(|v| v.as_i64()),
     };
-    target.commit_replayssm_ring_trackers(args).map_err(|e| (false, e))?;
+    target.commit_replayssm_ring_trackers(args).map_err(crate::TargetError::into_produced)?;
     Ok(vec![("ring_start".into(), rs), ("prev_num_accepted".into(), pa), ("prev_query_len".into(), pq)])
 }

@@ -37,6 +37,6 @@ pub(crate) fn run(target: &dyn Target, case: &Case) -> Produced {
         cu_seqlens: view("cu_seqlens"),
         stochastic_rounding: None,
     };
-    target.selective_state_update(args).map_err(|e| (false, e))?;
+    target.selective_state_update(args).map_err(crate::TargetError::into_produced)?;
     Ok(vec![("out".into(), out), ("state".into(), state)])
 }

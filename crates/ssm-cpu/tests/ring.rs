@@ -1,17 +1,12 @@
-//! ReplaySSM on the CPU: tracker conformance vectors (reference and CPU, exact), the
+//! ReplaySSM on the CPU (the tracker conformance vectors run through `ssm-conformance`): the
 //! checkpointing SSU against the f64 reference on random rings, and 40-step decodes
 //! (one-token with tracker advances; speculative windows committed with random accepted
 //! counts) against the plain SSU recurrence on the accepted tokens.
 
-// One vector reader for the SSD and ring tests (kept in ssm-ssd/tests/common).
-#[path = "../../ssm-ssd/tests/common/mod.rs"]
-mod ssd_ring_common;
-
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use ssd_ring_common::{Case, Tensor, load};
 use ssm_cpu::{CpuBackend, Par};
-use ssm_ring::{CheckpointingSsu, CommitRingTrackers, RingTrackers, Run, UpdateRingTrackers, reference};
+use ssm_ring::{CheckpointingSsu, CommitRingTrackers, RingTrackers, Run, UpdateRingTrackers, plan, reference};
 use ssm_tensor::{DType, TensorMut, TensorRef, bf16};
 
 fn backends() -> Vec<CpuBackend> {
@@ -23,73 +18,6 @@ enum Engine {
     Ref32,
     Ref64,
     Cpu(usize),
-}
-
-// ---------------------------------------------------------------------------------------
-// Tracker conformance vectors.
-
-fn trackers_of<'a>(rs: &'a mut Tensor, pa: &'a mut Tensor, pq: &'a mut Tensor) -> RingTrackers<'a> {
-    RingTrackers { ring_start: rs.view_mut(), prev_num_accepted: pa.view_mut(), prev_query_len: pq.view_mut() }
-}
-
-fn check_trackers(case: &Case, rs: &Tensor, pa: &Tensor, pq: &Tensor, engine: Engine) {
-    for (name, got) in [("ring_start", rs), ("prev_num_accepted", pa), ("prev_query_len", pq)] {
-        assert_eq!(got.to_f64(), case.expected(name).to_f64(), "{} {engine:?}: {name}", case.name);
-    }
-}
-
-#[test]
-fn ring_tracker_vectors_pass_exactly_on_reference_and_cpu() {
-    let cpus = backends();
-    let updates = load("update_replayssm_ring_trackers");
-    let commits = load("commit_replayssm_ring_trackers");
-    assert!(updates.len() >= 4 && commits.len() >= 2, "found {} + {} cases", updates.len(), commits.len());
-    for engine in [Engine::Ref32, Engine::Cpu(0), Engine::Cpu(1)] {
-        for case in &updates {
-            let (mut rs, mut pa, mut pq) = (
-                case.input_copy("ring_start"),
-                case.input_copy("prev_num_accepted"),
-                case.input_copy("prev_query_len"),
-            );
-            let args = UpdateRingTrackers {
-                trackers: trackers_of(&mut rs, &mut pa, &mut pq),
-                state_batch_indices: case.input("state_batch_indices").unwrap().view(),
-                logical_window: case.args["logical_window"].as_i64(),
-                ring_buffer_len: case.args["ring_buffer_len"].as_i64(),
-                pad_slot_id: case.args["pad_slot_id"].as_i64(),
-            };
-            let p = ssm_tensor::Planned::new(args).unwrap();
-            match engine {
-                Engine::Cpu(k) => cpus[k].run(p).unwrap(),
-                _ => reference::update_replayssm_ring_trackers(p),
-            }
-            check_trackers(case, &rs, &pa, &pq, engine);
-            println!("{} {engine:?}: exact", case.name);
-        }
-        for case in &commits {
-            let (mut rs, mut pa, mut pq) = (
-                case.input_copy("ring_start"),
-                case.input_copy("prev_num_accepted"),
-                case.input_copy("prev_query_len"),
-            );
-            let args = CommitRingTrackers {
-                trackers: trackers_of(&mut rs, &mut pa, &mut pq),
-                state_batch_indices: case.input("state_batch_indices").unwrap().view(),
-                num_accepted_tokens: case.input("num_accepted_tokens").unwrap().view(),
-                query_start_loc: case.input("query_start_loc").unwrap().view(),
-                logical_window: case.args["logical_window"].as_i64().unwrap(),
-                ring_buffer_len: case.args["ring_buffer_len"].as_i64().unwrap(),
-                pad_slot_id: case.args["pad_slot_id"].as_i64(),
-            };
-            let p = ssm_tensor::Planned::new(args).unwrap();
-            match engine {
-                Engine::Cpu(k) => cpus[k].run(p).unwrap(),
-                _ => reference::commit_replayssm_ring_trackers(p),
-            }
-            check_trackers(case, &rs, &pa, &pq, engine);
-            println!("{} {engine:?}: exact", case.name);
-        }
-    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -238,7 +166,7 @@ fn run_step(engine: Engine, cpus: &[CpuBackend], m: &Model, pools: &mut Pools, s
         cu_seqlens: cu.map(|c| TensorRef::from_slice(c, &[batch + 1]).unwrap()),
         max_seqlen,
     };
-    let pl = ssm_tensor::Planned::new(args).unwrap();
+    let pl = plan(args).unwrap();
     match engine {
         Engine::Ref32 => reference::checkpointing_ssu(pl),
         Engine::Ref64 => reference::checkpointing_ssu_f64(pl),
@@ -384,7 +312,7 @@ fn tracker_update(engine: Engine, cpus: &[CpuBackend], pools: &mut Pools, slots:
         ring_buffer_len: Some(l),
         pad_slot_id: pad,
     };
-    let p = ssm_tensor::Planned::new(args).unwrap();
+    let p = plan(args).unwrap();
     match engine {
         Engine::Cpu(k) => cpus[k].run(p).unwrap(),
         _ => reference::update_replayssm_ring_trackers(p),
@@ -417,7 +345,7 @@ fn tracker_commit(
         ring_buffer_len: l,
         pad_slot_id: pad,
     };
-    let p = ssm_tensor::Planned::new(args).unwrap();
+    let p = plan(args).unwrap();
     match engine {
         Engine::Cpu(k) => cpus[k].run(p).unwrap(),
         _ => reference::commit_replayssm_ring_trackers(p),

@@ -1,15 +1,10 @@
-//! SSD chunked prefill on the CPU: every conformance vector (reference and CPU backend),
-//! and property tests against the f64 token-by-token recurrence.
-
-// One vector reader for the SSD and ring tests (kept in ssm-ssd/tests/common).
-#[path = "../../ssm-ssd/tests/common/mod.rs"]
-mod ssd_ring_common;
+//! SSD chunked prefill on the CPU: property tests against the f64 token-by-token recurrence.
+//! (The conformance vectors run through `ssm-conformance`, on the reference and the CPU.)
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use ssd_ring_common::{Case, Tensor, load};
 use ssm_cpu::{CpuBackend, Par};
-use ssm_ssd::{MambaChunkScanCombinedVarlen, Run, compute_chunk_metadata, reference};
+use ssm_ssd::{MambaChunkScanCombinedVarlen, Run, compute_chunk_metadata, plan, reference};
 use ssm_tensor::{DType, TensorMut, TensorRef, bf16};
 
 fn backends() -> Vec<CpuBackend> {
@@ -21,75 +16,6 @@ enum Engine {
     Ref32,
     Ref64,
     Cpu(usize),
-}
-
-// ---------------------------------------------------------------------------------------
-// Conformance vectors.
-
-fn run_vector(case: &Case, engine: Engine, cpus: &[CpuBackend], with_workspace: bool) {
-    let mut out = case.input_copy("out");
-    let want = case.expected("varlen_states");
-    let mut states = Tensor::new(want.dtype, &want.shape, &vec![0xffu8; want.bytes().len()]);
-    let i = |n: &str| case.input(n).map(|t| t.view());
-    let lim = &case.args["dt_limit"];
-    let state_dtype = match case.args["state_dtype"].as_str() {
-        None => None,
-        Some("float32") => Some(DType::F32),
-        Some("bfloat16") => Some(DType::BF16),
-        Some("float16") => Some(DType::F16),
-        Some(s) => panic!("{}: unknown state_dtype {s}", case.name),
-    };
-    let mut ws_buf: Vec<f32>;
-    let mut args = MambaChunkScanCombinedVarlen {
-        x: i("x").unwrap(),
-        dt: i("dt").unwrap(),
-        a: i("A").unwrap(),
-        b: i("B").unwrap(),
-        c: i("C").unwrap(),
-        chunk_size: case.args["chunk_size"].as_u64().unwrap() as usize,
-        cu_seqlens: i("cu_seqlens").unwrap(),
-        cu_chunk_seqlens: i("cu_chunk_seqlens").unwrap(),
-        last_chunk_indices: i("last_chunk_indices").unwrap(),
-        seq_idx: i("seq_idx").unwrap(),
-        out: Some(out.view_mut()),
-        d: i("D"),
-        z: i("z"),
-        dt_bias: i("dt_bias"),
-        initial_states: i("initial_states"),
-        dt_softplus: case.args["dt_softplus"].as_bool().unwrap(),
-        dt_limit: (ssd_ring_common::json_f32(&lim[0]), ssd_ring_common::json_f32(&lim[1])),
-        return_intermediate_states: case.args["return_intermediate_states"].as_bool().unwrap(),
-        state_dtype,
-        varlen_states: states.view_mut(),
-        workspace: None,
-    };
-    if with_workspace {
-        let need = ssm_tensor::Op::plan(&args).unwrap().workspace_len();
-        ws_buf = vec![f32::NAN; need + 3];
-        args.workspace = Some(TensorMut::from_slice(&mut ws_buf[3..], &[need]).unwrap());
-    }
-    let p = ssm_tensor::Planned::new(args).unwrap_or_else(|e| panic!("{}: {e}", case.name));
-    match engine {
-        Engine::Ref32 => reference::mamba_chunk_scan_combined_varlen(p),
-        Engine::Ref64 => reference::mamba_chunk_scan_combined_varlen_f64(p),
-        Engine::Cpu(k) => cpus[k].run(p).unwrap(),
-    }
-    let (e1, n1) = case.check("out", &out);
-    let (e2, n2) = case.check("varlen_states", &states);
-    println!("{} {engine:?}: out max err {e1:.2e} over {n1}, varlen_states max err {e2:.2e} over {n2}", case.name);
-}
-
-#[test]
-fn ssd_every_vector_passes_on_reference_and_cpu() {
-    let cases = load("mamba_chunk_scan_combined_varlen");
-    assert!(cases.len() >= 6, "expected the 6 recorded cases, found {}", cases.len());
-    let cpus = backends();
-    for case in &cases {
-        for engine in [Engine::Ref32, Engine::Ref64, Engine::Cpu(0), Engine::Cpu(1)] {
-            run_vector(case, engine, &cpus, false);
-        }
-        run_vector(case, Engine::Cpu(1), &cpus, true);
-    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -248,7 +174,7 @@ impl Problem {
             varlen_states: TensorMut::from_slice(&mut states[..], &[rows, h, p, n]).unwrap(),
             workspace: None,
         };
-        let pl = ssm_tensor::Planned::new(args).unwrap();
+        let pl = plan(args).unwrap();
         match engine {
             Engine::Ref32 => reference::mamba_chunk_scan_combined_varlen(pl),
             Engine::Ref64 => reference::mamba_chunk_scan_combined_varlen_f64(pl),

@@ -6,8 +6,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use ssm_ssu::{SelectiveStateUpdate, SsuError};
-use ssm_tensor::Run;
-use ssm_tensor::{DType, TensorError, TensorMut, TensorRef};
+use ssm_tensor::{DType, Run, TensorError, TensorMut, TensorRef};
 
 use crate::{CudaBackend, CudaError};
 
@@ -112,7 +111,7 @@ impl DeviceBuffer {
     }
 }
 
-/// Failure of [`run_ssu_mirrored`].
+/// Failure of [`run_ssu_mirrored`] and [`stage_ssu`].
 #[derive(Debug, thiserror::Error)]
 pub enum MirrorError {
     /// The device arguments did not plan.
@@ -124,6 +123,9 @@ pub enum MirrorError {
     /// A view could not be built.
     #[error(transparent)]
     Tensor(#[from] TensorError),
+    /// The launcher given to [`stage_ssu`] failed (its message).
+    #[error("{0}")]
+    Run(String),
 }
 
 struct Mirrored {
@@ -244,11 +246,22 @@ impl DeviceSsuArgs {
 /// `state` and `out` back into the host tensors. Then reads the device error word
 /// ([`CudaBackend::check`]). Index values are checked by the kernel, not by the plan (the
 /// plan sees device tables), which is what the garbage-index tests need.
-pub fn run_ssu_mirrored(backend: &CudaBackend, mut args: SelectiveStateUpdate<'_>) -> Result<(), MirrorError> {
+pub fn run_ssu_mirrored(backend: &CudaBackend, args: SelectiveStateUpdate<'_>) -> Result<(), MirrorError> {
+    stage_ssu(backend, args, |dev_args| Ok(backend.run(ssm_ssu::plan(dev_args)?)?))
+}
+
+/// The one host↔device staging of a selective state update: copies the whole memory of every
+/// tensor of `args` (host tensors) to `backend`'s device, calls `run` with the same call over
+/// the device copies (same layouts), waits for the device, copies `state` and `out` back into
+/// the host tensors, and reads the device error word ([`CudaBackend::check`]). `run` is what
+/// launches: the backend itself ([`run_ssu_mirrored`]) or a runtime on the same device.
+pub fn stage_ssu(
+    backend: &CudaBackend,
+    mut args: SelectiveStateUpdate<'_>,
+    run: impl FnOnce(SelectiveStateUpdate<'_>) -> Result<(), MirrorError>,
+) -> Result<(), MirrorError> {
     let mut dev = DeviceSsuArgs::upload(backend, &args)?;
-    {
-        backend.run(ssm_ssu::plan(dev.args()?)?)?;
-    }
+    run(dev.args()?)?;
     backend.synchronize()?;
     let sb = dev.state.buf.download()?;
     let ob = dev.out.buf.download()?;

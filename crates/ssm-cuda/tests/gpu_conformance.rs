@@ -1,39 +1,19 @@
-//! Every `selective_state_update` conformance vector on the CUDA backend: the host tensors
-//! of each case are staged onto the device, run there, and copied back for comparison.
+//! Every shared vector of the ops the CUDA backend claims, through a CUDA runtime: the harness's
+//! staging target copies each case's host tensors onto the device, runs the runtime's op there,
+//! and copies the outputs back for comparison.
 
 mod common;
 
-use ssm_conformance::{Status, Target, default_vectors_dir, load_dir, run_case};
-use ssm_cuda::CudaBackend;
-use ssm_cuda::testing::run_ssu_mirrored;
-use ssm_ssu::SelectiveStateUpdate;
-
-struct Staged(CudaBackend);
-
-impl Target for Staged {
-    fn label(&self) -> String {
-        "cuda (staged)".into()
-    }
-    fn selective_state_update(&self, args: SelectiveStateUpdate<'_>) -> Result<(), String> {
-        run_ssu_mirrored(&self.0, args).map_err(|e| e.to_string())
-    }
-}
+use ssm_conformance::cuda::Staged;
+use ssm_conformance::{assert_conformance, ops};
+use ssm_dispatch::{BackendKind, Config, Runtime};
 
 #[test]
-fn ssu_vectors_pass_on_cuda() {
-    let Some(be) = common::gpu("ssu_vectors_pass_on_cuda") else { return };
-    let target = Staged(be);
-    let dir = default_vectors_dir();
-    let cases = load_dir(&dir).unwrap_or_else(|e| panic!("cannot read vectors in {}: {e}", dir.display()));
-    let (mut passed, mut failed) = (0, Vec::new());
-    for case in cases.iter().filter(|c| c.op == "selective_state_update") {
-        let r = run_case(&target, case);
-        match &r.status {
-            Status::Passed => passed += 1,
-            other => failed.push(format!("{}: {other:?}", r.name)),
-        }
+fn vectors_pass_on_cuda() {
+    // The skip rule (and SSM_REQUIRE_GPU) of every GPU test.
+    if common::gpu("vectors_pass_on_cuda").is_none() {
+        return;
     }
-    assert!(passed > 0, "no selective_state_update vectors in {}", dir.display());
-    assert!(failed.is_empty(), "{passed} passed; failures:\n{}", failed.join("\n"));
-    eprintln!("cuda: {passed} selective_state_update vectors passed");
+    let rt = Runtime::new(&Config { backend: BackendKind::Cuda, ..Config::default() }).expect("CUDA runtime");
+    assert_conformance(&Staged::new(rt, "cuda (staged)"), ops::SSU);
 }
