@@ -48,11 +48,12 @@ impl std::fmt::Debug for Runtime {
 impl Runtime {
     /// Validates `config` and starts its backend.
     ///
-    /// Errors: an unknown SSU algorithm name; `cuda` requested without the `cuda` feature or
+    /// Errors: an SSU algorithm the backend lacks; `cuda` requested without the `cuda` feature or
     /// without a ready device; a CPU thread pool that would not start.
     pub fn new(config: &Config) -> Result<Self, Error> {
-        let ssu_algorithm: ssm_ssu::SsuAlgorithm = config.ssu_algorithm.parse()?;
+        let ssu_algorithm = config.ssu_algorithm;
         let backend = Backend::start(config)?;
+        config.check_ssu_algorithm(backend.kind())?;
         // ReplaySSM runs where a backend implements it (the CPU today), like vLLM refusing it
         // on backends without a kernel.
         if config.replayssm && backend.kind() != BackendKind::Cpu {
