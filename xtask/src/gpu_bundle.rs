@@ -1,20 +1,28 @@
 //! `cargo xtask gpu-bundle DIR`: everything the GPU machine (CUDA driver and NVRTC, no Rust
-//! toolchain) needs to run the GPU suite, in one folder under 64 MiB:
+//! toolchain) needs to run the whole test suite, in one folder under 64 MiB that runs wherever
+//! it is unpacked (nothing is read from the workspace that built it):
 //!
-//! - `bin/`: the release test executables of the GPU packages (collected from cargo's JSON
-//!   messages of `cargo test --no-run --release`) and the xtask binary with the `cuda`
-//!   feature (for the bench), stripped;
-//! - `vectors/`: the `selective_state_update` conformance vectors;
+//! - `bin.tar.gz`: the release test executables of every workspace package, unit and integration
+//!   (collected from cargo's JSON messages of `cargo test --no-run --release --workspace
+//!   --all-features`, CI's feature set), and the xtask binary with the `cuda` feature (for the
+//!   bench), stripped of debug info and compressed (about 75 MiB as files, 30 as the archive);
+//!   its `gpu-tests.txt` names those of the GPU packages, which the sanitizer stage runs.
+//!   `run.sh` unpacks it into `bin/` (or `$OUT/bin/` where the bundle is read-only);
+//! - `workspace/`: every insta `snapshots/` folder at its workspace path, so
+//!   `INSTA_WORKSPACE_ROOT=DIR/workspace` finds `crates/<crate>/tests/snapshots/…` (insta
+//!   resolves a snapshot from the workspace root and the test's source path, both fixed at
+//!   compile time unless that variable is set at run time);
+//! - `vectors/`: every op's conformance vectors (`SSM_CONFORMANCE_DIR`);
 //! - `peers/ssu_peer.py`: the peer timing script (the peer's own code is carried separately);
 //! - `kernels/`: the CUDA sources (also embedded in the binaries), for reading there;
-//! - `run.sh`: tests, compute-sanitizer (memcheck, racecheck) over the SSU GPU tests, bench.
+//! - `run.sh`: tests, compute-sanitizer (memcheck, racecheck) over the GPU tests, bench.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use anyhow::{Context, bail};
 
-use crate::test_gpu::cargo_test_selection;
+use crate::test_gpu::GPU_TEST_PACKAGES;
 
 /// The bundle may not exceed this (the GPU machine's transfer limit).
 const MAX_BUNDLE_BYTES: u64 = 64 << 20;
@@ -22,17 +30,23 @@ const MAX_BUNDLE_BYTES: u64 = 64 << 20;
 /// Arguments of `gpu-bundle`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct GpuBundleArgs {
-    /// Output folder (created; its `bin/` is replaced).
+    /// Output folder (created; its `bin.tar.gz`, `workspace/` and `vectors/` are replaced).
     pub(crate) dir: PathBuf,
 }
 
-/// Runs cargo with JSON messages and returns `(name, executable)` of every artifact that
-/// `keep` accepts.
+/// One executable cargo built: its bundle name, its package and where cargo put it.
+struct Executable {
+    name: String,
+    package: String,
+    path: PathBuf,
+}
+
+/// Runs cargo with JSON messages and returns every executable artifact that `keep` accepts.
 fn cargo_executables(
     root: &Path,
     args: &[String],
     keep: impl Fn(&serde_json::Value) -> bool,
-) -> anyhow::Result<Vec<(String, PathBuf)>> {
+) -> anyhow::Result<Vec<Executable>> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut cmd = Command::new(cargo);
     cmd.current_dir(root)
@@ -52,7 +66,7 @@ fn cargo_executables(
             continue;
         }
         let Some(exe) = msg["executable"].as_str() else { continue };
-        let pkg = Path::new(msg["manifest_path"].as_str().unwrap_or("x/Cargo.toml"))
+        let package = Path::new(msg["manifest_path"].as_str().unwrap_or("x/Cargo.toml"))
             .parent()
             .and_then(|p| p.file_name())
             .and_then(|n| n.to_str())
@@ -60,8 +74,8 @@ fn cargo_executables(
             .to_string();
         let target = msg["target"]["name"].as_str().unwrap_or("bin").to_string();
         let lib = msg["target"]["kind"].as_array().is_some_and(|k| k.iter().any(|v| v == "lib"));
-        let name = if lib { format!("test-{pkg}-unit") } else { format!("test-{pkg}-{target}") };
-        found.push((name, PathBuf::from(exe)));
+        let name = if lib { format!("test-{package}-unit") } else { format!("test-{package}-{target}") };
+        found.push(Executable { name, package, path: PathBuf::from(exe) });
     }
     Ok(found)
 }
@@ -91,6 +105,90 @@ fn dir_size(p: &Path) -> u64 {
     })
 }
 
+/// Every folder named `snapshots` under `dir` (insta's), as paths relative to `root`; build
+/// outputs and hidden folders are not searched.
+fn snapshot_dirs(root: &Path, dir: &Path, found: &mut Vec<PathBuf>) -> anyhow::Result<()> {
+    for e in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+        let e = e?;
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        if !e.file_type()?.is_dir() || name.starts_with('.') || name == "target" {
+            continue;
+        }
+        if name == "snapshots" {
+            found.push(e.path().strip_prefix(root)?.to_path_buf());
+        } else {
+            snapshot_dirs(root, &e.path(), found)?;
+        }
+    }
+    Ok(())
+}
+
+/// Builds and copies the executables into `bin/` with `gpu-tests.txt`; archives the folder as
+/// `bin.tar.gz` beside it (uncompressed, the binaries alone pass the size limit) and removes it.
+fn collect_binaries(root: &Path, bin: &Path) -> anyhow::Result<()> {
+    let test_args: Vec<String> =
+        ["test", "--no-run", "--release", "--workspace", "--all-features"].iter().map(|s| s.to_string()).collect();
+    let tests = cargo_executables(root, &test_args, |m| m["profile"]["test"] == true)?;
+    let build_args: Vec<String> =
+        ["build", "--release", "-p", "xtask", "--features", "cuda"].iter().map(|s| s.to_string()).collect();
+    let xtask: Vec<Executable> =
+        cargo_executables(root, &build_args, |m| m["target"]["name"] == "xtask" && m["profile"]["test"] == false)?
+            .into_iter()
+            .map(|e| Executable { name: "xtask".into(), ..e })
+            .collect();
+    if xtask.is_empty() {
+        bail!("the xtask binary was not among cargo's artifacts");
+    }
+    for exe in tests.iter().chain(&xtask) {
+        let to = bin.join(&exe.name);
+        std::fs::copy(&exe.path, &to).with_context(|| format!("copying {}", exe.path.display()))?;
+        // Debug info is most of a release test binary; the bundle must stay small.
+        let _ = Command::new("strip").arg("--strip-debug").arg(&to).status();
+        println!("bin/{}", exe.name);
+    }
+    let gpu: Vec<&str> = tests
+        .iter()
+        .filter(|e| GPU_TEST_PACKAGES.iter().any(|(p, _)| *p == e.package))
+        .map(|e| e.name.as_str())
+        .collect();
+    std::fs::write(bin.join("gpu-tests.txt"), gpu.join("\n") + "\n")?;
+    let dir = bin.parent().context("bin/ has a parent")?;
+    let tar = Command::new("tar").arg("czf").arg(dir.join("bin.tar.gz")).arg("-C").arg(bin).arg(".").status();
+    if !tar.context("running tar")?.success() {
+        bail!("tar could not archive {}", bin.display());
+    }
+    std::fs::remove_dir_all(bin)?;
+    Ok(())
+}
+
+/// Copies what the tests read by path: insta's snapshots under `workspace/` and the
+/// conformance vectors under `vectors/`.
+fn collect_test_data(root: &Path, dir: &Path) -> anyhow::Result<()> {
+    let workspace = dir.join("workspace");
+    if workspace.exists() {
+        std::fs::remove_dir_all(&workspace)?;
+    }
+    let mut snapshots = Vec::new();
+    snapshot_dirs(root, root, &mut snapshots)?;
+    for rel in &snapshots {
+        copy_dir(&root.join(rel), &workspace.join(rel))?;
+        println!("workspace/{}", rel.display());
+    }
+    let vectors = ssm_conformance::default_vectors_dir();
+    if vectors.exists() {
+        let to = dir.join("vectors");
+        if to.exists() {
+            std::fs::remove_dir_all(&to)?;
+        }
+        copy_dir(&vectors, &to)?;
+        println!("vectors/ (from {})", vectors.display());
+    } else {
+        bail!("{} not found: the conformance tests need their vectors", vectors.display());
+    }
+    Ok(())
+}
+
 pub(crate) fn run(args: &GpuBundleArgs) -> anyhow::Result<()> {
     let root = crate::project_root();
     let dir = if args.dir.is_absolute() { args.dir.clone() } else { std::env::current_dir()?.join(&args.dir) };
@@ -99,34 +197,8 @@ pub(crate) fn run(args: &GpuBundleArgs) -> anyhow::Result<()> {
         std::fs::remove_dir_all(&bin)?;
     }
     std::fs::create_dir_all(&bin)?;
-
-    let mut test_args: Vec<String> = vec!["test".into(), "--no-run".into(), "--release".into()];
-    test_args.extend(cargo_test_selection(&root));
-    let mut exes = cargo_executables(&root, &test_args, |m| m["profile"]["test"] == true)?;
-    let build_args: Vec<String> =
-        ["build", "--release", "-p", "xtask", "--features", "cuda"].iter().map(|s| s.to_string()).collect();
-    exes.extend(
-        cargo_executables(&root, &build_args, |m| m["target"]["name"] == "xtask" && m["profile"]["test"] == false)?
-            .into_iter()
-            .map(|(_, p)| ("xtask".to_string(), p)),
-    );
-    if !exes.iter().any(|(n, _)| n == "xtask") {
-        bail!("the xtask binary was not among cargo's artifacts");
-    }
-    for (name, exe) in &exes {
-        let to = bin.join(name);
-        std::fs::copy(exe, &to).with_context(|| format!("copying {}", exe.display()))?;
-        // Debug info is most of a release test binary; the bundle must stay small.
-        let _ = Command::new("strip").arg("--strip-debug").arg(&to).status();
-        println!("bin/{name}");
-    }
-
-    let vectors = ssm_conformance::default_vectors_dir().join("selective_state_update");
-    if vectors.exists() {
-        copy_dir(&vectors, &dir.join("vectors/selective_state_update"))?;
-    } else {
-        eprintln!("note: {} not found; the bundle carries no conformance vectors", vectors.display());
-    }
+    collect_binaries(&root, &bin)?;
+    collect_test_data(&root, &dir)?;
     std::fs::create_dir_all(dir.join("peers"))?;
     std::fs::copy(root.join("xtask/peers/ssu_peer.py"), dir.join("peers/ssu_peer.py"))?;
     copy_dir(&root.join("crates/ssm-cuda/kernels"), &dir.join("kernels"))?;
@@ -147,57 +219,90 @@ pub(crate) fn run(args: &GpuBundleArgs) -> anyhow::Result<()> {
 
 /// The bundle's entry point. Stages run in the order given: `tests`, `sanitize`, `bench`
 /// (default: all three, in that order). Logs go to `$OUT` when set (the GPU machine's
-/// result folder), else `DIR/out`; `summary.txt` collects one line per step.
+/// result folder), else `DIR/out`; `summary.txt` collects one line per binary and step, and
+/// the exit status is nonzero when any of them failed.
 const RUN_SH: &str = r#"#!/usr/bin/env bash
-# GPU suite of ssm-kernels, for a machine with a CUDA driver and NVRTC but no Rust.
+# The test suite of ssm-kernels, for a machine with a CUDA driver and NVRTC but no Rust.
+# Runs from wherever the bundle is unpacked: snapshots, vectors and kernels are carried.
 #   bash run.sh [tests] [sanitize] [bench]      (default: tests sanitize bench)
 #   PEER_VLLM=/path/to/extracted/vllm  bash run.sh bench   # adds vLLM's Triton peer
+#   SSM_SANITIZE_BINS="test-ssm-cuda-gpu_ssu" bash run.sh sanitize   # a subset of gpu-tests.txt
+#   SSM_REQUIRE_GPU=0 bash run.sh tests         # without a GPU: the GPU tests skip, printing why
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 out="${OUT:-$here/out}"
 mkdir -p "$out"
-export SSM_REQUIRE_GPU=1
+: >"$out/summary.txt"
+bin="$here/bin"
+if [ ! -f "$bin/.unpacked" ] || [ "$here/bin.tar.gz" -nt "$bin/.unpacked" ]; then
+    [ -w "$here" ] || bin="$out/bin"
+    rm -rf "$bin" && mkdir -p "$bin" && tar xzf "$here/bin.tar.gz" -C "$bin" && touch "$bin/.unpacked" \
+        || { echo "run.sh: could not unpack $here/bin.tar.gz into $bin" >&2; exit 2; }
+fi
+# A missing GPU, driver or NVRTC fails the GPU tests instead of skipping them (unless set to 0).
+export SSM_REQUIRE_GPU="${SSM_REQUIRE_GPU:-1}"
 export SSM_CONFORMANCE_DIR="$here/vectors"
 export SSM_CUDA_CACHE_DIR="${SSM_CUDA_CACHE_DIR:-$here/.cubin-cache}"
-# Snapshot tests (insta) find their snapshots under the workspace the bundle sits in.
-export INSTA_WORKSPACE_ROOT="${INSTA_WORKSPACE_ROOT:-$(cd "$here/.." && pwd)}" INSTA_UPDATE=no CI=true
+# insta reads its snapshots from $INSTA_WORKSPACE_ROOT/<the test's source dir>/snapshots; the
+# bundle carries them under workspace/. Never write pending snapshots; a mismatch fails.
+export INSTA_WORKSPACE_ROOT="$here/workspace" INSTA_UPDATE=no CI=true
 # NVRTC: the CUDA toolkit's, else the pip wheel's.
 for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
          $(python3 -c 'import nvidia.cu13, os; print(os.path.join(os.path.dirname(nvidia.cu13.__file__), "lib"))' 2>/dev/null); do
     if ls "$d"/libnvrtc.so* >/dev/null 2>&1; then export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; break; fi
 done
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv 2>&1 | tee "$out/nvidia-smi.txt"
+if command -v nvidia-smi >/dev/null; then
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv 2>&1 | tee "$out/nvidia-smi.txt"
+else
+    echo "nvidia-smi: not found (no NVIDIA driver on this machine)"
+fi
+gpu_tests=()
+[ -f "$bin/gpu-tests.txt" ] && mapfile -t gpu_tests < <(grep -v '^$' "$bin/gpu-tests.txt")
+is_gpu_test() { local g; for g in "${gpu_tests[@]}"; do [ "$g" = "$1" ] && return 0; done; return 1; }
 status=0
+failed=()
 note() { echo "$1" | tee -a "$out/summary.txt"; }
 
 run_tests() {
-    for t in "$here"/bin/test-*; do
+    local t name r skips
+    local threads
+    for t in "$bin"/test-*; do
         name="$(basename "$t")"
-        if "$t" --test-threads=1 >"$out/$name.log" 2>&1; then r=ok; else r=FAILED; status=1; fi
-        note "$name: $r ($(grep -E '^test result' "$out/$name.log" | tail -n1))"
+        # GPU tests one at a time (one context, readable logs) and uncaptured, so that a
+        # skip's printed reason reaches the log; the CPU tests on every core.
+        threads=(); is_gpu_test "$name" && threads=(--test-threads=1 --nocapture)
+        if (cd "$out" && "$t" "${threads[@]}") >"$out/$name.log" 2>&1; then r=ok; else r=FAILED; status=1; failed+=("$name"); fi
+        # Tests that skip print "skipping <test>: <reason>" (no GPU, no NVRTC).
+        skips="$(grep -o 'skipping [^ :]*: .*' "$out/$name.log")"
+        [ -n "$skips" ] && skips="; $(grep -c . <<<"$skips") skipped: $(head -n1 <<<"$skips" | sed 's/^skipping [^:]*: //')"
+        note "$name: $r ($(grep -E '^test result' "$out/$name.log" | tail -n1 | sed 's/; finished.*//')$skips)"
     done
 }
 
 run_sanitize() {
-    local gpu_test="$here/bin/test-ssm-cuda-gpu_ssu"
-    if ! command -v compute-sanitizer >/dev/null || [ ! -x "$gpu_test" ]; then
-        note "compute-sanitizer: not available"; status=1; return
+    local bins name tool rc
+    read -r -a bins <<<"${SSM_SANITIZE_BINS:-${gpu_tests[*]}}"
+    if ! command -v compute-sanitizer >/dev/null; then
+        note "compute-sanitizer: not available"; status=1; failed+=(compute-sanitizer); return
     fi
-    for tool in memcheck racecheck; do
-        compute-sanitizer --tool "$tool" --error-exitcode 99 "$gpu_test" --test-threads=1 >"$out/sanitizer-$tool.log" 2>&1
-        local rc=$?
-        [ $rc -eq 0 ] || status=1
-        note "compute-sanitizer $tool: rc=$rc; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|test result' "$out/sanitizer-$tool.log" | tr '\n' ' ')"
+    for name in "${bins[@]}"; do
+        for tool in memcheck racecheck; do
+            (cd "$out" && compute-sanitizer --tool "$tool" --error-exitcode 99 "$bin/$name" --test-threads=1) \
+                >"$out/sanitizer-$tool-$name.log" 2>&1
+            rc=$?
+            [ $rc -eq 0 ] || { status=1; failed+=("$tool:$name"); }
+            note "compute-sanitizer $tool $name: rc=$rc; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|^test result' "$out/sanitizer-$tool-$name.log" | sed 's/; finished.*//' | tr '\n' ' ')"
+        done
     done
 }
 
 run_bench() {
     local peer=()
     [ -n "${PEER_VLLM:-}" ] && peer=(--peer-vllm "$PEER_VLLM" --peer-script "$here/peers/ssu_peer.py")
-    if "$here/bin/xtask" bench-cuda-ssu "${peer[@]}" --json "$out/bench_ssu_cuda.json" 2>&1 | tee "$out/bench.log"; then
+    if "$bin/xtask" bench-cuda-ssu "${peer[@]}" --json "$out/bench_ssu_cuda.json" 2>&1 | tee "$out/bench.log"; then
         note "bench: ok"
     else
-        note "bench: FAILED"; status=1
+        note "bench: FAILED"; status=1; failed+=(bench)
     fi
 }
 
@@ -206,8 +311,14 @@ for stage in ${*:-tests sanitize bench}; do
         tests) run_tests ;;
         sanitize) run_sanitize ;;
         bench) run_bench ;;
-        *) echo "unknown stage $stage" >&2; status=2 ;;
+        *) echo "unknown stage $stage" >&2; status=2; failed+=("stage:$stage") ;;
     esac
 done
+echo "== summary ($out/summary.txt)"
+if [ $status -eq 0 ]; then
+    echo "all passed"
+else
+    echo "FAILED: ${failed[*]}"
+fi
 exit $status
 "#;

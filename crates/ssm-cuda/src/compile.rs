@@ -39,15 +39,26 @@ impl KernelSource {
         }
     }
 
-    /// The translation unit NVRTC sees: the common helpers followed by the kernel.
+    /// The translation unit NVRTC sees: the common helpers followed by the kernel, with
+    /// `#line` markers (see [`translation_unit`]).
     pub fn text(self) -> String {
         let body = match self {
             KernelSource::Ssu => SSU_SOURCE,
             KernelSource::Copy => COPY_SOURCE,
         };
-        let common = COMMON_SOURCE.replace("#pragma once", "");
-        format!("{common}\n#line 1 \"{}\"\n{body}", self.file())
+        translation_unit(COMMON_SOURCE, self.file(), body)
     }
+}
+
+/// Composes one translation unit from the common helpers and a kernel `body` read from
+/// `file`. NVRTC has no include directory here, so `common.cuh` is pasted in front of the
+/// kernel; a `#line 1 "common.cuh"` marker before it and a `#line 1 "<file>"` marker before the
+/// body make every diagnostic name the real file and line. `#pragma once` is blanked in place
+/// (the line stays, so the numbering does too).
+pub fn translation_unit(common: &str, file: &str, body: &str) -> String {
+    let common = common.replace("#pragma once", "");
+    let newline = if common.ends_with('\n') { "" } else { "\n" };
+    format!("#line 1 \"common.cuh\"\n{common}{newline}#line 1 \"{file}\"\n{body}")
 }
 
 /// A compute capability, e.g. `Arch { major: 9, minor: 0 }` for sm_90.
@@ -315,6 +326,25 @@ mod tests {
         assert_ne!(k, s2.cache_key(Arch::SM90, (13, 0)), "options");
         let s3 = KernelSpec { source: KernelSource::Ssu, ..s };
         assert_ne!(k, s3.cache_key(Arch::SM90, (13, 0)), "source");
+    }
+
+    #[test]
+    fn line_markers_map_every_line_to_its_file() {
+        for source in [KernelSource::Ssu, KernelSource::Copy] {
+            let text = source.text();
+            let lines: Vec<&str> = text.lines().collect();
+            assert_eq!(lines[0], "#line 1 \"common.cuh\"");
+            // Line n of common.cuh is line n + 1 of the unit; the pragma's line stays, blank.
+            for (n, line) in COMMON_SOURCE.lines().enumerate() {
+                assert_eq!(lines[n + 1], line.replace("#pragma once", ""), "common.cuh:{}", n + 1);
+            }
+            let marker = format!("#line 1 \"{}\"", source.file());
+            let at = lines.iter().position(|l| *l == marker).expect("the kernel's marker");
+            assert_eq!(at, COMMON_SOURCE.lines().count() + 1, "the kernel's marker follows common.cuh");
+            let body = if source == KernelSource::Ssu { SSU_SOURCE } else { COPY_SOURCE };
+            assert!(lines[at + 1..].iter().copied().eq(body.lines()), "{} follows its marker", source.file());
+        }
+        assert_eq!(translation_unit("a", "k.cu", "b"), "#line 1 \"common.cuh\"\na\n#line 1 \"k.cu\"\nb");
     }
 
     #[test]

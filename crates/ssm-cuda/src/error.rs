@@ -40,8 +40,11 @@ pub enum CudaError {
         /// The raw result code.
         code: nvrtcResult,
     },
-    /// NVRTC rejected a kernel specialisation.
-    #[error("NVRTC could not compile {spec}\noptions: {options}\n--- log ---\n{log}")]
+    /// NVRTC rejected a kernel specialisation. The message carries the log (whose
+    /// `file(line)` positions name `common.cuh` or the kernel file, thanks to the `#line`
+    /// markers of [`crate::compile::translation_unit`]), the options, and where the full
+    /// translation unit was written.
+    #[error("NVRTC could not compile {spec}\noptions: {options}\nsource: {source_dump}\n--- log ---\n{log}")]
     Compile {
         /// The specialisation (kernel and its macros).
         spec: String,
@@ -49,6 +52,11 @@ pub enum CudaError {
         options: String,
         /// NVRTC's program log.
         log: String,
+        /// The translation unit NVRTC was given (common helpers, kernel and `#line` markers).
+        translation_unit: String,
+        /// Where a copy of the translation unit was written, with the options in a trailing
+        /// comment (or why it could not be).
+        source_dump: String,
     },
     /// A planned call's tensors are not on this backend's device.
     #[error("the tensors of `{op}` live on {actual}; this CUDA backend runs on {expected}")]

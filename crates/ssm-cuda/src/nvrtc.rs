@@ -4,6 +4,7 @@
 //! PTX-version mismatch with an older driver) comes from the `sys` layer, wrapped here.
 
 use std::ffi::{CString, c_char, c_int};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use cudarc::nvrtc::{result, sys};
 
@@ -76,7 +77,17 @@ pub fn compile_cubin(source: &str, name: &str, options: &[String], spec: &str) -
     // SAFETY: `prog` is live (see above).
     let log = unsafe { result::get_program_log(prog) }.map(|l| c_chars_to_string(&l)).unwrap_or_default();
     let out = match compiled {
-        Err(_) => Err(CudaError::Compile { spec: spec.to_string(), options: options.join(" "), log }),
+        Err(_) => {
+            let options = options.join(" ");
+            let source_dump = dump_failed_source(source, name, &options);
+            Err(CudaError::Compile {
+                spec: spec.to_string(),
+                options,
+                log,
+                translation_unit: source.into(),
+                source_dump,
+            })
+        }
         Ok(()) => {
             let mut size = 0usize;
             // SAFETY: `prog` compiled successfully; `size` is valid for writes.
@@ -96,4 +107,19 @@ pub fn compile_cubin(source: &str, name: &str, options: &[String], spec: &str) -
     // SAFETY: `prog` is live and not used after this call.
     let _ = unsafe { result::destroy_program(prog) };
     out
+}
+
+/// Writes a source NVRTC rejected to `$TMPDIR/ssm-cuda-nvrtc/`, with the options in a trailing
+/// comment (after the code, so line numbers match the log), and says where; a failed write
+/// is reported in the returned text, never as an error (the log is the main evidence).
+fn dump_failed_source(source: &str, name: &str, options: &str) -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let dir = std::env::temp_dir().join("ssm-cuda-nvrtc");
+    let stem = name.rsplit_once('.').map_or(name, |(stem, _)| stem);
+    let path = dir.join(format!("{stem}-{}-{}.cu", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed)));
+    let text = format!("{source}\n// NVRTC options: {options}\n");
+    match std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(&path, text)) {
+        Ok(()) => format!("{} (the translation unit as compiled; options at its end)", path.display()),
+        Err(e) => format!("not written to {} ({e}); the error's `translation_unit` holds it", path.display()),
+    }
 }

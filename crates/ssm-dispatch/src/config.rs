@@ -1,6 +1,8 @@
 use serde::{Deserialize, Serialize};
 
-use crate::BackendKind;
+use ssm_ssu::SsuAlgorithm;
+
+use crate::{BackendKind, Error};
 
 /// Runtime configuration (serde; every field has a default, so `{}` is a valid config).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -12,8 +14,11 @@ pub struct Config {
     pub cuda_device: u32,
     /// CPU threads; `None` uses every available core.
     pub cpu_threads: Option<usize>,
-    /// SSU algorithm name, as vLLM's `--mamba-ssu-algorithm`: `auto`, `simple`, `vertical`, `horizontal`.
-    pub ssu_algorithm: String,
+    /// SSU algorithm, spelt as vLLM's `--mamba-ssu-algorithm`: `auto`, `simple`, `vertical`,
+    /// `horizontal`. An unknown name fails deserialisation; `Runtime::new` refuses one the
+    /// chosen backend does not implement (see [`Config::check_ssu_algorithm`]).
+    #[serde(with = "ssu_algorithm_name")]
+    pub ssu_algorithm: SsuAlgorithm,
     /// Stochastically round an fp16 SSU state on its final store, with a seed per call.
     pub stochastic_rounding: bool,
     /// Philox rounds for stochastic rounding (0 = Triton's default of 10).
@@ -31,7 +36,7 @@ impl Default for Config {
             backend: BackendKind::Auto,
             cuda_device: 0,
             cpu_threads: None,
-            ssu_algorithm: "auto".into(),
+            ssu_algorithm: SsuAlgorithm::Auto,
             stochastic_rounding: false,
             philox_rounds: 0,
             seed: 0,
@@ -44,5 +49,40 @@ impl Config {
     /// A CPU configuration with the given thread count.
     pub fn cpu(threads: Option<usize>) -> Self {
         Config { backend: BackendKind::Cpu, cpu_threads: threads, ..Config::default() }
+    }
+
+    /// Refuses an SSU algorithm that the `backend` does not implement. Each backend has one
+    /// SSU kernel today, so `auto` and `simple` (the kernel it has) are accepted and the tiled
+    /// `vertical` and `horizontal` are refused rather than silently ignored.
+    ///
+    /// Errors: [`Error::Unsupported`] naming the backend and the algorithm.
+    pub fn check_ssu_algorithm(&self, backend: BackendKind) -> Result<(), Error> {
+        let what = match self.ssu_algorithm {
+            SsuAlgorithm::Auto | SsuAlgorithm::Simple => return Ok(()),
+            SsuAlgorithm::Vertical => "the `vertical` SSU algorithm (it has only the `simple` kernel)",
+            SsuAlgorithm::Horizontal => "the `horizontal` SSU algorithm (it has only the `simple` kernel)",
+        };
+        let backend = match backend {
+            BackendKind::Auto => "auto",
+            BackendKind::Cpu => "cpu",
+            BackendKind::Cuda => "cuda",
+        };
+        Err(Error::Unsupported { backend, what })
+    }
+}
+
+/// Serde for [`SsuAlgorithm`] by vLLM's name (the op crate has no serde dependency). An unknown
+/// name is refused with the op crate's own error text, which lists the valid names.
+mod ssu_algorithm_name {
+    use serde::{Deserialize, Deserializer, Serializer, de::Error as _};
+    use ssm_ssu::SsuAlgorithm;
+
+    pub(super) fn serialize<S: Serializer>(algorithm: &SsuAlgorithm, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(algorithm.name())
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<SsuAlgorithm, D::Error> {
+        let name = String::deserialize(d)?;
+        name.parse().map_err(D::Error::custom)
     }
 }

@@ -44,7 +44,6 @@ use ssm_tensor::Device;
 pub struct Runtime {
     backends: Backends,
     config: Config,
-    ssu_algorithm: ssm_ssu::SsuAlgorithm,
     seed_counter: AtomicU64,
 }
 
@@ -57,18 +56,23 @@ impl std::fmt::Debug for Runtime {
 impl Runtime {
     /// Validates `config` and starts its backends.
     ///
-    /// Errors: an unknown SSU algorithm name; `cuda` requested without the `cuda` feature or
-    /// without a ready device; ReplaySSM on `cuda` (no kernel there yet); a CPU thread pool
+    /// Errors: an SSU algorithm the backend lacks; `cuda` requested without the `cuda` feature
+    /// or without a ready device; ReplaySSM on `cuda` (no kernel there yet); a CPU thread pool
     /// that would not start.
     pub fn new(config: &Config) -> Result<Self, Error> {
-        let ssu_algorithm: ssm_ssu::SsuAlgorithm = config.ssu_algorithm.parse()?;
         let backends = Backends::start(config)?;
+        if backends.cpu.is_some() {
+            config.check_ssu_algorithm(BackendKind::Cpu)?;
+        }
+        if backends.cuda.is_some() {
+            config.check_ssu_algorithm(BackendKind::Cuda)?;
+        }
         // ReplaySSM runs where a backend implements it (the CPU today), like vLLM refusing it
         // on backends without a kernel.
         if config.replayssm && backends.cpu.is_none() {
             return Err(Error::Unsupported { backend: "cuda", what: "ReplaySSM (`replayssm: true`)" });
         }
-        Ok(Runtime { backends, config: config.clone(), ssu_algorithm, seed_counter: AtomicU64::new(config.seed) })
+        Ok(Runtime { backends, config: config.clone(), seed_counter: AtomicU64::new(config.seed) })
     }
 
     /// The CPU backend, which runs calls on host tensors (absent under `backend: cuda`).
@@ -94,7 +98,7 @@ impl Runtime {
 
     /// The SSU algorithm selected by the configuration.
     pub fn ssu_algorithm(&self) -> ssm_ssu::SsuAlgorithm {
-        self.ssu_algorithm
+        self.config.ssu_algorithm
     }
 
     /// Reads and clears the device error word (device-resident indices that were out of

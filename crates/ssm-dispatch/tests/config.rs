@@ -1,19 +1,39 @@
 //! Configuration errors are typed and name what was wrong.
 
 use ssm_dispatch::{BackendKind, Config, Error, Runtime};
+use ssm_ssu::SsuAlgorithm;
 
 #[test]
 fn unknown_algorithm_is_refused() {
-    let cfg = Config { ssu_algorithm: "fastest".into(), ..Config::cpu(Some(1)) };
-    let e = Runtime::new(&cfg).unwrap_err();
+    let e = serde_json::from_str::<Config>(r#"{"ssu_algorithm": "fastest"}"#).unwrap_err();
     insta::assert_snapshot!("unknown_algorithm", e.to_string());
 }
 
 #[test]
+fn algorithms_without_a_kernel_are_refused_by_name() {
+    for (name, algorithm) in [("auto", SsuAlgorithm::Auto), ("simple", SsuAlgorithm::Simple)] {
+        let cfg: Config = serde_json::from_str(&format!(r#"{{"backend": "cpu", "ssu_algorithm": "{name}"}}"#)).unwrap();
+        assert_eq!(Runtime::new(&cfg).unwrap().ssu_algorithm(), algorithm);
+    }
+    for name in ["vertical", "horizontal"] {
+        let cfg: Config = serde_json::from_str(&format!(r#"{{"backend": "cpu", "ssu_algorithm": "{name}"}}"#)).unwrap();
+        match Runtime::new(&cfg) {
+            Err(Error::Unsupported { backend: "cpu", what }) => assert!(what.contains(&format!("`{name}`")), "{what}"),
+            other => panic!("`{name}` on the CPU: expected Unsupported, got {other:?}"),
+        }
+    }
+    let e = Runtime::new(&Config { ssu_algorithm: SsuAlgorithm::Vertical, ..Config::cpu(Some(1)) }).unwrap_err();
+    insta::assert_snapshot!("vertical_on_cpu", e.to_string());
+}
+
+#[test]
 fn config_from_json_with_defaults_and_unknown_fields() {
-    let cfg: Config = serde_json::from_str(r#"{"backend": "cpu", "ssu_algorithm": "horizontal"}"#).unwrap();
+    let cfg: Config = serde_json::from_str(r#"{"backend": "cpu"}"#).unwrap();
     assert_eq!(cfg.backend, BackendKind::Cpu);
-    assert_eq!(Runtime::new(&cfg).unwrap().ssu_algorithm(), ssm_ssu::SsuAlgorithm::Horizontal);
+    assert_eq!(cfg.ssu_algorithm, SsuAlgorithm::Auto);
+    let json = serde_json::to_value(Config { ssu_algorithm: SsuAlgorithm::Horizontal, ..cfg }).unwrap();
+    assert_eq!(json["ssu_algorithm"], "horizontal");
+    assert_eq!(serde_json::from_value::<Config>(json).unwrap().ssu_algorithm, SsuAlgorithm::Horizontal);
     let e = serde_json::from_str::<Config>(r#"{"backend": "tpu"}"#).unwrap_err();
     insta::assert_snapshot!("unknown_backend", e.to_string());
     let e = serde_json::from_str::<Config>(r#"{"algorithm": "auto"}"#).unwrap_err();
