@@ -1,6 +1,5 @@
 use ssm_tensor::{DType, Device, TensorMut, TensorRef};
 
-use crate::host::read_int;
 use crate::{CheckpointingSsu, CommitRingTrackers, RingError, RingTrackers, UpdateRingTrackers};
 
 /// Element `i` of a 1-D (or column-0) view: `offset + i·stride` in the borrowed memory.
@@ -681,7 +680,7 @@ pub fn plan_checkpointing_ssu(args: &CheckpointingSsu<'_>) -> Result<Checkpointi
         };
         let mut prev = 0i64;
         for i in 0..=batch {
-            let v = read_int(cu, cs.at(i));
+            let v = cu.elem_i64(cs.at(i));
             let bad = (i == 0 && v != 0) || v < prev || v > total as i64 || (i == batch && v != total as i64);
             if bad {
                 return Err(RingError::CuSeqlens { at: i, value: v, prev, tokens: total });
@@ -699,7 +698,7 @@ pub fn plan_checkpointing_ssu(args: &CheckpointingSsu<'_>) -> Result<Checkpointi
                 if t.host_bytes().is_none() {
                     continue;
                 }
-                let v = read_int(t, col.at(row));
+                let v = t.elem_i64(col.at(row));
                 if Some(v) == args.pad_slot_id {
                     continue;
                 }
@@ -717,7 +716,7 @@ pub fn plan_checkpointing_ssu(args: &CheckpointingSsu<'_>) -> Result<Checkpointi
             _ => row,
         };
         if host_cursors {
-            let start = read_int(&args.ring_start, ring_start.at(slot));
+            let start = args.ring_start.elem_i64(ring_start.at(slot));
             if start < 0 || start >= ring_len as i64 {
                 return Err(RingError::CursorOutOfRange {
                     arg: "ring_start",
@@ -727,7 +726,7 @@ pub fn plan_checkpointing_ssu(args: &CheckpointingSsu<'_>) -> Result<Checkpointi
                     limit: ring_len as i64 - 1,
                 });
             }
-            let k = read_int(&args.prev_num_accepted_tokens, prev_num.at(slot));
+            let k = args.prev_num_accepted_tokens.elem_i64(prev_num.at(slot));
             if k < 0 || k > window {
                 return Err(RingError::CursorOutOfRange {
                     arg: "prev_num_accepted_tokens",
@@ -779,7 +778,7 @@ impl CheckpointingSsuPlan {
     pub fn slot(&self, args: &CheckpointingSsu<'_>, row: usize) -> Option<usize> {
         match (&args.state_batch_indices, self.index) {
             (Some(t), Some(col)) => {
-                let v = read_int(t, col.at(row));
+                let v = t.elem_i64(col.at(row));
                 if Some(v) == self.pad_slot_id || v < 0 || v >= self.cache as i64 { None } else { Some(v as usize) }
             }
             _ => Some(row),
@@ -790,8 +789,8 @@ impl CheckpointingSsuPlan {
     pub fn span(&self, args: &CheckpointingSsu<'_>, row: usize) -> (usize, usize, usize) {
         match (&args.cu_seqlens, self.cu_seqlens) {
             (Some(t), Some(cu)) => {
-                let s = read_int(t, cu.at(row)) as usize;
-                let e = read_int(t, cu.at(row + 1)) as usize;
+                let s = t.elem_i64(cu.at(row)) as usize;
+                let e = t.elem_i64(cu.at(row + 1)) as usize;
                 (0, s, e - s)
             }
             _ => (row, 0, self.tokens),
@@ -800,8 +799,8 @@ impl CheckpointingSsuPlan {
 
     /// The cursors `(ring_start, k)` of `slot`. Host cursor tensors only.
     pub fn cursors(&self, args: &CheckpointingSsu<'_>, slot: usize) -> (usize, usize) {
-        let start = read_int(&args.ring_start, self.ring_start.at(slot)) as usize;
-        let k = read_int(&args.prev_num_accepted_tokens, self.prev_num_accepted_tokens.at(slot)) as usize;
+        let start = args.ring_start.elem_i64(self.ring_start.at(slot)) as usize;
+        let k = args.prev_num_accepted_tokens.elem_i64(self.prev_num_accepted_tokens.at(slot)) as usize;
         (start, k)
     }
 }

@@ -11,19 +11,30 @@
 //! that each reachable element lies inside the borrowed memory, so no view can
 //! address out of bounds.
 //!
+//! Shared addressing for every op family: [`Strided`] (offset + Σ index·stride),
+//! [`SlotTable`] with pad resolution and the aliasing rule ([`first_slot_conflict`]), and
+//! scalar element readers and writers by dtype ([`elem`]).
+//!
 //! [`HostTensor`] is the one owning type: an aligned host buffer for tests, tools and
 //! benchmarks, which hands out views.
 
 mod dtype;
+pub mod elem;
 mod error;
 mod layout;
 mod owned;
+mod precision;
+mod slots;
+mod strided;
 mod view;
 
 pub use dtype::{DType, Element};
 pub use error::TensorError;
 pub use layout::{Layout, MAX_RANK};
 pub use owned::HostTensor;
+pub use precision::Precision;
+pub use slots::{Slot, SlotConflict, SlotTable, SlotUse, first_slot_conflict};
+pub use strided::Strided;
 pub use view::{Device, TensorMut, TensorRef};
 
 pub use half::{bf16, f16};
