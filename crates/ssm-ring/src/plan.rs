@@ -1,4 +1,4 @@
-use ssm_tensor::{DType, Device, TensorMut, TensorRef};
+use ssm_tensor::{DType, Device, SlotUse, TensorMut, TensorRef, first_slot_conflict};
 
 use crate::{CheckpointingSsu, CommitRingTrackers, RingError, RingTrackers, UpdateRingTrackers};
 
@@ -692,6 +692,8 @@ pub fn plan_checkpointing_ssu(args: &CheckpointingSsu<'_>) -> Result<Checkpointi
         }
     }
     let host_cursors = args.ring_start.host_bytes().is_some() && args.prev_num_accepted_tokens.host_bytes().is_some();
+    // Each row reads and writes the state of its slot: the aliasing rule of every family.
+    let mut uses = Vec::new();
     for row in 0..batch {
         let slot = match (&args.state_batch_indices, index) {
             (Some(t), Some(col)) => {
@@ -711,6 +713,7 @@ pub fn plan_checkpointing_ssu(args: &CheckpointingSsu<'_>) -> Result<Checkpointi
                         pad: args.pad_slot_id.map_or("none".into(), |p| p.to_string()),
                     });
                 }
+                uses.push(SlotUse { slot: v as usize, written: true, seq: row });
                 v as usize
             }
             _ => row,
@@ -737,6 +740,14 @@ pub fn plan_checkpointing_ssu(args: &CheckpointingSsu<'_>) -> Result<Checkpointi
                 });
             }
         }
+    }
+    if let Some(c) = first_slot_conflict(&mut uses) {
+        return Err(RingError::SlotConflict {
+            arg: "state_batch_indices",
+            slot: c.slot,
+            first: c.first.seq,
+            second: c.second.seq,
+        });
     }
 
     Ok(CheckpointingSsuPlan {

@@ -6,11 +6,11 @@
 use crate::{DType, Strided, TensorRef, elem};
 
 /// A slot table as plans hold it and kernels read it: entry `[b, col]` is at
-/// `at.at([b, col])` (a 1-D table has width 1 and column stride 0).
+/// `strides.at([b, col])` (a 1-D table has width 1 and column stride 0).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SlotTable {
     /// Addressing of entry `[b, col]`.
-    pub at: Strided<2>,
+    pub strides: Strided<2>,
     /// Rows (at least the number of sequences).
     pub rows: usize,
     /// Columns (1 for a 1-D table).
@@ -54,7 +54,7 @@ impl SlotTable {
             2 => (t.shape()[0], t.shape()[1], [t.strides()[0], t.strides()[1]]),
             _ => return None,
         };
-        Some(SlotTable { at: Strided::new(t.layout().offset(), strides), rows, width, dtype: t.dtype() })
+        Some(SlotTable { strides: Strided::new(t.layout().offset(), strides), rows, width, dtype: t.dtype() })
     }
 
     /// Entry `[b, col]` of the host bytes `bytes` (the whole borrowed memory of the view the
@@ -64,7 +64,7 @@ impl SlotTable {
     /// If the entry lies outside `bytes` (a plan's bounds guarantee it does not).
     #[inline(always)]
     pub fn get(&self, bytes: &[u8], b: usize, col: usize) -> i64 {
-        elem::read_i64(bytes, self.dtype, self.at.at([b, col]))
+        elem::read_i64(bytes, self.dtype, self.strides.at([b, col]))
     }
 
     /// Entry `[b, col]` of the host view `t` (the view the plan saw).
