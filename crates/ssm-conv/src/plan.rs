@@ -1,4 +1,4 @@
-use ssm_tensor::{DType, Device, TensorRef};
+use ssm_tensor::{DType, Device, SlotUse, TensorRef, first_slot_conflict};
 
 use crate::{Activation, CausalConv1dFnArgs, CausalConv1dUpdateArgs, ConvError, ConvStateLayout, error::PadDisplay};
 
@@ -269,25 +269,22 @@ fn resolve_slot(
     Ok(Some(value as usize))
 }
 
-/// Every written slot is written by one sequence only and read by no other sequence, so
-/// backends may run sequences in parallel.
+/// The aliasing rule of every family ([`ssm_tensor::first_slot_conflict`]): every written slot
+/// is written by one sequence only and read by no other sequence, so backends may run
+/// sequences in parallel.
 fn check_conflicts(arg: &'static str, seqs: &[ConvSeq]) -> Result<(), ConvError> {
-    let mut writes: Vec<(usize, usize)> = seqs.iter().filter_map(|s| s.write_slot.map(|w| (w, s.seq))).collect();
-    writes.sort_unstable();
-    for w in writes.windows(2) {
-        if w[0].0 == w[1].0 {
-            return Err(ConvError::SlotConflict { arg, slot: w[0].0, writer: w[0].1, other: w[1].1 });
-        }
+    let mut uses: Vec<SlotUse> = seqs
+        .iter()
+        .flat_map(|s| {
+            let read = s.read_slot.map(|slot| SlotUse { slot, written: false, seq: s.seq });
+            let write = s.write_slot.map(|slot| SlotUse { slot, written: true, seq: s.seq });
+            read.into_iter().chain(write)
+        })
+        .collect();
+    match first_slot_conflict(&mut uses) {
+        Some(c) => Err(ConvError::SlotConflict { arg, slot: c.slot, writer: c.writer().seq, other: c.other().seq }),
+        None => Ok(()),
     }
-    for s in seqs {
-        if let Some(r) = s.read_slot
-            && let Ok(i) = writes.binary_search_by_key(&r, |&(slot, _)| slot)
-            && writes[i].1 != s.seq
-        {
-            return Err(ConvError::SlotConflict { arg, slot: r, writer: writes[i].1, other: s.seq });
-        }
-    }
-    Ok(())
 }
 
 /// Written tensors must map distinct elements to distinct memory (backends write them from

@@ -3,7 +3,7 @@
 //! trust them and read sequence ranges and slots through the helpers here, so the reference and
 //! every backend share one reading of vLLM's index rules.
 
-use ssm_tensor::{DType, Device, TensorMut, TensorRef};
+use ssm_tensor::{DType, Device, SlotUse, TensorMut, TensorRef, first_slot_conflict};
 
 use crate::args::{
     ChunkGatedDeltaRuleArgs, FusedGdnGatingArgs, FusedRecurrentGatedDeltaRuleArgs,
@@ -77,13 +77,7 @@ impl<const N: usize> IndexTable<N> {
 /// If `t` is not a host tensor (backends check the device before reading).
 #[inline]
 pub fn read_int(t: &TensorRef<'_>, dtype: DType, i: usize) -> i64 {
-    let bytes = t.host_bytes().expect("index tables are read on the host");
-    match dtype {
-        DType::I32 => i32::from_le_bytes(bytes[i * 4..i * 4 + 4].try_into().unwrap()) as i64,
-        DType::I64 => i64::from_le_bytes(bytes[i * 8..i * 8 + 8].try_into().unwrap()),
-        DType::Bool => bytes[i] as i64,
-        _ => unreachable!("the plan admits only integer tables"),
-    }
+    ssm_tensor::elem::read_i64(t.host_bytes().expect("index tables are read on the host"), dtype, i)
 }
 
 /// Where one sequence's tokens are.
@@ -741,20 +735,20 @@ fn check_recurrent_values(p: &RecurrentPlan, c: &RecurrentCommon<'_, '_>) -> Res
     if p.final_state.is_some() {
         return Ok(());
     }
-    let mut touched: Vec<(usize, bool, usize)> = Vec::new(); // (slot, written, seq)
+    let mut touched: Vec<SlotUse> = Vec::new();
     for n in 0..p.dims.seqs {
         let sp = p.span(c.cu_seqlens, n);
         if sp.len == 0 {
             continue;
         }
         match p.start(ix, c.num_accepted_tokens, n, &sp) {
-            StartState::Row(r) => touched.push((r, false, n)),
+            StartState::Row(r) => touched.push(SlotUse { slot: r, written: false, seq: n }),
             StartState::Zeros => {}
             StartState::Skip | StartState::ZeroOutput => continue,
         }
         for t in 0..sp.len {
             if let Some(r) = p.store_row(ix, n, &sp, t) {
-                touched.push((r, true, n));
+                touched.push(SlotUse { slot: r, written: true, seq: n });
             }
         }
     }
@@ -772,31 +766,18 @@ fn range_err(seq: usize, column: usize, value: i64, slots: usize) -> GdnError {
     }
 }
 
-fn check_conflicts(touched: &mut [(usize, bool, usize)]) -> Result<(), GdnError> {
-    touched.sort_unstable();
-    let mut i = 0;
-    while i < touched.len() {
-        let mut j = i;
-        while j < touched.len() && touched[j].0 == touched[i].0 {
-            j += 1;
-        }
-        let group = &touched[i..j];
-        if let Some(w) = group.iter().find(|e| e.1)
-            && let Some(other) = group.iter().find(|e| e.2 != w.2)
-        {
-            let kind = |wr: bool| if wr { "written" } else { "read" };
-            let (a, b) = if other.2 < w.2 { (other, w) } else { (w, other) };
-            return Err(GdnError::SlotConflict {
-                slot: w.0 as i64,
-                first: kind(a.1),
-                first_seq: a.2,
-                second: kind(b.1),
-                second_seq: b.2,
-            });
-        }
-        i = j;
-    }
-    Ok(())
+/// The aliasing rule of every family ([`ssm_tensor::first_slot_conflict`]): a slot written by
+/// one sequence is read or written by no other.
+fn check_conflicts(touched: &mut [SlotUse]) -> Result<(), GdnError> {
+    let Some(c) = first_slot_conflict(touched) else { return Ok(()) };
+    let kind = |u: SlotUse| if u.written { "written" } else { "read" };
+    Err(GdnError::SlotConflict {
+        slot: c.slot as i64,
+        first: kind(c.first),
+        first_seq: c.first.seq,
+        second: kind(c.second),
+        second_seq: c.second.seq,
+    })
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1028,7 +1009,7 @@ pub(crate) fn chunk_gated_delta_rule(args: &ChunkGatedDeltaRuleArgs<'_>) -> Resu
                         n
                     }
                 };
-                touched.push((row, plan.inplace, n));
+                touched.push(SlotUse { slot: row, written: plan.inplace, seq: n });
             }
             check_conflicts(&mut touched)?;
         }

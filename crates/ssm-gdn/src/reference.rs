@@ -8,7 +8,6 @@
 
 use std::ops::{Add, Div, Mul, Neg, Sub};
 
-use half::{bf16, f16};
 use ssm_tensor::{DType, TensorMut, TensorRef};
 
 use crate::args::{
@@ -98,22 +97,12 @@ fn host_mut<'b>(arg: &'static str, t: &'b mut TensorMut<'_>) -> Result<&'b mut [
 
 /// Reads element `i` of a float buffer.
 pub fn read_float(bytes: &[u8], dtype: DType, i: usize) -> f64 {
-    match dtype {
-        DType::F32 => f32::from_le_bytes(bytes[i * 4..i * 4 + 4].try_into().unwrap()) as f64,
-        DType::BF16 => bf16::from_le_bytes(bytes[i * 2..i * 2 + 2].try_into().unwrap()).to_f64(),
-        DType::F16 => f16::from_le_bytes(bytes[i * 2..i * 2 + 2].try_into().unwrap()).to_f64(),
-        _ => unreachable!("the plan admits only float tensors here"),
-    }
+    ssm_tensor::elem::read_f64(bytes, dtype, i)
 }
 
 /// Writes element `i` of a float buffer, rounding to nearest even.
 pub fn write_float(bytes: &mut [u8], dtype: DType, i: usize, x: f64) {
-    match dtype {
-        DType::F32 => bytes[i * 4..i * 4 + 4].copy_from_slice(&(x as f32).to_le_bytes()),
-        DType::BF16 => bytes[i * 2..i * 2 + 2].copy_from_slice(&bf16::from_f64(x).to_le_bytes()),
-        DType::F16 => bytes[i * 2..i * 2 + 2].copy_from_slice(&f16::from_f64(x).to_le_bytes()),
-        _ => unreachable!("the plan admits only float tensors here"),
-    }
+    ssm_tensor::elem::write_f64(bytes, dtype, i, x)
 }
 
 /// vLLM's in-kernel softplus: `β·x <= threshold ? ln(1 + e^{β·x})/β : x`.

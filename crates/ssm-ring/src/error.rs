@@ -101,6 +101,21 @@ pub enum RingError {
         /// The argument it needs.
         needs: &'static str,
     },
+    /// Two rows of one call name the same state slot (pads excepted); each row writes its
+    /// slot, so the result would depend on the order of rows.
+    #[error(
+        "`{arg}`: slot {slot} is written by sequence {first} and by sequence {second}; sequences of one call must not share a written slot (pads excepted)"
+    )]
+    SlotConflict {
+        /// Argument name.
+        arg: &'static str,
+        /// The slot.
+        slot: usize,
+        /// The first row naming it.
+        first: usize,
+        /// The second row naming it.
+        second: usize,
+    },
     /// A host-resident slot index is neither the pad value nor in `[0, slots)`.
     #[error("`{arg}`[{row}] = {value} is outside [0, {slots}) and is not the pad value ({pad})")]
     IndexOutOfRange {

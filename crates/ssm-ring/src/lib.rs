@@ -17,7 +17,6 @@
 
 mod args;
 mod error;
-mod host;
 mod plan;
 pub mod reference;
 

@@ -1,6 +1,5 @@
-use ssm_tensor::{DType, Device, TensorMut, TensorRef};
+use ssm_tensor::{DType, Device, SlotUse, TensorMut, TensorRef, first_slot_conflict};
 
-use crate::host::read_int;
 use crate::{CheckpointingSsu, CommitRingTrackers, RingError, RingTrackers, UpdateRingTrackers};
 
 /// Element `i` of a 1-D (or column-0) view: `offset + i·stride` in the borrowed memory.
@@ -687,7 +686,7 @@ pub(crate) fn plan_checkpointing_ssu(args: &CheckpointingSsu<'_>) -> Result<Chec
         };
         let mut prev = 0i64;
         for i in 0..=batch {
-            let v = read_int(cu, cs.at(i));
+            let v = cu.elem_i64(cs.at(i));
             let bad = (i == 0 && v != 0) || v < prev || v > total as i64 || (i == batch && v != total as i64);
             if bad {
                 return Err(RingError::CuSeqlens { at: i, value: v, prev, tokens: total });
@@ -699,13 +698,15 @@ pub(crate) fn plan_checkpointing_ssu(args: &CheckpointingSsu<'_>) -> Result<Chec
         }
     }
     let host_cursors = args.ring_start.host_bytes().is_some() && args.prev_num_accepted_tokens.host_bytes().is_some();
+    // Each row reads and writes the state of its slot: the aliasing rule of every family.
+    let mut uses = Vec::new();
     for row in 0..batch {
         let slot = match (&args.state_batch_indices, index) {
             (Some(t), Some(col)) => {
                 if t.host_bytes().is_none() {
                     continue;
                 }
-                let v = read_int(t, col.at(row));
+                let v = t.elem_i64(col.at(row));
                 if Some(v) == args.pad_slot_id {
                     continue;
                 }
@@ -718,12 +719,13 @@ pub(crate) fn plan_checkpointing_ssu(args: &CheckpointingSsu<'_>) -> Result<Chec
                         pad: args.pad_slot_id.map_or("none".into(), |p| p.to_string()),
                     });
                 }
+                uses.push(SlotUse { slot: v as usize, written: true, seq: row });
                 v as usize
             }
             _ => row,
         };
         if host_cursors {
-            let start = read_int(&args.ring_start, ring_start.at(slot));
+            let start = args.ring_start.elem_i64(ring_start.at(slot));
             if start < 0 || start >= ring_len as i64 {
                 return Err(RingError::CursorOutOfRange {
                     arg: "ring_start",
@@ -733,7 +735,7 @@ pub(crate) fn plan_checkpointing_ssu(args: &CheckpointingSsu<'_>) -> Result<Chec
                     limit: ring_len as i64 - 1,
                 });
             }
-            let k = read_int(&args.prev_num_accepted_tokens, prev_num.at(slot));
+            let k = args.prev_num_accepted_tokens.elem_i64(prev_num.at(slot));
             if k < 0 || k > window {
                 return Err(RingError::CursorOutOfRange {
                     arg: "prev_num_accepted_tokens",
@@ -744,6 +746,14 @@ pub(crate) fn plan_checkpointing_ssu(args: &CheckpointingSsu<'_>) -> Result<Chec
                 });
             }
         }
+    }
+    if let Some(c) = first_slot_conflict(&mut uses) {
+        return Err(RingError::SlotConflict {
+            arg: "state_batch_indices",
+            slot: c.slot,
+            first: c.first.seq,
+            second: c.second.seq,
+        });
     }
 
     Ok(CheckpointingSsuPlan {
@@ -786,7 +796,7 @@ impl CheckpointingSsuPlan {
     pub fn slot(&self, args: &CheckpointingSsu<'_>, row: usize) -> Option<usize> {
         match (&args.state_batch_indices, self.index) {
             (Some(t), Some(col)) => {
-                let v = read_int(t, col.at(row));
+                let v = t.elem_i64(col.at(row));
                 if Some(v) == self.pad_slot_id || v < 0 || v >= self.cache as i64 { None } else { Some(v as usize) }
             }
             _ => Some(row),
@@ -797,8 +807,8 @@ impl CheckpointingSsuPlan {
     pub fn span(&self, args: &CheckpointingSsu<'_>, row: usize) -> (usize, usize, usize) {
         match (&args.cu_seqlens, self.cu_seqlens) {
             (Some(t), Some(cu)) => {
-                let s = read_int(t, cu.at(row)) as usize;
-                let e = read_int(t, cu.at(row + 1)) as usize;
+                let s = t.elem_i64(cu.at(row)) as usize;
+                let e = t.elem_i64(cu.at(row + 1)) as usize;
                 (0, s, e - s)
             }
             _ => (row, 0, self.tokens),
@@ -807,8 +817,8 @@ impl CheckpointingSsuPlan {
 
     /// The cursors `(ring_start, k)` of `slot`. Host cursor tensors only.
     pub fn cursors(&self, args: &CheckpointingSsu<'_>, slot: usize) -> (usize, usize) {
-        let start = read_int(&args.ring_start, self.ring_start.at(slot)) as usize;
-        let k = read_int(&args.prev_num_accepted_tokens, self.prev_num_accepted_tokens.at(slot)) as usize;
+        let start = args.ring_start.elem_i64(self.ring_start.at(slot)) as usize;
+        let k = args.prev_num_accepted_tokens.elem_i64(self.prev_num_accepted_tokens.at(slot)) as usize;
         (start, k)
     }
 }

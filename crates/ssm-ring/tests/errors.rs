@@ -210,6 +210,12 @@ fn checkpoint_slot_out_of_range() {
     insta::assert_snapshot!(msg(ckpt(|a| a.state_batch_indices = Some(slots(&[1, 7])))));
 }
 
+/// The aliasing rule of every family: two rows may not write one slot (pads excepted).
+#[test]
+fn checkpoint_rows_share_a_slot() {
+    insta::assert_snapshot!(msg(ckpt(|a| a.state_batch_indices = Some(slots(&[2, 2])))));
+}
+
 #[test]
 fn checkpoint_cursor_out_of_range() {
     insta::assert_snapshot!(msg(ckpt(|a| a.prev_num_accepted_tokens = slots(&[0, 5, 1, 0]))));

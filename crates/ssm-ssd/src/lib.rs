@@ -15,7 +15,6 @@
 
 mod args;
 mod error;
-mod host;
 mod metadata;
 mod plan;
 pub mod reference;

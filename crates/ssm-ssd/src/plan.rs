@@ -1,6 +1,5 @@
 use ssm_tensor::{DType, Device, TensorRef};
 
-use crate::host::read_int;
 use crate::{MambaChunkScanCombinedVarlen, SsdError};
 
 /// Element `i` of a 1-D view: `offset + i·stride`.
@@ -187,14 +186,14 @@ impl SsdPlan {
 
     /// Chunk `c`'s token range `[start, end)` (host metadata only).
     pub fn chunk(&self, args: &MambaChunkScanCombinedVarlen<'_>, c: usize) -> (usize, usize) {
-        let s = read_int(&args.cu_chunk_seqlens, self.cu_chunk_seqlens.at(c)) as usize;
-        let e = read_int(&args.cu_chunk_seqlens, self.cu_chunk_seqlens.at(c + 1)) as usize;
+        let s = args.cu_chunk_seqlens.elem_i64(self.cu_chunk_seqlens.at(c)) as usize;
+        let e = args.cu_chunk_seqlens.elem_i64(self.cu_chunk_seqlens.at(c + 1)) as usize;
         (s, e)
     }
 
     /// `seq_idx[c]` (host metadata only).
     pub fn seq_of(&self, args: &MambaChunkScanCombinedVarlen<'_>, c: usize) -> usize {
-        read_int(&args.seq_idx, self.seq_idx.at(c)) as usize
+        args.seq_idx.elem_i64(self.seq_idx.at(c)) as usize
     }
 
     /// Whether chunk `c` opens its sequence (`c == 0` or `seq_idx` changes).
@@ -204,7 +203,7 @@ impl SsdPlan {
 
     /// `last_chunk_indices[b]` (-1 for an empty sequence; host metadata only).
     pub fn last_chunk(&self, args: &MambaChunkScanCombinedVarlen<'_>, b: usize) -> i64 {
-        read_int(&args.last_chunk_indices, self.last_chunk_indices.at(b))
+        args.last_chunk_indices.elem_i64(self.last_chunk_indices.at(b))
     }
 }
 
@@ -482,8 +481,8 @@ fn check_metadata(p: &SsdPlan, args: &MambaChunkScanCombinedVarlen<'_>) -> Resul
         return Ok(());
     }
     let total = p.tokens as i64;
-    let cs = |i: usize| read_int(&args.cu_seqlens, p.cu_seqlens.at(i));
-    let cc = |i: usize| read_int(&args.cu_chunk_seqlens, p.cu_chunk_seqlens.at(i));
+    let cs = |i: usize| args.cu_seqlens.elem_i64(p.cu_seqlens.at(i));
+    let cc = |i: usize| args.cu_chunk_seqlens.elem_i64(p.cu_chunk_seqlens.at(i));
     let mut prev = 0;
     for i in 0..=p.batch {
         let v = cs(i);
@@ -525,7 +524,7 @@ fn check_metadata(p: &SsdPlan, args: &MambaChunkScanCombinedVarlen<'_>) -> Resul
     }
     let mut prev_seq = -1i64;
     for c in 0..p.nchunks {
-        let s = read_int(&args.seq_idx, p.seq_idx.at(c));
+        let s = args.seq_idx.elem_i64(p.seq_idx.at(c));
         if s < 0 || s >= p.batch as i64 || s < prev_seq {
             return Err(SsdError::SeqIdx { chunk: c, value: s, prev: prev_seq, batch: p.batch });
         }
@@ -541,11 +540,11 @@ fn check_metadata(p: &SsdPlan, args: &MambaChunkScanCombinedVarlen<'_>) -> Resul
     let mut c = 0usize;
     for b in 0..p.batch {
         let mut last = -1i64;
-        while c < p.nchunks && read_int(&args.seq_idx, p.seq_idx.at(c)) == b as i64 {
+        while c < p.nchunks && args.seq_idx.elem_i64(p.seq_idx.at(c)) == b as i64 {
             last = c as i64;
             c += 1;
         }
-        let got = read_int(&args.last_chunk_indices, p.last_chunk_indices.at(b));
+        let got = args.last_chunk_indices.elem_i64(p.last_chunk_indices.at(b));
         if got != last {
             return Err(SsdError::LastChunkIndex { seq: b, expected: last, actual: got });
         }

@@ -104,6 +104,23 @@ pub enum SsuError {
         /// The column needed.
         column: usize,
     },
+    /// Two sequences of one call share a slot that one of them writes (pads excepted); the
+    /// result would depend on the order of sequences, which device kernels cannot honour.
+    #[error(
+        "`{arg}`: slot {slot} is written by sequence {writer} and {other_use} by sequence {other}; sequences of one call must not share a written slot (pads excepted)"
+    )]
+    SlotConflict {
+        /// The table that writes the slot.
+        arg: &'static str,
+        /// The slot.
+        slot: usize,
+        /// The (lowest-numbered) sequence writing it.
+        writer: usize,
+        /// The other sequence.
+        other: usize,
+        /// "read" or "written": what the other sequence does with the slot.
+        other_use: &'static str,
+    },
     /// A host-resident slot index is neither the pad value nor in `[0, slots)`.
     #[error("`{arg}`[{seq}, {column}] = {value} is outside [0, {slots}) and is not the pad value ({pad})")]
     IndexOutOfRange {

@@ -1,6 +1,6 @@
 use std::cell::RefCell;
 
-use ssm_tensor::{DType, Device, MAX_RANK, TensorMut, TensorRef};
+use ssm_tensor::{DType, Device, MAX_RANK, Slot, SlotUse, TensorMut, TensorRef, first_slot_conflict};
 
 use crate::{SelectiveStateUpdate, SsuError, StochasticRounding};
 
@@ -66,26 +66,7 @@ impl SsuAlgorithm {
     }
 }
 
-/// Element offset and strides of a tensor after vLLM's unsqueeze rules.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Strided<const R: usize> {
-    /// Element offset of element `[0; R]` in the borrowed memory.
-    pub offset: isize,
-    /// Strides in elements (0 = broadcast).
-    pub strides: [isize; R],
-}
-
-impl<const R: usize> Strided<R> {
-    /// Element index of `idx` in the borrowed memory.
-    #[inline(always)]
-    pub fn at(&self, idx: [usize; R]) -> usize {
-        let mut o = self.offset;
-        for d in 0..R {
-            o += idx[d] as isize * self.strides[d];
-        }
-        o as usize
-    }
-}
+pub use ssm_tensor::Strided;
 
 /// Addressing of a per-token tensor (`x`, `dt`, `z`, `out`: inner axes heads, dim; `B`, `C`:
 /// groups, dstate). Token `t` of sequence `b` starts at `offset + start(b) + t·tok`, where
@@ -113,18 +94,9 @@ impl TokenStrides {
     }
 }
 
-/// A slot table (`state_batch_indices`, `dst_state_batch_indices`) as the kernels read it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct IndexTable {
-    /// Entry `[b, col]` lives at `offset + b·strides[0] + col·strides[1]`.
-    pub strides: Strided<2>,
-    /// Rows (at least the number of sequences).
-    pub rows: usize,
-    /// Columns (1 for a 1-D table).
-    pub width: usize,
-    /// I32 or I64.
-    pub dtype: DType,
-}
+/// A slot table (`state_batch_indices`, `dst_state_batch_indices`) as the kernels read it:
+/// the shared [`SlotTable`](ssm_tensor::SlotTable).
+pub use ssm_tensor::SlotTable as IndexTable;
 
 /// Resolved sizes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -226,9 +198,9 @@ pub struct SsuPlan {
     pub stochastic_rounding: Option<StochasticRounding>,
     /// Index values were on the host and were all checked.
     pub host_indices_checked: bool,
-    /// No slot written by one sequence is read or written by another (host tables only;
-    /// always `false` for device tables, whose values the plan cannot see). When `false`,
-    /// a host backend processes sequences in order, which is what the reference does.
+    /// No slot written by one sequence is read or written by another. Host plans always
+    /// have it (the plan refuses aliasing tables, docs/CONVENTIONS.md "Pads and indices");
+    /// `false` only for device tables, whose values the plan cannot see.
     pub alias_free: bool,
 }
 
@@ -362,17 +334,14 @@ struct HostInts<'a> {
 impl HostInts<'_> {
     #[inline]
     fn get(&self, elem: usize) -> i64 {
-        match self.dtype {
-            DType::I32 => i32::from_le_bytes(self.bytes[elem * 4..elem * 4 + 4].try_into().unwrap()) as i64,
-            _ => i64::from_le_bytes(self.bytes[elem * 8..elem * 8 + 8].try_into().unwrap()),
-        }
+        ssm_tensor::elem::read_i64(self.bytes, self.dtype, elem)
     }
 }
 
 thread_local! {
-    /// Reused bitsets (read slots, written slots) for the aliasing check, so that planning a
-    /// host call allocates only when the pool grows.
-    static SLOT_MARKS: RefCell<(Vec<u64>, Vec<u64>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+    /// Reused list of slot uses for the aliasing check, so that planning a host call
+    /// allocates only when a batch is larger than any before it on this thread.
+    static SLOT_USES: RefCell<Vec<SlotUse>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Checks every argument of a selective state update and resolves how to run it.
@@ -584,30 +553,21 @@ pub(crate) fn plan(args: &SelectiveStateUpdate<'_>) -> Result<SsuPlan, SsuError>
         (Route::Dense { .. }, _) => args.x.shape()[0],
         _ => rows,
     };
-    let cu_seqlens = args
-        .cu_seqlens
-        .as_ref()
-        .map(|cu| Strided { offset: cu.layout().offset() as isize, strides: [cu.strides()[0]] });
+    let cu_seqlens = args.cu_seqlens.as_ref().map(|cu| Strided::new(cu.layout().offset(), [cu.strides()[0]]));
 
     let table = |arg: &'static str, t: &Option<TensorRef<'_>>| -> Result<Option<IndexTable>, SsuError> {
         let Some(t) = t else { return Ok(None) };
-        let (rows_t, width, strides) = match t.rank() {
-            1 => (t.shape()[0], 1, [t.strides()[0], 0]),
-            2 => (t.shape()[0], t.shape()[1], [t.strides()[0], t.strides()[1]]),
-            _ => return Err(SsuError::Rank { arg, expected: "1 or 2", actual: t.shape().to_vec() }),
+        let Some(tab) = IndexTable::of(t) else {
+            return Err(SsuError::Rank { arg, expected: "1 or 2", actual: t.shape().to_vec() });
         };
+        let (rows_t, width) = (tab.rows, tab.width);
         if rows_t < seqs {
             return Err(SsuError::TableTooShort { arg, needed: seqs, actual: t.shape().to_vec() });
         }
         if width == 0 {
             return Err(SsuError::TableTooNarrow { arg, width: 0, seq: 0, column: 0 });
         }
-        Ok(Some(IndexTable {
-            strides: Strided { offset: t.layout().offset() as isize, strides },
-            rows: rows_t,
-            width,
-            dtype: t.dtype(),
-        }))
+        Ok(Some(tab))
     };
     let sbi = table("state_batch_indices", &args.state_batch_indices)?;
     let dst_given = table("dst_state_batch_indices", &args.dst_state_batch_indices)?;
@@ -642,7 +602,7 @@ pub(crate) fn plan(args: &SelectiveStateUpdate<'_>) -> Result<SsuPlan, SsuError>
                     actual: n.shape().to_vec(),
                 });
             }
-            Some(Strided { offset: n.layout().offset() as isize, strides: [n.strides()[0]] })
+            Some(Strided::new(n.layout().offset(), [n.strides()[0]]))
         }
         None => None,
     };
@@ -729,7 +689,6 @@ fn check_host_indices(plan: &mut SsuPlan, args: &SelectiveStateUpdate<'_>) -> Re
     let slots = plan.dims.slots;
     let pad = plan.pad_slot_id;
     let pad_str = || pad.map_or("none".to_string(), |p| p.to_string());
-    let valid = |v: i64| pad == Some(v) || (v >= 0 && (v as u64) < slots as u64);
 
     let Some(sbi) = plan.state_batch_indices else {
         // Without tables sequence b reads and writes slot b.
@@ -753,17 +712,9 @@ fn check_host_indices(plan: &mut SsuPlan, args: &SelectiveStateUpdate<'_>) -> Re
         if args.dst_state_batch_indices.is_some() { "dst_state_batch_indices" } else { "state_batch_indices" };
     let nacc = args.num_accepted_tokens.as_ref().map(|t| HostInts { bytes: t.host_bytes().unwrap(), dtype: t.dtype() });
 
-    SLOT_MARKS.with(|marks| {
-        let mut marks = marks.borrow_mut();
-        let words = slots.div_ceil(64);
-        let (read, written) = &mut *marks;
-        read.clear();
-        read.resize(words, 0);
-        written.clear();
-        written.resize(words, 0);
-        let test = |set: &Vec<u64>, s: i64| set[s as usize / 64] >> (s as usize % 64) & 1 == 1;
-        let mark = |set: &mut Vec<u64>, s: i64| set[s as usize / 64] |= 1 << (s as usize % 64);
-        let mut alias_free = true;
+    SLOT_USES.with(|uses| {
+        let mut uses = uses.borrow_mut();
+        uses.clear();
         for b in 0..plan.dims.seqs {
             let (_, len) = host_seq_bounds(plan, args.cu_seqlens.as_ref(), b);
             if len == 0 {
@@ -782,51 +733,54 @@ fn check_host_indices(plan: &mut SsuPlan, args: &SelectiveStateUpdate<'_>) -> Re
                 });
             }
             let src = src_ints.get(sbi.strides.at([b, col]));
-            if !valid(src) {
-                return Err(SsuError::IndexOutOfRange {
-                    arg: "state_batch_indices",
-                    seq: b,
-                    column: col,
-                    value: src,
-                    slots,
-                    pad: pad_str(),
-                });
-            }
-            if pad == Some(src) {
-                continue;
-            }
-            if test(written, src) {
-                alias_free = false;
-            }
-            let dst_cols = if plan.spec { 0..len } else { col..col + 1 };
-            for t in dst_cols.clone() {
-                if t >= dst.width {
-                    return Err(SsuError::TableTooNarrow { arg: dst_name, width: dst.width, seq: b, column: t });
-                }
-                let d = dst_ints.get(dst.strides.at([b, t]));
-                if !valid(d) {
+            let src_slot = match Slot::resolve(src, pad, slots) {
+                Slot::Pad => continue,
+                Slot::Row(s) => s,
+                Slot::OutOfRange => {
                     return Err(SsuError::IndexOutOfRange {
-                        arg: dst_name,
+                        arg: "state_batch_indices",
                         seq: b,
-                        column: t,
-                        value: d,
+                        column: col,
+                        value: src,
                         slots,
                         pad: pad_str(),
                     });
                 }
-                if pad != Some(d) && (test(written, d) || test(read, d)) {
-                    alias_free = false;
-                }
-            }
-            mark(read, src);
+            };
+            uses.push(SlotUse { slot: src_slot, written: false, seq: b });
+            let dst_cols = if plan.spec { 0..len } else { col..col + 1 };
             for t in dst_cols {
+                if t >= dst.width {
+                    return Err(SsuError::TableTooNarrow { arg: dst_name, width: dst.width, seq: b, column: t });
+                }
                 let d = dst_ints.get(dst.strides.at([b, t]));
-                if pad != Some(d) {
-                    mark(written, d);
+                match Slot::resolve(d, pad, slots) {
+                    Slot::Pad => {}
+                    Slot::Row(s) => uses.push(SlotUse { slot: s, written: true, seq: b }),
+                    Slot::OutOfRange => {
+                        return Err(SsuError::IndexOutOfRange {
+                            arg: dst_name,
+                            seq: b,
+                            column: t,
+                            value: d,
+                            slots,
+                            pad: pad_str(),
+                        });
+                    }
                 }
             }
         }
-        plan.alias_free = alias_free;
+        if let Some(c) = first_slot_conflict(&mut uses) {
+            let other = c.other();
+            return Err(SsuError::SlotConflict {
+                arg: dst_name,
+                slot: c.slot,
+                writer: c.writer().seq,
+                other: other.seq,
+                other_use: if other.written { "written" } else { "read" },
+            });
+        }
+        plan.alias_free = true;
         plan.host_indices_checked = true;
         Ok(())
     })

@@ -12,7 +12,6 @@
 //! error bounds). Both sequence through the batch in order, so aliasing slot tables have a
 //! defined result. Host tensors only; slow on purpose.
 
-use half::{bf16, f16};
 use ssm_tensor::{DType, Device, TensorError};
 
 use crate::philox::{round_f16_stochastic, sr_bits};
@@ -87,31 +86,16 @@ impl Acc for f64 {
 }
 
 pub(crate) fn read(bytes: &[u8], dtype: DType, i: usize) -> f64 {
-    match dtype {
-        DType::F32 => f32::from_le_bytes(bytes[i * 4..i * 4 + 4].try_into().unwrap()) as f64,
-        DType::F16 => f16::from_le_bytes(bytes[i * 2..i * 2 + 2].try_into().unwrap()).to_f64(),
-        DType::BF16 => bf16::from_le_bytes(bytes[i * 2..i * 2 + 2].try_into().unwrap()).to_f64(),
-        DType::I32 => i32::from_le_bytes(bytes[i * 4..i * 4 + 4].try_into().unwrap()) as f64,
-        DType::I64 => i64::from_le_bytes(bytes[i * 8..i * 8 + 8].try_into().unwrap()) as f64,
-        DType::Bool => bytes[i] as f64,
-    }
+    ssm_tensor::elem::read_f64(bytes, dtype, i)
 }
 
 fn read_int(bytes: &[u8], dtype: DType, i: usize) -> i64 {
-    match dtype {
-        DType::I32 => i32::from_le_bytes(bytes[i * 4..i * 4 + 4].try_into().unwrap()) as i64,
-        _ => i64::from_le_bytes(bytes[i * 8..i * 8 + 8].try_into().unwrap()),
-    }
+    ssm_tensor::elem::read_i64(bytes, dtype, i)
 }
 
 /// Stores `v` rounded to nearest even in `dtype`.
 fn write(bytes: &mut [u8], dtype: DType, i: usize, v: f32) {
-    match dtype {
-        DType::F32 => bytes[i * 4..i * 4 + 4].copy_from_slice(&v.to_le_bytes()),
-        DType::F16 => bytes[i * 2..i * 2 + 2].copy_from_slice(&f16::from_f32(v).to_le_bytes()),
-        DType::BF16 => bytes[i * 2..i * 2 + 2].copy_from_slice(&bf16::from_f32(v).to_le_bytes()),
-        _ => unreachable!("plan admits float outputs only"),
-    }
+    ssm_tensor::elem::write_f32(bytes, dtype, i, v)
 }
 
 fn host<'b>(arg: &'static str, b: Option<&'b [u8]>, device: Device) -> Result<&'b [u8], SsuError> {

@@ -231,6 +231,22 @@ fn host_indices_out_of_range() {
     );
 }
 
+/// One rule for every family: a slot written by one sequence is read or written by no other
+/// sequence of the call (pads excepted), so a host table that aliases is refused.
+#[test]
+fn aliasing_tables_are_refused() {
+    let shared = Box::leak(Box::new(HostTensor::from_i64(DType::I32, vec![3], &[1, 2, 1])));
+    insta::assert_snapshot!("slot_shared", err(|a, _| a.state_batch_indices = Some(t(shared))));
+    let dst = Box::leak(Box::new(HostTensor::from_i64(DType::I32, vec![3], &[4, 3, 5])));
+    insta::assert_snapshot!("slot_written_and_read", err(|a, _| a.dst_state_batch_indices = Some(t(dst))));
+    // Pads are not slots: two padded sequences do not alias, and a sequence may update its own slot.
+    let pads = HostTensor::from_i64(DType::I32, vec![3], &[0, 2, 0]);
+    let mut b = base();
+    let mut args = b.args();
+    args.state_batch_indices = Some(pads.view());
+    ssm_ssu::plan(args).unwrap();
+}
+
 #[test]
 fn device_mismatch() {
     // SAFETY: the device view is planned only, never dereferenced.

@@ -13,15 +13,22 @@
 //!
 //! [`Planned`] pairs an op's arguments with the plan checked from them; backends [`Run`]
 //! planned calls only.
+//! Shared addressing for every op family: [`Strided`] (offset + Σ index·stride),
+//! [`SlotTable`] with pad resolution and the aliasing rule ([`first_slot_conflict`]), and
+//! scalar element readers and writers by dtype ([`elem`]).
 //!
 //! [`HostTensor`] is the one owning type: an aligned host buffer for tests, tools and
 //! benchmarks, which hands out views.
 
 mod dtype;
+pub mod elem;
 mod error;
 mod layout;
 mod owned;
 mod planned;
+mod precision;
+mod slots;
+mod strided;
 mod view;
 
 pub use dtype::{DType, Element};
@@ -29,6 +36,9 @@ pub use error::TensorError;
 pub use layout::{Layout, MAX_RANK};
 pub use owned::HostTensor;
 pub use planned::{Op, Planned, Run, Unsupported};
+pub use precision::Precision;
+pub use slots::{Slot, SlotConflict, SlotTable, SlotUse, first_slot_conflict};
+pub use strided::Strided;
 pub use view::{Device, TensorMut, TensorRef};
 
 pub use half::{bf16, f16};

@@ -1,5 +1,3 @@
-use half::{bf16, f16};
-
 use crate::{DType, TensorMut, TensorRef};
 
 /// 64 bytes, 64-byte aligned: the storage unit of [`HostTensor`]. Buffers start on a cache
@@ -37,14 +35,9 @@ impl HostTensor {
     /// A tensor of `shape` filled with `value` (floats).
     pub fn filled(dtype: DType, shape: Vec<usize>, value: f32) -> Self {
         let n: usize = shape.iter().product();
-        let mut bytes = Vec::with_capacity(n * dtype.size());
-        for _ in 0..n {
-            match dtype {
-                DType::F32 => bytes.extend_from_slice(&value.to_le_bytes()),
-                DType::F16 => bytes.extend_from_slice(&f16::from_f32(value).to_le_bytes()),
-                DType::BF16 => bytes.extend_from_slice(&bf16::from_f32(value).to_le_bytes()),
-                _ => bytes.extend_from_slice(&vec![0u8; dtype.size()]),
-            }
+        let mut bytes = vec![0u8; n * dtype.size()];
+        if dtype.is_float() {
+            (0..n).for_each(|i| crate::elem::write_f32(&mut bytes, dtype, i, value));
         }
         Self::from_bytes(dtype, shape, &bytes)
     }
@@ -52,14 +45,10 @@ impl HostTensor {
     /// A float tensor from f32 values, rounded to nearest even in `dtype` (F32, F16 or BF16).
     pub fn from_f32(dtype: DType, shape: Vec<usize>, values: &[f32]) -> Self {
         assert_eq!(values.len(), shape.iter().product::<usize>(), "values must fill the shape");
-        let mut bytes = Vec::with_capacity(values.len() * dtype.size());
-        for &v in values {
-            match dtype {
-                DType::F32 => bytes.extend_from_slice(&v.to_le_bytes()),
-                DType::F16 => bytes.extend_from_slice(&f16::from_f32(v).to_le_bytes()),
-                DType::BF16 => bytes.extend_from_slice(&bf16::from_f32(v).to_le_bytes()),
-                other => panic!("from_f32 makes float tensors, not {other}"),
-            }
+        assert!(dtype.is_float(), "from_f32 makes float tensors, not {dtype}");
+        let mut bytes = vec![0u8; values.len() * dtype.size()];
+        for (i, &v) in values.iter().enumerate() {
+            crate::elem::write_f32(&mut bytes, dtype, i, v);
         }
         Self::from_bytes(dtype, shape, &bytes)
     }
@@ -101,18 +90,6 @@ impl HostTensor {
     pub fn to_f64_vec(&self) -> Vec<f64> {
         let b = self.bytes();
         let s = self.dtype.size();
-        (0..self.len / s)
-            .map(|i| {
-                let e = &b[i * s..(i + 1) * s];
-                match self.dtype {
-                    DType::F32 => f32::from_le_bytes(e.try_into().unwrap()) as f64,
-                    DType::F16 => f16::from_le_bytes(e.try_into().unwrap()).to_f64(),
-                    DType::BF16 => bf16::from_le_bytes(e.try_into().unwrap()).to_f64(),
-                    DType::I32 => i32::from_le_bytes(e.try_into().unwrap()) as f64,
-                    DType::I64 => i64::from_le_bytes(e.try_into().unwrap()) as f64,
-                    DType::Bool => e[0] as f64,
-                }
-            })
-            .collect()
+        (0..self.len / s).map(|i| crate::elem::read_f64(b, self.dtype, i)).collect()
     }
 }

@@ -1,7 +1,5 @@
 use std::marker::PhantomData;
 
-use half::{bf16, f16};
-
 use crate::{DType, Element, Layout, TensorError};
 
 /// Where a tensor's memory lives.
@@ -205,20 +203,22 @@ impl<'a> TensorRef<'a> {
     /// Reads one element as `f64` (floats) — a slow path for validation and tests.
     pub fn get_f64(&self, idx: &[usize]) -> Result<f64, TensorError> {
         let bytes = self.host_bytes().ok_or(TensorError::NotHost(self.device))?;
-        Ok(read_f64(bytes, self.dtype, self.layout.index(idx)))
+        Ok(crate::elem::read_f64(bytes, self.dtype, self.layout.index(idx)))
     }
 
     /// Reads one element as `i64` (integers and bool) — a slow path for validation and tests.
     pub fn get_i64(&self, idx: &[usize]) -> Result<i64, TensorError> {
         let bytes = self.host_bytes().ok_or(TensorError::NotHost(self.device))?;
-        Ok(read_f64_or_int(bytes, self.dtype, self.layout.index(idx)))
+        Ok(crate::elem::read_i64(bytes, self.dtype, self.layout.index(idx)))
     }
 
     /// Gathers the logical elements in row-major order as `f32` (host only; tests and tools).
     pub fn to_f32_vec(&self) -> Result<Vec<f32>, TensorError> {
         let bytes = self.host_bytes().ok_or(TensorError::NotHost(self.device))?;
         let mut out = Vec::with_capacity(self.numel());
-        for_each_index(self.shape(), |idx| out.push(read_f64(bytes, self.dtype, self.layout.index(idx)) as f32));
+        for_each_index(self.shape(), |idx| {
+            out.push(crate::elem::read_f64(bytes, self.dtype, self.layout.index(idx)) as f32)
+        });
         Ok(out)
     }
 
@@ -348,30 +348,6 @@ pub(crate) fn for_each_index(shape: &[usize], mut f: impl FnMut(&[usize])) {
             }
             idx[d] = 0;
         }
-    }
-}
-
-fn read_f64(bytes: &[u8], dtype: DType, i: usize) -> f64 {
-    let s = dtype.size();
-    let b = &bytes[i * s..(i + 1) * s];
-    match dtype {
-        DType::F32 => f32::from_le_bytes(b.try_into().unwrap()) as f64,
-        DType::F16 => f16::from_le_bytes(b.try_into().unwrap()).to_f64(),
-        DType::BF16 => bf16::from_le_bytes(b.try_into().unwrap()).to_f64(),
-        DType::I32 => i32::from_le_bytes(b.try_into().unwrap()) as f64,
-        DType::I64 => i64::from_le_bytes(b.try_into().unwrap()) as f64,
-        DType::Bool => b[0] as f64,
-    }
-}
-
-fn read_f64_or_int(bytes: &[u8], dtype: DType, i: usize) -> i64 {
-    let s = dtype.size();
-    let b = &bytes[i * s..(i + 1) * s];
-    match dtype {
-        DType::I32 => i32::from_le_bytes(b.try_into().unwrap()) as i64,
-        DType::I64 => i64::from_le_bytes(b.try_into().unwrap()),
-        DType::Bool => b[0] as i64,
-        _ => read_f64(bytes, dtype, i) as i64,
     }
 }
 
