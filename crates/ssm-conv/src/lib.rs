@@ -46,47 +46,9 @@ pub use error::{ConvError, PadDisplay};
 pub use plan::{BiasStrides, ConvOp, ConvPlan, ConvSeq, StateStrides, TokenStrides, WeightStrides};
 pub use ssm_tensor::{Op, Planned, Run};
 
-impl Op for CausalConv1dUpdateArgs<'_> {
-    const NAME: &'static str = "causal_conv1d_update";
-    type Plan = ConvPlan;
-    type Error = ConvError;
-    fn plan(&self) -> Result<ConvPlan, ConvError> {
-        plan::plan_update(self)
-    }
-    fn device(plan: &ConvPlan) -> ssm_tensor::Device {
-        plan.device
-    }
-}
-
-impl Op for CausalConv1dFnArgs<'_> {
-    const NAME: &'static str = "causal_conv1d_fn";
-    type Plan = ConvPlan;
-    type Error = ConvError;
-    fn plan(&self) -> Result<ConvPlan, ConvError> {
-        plan::plan_fn(self)
-    }
-    fn device(plan: &ConvPlan) -> ssm_tensor::Device {
-        plan.device
-    }
-}
-
-/// Checks every argument of a conv call ([`CausalConv1dUpdateArgs`] or
-/// [`CausalConv1dFnArgs`]) and keeps them with their plan. Backends trust the plan: they
-/// write `out` rows and state columns exactly as its [`ConvSeq`]s say, and nothing else.
-///
-/// Errors name the argument and what was expected; nothing is written by a failed call.
-pub fn plan<A: Op<Error = ConvError>>(args: A) -> Result<Planned<A>, ConvError> {
-    Planned::new(args)
-}
-
-/// A backend of both causal conv1d ops, with one error type `E`: every backend implements it (through
-/// its `Run` impls), and generic harnesses take it as their bound.
-pub trait ConvBackend<E>:
-    for<'a> Run<CausalConv1dUpdateArgs<'a>, Error = E> + for<'a> Run<CausalConv1dFnArgs<'a>, Error = E>
-{
-}
-
-impl<E, B: for<'a> Run<CausalConv1dUpdateArgs<'a>, Error = E> + for<'a> Run<CausalConv1dFnArgs<'a>, Error = E>>
-    ConvBackend<E> for B
-{
+ssm_tensor::op_family! {
+    /// A backend of both causal conv1d ops.
+    family ConvBackend, error ConvError;
+    CausalConv1dUpdateArgs => "causal_conv1d_update", ConvPlan, plan::plan_update;
+    CausalConv1dFnArgs => "causal_conv1d_fn", ConvPlan, plan::plan_fn;
 }

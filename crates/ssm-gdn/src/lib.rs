@@ -45,64 +45,6 @@ pub const CHUNK_SIZE: usize = 64;
 /// the CPU kernels keep one normalised `q`/`k` row on the stack).
 pub const MAX_HEAD_K_DIM: usize = 1024;
 
-impl Op for FusedGdnGatingArgs<'_> {
-    const NAME: &'static str = "fused_gdn_gating";
-    type Plan = GatingPlan;
-    type Error = GdnError;
-    fn plan(&self) -> Result<GatingPlan, GdnError> {
-        plan::fused_gdn_gating(self)
-    }
-    fn device(plan: &GatingPlan) -> ssm_tensor::Device {
-        plan.device
-    }
-}
-
-impl Op for FusedRecurrentGatedDeltaRuleArgs<'_> {
-    const NAME: &'static str = "fused_recurrent_gated_delta_rule";
-    type Plan = RecurrentPlan;
-    type Error = GdnError;
-    fn plan(&self) -> Result<RecurrentPlan, GdnError> {
-        plan::fused_recurrent_gated_delta_rule(self)
-    }
-    fn device(plan: &RecurrentPlan) -> ssm_tensor::Device {
-        plan.device
-    }
-}
-
-impl Op for FusedSigmoidGatingDeltaRuleUpdateArgs<'_> {
-    const NAME: &'static str = "fused_sigmoid_gating_delta_rule_update";
-    type Plan = RecurrentPlan;
-    type Error = GdnError;
-    fn plan(&self) -> Result<RecurrentPlan, GdnError> {
-        plan::fused_sigmoid_gating_delta_rule_update(self)
-    }
-    fn device(plan: &RecurrentPlan) -> ssm_tensor::Device {
-        plan.device
-    }
-}
-
-impl Op for ChunkGatedDeltaRuleArgs<'_> {
-    const NAME: &'static str = "chunk_gated_delta_rule";
-    type Plan = ChunkPlan;
-    type Error = GdnError;
-    fn plan(&self) -> Result<ChunkPlan, GdnError> {
-        plan::chunk_gated_delta_rule(self)
-    }
-    fn device(plan: &ChunkPlan) -> ssm_tensor::Device {
-        plan.device
-    }
-}
-
-/// Checks every argument of a gated-delta-rule call ([`FusedGdnGatingArgs`],
-/// [`FusedRecurrentGatedDeltaRuleArgs`], [`FusedSigmoidGatingDeltaRuleUpdateArgs`] or
-/// [`ChunkGatedDeltaRuleArgs`]) and keeps them with their plan. Backends trust the plan and
-/// write exactly what the call's `Args` documents, nothing else.
-///
-/// Errors name the argument and what was expected; nothing is written by a failed call.
-pub fn plan<A: Op<Error = GdnError>>(args: A) -> Result<Planned<A>, GdnError> {
-    Planned::new(args)
-}
-
 /// Elements of f32 scratch a backend's chunked prefill wants for a plan (0 when it needs
 /// none); passing at least this much as [`ChunkGatedDeltaRuleArgs::scratch`] makes the call
 /// allocation-free.
@@ -111,22 +53,11 @@ pub trait ChunkScratch {
     fn chunk_gated_delta_rule_scratch_size(&self, plan: &ChunkPlan) -> usize;
 }
 
-/// A backend of every gated-delta-rule op, with one error type `E`: every backend implements it (through
-/// its `Run` impls), and generic harnesses take it as their bound.
-pub trait GdnBackend<E>:
-    for<'a> Run<FusedGdnGatingArgs<'a>, Error = E>
-    + for<'a> Run<FusedRecurrentGatedDeltaRuleArgs<'a>, Error = E>
-    + for<'a> Run<FusedSigmoidGatingDeltaRuleUpdateArgs<'a>, Error = E>
-    + for<'a> Run<ChunkGatedDeltaRuleArgs<'a>, Error = E>
-{
-}
-
-impl<
-    E,
-    B: for<'a> Run<FusedGdnGatingArgs<'a>, Error = E>
-        + for<'a> Run<FusedRecurrentGatedDeltaRuleArgs<'a>, Error = E>
-        + for<'a> Run<FusedSigmoidGatingDeltaRuleUpdateArgs<'a>, Error = E>
-        + for<'a> Run<ChunkGatedDeltaRuleArgs<'a>, Error = E>,
-> GdnBackend<E> for B
-{
+ssm_tensor::op_family! {
+    /// A backend of every gated-delta-rule op.
+    family GdnBackend, error GdnError;
+    FusedGdnGatingArgs => "fused_gdn_gating", GatingPlan, plan::fused_gdn_gating;
+    FusedRecurrentGatedDeltaRuleArgs => "fused_recurrent_gated_delta_rule", RecurrentPlan, plan::fused_recurrent_gated_delta_rule;
+    FusedSigmoidGatingDeltaRuleUpdateArgs => "fused_sigmoid_gating_delta_rule_update", RecurrentPlan, plan::fused_sigmoid_gating_delta_rule_update;
+    ChunkGatedDeltaRuleArgs => "chunk_gated_delta_rule", ChunkPlan, plan::chunk_gated_delta_rule;
 }

@@ -27,65 +27,10 @@ pub use plan::{
 };
 pub use ssm_tensor::{Op, Planned, Run};
 
-impl Op for UpdateRingTrackers<'_> {
-    const NAME: &'static str = "update_replayssm_ring_trackers";
-    type Plan = TrackerPlan;
-    type Error = RingError;
-    fn plan(&self) -> Result<TrackerPlan, RingError> {
-        plan::plan_update(self)
-    }
-    fn device(plan: &TrackerPlan) -> ssm_tensor::Device {
-        plan.device
-    }
-}
-
-impl Op for CommitRingTrackers<'_> {
-    const NAME: &'static str = "commit_replayssm_ring_trackers";
-    type Plan = TrackerPlan;
-    type Error = RingError;
-    fn plan(&self) -> Result<TrackerPlan, RingError> {
-        plan::plan_commit(self)
-    }
-    fn device(plan: &TrackerPlan) -> ssm_tensor::Device {
-        plan.device
-    }
-}
-
-impl Op for CheckpointingSsu<'_> {
-    const NAME: &'static str = "checkpointing_ssu";
-    type Plan = CheckpointingSsuPlan;
-    type Error = RingError;
-    fn plan(&self) -> Result<CheckpointingSsuPlan, RingError> {
-        plan::plan_checkpointing_ssu(self)
-    }
-    fn device(plan: &CheckpointingSsuPlan) -> ssm_tensor::Device {
-        plan.device
-    }
-}
-
-/// Checks every argument of a ReplaySSM call ([`UpdateRingTrackers`], [`CommitRingTrackers`]
-/// or [`CheckpointingSsu`]) and keeps them with their plan. Backends trust the plan.
-///
-/// Tracker updates and commits skip pads and out-of-range slots (they are not errors); the
-/// checkpointing SSU checks every host index it reads. Nothing is written by a failed call.
-pub fn plan<A: Op<Error = RingError>>(args: A) -> Result<Planned<A>, RingError> {
-    Planned::new(args)
-}
-
-/// A backend of every ReplaySSM op, with one error type `E`: every backend implements it (through
-/// its `Run` impls), and generic harnesses take it as their bound.
-pub trait RingBackend<E>:
-    for<'a> Run<UpdateRingTrackers<'a>, Error = E>
-    + for<'a> Run<CommitRingTrackers<'a>, Error = E>
-    + for<'a> Run<CheckpointingSsu<'a>, Error = E>
-{
-}
-
-impl<
-    E,
-    B: for<'a> Run<UpdateRingTrackers<'a>, Error = E>
-        + for<'a> Run<CommitRingTrackers<'a>, Error = E>
-        + for<'a> Run<CheckpointingSsu<'a>, Error = E>,
-> RingBackend<E> for B
-{
+ssm_tensor::op_family! {
+    /// A backend of every ReplaySSM op.
+    family RingBackend, error RingError;
+    UpdateRingTrackers => "update_replayssm_ring_trackers", TrackerPlan, plan::plan_update;
+    CommitRingTrackers => "commit_replayssm_ring_trackers", TrackerPlan, plan::plan_commit;
+    CheckpointingSsu => "checkpointing_ssu", CheckpointingSsuPlan, plan::plan_checkpointing_ssu;
 }

@@ -10,8 +10,8 @@
 //! anywhere.
 //!
 //! Pieces: [`MambaChunkScanCombinedVarlen`] (args), [`plan`] (every check, once),
-//! `impl Run<MambaChunkScanCombinedVarlen> for …` (what a backend implements), [`reference`] (sequential recurrence, f32
-//! and f64), and [`compute_chunk_metadata`] (vLLM's metadata builder).
+//! [`SsdBackend`] (a backend's `Run` impl), [`reference`] (sequential recurrence, f32 and
+//! f64), and [`compute_chunk_metadata`] (vLLM's metadata builder).
 
 mod args;
 mod error;
@@ -25,28 +25,8 @@ pub use metadata::{ChunkMetadata, compute_chunk_metadata};
 pub use plan::{IoDtypes, SsdPlan, Strided1, Strided3, Strided4, WorkspaceLayout};
 pub use ssm_tensor::{Op, Planned, Run};
 
-impl Op for MambaChunkScanCombinedVarlen<'_> {
-    const NAME: &'static str = "mamba_chunk_scan_combined_varlen";
-    type Plan = SsdPlan;
-    type Error = SsdError;
-    fn plan(&self) -> Result<SsdPlan, SsdError> {
-        plan::plan(self)
-    }
-    fn device(plan: &SsdPlan) -> ssm_tensor::Device {
-        plan.device
-    }
+ssm_tensor::op_family! {
+    /// A backend of the SSD prefill.
+    family SsdBackend, error SsdError;
+    MambaChunkScanCombinedVarlen => "mamba_chunk_scan_combined_varlen", SsdPlan, plan::plan;
 }
-
-/// Checks one call (shapes, dtypes, strides and devices of every tensor, and, for host
-/// tensors, every index value it reads) and keeps the arguments with their plan. Backends
-/// trust the plan: they write `out` (when given) and `varlen_states`, nothing else besides
-/// the workspace.
-pub fn plan(args: MambaChunkScanCombinedVarlen<'_>) -> Result<Planned<MambaChunkScanCombinedVarlen<'_>>, SsdError> {
-    Planned::new(args)
-}
-
-/// A backend of the SSD prefill, with one error type `E`: every backend implements it (through
-/// its `Run` impls), and generic harnesses take it as their bound.
-pub trait SsdBackend<E>: for<'a> Run<MambaChunkScanCombinedVarlen<'a>, Error = E> {}
-
-impl<E, B: for<'a> Run<MambaChunkScanCombinedVarlen<'a>, Error = E>> SsdBackend<E> for B {}

@@ -64,30 +64,8 @@ pub use error::SsuError;
 pub use plan::{IndexTable, ParamForm, Route, SsuAlgorithm, SsuDims, SsuDtypes, SsuPlan, Strided, TokenStrides};
 pub use ssm_tensor::{Op, Planned, Run};
 
-impl Op for SelectiveStateUpdate<'_> {
-    const NAME: &'static str = "selective_state_update";
-    type Plan = SsuPlan;
-    type Error = SsuError;
-    fn plan(&self) -> Result<SsuPlan, SsuError> {
-        plan::plan(self)
-    }
-    fn device(plan: &SsuPlan) -> ssm_tensor::Device {
-        plan.device
-    }
+ssm_tensor::op_family! {
+    /// A backend of the selective state update.
+    family SsuBackend, error SsuError;
+    SelectiveStateUpdate => "selective_state_update", SsuPlan, plan::plan;
 }
-
-/// Checks every argument of a selective state update and keeps them with their plan.
-///
-/// Applies vLLM's unsqueeze rules, detects the route (one-token, varlen, dense), the
-/// parameter form (tied by strides, as vLLM does), and, for host-resident index tensors,
-/// checks every index value the call will read. Errors name the argument and what was
-/// expected; nothing is written by a failed call.
-pub fn plan(args: SelectiveStateUpdate<'_>) -> Result<Planned<SelectiveStateUpdate<'_>>, SsuError> {
-    Planned::new(args)
-}
-
-/// A backend of the selective state update, with one error type `E`: every backend implements it (through
-/// its `Run` impls), and generic harnesses take it as their bound.
-pub trait SsuBackend<E>: for<'a> Run<SelectiveStateUpdate<'a>, Error = E> {}
-
-impl<E, B: for<'a> Run<SelectiveStateUpdate<'a>, Error = E>> SsuBackend<E> for B {}

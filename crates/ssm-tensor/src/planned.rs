@@ -110,3 +110,52 @@ pub struct Unsupported {
     /// The backend's name (`cpu`, `cuda`).
     pub backend: &'static str,
 }
+
+/// Declares an op crate's calls, once: the [`Op`] impl of each arguments type, the crate's
+/// `plan` (the only way to a [`Planned`] call of its ops) and its family backend trait (a
+/// backend of every op of the family with one error type, what generic harnesses take).
+///
+/// ```text
+/// ssm_tensor::op_family! {
+///     /// A backend of both causal conv1d ops.
+///     family ConvBackend, error ConvError;
+///     CausalConv1dUpdateArgs => "causal_conv1d_update", ConvPlan, plan::plan_update;
+///     CausalConv1dFnArgs => "causal_conv1d_fn", ConvPlan, plan::plan_fn;
+/// }
+/// ```
+#[macro_export]
+macro_rules! op_family {
+    (
+        $(#[$family_doc:meta])*
+        family $family:ident, error $error:ty;
+        $($args:ident => $name:literal, $plan:ty, $check:path;)+
+    ) => {
+        $(
+            impl $crate::Op for $args<'_> {
+                const NAME: &'static str = $name;
+                type Plan = $plan;
+                type Error = $error;
+                fn plan(&self) -> Result<$plan, $error> {
+                    $check(self)
+                }
+                fn device(plan: &$plan) -> $crate::Device {
+                    plan.device
+                }
+            }
+        )+
+
+        $(#[$family_doc])*
+        pub trait $family<E>: $(for<'a> $crate::Run<$args<'a>, Error = E> +)+ {}
+
+        impl<E, B: $(for<'a> $crate::Run<$args<'a>, Error = E> +)+> $family<E> for B {}
+
+        /// Checks every argument of one of this crate's calls (every shape, dtype, stride,
+        /// device and host-index check, once, before anything is written) and keeps them with
+        /// their plan: the only value a backend runs.
+        ///
+        /// Errors name the argument and what was expected; nothing is written by a failed call.
+        pub fn plan<A: $crate::Op<Error = $error>>(args: A) -> Result<$crate::Planned<A>, $error> {
+            $crate::Planned::new(args)
+        }
+    };
+}
