@@ -15,7 +15,8 @@
 //! - `vectors/`: every op's conformance vectors (`SSM_CONFORMANCE_DIR`);
 //! - `peers/ssu_peer.py`: the peer timing script (the peer's own code is carried separately);
 //! - `kernels/`: the CUDA sources (also embedded in the binaries), for reading there;
-//! - `run.sh`: tests, compute-sanitizer (memcheck, racecheck) over the GPU tests, bench.
+//! - `run.sh`: tests, `xtask conformance --backend cuda`, compute-sanitizer (memcheck,
+//!   racecheck) over the GPU tests, bench.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -224,7 +225,7 @@ pub(crate) fn run(args: &GpuBundleArgs) -> anyhow::Result<()> {
 const RUN_SH: &str = r#"#!/usr/bin/env bash
 # The test suite of ssm-kernels, for a machine with a CUDA driver and NVRTC but no Rust.
 # Runs from wherever the bundle is unpacked: snapshots, vectors and kernels are carried.
-#   bash run.sh [tests] [sanitize] [bench]      (default: tests sanitize bench)
+#   bash run.sh [tests] [conformance] [sanitize] [bench]   (default: all four)
 #   PEER_VLLM=/path/to/extracted/vllm  bash run.sh bench   # adds vLLM's Triton peer
 #   SSM_SANITIZE_BINS="test-ssm-cuda-gpu_ssu" bash run.sh sanitize   # a subset of gpu-tests.txt
 #   SSM_REQUIRE_GPU=0 bash run.sh tests         # without a GPU: the GPU tests skip, printing why
@@ -296,6 +297,16 @@ run_sanitize() {
     done
 }
 
+run_conformance() {
+    # Every golden vector on the CUDA backend (host cases staged onto the device and back);
+    # ends with "N passed, M failed" (ops without CUDA kernels are listed as skipped).
+    if "$bin/xtask" conformance --backend cuda >"$out/conformance-cuda.log" 2>&1; then
+        note "conformance cuda: ok ($(grep -E '^[0-9]+ passed, [0-9]+ failed' "$out/conformance-cuda.log" | tail -n1))"
+    else
+        note "conformance cuda: FAILED ($(tail -n1 "$out/conformance-cuda.log"))"; status=1; failed+=(conformance)
+    fi
+}
+
 run_bench() {
     local peer=()
     [ -n "${PEER_VLLM:-}" ] && peer=(--peer-vllm "$PEER_VLLM" --peer-script "$here/peers/ssu_peer.py")
@@ -306,9 +317,10 @@ run_bench() {
     fi
 }
 
-for stage in ${*:-tests sanitize bench}; do
+for stage in ${*:-tests conformance sanitize bench}; do
     case "$stage" in
         tests) run_tests ;;
+        conformance) run_conformance ;;
         sanitize) run_sanitize ;;
         bench) run_bench ;;
         *) echo "unknown stage $stage" >&2; status=2; failed+=("stage:$stage") ;;
