@@ -17,6 +17,7 @@
 mod backend;
 mod config;
 mod conv;
+mod layer_core;
 mod error;
 mod gdn;
 mod gdn_core;

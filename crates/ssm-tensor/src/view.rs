@@ -340,7 +340,7 @@ impl<'a> TensorMut<'a> {
     /// together and run one after another (a layer core plans every op before it runs any, and
     /// several of its ops write the same state pool or hand a buffer from one op to the next).
     /// Each may be re-shaped ([`TensorMut::with_layout`]) or turned read-only
-    /// ([`TensorMut::into_ref`]). Borrowing `self` mutably keeps the original idle meanwhile.
+    /// ([`TensorMut::into_ref`]). The original view is consumed, so only the aliases remain.
     ///
     /// # Safety
     /// Until every view made from the result is dropped, accesses through different aliases
@@ -348,7 +348,7 @@ impl<'a> TensorMut<'a> {
     /// and its uses, a backend's run of a planned call holding the view, or, on a device, the
     /// kernels enqueued on one stream) is finished before an access through another alias
     /// begins. Host slices obtained through one alias must not be kept past that access.
-    pub unsafe fn aliased<const N: usize>(&mut self) -> [TensorMut<'_>; N] {
+    pub unsafe fn aliased<const N: usize>(self) -> [TensorMut<'a>; N] {
         std::array::from_fn(|_| {
             let data = match self.data {
                 MutData::Host { ptr, len, .. } => MutData::Host { ptr, len, _life: PhantomData },
