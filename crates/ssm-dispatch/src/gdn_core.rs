@@ -175,7 +175,11 @@ fn spec_path<'a>(m: &GdnAttentionMetadata<'a>, t: usize) -> Result<Option<Path<'
     fits("num_spec_decode_tokens", m.num_spec_decode_tokens, "mixed_qkv", t)?;
     let list = need(m.spec_token_indx, "spec_token_indx", when)?;
     let rows = token_rows(&list, m.num_spec_decode_tokens, "spec_token_indx", t)?;
-    let starts = column0(need(m.spec_query_start_loc, "spec_query_start_loc", when)?, add("num_spec_decodes", ns, 1)?, "spec_query_start_loc")?;
+    let starts = column0(
+        need(m.spec_query_start_loc, "spec_query_start_loc", when)?,
+        add("num_spec_decodes", ns, 1)?,
+        "spec_query_start_loc",
+    )?;
     let slots = need(m.spec_state_indices_tensor, "spec_state_indices_tensor", when)?;
     let conv_slots = column0(slots, ns, "spec_state_indices_tensor")?;
     Ok(Some(Path { route: Route::Speculative, rows, starts, slots, conv_slots }))
@@ -194,7 +198,11 @@ fn non_spec_path<'a>(m: &GdnAttentionMetadata<'a>, t: usize) -> Result<Option<Pa
         (None, 0) => (0..tokens).collect(),
         (None, _) => return Err(core_err("non_spec_token_indx", "must be given with speculative sequences".into())),
     };
-    let starts = column0(need(m.non_spec_query_start_loc, "non_spec_query_start_loc", when)?, add("num_prefills", nn, 1)?, "non_spec_query_start_loc")?;
+    let starts = column0(
+        need(m.non_spec_query_start_loc, "non_spec_query_start_loc", when)?,
+        add("num_prefills", nn, 1)?,
+        "non_spec_query_start_loc",
+    )?;
     let table = need(m.non_spec_state_indices_tensor, "non_spec_state_indices_tensor", when)?;
     let slots = column0(table, nn, "non_spec_state_indices_tensor")?;
     let route = if m.num_prefills > 0 { Route::Prefill } else { Route::Decode };
@@ -206,7 +214,11 @@ fn check_gather(t: &TensorRef<'_>, arg: &'static str) -> Result<(), Error> {
     if t.host_bytes().is_none() || t.rank() != 2 || (t.strides()[1] != 1 && t.shape()[1] > 1) {
         return Err(core_err(
             arg,
-            format!("must be a host [T, ·] tensor contiguous along its last axis, got {:?} / {:?}", t.shape(), t.strides()),
+            format!(
+                "must be a host [T, ·] tensor contiguous along its last axis, got {:?} / {:?}",
+                t.shape(),
+                t.strides()
+            ),
         ));
     }
     Ok(())

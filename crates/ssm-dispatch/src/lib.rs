@@ -17,10 +17,10 @@
 mod backend;
 mod config;
 mod conv;
-mod layer_core;
 mod error;
 mod gdn;
 mod gdn_core;
+mod layer_core;
 mod mamba2_core;
 mod ring;
 mod ssd;
