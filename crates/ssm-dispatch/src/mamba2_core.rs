@@ -476,19 +476,21 @@ impl Runtime {
             pad_slot_id,
             dims: [h, p, g, n],
         };
-        // SAFETY (all four): the ops and steps that write each of these run one after another
-        // in schedule order (crate::layer_core); the decode conv and the prefill conv write the
-        // slots of their own tables, as do the SSU and the prefill state scatter; `conv_out`
-        // rows are written by a conv and read after it by the SSU/SSD; `out` rows are written
-        // by the SSU (decode rows) and the SSD (prefill rows) and the pad rows restored last.
-        let writes = unsafe {
-            Writes {
-                conv_state: conv_state.aliased(),
-                ssm_state: ssm_state.aliased(),
-                conv_out: conv_out.aliased(),
-                out: out.aliased(),
-            }
-        };
+        // The ops and steps that use each alias below run one after another in schedule order
+        // (crate::layer_core), which is `aliased`'s contract: the decode conv and the prefill
+        // conv write the slots of their own tables, as do the SSU and the prefill state
+        // scatter; `conv_out` rows are written by a conv and read after it by the SSU/SSD;
+        // `out` rows are written by the SSU (decode rows), the SSD (prefill rows) and the pad
+        // rows restored last.
+        // SAFETY: `conv_state` aliases are used one at a time (above).
+        let conv_state = unsafe { conv_state.aliased() };
+        // SAFETY: `ssm_state` aliases are used one at a time (above).
+        let ssm_state = unsafe { ssm_state.aliased() };
+        // SAFETY: `conv_out` aliases are used one at a time (above).
+        let conv_out = unsafe { conv_out.aliased() };
+        // SAFETY: `out` aliases are used one at a time (above).
+        let out = unsafe { out.aliased() };
+        let writes = Writes { conv_state, ssm_state, conv_out, out };
         let mut prefill = prefill;
         let mut schedule = Schedule::new();
         let [.., out_pads] = steps.plan(self, &mut schedule, writes, prefill.as_mut())?;
