@@ -24,7 +24,7 @@ pub enum Error {
         /// The op called.
         op: &'static str,
     },
-    /// A per-layer core call (`mamba2_mixer_core`) got metadata or arguments that do not fit
+    /// A per-layer core call (`gdn_attention_core`, `mamba2_mixer_core`) got metadata or arguments that do not fit
     /// together; nothing was written.
     #[error("`{arg}` {problem}")]
     Core {

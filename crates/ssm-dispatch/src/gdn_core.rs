@@ -11,15 +11,16 @@
 //! - when prefills are present, the non-speculative decodes of the batch run through the chunked
 //!   prefill with them (a one-token sequence is the same recurrence), as vLLM's CPU path does.
 //!
-//! The core gathers the rows of each path into per-call buffers (it allocates); the ops it calls
-//! are the runtime's own entry points, so every check of theirs applies.
+//! The core gathers the rows of each path into per-call buffers (it allocates, after every
+//! count in the metadata was checked against the tensors it describes, with checked sizes).
+//! Every op's plan runs before any op does ([`crate::layer_core::Schedule`]), so a refused call
+//! writes nothing.
 
 use ssm_conv::{Activation, CausalConv1dFnArgs, CausalConv1dUpdateArgs, ConvStateLayout};
-use ssm_gdn::{
-    ChunkGatedDeltaRuleArgs, FusedGdnGatingArgs, FusedSigmoidGatingDeltaRuleUpdateArgs, GdnError, StateLayout,
-};
+use ssm_gdn::{ChunkGatedDeltaRuleArgs, FusedGdnGatingArgs, FusedSigmoidGatingDeltaRuleUpdateArgs, StateLayout};
 use ssm_tensor::{DType, Device, HostTensor, TensorMut, TensorRef};
 
+use crate::layer_core::{Schedule, add, column0, core_err, fits, host_ints, need, product};
 use crate::{Error, Runtime};
 
 /// vLLM's `GDNAttentionMetadata` (the fields the core reads). Index tensors are host `i32`/`i64`;
@@ -95,97 +96,189 @@ pub struct GdnAttentionCoreArgs<'a> {
     pub core_attn_out: TensorMut<'a>,
 }
 
-fn meta_err(arg: &'static str, needs: &'static str) -> Error {
-    Error::Gdn(GdnError::Requires { arg, needs })
+/// Sizes of one call: q/k heads `H`, key dim `K`, value heads `HV`, value dim `V`, and
+/// `conv_dim = 2·H·K + HV·V`.
+#[derive(Clone, Copy)]
+struct Dims {
+    h: usize,
+    kd: usize,
+    hv: usize,
+    vd: usize,
+    conv_dim: usize,
 }
 
-fn host_rows<'a>(t: &TensorRef<'a>) -> Result<&'a [u8], Error> {
-    t.host_bytes().ok_or(Error::Gdn(GdnError::NotHost { arg: "gdn core input", device: t.device() }))
-}
-
-/// Index list as usize (host tensor).
-fn index_list(t: Option<&TensorRef<'_>>, n: usize, arg: &'static str) -> Result<Vec<usize>, Error> {
-    let t = t.ok_or_else(|| meta_err(arg, "a value for this batch"))?;
-    host_rows(t)?;
-    if t.rank() != 1 || t.shape()[0] < n {
-        return Err(Error::Gdn(GdnError::Shape { arg, expected: format!("[{n}]"), actual: t.shape().to_vec() }));
+impl Dims {
+    fn of(mixed_qkv: &TensorRef<'_>, ssm_state: &TensorMut<'_>, layout: StateLayout, h: usize) -> Result<Dims, Error> {
+        let st = ssm_state.shape();
+        let [_, hv, a, b] = st[..] else {
+            return Err(core_err("ssm_state", format!("must have shape [slots, HV, ·, ·], got {st:?}")));
+        };
+        let (kd, vd) = match layout {
+            StateLayout::VK => (b, a),
+            StateLayout::KV => (a, b),
+        };
+        let conv_dim = add("mixed_qkv", product("mixed_qkv", &[2, h, kd])?, product("mixed_qkv", &[hv, vd])?)?;
+        if h == 0 || mixed_qkv.rank() != 2 || mixed_qkv.shape()[1] != conv_dim {
+            return Err(core_err(
+                "mixed_qkv",
+                format!("must have shape [T, 2·H·K + HV·V = {conv_dim}] with H ≥ 1, got {:?}", mixed_qkv.shape()),
+            ));
+        }
+        Ok(Dims { h, kd, hv, vd, conv_dim })
     }
-    (0..n)
-        .map(|i| t.get_i64(&[i]).map(|v| v as usize).map_err(|source| Error::Gdn(GdnError::Tensor { arg, source })))
+}
+
+/// How one group of sequences runs.
+#[derive(Clone, Copy, PartialEq)]
+enum Route {
+    /// Rolling-buffer conv update, then the 2-D-table recurrence.
+    Speculative,
+    /// Conv update, then the recurrence.
+    Decode,
+    /// Varlen conv, gating, then the chunked prefill (decodes of the batch included).
+    Prefill,
+}
+
+/// One group of sequences, resolved from the metadata and checked.
+struct Path<'a> {
+    route: Route,
+    /// Batch rows of its tokens, in order (each `< T`).
+    rows: Vec<usize>,
+    /// `[n + 1]` token starts within `rows`.
+    starts: TensorRef<'a>,
+    /// The recurrence's slot table (`[n, 1 + num_spec]` for speculative sequences, else `[n]`).
+    slots: TensorRef<'a>,
+    /// `[n]` the conv slots (column 0).
+    conv_slots: TensorRef<'a>,
+}
+
+/// Rows `[0, n)` of a token index list, each a row of the batch (`< t`).
+fn token_rows(list: &TensorRef<'_>, n: usize, arg: &'static str, t: usize) -> Result<Vec<usize>, Error> {
+    let v = host_ints(list, n, arg)?;
+    v.iter()
+        .enumerate()
+        .map(|(i, &r)| {
+            usize::try_from(r)
+                .ok()
+                .filter(|&r| r < t)
+                .ok_or_else(|| core_err(arg, format!("entry {i} = {r} must be a row of the batch in [0, {t})")))
+        })
         .collect()
 }
 
-/// Gathers rows `rows` of a 2-D host tensor into a new contiguous `[rows.len(), cols]` tensor.
-fn gather_rows(t: &TensorRef<'_>, rows: &[usize], arg: &'static str) -> Result<HostTensor, Error> {
-    let bytes = host_rows(t)?;
-    let [n, cols] = *t.shape() else {
-        return Err(Error::Gdn(GdnError::Shape { arg, expected: "[T, dim]".into(), actual: t.shape().to_vec() }));
-    };
-    if t.strides()[1] != 1 && cols > 1 {
-        return Err(Error::Gdn(GdnError::Strides {
-            arg,
-            what: "contiguous along its last axis",
-            shape: t.shape().to_vec(),
-            strides: t.strides().to_vec(),
-        }));
+fn spec_path<'a>(m: &GdnAttentionMetadata<'a>, t: usize) -> Result<Option<Path<'a>>, Error> {
+    let ns = m.num_spec_decodes;
+    if ns == 0 {
+        return Ok(None);
     }
+    let when = "with speculative sequences";
+    fits("num_spec_decode_tokens", m.num_spec_decode_tokens, "mixed_qkv", t)?;
+    let list = need(m.spec_token_indx, "spec_token_indx", when)?;
+    let rows = token_rows(&list, m.num_spec_decode_tokens, "spec_token_indx", t)?;
+    let starts = column0(
+        need(m.spec_query_start_loc, "spec_query_start_loc", when)?,
+        add("num_spec_decodes", ns, 1)?,
+        "spec_query_start_loc",
+    )?;
+    let slots = need(m.spec_state_indices_tensor, "spec_state_indices_tensor", when)?;
+    let conv_slots = column0(slots, ns, "spec_state_indices_tensor")?;
+    Ok(Some(Path { route: Route::Speculative, rows, starts, slots, conv_slots }))
+}
+
+fn non_spec_path<'a>(m: &GdnAttentionMetadata<'a>, t: usize) -> Result<Option<Path<'a>>, Error> {
+    let nn = add("num_prefills", m.num_decodes, m.num_prefills)?;
+    if nn == 0 {
+        return Ok(None);
+    }
+    let when = "with non-speculative sequences";
+    let tokens = add("num_prefill_tokens", m.num_decode_tokens, m.num_prefill_tokens)?;
+    fits("num_decode_tokens + num_prefill_tokens", tokens, "mixed_qkv", t)?;
+    let rows = match (m.non_spec_token_indx.as_ref(), m.num_spec_decodes) {
+        (Some(list), _) => token_rows(list, tokens, "non_spec_token_indx", t)?,
+        (None, 0) => (0..tokens).collect(),
+        (None, _) => return Err(core_err("non_spec_token_indx", "must be given with speculative sequences".into())),
+    };
+    let starts = column0(
+        need(m.non_spec_query_start_loc, "non_spec_query_start_loc", when)?,
+        add("num_prefills", nn, 1)?,
+        "non_spec_query_start_loc",
+    )?;
+    let table = need(m.non_spec_state_indices_tensor, "non_spec_state_indices_tensor", when)?;
+    let slots = column0(table, nn, "non_spec_state_indices_tensor")?;
+    let route = if m.num_prefills > 0 { Route::Prefill } else { Route::Decode };
+    Ok(Some(Path { route, rows, starts, slots, conv_slots: slots }))
+}
+
+/// Checks that a 2-D host tensor can be gathered by rows: `[T, cols]`, contiguous along `cols`.
+fn check_gather(t: &TensorRef<'_>, arg: &'static str) -> Result<(), Error> {
+    if t.host_bytes().is_none() || t.rank() != 2 || (t.strides()[1] != 1 && t.shape()[1] > 1) {
+        return Err(core_err(
+            arg,
+            format!(
+                "must be a host [T, ·] tensor contiguous along its last axis, got {:?} / {:?}",
+                t.shape(),
+                t.strides()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Gathers rows `rows` (checked `< T`) of a 2-D host tensor ([`check_gather`]) into a new
+/// contiguous `[rows.len(), cols]` tensor.
+fn gather_rows(t: &TensorRef<'_>, rows: &[usize], arg: &'static str) -> Result<HostTensor, Error> {
+    let cols = t.shape()[1];
     let es = t.dtype().size();
+    product(arg, &[rows.len(), cols, es])?;
+    let bytes = t.host_bytes().unwrap_or_default();
     let mut out = HostTensor::filled(t.dtype(), vec![rows.len(), cols], 0.0);
     for (i, &r) in rows.iter().enumerate() {
-        if r >= n {
-            return Err(Error::Gdn(GdnError::IndexOutOfRange {
-                arg,
-                seq: i,
-                column: 0,
-                value: r as i64,
-                allowed: "row of the batch",
-                slots: n,
-            }));
-        }
         let src = t.layout().index(&[r, 0]) * es;
         out.bytes_mut()[i * cols * es..(i + 1) * cols * es].copy_from_slice(&bytes[src..src + cols * es]);
     }
     Ok(out)
 }
 
-/// Rows `rows` of `mixed_qkv`, `a` and `b`: one path's inputs, contiguous.
-fn path_rows(ts: [&TensorRef<'_>; 3], rows: &[usize]) -> Result<[HostTensor; 3], Error> {
-    Ok([gather_rows(ts[0], rows, "mixed_qkv")?, gather_rows(ts[1], rows, "a")?, gather_rows(ts[2], rows, "b")?])
-}
-
-/// An `[n]` view of column 0 of an `[n, ·]` slot table (or of an `[n]` table itself).
-fn first_column<'a>(t: TensorRef<'a>, n: usize, arg: &'static str) -> Result<TensorRef<'a>, Error> {
-    t.with_layout(&[n], &[t.strides()[0]], t.layout().offset())
-        .map_err(|source| Error::Gdn(GdnError::Tensor { arg, source }))
-}
-
-/// Writes row `i` of `src` (`[n, HV·V]` contiguous) to row `rows[i]` of `dst` (`[T, HV, V]`).
-fn scatter_rows(src: &HostTensor, rows: &[usize], dst: &mut TensorMut<'_>) -> Result<(), Error> {
-    let width = src.shape[1..].iter().product::<usize>();
-    let es = src.dtype.size();
-    let layout = *dst.layout();
-    if dst.dtype() != src.dtype
-        || dst.rank() != 3
-        || dst.strides()[2] != 1
-        || dst.strides()[1] != dst.shape()[2] as isize
-    {
-        return Err(Error::Gdn(GdnError::Strides {
-            arg: "core_attn_out",
-            what: "row-contiguous [T, HV, V] in the dtype of mixed_qkv",
-            shape: dst.shape().to_vec(),
-            strides: dst.strides().to_vec(),
-        }));
+/// Checks `core_attn_out`: a host `[≥ T, HV, V]` tensor in the dtype of `mixed_qkv`, rows
+/// contiguous (what [`scatter_rows`] writes).
+fn check_out(out: &TensorMut<'_>, d: Dims, io: DType, t: usize) -> Result<(), Error> {
+    let ok = out.device() == Device::Cpu
+        && out.dtype() == io
+        && out.rank() == 3
+        && out.shape()[0] >= t
+        && out.shape()[1..] == [d.hv, d.vd]
+        && out.strides()[2] == 1
+        && out.strides()[1] == d.vd as isize;
+    if !ok {
+        return Err(core_err(
+            "core_attn_out",
+            format!(
+                "must be a host row-contiguous [≥ {t}, {}, {}] tensor of {io}, got {:?} / {:?} of {}",
+                d.hv,
+                d.vd,
+                out.shape(),
+                out.strides(),
+                out.dtype()
+            ),
+        ));
     }
-    let device = dst.device();
-    let out = dst.host_bytes_mut().ok_or(Error::Gdn(GdnError::NotHost { arg: "core_attn_out", device }))?;
+    Ok(())
+}
+
+/// Writes row `i` of `src` (`[1, n, HV, V]` contiguous) to row `rows[i]` of `dst`
+/// ([`check_out`]); rows a skipped sequence left NaN keep the caller's values.
+fn scatter_rows(src: TensorRef<'_>, rows: &[usize], mut dst: TensorMut<'_>) {
+    let width = src.shape()[2..].iter().product::<usize>();
+    let (es, dtype) = (src.dtype().size(), src.dtype());
+    let layout = *dst.layout();
+    let (Some(src), Some(out)) = (src.host_bytes(), dst.host_bytes_mut()) else { return };
     for (i, &r) in rows.iter().enumerate() {
-        // A skipped sequence's rows stay NaN in `src`: keep the caller's values there.
-        let row = &src.bytes()[i * width * es..(i + 1) * width * es];
-        let nan = match src.dtype {
-            DType::F32 => row.chunks(4).all(|c| f32::from_le_bytes(c.try_into().unwrap()).is_nan()),
+        let row = &src[i * width * es..(i + 1) * width * es];
+        let nan = match dtype {
+            DType::F32 => row.chunks(4).all(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]).is_nan()),
             _ => row.chunks(2).all(|c| {
-                let b = u16::from_le_bytes(c.try_into().unwrap());
-                match src.dtype {
+                let b = u16::from_le_bytes([c[0], c[1]]);
+                match dtype {
                     DType::BF16 => (b & 0x7f80) == 0x7f80 && (b & 0x007f) != 0,
                     _ => (b & 0x7c00) == 0x7c00 && (b & 0x03ff) != 0,
                 }
@@ -197,91 +290,206 @@ fn scatter_rows(src: &HostTensor, rows: &[usize], dst: &mut TensorMut<'_>) -> Re
         let dst0 = layout.index(&[r, 0, 0]) * es;
         out[dst0..dst0 + width * es].copy_from_slice(row);
     }
-    Ok(())
 }
 
-/// Starts of a `[n + 1]` host tensor as a new i32 tensor (a copy, so it can be re-based);
-/// a missing tensor is an error saying it `needs` a value.
-fn starts(t: Option<&TensorRef<'_>>, n: usize, arg: &'static str, needs: &'static str) -> Result<HostTensor, Error> {
-    let t = t.ok_or_else(|| meta_err(arg, needs))?;
-    let v = index_list(Some(t), n + 1, arg)?;
-    Ok(HostTensor::from_i64(DType::I32, vec![n + 1], &v.iter().map(|&x| x as i64).collect::<Vec<_>>()))
-}
-
-/// q `[1, n, H, K]`, k and v `[1, n, HV, V]` views of a conv output `[n, conv_dim]`.
-fn qkv_views(
-    x: &HostTensor,
-    conv_dim: usize,
-    h: usize,
-    kd: usize,
-    hv: usize,
-    vd: usize,
-) -> Result<[TensorRef<'_>; 3], Error> {
-    let n = x.shape[0];
-    let cd = conv_dim as isize;
+/// q `[1, n, H, K]`, k `[1, n, H, K]` and v `[1, n, HV, V]` views of a conv output `[n, conv_dim]`.
+fn qkv_views(x: TensorRef<'_>, d: Dims) -> Result<[TensorRef<'_>; 3], Error> {
+    let n = x.shape()[0];
+    let cd = d.conv_dim as isize;
     let view = |shape: &[usize], strides: &[isize], off: usize| {
-        x.view()
-            .with_layout(shape, strides, off)
-            .map_err(|source| Error::Gdn(GdnError::Tensor { arg: "mixed_qkv", source }))
+        x.with_layout(shape, strides, off).map_err(|e| core_err("mixed_qkv", format!("cannot be viewed: {e}")))
     };
     Ok([
-        view(&[1, n, h, kd], &[0, cd, kd as isize, 1], 0)?,
-        view(&[1, n, h, kd], &[0, cd, kd as isize, 1], h * kd)?,
-        view(&[1, n, hv, vd], &[0, cd, vd as isize, 1], 2 * h * kd)?,
+        view(&[1, n, d.h, d.kd], &[0, cd, d.kd as isize, 1], 0)?,
+        view(&[1, n, d.h, d.kd], &[0, cd, d.kd as isize, 1], d.h * d.kd)?,
+        view(&[1, n, d.hv, d.vd], &[0, cd, d.vd as isize, 1], 2 * d.h * d.kd)?,
     ])
 }
 
-/// The per-layer parameters of the fused gating + delta-rule decode, shared by both decode paths.
-struct DecodeStep<'a> {
+/// The per-call buffers of one path: its gathered inputs, the conv output, the recurrence
+/// output (NaN where a sequence is skipped), and for prefills the gating's `g` and `β`.
+struct Buffers {
+    x: HostTensor,
+    a: HostTensor,
+    b: HostTensor,
+    conv_out: HostTensor,
+    o: HostTensor,
+    gating: Option<[HostTensor; 2]>,
+}
+
+impl Buffers {
+    fn new(path: &Path<'_>, [mixed_qkv, a, b]: [&TensorRef<'_>; 3], d: Dims) -> Result<Buffers, Error> {
+        let n = path.rows.len();
+        let io = mixed_qkv.dtype();
+        product("mixed_qkv", &[n, d.conv_dim, 8])?;
+        product("ssm_state", &[n, d.hv, d.vd, 8])?;
+        Ok(Buffers {
+            x: gather_rows(mixed_qkv, &path.rows, "mixed_qkv")?,
+            a: gather_rows(a, &path.rows, "a")?,
+            b: gather_rows(b, &path.rows, "b")?,
+            conv_out: HostTensor::filled(io, vec![n, d.conv_dim], 0.0),
+            o: HostTensor::filled(io, vec![1, n, d.hv, d.vd], f32::NAN),
+            gating: (path.route == Route::Prefill).then(|| {
+                [HostTensor::filled(DType::F32, vec![n, d.hv], 0.0), HostTensor::filled(DType::F32, vec![n, d.hv], 0.0)]
+            }),
+        })
+    }
+}
+
+/// The per-layer parameters every path uses.
+struct Layer<'a> {
+    conv_weight: TensorRef<'a>,
+    conv_bias: Option<TensorRef<'a>>,
+    activation: Activation,
+    conv_state_layout: ConvStateLayout,
     a_log: TensorRef<'a>,
     dt_bias: TensorRef<'a>,
-    state_layout: StateLayout,
+    ssm_state_layout: StateLayout,
+    pad_slot_id: Option<i64>,
+    num_accepted_tokens: Option<TensorRef<'a>>,
+    has_initial_state: Option<TensorRef<'a>>,
+    dims: Dims,
+}
+
+/// The pools and the output one path writes (aliases of the caller's views, see
+/// [`crate::layer_core`]).
+struct Writes<'a> {
+    conv_state: TensorMut<'a>,
+    ssm_state: TensorMut<'a>,
+    core_attn_out: TensorMut<'a>,
+}
+
+impl Layer<'_> {
+    /// Plans one path's ops into `schedule`: conv, (gating,) recurrence, then the scatter of
+    /// its output rows.
+    fn plan_path<'s>(
+        &'s self,
+        schedule: &mut Schedule<'s>,
+        path: &'s Path<'s>,
+        bufs: &'s mut Buffers,
+        w: Writes<'s>,
+    ) -> Result<(), Error> {
+        let d = self.dims;
+        let speculative = path.route == Route::Speculative;
+        // SAFETY: the conv writes `conv_out` and the recurrence reads it after, in schedule
+        // order (layer_core: steps run one at a time).
+        let [conv_out_w, conv_out_r] = unsafe { bufs.conv_out.view_mut().aliased() };
+        // SAFETY: the recurrence writes `o`, the scatter step reads it after, in schedule order.
+        let [o_w, o_r] = unsafe { bufs.o.view_mut().aliased() };
+        if path.route == Route::Prefill {
+            schedule.plan(CausalConv1dFnArgs {
+                x: bufs.x.view(),
+                weight: self.conv_weight,
+                bias: self.conv_bias,
+                conv_states: w.conv_state,
+                conv_state_layout: self.conv_state_layout,
+                query_start_loc: path.starts,
+                cache_indices: Some(path.conv_slots),
+                has_initial_state: self.has_initial_state,
+                activation: self.activation,
+                pad_slot_id: self.pad_slot_id,
+                out: conv_out_w,
+            })?;
+        } else {
+            schedule.plan(CausalConv1dUpdateArgs {
+                x: bufs.x.view(),
+                conv_state: w.conv_state,
+                conv_state_layout: self.conv_state_layout,
+                weight: self.conv_weight,
+                bias: self.conv_bias,
+                activation: self.activation,
+                conv_state_indices: Some(path.conv_slots),
+                num_accepted_tokens: if speculative { self.num_accepted_tokens } else { None },
+                query_start_loc: speculative.then_some(path.starts),
+                pad_slot_id: self.pad_slot_id,
+                block_idx_last_scheduled_token: None,
+                initial_state_idx: None,
+                out: conv_out_w,
+            })?;
+        }
+        let [q, k, v] = qkv_views(conv_out_r.into_ref(), d)?;
+        if let Some([g, beta]) = bufs.gating.as_mut() {
+            let n = path.rows.len();
+            // SAFETY: the gating writes `g`/`β`, the chunked prefill reads them after, in
+            // schedule order.
+            let [g_w, g_r] = unsafe { g.view_mut().aliased() };
+            // SAFETY: as for `g`.
+            let [beta_w, beta_r] = unsafe { beta.view_mut().aliased() };
+            let as3 = |t: TensorMut<'s>| {
+                let t = t.into_ref();
+                t.with_layout(&[1, n, d.hv], &[0, d.hv as isize, 1], 0)
+                    .map_err(|e| core_err("a", format!("cannot be viewed: {e}")))
+            };
+            let (g3, beta3) = (as3(g_r)?, as3(beta_r)?);
+            schedule.plan(FusedGdnGatingArgs {
+                a_log: self.a_log,
+                a: bufs.a.view(),
+                b: bufs.b.view(),
+                dt_bias: self.dt_bias,
+                beta: 1.0,
+                threshold: 20.0,
+                g: g_w,
+                beta_output: beta_w,
+            })?;
+            schedule.plan(ChunkGatedDeltaRuleArgs {
+                q,
+                k,
+                v,
+                g: g3,
+                beta: beta3,
+                scale: None,
+                initial_state: Some(w.ssm_state),
+                initial_state_indices: Some(path.slots),
+                has_initial_state: self.has_initial_state,
+                pad_slot_id: self.pad_slot_id,
+                inplace_final_state: true,
+                final_state: None,
+                cu_seqlens: Some(path.starts),
+                use_qk_l2norm_in_kernel: true,
+                eps: 1e-6,
+                state_layout: self.ssm_state_layout,
+                o: o_w,
+                scratch: None,
+            })?;
+        } else {
+            schedule.plan(FusedSigmoidGatingDeltaRuleUpdateArgs {
+                a_log: self.a_log,
+                a: bufs.a.view(),
+                b: bufs.b.view(),
+                dt_bias: self.dt_bias,
+                q,
+                k,
+                v,
+                beta: 1.0,
+                threshold: 20.0,
+                scale: None,
+                initial_state: Some(w.ssm_state),
+                final_state: None,
+                cu_seqlens: Some(path.starts),
+                ssm_state_indices: Some(path.slots),
+                num_accepted_tokens: if speculative { self.num_accepted_tokens } else { None },
+                use_qk_l2norm_in_kernel: true,
+                eps: 1e-6,
+                state_layout: self.ssm_state_layout,
+                o: o_w,
+            })?;
+        }
+        let (rows, out) = (&path.rows, w.core_attn_out);
+        schedule.then(move || scatter_rows(o_r.into_ref(), rows, out));
+        Ok(())
+    }
 }
 
 impl Runtime {
-    /// `fused_sigmoid_gating_delta_rule_update` as the core calls it (vLLM's gating constants,
-    /// q/k l2norm, in-place states): for the speculative path (2-D table, accepted counts) and
-    /// for plain decodes (1-D slots).
-    #[allow(clippy::too_many_arguments)]
-    fn gdn_decode_step(
-        &self,
-        p: &DecodeStep<'_>,
-        [a, b]: [TensorRef<'_>; 2],
-        [q, k, v]: [TensorRef<'_>; 3],
-        state: TensorMut<'_>,
-        cu_seqlens: &HostTensor,
-        slots: TensorRef<'_>,
-        num_accepted_tokens: Option<TensorRef<'_>>,
-        o: TensorMut<'_>,
-    ) -> Result<(), Error> {
-        self.fused_sigmoid_gating_delta_rule_update(FusedSigmoidGatingDeltaRuleUpdateArgs {
-            a_log: p.a_log,
-            a,
-            b,
-            dt_bias: p.dt_bias,
-            q,
-            k,
-            v,
-            beta: 1.0,
-            threshold: 20.0,
-            scale: None,
-            initial_state: Some(state),
-            final_state: None,
-            cu_seqlens: Some(cu_seqlens.view()),
-            ssm_state_indices: Some(slots),
-            num_accepted_tokens,
-            use_qk_l2norm_in_kernel: true,
-            eps: 1e-6,
-            state_layout: p.state_layout,
-            o,
-        })
-    }
-
     /// The GDN attention core of one layer over a mixed batch (speculative sequences, decodes,
     /// prefills): conv1d, then the gated delta rule, outputs scattered back in token order
     /// ([`GdnAttentionCoreArgs`], module docs for the deviations from vLLM). Writes
     /// `core_attn_out` rows of sequences that are not skipped, and the conv and SSM slots the
     /// metadata names. Host tensors only (the metadata is read on the host).
+    ///
+    /// Errors ([`Error::Core`] for the metadata and `core_attn_out`, else the error of the op
+    /// that refuses its part): every op is planned, once, before any runs, so on an error
+    /// nothing is written.
     pub fn gdn_attention_core(&self, args: GdnAttentionCoreArgs<'_>) -> Result<(), Error> {
         if args.mixed_qkv.device() != Device::Cpu {
             return Err(Error::Unsupported { backend: "cuda", what: "gdn_attention_core" });
@@ -293,186 +501,58 @@ impl Runtime {
             conv_weight,
             conv_bias,
             activation,
-            mut conv_state,
+            conv_state,
             conv_state_layout,
-            mut ssm_state,
+            ssm_state,
             ssm_state_layout,
             a_log,
             dt_bias,
             num_k_heads,
             pad_slot_id,
             metadata: m,
-            mut core_attn_out,
+            core_attn_out,
         } = args;
-        let st = ssm_state.shape().to_vec();
-        if st.len() != 4 {
-            return Err(Error::Gdn(GdnError::Shape {
-                arg: "ssm_state",
-                expected: "[slots, HV, ·, ·]".into(),
-                actual: st,
-            }));
+        let dims = Dims::of(&mixed_qkv, &ssm_state, ssm_state_layout, num_k_heads)?;
+        let t = mixed_qkv.shape()[0];
+        for (arg, x) in [("mixed_qkv", &mixed_qkv), ("a", &a), ("b", &b)] {
+            check_gather(x, arg)?;
+            fits("num_actual_tokens", t, arg, x.shape()[0])?;
         }
-        let (hv, kd, vd) = match ssm_state_layout {
-            StateLayout::VK => (st[1], st[3], st[2]),
-            StateLayout::KV => (st[1], st[2], st[3]),
-        };
-        let conv_dim = mixed_qkv.shape().get(1).copied().unwrap_or(0);
-        if num_k_heads == 0 || conv_dim != 2 * num_k_heads * kd + hv * vd {
-            return Err(Error::Gdn(GdnError::Shape {
-                arg: "mixed_qkv",
-                expected: format!("[T, 2·H·K + HV·V = {}]", 2 * num_k_heads * kd + hv * vd),
-                actual: mixed_qkv.shape().to_vec(),
-            }));
-        }
-        let h = num_k_heads;
+        let paths = [spec_path(&m, t)?, non_spec_path(&m, t)?];
         let io = mixed_qkv.dtype();
-        // Speculative sequences: rolling-buffer conv update, then the 2-D-table recurrence.
-        if m.num_spec_decodes > 0 {
-            let ns = m.num_spec_decodes;
-            let rows = index_list(m.spec_token_indx.as_ref(), m.num_spec_decode_tokens, "spec_token_indx")?;
-            let [x, a_s, b_s] = path_rows([&mixed_qkv, &a, &b], &rows)?;
-            let needs = "a value with speculative sequences";
-            let qsl = starts(m.spec_query_start_loc.as_ref(), ns, "spec_query_start_loc", needs)?;
-            let table = m.spec_state_indices_tensor.ok_or_else(|| meta_err("spec_state_indices_tensor", needs))?;
-            let column0 = first_column(table, ns, "spec_state_indices_tensor")?;
-            let mut conv_out = HostTensor::filled(io, vec![rows.len(), conv_dim], 0.0);
-            self.causal_conv1d_update(CausalConv1dUpdateArgs {
-                x: x.view(),
-                conv_state: conv_state.reborrow(),
-                conv_state_layout,
-                weight: conv_weight,
-                bias: conv_bias,
-                activation,
-                conv_state_indices: Some(column0),
-                num_accepted_tokens: m.num_accepted_tokens,
-                query_start_loc: Some(qsl.view()),
-                pad_slot_id,
-                block_idx_last_scheduled_token: None,
-                initial_state_idx: None,
-                out: conv_out.view_mut(),
-            })?;
-            let [q, k, v] = qkv_views(&conv_out, conv_dim, h, kd, hv, vd)?;
-            let mut o = HostTensor::filled(io, vec![1, rows.len(), hv, vd], f32::NAN);
-            let decode = DecodeStep { a_log, dt_bias, state_layout: ssm_state_layout };
-            self.gdn_decode_step(
-                &decode,
-                [a_s.view(), b_s.view()],
-                [q, k, v],
-                ssm_state.reborrow(),
-                &qsl,
-                table,
-                m.num_accepted_tokens,
-                o.view_mut(),
-            )?;
-            let o = HostTensor::from_bytes(io, vec![rows.len(), hv * vd], o.bytes());
-            scatter_rows(&o, &rows, &mut core_attn_out)?;
-        }
-
-        // Non-speculative sequences: decodes first, then prefills.
-        let nn = m.num_decodes + m.num_prefills;
-        if nn > 0 {
-            let tokens = m.num_decode_tokens + m.num_prefill_tokens;
-            let rows = match (m.non_spec_token_indx.as_ref(), m.num_spec_decodes) {
-                (Some(t), _) => index_list(Some(t), tokens, "non_spec_token_indx")?,
-                (None, 0) => (0..tokens).collect(),
-                (None, _) => {
-                    return Err(meta_err(
-                        "non_spec_token_indx",
-                        "a value when the batch also has speculative sequences",
-                    ));
-                }
-            };
-            let [x, a_n, b_n] = path_rows([&mixed_qkv, &a, &b], &rows)?;
-            let needs = "a value with non-speculative sequences";
-            let qsl = starts(m.non_spec_query_start_loc.as_ref(), nn, "non_spec_query_start_loc", needs)?;
-            let slots =
-                m.non_spec_state_indices_tensor.ok_or_else(|| meta_err("non_spec_state_indices_tensor", needs))?;
-            let slots = first_column(slots, nn, "non_spec_state_indices_tensor")?;
-            let mut conv_out = HostTensor::filled(io, vec![rows.len(), conv_dim], 0.0);
-            if m.num_prefills > 0 {
-                self.causal_conv1d_fn(CausalConv1dFnArgs {
-                    x: x.view(),
-                    weight: conv_weight,
-                    bias: conv_bias,
-                    conv_states: conv_state.reborrow(),
-                    conv_state_layout,
-                    query_start_loc: qsl.view(),
-                    cache_indices: Some(slots),
-                    has_initial_state: m.has_initial_state,
-                    activation,
-                    pad_slot_id,
-                    out: conv_out.view_mut(),
-                })?;
-            } else {
-                self.causal_conv1d_update(CausalConv1dUpdateArgs {
-                    x: x.view(),
-                    conv_state: conv_state.reborrow(),
-                    conv_state_layout,
-                    weight: conv_weight,
-                    bias: conv_bias,
-                    activation,
-                    conv_state_indices: Some(slots),
-                    num_accepted_tokens: None,
-                    query_start_loc: None,
-                    pad_slot_id,
-                    block_idx_last_scheduled_token: None,
-                    initial_state_idx: None,
-                    out: conv_out.view_mut(),
-                })?;
+        let touched = paths.iter().flatten().flat_map(|p| p.rows.iter()).max().map_or(0, |&r| r + 1);
+        check_out(&core_attn_out, dims, io, touched)?;
+        let mut bufs = paths
+            .iter()
+            .map(|p| p.as_ref().map(|p| Buffers::new(p, [&mixed_qkv, &a, &b], dims)).transpose())
+            .collect::<Result<Vec<_>, Error>>()?;
+        let layer = Layer {
+            conv_weight,
+            conv_bias,
+            activation,
+            conv_state_layout,
+            a_log,
+            dt_bias,
+            ssm_state_layout,
+            pad_slot_id,
+            num_accepted_tokens: m.num_accepted_tokens,
+            has_initial_state: m.has_initial_state,
+            dims,
+        };
+        // SAFETY: the two paths' conv ops write `conv_state` one after the other (schedule
+        // order); their planned slot sets are the speculative and the non-speculative tables.
+        let conv_state: [TensorMut<'_>; 2] = unsafe { conv_state.aliased() };
+        // SAFETY: as for `conv_state`: the two recurrences write `ssm_state` in turn.
+        let ssm_state: [TensorMut<'_>; 2] = unsafe { ssm_state.aliased() };
+        // SAFETY: each path's scatter step writes its own token rows of `core_attn_out`, in turn.
+        let core_attn_out: [TensorMut<'_>; 2] = unsafe { core_attn_out.aliased() };
+        let mut schedule = Schedule::new();
+        let writes = conv_state.into_iter().zip(ssm_state).zip(core_attn_out);
+        for ((path, bufs), ((conv_state, ssm_state), core_attn_out)) in paths.iter().zip(bufs.iter_mut()).zip(writes) {
+            if let (Some(path), Some(bufs)) = (path, bufs) {
+                layer.plan_path(&mut schedule, path, bufs, Writes { conv_state, ssm_state, core_attn_out })?;
             }
-            let [q, k, v] = qkv_views(&conv_out, conv_dim, h, kd, hv, vd)?;
-            let mut o = HostTensor::filled(io, vec![1, rows.len(), hv, vd], f32::NAN);
-            if m.num_prefills > 0 {
-                let mut g = HostTensor::filled(DType::F32, vec![rows.len(), hv], 0.0);
-                let mut beta = HostTensor::filled(DType::F32, vec![rows.len(), hv], 0.0);
-                self.fused_gdn_gating(FusedGdnGatingArgs {
-                    a_log,
-                    a: a_n.view(),
-                    b: b_n.view(),
-                    dt_bias,
-                    beta: 1.0,
-                    threshold: 20.0,
-                    g: g.view_mut(),
-                    beta_output: beta.view_mut(),
-                })?;
-                let g3 = HostTensor::from_bytes(DType::F32, vec![1, rows.len(), hv], g.bytes());
-                let beta3 = HostTensor::from_bytes(DType::F32, vec![1, rows.len(), hv], beta.bytes());
-                self.chunk_gated_delta_rule(ChunkGatedDeltaRuleArgs {
-                    q,
-                    k,
-                    v,
-                    g: g3.view(),
-                    beta: beta3.view(),
-                    scale: None,
-                    initial_state: Some(ssm_state.reborrow()),
-                    initial_state_indices: Some(slots),
-                    has_initial_state: m.has_initial_state,
-                    pad_slot_id,
-                    inplace_final_state: true,
-                    final_state: None,
-                    cu_seqlens: Some(qsl.view()),
-                    use_qk_l2norm_in_kernel: true,
-                    eps: 1e-6,
-                    state_layout: ssm_state_layout,
-                    o: o.view_mut(),
-                    scratch: None,
-                })?;
-            } else {
-                let decode = DecodeStep { a_log, dt_bias, state_layout: ssm_state_layout };
-                self.gdn_decode_step(
-                    &decode,
-                    [a_n.view(), b_n.view()],
-                    [q, k, v],
-                    ssm_state.reborrow(),
-                    &qsl,
-                    slots,
-                    None,
-                    o.view_mut(),
-                )?;
-            }
-            let o = HostTensor::from_bytes(io, vec![rows.len(), hv * vd], o.bytes());
-            scatter_rows(&o, &rows, &mut core_attn_out)?;
         }
-        Ok(())
+        schedule.run(self)
     }
 }

@@ -20,6 +20,7 @@ mod conv;
 mod error;
 mod gdn;
 mod gdn_core;
+mod layer_core;
 mod mamba2_core;
 mod ring;
 mod ssd;

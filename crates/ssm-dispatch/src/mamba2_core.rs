@@ -24,8 +24,8 @@ use ssm_ssd::MambaChunkScanCombinedVarlen;
 use ssm_ssu::SelectiveStateUpdate;
 use ssm_tensor::{Device, HostTensor, TensorMut, TensorRef};
 
+use crate::layer_core::{Schedule, add, core_err, host_ints, need, product};
 use crate::{Error, Runtime};
-use ssm_tensor::Op;
 
 /// vLLM's `Mamba2AttentionMetadata` (the fields the core reads, `"none"`/`"align"` cache
 /// modes). Index tensors are host `i32`/`i64`; `has_initial_states_p` is bool. Tokens are
@@ -106,14 +106,6 @@ pub struct Mamba2MixerCoreArgs<'a> {
     pub out: TensorMut<'a>,
 }
 
-fn core_err(arg: &'static str, problem: String) -> Error {
-    Error::Core { arg, problem }
-}
-
-fn need<'a>(t: Option<TensorRef<'a>>, arg: &'static str, when: &str) -> Result<TensorRef<'a>, Error> {
-    t.ok_or_else(|| core_err(arg, format!("must be given {when}")))
-}
-
 /// Rows `[r0, r0 + n)` of a tensor whose first axis is the token axis, with the trailing axes
 /// given by `tail_shape`/`tail_strides` (element units) from the row start plus `col0`.
 fn rows_ref<'a>(
@@ -141,17 +133,6 @@ fn rows_mut<'a>(t: TensorMut<'a>, arg: &'static str, r0: usize, n: usize) -> Res
     let mut s = shape;
     s[0] = n;
     t.with_layout(&s, &strides, off.max(0) as usize).map_err(|e| core_err(arg, format!("cannot be viewed: {e}")))
-}
-
-/// Host `[n]` integer list.
-fn ints(t: &TensorRef<'_>, n: usize, arg: &'static str) -> Result<Vec<i64>, Error> {
-    if t.host_bytes().is_none() {
-        return Err(core_err(arg, format!("must be a host tensor, got one on {}", t.device())));
-    }
-    if t.rank() != 1 || t.shape()[0] < n {
-        return Err(core_err(arg, format!("must have shape [{n}], got {:?}", t.shape())));
-    }
-    (0..n).map(|i| t.get_i64(&[i]).map_err(|e| core_err(arg, format!("cannot be read: {e}")))).collect()
 }
 
 /// `x` `[rows, H, P]`, `B` and `C` `[rows, G, N]` of rows `[r0, r0 + rows)` of the conv output.
@@ -204,7 +185,7 @@ fn save_rows(out: &TensorMut<'_>, rows: &[usize], width: usize) -> Vec<u8> {
 }
 
 /// Writes back what [`save_rows`] kept.
-fn restore_rows(out: &mut TensorMut<'_>, rows: &[usize], width: usize, kept: &[u8]) {
+fn restore_rows(mut out: TensorMut<'_>, rows: &[usize], width: usize, kept: &[u8]) {
     let es = out.dtype().size();
     let (layout, p) = (*out.layout(), out.shape()[2]);
     let Some(bytes) = out.host_bytes_mut() else { return };
@@ -217,32 +198,77 @@ fn restore_rows(out: &mut TensorMut<'_>, rows: &[usize], width: usize, kept: &[u
     }
 }
 
-/// Everything one core call works on, checked; [`Runtime::mixer_steps`] runs over it twice.
-struct Steps<'a, 'b> {
+/// Step: copies each prefill's initial state (`block` elements) from its slot of the pool
+/// (dense within a slot, checked) into row `i` of `init`; zeros where the prefill has no
+/// initial state or is a pad.
+fn gather_initial(
+    pool: TensorRef<'_>,
+    mut init: TensorMut<'_>,
+    slots: &[i64],
+    has_init: &[bool],
+    pad: Option<i64>,
+    block: usize,
+) {
+    let es = pool.dtype().size();
+    let (layout, bytes) = (*pool.layout(), pool.host_bytes().unwrap_or_default());
+    let Some(dst) = init.host_bytes_mut() else { return };
+    for (i, (&slot, &has)) in slots.iter().zip(has_init).enumerate() {
+        let dst = &mut dst[i * block * es..(i + 1) * block * es];
+        if has && pad != Some(slot) {
+            let at = layout.index(&[slot as usize, 0, 0, 0]) * es;
+            dst.copy_from_slice(&bytes[at..at + block * es]);
+        } else {
+            dst.fill(0);
+        }
+    }
+}
+
+/// Step: writes row `i` of `finals` into slot `slots[i]` of the pool; pads are skipped.
+fn scatter_finals(finals: TensorRef<'_>, mut pool: TensorMut<'_>, slots: &[i64], pad: Option<i64>, block: usize) {
+    let es = pool.dtype().size();
+    let layout = *pool.layout();
+    let (Some(src), Some(dst)) = (finals.host_bytes(), pool.host_bytes_mut()) else { return };
+    for (i, &slot) in slots.iter().enumerate() {
+        if pad != Some(slot) {
+            let at = layout.index(&[slot as usize, 0, 0, 0]) * es;
+            dst[at..at + block * es].copy_from_slice(&src[i * block * es..(i + 1) * block * es]);
+        }
+    }
+}
+
+/// Everything one core call plans from, checked.
+struct Steps<'a> {
     m: Mamba2AttentionMetadata<'a>,
     xbc: TensorRef<'a>,
     dt: TensorRef<'a>,
     conv_weight: TensorRef<'a>,
     conv_bias: Option<TensorRef<'a>>,
     activation: Activation,
-    conv_state: TensorMut<'a>,
     conv_state_layout: ConvStateLayout,
-    ssm_state: TensorMut<'a>,
     a: TensorRef<'a>,
     d: Option<TensorRef<'a>>,
     dt_bias: Option<TensorRef<'a>>,
     pad_slot_id: Option<i64>,
-    conv_out: TensorMut<'b>,
-    out: TensorMut<'a>,
     /// `[H, P, G, N]`.
     dims: [usize; 4],
-    /// Prefill slots and whether each reads its slot.
-    prefill: Option<(Vec<i64>, Vec<bool>)>,
-    /// `out` rows of pad decodes and pad prefills, kept across the call.
-    pad_rows: Vec<usize>,
-    /// `[num_prefills, H, P, N]` initial states (with `prep_initial_states`) and final states.
+}
+
+/// The prefill sequences' slots and whether each reads its slot, and their state buffers:
+/// `[num_prefills, H, P, N]` initial states (with `prep_initial_states`) and final states.
+struct Prefill {
+    slots: Vec<i64>,
+    has_init: Vec<bool>,
     initial: Option<HostTensor>,
     finals: HostTensor,
+}
+
+/// What the ops write: aliases of the caller's views, one per op that writes them (see
+/// [`crate::layer_core`]).
+struct Writes<'a> {
+    conv_state: [TensorMut<'a>; 2],
+    ssm_state: [TensorMut<'a>; 3],
+    conv_out: [TensorMut<'a>; 2],
+    out: [TensorMut<'a>; 3],
 }
 
 impl Runtime {
@@ -284,9 +310,9 @@ impl Runtime {
             return Err(core_err("num_groups", format!("must divide the heads H = {h}, got {num_groups}")));
         }
         let g = num_groups;
-        let conv_dim = h * p + 2 * g * n;
+        let conv_dim = add("xbc", product("xbc", &[h, p])?, product("xbc", &[2, g, n])?)?;
         let (td, tp) = (m.num_decode_tokens, m.num_prefill_tokens);
-        let total = td + tp;
+        let total = add("num_prefill_tokens", td, tp)?;
         if xbc.rank() != 2 || xbc.shape()[1] != conv_dim || xbc.shape()[0] < total {
             return Err(core_err(
                 "xbc",
@@ -361,13 +387,13 @@ impl Runtime {
         }
         let prefill = if np > 0 {
             let slots_p = need(m.state_indices_tensor_p, "state_indices_tensor_p", "with prefills")?;
-            let slot_list = ints(&slots_p, np, "state_indices_tensor_p")?;
+            let slot_list = host_ints(&slots_p, np, "state_indices_tensor_p")?;
             let has_init = match (m.prep_initial_states, m.has_initial_states_p) {
                 (false, _) => vec![false; np],
                 (true, None) => {
                     return Err(core_err("has_initial_states_p", "must be given with prep_initial_states".into()));
                 }
-                (true, Some(t)) => ints(&t, np, "has_initial_states_p")?.into_iter().map(|v| v != 0).collect(),
+                (true, Some(t)) => host_ints(&t, np, "has_initial_states_p")?.into_iter().map(|v| v != 0).collect(),
             };
             for (i, &s) in slot_list.iter().enumerate() {
                 if pad_slot_id != Some(s) && (s < 0 || s as usize >= slots) {
@@ -378,7 +404,7 @@ impl Runtime {
                 }
             }
             let qsl = need(m.query_start_loc_p, "query_start_loc_p", "with prefills")?;
-            let starts = ints(&qsl, np + 1, "query_start_loc_p")?;
+            let starts = host_ints(&qsl, np + 1, "query_start_loc_p")?;
             if starts[0] != 0 || starts[np] != tp as i64 || starts.windows(2).any(|w| w[1] < w[0]) {
                 return Err(core_err(
                     "query_start_loc_p",
@@ -408,10 +434,22 @@ impl Runtime {
         } else {
             None
         };
+        let prefill = prefill
+            .map(|(slots, has_init)| -> Result<Prefill, Error> {
+                product("ssm_state", &[np, h, p, n, sdt.size()])?;
+                Ok(Prefill {
+                    initial: m.prep_initial_states.then(|| HostTensor::filled(sdt, vec![np, h, p, n], 0.0)),
+                    finals: HostTensor::filled(sdt, vec![np, h, p, n], 0.0),
+                    slots,
+                    has_init,
+                })
+            })
+            .transpose()?;
         let mut owned_conv_out;
         let conv_out = match conv_out {
             Some(c) => c,
             None => {
+                product("conv_out", &[total, conv_dim, xbc.dtype().size()])?;
                 owned_conv_out = HostTensor::filled(xbc.dtype(), vec![total, conv_dim], 0.0);
                 owned_conv_out.view_mut()
             }
@@ -422,138 +460,148 @@ impl Runtime {
                 format!("must have shape [≥ {total}, {conv_dim}], got {:?}", conv_out.shape()),
             ));
         }
-        let mut steps = Steps {
+        // Pad rows keep the caller's values: saved now, restored by the last step.
+        let kept = save_rows(&out, &pad_rows, h * p);
+        let steps = Steps {
             m,
             xbc,
             dt,
             conv_weight,
             conv_bias,
             activation,
-            conv_state,
             conv_state_layout,
-            ssm_state,
             a,
             d,
             dt_bias,
             pad_slot_id,
-            conv_out,
-            out,
             dims: [h, p, g, n],
-            initial: (np > 0 && m.prep_initial_states).then(|| HostTensor::filled(sdt, vec![np, h, p, n], 0.0)),
-            finals: HostTensor::filled(sdt, vec![np, h, p, n], 0.0),
-            prefill,
-            pad_rows,
         };
-        self.mixer_steps(&mut steps, true)?;
-        let kept = save_rows(&steps.out, &steps.pad_rows, h * p);
-        let result = self.mixer_steps(&mut steps, false);
-        restore_rows(&mut steps.out, &steps.pad_rows, h * p, &kept);
-        result
+        // The ops and steps that use each alias below run one after another in schedule order
+        // (crate::layer_core), which is `aliased`'s contract: the decode conv and the prefill
+        // conv write the slots of their own tables, as do the SSU and the prefill state
+        // scatter; `conv_out` rows are written by a conv and read after it by the SSU/SSD;
+        // `out` rows are written by the SSU (decode rows), the SSD (prefill rows) and the pad
+        // rows restored last.
+        // SAFETY: `conv_state` aliases are used one at a time (above).
+        let conv_state = unsafe { conv_state.aliased() };
+        // SAFETY: `ssm_state` aliases are used one at a time (above).
+        let ssm_state = unsafe { ssm_state.aliased() };
+        // SAFETY: `conv_out` aliases are used one at a time (above).
+        let conv_out = unsafe { conv_out.aliased() };
+        // SAFETY: `out` aliases are used one at a time (above).
+        let out = unsafe { out.aliased() };
+        let writes = Writes { conv_state, ssm_state, conv_out, out };
+        let mut prefill = prefill;
+        let mut schedule = Schedule::new();
+        let [.., out_pads] = steps.plan(self, &mut schedule, writes, prefill.as_mut())?;
+        let pads = &pad_rows;
+        schedule.then(move || restore_rows(out_pads, pads, h * p, &kept));
+        schedule.run(self)
     }
+}
 
-    /// The core's steps in order. `plan_only`: build every op's arguments and run its plan (the
-    /// checks), writing nothing; else run the ops.
-    fn mixer_steps(&self, s: &mut Steps<'_, '_>, plan_only: bool) -> Result<(), Error> {
-        let m = s.m;
-        let [h, p, _, n] = s.dims;
-        let conv_dim = s.xbc.shape()[1];
+impl<'a> Steps<'a> {
+    /// Plans the core's ops, in order, into `schedule` (each op planned once): the decode conv
+    /// and SSU, then the prefill conv, the gather of the initial states from the pool, the SSD
+    /// and the scatter of the final states into the pool. Returns the alias of `out` left for
+    /// the caller's last step.
+    fn plan<'s>(
+        &'s self,
+        rt: &Runtime,
+        schedule: &mut Schedule<'s>,
+        w: Writes<'s>,
+        prefill: Option<&'s mut Prefill>,
+    ) -> Result<[TensorMut<'s>; 1], Error> {
+        let m = self.m;
+        let [h, p, _, n] = self.dims;
+        let conv_dim = self.xbc.shape()[1];
         let (td, tp) = (m.num_decode_tokens, m.num_prefill_tokens);
+        let Writes { conv_state: [conv_d, conv_p], ssm_state: [ssm_d, ssm_gather, ssm_p], conv_out, out } = w;
+        let [conv_out_d, conv_out_p] = conv_out;
+        let [out_d, out_p, out_pads] = out;
         if m.num_decodes > 0 {
             let table = m.state_indices_tensor_d;
-            let conv = CausalConv1dUpdateArgs {
-                x: rows_ref(s.xbc, "xbc", 0, td, 0, &[conv_dim], &[1])?,
-                conv_state: s.conv_state.reborrow(),
-                conv_state_layout: s.conv_state_layout,
-                weight: s.conv_weight,
-                bias: s.conv_bias,
-                activation: s.activation,
+            // SAFETY: `conv_out` rows [0, td) are written by this conv and read by the SSU after it.
+            let [conv_out_w, conv_out_r] = unsafe { conv_out_d.aliased() };
+            schedule.plan(CausalConv1dUpdateArgs {
+                x: rows_ref(self.xbc, "xbc", 0, td, 0, &[conv_dim], &[1])?,
+                conv_state: conv_d,
+                conv_state_layout: self.conv_state_layout,
+                weight: self.conv_weight,
+                bias: self.conv_bias,
+                activation: self.activation,
                 conv_state_indices: table,
                 num_accepted_tokens: m.num_accepted_tokens,
                 query_start_loc: m.query_start_loc_d,
-                pad_slot_id: s.pad_slot_id,
+                pad_slot_id: self.pad_slot_id,
                 block_idx_last_scheduled_token: None,
                 initial_state_idx: None,
-                out: rows_mut(s.conv_out.reborrow(), "conv_out", 0, td)?,
-            };
-            if plan_only {
-                Op::plan(&conv)?;
-            } else {
-                self.causal_conv1d_update(conv)?;
-            }
-            let [x, b, c] = ssm_inputs(s.conv_out.as_ref(), 0, td, s.dims)?;
+                out: rows_mut(conv_out_w, "conv_out", 0, td)?,
+            })?;
+            let [x, b, c] = ssm_inputs(conv_out_r.into_ref(), 0, td, self.dims)?;
             // The tied Mamba2 forms: dt, A, D and dt_bias broadcast over P (and N) with stride 0.
-            let a3 =
-                s.a.with_layout(&[h, p, n], &[s.a.strides()[0], 0, 0], s.a.layout().offset())
-                    .map_err(|e| core_err("a", format!("cannot be viewed: {e}")))?;
-            let ssu = SelectiveStateUpdate {
-                state: s.ssm_state.reborrow(),
+            let a3 = self
+                .a
+                .with_layout(&[h, p, n], &[self.a.strides()[0], 0, 0], self.a.layout().offset())
+                .map_err(|e| core_err("a", format!("cannot be viewed: {e}")))?;
+            schedule.plan(rt.with_config_rounding(SelectiveStateUpdate {
+                state: ssm_d,
                 x,
-                dt: rows_ref(s.dt, "dt", 0, td, 0, &[h, p], &[1, 0])?,
+                dt: rows_ref(self.dt, "dt", 0, td, 0, &[h, p], &[1, 0])?,
                 a: a3,
                 b,
                 c,
-                d: per_head(s.d, "d", h, p)?,
-                dt_bias: per_head(s.dt_bias, "dt_bias", h, p)?,
+                d: per_head(self.d, "d", h, p)?,
+                dt_bias: per_head(self.dt_bias, "dt_bias", h, p)?,
                 z: None,
                 dt_softplus: true,
                 state_batch_indices: table,
                 dst_state_batch_indices: None,
-                pad_slot_id: s.pad_slot_id,
-                out: rows_mut(s.out.reborrow(), "out", 0, td)?,
+                pad_slot_id: self.pad_slot_id,
+                out: rows_mut(out_d, "out", 0, td)?,
                 num_accepted_tokens: m.num_accepted_tokens,
                 cu_seqlens: m.query_start_loc_d,
                 stochastic_rounding: None,
-            };
-            if plan_only {
-                Op::plan(&ssu)?;
-            } else {
-                self.selective_state_update(ssu)?;
-            }
+            }))?;
         }
-        let Some((slot_list, has_init)) = &s.prefill else { return Ok(()) };
+        let Some(pre) = prefill else { return Ok([out_pads]) };
         let qsl = need(m.query_start_loc_p, "query_start_loc_p", "with prefills")?;
-        let conv = CausalConv1dFnArgs {
-            x: rows_ref(s.xbc, "xbc", td, tp, 0, &[conv_dim], &[1])?,
-            weight: s.conv_weight,
-            bias: s.conv_bias,
-            conv_states: s.conv_state.reborrow(),
-            conv_state_layout: s.conv_state_layout,
+        // SAFETY: `conv_out` rows [td, td + tp) are written by this conv and read by the SSD after it.
+        let [conv_out_w, conv_out_r] = unsafe { conv_out_p.aliased() };
+        schedule.plan(CausalConv1dFnArgs {
+            x: rows_ref(self.xbc, "xbc", td, tp, 0, &[conv_dim], &[1])?,
+            weight: self.conv_weight,
+            bias: self.conv_bias,
+            conv_states: conv_p,
+            conv_state_layout: self.conv_state_layout,
             query_start_loc: qsl,
             cache_indices: m.state_indices_tensor_p,
             has_initial_state: if m.prep_initial_states { m.has_initial_states_p } else { None },
-            activation: s.activation,
-            pad_slot_id: s.pad_slot_id,
-            out: rows_mut(s.conv_out.reborrow(), "conv_out", td, tp)?,
-        };
-        if plan_only {
-            Op::plan(&conv)?;
-        } else {
-            self.causal_conv1d_fn(conv)?;
-        }
-        let es = s.ssm_state.dtype().size();
-        let block = h * p * n * es;
-        let layout = *s.ssm_state.layout();
-        if let (Some(init), false) = (s.initial.as_mut(), plan_only) {
-            let pool = s
-                .ssm_state
-                .as_ref()
-                .host_bytes()
-                .ok_or_else(|| core_err("ssm_state", "must be a host tensor".into()))?;
-            for (i, (&slot, &has)) in slot_list.iter().zip(has_init).enumerate() {
-                let dst = &mut init.bytes_mut()[i * block..(i + 1) * block];
-                if has && s.pad_slot_id != Some(slot) {
-                    let at = layout.index(&[slot as usize, 0, 0, 0]) * es;
-                    dst.copy_from_slice(&pool[at..at + block]);
-                } else {
-                    dst.fill(0);
-                }
+            activation: self.activation,
+            pad_slot_id: self.pad_slot_id,
+            out: rows_mut(conv_out_w, "conv_out", td, tp)?,
+        })?;
+        let Prefill { slots, has_init, initial, finals } = pre;
+        let block = product("ssm_state", &[h, p, n])?;
+        let pad = self.pad_slot_id;
+        let initial = match initial {
+            Some(init) => {
+                // SAFETY: the gather step writes the initial states, the SSD reads them after it.
+                let [init_w, init_r] = unsafe { init.view_mut().aliased() };
+                let pool = ssm_gather.into_ref();
+                let (slots, has_init) = (&*slots, &*has_init);
+                schedule.then(move || gather_initial(pool, init_w, slots, has_init, pad, block));
+                Some(init_r.into_ref())
             }
-        }
-        let [x, b, c] = ssm_inputs(s.conv_out.as_ref(), td, tp, s.dims)?;
-        let ssd = MambaChunkScanCombinedVarlen {
+            None => None,
+        };
+        // SAFETY: the SSD writes the final states, the scatter step reads them after it.
+        let [finals_w, finals_r] = unsafe { finals.view_mut().aliased() };
+        let [x, b, c] = ssm_inputs(conv_out_r.into_ref(), td, tp, self.dims)?;
+        schedule.plan(MambaChunkScanCombinedVarlen {
             x,
-            dt: rows_ref(s.dt, "dt", td, tp, 0, &[h], &[1])?,
-            a: s.a,
+            dt: rows_ref(self.dt, "dt", td, tp, 0, &[h], &[1])?,
+            a: self.a,
             b,
             c,
             chunk_size: m.chunk_size,
@@ -561,30 +609,20 @@ impl Runtime {
             cu_chunk_seqlens: need(m.cu_chunk_seqlen_p, "cu_chunk_seqlen_p", "with prefills")?,
             last_chunk_indices: need(m.last_chunk_indices_p, "last_chunk_indices_p", "with prefills")?,
             seq_idx: need(m.seq_idx_p, "seq_idx_p", "with prefills")?,
-            out: Some(rows_mut(s.out.reborrow(), "out", td, tp)?),
-            d: s.d,
+            out: Some(rows_mut(out_p, "out", td, tp)?),
+            d: self.d,
             z: None,
-            dt_bias: s.dt_bias,
-            initial_states: s.initial.as_ref().map(HostTensor::view),
+            dt_bias: self.dt_bias,
+            initial_states: initial,
             dt_softplus: true,
             dt_limit: (0.0, f32::INFINITY),
             return_intermediate_states: false,
-            state_dtype: Some(s.ssm_state.dtype()),
-            varlen_states: s.finals.view_mut(),
+            state_dtype: Some(ssm_p.dtype()),
+            varlen_states: finals_w,
             workspace: None,
-        };
-        if plan_only {
-            Op::plan(&ssd)?;
-            return Ok(());
-        }
-        self.mamba_chunk_scan_combined_varlen(ssd)?;
-        let pool = s.ssm_state.host_bytes_mut().ok_or_else(|| core_err("ssm_state", "must be a host tensor".into()))?;
-        for (i, &slot) in slot_list.iter().enumerate() {
-            if s.pad_slot_id != Some(slot) {
-                let at = layout.index(&[slot as usize, 0, 0, 0]) * es;
-                pool[at..at + block].copy_from_slice(&s.finals.bytes()[i * block..(i + 1) * block]);
-            }
-        }
-        Ok(())
+        })?;
+        let slots = &*slots;
+        schedule.then(move || scatter_finals(finals_r.into_ref(), ssm_p, slots, pad, block));
+        Ok([out_pads])
     }
 }

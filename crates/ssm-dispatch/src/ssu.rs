@@ -9,7 +9,13 @@ impl Runtime {
     /// the runtime supplies the next seed.
     ///
     /// No allocation and no host/device synchronisation on the CUDA path.
-    pub fn selective_state_update(&self, mut args: SelectiveStateUpdate<'_>) -> Result<(), Error> {
+    pub fn selective_state_update(&self, args: SelectiveStateUpdate<'_>) -> Result<(), Error> {
+        self.plan_and_run(self.with_config_rounding(args))
+    }
+
+    /// `args` with the configured stochastic rounding filled in (f16 state, none given): what
+    /// every SSU call of the runtime plans, the layer cores' included.
+    pub(crate) fn with_config_rounding<'a>(&self, mut args: SelectiveStateUpdate<'a>) -> SelectiveStateUpdate<'a> {
         if self.config.stochastic_rounding
             && args.stochastic_rounding.is_none()
             && args.state.dtype() == ssm_tensor::DType::F16
@@ -17,6 +23,6 @@ impl Runtime {
             args.stochastic_rounding =
                 Some(StochasticRounding { seed: self.next_seed(), philox_rounds: self.config.philox_rounds });
         }
-        self.plan_and_run(args)
+        args
     }
 }

@@ -3,6 +3,8 @@
 //! separately with the single ops; untouched slots stay bit-identical and padded rows keep the
 //! caller's values.
 
+mod common;
+use common::{ints, values};
 use ssm_conv::{Activation, CausalConv1dFnArgs, CausalConv1dUpdateArgs, ConvStateLayout};
 use ssm_dispatch::{Config, GdnAttentionCoreArgs, GdnAttentionMetadata, Runtime};
 use ssm_gdn::{ChunkGatedDeltaRuleArgs, FusedGdnGatingArgs, FusedSigmoidGatingDeltaRuleUpdateArgs, StateLayout};
@@ -17,29 +19,12 @@ const WIDTH: usize = 4;
 const STATE_LEN: usize = WIDTH - 1 + 2;
 const SLOTS: usize = 16;
 
-/// Deterministic values in `[-scale, scale]`.
-fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            ((x >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
-        })
-        .collect()
-}
-
 fn t(shape: &[usize], seed: u64, scale: f32) -> HostTensor {
     HostTensor::from_f32(DType::F32, shape.to_vec(), &values(shape.iter().product(), seed, scale))
 }
 
 fn bools(v: &[i64]) -> HostTensor {
     HostTensor::from_bytes(DType::Bool, vec![v.len()], &v.iter().map(|&x| x as u8).collect::<Vec<_>>())
-}
-
-fn ints(v: &[i64]) -> HostTensor {
-    HostTensor::from_i64(DType::I32, vec![v.len()], v)
 }
 
 fn rows(x: &HostTensor, rows: &[usize]) -> HostTensor {
@@ -338,5 +323,112 @@ fn gdn_core_on_a_mixed_batch_equals_its_parts() {
                 );
             }
         }
+    }
+}
+
+/// The core over the test batch with the given metadata changes and `dt_bias`; returns the
+/// error text and leaves the pools and the output in `state`.
+fn refused(
+    rt: &Runtime,
+    base: &Batch,
+    dt_bias: &HostTensor,
+    non_spec_slots: &HostTensor,
+    state: &mut (HostTensor, HostTensor, HostTensor),
+    edit: impl FnOnce(&mut GdnAttentionMetadata<'_>),
+) -> String {
+    let tokens = base.mixed.shape[0];
+    let spec_table = HostTensor::from_i64(DType::I32, vec![2, 3], &SPEC_TABLE);
+    let non_spec_rows: Vec<usize> = base.dec_rows.iter().chain(&base.pre_rows).copied().collect();
+    let spec_indx = ints(&base.spec_rows.iter().map(|&r| r as i64).collect::<Vec<_>>());
+    let non_spec_indx = ints(&non_spec_rows.iter().map(|&r| r as i64).collect::<Vec<_>>());
+    let (spec_qsl, non_spec_qsl) = (ints(&[0, 3, 6]), ints(&[0, 1, 2, 72, 77]));
+    let (accepted, has_init) = (ints(&ACCEPTED), bools(&HAS_INIT));
+    let mut metadata = GdnAttentionMetadata {
+        num_prefills: 2,
+        num_prefill_tokens: 75,
+        num_decodes: 2,
+        num_decode_tokens: 2,
+        num_spec_decodes: 2,
+        num_spec_decode_tokens: 6,
+        num_actual_tokens: tokens,
+        has_initial_state: Some(has_init.view()),
+        spec_query_start_loc: Some(spec_qsl.view()),
+        non_spec_query_start_loc: Some(non_spec_qsl.view()),
+        spec_state_indices_tensor: Some(spec_table.view()),
+        non_spec_state_indices_tensor: Some(non_spec_slots.view()),
+        spec_token_indx: Some(spec_indx.view()),
+        non_spec_token_indx: Some(non_spec_indx.view()),
+        num_accepted_tokens: Some(accepted.view()),
+    };
+    edit(&mut metadata);
+    rt.gdn_attention_core(GdnAttentionCoreArgs {
+        mixed_qkv: base.mixed.view(),
+        b: base.b.view(),
+        a: base.a.view(),
+        conv_weight: base.weight.view(),
+        conv_bias: Some(base.bias.view()),
+        activation: Activation::Silu,
+        conv_state: state.0.view_mut(),
+        conv_state_layout: ConvStateLayout::StateLenDim,
+        ssm_state: state.1.view_mut(),
+        ssm_state_layout: StateLayout::VK,
+        a_log: base.a_log.view(),
+        dt_bias: dt_bias.view(),
+        num_k_heads: H,
+        pad_slot_id: Some(0),
+        metadata,
+        core_attn_out: state.2.view_mut(),
+    })
+    .unwrap_err()
+    .to_string()
+}
+
+#[test]
+fn a_call_refused_by_a_late_op_writes_nothing() {
+    let rt = Runtime::new(&Config::cpu(Some(1))).unwrap();
+    let base = batch(StateLayout::VK);
+    let tokens = base.mixed.shape[0];
+    let fresh = || (base.conv.clone(), base.ssm.clone(), HostTensor::filled(DType::F32, vec![tokens, HV, V], 7.0));
+    let untouched = |state: &(HostTensor, HostTensor, HostTensor), what: &str| {
+        assert_eq!(state.0.bytes(), base.conv.bytes(), "{what}: conv_state");
+        assert_eq!(state.1.bytes(), base.ssm.bytes(), "{what}: ssm_state");
+        assert!(state.2.to_f64_vec().iter().all(|&v| v == 7.0), "{what}: core_attn_out");
+    };
+    // A prefill slot out of range: the varlen conv (the non-speculative path, after the whole
+    // speculative path) refuses it.
+    let bad_slots = ints(&[7, 0, 9, 99]);
+    let mut state = fresh();
+    let err = refused(&rt, &base, &base.dt_bias, &bad_slots, &mut state, |_| {});
+    assert!(err.contains("99"), "{err}");
+    untouched(&state, "bad prefill slot");
+    // A recurrent argument of the wrong shape (`dt_bias` `[HV + 1]`): refused by the
+    // speculative recurrence, after its conv update was planned.
+    let long_bias = t(&[HV + 1], 7, 0.5);
+    let mut state = fresh();
+    let err = refused(&rt, &base, &long_bias, &ints(&NON_SPEC_SLOTS), &mut state, |_| {});
+    assert!(err.contains("dt_bias"), "{err}");
+    untouched(&state, "bad dt_bias");
+}
+
+#[test]
+fn huge_counts_in_the_metadata_are_typed_errors() {
+    let rt = Runtime::new(&Config::cpu(Some(1))).unwrap();
+    let base = batch(StateLayout::VK);
+    let tokens = base.mixed.shape[0];
+    let edits: [fn(&mut GdnAttentionMetadata<'_>); 4] = [
+        |m| m.num_prefill_tokens = usize::MAX,
+        |m| m.num_prefill_tokens = 1 << 60,
+        |m| m.num_spec_decode_tokens = 1 << 60,
+        |m| {
+            m.non_spec_token_indx = None;
+            m.num_spec_decodes = 0;
+            m.num_decode_tokens = 1 << 61;
+        },
+    ];
+    for (i, edit) in edits.into_iter().enumerate() {
+        let mut state = (base.conv.clone(), base.ssm.clone(), HostTensor::filled(DType::F32, vec![tokens, HV, V], 7.0));
+        let err = refused(&rt, &base, &base.dt_bias, &ints(&NON_SPEC_SLOTS), &mut state, edit);
+        assert!(err.contains("tokens") || err.contains("overflow"), "edit {i}: {err}");
+        assert_eq!(state.1.bytes(), base.ssm.bytes(), "edit {i}");
     }
 }

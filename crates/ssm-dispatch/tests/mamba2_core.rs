@@ -8,6 +8,8 @@
 //! Every run draws fresh inputs and prefill lengths (the seed is printed; `SSM_TEST_SEED`
 //! replays one).
 
+mod common;
+use common::{ints, values};
 use ssm_conv::{Activation, CausalConv1dFnArgs, CausalConv1dUpdateArgs, ConvStateLayout};
 use ssm_dispatch::{Config, Mamba2AttentionMetadata, Mamba2MixerCoreArgs, Runtime};
 use ssm_ssd::{MambaChunkScanCombinedVarlen, compute_chunk_metadata};
@@ -25,26 +27,9 @@ const SLOTS: usize = 16;
 const CHUNK: usize = 16;
 const SENTINEL: f32 = 7.0;
 
-/// Deterministic values in `[-scale, scale]`.
-fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            ((x >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
-        })
-        .collect()
-}
-
 fn t(shape: &[usize], seed: u64, scale: f32, offset: f32) -> HostTensor {
     let v: Vec<f32> = values(shape.iter().product(), seed, scale).into_iter().map(|x| x + offset).collect();
     HostTensor::from_f32(DType::F32, shape.to_vec(), &v)
-}
-
-fn ints(v: &[i64]) -> HostTensor {
-    HostTensor::from_i64(DType::I32, vec![v.len()], v)
 }
 
 fn f32s(x: &HostTensor) -> Vec<f32> {
@@ -519,6 +504,66 @@ fn a_refused_call_writes_nothing() {
         call(Mamba2AttentionMetadata { state_indices_tensor_d: None, ..meta }, G),
     ];
     insta::assert_snapshot!("mamba2_core_errors", messages.join("\n"));
+    assert_eq!(conv.bytes(), b.conv.bytes());
+    assert_eq!(ssm.bytes(), b.ssm.bytes());
+    assert!(f32s(&out).iter().all(|&v| v == SENTINEL));
+}
+
+#[test]
+fn huge_counts_in_the_metadata_are_typed_errors() {
+    let rt = Runtime::new(&Config::cpu(Some(1))).unwrap();
+    let (dec, pre) = (decodes(false), prefills(1));
+    let tp = pre.lens.iter().sum::<usize>();
+    let b = batch(dec.tokens + tp, 1);
+    let (mut conv, mut ssm) = (b.conv.clone(), b.ssm.clone());
+    let mut out = HostTensor::filled(DType::F32, vec![dec.tokens + tp, H, P], SENTINEL);
+    let starts = ints(&pre.starts());
+    let slots_p = ints(&pre.slots);
+    let meta = Mamba2AttentionMetadata {
+        num_prefills: pre.lens.len(),
+        num_prefill_tokens: tp,
+        num_decodes: 3,
+        num_decode_tokens: 3,
+        query_start_loc_p: Some(starts.view()),
+        has_initial_states_p: None,
+        prep_initial_states: false,
+        chunk_size: CHUNK,
+        seq_idx_p: None,
+        cu_chunk_seqlen_p: None,
+        last_chunk_indices_p: None,
+        state_indices_tensor_p: Some(slots_p.view()),
+        state_indices_tensor_d: Some(dec.table.view()),
+        query_start_loc_d: None,
+        num_accepted_tokens: None,
+    };
+    let huge = [
+        Mamba2AttentionMetadata { num_prefill_tokens: usize::MAX, ..meta },
+        Mamba2AttentionMetadata { num_decode_tokens: usize::MAX - 1, ..meta },
+        Mamba2AttentionMetadata { num_prefills: 1 << 60, num_prefill_tokens: 1 << 61, ..meta },
+    ];
+    for (i, metadata) in huge.into_iter().enumerate() {
+        let err = rt
+            .mamba2_mixer_core(Mamba2MixerCoreArgs {
+                xbc: b.xbc.view(),
+                dt: b.dt.view(),
+                conv_weight: b.weight.view(),
+                conv_bias: Some(b.bias.view()),
+                activation: Activation::Silu,
+                conv_state: conv.view_mut(),
+                conv_state_layout: ConvStateLayout::StateLenDim,
+                ssm_state: ssm.view_mut(),
+                a: b.a.view(),
+                d: Some(b.d.view()),
+                dt_bias: Some(b.dt_bias.view()),
+                num_groups: G,
+                pad_slot_id: Some(0),
+                metadata,
+                conv_out: None,
+                out: out.view_mut(),
+            })
+            .unwrap_err();
+        assert!(matches!(err, ssm_dispatch::Error::Core { .. }), "case {i}: {err}");
+    }
     assert_eq!(conv.bytes(), b.conv.bytes());
     assert_eq!(ssm.bytes(), b.ssm.bytes());
     assert!(f32s(&out).iter().all(|&v| v == SENTINEL));

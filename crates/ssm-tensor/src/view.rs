@@ -20,16 +20,44 @@ impl std::fmt::Display for Device {
     }
 }
 
+// Host memory is held as a pointer and a length borrowed for `'a` (not as a slice), so that
+// [`TensorMut::aliased`] can hand out several views of one buffer without two live Rust
+// references to it: a slice is made only for the duration of one access (`host_bytes`,
+// `host_bytes_mut`, …).
 #[derive(Clone, Copy)]
 enum RefData<'a> {
-    Host(&'a [u8]),
+    Host { ptr: *const u8, len: usize, _life: PhantomData<&'a [u8]> },
     Device { addr: u64, len: usize, _life: PhantomData<&'a ()> },
 }
 
 enum MutData<'a> {
-    Host(&'a mut [u8]),
+    Host { ptr: *mut u8, len: usize, _life: PhantomData<&'a mut [u8]> },
     Device { addr: u64, len: usize, _life: PhantomData<&'a mut ()> },
 }
+
+impl<'a> RefData<'a> {
+    fn host(data: &'a [u8]) -> Self {
+        RefData::Host { ptr: data.as_ptr(), len: data.len(), _life: PhantomData }
+    }
+}
+
+impl<'a> MutData<'a> {
+    fn host(data: &'a mut [u8]) -> Self {
+        MutData::Host { ptr: data.as_mut_ptr(), len: data.len(), _life: PhantomData }
+    }
+}
+
+// SAFETY: a view is a borrowed `&[u8]`/`&mut [u8]` (or a device address, which is plain data)
+// held as a pointer; it is `Send`/`Sync` exactly as those references are. Aliased writable
+// views exist only through `TensorMut::aliased`, whose contract forbids concurrent use.
+unsafe impl Send for TensorRef<'_> {}
+// SAFETY: as for `Send`: shared access to a `TensorRef` only reads.
+unsafe impl Sync for TensorRef<'_> {}
+// SAFETY: as for `TensorRef`; a `TensorMut` is the unique writer of its memory unless made by
+// `TensorMut::aliased`, whose caller promises the aliases are never used concurrently.
+unsafe impl Send for TensorMut<'_> {}
+// SAFETY: `&TensorMut` only reads (`as_ref`, accessors); writing needs `&mut`.
+unsafe impl Sync for TensorMut<'_> {}
 
 /// A read-only borrowed view.
 #[derive(Clone, Copy)]
@@ -99,7 +127,7 @@ impl<'a> TensorRef<'a> {
     pub fn from_slice<T: Element>(data: &'a [T], shape: &[usize]) -> Result<Self, TensorError> {
         let layout = Layout::contiguous(shape)?;
         layout.check_bounds(data.len())?;
-        Ok(TensorRef { data: RefData::Host(bytemuck::cast_slice(data)), dtype: T::DTYPE, device: Device::Cpu, layout })
+        Ok(TensorRef { data: RefData::host(bytemuck::cast_slice(data)), dtype: T::DTYPE, device: Device::Cpu, layout })
     }
 
     /// A contiguous host view of raw bytes; they must be aligned for `dtype`.
@@ -107,7 +135,7 @@ impl<'a> TensorRef<'a> {
         let len = check_bytes(data, dtype)?;
         let layout = Layout::contiguous(shape)?;
         layout.check_bounds(len)?;
-        Ok(TensorRef { data: RefData::Host(data), dtype, device: Device::Cpu, layout })
+        Ok(TensorRef { data: RefData::host(data), dtype, device: Device::Cpu, layout })
     }
 
     /// A view of device memory.
@@ -168,7 +196,7 @@ impl<'a> TensorRef<'a> {
     /// Elements in the borrowed memory (not the logical size).
     pub fn memory_len(&self) -> usize {
         match self.data {
-            RefData::Host(b) => b.len() / self.dtype.size(),
+            RefData::Host { len, .. } => len / self.dtype.size(),
             RefData::Device { len, .. } => len,
         }
     }
@@ -178,16 +206,18 @@ impl<'a> TensorRef<'a> {
         if T::DTYPE != self.dtype {
             return Err(TensorError::DType { expected: T::DTYPE, actual: self.dtype });
         }
-        match self.data {
-            RefData::Host(b) => Ok(bytemuck::cast_slice(b)),
-            RefData::Device { .. } => Err(TensorError::NotHost(self.device)),
+        match self.host_bytes() {
+            Some(b) => Ok(bytemuck::cast_slice(b)),
+            None => Err(TensorError::NotHost(self.device)),
         }
     }
 
     /// The raw host bytes, or `None` for a device view.
     pub fn host_bytes(&self) -> Option<&'a [u8]> {
         match self.data {
-            RefData::Host(b) => Some(b),
+            // SAFETY: `ptr`/`len` come from a `&'a [u8]` (or `&'a mut [u8]`) borrowed for `'a`;
+            // no other path writes it while this view is in use (`TensorMut::aliased`'s contract).
+            RefData::Host { ptr, len, .. } => Some(unsafe { std::slice::from_raw_parts(ptr, len) }),
             RefData::Device { .. } => None,
         }
     }
@@ -195,7 +225,7 @@ impl<'a> TensorRef<'a> {
     /// Device base address (of memory element 0, before the layout offset), or `None` for a host view.
     pub fn device_addr(&self) -> Option<u64> {
         match self.data {
-            RefData::Host(_) => None,
+            RefData::Host { .. } => None,
             RefData::Device { addr, .. } => Some(addr),
         }
     }
@@ -231,7 +261,7 @@ impl<'a> TensorMut<'a> {
         let layout = Layout::contiguous(shape)?;
         layout.check_bounds(data.len())?;
         Ok(TensorMut {
-            data: MutData::Host(bytemuck::cast_slice_mut(data)),
+            data: MutData::host(bytemuck::cast_slice_mut(data)),
             dtype: T::DTYPE,
             device: Device::Cpu,
             layout,
@@ -243,7 +273,7 @@ impl<'a> TensorMut<'a> {
         let len = check_bytes(data, dtype)?;
         let layout = Layout::contiguous(shape)?;
         layout.check_bounds(len)?;
-        Ok(TensorMut { data: MutData::Host(data), dtype, device: Device::Cpu, layout })
+        Ok(TensorMut { data: MutData::host(data), dtype, device: Device::Cpu, layout })
     }
 
     /// A writable view of device memory.
@@ -273,28 +303,59 @@ impl<'a> TensorMut<'a> {
 
     /// Elements in the borrowed memory.
     pub fn memory_len(&self) -> usize {
-        match &self.data {
-            MutData::Host(b) => b.len() / self.dtype.size(),
-            MutData::Device { len, .. } => *len,
+        match self.data {
+            MutData::Host { len, .. } => len / self.dtype.size(),
+            MutData::Device { len, .. } => len,
         }
     }
 
     /// A read-only view of the same memory.
     pub fn as_ref(&self) -> TensorRef<'_> {
-        let data = match &self.data {
-            MutData::Host(b) => RefData::Host(b),
-            MutData::Device { addr, len, .. } => RefData::Device { addr: *addr, len: *len, _life: PhantomData },
+        let data = match self.data {
+            MutData::Host { ptr, len, .. } => RefData::Host { ptr, len, _life: PhantomData },
+            MutData::Device { addr, len, .. } => RefData::Device { addr, len, _life: PhantomData },
         };
         TensorRef { data, dtype: self.dtype, device: self.device, layout: self.layout }
     }
 
     /// A shorter-lived writable view of the same memory.
     pub fn reborrow(&mut self) -> TensorMut<'_> {
-        let data = match &mut self.data {
-            MutData::Host(b) => MutData::Host(b),
-            MutData::Device { addr, len, .. } => MutData::Device { addr: *addr, len: *len, _life: PhantomData },
+        let data = match self.data {
+            MutData::Host { ptr, len, .. } => MutData::Host { ptr, len, _life: PhantomData },
+            MutData::Device { addr, len, .. } => MutData::Device { addr, len, _life: PhantomData },
         };
         TensorMut { data, dtype: self.dtype, device: self.device, layout: self.layout }
+    }
+
+    /// Turns the writable view into a read-only one of the same memory and lifetime.
+    pub fn into_ref(self) -> TensorRef<'a> {
+        let data = match self.data {
+            MutData::Host { ptr, len, .. } => RefData::Host { ptr, len, _life: PhantomData },
+            MutData::Device { addr, len, .. } => RefData::Device { addr, len, _life: PhantomData },
+        };
+        TensorRef { data, dtype: self.dtype, device: self.device, layout: self.layout }
+    }
+
+    /// `N` writable views of this view's memory, with its layout, for calls that are planned
+    /// together and run one after another (a layer core plans every op before it runs any, and
+    /// several of its ops write the same state pool or hand a buffer from one op to the next).
+    /// Each may be re-shaped ([`TensorMut::with_layout`]) or turned read-only
+    /// ([`TensorMut::into_ref`]). The original view is consumed, so only the aliases remain.
+    ///
+    /// # Safety
+    /// Until every view made from the result is dropped, accesses through different aliases
+    /// must never overlap in time: each access (a host slice from `host_bytes`/`host_data`/…
+    /// and its uses, a backend's run of a planned call holding the view, or, on a device, the
+    /// kernels enqueued on one stream) is finished before an access through another alias
+    /// begins. Host slices obtained through one alias must not be kept past that access.
+    pub unsafe fn aliased<const N: usize>(self) -> [TensorMut<'a>; N] {
+        std::array::from_fn(|_| {
+            let data = match self.data {
+                MutData::Host { ptr, len, .. } => MutData::Host { ptr, len, _life: PhantomData },
+                MutData::Device { addr, len, .. } => MutData::Device { addr, len, _life: PhantomData },
+            };
+            TensorMut { data, dtype: self.dtype, device: self.device, layout: self.layout }
+        })
     }
 
     /// The whole borrowed host memory, typed and writable. Index it with [`Layout::index`].
@@ -302,25 +363,29 @@ impl<'a> TensorMut<'a> {
         if T::DTYPE != self.dtype {
             return Err(TensorError::DType { expected: T::DTYPE, actual: self.dtype });
         }
-        match &mut self.data {
-            MutData::Host(b) => Ok(bytemuck::cast_slice_mut(b)),
-            MutData::Device { .. } => Err(TensorError::NotHost(self.device)),
+        let device = self.device;
+        match self.host_bytes_mut() {
+            Some(b) => Ok(bytemuck::cast_slice_mut(b)),
+            None => Err(TensorError::NotHost(device)),
         }
     }
 
     /// The raw writable host bytes, or `None` for a device view.
     pub fn host_bytes_mut(&mut self) -> Option<&mut [u8]> {
-        match &mut self.data {
-            MutData::Host(b) => Some(b),
+        match self.data {
+            // SAFETY: `ptr`/`len` come from a `&'a mut [u8]` borrowed for `'a`; `&mut self` makes
+            // this the only access through this view, and `TensorMut::aliased`'s contract keeps
+            // every alias idle while it lasts.
+            MutData::Host { ptr, len, .. } => Some(unsafe { std::slice::from_raw_parts_mut(ptr, len) }),
             MutData::Device { .. } => None,
         }
     }
 
     /// Device base address (of memory element 0), or `None` for a host view.
     pub fn device_addr(&self) -> Option<u64> {
-        match &self.data {
-            MutData::Host(_) => None,
-            MutData::Device { addr, .. } => Some(*addr),
+        match self.data {
+            MutData::Host { .. } => None,
+            MutData::Device { addr, .. } => Some(addr),
         }
     }
 
