@@ -507,3 +507,36 @@ impl Case {
         named
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The GPU tests cannot run without a GPU; their inputs can: every drawn case and every
+    /// Mamba2 variant they use plans on the host (aliasing cases are refused, nothing else).
+    #[test]
+    fn every_case_plans_on_the_host() {
+        let mut refused = 0;
+        for i in 0..108 {
+            let spec = Spec::draw(&mut ChaCha8Rng::seed_from_u64(1000 + i as u64), i);
+            match ssm_ssu::plan(Case::build(spec.clone(), i as u64).args()) {
+                Ok(_) => {}
+                Err(ssm_ssu::SsuError::SlotConflict { .. }) if spec.alias => refused += 1,
+                Err(e) => panic!("case {i} {spec:?}: {e}"),
+            }
+        }
+        assert!(refused > 0, "no drawn case tested the aliasing refusal");
+        let varlen = Tokens::Varlen { lens: vec![3, 0, 4, 1, 2, 4, 0, 1, 3] };
+        for (tokens, spec_width) in
+            [(Tokens::OneToken { seqs: 9 }, None), (Tokens::Dense { seqs: 9, steps: 4 }, Some(4)), (varlen, Some(4))]
+        {
+            let mut spec = Spec::mamba2(9, DType::F16);
+            spec.tokens = tokens;
+            spec.spec_width = spec_width;
+            spec.slot_pad = 1;
+            let mut case = Case::build(spec.clone(), 7);
+            ssm_ssu::plan(case.args()).unwrap_or_else(|e| panic!("{spec:?}: {e}"));
+            assert!(case.named_slots().iter().any(|&n| n) && !case.named_slots().iter().all(|&n| n));
+        }
+    }
+}
