@@ -5,13 +5,12 @@
 
 mod common;
 
+use common::{Engine, backends};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use common::{Engine, backends};
 use ssm_cpu::CpuBackend;
 use ssm_ring::{CheckpointingSsu, CommitRingTrackers, RingTrackers, Run, UpdateRingTrackers, plan, reference};
 use ssm_tensor::{DType, TensorMut, TensorRef, bf16};
-
 
 // ---------------------------------------------------------------------------------------
 // A model, the ReplaySSM pools, and one checkpointing step.

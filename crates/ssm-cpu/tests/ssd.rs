@@ -3,13 +3,12 @@
 
 mod common;
 
+use common::{Engine, backends};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use common::{Engine, backends};
 use ssm_cpu::CpuBackend;
 use ssm_ssd::{MambaChunkScanCombinedVarlen, Run, compute_chunk_metadata, plan, reference};
 use ssm_tensor::{DType, TensorMut, TensorRef, bf16};
-
 
 // ---------------------------------------------------------------------------------------
 // Property tests on random problems.
