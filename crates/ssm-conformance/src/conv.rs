@@ -11,12 +11,12 @@
 
 use ssm_conv::{Activation, CausalConv1dFnArgs, CausalConv1dUpdateArgs, ConvStateLayout};
 
-use crate::{Case, HostTensor, Produced, Target, transpose_last2};
+use crate::{Case, HostTensor, Produced, Target};
 
 /// The state buffer handed over: the stored `[slots, dim, state_len]` copy, or its transpose.
 fn state_in(stored: &HostTensor, state_len_dim: bool) -> (HostTensor, ConvStateLayout) {
     if state_len_dim {
-        (transpose_last2(stored), ConvStateLayout::StateLenDim)
+        (stored.transpose_last2(), ConvStateLayout::StateLenDim)
     } else {
         (stored.clone(), ConvStateLayout::DimStateLen)
     }
@@ -25,7 +25,7 @@ fn state_in(stored: &HostTensor, state_len_dim: bool) -> (HostTensor, ConvStateL
 /// The state back in the stored layout; the state update is a copy, so it must also be
 /// bit-identical to the peer's (where the peer's is specified).
 fn state_out(case: &Case, name: &str, state: HostTensor, state_len_dim: bool) -> Result<HostTensor, (bool, String)> {
-    let state = if state_len_dim { transpose_last2(&state) } else { state };
+    let state = if state_len_dim { state.transpose_last2() } else { state };
     if let Some(want) = case.tensors.get(&format!("out.{name}")) {
         let es = want.dtype.size();
         let w = want.to_f64_vec();

@@ -12,12 +12,12 @@ use ssm_gdn::{
 };
 use ssm_tensor::DType;
 
-use crate::{Case, HostTensor, Produced, Target, transpose_last2};
+use crate::{Case, HostTensor, Produced, Target};
 
 /// The layout states are handed over in, and the conversion from/to the stored `VK` layout
 /// (a transpose is its own inverse).
 fn layout(kv: bool) -> (StateLayout, fn(HostTensor) -> HostTensor) {
-    if kv { (StateLayout::KV, |t| transpose_last2(&t)) } else { (StateLayout::VK, |t| t) }
+    if kv { (StateLayout::KV, |t| t.transpose_last2()) } else { (StateLayout::VK, |t| t) }
 }
 
 /// vLLM's l2norm eps (the GDN Triton kernels hard-code it).

@@ -20,9 +20,11 @@
 //! or, for reports that should not panic (the `cargo xtask conformance` runner),
 //! [`run_all`] / [`run_cases`] → [`Report`]. The [`reference`] targets run the op crates'
 //! references; the `cuda` feature adds [`cuda::Staged`], which copies host tensors onto a
-//! CUDA runtime's device and back.
+//! CUDA runtime's device and back. [`cases`] holds the random case generators of the
+//! backends' property tests.
 
 mod case;
+pub mod cases;
 mod compare;
 mod conv;
 #[cfg(feature = "cuda")]
@@ -50,25 +52,3 @@ pub const KNOWN_OPS: &[&str] = ops::ALL;
 /// What an op runner returns: the produced outputs by name (`out`, `state`, …), or a reason it
 /// could not run (`Err((skipped, message))`).
 pub(crate) type Produced = Result<Vec<(String, HostTensor)>, (bool, String)>;
-
-/// `[.., a, b]` → `[.., b, a]`, as a contiguous copy (states handed over in the other layout).
-pub(crate) fn transpose_last2(t: &HostTensor) -> HostTensor {
-    let n = t.shape.len();
-    assert!(n >= 2, "transpose_last2 of a {n}-D tensor");
-    let (a, b) = (t.shape[n - 2], t.shape[n - 1]);
-    let es = t.dtype.size();
-    let src = t.bytes();
-    let mut shape = t.shape.clone();
-    shape.swap(n - 2, n - 1);
-    let mut dst = vec![0u8; src.len()];
-    for m in 0..src.len() / (a * b * es).max(1) {
-        let base = m * a * b * es;
-        for i in 0..a {
-            for j in 0..b {
-                let (s, d) = (base + (i * b + j) * es, base + (j * a + i) * es);
-                dst[d..d + es].copy_from_slice(&src[s..s + es]);
-            }
-        }
-    }
-    HostTensor::from_bytes(t.dtype, shape, &dst)
-}

@@ -3,22 +3,14 @@
 //! (one-token with tracker advances; speculative windows committed with random accepted
 //! counts) against the plain SSU recurrence on the accepted tokens.
 
+mod common;
+
+use common::{Engine, backends};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use ssm_cpu::{CpuBackend, Par};
+use ssm_cpu::CpuBackend;
 use ssm_ring::{CheckpointingSsu, CommitRingTrackers, RingTrackers, Run, UpdateRingTrackers, plan, reference};
 use ssm_tensor::{DType, TensorMut, TensorRef, bf16};
-
-fn backends() -> Vec<CpuBackend> {
-    vec![CpuBackend::new(Par::Seq).unwrap(), CpuBackend::new(Par::Rayon(2.try_into().unwrap())).unwrap()]
-}
-
-#[derive(Clone, Copy, PartialEq, Debug)]
-enum Engine {
-    Ref32,
-    Ref64,
-    Cpu(usize),
-}
 
 // ---------------------------------------------------------------------------------------
 // A model, the ReplaySSM pools, and one checkpointing step.
@@ -85,6 +77,16 @@ struct Pools {
 }
 
 impl Pools {
+    /// The tracker pools as one call's `RingTrackers`.
+    fn trackers(&mut self) -> RingTrackers<'_> {
+        let n = self.cache;
+        RingTrackers {
+            ring_start: TensorMut::from_slice(&mut self.ring_start[..], &[n]).unwrap(),
+            prev_num_accepted: TensorMut::from_slice(&mut self.prev[..], &[n]).unwrap(),
+            prev_query_len: TensorMut::from_slice(&mut self.prev_q[..], &[n]).unwrap(),
+        }
+    }
+
     fn new(m: &Model, cache: usize, l: usize, dtype: DType, state: Vec<f32>) -> Self {
         let state_b = state.iter().map(|&v| bf16::from_f32(v)).collect();
         Pools {
@@ -300,13 +302,8 @@ fn ssu_token(m: &Model, s: &mut [f64], x: &[f32], dt: &[f32], b: &[f32], c: &[f3
 
 fn tracker_update(engine: Engine, cpus: &[CpuBackend], pools: &mut Pools, slots: &[i32], pad: Option<i64>, w: i64) {
     let l = pools.l as i64;
-    let n = pools.cache;
     let args = UpdateRingTrackers {
-        trackers: RingTrackers {
-            ring_start: TensorMut::from_slice(&mut pools.ring_start[..], &[n]).unwrap(),
-            prev_num_accepted: TensorMut::from_slice(&mut pools.prev[..], &[n]).unwrap(),
-            prev_query_len: TensorMut::from_slice(&mut pools.prev_q[..], &[n]).unwrap(),
-        },
+        trackers: pools.trackers(),
         state_batch_indices: TensorRef::from_slice(slots, &[slots.len()]).unwrap(),
         logical_window: Some(w),
         ring_buffer_len: Some(l),
@@ -331,13 +328,8 @@ fn tracker_commit(
     w: i64,
 ) {
     let l = pools.l as i64;
-    let n = pools.cache;
     let args = CommitRingTrackers {
-        trackers: RingTrackers {
-            ring_start: TensorMut::from_slice(&mut pools.ring_start[..], &[n]).unwrap(),
-            prev_num_accepted: TensorMut::from_slice(&mut pools.prev[..], &[n]).unwrap(),
-            prev_query_len: TensorMut::from_slice(&mut pools.prev_q[..], &[n]).unwrap(),
-        },
+        trackers: pools.trackers(),
         state_batch_indices: TensorRef::from_slice(slots, &[slots.len()]).unwrap(),
         num_accepted_tokens: TensorRef::from_slice(accepted, &[accepted.len()]).unwrap(),
         query_start_loc: TensorRef::from_slice(qsl, &[qsl.len()]).unwrap(),

@@ -1,22 +1,14 @@
 //! SSD chunked prefill on the CPU: property tests against the f64 token-by-token recurrence.
 //! (The conformance vectors run through `ssm-conformance`, on the reference and the CPU.)
 
+mod common;
+
+use common::{Engine, backends};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use ssm_cpu::{CpuBackend, Par};
+use ssm_cpu::CpuBackend;
 use ssm_ssd::{MambaChunkScanCombinedVarlen, Run, compute_chunk_metadata, plan, reference};
 use ssm_tensor::{DType, TensorMut, TensorRef, bf16};
-
-fn backends() -> Vec<CpuBackend> {
-    vec![CpuBackend::new(Par::Seq).unwrap(), CpuBackend::new(Par::Rayon(2.try_into().unwrap())).unwrap()]
-}
-
-#[derive(Clone, Copy, PartialEq, Debug)]
-enum Engine {
-    Ref32,
-    Ref64,
-    Cpu(usize),
-}
 
 // ---------------------------------------------------------------------------------------
 // Property tests on random problems.

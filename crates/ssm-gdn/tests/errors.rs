@@ -3,9 +3,9 @@
 
 mod common;
 
-use common::{Buf, ChunkCase, Gen, RecCase};
+use common::{ChunkCase, Gen, RecCase, ints, nan, zeros};
 use ssm_gdn::{FusedGdnGatingArgs, FusedSigmoidGatingDeltaRuleUpdateArgs, GdnError, StateLayout};
-use ssm_tensor::{DType, Device, TensorMut, TensorRef};
+use ssm_tensor::{DType, Device, HostTensor, TensorMut, TensorRef};
 
 /// A valid call: two sequences of 1 and 2 tokens, H=2, HV=4, K=8, V=4 (K ≠ V), 5 slots.
 fn base() -> RecCase {
@@ -18,10 +18,10 @@ fn base() -> RecCase {
         beta: Some(g.range_buf(DType::F32, &[1, 3, 4], 0.1, 0.9)),
         state: Some(g.normal_buf(DType::F32, &[5, 4, 4, 8], 0.5)),
         final_state: None,
-        cu: Some(Buf::from_i64(DType::I32, &[3], &[0, 1, 3])),
-        ix: Some(Buf::from_i64(DType::I32, &[2], &[3, 1])),
+        cu: Some(ints(DType::I32, &[3], &[0, 1, 3])),
+        ix: Some(ints(DType::I32, &[2], &[3, 1])),
         na: None,
-        o: Buf::nan(DType::BF16, &[1, 3, 4, 4]),
+        o: nan(DType::BF16, &[1, 3, 4, 4]),
         scale: None,
         l2norm: true,
         layout: StateLayout::VK,
@@ -42,40 +42,40 @@ fn base_case_is_valid() {
 #[test]
 fn recurrent_shape_errors() {
     let mut c = base();
-    c.q = Buf::nan(DType::BF16, &[3, 2, 8]);
+    c.q = nan(DType::BF16, &[3, 2, 8]);
     insta::assert_snapshot!("q_rank", plan_err(&mut c));
 
     let mut c = base();
-    c.k = Buf::nan(DType::BF16, &[1, 3, 2, 16]);
+    c.k = nan(DType::BF16, &[1, 3, 2, 16]);
     insta::assert_snapshot!("k_mismatch", plan_err(&mut c));
 
     let mut c = base();
-    c.v = Buf::nan(DType::BF16, &[1, 3, 3, 4]);
+    c.v = nan(DType::BF16, &[1, 3, 3, 4]);
     insta::assert_snapshot!("hv_not_multiple_of_h", plan_err(&mut c));
 
     let mut c = base();
-    c.g = Buf::nan(DType::F32, &[1, 3, 2]);
+    c.g = nan(DType::F32, &[1, 3, 2]);
     insta::assert_snapshot!("g_shape", plan_err(&mut c));
 
     let mut c = base();
-    c.beta = Some(Buf::nan(DType::F32, &[1, 3, 4, 2]));
+    c.beta = Some(nan(DType::F32, &[1, 3, 4, 2]));
     insta::assert_snapshot!("beta_shape", plan_err(&mut c));
 
     let mut c = base();
-    c.o = Buf::nan(DType::BF16, &[1, 3, 4, 8]);
+    c.o = nan(DType::BF16, &[1, 3, 4, 8]);
     insta::assert_snapshot!("o_shape", plan_err(&mut c));
 
     let mut c = base();
-    c.q = Buf::nan(DType::BF16, &[1, 3, 2, 2000]);
-    c.k = Buf::nan(DType::BF16, &[1, 3, 2, 2000]);
+    c.q = nan(DType::BF16, &[1, 3, 2, 2000]);
+    c.k = nan(DType::BF16, &[1, 3, 2, 2000]);
     insta::assert_snapshot!("head_k_dim_too_large", plan_err(&mut c));
 
     let mut c = base();
-    c.q = Buf::nan(DType::BF16, &[2, 3, 2, 8]);
-    c.k = Buf::nan(DType::BF16, &[2, 3, 2, 8]);
-    c.v = Buf::nan(DType::BF16, &[2, 3, 4, 4]);
-    c.o = Buf::nan(DType::BF16, &[2, 3, 4, 4]);
-    c.g = Buf::nan(DType::F32, &[2, 3, 4]);
+    c.q = nan(DType::BF16, &[2, 3, 2, 8]);
+    c.k = nan(DType::BF16, &[2, 3, 2, 8]);
+    c.v = nan(DType::BF16, &[2, 3, 4, 4]);
+    c.o = nan(DType::BF16, &[2, 3, 4, 4]);
+    c.g = nan(DType::F32, &[2, 3, 4]);
     c.beta = None;
     insta::assert_snapshot!("cu_seqlens_needs_batch_1", plan_err(&mut c));
 }
@@ -84,7 +84,7 @@ fn recurrent_shape_errors() {
 fn state_layout_errors() {
     // K and V swapped: a [slots, HV, K, V] pool passed as [slots, HV, V, K].
     let mut c = base();
-    c.state = Some(Buf::nan(DType::F32, &[5, 4, 8, 4]));
+    c.state = Some(nan(DType::F32, &[5, 4, 8, 4]));
     insta::assert_snapshot!("state_kv_mismatch_vk", plan_err(&mut c));
 
     let mut c = base();
@@ -92,12 +92,12 @@ fn state_layout_errors() {
     insta::assert_snapshot!("state_kv_mismatch_kv", plan_err(&mut c));
 
     let mut c = base();
-    c.state = Some(Buf::nan(DType::F32, &[5, 4, 32]));
+    c.state = Some(nan(DType::F32, &[5, 4, 32]));
     insta::assert_snapshot!("state_rank", plan_err(&mut c));
 
     let mut c = base();
     c.ix = None;
-    c.final_state = Some(Buf::nan(DType::F32, &[2, 4, 4, 8]));
+    c.final_state = Some(nan(DType::F32, &[2, 4, 4, 8]));
     insta::assert_snapshot!("final_state_rows", plan_err(&mut c));
 
     // Slots laid out with the value rows strided (a transposed view of a [.., K, V] buffer).
@@ -114,15 +114,15 @@ fn state_layout_errors() {
 #[test]
 fn dtype_and_device_errors() {
     let mut c = base();
-    c.q = Buf::zeros(DType::I32, &[1, 3, 2, 8]);
+    c.q = zeros(DType::I32, &[1, 3, 2, 8]);
     insta::assert_snapshot!("q_dtype", plan_err(&mut c));
 
     let mut c = base();
-    c.state = Some(Buf::zeros(DType::I64, &[5, 4, 4, 8]));
+    c.state = Some(zeros(DType::I64, &[5, 4, 4, 8]));
     insta::assert_snapshot!("state_dtype", plan_err(&mut c));
 
     let mut c = base();
-    c.ix = Some(Buf::from_f32(DType::F32, &[2], &[3.0, 1.0]));
+    c.ix = Some(HostTensor::from_f32(DType::F32, vec![2], &[3.0, 1.0]));
     insta::assert_snapshot!("indices_dtype", plan_err(&mut c));
 
     let mut c = base();
@@ -140,31 +140,31 @@ fn dtype_and_device_errors() {
 #[test]
 fn index_errors() {
     let mut c = base();
-    c.cu = Some(Buf::from_i64(DType::I32, &[3], &[0, 2, 1]));
+    c.cu = Some(ints(DType::I32, &[3], &[0, 2, 1]));
     insta::assert_snapshot!("cu_seqlens_not_monotone", plan_err(&mut c));
 
     let mut c = base();
-    c.cu = Some(Buf::from_i64(DType::I64, &[3], &[0, 1, 4]));
+    c.cu = Some(ints(DType::I64, &[3], &[0, 1, 4]));
     insta::assert_snapshot!("cu_seqlens_past_end", plan_err(&mut c));
 
     let mut c = base();
-    c.ix = Some(Buf::from_i64(DType::I32, &[2], &[3, 5]));
+    c.ix = Some(ints(DType::I32, &[2], &[3, 5]));
     insta::assert_snapshot!("index_out_of_range", plan_err(&mut c));
 
     let mut c = base();
-    c.ix = Some(Buf::from_i64(DType::I32, &[2], &[2, 2]));
+    c.ix = Some(ints(DType::I32, &[2], &[2, 2]));
     insta::assert_snapshot!("slot_conflict", plan_err(&mut c));
 
     let mut c = base();
-    c.ix = Some(Buf::from_i64(DType::I32, &[2, 1], &[3, 1]));
+    c.ix = Some(ints(DType::I32, &[2, 1], &[3, 1]));
     insta::assert_snapshot!("too_many_tokens_for_columns", plan_err(&mut c));
 
     let mut c = base();
-    c.na = Some(Buf::from_i64(DType::I32, &[2], &[1, 1]));
+    c.na = Some(ints(DType::I32, &[2], &[1, 1]));
     insta::assert_snapshot!("num_accepted_needs_2d", plan_err(&mut c));
 
     let mut c = base();
-    c.ix = Some(Buf::from_i64(DType::I32, &[1], &[3]));
+    c.ix = Some(ints(DType::I32, &[1], &[3]));
     insta::assert_snapshot!("indices_too_few_rows", plan_err(&mut c));
 }
 
@@ -186,35 +186,35 @@ fn scalar_and_overlap_errors() {
 
 #[test]
 fn gating_errors() {
-    let a_log = Buf::nan(DType::F32, &[4]);
-    let a = Buf::nan(DType::BF16, &[3, 4]);
-    let b = Buf::nan(DType::BF16, &[3, 4]);
-    let dt = Buf::nan(DType::BF16, &[4]);
-    let mut g = Buf::nan(DType::BF16, &[1, 3, 4]);
-    let mut beta = Buf::nan(DType::BF16, &[1, 3, 4]);
+    let a_log = nan(DType::F32, &[4]);
+    let a = nan(DType::BF16, &[3, 4]);
+    let b = nan(DType::BF16, &[3, 4]);
+    let dt = nan(DType::BF16, &[4]);
+    let mut g = nan(DType::BF16, &[1, 3, 4]);
+    let mut beta = nan(DType::BF16, &[1, 3, 4]);
     let args = FusedGdnGatingArgs {
-        a_log: a_log.r(),
-        a: a.r(),
-        b: b.r(),
-        dt_bias: dt.r(),
+        a_log: a_log.view(),
+        a: a.view(),
+        b: b.view(),
+        dt_bias: dt.view(),
         beta: 1.0,
         threshold: 20.0,
-        g: g.m(),
-        beta_output: beta.m(),
+        g: g.view_mut(),
+        beta_output: beta.view_mut(),
     };
     insta::assert_snapshot!("gating_g_dtype", ssm_tensor::Op::plan(&args).unwrap_err());
 
-    let mut g = Buf::nan(DType::F32, &[1, 3, 4]);
-    let mut beta = Buf::nan(DType::BF16, &[3, 3, 4]);
+    let mut g = nan(DType::F32, &[1, 3, 4]);
+    let mut beta = nan(DType::BF16, &[3, 3, 4]);
     let args = FusedGdnGatingArgs {
-        a_log: a_log.r(),
-        a: a.r(),
-        b: b.r(),
-        dt_bias: dt.r(),
+        a_log: a_log.view(),
+        a: a.view(),
+        b: b.view(),
+        dt_bias: dt.view(),
         beta: 1.0,
         threshold: 20.0,
-        g: g.m(),
-        beta_output: beta.m(),
+        g: g.view_mut(),
+        beta_output: beta.view_mut(),
     };
     insta::assert_snapshot!("gating_beta_output_shape", ssm_tensor::Op::plan(&args).unwrap_err());
 }
@@ -222,16 +222,16 @@ fn gating_errors() {
 #[test]
 fn sigmoid_gating_errors() {
     let mut c = base();
-    let a_log = Buf::nan(DType::F32, &[4]);
-    let a = Buf::nan(DType::BF16, &[3, 2]);
-    let b = Buf::nan(DType::BF16, &[3, 4]);
-    let dt = Buf::nan(DType::BF16, &[4]);
+    let a_log = nan(DType::F32, &[4]);
+    let a = nan(DType::BF16, &[3, 2]);
+    let b = nan(DType::BF16, &[3, 4]);
+    let dt = nan(DType::BF16, &[4]);
     let args = c.args();
     let args = FusedSigmoidGatingDeltaRuleUpdateArgs {
-        a_log: a_log.r(),
-        a: a.r(),
-        b: b.r(),
-        dt_bias: dt.r(),
+        a_log: a_log.view(),
+        a: a.view(),
+        b: b.view(),
+        dt_bias: dt.view(),
         q: args.q,
         k: args.k,
         v: args.v,
@@ -260,13 +260,13 @@ fn chunk_base() -> ChunkCase {
         g: g.range_buf(DType::F32, &[1, 5, 2], -1.0, -0.01),
         beta: g.range_buf(DType::BF16, &[1, 5, 2], 0.1, 0.9),
         state: Some(g.normal_buf(DType::F32, &[4, 2, 4, 8], 0.5)),
-        indices: Some(Buf::from_i64(DType::I32, &[2], &[2, 3])),
-        has_initial_state: Some(Buf::from_i64(DType::Bool, &[2], &[1, 0])),
+        indices: Some(ints(DType::I32, &[2], &[2, 3])),
+        has_initial_state: Some(ints(DType::Bool, &[2], &[1, 0])),
         pad_slot_id: Some(-1),
         inplace: true,
         final_state: None,
-        cu: Some(Buf::from_i64(DType::I32, &[3], &[0, 2, 5])),
-        o: Buf::nan(DType::BF16, &[1, 5, 2, 4]),
+        cu: Some(ints(DType::I32, &[3], &[0, 2, 5])),
+        o: nan(DType::BF16, &[1, 5, 2, 4]),
         scratch: None,
         layout: StateLayout::VK,
     }
@@ -282,11 +282,11 @@ fn chunk_errors() {
     assert!(ssm_tensor::Op::plan(&c.args()).is_ok());
 
     let mut c = chunk_base();
-    c.indices = Some(Buf::from_i64(DType::I32, &[2], &[2, 4]));
+    c.indices = Some(ints(DType::I32, &[2], &[2, 4]));
     insta::assert_snapshot!("chunk_index_out_of_range", chunk_err(&mut c));
 
     let mut c = chunk_base();
-    c.indices = Some(Buf::from_i64(DType::I32, &[2], &[3, 3]));
+    c.indices = Some(ints(DType::I32, &[2], &[3, 3]));
     insta::assert_snapshot!("chunk_slot_conflict", chunk_err(&mut c));
 
     let mut c = chunk_base();
@@ -301,7 +301,7 @@ fn chunk_errors() {
     insta::assert_snapshot!("chunk_has_initial_state_needs_state", chunk_err(&mut c));
 
     let mut c = chunk_base();
-    c.cu = Some(Buf::from_i64(DType::I32, &[3], &[0, 3, 2]));
+    c.cu = Some(ints(DType::I32, &[3], &[0, 3, 2]));
     insta::assert_snapshot!("chunk_cu_seqlens_not_monotone", chunk_err(&mut c));
 
     let mut c = chunk_base();
@@ -309,7 +309,7 @@ fn chunk_errors() {
     insta::assert_snapshot!("chunk_state_layout", chunk_err(&mut c));
 
     let mut c = chunk_base();
-    c.scratch = Some(Buf::nan(DType::BF16, &[64]));
+    c.scratch = Some(nan(DType::BF16, &[64]));
     insta::assert_snapshot!("chunk_scratch_dtype", chunk_err(&mut c));
 }
 
@@ -317,7 +317,7 @@ fn chunk_errors() {
 fn nothing_is_written_on_failure() {
     let cpu = ssm_cpu::CpuBackend::new(ssm_cpu::Par::Seq).unwrap();
     let mut c = base();
-    c.ix = Some(Buf::from_i64(DType::I32, &[2], &[2, 2]));
+    c.ix = Some(ints(DType::I32, &[2], &[2, 2]));
     let before = c.clone();
     let err = c.run(&cpu).unwrap_err();
     assert!(err.contains("state slot 2"), "{err}");
@@ -325,7 +325,7 @@ fn nothing_is_written_on_failure() {
     assert_eq!(c.o.bytes(), before.o.bytes());
 
     let mut c = chunk_base();
-    c.indices = Some(Buf::from_i64(DType::I32, &[2], &[2, 9]));
+    c.indices = Some(ints(DType::I32, &[2], &[2, 9]));
     let before = c.clone();
     assert!(c.run(&cpu).is_err());
     assert_eq!(c.state.as_ref().unwrap().bytes(), before.state.as_ref().unwrap().bytes());

@@ -9,11 +9,11 @@
 
 mod common;
 
-use common::{Buf, ChunkCase, Gen, RecCase, close};
+use common::{ChunkCase, Gen, RecCase, close, ints, nan, zeros};
 use ssm_cpu::{CpuBackend, Par};
 use ssm_gdn::reference::Reference;
 use ssm_gdn::{ChunkScratch, FusedSigmoidGatingDeltaRuleUpdateArgs, Planned, Run, StateLayout, plan};
-use ssm_tensor::DType;
+use ssm_tensor::{DType, HostTensor};
 
 fn backends() -> Vec<(&'static str, CpuBackend)> {
     vec![
@@ -23,12 +23,12 @@ fn backends() -> Vec<(&'static str, CpuBackend)> {
 }
 
 /// Slot bytes of a `[slots, …]` pool.
-fn slot_bytes(b: &Buf, slot: usize) -> &[u8] {
+fn slot_bytes(b: &HostTensor, slot: usize) -> &[u8] {
     let per = b.bytes().len() / b.shape[0];
     &b.bytes()[slot * per..(slot + 1) * per]
 }
 
-fn assert_untouched(label: &str, before: &Buf, after: &Buf, touched: &[usize]) {
+fn assert_untouched(label: &str, before: &HostTensor, after: &HostTensor, touched: &[usize]) {
     for s in 0..before.shape[0] {
         if !touched.contains(&s) {
             assert_eq!(slot_bytes(before, s), slot_bytes(after, s), "{label}: untouched slot {s} changed");
@@ -81,13 +81,13 @@ fn chunked_prefill_equals_f64_recurrence() {
             g: rng.range_buf(DType::F32, &[1, t, hv], -decay_scale, -0.001),
             beta: rng.range_buf(io, &[1, t, hv], 0.05, 0.95),
             state: Some(rng.normal_buf(DType::F32, &state_shape(layout, slots, hv, k, v), 0.5)),
-            indices: Some(Buf::from_i64(DType::I64, &[n], &idx)),
-            has_initial_state: Some(Buf::from_i64(DType::Bool, &[n], &has)),
+            indices: Some(ints(DType::I64, &[n], &idx)),
+            has_initial_state: Some(ints(DType::Bool, &[n], &has)),
             pad_slot_id: Some(-1),
             inplace: true,
-            final_state: Some(Buf::nan(DType::F32, &state_shape(layout, n, hv, k, v))),
-            cu: Some(Buf::from_i64(DType::I32, &[n + 1], &cu)),
-            o: Buf::nan(DType::F32, &[1, t, hv, v]),
+            final_state: Some(nan(DType::F32, &state_shape(layout, n, hv, k, v))),
+            cu: Some(ints(DType::I32, &[n + 1], &cu)),
+            o: nan(DType::F32, &[1, t, hv, v]),
             scratch: None,
             layout,
         };
@@ -101,7 +101,7 @@ fn chunked_prefill_equals_f64_recurrence() {
                     let p = ssm_tensor::Op::plan(&args).unwrap();
                     be.chunk_gated_delta_rule_scratch_size(&p)
                 };
-                got.scratch = Some(Buf::nan(DType::F32, &[need]));
+                got.scratch = Some(nan(DType::F32, &[need]));
             }
             got.run(&be).unwrap();
             let what = format!(
@@ -122,7 +122,7 @@ fn chunked_prefill_equals_f64_recurrence() {
             for (s, l) in lens.iter().enumerate() {
                 for tok in cu[s] as usize..cu[s] as usize + l {
                     for e in 0..hv * v {
-                        let x = got.o.get(tok * hv * v + e);
+                        let x = got.o.view().elem_f64(tok * hv * v + e);
                         assert_eq!(x.is_nan(), idx[s] == -1, "{what}: o row of token {tok}");
                     }
                 }
@@ -130,7 +130,7 @@ fn chunked_prefill_equals_f64_recurrence() {
             let written: Vec<usize> = idx.iter().filter(|&&x| x >= 0).map(|&x| x as usize).collect();
             assert_untouched(&what, base.state.as_ref().unwrap(), got.state.as_ref().unwrap(), &written);
         }
-        base.o = Buf::nan(DType::F32, &[1, t, hv, v]);
+        base.o = nan(DType::F32, &[1, t, hv, v]);
     }
 }
 
@@ -145,7 +145,7 @@ struct SpecBatch {
 }
 
 impl SpecBatch {
-    fn tokens(&self, rng: &mut Gen, t: usize) -> [Buf; 5] {
+    fn tokens(&self, rng: &mut Gen, t: usize) -> [HostTensor; 5] {
         let (h, hv, k, v) = (self.h, self.hv, self.k, self.v);
         [
             rng.normal_buf(DType::F32, &[1, t, h, k], 1.0),
@@ -158,32 +158,32 @@ impl SpecBatch {
 }
 
 /// Rows `lo..hi` along the token axis (axis 1) of a `[1, T, …]` buffer.
-fn token_rows(b: &Buf, lo: usize, hi: usize) -> Buf {
-    let per = b.numel() / b.shape[1];
+fn token_rows(b: &HostTensor, lo: usize, hi: usize) -> HostTensor {
+    let per = b.view().numel() / b.shape[1];
     let es = b.dtype.size();
     let mut shape = b.shape.clone();
     shape[1] = hi - lo;
-    Buf::from_bytes(b.dtype, &shape, &b.bytes()[lo * per * es..hi * per * es])
+    HostTensor::from_bytes(b.dtype, shape, &b.bytes()[lo * per * es..hi * per * es])
 }
 
-fn concat_tokens(parts: &[Buf]) -> Buf {
+fn concat_tokens(parts: &[HostTensor]) -> HostTensor {
     let mut shape = parts[0].shape.clone();
     shape[1] = parts.iter().map(|p| p.shape[1]).sum();
     let bytes: Vec<u8> = parts.iter().flat_map(|p| p.bytes().to_vec()).collect();
-    Buf::from_bytes(parts[0].dtype, &shape, &bytes)
+    HostTensor::from_bytes(parts[0].dtype, shape, &bytes)
 }
 
 /// Replays `tokens` (q, k, v, g, beta) from `s0` (one head-block state of shape `[1, …]`) with
 /// the f64 reference; returns the outputs and the final state.
-fn replay(tokens: &[Buf; 5], s0: &Buf, layout: StateLayout) -> (Buf, Buf) {
+fn replay(tokens: &[HostTensor; 5], s0: &HostTensor, layout: StateLayout) -> (HostTensor, HostTensor) {
     let t = tokens[0].shape[1];
     let (hv, v) = (tokens[2].shape[2], tokens[2].shape[3]);
     let mut pool_shape = s0.shape.clone();
     pool_shape[0] = 2;
-    let mut pool = Buf::zeros(DType::F32, &pool_shape);
-    let per = s0.numel();
+    let mut pool = zeros(DType::F32, &pool_shape);
+    let per = s0.view().numel();
     for i in 0..per {
-        pool.set(per + i, s0.get(i));
+        pool.view_mut().set_f64(per + i, s0.view().elem_f64(i));
     }
     let mut c = RecCase {
         q: tokens[0].clone(),
@@ -193,10 +193,10 @@ fn replay(tokens: &[Buf; 5], s0: &Buf, layout: StateLayout) -> (Buf, Buf) {
         beta: Some(tokens[4].clone()),
         state: Some(pool),
         final_state: None,
-        cu: Some(Buf::from_i64(DType::I32, &[2], &[0, t as i64])),
-        ix: Some(Buf::from_i64(DType::I32, &[1], &[1])),
+        cu: Some(ints(DType::I32, &[2], &[0, t as i64])),
+        ix: Some(ints(DType::I32, &[1], &[1])),
         na: None,
-        o: Buf::nan(DType::F32, &[1, t, hv, v]),
+        o: nan(DType::F32, &[1, t, hv, v]),
         scale: None,
         l2norm: true,
         layout,
@@ -205,7 +205,7 @@ fn replay(tokens: &[Buf; 5], s0: &Buf, layout: StateLayout) -> (Buf, Buf) {
     let pool = c.state.unwrap();
     let mut st = s0.clone();
     for i in 0..per {
-        st.set(i, pool.get(per + i));
+        st.view_mut().set_f64(i, pool.view().elem_f64(per + i));
     }
     (c.o, st)
 }
@@ -226,19 +226,19 @@ fn speculative_decode_equals_replaying_accepted_tokens() {
                 .flat_map(|n| (0..cfg.cols).map(move |c| (1 + n * cfg.cols + c) as i64))
                 .chain([0, 0, 0])
                 .collect();
-            let per_slot = pool.numel() / slots;
-            let block = |p: &Buf, slot: usize| {
+            let per_slot = pool.view().numel() / slots;
+            let block = |p: &HostTensor, slot: usize| {
                 let mut sh = shape.clone();
                 sh[0] = 1;
-                Buf::from_f32(
+                HostTensor::from_f32(
                     DType::F32,
-                    &sh,
-                    &(0..per_slot).map(|i| p.get(slot * per_slot + i) as f32).collect::<Vec<_>>(),
+                    sh.clone(),
+                    &(0..per_slot).map(|i| p.view().elem_f64(slot * per_slot + i) as f32).collect::<Vec<_>>(),
                 )
             };
             // History per sequence: the initial state (column 0) and the accepted tokens so far.
-            let s0: Vec<Buf> = (0..num_seqs).map(|n| block(&pool, table[n * cfg.cols] as usize)).collect();
-            let mut history: Vec<Vec<[Buf; 5]>> = vec![Vec::new(); num_seqs];
+            let s0: Vec<HostTensor> = (0..num_seqs).map(|n| block(&pool, table[n * cfg.cols] as usize)).collect();
+            let mut history: Vec<Vec<[HostTensor; 5]>> = vec![Vec::new(); num_seqs];
             let mut accepted = vec![1i64; num_seqs + 1];
             for step in 0..3 {
                 let t = (num_seqs + 1) * cfg.q_len;
@@ -252,14 +252,14 @@ fn speculative_decode_equals_replaying_accepted_tokens() {
                     beta: Some(toks[4].clone()),
                     state: Some(pool.clone()),
                     final_state: None,
-                    cu: Some(Buf::from_i64(
+                    cu: Some(ints(
                         DType::I32,
                         &[num_seqs + 2],
                         &(0..=num_seqs + 1).map(|i| (i * cfg.q_len) as i64).collect::<Vec<_>>(),
                     )),
-                    ix: Some(Buf::from_i64(DType::I32, &[num_seqs + 1, cfg.cols], &table)),
-                    na: Some(Buf::from_i64(DType::I32, &[num_seqs + 1], &accepted)),
-                    o: Buf::nan(DType::F32, &[1, t, cfg.hv, cfg.v]),
+                    ix: Some(ints(DType::I32, &[num_seqs + 1, cfg.cols], &table)),
+                    na: Some(ints(DType::I32, &[num_seqs + 1], &accepted)),
+                    o: nan(DType::F32, &[1, t, cfg.hv, cfg.v]),
                     scale: None,
                     l2norm: true,
                     layout,
@@ -267,10 +267,10 @@ fn speculative_decode_equals_replaying_accepted_tokens() {
                 c.run(&be).unwrap();
                 for n in 0..num_seqs {
                     let lo = n * cfg.q_len;
-                    let drafts: [Buf; 5] = std::array::from_fn(|i| token_rows(&toks[i], lo, lo + cfg.q_len));
-                    let mut all: Vec<[Buf; 5]> = history[n].clone();
+                    let drafts: [HostTensor; 5] = std::array::from_fn(|i| token_rows(&toks[i], lo, lo + cfg.q_len));
+                    let mut all: Vec<[HostTensor; 5]> = history[n].clone();
                     all.push(drafts.clone());
-                    let joined: [Buf; 5] =
+                    let joined: [HostTensor; 5] =
                         std::array::from_fn(|i| concat_tokens(&all.iter().map(|x| x[i].clone()).collect::<Vec<_>>()));
                     let (o_ref, _) = replay(&joined, &s0[n], layout);
                     let tot = joined[0].shape[1];
@@ -287,7 +287,7 @@ fn speculative_decode_equals_replaying_accepted_tokens() {
                     for col in 0..cfg.q_len {
                         let mut upto = history[n].clone();
                         upto.push(std::array::from_fn(|i| token_rows(&drafts[i], 0, col + 1)));
-                        let joined: [Buf; 5] = std::array::from_fn(|i| {
+                        let joined: [HostTensor; 5] = std::array::from_fn(|i| {
                             concat_tokens(&upto.iter().map(|x| x[i].clone()).collect::<Vec<_>>())
                         });
                         let (_, st) = replay(&joined, &s0[n], layout);
@@ -331,19 +331,22 @@ fn invalid_accepted_count_gives_zeros_and_keeps_the_state() {
                     beta: Some(rng.range_buf(DType::F32, &[1, 5, hv], 0.05, 0.95)),
                     state: Some(pool.clone()),
                     final_state: None,
-                    cu: Some(Buf::from_i64(DType::I32, &[3], &[0, 3, 5])),
-                    ix: Some(Buf::from_i64(DType::I32, &[2, cols], &[1, 2, 3, 4, 5, 6])),
-                    na: Some(Buf::from_i64(DType::I32, &[2], &[bad, 2])),
-                    o: Buf::nan(DType::F32, &[1, 5, hv, v]),
+                    cu: Some(ints(DType::I32, &[3], &[0, 3, 5])),
+                    ix: Some(ints(DType::I32, &[2, cols], &[1, 2, 3, 4, 5, 6])),
+                    na: Some(ints(DType::I32, &[2], &[bad, 2])),
+                    o: nan(DType::F32, &[1, 5, hv, v]),
                     scale: None,
                     l2norm: true,
                     layout,
                 };
                 c.run(&be).unwrap();
                 let o0 = token_rows(&c.o, 0, 3);
-                assert!((0..o0.numel()).all(|i| o0.get(i) == 0.0), "{label} accepted {bad}: o must be zeros");
                 assert!(
-                    (0..2 * hv * v).all(|i| c.o.get(3 * hv * v + i).is_finite()),
+                    (0..o0.view().numel()).all(|i| o0.view().elem_f64(i) == 0.0),
+                    "{label} accepted {bad}: o must be zeros"
+                );
+                assert!(
+                    (0..2 * hv * v).all(|i| c.o.view().elem_f64(3 * hv * v + i).is_finite()),
                     "{label}: valid sequence written"
                 );
                 assert_untouched(label, &pool, c.state.as_ref().unwrap(), &[4, 5, 6]);
@@ -383,8 +386,7 @@ fn random_recurrent(rng: &mut Gen, case: usize) -> (RecCase, Vec<i64>, Vec<usize
     let state_dt = if case % 4 == 3 { DType::BF16 } else { DType::F32 };
     let io = if case.is_multiple_of(2) { DType::BF16 } else { DType::F32 };
     let headwise = case % 5 == 1;
-    let ix =
-        if multi { Buf::from_i64(DType::I64, &[n, cols], &table) } else { Buf::from_i64(DType::I32, &[n], &table) };
+    let ix = if multi { ints(DType::I64, &[n, cols], &table) } else { ints(DType::I32, &[n], &table) };
     let c = RecCase {
         q: rng.normal_buf(io, &[1, t, h, k], 1.0),
         k: rng.normal_buf(io, &[1, t, h, k], 1.0),
@@ -397,10 +399,10 @@ fn random_recurrent(rng: &mut Gen, case: usize) -> (RecCase, Vec<i64>, Vec<usize
         }),
         state: Some(rng.normal_buf(state_dt, &state_shape(layout, slots, hv, k, v), 0.5)),
         final_state: None,
-        cu: Some(Buf::from_i64(DType::I32, &[n + 1], &cu)),
+        cu: Some(ints(DType::I32, &[n + 1], &cu)),
         ix: Some(ix),
         na: None,
-        o: Buf::nan(DType::F32, &[1, t, hv, v]),
+        o: nan(DType::F32, &[1, t, hv, v]),
         scale: if case % 2 == 1 { Some(0.3) } else { None },
         l2norm: case % 6 != 5,
         layout,
@@ -454,11 +456,11 @@ fn not_in_place_final_states_match_reference() {
             g: rng.range_buf(DType::F32, &[1, t, hv], -1.0, -0.01),
             beta: None,
             state: Some(rng.normal_buf(DType::F32, &state_shape(layout, 4, hv, k, v), 0.5)),
-            final_state: Some(Buf::nan(DType::BF16, &state_shape(layout, t, hv, k, v))),
-            cu: Some(Buf::from_i64(DType::I32, &[4], &[0, 3, 3, 7])),
-            ix: Some(Buf::from_i64(DType::I32, &[3, 2], &[2, 1, 0, 0, 3, 3])),
-            na: Some(Buf::from_i64(DType::I32, &[3], &[2, 1, 1])),
-            o: Buf::nan(DType::F32, &[1, t, hv, v]),
+            final_state: Some(nan(DType::BF16, &state_shape(layout, t, hv, k, v))),
+            cu: Some(ints(DType::I32, &[4], &[0, 3, 3, 7])),
+            ix: Some(ints(DType::I32, &[3, 2], &[2, 1, 0, 0, 3, 3])),
+            na: Some(ints(DType::I32, &[3], &[2, 1, 1])),
+            o: nan(DType::F32, &[1, t, hv, v]),
             scale: None,
             l2norm: true,
             layout,
@@ -496,9 +498,9 @@ fn sigmoid_gating_matches_reference_and_gating_plus_recurrent() {
         base.k = rng.normal_buf(DType::BF16, &[1, n, h, k], 1.0);
         base.v = rng.normal_buf(DType::BF16, &[1, n, hv, v], 1.0);
         base.state = Some(rng.normal_buf(DType::F32, &state_shape(layout, n + 2, hv, k, v), 0.5));
-        base.cu = Some(Buf::from_i64(DType::I32, &[n + 1], &(0..=n as i64).collect::<Vec<_>>()));
-        base.ix = Some(Buf::from_i64(DType::I32, &[n], &[3, 0, 1, 6, 2]));
-        base.o = Buf::nan(DType::F32, &[1, n, hv, v]);
+        base.cu = Some(ints(DType::I32, &[n + 1], &(0..=n as i64).collect::<Vec<_>>()));
+        base.ix = Some(ints(DType::I32, &[n], &[3, 0, 1, 6, 2]));
+        base.o = nan(DType::F32, &[1, n, hv, v]);
         base.layout = layout;
         let a_log = rng.range_buf(DType::F32, &[hv], 0.0, 2.7);
         let a = rng.normal_buf(DType::BF16, &[n, hv], 2.0);
@@ -507,10 +509,10 @@ fn sigmoid_gating_matches_reference_and_gating_plus_recurrent() {
         let run = |c: &mut RecCase, be: &dyn Fn(Planned<FusedSigmoidGatingDeltaRuleUpdateArgs<'_>>)| {
             let r = c.args();
             let args = FusedSigmoidGatingDeltaRuleUpdateArgs {
-                a_log: a_log.r(),
-                a: a.r(),
-                b: b.r(),
-                dt_bias: dt.r(),
+                a_log: a_log.view(),
+                a: a.view(),
+                b: b.view(),
+                dt_bias: dt.view(),
                 q: r.q,
                 k: r.k,
                 v: r.v,
@@ -532,18 +534,18 @@ fn sigmoid_gating_matches_reference_and_gating_plus_recurrent() {
         let mut want = base.clone();
         run(&mut want, &|call| Reference::F32.run(call).unwrap());
         // The same call as fused_gdn_gating (g, β in f32) + fused_recurrent.
-        let mut g = Buf::nan(DType::F32, &[1, n, hv]);
-        let mut beta = Buf::nan(DType::F32, &[1, n, hv]);
+        let mut g = nan(DType::F32, &[1, n, hv]);
+        let mut beta = nan(DType::F32, &[1, n, hv]);
         {
             let args = ssm_gdn::FusedGdnGatingArgs {
-                a_log: a_log.r(),
-                a: a.r(),
-                b: b.r(),
-                dt_bias: dt.r(),
+                a_log: a_log.view(),
+                a: a.view(),
+                b: b.view(),
+                dt_bias: dt.view(),
                 beta: 1.0,
                 threshold: 20.0,
-                g: g.m(),
-                beta_output: beta.m(),
+                g: g.view_mut(),
+                beta_output: beta.view_mut(),
             };
             CpuBackend::new(Par::Seq).unwrap().run(plan(args).unwrap()).unwrap();
         }

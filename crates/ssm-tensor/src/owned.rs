@@ -53,12 +53,13 @@ impl HostTensor {
         Self::from_bytes(dtype, shape, &bytes)
     }
 
-    /// An integer tensor (I32 or I64) from i64 values.
+    /// An integer tensor (I32 or I64) from i64 values, or a Bool tensor (nonzero = true).
     pub fn from_i64(dtype: DType, shape: Vec<usize>, values: &[i64]) -> Self {
         assert_eq!(values.len(), shape.iter().product::<usize>(), "values must fill the shape");
         let bytes: Vec<u8> = match dtype {
             DType::I32 => values.iter().flat_map(|&v| (v as i32).to_le_bytes()).collect(),
             DType::I64 => values.iter().flat_map(|&v| v.to_le_bytes()).collect(),
+            DType::Bool => values.iter().map(|&v| u8::from(v != 0)).collect(),
             other => panic!("from_i64 makes index tensors, not {other}"),
         };
         Self::from_bytes(dtype, shape, &bytes)
@@ -84,6 +85,32 @@ impl HostTensor {
     pub fn view_mut(&mut self) -> TensorMut<'_> {
         let (dtype, shape) = (self.dtype, self.shape.clone());
         TensorMut::from_bytes(self.bytes_mut(), dtype, &shape).expect("a HostTensor is consistent")
+    }
+
+    /// `[.., a, b]` → `[.., b, a]` as a contiguous copy, element-exact (states handed over in
+    /// the other layout, e.g. `[.., V, K]` → `[.., K, V]`).
+    ///
+    /// # Panics
+    /// If the tensor has fewer than two dimensions.
+    pub fn transpose_last2(&self) -> HostTensor {
+        let n = self.shape.len();
+        assert!(n >= 2, "transpose_last2 of a {n}-D tensor");
+        let (a, b) = (self.shape[n - 2], self.shape[n - 1]);
+        let es = self.dtype.size();
+        let src = self.bytes();
+        let mut shape = self.shape.clone();
+        shape.swap(n - 2, n - 1);
+        let mut dst = vec![0u8; src.len()];
+        for m in 0..src.len() / (a * b * es).max(1) {
+            let base = m * a * b * es;
+            for i in 0..a {
+                for j in 0..b {
+                    let (s, d) = (base + (i * b + j) * es, base + (j * a + i) * es);
+                    dst[d..d + es].copy_from_slice(&src[s..s + es]);
+                }
+            }
+        }
+        HostTensor::from_bytes(self.dtype, shape, &dst)
     }
 
     /// Elements as f64 (floats, ints and bools), row-major.
