@@ -18,6 +18,7 @@ use ssm_conv::{Activation, CausalConv1dFnArgs, CausalConv1dUpdateArgs, ConvState
 use ssm_gdn::{
     ChunkGatedDeltaRuleArgs, FusedGdnGatingArgs, FusedSigmoidGatingDeltaRuleUpdateArgs, GdnError, StateLayout,
 };
+use ssm_tensor::ArgError;
 use ssm_tensor::{DType, Device, HostTensor, TensorMut, TensorRef};
 
 use crate::{Error, Runtime};
@@ -96,7 +97,7 @@ pub struct GdnAttentionCoreArgs<'a> {
 }
 
 fn meta_err(arg: &'static str, needs: &'static str) -> Error {
-    Error::Gdn(GdnError::Requires { arg, needs })
+    Error::Gdn(GdnError::from(ArgError::Requires { arg, needs }))
 }
 
 fn host_rows<'a>(t: &TensorRef<'a>) -> Result<&'a [u8], Error> {
@@ -108,10 +109,18 @@ fn index_list(t: Option<&TensorRef<'_>>, n: usize, arg: &'static str) -> Result<
     let t = t.ok_or_else(|| meta_err(arg, "a value for this batch"))?;
     host_rows(t)?;
     if t.rank() != 1 || t.shape()[0] < n {
-        return Err(Error::Gdn(GdnError::Shape { arg, expected: format!("[{n}]"), actual: t.shape().to_vec() }));
+        return Err(Error::Gdn(GdnError::from(ArgError::Shape {
+            arg,
+            expected: format!("[{n}]"),
+            actual: t.shape().to_vec(),
+        })));
     }
     (0..n)
-        .map(|i| t.get_i64(&[i]).map(|v| v as usize).map_err(|source| Error::Gdn(GdnError::Tensor { arg, source })))
+        .map(|i| {
+            t.get_i64(&[i])
+                .map(|v| v as usize)
+                .map_err(|source| Error::Gdn(GdnError::from(ArgError::Tensor { arg, source })))
+        })
         .collect()
 }
 
@@ -119,15 +128,19 @@ fn index_list(t: Option<&TensorRef<'_>>, n: usize, arg: &'static str) -> Result<
 fn gather_rows(t: &TensorRef<'_>, rows: &[usize], arg: &'static str) -> Result<HostTensor, Error> {
     let bytes = host_rows(t)?;
     let [n, cols] = *t.shape() else {
-        return Err(Error::Gdn(GdnError::Shape { arg, expected: "[T, dim]".into(), actual: t.shape().to_vec() }));
+        return Err(Error::Gdn(GdnError::from(ArgError::Shape {
+            arg,
+            expected: "[T, dim]".into(),
+            actual: t.shape().to_vec(),
+        })));
     };
     if t.strides()[1] != 1 && cols > 1 {
-        return Err(Error::Gdn(GdnError::Strides {
+        return Err(Error::Gdn(GdnError::from(ArgError::Strides {
             arg,
             what: "contiguous along its last axis",
             shape: t.shape().to_vec(),
             strides: t.strides().to_vec(),
-        }));
+        })));
     }
     let es = t.dtype().size();
     let mut out = HostTensor::filled(t.dtype(), vec![rows.len(), cols], 0.0);
@@ -156,7 +169,7 @@ fn path_rows(ts: [&TensorRef<'_>; 3], rows: &[usize]) -> Result<[HostTensor; 3],
 /// An `[n]` view of column 0 of an `[n, ·]` slot table (or of an `[n]` table itself).
 fn first_column<'a>(t: TensorRef<'a>, n: usize, arg: &'static str) -> Result<TensorRef<'a>, Error> {
     t.with_layout(&[n], &[t.strides()[0]], t.layout().offset())
-        .map_err(|source| Error::Gdn(GdnError::Tensor { arg, source }))
+        .map_err(|source| Error::Gdn(GdnError::from(ArgError::Tensor { arg, source })))
 }
 
 /// Writes row `i` of `src` (`[n, HV·V]` contiguous) to row `rows[i]` of `dst` (`[T, HV, V]`).
@@ -169,12 +182,12 @@ fn scatter_rows(src: &HostTensor, rows: &[usize], dst: &mut TensorMut<'_>) -> Re
         || dst.strides()[2] != 1
         || dst.strides()[1] != dst.shape()[2] as isize
     {
-        return Err(Error::Gdn(GdnError::Strides {
+        return Err(Error::Gdn(GdnError::from(ArgError::Strides {
             arg: "core_attn_out",
             what: "row-contiguous [T, HV, V] in the dtype of mixed_qkv",
             shape: dst.shape().to_vec(),
             strides: dst.strides().to_vec(),
-        }));
+        })));
     }
     let device = dst.device();
     let out = dst.host_bytes_mut().ok_or(Error::Gdn(GdnError::NotHost { arg: "core_attn_out", device }))?;
@@ -222,7 +235,7 @@ fn qkv_views(
     let view = |shape: &[usize], strides: &[isize], off: usize| {
         x.view()
             .with_layout(shape, strides, off)
-            .map_err(|source| Error::Gdn(GdnError::Tensor { arg: "mixed_qkv", source }))
+            .map_err(|source| Error::Gdn(GdnError::from(ArgError::Tensor { arg: "mixed_qkv", source })))
     };
     Ok([
         view(&[1, n, h, kd], &[0, cd, kd as isize, 1], 0)?,
@@ -306,11 +319,11 @@ impl Runtime {
         } = args;
         let st = ssm_state.shape().to_vec();
         if st.len() != 4 {
-            return Err(Error::Gdn(GdnError::Shape {
+            return Err(Error::Gdn(GdnError::from(ArgError::Shape {
                 arg: "ssm_state",
                 expected: "[slots, HV, ·, ·]".into(),
                 actual: st,
-            }));
+            })));
         }
         let (hv, kd, vd) = match ssm_state_layout {
             StateLayout::VK => (st[1], st[3], st[2]),
@@ -318,11 +331,11 @@ impl Runtime {
         };
         let conv_dim = mixed_qkv.shape().get(1).copied().unwrap_or(0);
         if num_k_heads == 0 || conv_dim != 2 * num_k_heads * kd + hv * vd {
-            return Err(Error::Gdn(GdnError::Shape {
+            return Err(Error::Gdn(GdnError::from(ArgError::Shape {
                 arg: "mixed_qkv",
                 expected: format!("[T, 2·H·K + HV·V = {}]", 2 * num_k_heads * kd + hv * vd),
                 actual: mixed_qkv.shape().to_vec(),
-            }));
+            })));
         }
         let h = num_k_heads;
         let io = mixed_qkv.dtype();

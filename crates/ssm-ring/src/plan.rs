@@ -1,3 +1,4 @@
+use ssm_tensor::ArgError;
 use ssm_tensor::{DType, Device, SlotUse, TensorMut, TensorRef, first_slot_conflict};
 
 use crate::{CheckpointingSsu, CommitRingTrackers, RingError, RingTrackers, UpdateRingTrackers};
@@ -74,20 +75,32 @@ impl TrackerPlan {
 }
 
 fn check_index_dtype(arg: &'static str, t: &TensorRef<'_>) -> Result<(), RingError> {
-    if t.dtype().is_index() { Ok(()) } else { Err(RingError::DType { arg, expected: "i32 or i64", actual: t.dtype() }) }
+    if t.dtype().is_index() {
+        Ok(())
+    } else {
+        Err(RingError::from(ArgError::DType { arg, expected: "i32 or i64".into(), actual: t.dtype() }))
+    }
 }
 
 fn check_float(arg: &'static str, dtype: DType) -> Result<(), RingError> {
-    if dtype.is_float() { Ok(()) } else { Err(RingError::DType { arg, expected: "f32, f16 or bf16", actual: dtype }) }
+    if dtype.is_float() {
+        Ok(())
+    } else {
+        Err(RingError::from(ArgError::DType { arg, expected: "f32, f16 or bf16".into(), actual: dtype }))
+    }
 }
 
 fn check_device(arg: &'static str, reference: &'static str, expected: Device, actual: Device) -> Result<(), RingError> {
-    if actual == expected { Ok(()) } else { Err(RingError::Device { arg, reference, expected, actual }) }
+    if actual == expected {
+        Ok(())
+    } else {
+        Err(RingError::from(ArgError::Device { arg, reference, expected, actual }))
+    }
 }
 
 fn vector(arg: &'static str, t: &TensorRef<'_>) -> Result<Strided1, RingError> {
     if t.rank() != 1 {
-        return Err(RingError::Shape { arg, expected: "[n] (1-D)".into(), actual: t.shape().to_vec() });
+        return Err(RingError::from(ArgError::Shape { arg, expected: "[n] (1-D)".into(), actual: t.shape().to_vec() }));
     }
     Ok(Strided1 { offset: t.layout().offset(), stride: t.strides()[0] })
 }
@@ -100,7 +113,11 @@ fn slot_column(arg: &'static str, t: &TensorRef<'_>) -> Result<(Strided1, usize)
         2 if t.shape()[1] >= 1 || t.shape()[0] == 0 => {
             Ok((Strided1 { offset: t.layout().offset(), stride: t.strides()[0] }, t.shape()[0]))
         }
-        _ => Err(RingError::Shape { arg, expected: "[n] or [n, width >= 1]".into(), actual: t.shape().to_vec() }),
+        _ => Err(RingError::from(ArgError::Shape {
+            arg,
+            expected: "[n] or [n, width >= 1]".into(),
+            actual: t.shape().to_vec(),
+        })),
     }
 }
 
@@ -115,18 +132,22 @@ fn trackers_plan(tr: &RingTrackers<'_>) -> Result<(DType, usize, [Strided1; 3], 
     for (k, (arg, t)) in ts.iter().enumerate() {
         check_device(arg, "ring_start", device, t.device())?;
         if !t.dtype().is_index() {
-            return Err(RingError::DType { arg, expected: "i32 or i64", actual: t.dtype() });
+            return Err(RingError::from(ArgError::DType { arg, expected: "i32 or i64".into(), actual: t.dtype() }));
         }
         if t.rank() != 1 {
-            return Err(RingError::Shape { arg, expected: "[num_states] (1-D)".into(), actual: t.shape().to_vec() });
+            return Err(RingError::from(ArgError::Shape {
+                arg,
+                expected: "[num_states] (1-D)".into(),
+                actual: t.shape().to_vec(),
+            }));
         }
         if t.shape()[0] > 1 && t.strides()[0] == 0 {
-            return Err(RingError::Strides {
+            return Err(RingError::from(ArgError::Strides {
                 arg,
                 what: "written, so its entries must not overlap (stride != 0)",
                 shape: t.shape().to_vec(),
                 strides: t.strides().to_vec(),
-            });
+            }));
         }
         strided[k] = Strided1 { offset: t.layout().offset(), stride: t.strides()[0] };
     }
@@ -162,8 +183,9 @@ pub(crate) fn plan_update(args: &UpdateRingTrackers<'_>) -> Result<TrackerPlan, 
     let mode = match args.logical_window {
         None => TrackerMode::Reset,
         Some(w) => {
-            let l =
-                args.ring_buffer_len.ok_or(RingError::Requires { arg: "logical_window", needs: "ring_buffer_len" })?;
+            let l = args
+                .ring_buffer_len
+                .ok_or(RingError::from(ArgError::Requires { arg: "logical_window", needs: "`ring_buffer_len`" }))?;
             window_values(w, l)?;
             TrackerMode::Advance { logical_window: w, ring_buffer_len: l }
         }
@@ -195,18 +217,18 @@ pub(crate) fn plan_commit(args: &CommitRingTrackers<'_>) -> Result<TrackerPlan, 
     let acc = vector("num_accepted_tokens", &args.num_accepted_tokens)?;
     let qsl = vector("query_start_loc", &args.query_start_loc)?;
     if args.num_accepted_tokens.shape()[0] < rows {
-        return Err(RingError::Shape {
+        return Err(RingError::from(ArgError::Shape {
             arg: "num_accepted_tokens",
             expected: format!("[>= n={rows}]"),
             actual: args.num_accepted_tokens.shape().to_vec(),
-        });
+        }));
     }
     if args.query_start_loc.shape()[0] < rows + 1 {
-        return Err(RingError::Shape {
+        return Err(RingError::from(ArgError::Shape {
             arg: "query_start_loc",
             expected: format!("[>= n+1={}]", rows + 1),
             actual: args.query_start_loc.shape().to_vec(),
-        });
+        }));
     }
     Ok(TrackerPlan {
         device,
@@ -382,12 +404,12 @@ fn dims(names: &[&str], vals: &[usize]) -> String {
 
 fn unit_last(arg: &'static str, shape: &[usize], strides: &[isize]) -> Result<(), RingError> {
     match (shape.last(), strides.last()) {
-        (Some(&n), Some(&s)) if n > 1 && s != 1 => Err(RingError::Strides {
+        (Some(&n), Some(&s)) if n > 1 && s != 1 => Err(RingError::from(ArgError::Strides {
             arg,
             what: "contiguous along the last axis (stride 1)",
             shape: shape.to_vec(),
             strides: strides.to_vec(),
-        }),
+        })),
         _ => Ok(()),
     }
 }
@@ -433,7 +455,7 @@ fn token_tensor(
         } else {
             dims(&names, &vals)
         };
-        return Err(RingError::Shape { arg, expected, actual: shape.to_vec() });
+        return Err(RingError::from(ArgError::Shape { arg, expected, actual: shape.to_vec() }));
     }
     let st = t.strides();
     let (seq, token) = lead.strides(st);
@@ -442,12 +464,12 @@ fn token_tensor(
     }
     if per_head {
         if tail[1] > 1 && st[r + 1] != 0 {
-            return Err(RingError::Strides {
+            return Err(RingError::from(ArgError::Strides {
                 arg,
                 what: "one value per head (stride 0 along dim)",
                 shape: shape.to_vec(),
                 strides: st.to_vec(),
-            });
+            }));
         }
     } else {
         unit_last(arg, shape, st)?;
@@ -476,26 +498,26 @@ fn head_param(
         return Ok(HeadParam { offset: t.layout().offset(), head: st[0], dim: 0 });
     }
     if shape != full.as_slice() {
-        return Err(RingError::Shape {
+        return Err(RingError::from(ArgError::Shape {
             arg,
             expected: format!("[heads={heads}] or {}", dims(names, &full)),
             actual: shape.to_vec(),
-        });
+        }));
     }
     if tied && st[1..].iter().zip(&shape[1..]).any(|(&s, &n)| n > 1 && s != 0) {
-        return Err(RingError::Strides {
+        return Err(RingError::from(ArgError::Strides {
             arg,
             what: "one value per head (stride 0 along dim and dstate)",
             shape: shape.to_vec(),
             strides: st.to_vec(),
-        });
+        }));
     }
     Ok(HeadParam { offset: t.layout().offset(), head: st[0], dim: if tied { 0 } else { st[1] } })
 }
 
 fn pool(arg: &'static str, t: &TensorMut<'_>, names: &[&str], want: &[usize]) -> Result<PoolStrides, RingError> {
     if t.shape() != want {
-        return Err(RingError::Shape { arg, expected: dims(names, want), actual: t.shape().to_vec() });
+        return Err(RingError::from(ArgError::Shape { arg, expected: dims(names, want), actual: t.shape().to_vec() }));
     }
     let mut s = [0isize; 4];
     s[..want.len()].copy_from_slice(t.strides());
@@ -534,7 +556,11 @@ pub(crate) fn plan_checkpointing_ssu(args: &CheckpointingSsu<'_>) -> Result<Chec
     check_float("x_cache", args.x_cache.dtype())?;
     check_float("B_cache", args.b_cache.dtype())?;
     if args.dt_cache.dtype() != DType::F32 {
-        return Err(RingError::DType { arg: "dt_cache", expected: "f32", actual: args.dt_cache.dtype() });
+        return Err(RingError::from(ArgError::DType {
+            arg: "dt_cache",
+            expected: "f32".into(),
+            actual: args.dt_cache.dtype(),
+        }));
     }
     for (arg, d) in [("x", args.x.dtype()), ("dt", args.dt.dtype()), ("B", args.b.dtype()), ("C", args.c.dtype())] {
         check_float(arg, d)?;
@@ -549,22 +575,22 @@ pub(crate) fn plan_checkpointing_ssu(args: &CheckpointingSsu<'_>) -> Result<Chec
     // The state pool fixes cache, heads, dim, dstate.
     let ss = args.state.shape();
     if ss.len() != 4 {
-        return Err(RingError::Shape {
+        return Err(RingError::from(ArgError::Shape {
             arg: "state",
             expected: "[cache, heads, dim, dstate]".into(),
             actual: ss.to_vec(),
-        });
+        }));
     }
     let (cache, heads, dim, dstate) = (ss[0], ss[1], ss[2], ss[3]);
     unit_last("state", ss, args.state.strides())?;
     let state = pool("state", &args.state, &["cache", "heads", "dim", "dstate"], ss)?;
     let xs = args.x_cache.shape();
     if xs.len() != 4 {
-        return Err(RingError::Shape {
+        return Err(RingError::from(ArgError::Shape {
             arg: "x_cache",
             expected: format!("[cache={cache}, heads={heads}, L, dim={dim}]"),
             actual: xs.to_vec(),
-        });
+        }));
     }
     let ring_len = xs[2];
     let x_cache = pool("x_cache", &args.x_cache, &["cache", "heads", "L", "dim"], &[cache, heads, ring_len, dim])?;
@@ -575,12 +601,16 @@ pub(crate) fn plan_checkpointing_ssu(args: &CheckpointingSsu<'_>) -> Result<Chec
         pool("B_cache", &args.b_cache, &["cache", "groups", "L", "dstate"], &[cache, groups.max(1), ring_len, dstate])?;
     unit_last("B_cache", bs, args.b_cache.strides())?;
     if groups == 0 || heads % groups != 0 {
-        return Err(RingError::HeadsNotDivisible { heads, groups });
+        return Err(RingError::from(ArgError::HeadsNotDivisible { heads, groups, heads_from: "x" }));
     }
     let dt_cache = pool("dt_cache", &args.dt_cache, &["cache", "heads", "L"], &[cache, heads, ring_len])?;
     for (arg, t) in [("ring_start", &args.ring_start), ("prev_num_accepted_tokens", &args.prev_num_accepted_tokens)] {
         if t.shape() != [cache] {
-            return Err(RingError::Shape { arg, expected: format!("[cache={cache}]"), actual: t.shape().to_vec() });
+            return Err(RingError::from(ArgError::Shape {
+                arg,
+                expected: format!("[cache={cache}]"),
+                actual: t.shape().to_vec(),
+            }));
         }
     }
     let ring_start = vector("ring_start", &args.ring_start)?;
@@ -602,20 +632,20 @@ pub(crate) fn plan_checkpointing_ssu(args: &CheckpointingSsu<'_>) -> Result<Chec
             (TokenForm::Varlen, Lead { form: TokenForm::Varlen, names: ["1", "total"], vals: [1, xsh[1]], rank: 2 })
         }
         (None, _) => {
-            return Err(RingError::Shape {
+            return Err(RingError::from(ArgError::Shape {
                 arg: "x",
                 expected: format!("[batch, heads={heads}, dim={dim}] or [batch, T, heads={heads}, dim={dim}]"),
                 actual: xsh.to_vec(),
-            });
+            }));
         }
         (Some(_), _) => {
-            return Err(RingError::Shape {
+            return Err(RingError::from(ArgError::Shape {
                 arg: "x",
                 expected: format!(
                     "[total, heads={heads}, dim={dim}] or [1, total, heads={heads}, dim={dim}] with `cu_seqlens`"
                 ),
                 actual: xsh.to_vec(),
-            });
+            }));
         }
     };
     let hp = ["heads", "dim"];
@@ -636,18 +666,20 @@ pub(crate) fn plan_checkpointing_ssu(args: &CheckpointingSsu<'_>) -> Result<Chec
         TokenForm::Varlen => {
             let cu = args.cu_seqlens.as_ref().expect("varlen form has cu_seqlens");
             if cu.rank() != 1 || cu.shape()[0] == 0 {
-                return Err(RingError::Shape {
+                return Err(RingError::from(ArgError::Shape {
                     arg: "cu_seqlens",
                     expected: "[batch + 1]".into(),
                     actual: cu.shape().to_vec(),
-                });
+                }));
             }
-            let t = args.max_seqlen.ok_or(RingError::Requires { arg: "cu_seqlens", needs: "max_seqlen" })?;
+            let t = args
+                .max_seqlen
+                .ok_or(RingError::from(ArgError::Requires { arg: "cu_seqlens", needs: "`max_seqlen`" }))?;
             (cu.shape()[0] - 1, t, Some(vector("cu_seqlens", cu)?))
         }
     };
     if args.max_seqlen.is_some() && form != TokenForm::Varlen {
-        return Err(RingError::Requires { arg: "max_seqlen", needs: "cu_seqlens" });
+        return Err(RingError::from(ArgError::Requires { arg: "max_seqlen", needs: "`cu_seqlens`" }));
     }
     let window = ring_len as i64 - tokens as i64;
     if (tokens as i64) > window {
@@ -657,20 +689,20 @@ pub(crate) fn plan_checkpointing_ssu(args: &CheckpointingSsu<'_>) -> Result<Chec
         Some(t) => {
             let (col, n) = slot_column("state_batch_indices", t)?;
             if n < batch {
-                return Err(RingError::Shape {
+                return Err(RingError::from(ArgError::Shape {
                     arg: "state_batch_indices",
                     expected: format!("[>= batch={batch}] or [>= batch={batch}, width]"),
                     actual: t.shape().to_vec(),
-                });
+                }));
             }
             Some(col)
         }
         None => {
             if batch > cache {
-                return Err(RingError::Requires {
+                return Err(RingError::from(ArgError::Requires {
                     arg: "a batch larger than the state pool",
-                    needs: "state_batch_indices",
-                });
+                    needs: "`state_batch_indices`",
+                }));
             }
             None
         }

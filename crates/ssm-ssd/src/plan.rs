@@ -1,3 +1,4 @@
+use ssm_tensor::ArgError;
 use ssm_tensor::{DType, Device, TensorRef};
 
 use crate::{MambaChunkScanCombinedVarlen, SsdError};
@@ -213,15 +214,19 @@ fn dims(names: &[&str], vals: &[usize]) -> String {
 }
 
 fn float(arg: &'static str, d: DType) -> Result<(), SsdError> {
-    if d.is_float() { Ok(()) } else { Err(SsdError::DType { arg, expected: "f32, f16 or bf16".into(), actual: d }) }
+    if d.is_float() {
+        Ok(())
+    } else {
+        Err(SsdError::from(ArgError::DType { arg, expected: "f32, f16 or bf16".into(), actual: d }))
+    }
 }
 
 fn index(arg: &'static str, t: &TensorRef<'_>) -> Result<Strided1, SsdError> {
     if !t.dtype().is_index() {
-        return Err(SsdError::DType { arg, expected: "i32 or i64".into(), actual: t.dtype() });
+        return Err(SsdError::from(ArgError::DType { arg, expected: "i32 or i64".into(), actual: t.dtype() }));
     }
     if t.rank() != 1 {
-        return Err(SsdError::Shape { arg, expected: "1-D".into(), actual: t.shape().to_vec() });
+        return Err(SsdError::from(ArgError::Shape { arg, expected: "1-D".into(), actual: t.shape().to_vec() }));
     }
     Ok(Strided1 { offset: t.layout().offset(), stride: t.strides()[0] })
 }
@@ -235,16 +240,16 @@ fn shaped(
 ) -> Result<Strided3, SsdError> {
     float(arg, t.dtype())?;
     if t.shape() != want {
-        return Err(SsdError::Shape { arg, expected: dims(names, want), actual: t.shape().to_vec() });
+        return Err(SsdError::from(ArgError::Shape { arg, expected: dims(names, want), actual: t.shape().to_vec() }));
     }
     let st = t.strides();
     if unit_last && want.last().is_some_and(|&n| n > 1) && st.last() != Some(&1) {
-        return Err(SsdError::Strides {
+        return Err(SsdError::from(ArgError::Strides {
             arg,
             what: "contiguous along the last axis (stride 1)",
             shape: t.shape().to_vec(),
             strides: st.to_vec(),
-        });
+        }));
     }
     let mut s = [0isize; 3];
     s[..st.len()].copy_from_slice(st);
@@ -257,17 +262,17 @@ fn state4(arg: &'static str, t: &TensorRef<'_>, want: &[usize; 4], row_name: &st
         return Err(if arg == "initial_states" {
             SsdError::InitialStatesBatch { expected, actual: t.shape().to_vec() }
         } else {
-            SsdError::Shape { arg, expected, actual: t.shape().to_vec() }
+            SsdError::from(ArgError::Shape { arg, expected, actual: t.shape().to_vec() })
         });
     }
     let st = t.strides();
     if want[3] > 1 && st[3] != 1 {
-        return Err(SsdError::Strides {
+        return Err(SsdError::from(ArgError::Strides {
             arg,
             what: "contiguous along dstate (last stride 1)",
             shape: t.shape().to_vec(),
             strides: st.to_vec(),
-        });
+        }));
     }
     Ok(Strided4 { offset: t.layout().offset(), s: [st[0], st[1], st[2], st[3]] })
 }
@@ -278,7 +283,11 @@ fn state4(arg: &'static str, t: &TensorRef<'_>, want: &[usize; 4], row_name: &st
 pub(crate) fn plan(args: &MambaChunkScanCombinedVarlen<'_>) -> Result<SsdPlan, SsdError> {
     let device = args.x.device();
     let dev = |arg: &'static str, d: Device| {
-        if d == device { Ok(()) } else { Err(SsdError::Device { arg, expected: device, actual: d }) }
+        if d == device {
+            Ok(())
+        } else {
+            Err(SsdError::from(ArgError::Device { arg, expected: device, actual: d, reference: "x" }))
+        }
     };
     for (arg, t) in [
         ("dt", &args.dt),
@@ -310,20 +319,24 @@ pub(crate) fn plan(args: &MambaChunkScanCombinedVarlen<'_>) -> Result<SsdPlan, S
     float("x", args.x.dtype())?;
     let xs = args.x.shape();
     if xs.len() != 3 {
-        return Err(SsdError::Shape { arg: "x", expected: "[tokens, heads, dim]".into(), actual: xs.to_vec() });
+        return Err(SsdError::from(ArgError::Shape {
+            arg: "x",
+            expected: "[tokens, heads, dim]".into(),
+            actual: xs.to_vec(),
+        }));
     }
     let (tokens, heads, dim) = (xs[0], xs[1], xs[2]);
     let bs = args.b.shape();
     if bs.len() != 3 {
-        return Err(SsdError::Shape {
+        return Err(SsdError::from(ArgError::Shape {
             arg: "B",
             expected: format!("[tokens={tokens}, groups, dstate]"),
             actual: bs.to_vec(),
-        });
+        }));
     }
     let (groups, dstate) = (bs[1], bs[2]);
     if groups == 0 || heads % groups != 0 {
-        return Err(SsdError::HeadsNotDivisible { heads, groups });
+        return Err(SsdError::from(ArgError::HeadsNotDivisible { heads, groups, heads_from: "x" }));
     }
     let thp = ["tokens", "heads", "dim"];
     let tgn = ["tokens", "groups", "dstate"];
@@ -338,12 +351,12 @@ pub(crate) fn plan(args: &MambaChunkScanCombinedVarlen<'_>) -> Result<SsdPlan, S
             let r = o.as_ref();
             let s = shaped("out", &r, &thp, &[tokens, heads, dim], true)?;
             if tokens * heads > 1 && (s.s[0] == 0 || s.s[1] == 0) {
-                return Err(SsdError::Strides {
+                return Err(SsdError::from(ArgError::Strides {
                     arg: "out",
                     what: "written, so its elements must not overlap (no stride 0)",
                     shape: r.shape().to_vec(),
                     strides: r.strides().to_vec(),
-                });
+                }));
             }
             Some(s)
         }
@@ -356,9 +369,11 @@ pub(crate) fn plan(args: &MambaChunkScanCombinedVarlen<'_>) -> Result<SsdPlan, S
             Some(Strided3 { offset: t.layout().offset(), s: [t.strides()[0], 0, 0] })
         }
         Some(t) => Some(shaped("D", t, &["heads", "dim"], &[heads, dim], false).map_err(|e| match e {
-            SsdError::Shape { arg, actual, .. } => {
-                SsdError::Shape { arg, expected: format!("[heads={heads}] or [heads={heads}, dim={dim}]"), actual }
-            }
+            SsdError::Arg(ArgError::Shape { arg, actual, .. }) => SsdError::from(ArgError::Shape {
+                arg,
+                expected: format!("[heads={heads}] or [heads={heads}, dim={dim}]"),
+                actual,
+            }),
             e => e,
         })?),
     };
@@ -383,22 +398,30 @@ pub(crate) fn plan(args: &MambaChunkScanCombinedVarlen<'_>) -> Result<SsdPlan, S
     let seq_idx = index("seq_idx", &args.seq_idx)?;
     let cu_len = args.cu_chunk_seqlens.shape()[0];
     if cu_len == 0 {
-        return Err(SsdError::Shape { arg: "cu_chunk_seqlens", expected: "[nchunks + 1]".into(), actual: vec![0] });
+        return Err(SsdError::from(ArgError::Shape {
+            arg: "cu_chunk_seqlens",
+            expected: "[nchunks + 1]".into(),
+            actual: vec![0],
+        }));
     }
     let nchunks = cu_len - 1;
     if args.seq_idx.shape() != [nchunks] {
         return Err(SsdError::SeqIdxLength { nchunks, cu_len, actual: args.seq_idx.shape().to_vec() });
     }
     if args.cu_seqlens.shape()[0] == 0 {
-        return Err(SsdError::Shape { arg: "cu_seqlens", expected: "[batch + 1]".into(), actual: vec![0] });
+        return Err(SsdError::from(ArgError::Shape {
+            arg: "cu_seqlens",
+            expected: "[batch + 1]".into(),
+            actual: vec![0],
+        }));
     }
     let batch = args.cu_seqlens.shape()[0] - 1;
     if args.last_chunk_indices.shape() != [batch] {
-        return Err(SsdError::Shape {
+        return Err(SsdError::from(ArgError::Shape {
             arg: "last_chunk_indices",
             expected: format!("[batch={batch}] (batch from `cu_seqlens`)"),
             actual: args.last_chunk_indices.shape().to_vec(),
-        });
+        }));
     }
 
     let state_dtype = args.state_dtype.unwrap_or(args.c.dtype());
