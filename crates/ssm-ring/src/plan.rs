@@ -1,24 +1,7 @@
 use ssm_tensor::ArgError;
-use ssm_tensor::{DType, Device, SlotUse, TensorMut, TensorRef, first_slot_conflict};
+use ssm_tensor::{DType, Device, SlotUse, Strided, TensorMut, TensorRef, first_slot_conflict};
 
 use crate::{CheckpointingSsu, CommitRingTrackers, RingError, RingTrackers, UpdateRingTrackers};
-
-/// Element `i` of a 1-D (or column-0) view: `offset + i·stride` in the borrowed memory.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Strided1 {
-    /// Element offset of entry 0.
-    pub offset: usize,
-    /// Stride between entries, in elements.
-    pub stride: isize,
-}
-
-impl Strided1 {
-    /// Memory index of entry `i`.
-    #[inline]
-    pub fn at(&self, i: usize) -> usize {
-        (self.offset as isize + i as isize * self.stride) as usize
-    }
-}
 
 /// What a tracker call does to each valid slot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,13 +38,13 @@ pub struct TrackerPlan {
     /// Dtype of the three trackers (i32 or i64).
     pub tracker_dtype: DType,
     /// `ring_start`, `prev_num_accepted`, `prev_query_len` element access.
-    pub trackers: [Strided1; 3],
+    pub trackers: [Strided<1>; 3],
     /// Column 0 of `state_batch_indices`.
-    pub index: Strided1,
+    pub index: Strided<1>,
     /// `num_accepted_tokens` (commit only).
-    pub num_accepted_tokens: Option<Strided1>,
+    pub num_accepted_tokens: Option<Strided<1>>,
     /// `query_start_loc` (commit only).
-    pub query_start_loc: Option<Strided1>,
+    pub query_start_loc: Option<Strided<1>>,
     /// The pad value.
     pub pad_slot_id: Option<i64>,
 }
@@ -98,20 +81,20 @@ fn check_device(arg: &'static str, reference: &'static str, expected: Device, ac
     }
 }
 
-fn vector(arg: &'static str, t: &TensorRef<'_>) -> Result<Strided1, RingError> {
+fn vector(arg: &'static str, t: &TensorRef<'_>) -> Result<Strided<1>, RingError> {
     if t.rank() != 1 {
         return Err(RingError::from(ArgError::Shape { arg, expected: "[n] (1-D)".into(), actual: t.shape().to_vec() }));
     }
-    Ok(Strided1 { offset: t.layout().offset(), stride: t.strides()[0] })
+    Ok(Strided::for_arg(arg, t.layout(), [t.strides()[0]])?)
 }
 
 /// Column 0 of a `[n]` or `[n, width]` slot table, and `n`.
-fn slot_column(arg: &'static str, t: &TensorRef<'_>) -> Result<(Strided1, usize), RingError> {
+fn slot_column(arg: &'static str, t: &TensorRef<'_>) -> Result<(Strided<1>, usize), RingError> {
     check_index_dtype(arg, t)?;
     match t.rank() {
-        1 => Ok((Strided1 { offset: t.layout().offset(), stride: t.strides()[0] }, t.shape()[0])),
+        1 => Ok((Strided::for_arg(arg, t.layout(), [t.strides()[0]])?, t.shape()[0])),
         2 if t.shape()[1] >= 1 || t.shape()[0] == 0 => {
-            Ok((Strided1 { offset: t.layout().offset(), stride: t.strides()[0] }, t.shape()[0]))
+            Ok((Strided::for_arg(arg, t.layout(), [t.strides()[0]])?, t.shape()[0]))
         }
         _ => Err(RingError::from(ArgError::Shape {
             arg,
@@ -121,14 +104,14 @@ fn slot_column(arg: &'static str, t: &TensorRef<'_>) -> Result<(Strided1, usize)
     }
 }
 
-fn trackers_plan(tr: &RingTrackers<'_>) -> Result<(DType, usize, [Strided1; 3], Device), RingError> {
+fn trackers_plan(tr: &RingTrackers<'_>) -> Result<(DType, usize, [Strided<1>; 3], Device), RingError> {
     let ts: [(&'static str, &TensorMut<'_>); 3] = [
         ("ring_start", &tr.ring_start),
         ("prev_num_accepted", &tr.prev_num_accepted),
         ("prev_query_len", &tr.prev_query_len),
     ];
     let device = tr.ring_start.device();
-    let mut strided = [Strided1 { offset: 0, stride: 0 }; 3];
+    let mut strided = [Strided { offset: 0, strides: [0] }; 3];
     for (k, (arg, t)) in ts.iter().enumerate() {
         check_device(arg, "ring_start", device, t.device())?;
         if !t.dtype().is_index() {
@@ -149,7 +132,7 @@ fn trackers_plan(tr: &RingTrackers<'_>) -> Result<(DType, usize, [Strided1; 3], 
                 strides: t.strides().to_vec(),
             }));
         }
-        strided[k] = Strided1 { offset: t.layout().offset(), stride: t.strides()[0] };
+        strided[k] = Strided::for_arg(arg, t.layout(), [t.strides()[0]])?;
     }
     let lens = [tr.ring_start.numel(), tr.prev_num_accepted.numel(), tr.prev_query_len.numel()];
     let dtypes = [tr.ring_start.dtype(), tr.prev_num_accepted.dtype(), tr.prev_query_len.dtype()];
@@ -255,73 +238,17 @@ pub enum TokenForm {
     Varlen,
 }
 
-/// Element access of a per-token tensor: `offset + seq·seq_stride + token·token_stride + i·s_i + j·s_j`.
-/// In the varlen form `seq_stride` is 0 and `token` is the packed token index.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TokenStrides {
-    /// Element offset.
-    pub offset: usize,
-    /// Stride of the sequence axis.
-    pub seq: isize,
-    /// Stride of the token axis.
-    pub token: isize,
-    /// Stride of the head (or group) axis.
-    pub i: isize,
-    /// Stride of the last axis (0 for a per-head `dt`).
-    pub j: isize,
-}
+/// Element `[seq, token, i, j]` of a per-token tensor, `i` the head (or group) and `j` the
+/// last axis (stride 0 for a per-head `dt`). In the varlen form the sequence stride is 0 and
+/// `token` is the packed token index.
+pub type TokenStrides = Strided<4>;
 
-impl TokenStrides {
-    /// Memory index of element `[seq, token, i, j]`.
-    #[inline]
-    pub fn at(&self, seq: usize, token: usize, i: usize, j: usize) -> usize {
-        (self.offset as isize
-            + seq as isize * self.seq
-            + token as isize * self.token
-            + i as isize * self.i
-            + j as isize * self.j) as usize
-    }
-}
+/// Element `[a, b, c, d]` of a 4-D pool (`state`, `x_cache`, `B_cache`) or of the 3-D
+/// `dt_cache` (last stride 0).
+pub type PoolStrides = Strided<4>;
 
-/// Element access of a 4-D pool (`state`, `x_cache`, `B_cache`) or 3-D (`dt_cache`, last stride 0).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PoolStrides {
-    /// Element offset.
-    pub offset: usize,
-    /// Strides of the four axes.
-    pub s: [isize; 4],
-}
-
-impl PoolStrides {
-    /// Memory index of element `[a, b, c, d]`.
-    #[inline]
-    pub fn at(&self, a: usize, b: usize, c: usize, d: usize) -> usize {
-        (self.offset as isize
-            + a as isize * self.s[0]
-            + b as isize * self.s[1]
-            + c as isize * self.s[2]
-            + d as isize * self.s[3]) as usize
-    }
-}
-
-/// A per-head parameter: `offset + h·head + p·dim` (`dim` is 0 for tied parameters).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct HeadParam {
-    /// Element offset.
-    pub offset: usize,
-    /// Head stride.
-    pub head: isize,
-    /// Dim stride (0 when tied).
-    pub dim: isize,
-}
-
-impl HeadParam {
-    /// Memory index of `[h, p]`.
-    #[inline]
-    pub fn at(&self, h: usize, p: usize) -> usize {
-        (self.offset as isize + h as isize * self.head + p as isize * self.dim) as usize
-    }
-}
+/// Element `[h, p]` of a per-head parameter (the `p` stride is 0 for tied parameters).
+pub type HeadParam = Strided<2>;
 
 /// The checked plan of a `checkpointing_ssu` call.
 #[derive(Debug, Clone, PartialEq)]
@@ -377,13 +304,13 @@ pub struct CheckpointingSsuPlan {
     /// `dt_bias` per head.
     pub dt_bias: Option<HeadParam>,
     /// Column 0 of `state_batch_indices`.
-    pub index: Option<Strided1>,
+    pub index: Option<Strided<1>>,
     /// `ring_start`.
-    pub ring_start: Strided1,
+    pub ring_start: Strided<1>,
     /// `prev_num_accepted_tokens`.
-    pub prev_num_accepted_tokens: Strided1,
+    pub prev_num_accepted_tokens: Strided<1>,
     /// `cu_seqlens`.
-    pub cu_seqlens: Option<Strided1>,
+    pub cu_seqlens: Option<Strided<1>>,
     /// Softplus on dt.
     pub dt_softplus: bool,
     /// The pad value.
@@ -460,7 +387,7 @@ fn token_tensor(
     let st = t.strides();
     let (seq, token) = lead.strides(st);
     if short_ok {
-        return Ok(TokenStrides { offset: t.layout().offset(), seq, token, i: st[r], j: 0 });
+        return Ok(Strided::for_arg(arg, t.layout(), [seq, token, st[r], 0])?);
     }
     if per_head {
         if tail[1] > 1 && st[r + 1] != 0 {
@@ -474,7 +401,7 @@ fn token_tensor(
     } else {
         unit_last(arg, shape, st)?;
     }
-    Ok(TokenStrides { offset: t.layout().offset(), seq, token, i: st[r], j: st[r + 1] })
+    Ok(Strided::for_arg(arg, t.layout(), [seq, token, st[r], st[r + 1]])?)
 }
 
 /// A `[H]` or `[H, P]` (or `[H, P, N]` for `A`) parameter.
@@ -495,7 +422,7 @@ fn head_param(
     };
     let names: &[&str] = if dstate.is_some() { &["heads", "dim", "dstate"] } else { &["heads", "dim"] };
     if shape == [heads] {
-        return Ok(HeadParam { offset: t.layout().offset(), head: st[0], dim: 0 });
+        return Ok(Strided::for_arg(arg, t.layout(), [st[0], 0])?);
     }
     if shape != full.as_slice() {
         return Err(RingError::from(ArgError::Shape {
@@ -512,7 +439,7 @@ fn head_param(
             strides: st.to_vec(),
         }));
     }
-    Ok(HeadParam { offset: t.layout().offset(), head: st[0], dim: if tied { 0 } else { st[1] } })
+    Ok(Strided::for_arg(arg, t.layout(), [st[0], if tied { 0 } else { st[1] }])?)
 }
 
 fn pool(arg: &'static str, t: &TensorMut<'_>, names: &[&str], want: &[usize]) -> Result<PoolStrides, RingError> {
@@ -521,7 +448,7 @@ fn pool(arg: &'static str, t: &TensorMut<'_>, names: &[&str], want: &[usize]) ->
     }
     let mut s = [0isize; 4];
     s[..want.len()].copy_from_slice(t.strides());
-    Ok(PoolStrides { offset: t.layout().offset(), s })
+    Ok(Strided::for_arg(arg, t.layout(), s)?)
 }
 
 /// Checks a `checkpointing_ssu` call: shapes, dtypes, strides, devices, and, for host
@@ -718,7 +645,7 @@ pub(crate) fn plan_checkpointing_ssu(args: &CheckpointingSsu<'_>) -> Result<Chec
         };
         let mut prev = 0i64;
         for i in 0..=batch {
-            let v = cu.elem_i64(cs.at(i));
+            let v = cu.elem_i64(cs.at([i]));
             let bad = (i == 0 && v != 0) || v < prev || v > total as i64 || (i == batch && v != total as i64);
             if bad {
                 return Err(RingError::CuSeqlens { at: i, value: v, prev, tokens: total });
@@ -738,7 +665,7 @@ pub(crate) fn plan_checkpointing_ssu(args: &CheckpointingSsu<'_>) -> Result<Chec
                 if t.host_bytes().is_none() {
                     continue;
                 }
-                let v = t.elem_i64(col.at(row));
+                let v = t.elem_i64(col.at([row]));
                 if Some(v) == args.pad_slot_id {
                     continue;
                 }
@@ -757,7 +684,7 @@ pub(crate) fn plan_checkpointing_ssu(args: &CheckpointingSsu<'_>) -> Result<Chec
             _ => row,
         };
         if host_cursors {
-            let start = args.ring_start.elem_i64(ring_start.at(slot));
+            let start = args.ring_start.elem_i64(ring_start.at([slot]));
             if start < 0 || start >= ring_len as i64 {
                 return Err(RingError::CursorOutOfRange {
                     arg: "ring_start",
@@ -767,7 +694,7 @@ pub(crate) fn plan_checkpointing_ssu(args: &CheckpointingSsu<'_>) -> Result<Chec
                     limit: ring_len as i64 - 1,
                 });
             }
-            let k = args.prev_num_accepted_tokens.elem_i64(prev_num.at(slot));
+            let k = args.prev_num_accepted_tokens.elem_i64(prev_num.at([slot]));
             if k < 0 || k > window {
                 return Err(RingError::CursorOutOfRange {
                     arg: "prev_num_accepted_tokens",
@@ -828,7 +755,7 @@ impl CheckpointingSsuPlan {
     pub fn slot(&self, args: &CheckpointingSsu<'_>, row: usize) -> Option<usize> {
         match (&args.state_batch_indices, self.index) {
             (Some(t), Some(col)) => {
-                let v = t.elem_i64(col.at(row));
+                let v = t.elem_i64(col.at([row]));
                 if Some(v) == self.pad_slot_id || v < 0 || v >= self.cache as i64 { None } else { Some(v as usize) }
             }
             _ => Some(row),
@@ -839,8 +766,8 @@ impl CheckpointingSsuPlan {
     pub fn span(&self, args: &CheckpointingSsu<'_>, row: usize) -> (usize, usize, usize) {
         match (&args.cu_seqlens, self.cu_seqlens) {
             (Some(t), Some(cu)) => {
-                let s = t.elem_i64(cu.at(row)) as usize;
-                let e = t.elem_i64(cu.at(row + 1)) as usize;
+                let s = t.elem_i64(cu.at([row])) as usize;
+                let e = t.elem_i64(cu.at([row + 1])) as usize;
                 (0, s, e - s)
             }
             _ => (row, 0, self.tokens),
@@ -849,8 +776,8 @@ impl CheckpointingSsuPlan {
 
     /// The cursors `(ring_start, k)` of `slot`. Host cursor tensors only.
     pub fn cursors(&self, args: &CheckpointingSsu<'_>, slot: usize) -> (usize, usize) {
-        let start = args.ring_start.elem_i64(self.ring_start.at(slot)) as usize;
-        let k = args.prev_num_accepted_tokens.elem_i64(self.prev_num_accepted_tokens.at(slot)) as usize;
+        let start = args.ring_start.elem_i64(self.ring_start.at([slot])) as usize;
+        let k = args.prev_num_accepted_tokens.elem_i64(self.prev_num_accepted_tokens.at([slot])) as usize;
         (start, k)
     }
 }
