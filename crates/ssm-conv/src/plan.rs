@@ -1,5 +1,5 @@
 use ssm_tensor::ArgError;
-use ssm_tensor::{DType, Device, SlotUse, TensorRef, first_slot_conflict};
+use ssm_tensor::{DType, Device, Layout, SlotUse, TensorRef, first_slot_conflict};
 
 use crate::{Activation, CausalConv1dFnArgs, CausalConv1dUpdateArgs, ConvError, ConvStateLayout, error::PadDisplay};
 
@@ -547,13 +547,10 @@ pub(crate) fn plan_update(args: &CausalConv1dUpdateArgs<'_>) -> Result<ConvPlan,
         };
         let (x_start, out_start) = match &starts {
             Some(s) => (
-                x.layout().offset() as isize + s[b] as isize * x_tok.token,
-                out.layout().offset() as isize + s[b] as isize * out_tok.token,
+                row_start("x", x.layout(), s[b] as usize, x_tok.token)?,
+                row_start("out", out.layout(), s[b] as usize, out_tok.token)?,
             ),
-            None => (
-                x.layout().offset() as isize + b as isize * seq_stride,
-                out.layout().offset() as isize + b as isize * out_seq_stride,
-            ),
+            None => (row_start("x", x.layout(), b, seq_stride)?, row_start("out", out.layout(), b, out_seq_stride)?),
         };
         seqs.push(ConvSeq {
             seq: b,
@@ -685,8 +682,8 @@ pub(crate) fn plan_fn(args: &CausalConv1dFnArgs<'_>) -> Result<ConvPlan, ConvErr
         let init = args.has_initial_state.as_ref().is_some_and(|h| read(h, &[b]) != 0);
         seqs.push(ConvSeq {
             seq: b,
-            x_start: x.layout().offset() as isize + starts[b] as isize * x_tok.token,
-            out_start: out.layout().offset() as isize + starts[b] as isize * out_tok.token,
+            x_start: row_start("x", x.layout(), starts[b] as usize, x_tok.token)?,
+            out_start: row_start("out", out.layout(), starts[b] as usize, out_tok.token)?,
             len,
             read_slot: init.then_some(slot),
             write_slot: Some(slot),
@@ -698,4 +695,21 @@ pub(crate) fn plan_fn(args: &CausalConv1dFnArgs<'_>) -> Result<ConvPlan, ConvErr
     check_conflicts("cache_indices", &seqs)?;
     plan.seqs = Some(seqs);
     Ok(plan)
+}
+
+/// Element index `offset + row·stride` of a sequence's first token in a view. Checked: an
+/// empty view (a zero `dim`) admits any stride, so the product could otherwise wrap.
+fn row_start(arg: &'static str, layout: &Layout, row: usize, stride: isize) -> Result<isize, ConvError> {
+    isize::try_from(row)
+        .ok()
+        .and_then(|row| row.checked_mul(stride))
+        .and_then(|d| isize::try_from(layout.offset()).ok()?.checked_add(d))
+        .ok_or_else(|| {
+            ConvError::from(ArgError::Overflow {
+                arg,
+                what: "token offset",
+                shape: layout.shape().to_vec(),
+                strides: layout.strides().to_vec(),
+            })
+        })
 }

@@ -513,12 +513,19 @@ pub(crate) fn fused_sigmoid_gating_delta_rule_update(
 fn token_head(arg: &'static str, x: &TensorRef<'_>, b: usize, t: usize, hv: usize) -> Result<Strided<3>, GdnError> {
     let s = x.strides();
     let off = x.layout().offset();
+    let overflow = |what| ArgError::Overflow { arg, what, shape: x.shape().to_vec(), strides: s.to_vec() };
+    // Empty views admit any sizes and strides, so B·T and the flattened sequence stride are
+    // checked rather than left to wrap.
+    let bt = b.checked_mul(t).ok_or_else(|| overflow("B·T"))?;
     match x.shape() {
-        sh if sh == [b * t, hv] => Ok(Strided { offset: off, strides: [s[0] * t as isize, s[0], s[1]] }),
+        sh if sh == [bt, hv] => {
+            let seq = isize::try_from(t).ok().and_then(|t| s[0].checked_mul(t)).ok_or_else(|| overflow("T·stride"))?;
+            Ok(Strided { offset: off, strides: [seq, s[0], s[1]] })
+        }
         sh if sh == [b, t, hv] => Ok(Strided { offset: off, strides: [s[0], s[1], s[2]] }),
         sh => Err(GdnError::from(ArgError::Shape {
             arg,
-            expected: format!("[B·T={}, HV={hv}] or [B={b}, T={t}, HV={hv}]", b * t),
+            expected: format!("[B·T={bt}, HV={hv}] or [B={b}, T={t}, HV={hv}]"),
             actual: sh.to_vec(),
         })),
     }
@@ -1205,7 +1212,14 @@ fn no_overlap(arg: &'static str, shape: &[usize], strides: &[isize]) -> Result<(
                 strides: strides.to_vec(),
             }));
         }
-        need = s * n;
+        // Only an empty view can reach here with a span past usize (its strides are free);
+        // refuse it rather than wrap.
+        need = s.checked_mul(n).ok_or_else(|| ArgError::Overflow {
+            arg,
+            what: "stride span",
+            shape: shape.to_vec(),
+            strides: strides.to_vec(),
+        })?;
     }
     Ok(())
 }

@@ -304,15 +304,24 @@ fn norm_mut(t: &TensorMut<'_>) -> Norm {
     }
 }
 
-/// Whether no two logical elements of a layout share memory (a sufficient condition:
-/// sorted by stride, each stride is at least the span of the axes inside it).
-fn non_overlapping(shape: &[usize], strides: &[isize]) -> bool {
+/// Refuses a written tensor `arg` (as given: `shape`, `strides`; planned as `norm`) whose
+/// logical elements may share memory. Sufficient condition: sorted by stride, each stride is
+/// at least the span of the axes inside it. The spans are checked: an empty view admits any
+/// stride, so a span could otherwise wrap and pass.
+fn written_disjoint(
+    arg: &'static str,
+    norm: (&[usize], &[isize]),
+    shape: &[usize],
+    strides: &[isize],
+) -> Result<(), SsuError> {
+    let overlapping =
+        || SsuError::from(ArgError::Overlapping { arg, shape: shape.to_vec(), strides: strides.to_vec() });
     let mut buf = [(0usize, 0isize); MAX_RANK];
     let mut len = 0;
-    for (&n, &s) in shape.iter().zip(strides) {
+    for (&n, &s) in norm.0.iter().zip(norm.1) {
         if n > 1 {
             if s <= 0 {
-                return false;
+                return Err(overlapping());
             }
             buf[len] = (n, s);
             len += 1;
@@ -323,11 +332,18 @@ fn non_overlapping(shape: &[usize], strides: &[isize]) -> bool {
     let mut span = 1isize;
     for &mut (n, s) in dims {
         if s < span {
-            return false;
+            return Err(overlapping());
         }
-        span = s * n as isize;
+        span = isize::try_from(n).ok().and_then(|n| s.checked_mul(n)).ok_or_else(|| {
+            SsuError::from(ArgError::Overflow {
+                arg,
+                what: "stride span",
+                shape: shape.to_vec(),
+                strides: strides.to_vec(),
+            })
+        })?;
     }
-    true
+    Ok(())
 }
 
 /// Reads an integer from a host index tensor through its layout.
@@ -434,13 +450,7 @@ pub(crate) fn plan(args: &SelectiveStateUpdate<'_>) -> Result<SsuPlan, SsuError>
             strides: args.state.strides().to_vec(),
         }));
     }
-    if !non_overlapping(&state.shape, &state.strides) {
-        return Err(SsuError::from(ArgError::Overlapping {
-            arg: "state",
-            shape: args.state.shape().to_vec(),
-            strides: args.state.strides().to_vec(),
-        }));
-    }
+    written_disjoint("state", (&state.shape, &state.strides), args.state.shape(), args.state.strides())?;
 
     // x: route and rows
     let x0 = norm_ref(&args.x);
@@ -499,13 +509,7 @@ pub(crate) fn plan(args: &SelectiveStateUpdate<'_>) -> Result<SsuPlan, SsuError>
         None => None,
     };
     let out_norm = norm_mut(&args.out);
-    if !non_overlapping(&out_norm.shape, &out_norm.strides) {
-        return Err(SsuError::from(ArgError::Overlapping {
-            arg: "out",
-            shape: args.out.shape().to_vec(),
-            strides: args.out.strides().to_vec(),
-        }));
-    }
+    written_disjoint("out", (&out_norm.shape, &out_norm.strides), args.out.shape(), args.out.strides())?;
     let (out, _) = token_tensor("out", out_norm, ("heads", heads), ("dim", dim))?;
     let (b, groups) = token_tensor("B", norm_ref(&args.b), ("groups", usize::MAX), ("dstate", dstate))?;
     let (c, _) = token_tensor("C", norm_ref(&args.c), ("groups", groups), ("dstate", dstate))?;
