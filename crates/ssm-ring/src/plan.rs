@@ -1,5 +1,5 @@
 use ssm_tensor::ArgError;
-use ssm_tensor::{DType, Device, SlotUse, Strided, TensorMut, TensorRef, first_slot_conflict};
+use ssm_tensor::{DType, Device, Slot, SlotUse, Strided, TensorMut, TensorRef, first_slot_conflict};
 
 use crate::{CheckpointingSsu, CommitRingTrackers, RingError, RingTrackers, UpdateRingTrackers};
 
@@ -53,7 +53,18 @@ impl TrackerPlan {
     /// Whether a slot value names a tracker entry (not the pad, inside `[0, num_states)`).
     #[inline]
     pub fn is_valid_slot(&self, slot: i64) -> bool {
-        Some(slot) != self.pad_slot_id && slot >= 0 && (slot as u64) < self.num_states as u64
+        matches!(Slot::resolve(slot, self.pad_slot_id, self.num_states), Slot::Row(_))
+    }
+
+    /// The tracker slot of request row `row` (`row < rows`), read from the host view
+    /// `state_batch_indices` the plan saw; `None` for the pad or a slot outside
+    /// `[0, num_states)`, which the call skips.
+    #[inline]
+    pub fn slot_of(&self, state_batch_indices: &TensorRef<'_>, row: usize) -> Option<usize> {
+        match Slot::resolve(state_batch_indices.elem_i64(self.index.at([row])), self.pad_slot_id, self.num_states) {
+            Slot::Row(s) => Some(s),
+            Slot::Pad | Slot::OutOfRange => None,
+        }
     }
 }
 
@@ -666,20 +677,21 @@ pub(crate) fn plan_checkpointing_ssu(args: &CheckpointingSsu<'_>) -> Result<Chec
                     continue;
                 }
                 let v = t.elem_i64(col.at([row]));
-                if Some(v) == args.pad_slot_id {
-                    continue;
-                }
-                if v < 0 || v >= cache as i64 {
-                    return Err(RingError::IndexOutOfRange {
-                        arg: "state_batch_indices",
-                        row,
-                        value: v,
-                        slots: cache,
-                        pad: args.pad_slot_id.map_or("none".into(), |p| p.to_string()),
-                    });
-                }
-                uses.push(SlotUse { slot: v as usize, written: true, seq: row });
-                v as usize
+                let slot = match Slot::resolve(v, args.pad_slot_id, cache) {
+                    Slot::Pad => continue,
+                    Slot::Row(slot) => slot,
+                    Slot::OutOfRange => {
+                        return Err(RingError::IndexOutOfRange {
+                            arg: "state_batch_indices",
+                            row,
+                            value: v,
+                            slots: cache,
+                            pad: args.pad_slot_id.map_or("none".into(), |p| p.to_string()),
+                        });
+                    }
+                };
+                uses.push(SlotUse { slot, written: true, seq: row });
+                slot
             }
             _ => row,
         };
@@ -754,10 +766,10 @@ impl CheckpointingSsuPlan {
     /// The state slot of sequence `row`, or `None` for a pad row. Host index tensors only.
     pub fn slot(&self, args: &CheckpointingSsu<'_>, row: usize) -> Option<usize> {
         match (&args.state_batch_indices, self.index) {
-            (Some(t), Some(col)) => {
-                let v = t.elem_i64(col.at([row]));
-                if Some(v) == self.pad_slot_id || v < 0 || v >= self.cache as i64 { None } else { Some(v as usize) }
-            }
+            (Some(t), Some(col)) => match Slot::resolve(t.elem_i64(col.at([row])), self.pad_slot_id, self.cache) {
+                Slot::Row(slot) => Some(slot),
+                Slot::Pad | Slot::OutOfRange => None,
+            },
             _ => Some(row),
         }
     }

@@ -11,11 +11,7 @@ pub fn update_replayssm_ring_trackers(call: Planned<UpdateRingTrackers<'_>>) {
     let (mut args, plan) = call.into_parts();
     let plan = &plan;
     for row in 0..plan.rows {
-        let slot = args.state_batch_indices.elem_i64(plan.index.at([row]));
-        if !plan.is_valid_slot(slot) {
-            continue;
-        }
-        let s = slot as usize;
+        let Some(s) = plan.slot_of(&args.state_batch_indices, row) else { continue };
         let [rs, pa, pq] = plan.trackers;
         let tr = &mut args.trackers;
         match plan.mode {
@@ -54,11 +50,7 @@ pub fn commit_replayssm_ring_trackers(call: Planned<CommitRingTrackers<'_>>) {
     let acc = plan.num_accepted_tokens.expect("commit plan");
     let qsl = plan.query_start_loc.expect("commit plan");
     for row in 0..plan.rows {
-        let slot = args.state_batch_indices.elem_i64(plan.index.at([row]));
-        if !plan.is_valid_slot(slot) {
-            continue;
-        }
-        let s = slot as usize;
+        let Some(s) = plan.slot_of(&args.state_batch_indices, row) else { continue };
         let [rs, pa, pq] = plan.trackers;
         let tr = &mut args.trackers;
         let prev = tr.prev_num_accepted.as_ref().elem_i64(pa.at([s]));
