@@ -1,29 +1,12 @@
-use ssm_tensor::{DType, Device};
+use ssm_tensor::ArgError;
 
 /// Why a causal conv1d call was refused. Every variant names the argument (as vLLM names
 /// it), what was expected and what came. Nothing is written when a call fails.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConvError {
-    /// A tensor has a rank the op does not accept.
-    #[error("`{arg}` must have rank {expected}, got shape {actual:?}")]
-    Rank {
-        /// Argument name.
-        arg: &'static str,
-        /// Accepted ranks with their meaning, e.g. "2 ([batch, dim]) or 3 ([batch, seqlen, dim])".
-        expected: &'static str,
-        /// The shape that came.
-        actual: Vec<usize>,
-    },
-    /// A tensor's shape does not match the others.
-    #[error("`{arg}` must have shape {expected}, got {actual:?}")]
-    Shape {
-        /// Argument name.
-        arg: &'static str,
-        /// The expected shape, with the names of its dimensions.
-        expected: String,
-        /// The shape that came.
-        actual: Vec<usize>,
-    },
+    /// A tensor argument that does not meet the contract (shape, rank, dtype, device, strides, …).
+    #[error(transparent)]
+    Arg(#[from] ArgError),
     /// The conv width (last dimension of `weight`) is outside 2..=4.
     #[error("`weight` must have shape [dim, width] with width in 2..=4, got width {actual} (shape {shape:?})")]
     Width {
@@ -61,26 +44,6 @@ pub enum ConvError {
         query_len: usize,
         /// The state length that came.
         actual: usize,
-    },
-    /// A tensor has a dtype the op does not accept.
-    #[error("`{arg}` must be {expected}, got {actual}")]
-    DType {
-        /// Argument name.
-        arg: &'static str,
-        /// The accepted dtypes.
-        expected: String,
-        /// The dtype that came.
-        actual: DType,
-    },
-    /// Tensors live on different devices.
-    #[error("`{arg}` lives on {actual}, but `x` lives on {expected}")]
-    Device {
-        /// Argument name.
-        arg: &'static str,
-        /// The device of `x`.
-        expected: Device,
-        /// The argument's device.
-        actual: Device,
     },
     /// An argument needs another one that was not given, or excludes one that was.
     #[error("`{arg}` {why}")]

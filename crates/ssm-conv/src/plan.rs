@@ -1,4 +1,5 @@
-use ssm_tensor::{DType, Device, SlotUse, TensorRef, first_slot_conflict};
+use ssm_tensor::ArgError;
+use ssm_tensor::{DType, Device, Layout, SlotUse, TensorRef, first_slot_conflict};
 
 use crate::{Activation, CausalConv1dFnArgs, CausalConv1dUpdateArgs, ConvError, ConvStateLayout, error::PadDisplay};
 
@@ -132,28 +133,32 @@ const FLOATS: &str = "f32, f16 or bf16";
 
 fn check_dtype(arg: &'static str, actual: DType, want: DType) -> Result<(), ConvError> {
     if actual != want {
-        return Err(ConvError::DType { arg, expected: format!("{want} (the dtype of `x`)"), actual });
+        return Err(ConvError::from(ArgError::DType { arg, expected: format!("{want} (the dtype of `x`)"), actual }));
     }
     Ok(())
 }
 
 fn check_index_dtype(arg: &'static str, t: &TensorRef<'_>) -> Result<(), ConvError> {
     if !t.dtype().is_index() {
-        return Err(ConvError::DType { arg, expected: "i32 or i64".into(), actual: t.dtype() });
+        return Err(ConvError::from(ArgError::DType { arg, expected: "i32 or i64".into(), actual: t.dtype() }));
     }
     Ok(())
 }
 
 fn check_device(arg: &'static str, actual: Device, expected: Device) -> Result<(), ConvError> {
     if actual != expected {
-        return Err(ConvError::Device { arg, expected, actual });
+        return Err(ConvError::from(ArgError::Device { arg, expected, actual, reference: "x" }));
     }
     Ok(())
 }
 
 fn check_1d(arg: &'static str, t: &TensorRef<'_>, len: usize, name: &str) -> Result<(), ConvError> {
     if t.shape() != [len] {
-        return Err(ConvError::Shape { arg, expected: format!("[{name}={len}]"), actual: t.shape().to_vec() });
+        return Err(ConvError::from(ArgError::Shape {
+            arg,
+            expected: format!("[{name}={len}]"),
+            actual: t.shape().to_vec(),
+        }));
     }
     Ok(())
 }
@@ -166,18 +171,22 @@ fn read(t: &TensorRef<'_>, idx: &[usize]) -> i64 {
 /// The weight `[dim, width]`: returns the width.
 fn check_weight(weight: &TensorRef<'_>, dim: usize) -> Result<usize, ConvError> {
     if weight.rank() != 2 {
-        return Err(ConvError::Rank { arg: "weight", expected: "2 ([dim, width])", actual: weight.shape().to_vec() });
+        return Err(ConvError::from(ArgError::Rank {
+            arg: "weight",
+            expected: "2 ([dim, width])",
+            actual: weight.shape().to_vec(),
+        }));
     }
     let width = weight.shape()[1];
     if !(2..=4).contains(&width) {
         return Err(ConvError::Width { actual: width, shape: weight.shape().to_vec() });
     }
     if weight.shape()[0] != dim {
-        return Err(ConvError::Shape {
+        return Err(ConvError::from(ArgError::Shape {
             arg: "weight",
             expected: format!("[dim={dim}, width]"),
             actual: weight.shape().to_vec(),
-        });
+        }));
     }
     Ok(width)
 }
@@ -193,28 +202,28 @@ fn check_state(
     width: usize,
 ) -> Result<(usize, usize, StateStrides), ConvError> {
     if shape.len() != 3 {
-        return Err(ConvError::Rank {
+        return Err(ConvError::from(ArgError::Rank {
             arg,
             expected: match layout {
                 ConvStateLayout::StateLenDim => "3 ((slots, state_len, dim))",
                 ConvStateLayout::DimStateLen => "3 ((slots, dim, state_len))",
             },
             actual: shape.to_vec(),
-        });
+        }));
     }
     let (d, l, col, dstride) = match layout {
         ConvStateLayout::StateLenDim => (shape[2], shape[1], strides[1], strides[2]),
         ConvStateLayout::DimStateLen => (shape[1], shape[2], strides[2], strides[1]),
     };
     if d != dim {
-        return Err(ConvError::Shape {
+        return Err(ConvError::from(ArgError::Shape {
             arg,
             expected: match layout {
                 ConvStateLayout::StateLenDim => format!("(slots, state_len, dim={dim}) for layout StateLenDim"),
                 ConvStateLayout::DimStateLen => format!("(slots, dim={dim}, state_len) for layout DimStateLen"),
             },
             actual: shape.to_vec(),
-        });
+        }));
     }
     if l < width - 1 {
         return Err(ConvError::StateLen {
@@ -309,14 +318,14 @@ fn check_no_overlap(arg: &'static str, shape: &[usize], strides: &[isize]) -> Re
 
 fn check_float(arg: &'static str, t: DType) -> Result<DType, ConvError> {
     if !t.is_float() {
-        return Err(ConvError::DType { arg, expected: FLOATS.into(), actual: t });
+        return Err(ConvError::from(ArgError::DType { arg, expected: FLOATS.into(), actual: t }));
     }
     Ok(t)
 }
 
 /// Checks every argument of `causal_conv1d_update` and resolves the per-sequence work.
 ///
-/// Errors: ranks and shapes ([`ConvError::Rank`], [`ConvError::Shape`]), width outside
+/// Errors: ranks and shapes ([`ArgError::Rank`], [`ArgError::Shape`]), width outside
 /// 2..=4, state length below `width − 1` or too short for the speculative buffer, dtypes,
 /// devices, argument combinations, non-monotone `query_start_loc`, and host index values
 /// out of range (slots, prefix-caching columns, accepted counts) or in conflict. Only the
@@ -335,18 +344,18 @@ pub(crate) fn plan_update(args: &CausalConv1dUpdateArgs<'_>) -> Result<ConvPlan,
         (false, 2) => (xs[0], 1, xs[1], st[0], TokenStrides { token: 0, dim: st[1] }),
         (false, 3) => (xs[0], xs[1], xs[2], st[0], TokenStrides { token: st[1], dim: st[2] }),
         (true, _) => {
-            return Err(ConvError::Rank {
+            return Err(ConvError::from(ArgError::Rank {
                 arg: "x",
                 expected: "2 ([num_tokens, dim]) with `query_start_loc`",
                 actual: xs.to_vec(),
-            });
+            }));
         }
         (false, _) => {
-            return Err(ConvError::Rank {
+            return Err(ConvError::from(ArgError::Rank {
                 arg: "x",
                 expected: "2 ([batch, dim]) or 3 ([batch, seqlen, dim])",
                 actual: xs.to_vec(),
-            });
+            }));
         }
     };
     let width = check_weight(&args.weight, dim)?;
@@ -355,11 +364,11 @@ pub(crate) fn plan_update(args: &CausalConv1dUpdateArgs<'_>) -> Result<ConvPlan,
 
     let out = &args.out;
     if out.shape() != xs {
-        return Err(ConvError::Shape {
+        return Err(ConvError::from(ArgError::Shape {
             arg: "out",
             expected: format!("{xs:?} (the shape of `x`)"),
             actual: out.shape().to_vec(),
-        });
+        }));
     }
     check_dtype("out", out.dtype(), dtype)?;
     check_device("out", out.device(), device)?;
@@ -383,11 +392,11 @@ pub(crate) fn plan_update(args: &CausalConv1dUpdateArgs<'_>) -> Result<ConvPlan,
     let batch = match (&args.conv_state_indices, &args.query_start_loc) {
         (Some(ci), _) => {
             if ci.rank() == 0 || ci.rank() > 2 || (ci.rank() == 2 && ci.shape()[1] == 0) {
-                return Err(ConvError::Rank {
+                return Err(ConvError::from(ArgError::Rank {
                     arg: "conv_state_indices",
                     expected: "1 ([batch]) or 2 ([batch, n], n ≥ 1)",
                     actual: ci.shape().to_vec(),
-                });
+                }));
             }
             ci.shape()[0]
         }
@@ -398,18 +407,18 @@ pub(crate) fn plan_update(args: &CausalConv1dUpdateArgs<'_>) -> Result<ConvPlan,
         check_index_dtype("conv_state_indices", ci)?;
         check_device("conv_state_indices", ci.device(), device)?;
         if !varlen && ci.shape()[0] != rows {
-            return Err(ConvError::Shape {
+            return Err(ConvError::from(ArgError::Shape {
                 arg: "conv_state_indices",
                 expected: format!("[batch={rows}] or [batch={rows}, n] (rows of `x`)"),
                 actual: ci.shape().to_vec(),
-            });
+            }));
         }
     } else if batch > slots {
-        return Err(ConvError::Shape {
+        return Err(ConvError::from(ArgError::Shape {
             arg: "conv_state",
             expected: format!("at least batch={batch} slots when `conv_state_indices` is None"),
             actual: cs.shape().to_vec(),
-        });
+        }));
     }
     if let Some(q) = &args.query_start_loc {
         check_index_dtype("query_start_loc", q)?;
@@ -538,13 +547,10 @@ pub(crate) fn plan_update(args: &CausalConv1dUpdateArgs<'_>) -> Result<ConvPlan,
         };
         let (x_start, out_start) = match &starts {
             Some(s) => (
-                x.layout().offset() as isize + s[b] as isize * x_tok.token,
-                out.layout().offset() as isize + s[b] as isize * out_tok.token,
+                row_start("x", x.layout(), s[b] as usize, x_tok.token)?,
+                row_start("out", out.layout(), s[b] as usize, out_tok.token)?,
             ),
-            None => (
-                x.layout().offset() as isize + b as isize * seq_stride,
-                out.layout().offset() as isize + b as isize * out_seq_stride,
-            ),
+            None => (row_start("x", x.layout(), b, seq_stride)?, row_start("out", out.layout(), b, out_seq_stride)?),
         };
         seqs.push(ConvSeq {
             seq: b,
@@ -572,7 +578,11 @@ pub(crate) fn plan_fn(args: &CausalConv1dFnArgs<'_>) -> Result<ConvPlan, ConvErr
     let dtype = check_float("x", x.dtype())?;
     let device = x.device();
     if x.rank() != 2 {
-        return Err(ConvError::Rank { arg: "x", expected: "2 ([num_tokens, dim])", actual: x.shape().to_vec() });
+        return Err(ConvError::from(ArgError::Rank {
+            arg: "x",
+            expected: "2 ([num_tokens, dim])",
+            actual: x.shape().to_vec(),
+        }));
     }
     let (num_tokens, dim) = (x.shape()[0], x.shape()[1]);
     let x_tok = TokenStrides { token: x.strides()[0], dim: x.strides()[1] };
@@ -581,11 +591,11 @@ pub(crate) fn plan_fn(args: &CausalConv1dFnArgs<'_>) -> Result<ConvPlan, ConvErr
     check_device("weight", args.weight.device(), device)?;
     let out = &args.out;
     if out.shape() != x.shape() {
-        return Err(ConvError::Shape {
+        return Err(ConvError::from(ArgError::Shape {
             arg: "out",
             expected: format!("{:?} (the shape of `x`)", x.shape()),
             actual: out.shape().to_vec(),
-        });
+        }));
     }
     check_dtype("out", out.dtype(), dtype)?;
     check_device("out", out.device(), device)?;
@@ -603,11 +613,11 @@ pub(crate) fn plan_fn(args: &CausalConv1dFnArgs<'_>) -> Result<ConvPlan, ConvErr
     check_index_dtype("query_start_loc", qsl)?;
     check_device("query_start_loc", qsl.device(), device)?;
     if qsl.rank() != 1 || qsl.shape()[0] == 0 {
-        return Err(ConvError::Rank {
+        return Err(ConvError::from(ArgError::Rank {
             arg: "query_start_loc",
             expected: "1 ([batch + 1])",
             actual: qsl.shape().to_vec(),
-        });
+        }));
     }
     let batch = qsl.shape()[0] - 1;
     if let Some(ci) = &args.cache_indices {
@@ -615,15 +625,19 @@ pub(crate) fn plan_fn(args: &CausalConv1dFnArgs<'_>) -> Result<ConvPlan, ConvErr
         check_device("cache_indices", ci.device(), device)?;
         check_1d("cache_indices", ci, batch, "batch (len(query_start_loc) - 1)")?;
     } else if batch > slots {
-        return Err(ConvError::Shape {
+        return Err(ConvError::from(ArgError::Shape {
             arg: "conv_states",
             expected: format!("at least batch={batch} slots when `cache_indices` is None"),
             actual: cs.shape().to_vec(),
-        });
+        }));
     }
     if let Some(h) = &args.has_initial_state {
         if h.dtype() != DType::Bool {
-            return Err(ConvError::DType { arg: "has_initial_state", expected: "bool".into(), actual: h.dtype() });
+            return Err(ConvError::from(ArgError::DType {
+                arg: "has_initial_state",
+                expected: "bool".into(),
+                actual: h.dtype(),
+            }));
         }
         check_device("has_initial_state", h.device(), device)?;
         check_1d("has_initial_state", h, batch, "batch (len(query_start_loc) - 1)")?;
@@ -668,8 +682,8 @@ pub(crate) fn plan_fn(args: &CausalConv1dFnArgs<'_>) -> Result<ConvPlan, ConvErr
         let init = args.has_initial_state.as_ref().is_some_and(|h| read(h, &[b]) != 0);
         seqs.push(ConvSeq {
             seq: b,
-            x_start: x.layout().offset() as isize + starts[b] as isize * x_tok.token,
-            out_start: out.layout().offset() as isize + starts[b] as isize * out_tok.token,
+            x_start: row_start("x", x.layout(), starts[b] as usize, x_tok.token)?,
+            out_start: row_start("out", out.layout(), starts[b] as usize, out_tok.token)?,
             len,
             read_slot: init.then_some(slot),
             write_slot: Some(slot),
@@ -681,4 +695,21 @@ pub(crate) fn plan_fn(args: &CausalConv1dFnArgs<'_>) -> Result<ConvPlan, ConvErr
     check_conflicts("cache_indices", &seqs)?;
     plan.seqs = Some(seqs);
     Ok(plan)
+}
+
+/// Element index `offset + row·stride` of a sequence's first token in a view. Checked: an
+/// empty view (a zero `dim`) admits any stride, so the product could otherwise wrap.
+fn row_start(arg: &'static str, layout: &Layout, row: usize, stride: isize) -> Result<isize, ConvError> {
+    isize::try_from(row)
+        .ok()
+        .and_then(|row| row.checked_mul(stride))
+        .and_then(|d| isize::try_from(layout.offset()).ok()?.checked_add(d))
+        .ok_or_else(|| {
+            ConvError::from(ArgError::Overflow {
+                arg,
+                what: "token offset",
+                shape: layout.shape().to_vec(),
+                strides: layout.strides().to_vec(),
+            })
+        })
 }

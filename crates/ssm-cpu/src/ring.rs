@@ -134,7 +134,7 @@ impl Ctx<'_> {
         let p = self.p;
         let slot = match (self.sbi, p.index) {
             (Some((bytes, t)), Some(col)) => {
-                let v = rd_int(bytes, t, col.at(b));
+                let v = rd_int(bytes, t, col.at([b]));
                 if Some(v) == p.pad_slot_id || v < 0 || v >= p.cache as i64 {
                     return None;
                 }
@@ -144,16 +144,16 @@ impl Ctx<'_> {
         };
         let (seq, tok0, n) = match (self.cu, p.cu_seqlens) {
             (Some((bytes, t)), Some(cu)) => {
-                let s = rd_int(bytes, t, cu.at(b)) as usize;
-                (0, s, rd_int(bytes, t, cu.at(b + 1)) as usize - s)
+                let s = rd_int(bytes, t, cu.at([b])) as usize;
+                (0, s, rd_int(bytes, t, cu.at([b + 1])) as usize - s)
             }
             _ => (b, 0, p.tokens),
         };
         if n == 0 {
             return None;
         }
-        let start = rd_int(self.ring_start.0, self.ring_start.1, p.ring_start.at(slot)) as usize;
-        let k = rd_int(self.prev_num.0, self.prev_num.1, p.prev_num_accepted_tokens.at(slot)) as usize;
+        let start = rd_int(self.ring_start.0, self.ring_start.1, p.ring_start.at([slot])) as usize;
+        let k = rd_int(self.prev_num.0, self.prev_num.1, p.prev_num_accepted_tokens.at([slot])) as usize;
         Some([slot, seq, tok0, n, start, k])
     }
 }
@@ -197,7 +197,7 @@ impl SimdKernel for Item<'_> {
         let g = h / p.heads_per_group();
         let m = k + n; // history + new tokens
         let flush = m > p.window;
-        let a = rd(inp.a, ty[A], p.a.at(h, 0));
+        let a = rd(inp.a, ty[A], p.a.at([h, 0]));
         let softplus = |v: f32| if v <= 20.0 { v.exp().ln_1p() } else { v };
         // No closure below may hold lane code: closures are compiled without the caller's
         // target features.
@@ -223,27 +223,27 @@ impl SimdKernel for Item<'_> {
                     // SAFETY: live ring rows are only read during this call (appends go to
                     // rows k.. after the live window, see the module docs).
                     unsafe {
-                        dts[j] = *ctx.dt_cache.0.add(p.dt_cache.at(slot, h, r, 0));
-                        load_row(ctx.x_cache.0, xc_t, p.x_cache.at(slot, h, r, 0), &mut xr[..pd]);
-                        load_row(ctx.b_cache.0, bc_t, p.b_cache.at(slot, g, r, 0), &mut br[..nd]);
+                        dts[j] = *ctx.dt_cache.0.add(p.dt_cache.at([slot, h, r, 0]));
+                        load_row(ctx.x_cache.0, xc_t, p.x_cache.at([slot, h, r, 0]), &mut xr[..pd]);
+                        load_row(ctx.b_cache.0, bc_t, p.b_cache.at([slot, g, r, 0]), &mut br[..nd]);
                     }
                 } else {
                     let t = tok0 + j - k;
-                    let mut v = rd(inp.dt, ty[DT], p.dt.at(seq, t, h, 0));
+                    let mut v = rd(inp.dt, ty[DT], p.dt.at([seq, t, h, 0]));
                     if let (Some(bias), Some(bp)) = (inp.dt_bias, p.dt_bias) {
-                        v += rd(bias, ty[BIAS], bp.at(h, 0));
+                        v += rd(bias, ty[BIAS], bp.at([h, 0]));
                     }
                     dts[j] = if p.dt_softplus { softplus(v) } else { v };
                     for (q, v) in xr[..pd].iter_mut().enumerate() {
-                        *v = rd(inp.x, ty[X], p.x.at(seq, t, h, q));
+                        *v = rd(inp.x, ty[X], p.x.at([seq, t, h, q]));
                     }
                     for (q, v) in br[..nd].iter_mut().enumerate() {
-                        *v = rd(inp.b, ty[B], p.b.at(seq, t, g, q));
+                        *v = rd(inp.b, ty[B], p.b.at([seq, t, g, q]));
                     }
                     let cr = &mut cs[(j - k) * nr..(j - k + 1) * nr];
                     cr.fill(0.0);
                     for (q, v) in cr[..nd].iter_mut().enumerate() {
-                        *v = rd(inp.c, ty[C], p.c.at(seq, t, g, q));
+                        *v = rd(inp.c, ty[C], p.c.at([seq, t, g, q]));
                     }
                 }
             }
@@ -258,7 +258,7 @@ impl SimdKernel for Item<'_> {
                 r.fill(0.0);
                 // SAFETY: the plan checked the slot and the state layout (last stride 1), so
                 // the row's `dstate` elements are inside the state; this item owns (slot, h).
-                unsafe { load_row(ctx.state.0, state_t, p.state.at(slot, h, q, 0), &mut r[..nd]) };
+                unsafe { load_row(ctx.state.0, state_t, p.state.at([slot, h, q, 0]), &mut r[..nd]) };
             }
             let (base_cum, first) = if flush && k > 0 {
                 let ck = cum[k - 1];
@@ -280,7 +280,7 @@ impl SimdKernel for Item<'_> {
             if flush {
                 for q in 0..pd {
                     // SAFETY: as for the load above; the row is written by this item only.
-                    unsafe { store_row(ctx.state.0, state_t, p.state.at(slot, h, q, 0), &srow[q * nr..q * nr + nd]) };
+                    unsafe { store_row(ctx.state.0, state_t, p.state.at([slot, h, q, 0]), &srow[q * nr..q * nr + nd]) };
                 }
             }
             // Outputs of the new tokens.
@@ -302,14 +302,14 @@ impl SimdKernel for Item<'_> {
                     let xv = xs[jt * pr + q];
                     let mut y = yt[q];
                     if let (Some(d), Some(dp)) = (inp.d, p.d) {
-                        y += rd(d, ty[D], dp.at(h, q)) * xv;
+                        y += rd(d, ty[D], dp.at([h, q])) * xv;
                     }
                     if let (Some(z), Some(zp)) = (inp.z, p.z) {
-                        let zv = rd(z, ty[Z], zp.at(seq, tok, h, q));
+                        let zv = rd(z, ty[Z], zp.at([seq, tok, h, q]));
                         y *= zv / (1.0 + (-zv).exp());
                     }
                     // SAFETY: token `tok`, head h is written by this item only (plan-checked shape).
-                    unsafe { wr(ctx.out.0, ty[OUT], p.out.at(seq, tok, h, q), y) };
+                    unsafe { wr(ctx.out.0, ty[OUT], p.out.at([seq, tok, h, q]), y) };
                 }
             }
             // Append the new tokens after the live window, on both branches.
@@ -319,13 +319,13 @@ impl SimdKernel for Item<'_> {
                 // SAFETY: ring row r of (slot, h) — and of (slot, g) for the group's first head —
                 // is written by this item only, and it is not a live row anyone reads.
                 unsafe {
-                    *ctx.dt_cache.0.add(p.dt_cache.at(slot, h, r, 0)) = dts[j];
+                    *ctx.dt_cache.0.add(p.dt_cache.at([slot, h, r, 0])) = dts[j];
                     for q in 0..pd {
-                        wr(ctx.x_cache.0, xc_t, p.x_cache.at(slot, h, r, q), xs[j * pr + q]);
+                        wr(ctx.x_cache.0, xc_t, p.x_cache.at([slot, h, r, q]), xs[j * pr + q]);
                     }
                     if h % p.heads_per_group() == 0 {
                         for q in 0..nd {
-                            wr(ctx.b_cache.0, bc_t, p.b_cache.at(slot, g, r, q), bs[j * nr + q]);
+                            wr(ctx.b_cache.0, bc_t, p.b_cache.at([slot, g, r, q]), bs[j * nr + q]);
                         }
                     }
                 }
@@ -356,12 +356,12 @@ impl CpuBackend {
         let pa = tracker_bytes(args.pa, "prev_num_accepted")?;
         let pq = tracker_bytes(args.pq, "prev_query_len")?;
         for row in 0..plan.rows {
-            let slot = rd_int(idx, idx_t, plan.index.at(row));
+            let slot = rd_int(idx, idx_t, plan.index.at([row]));
             if !plan.is_valid_slot(slot) {
                 continue;
             }
             let s = slot as usize;
-            let (ir, ia, iq) = (rs_s.at(s), pa_s.at(s), pq_s.at(s));
+            let (ir, ia, iq) = (rs_s.at([s]), pa_s.at([s]), pq_s.at([s]));
             match plan.mode {
                 TrackerMode::Reset => {
                     wr_int(rs, tt, ir, 0);
@@ -378,14 +378,14 @@ impl CpuBackend {
                     let (acc_b, acc_t, qsl_b, qsl_t) = extra.expect("commit plans carry accepted counts");
                     let (acc_s, qsl_s) = (plan.num_accepted_tokens.unwrap(), plan.query_start_loc.unwrap());
                     let (prev, start, prev_q) = (rd_int(pa, tt, ia), rd_int(rs, tt, ir), rd_int(pq, tt, iq));
-                    let accepted = rd_int(acc_b, acc_t, acc_s.at(row));
+                    let accepted = rd_int(acc_b, acc_t, acc_s.at([row]));
                     let must = prev_q > 0 && prev + prev_q > logical_window;
                     let next_prev = match (prev_q, must) {
                         (0, _) => 0,
                         (_, true) => accepted,
                         (_, false) => prev + accepted,
                     };
-                    let cur_q = rd_int(qsl_b, qsl_t, qsl_s.at(row + 1)) - rd_int(qsl_b, qsl_t, qsl_s.at(row));
+                    let cur_q = rd_int(qsl_b, qsl_t, qsl_s.at([row + 1])) - rd_int(qsl_b, qsl_t, qsl_s.at([row]));
                     wr_int(rs, tt, ir, if must { (start + prev).rem_euclid(ring_buffer_len) } else { start });
                     wr_int(pa, tt, ia, next_prev);
                     wr_int(pq, tt, iq, cur_q);

@@ -68,20 +68,20 @@ struct Ctx<'a> {
 impl Ctx<'_> {
     fn chunk(&self, c: usize) -> (usize, usize) {
         let (b, t) = self.inp.cu_chunk;
-        let s = rd_int(b, t, self.p.cu_chunk_seqlens.at(c)) as usize;
-        let e = rd_int(b, t, self.p.cu_chunk_seqlens.at(c + 1)) as usize;
+        let s = rd_int(b, t, self.p.cu_chunk_seqlens.at([c])) as usize;
+        let e = rd_int(b, t, self.p.cu_chunk_seqlens.at([c + 1])) as usize;
         (s, e)
     }
     fn seq(&self, c: usize) -> usize {
         let (b, t) = self.inp.seq_idx;
-        rd_int(b, t, self.p.seq_idx.at(c)) as usize
+        rd_int(b, t, self.p.seq_idx.at([c])) as usize
     }
     fn opens(&self, c: usize) -> bool {
         c == 0 || self.seq(c) != self.seq(c - 1)
     }
     fn last_chunk(&self, b: usize) -> i64 {
         let (bytes, t) = self.inp.last_chunk;
-        rd_int(bytes, t, self.p.last_chunk_indices.at(b))
+        rd_int(bytes, t, self.p.last_chunk_indices.at([b]))
     }
     /// A workspace slice.
     ///
@@ -107,7 +107,7 @@ impl Ctx<'_> {
         &self,
         bytes: &[u8],
         dtype: DType,
-        s: ssm_ssd::Strided3,
+        s: ssm_tensor::Strided<3>,
         first: usize,
         rows: usize,
         i: usize,
@@ -118,7 +118,7 @@ impl Ctx<'_> {
         for r in 0..rows {
             let d = &mut dst[r * row..(r + 1) * row];
             for (k, v) in d[..n].iter_mut().enumerate() {
-                *v = rd(bytes, dtype, s.at(first + r, i, k));
+                *v = rd(bytes, dtype, s.at([first + r, i, k]));
             }
             d[n..].fill(0.0);
         }
@@ -191,13 +191,13 @@ fn chunk_state<S: Simd + PowTwo>(ctx: &Ctx<'_>, c: usize, h: usize, scratch: &mu
         )
     };
     // Stage 1: dt processing (bias, softplus, clamp), zero padding, A-scaled cumsum.
-    let a = rd(inp.a, inp.a_dtype, p.a.at(h));
-    let bias = inp.dt_bias.map(|(b, t)| rd(b, t, p.dt_bias.unwrap().at(h)));
+    let a = rd(inp.a, inp.a_dtype, p.a.at([h]));
+    let bias = inp.dt_bias.map(|(b, t)| rd(b, t, p.dt_bias.unwrap().at([h])));
     let (lo, hi) = p.dt_limit;
     let mut cum = 0.0f32;
     for i in 0..q_row {
         let v = if i < len {
-            let mut v = rd(inp.dt, p.io_dtypes.dt, p.dt.at(s + i, h, 0));
+            let mut v = rd(inp.dt, p.io_dtypes.dt, p.dt.at([s + i, h, 0]));
             if let Some(b) = bias {
                 v += b;
             }
@@ -219,10 +219,10 @@ fn chunk_state<S: Simd + PowTwo>(ctx: &Ctx<'_>, c: usize, h: usize, scratch: &mu
     for i in 0..len {
         let w = (da_last - da[i]).min(0.0).exp() * dt_out[i];
         for (n, v) in wb.iter_mut().enumerate() {
-            *v = if n < p.dstate { rd(inp.b, p.io_dtypes.b, p.b.at(s + i, g, n)) * w } else { 0.0 };
+            *v = if n < p.dstate { rd(inp.b, p.io_dtypes.b, p.b.at([s + i, g, n])) * w } else { 0.0 };
         }
         for pp in 0..p.dim {
-            let xv = rd(inp.x, p.io_dtypes.x, p.x.at(s + i, h, pp));
+            let xv = rd(inp.x, p.io_dtypes.x, p.x.at([s + i, h, pp]));
             axpy::<S>(&mut st[pp * nr..(pp + 1) * nr], xv, wb);
         }
     }
@@ -314,7 +314,7 @@ fn load_init(ctx: &Ctx<'_>, b: usize, h: usize, dst: &mut [f32]) {
     if let (Some((bytes, t)), Some(ip)) = (ctx.inp.init, p.initial_states) {
         for pp in 0..p.dim {
             for n in 0..p.dstate {
-                dst[pp * nr + n] = rd(bytes, t, ip.at(b, h, pp, n));
+                dst[pp * nr + n] = rd(bytes, t, ip.at([b, h, pp, n]));
             }
         }
     }
@@ -328,7 +328,7 @@ fn store_state(ctx: &Ctx<'_>, row: usize, h: usize, src: &[f32]) {
         for n in 0..p.dstate {
             // SAFETY: the plan checked `varlen_states`' shape; row `row`, head `h` is written by
             // this (sequence or chunk, head) item only.
-            unsafe { wr(ctx.states_out.0, p.state_dtype, p.varlen_states.at(row, h, pp, n), src[pp * nr + n]) };
+            unsafe { wr(ctx.states_out.0, p.state_dtype, p.varlen_states.at([row, h, pp, n]), src[pp * nr + n]) };
         }
     }
 }
@@ -413,15 +413,15 @@ impl SimdKernel for ScanItem<'_> {
                     let xv = xs[i * pr + pp];
                     let mut y = ys[i * pr + pp];
                     if let (Some((d, t)), Some(dp)) = (inp.d, p.d) {
-                        y += rd(d, t, dp.at(h, pp, 0)) * xv;
+                        y += rd(d, t, dp.at([h, pp, 0])) * xv;
                     }
                     if let (Some(z), Some(zp)) = (inp.z, p.z) {
-                        let zv = rd(z, p.io_dtypes.z.unwrap(), zp.at(s + i, h, pp));
+                        let zv = rd(z, p.io_dtypes.z.unwrap(), zp.at([s + i, h, pp]));
                         y *= zv / (1.0 + (-zv).exp());
                     }
                     // SAFETY: the plan checked `out`'s shape and that its elements do not overlap;
                     // token s+i, head h is written by this (chunk, head) item only.
-                    unsafe { wr(out.0, out_dtype, op.at(s + i, h, pp), y) };
+                    unsafe { wr(out.0, out_dtype, op.at([s + i, h, pp]), y) };
                 }
             }
         }

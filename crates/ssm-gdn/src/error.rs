@@ -1,4 +1,4 @@
-use ssm_tensor::{DType, Device, TensorError};
+use ssm_tensor::{ArgError, Device};
 
 use crate::StateLayout;
 
@@ -6,16 +6,9 @@ use crate::StateLayout;
 /// expected and what came. Nothing is written when a call fails.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum GdnError {
-    /// A tensor's shape does not match the others.
-    #[error("`{arg}` must have shape {expected}, got {actual:?}")]
-    Shape {
-        /// Argument name.
-        arg: &'static str,
-        /// The expected shape, with the names of its dimensions.
-        expected: String,
-        /// The shape that came.
-        actual: Vec<usize>,
-    },
+    /// A tensor argument that does not meet the contract (shape, rank, dtype, device, strides, …).
+    #[error(transparent)]
+    Arg(#[from] ArgError),
     /// A state tensor does not match the head dimensions in the chosen layout.
     #[error("`{arg}` must have shape {expected} for layout {layout} (HV={hv}, K={k}, V={v}), got {actual:?}")]
     StateShape {
@@ -34,16 +27,6 @@ pub enum GdnError {
         /// The shape that came.
         actual: Vec<usize>,
     },
-    /// A tensor has a dtype the op does not accept.
-    #[error("`{arg}` must be {expected}, got {actual}")]
-    DType {
-        /// Argument name.
-        arg: &'static str,
-        /// The accepted dtypes.
-        expected: &'static str,
-        /// The dtype that came.
-        actual: DType,
-    },
     /// The value heads are not a multiple of the q/k heads.
     #[error("value heads HV ({hv}, from `v`) must be a multiple of q/k heads H ({h}, from `q`)")]
     HeadsNotMultiple {
@@ -61,38 +44,6 @@ pub enum GdnError {
         max: usize,
         /// The value that came.
         actual: usize,
-    },
-    /// A layout the kernels cannot address.
-    #[error("`{arg}` must be {what}, got shape {shape:?} with strides {strides:?}")]
-    Strides {
-        /// Argument name.
-        arg: &'static str,
-        /// What is required.
-        what: &'static str,
-        /// Its shape.
-        shape: Vec<usize>,
-        /// Its strides.
-        strides: Vec<isize>,
-    },
-    /// Tensors live on different devices.
-    #[error("`{arg}` lives on {actual}, but `{reference}` lives on {expected}")]
-    Device {
-        /// Argument name.
-        arg: &'static str,
-        /// The argument whose device sets the call's device.
-        reference: &'static str,
-        /// That device.
-        expected: Device,
-        /// The argument's device.
-        actual: Device,
-    },
-    /// An argument needs another one that was not given.
-    #[error("`{arg}` needs {needs}")]
-    Requires {
-        /// The argument given.
-        arg: &'static str,
-        /// What it needs.
-        needs: &'static str,
     },
     /// `cu_seqlens` is not a valid list of sequence starts.
     #[error("`cu_seqlens` must be non-decreasing within [0, T={tokens}]; entry {at} is {value} after {prev}")]
@@ -158,16 +109,6 @@ pub enum GdnError {
         /// The value that came.
         actual: f64,
     },
-    /// A written tensor whose elements overlap (e.g. a stride-0 output).
-    #[error("`{arg}` is written, so its elements must not overlap; got shape {shape:?} with strides {strides:?}")]
-    Overlapping {
-        /// Argument name.
-        arg: &'static str,
-        /// Its shape.
-        shape: Vec<usize>,
-        /// Its strides.
-        strides: Vec<isize>,
-    },
     /// The reference implementation runs on host tensors only.
     #[error("`{arg}` lives on {device}; the reference needs host tensors")]
     NotHost {
@@ -175,13 +116,5 @@ pub enum GdnError {
         arg: &'static str,
         /// Where it lives.
         device: Device,
-    },
-    /// A view could not be read.
-    #[error("`{arg}`: {source}")]
-    Tensor {
-        /// Argument name.
-        arg: &'static str,
-        /// The view error.
-        source: TensorError,
     },
 }

@@ -3,6 +3,7 @@
 //! trust them and read sequence ranges and slots through the helpers here, so the reference and
 //! every backend share one reading of vLLM's index rules.
 
+use ssm_tensor::ArgError;
 use ssm_tensor::{DType, Device, SlotUse, TensorMut, TensorRef, first_slot_conflict};
 
 use crate::args::{
@@ -174,7 +175,7 @@ pub(crate) fn fused_gdn_gating(args: &FusedGdnGatingArgs<'_>) -> Result<GatingPl
     float("b", args.b.dtype())?;
     float("dt_bias", args.dt_bias.dtype())?;
     if args.g.dtype() != DType::F32 {
-        return Err(GdnError::DType { arg: "g", expected: "f32", actual: args.g.dtype() });
+        return Err(GdnError::from(ArgError::DType { arg: "g", expected: "f32".into(), actual: args.g.dtype() }));
     }
     float("beta_output", args.beta_output.dtype())?;
     for (name, d) in [
@@ -188,7 +189,7 @@ pub(crate) fn fused_gdn_gating(args: &FusedGdnGatingArgs<'_>) -> Result<GatingPl
     }
     let a = args.a.shape();
     if a.len() != 2 {
-        return Err(GdnError::Shape { arg: "a", expected: "[T, HV]".into(), actual: a.to_vec() });
+        return Err(GdnError::from(ArgError::Shape { arg: "a", expected: "[T, HV]".into(), actual: a.to_vec() }));
     }
     let (tokens, hv) = (a[0], a[1]);
     expect_shape("b", args.b.shape(), &[tokens, hv], "[T, HV], from `a`")?;
@@ -220,11 +221,11 @@ fn out_2d(arg: &'static str, t: &TensorMut<'_>, tokens: usize, hv: usize) -> Res
         2 if s == [tokens, hv] => Strided { offset: t.layout().offset(), strides: [st[0], st[1]] },
         3 if s == [1, tokens, hv] => Strided { offset: t.layout().offset(), strides: [st[1], st[2]] },
         _ => {
-            return Err(GdnError::Shape {
+            return Err(GdnError::from(ArgError::Shape {
                 arg,
                 expected: format!("[1, T={tokens}, HV={hv}] or [T={tokens}, HV={hv}]"),
                 actual: s.to_vec(),
-            });
+            }));
         }
     };
     no_overlap(arg, t.shape(), t.strides())?;
@@ -452,11 +453,11 @@ pub(crate) fn fused_recurrent_gated_delta_rule(
                     sh if sh == [b, t, hv] => [s[0], s[1], s[2], 0],
                     sh if sh == [b, t, hv, v] => [s[0], s[1], s[2], s[3]],
                     sh => {
-                        return Err(GdnError::Shape {
+                        return Err(GdnError::from(ArgError::Shape {
                             arg: "beta",
                             expected: format!("[B={b}, T={t}, HV={hv}] or head-wise [B={b}, T={t}, HV={hv}, V={v}]"),
                             actual: sh.to_vec(),
-                        });
+                        }));
                     }
                 };
                 Some((Strided { offset: beta.layout().offset(), strides: st }, beta.dtype()))
@@ -512,14 +513,21 @@ pub(crate) fn fused_sigmoid_gating_delta_rule_update(
 fn token_head(arg: &'static str, x: &TensorRef<'_>, b: usize, t: usize, hv: usize) -> Result<Strided<3>, GdnError> {
     let s = x.strides();
     let off = x.layout().offset();
+    let overflow = |what| ArgError::Overflow { arg, what, shape: x.shape().to_vec(), strides: s.to_vec() };
+    // Empty views admit any sizes and strides, so B·T and the flattened sequence stride are
+    // checked rather than left to wrap.
+    let bt = b.checked_mul(t).ok_or_else(|| overflow("B·T"))?;
     match x.shape() {
-        sh if sh == [b * t, hv] => Ok(Strided { offset: off, strides: [s[0] * t as isize, s[0], s[1]] }),
+        sh if sh == [bt, hv] => {
+            let seq = isize::try_from(t).ok().and_then(|t| s[0].checked_mul(t)).ok_or_else(|| overflow("T·stride"))?;
+            Ok(Strided { offset: off, strides: [seq, s[0], s[1]] })
+        }
         sh if sh == [b, t, hv] => Ok(Strided { offset: off, strides: [s[0], s[1], s[2]] }),
-        sh => Err(GdnError::Shape {
+        sh => Err(GdnError::from(ArgError::Shape {
             arg,
-            expected: format!("[B·T={}, HV={hv}] or [B={b}, T={t}, HV={hv}]", b * t),
+            expected: format!("[B·T={bt}, HV={hv}] or [B={b}, T={t}, HV={hv}]"),
             actual: sh.to_vec(),
-        }),
+        })),
     }
 }
 
@@ -540,13 +548,17 @@ fn qkvo(
     same_device("o", "q", dev, o.device())?;
     let qs = q.shape();
     if qs.len() != 4 {
-        return Err(GdnError::Shape { arg: "q", expected: "[B, T, H, K]".into(), actual: qs.to_vec() });
+        return Err(GdnError::from(ArgError::Shape { arg: "q", expected: "[B, T, H, K]".into(), actual: qs.to_vec() }));
     }
     let (b, t, h, kd) = (qs[0], qs[1], qs[2], qs[3]);
     expect_shape("k", k.shape(), &[b, t, h, kd], "[B, T, H, K], from `q`")?;
     let vs = v.shape();
     if vs.len() != 4 || vs[0] != b || vs[1] != t {
-        return Err(GdnError::Shape { arg: "v", expected: format!("[B={b}, T={t}, HV, V]"), actual: vs.to_vec() });
+        return Err(GdnError::from(ArgError::Shape {
+            arg: "v",
+            expected: format!("[B={b}, T={t}, HV, V]"),
+            actual: vs.to_vec(),
+        }));
     }
     let (hv, vd) = (vs[2], vs[3]);
     if h == 0 || hv % h != 0 {
@@ -563,18 +575,18 @@ fn qkvo(
     let seqs = match seqs_from_cu {
         Some(cu) => {
             if b != 1 {
-                return Err(GdnError::Shape {
+                return Err(GdnError::from(ArgError::Shape {
                     arg: "q",
                     expected: "[1, T, H, K] (a packed batch) with `cu_seqlens`".into(),
                     actual: qs.to_vec(),
-                });
+                }));
             }
             if cu.rank() != 1 || cu.shape()[0] == 0 {
-                return Err(GdnError::Shape {
+                return Err(GdnError::from(ArgError::Shape {
                     arg: "cu_seqlens",
                     expected: "[N + 1]".into(),
                     actual: cu.shape().to_vec(),
-                });
+                }));
             }
             cu.shape()[0] - 1
         }
@@ -605,10 +617,10 @@ fn recurrent(
         None => SlotTable::None,
         Some(ix) => {
             if state.is_none() {
-                return Err(GdnError::Requires {
+                return Err(GdnError::from(ArgError::Requires {
                     arg: "ssm_state_indices",
                     needs: "`initial_state` (the pool it indexes)",
-                });
+                }));
             }
             index_dtype("ssm_state_indices", ix.dtype())?;
             same_device("ssm_state_indices", "q", dev, ix.device())?;
@@ -624,11 +636,11 @@ fn recurrent(
                     s[1],
                 ),
                 _ => {
-                    return Err(GdnError::Shape {
+                    return Err(GdnError::from(ArgError::Shape {
                         arg: "ssm_state_indices",
                         expected: format!("[N={}] or [N={}, columns]", dims.seqs, dims.seqs),
                         actual: s.to_vec(),
-                    });
+                    }));
                 }
             }
         }
@@ -637,19 +649,19 @@ fn recurrent(
         None => None,
         Some(na) => {
             if !matches!(slots, SlotTable::TwoD(..)) {
-                return Err(GdnError::Requires {
+                return Err(GdnError::from(ArgError::Requires {
                     arg: "num_accepted_tokens",
                     needs: "a 2-D `ssm_state_indices` [N, columns] (speculative decoding)",
-                });
+                }));
             }
             index_dtype("num_accepted_tokens", na.dtype())?;
             same_device("num_accepted_tokens", "q", dev, na.device())?;
             if na.rank() != 1 || na.shape()[0] < dims.seqs {
-                return Err(GdnError::Shape {
+                return Err(GdnError::from(ArgError::Shape {
                     arg: "num_accepted_tokens",
                     expected: format!("[N={}]", dims.seqs),
                     actual: na.shape().to_vec(),
-                });
+                }));
             }
             Some(IndexTable {
                 at: Strided { offset: na.layout().offset(), strides: [na.strides()[0]] },
@@ -901,25 +913,33 @@ pub(crate) fn chunk_gated_delta_rule(args: &ChunkGatedDeltaRuleArgs<'_>) -> Resu
         None => None,
     };
     if args.inplace_final_state && state.is_none() {
-        return Err(GdnError::Requires {
+        return Err(GdnError::from(ArgError::Requires {
             arg: "inplace_final_state",
             needs: "`initial_state` (the pool written back)",
-        });
+        }));
     }
     let table = |arg: &'static str, x: &TensorRef<'_>, bool_ok: bool| -> Result<IndexTable<1>, GdnError> {
         if state.is_none() {
-            return Err(GdnError::Requires { arg, needs: "`initial_state`" });
+            return Err(GdnError::from(ArgError::Requires { arg, needs: "`initial_state`" }));
         }
         if bool_ok {
             if !matches!(x.dtype(), DType::Bool | DType::I32 | DType::I64) {
-                return Err(GdnError::DType { arg, expected: "bool, i32 or i64", actual: x.dtype() });
+                return Err(GdnError::from(ArgError::DType {
+                    arg,
+                    expected: "bool, i32 or i64".into(),
+                    actual: x.dtype(),
+                }));
             }
         } else {
             index_dtype(arg, x.dtype())?;
         }
         same_device(arg, "q", dev, x.device())?;
         if x.rank() != 1 || x.shape()[0] < dims.seqs {
-            return Err(GdnError::Shape { arg, expected: format!("[N={}]", dims.seqs), actual: x.shape().to_vec() });
+            return Err(GdnError::from(ArgError::Shape {
+                arg,
+                expected: format!("[N={}]", dims.seqs),
+                actual: x.shape().to_vec(),
+            }));
         }
         Ok(IndexTable { at: Strided { offset: x.layout().offset(), strides: [x.strides()[0]] }, dtype: x.dtype() })
     };
@@ -934,16 +954,20 @@ pub(crate) fn chunk_gated_delta_rule(args: &ChunkGatedDeltaRuleArgs<'_>) -> Resu
     let scratch_len = match &args.scratch {
         Some(s) => {
             if s.dtype() != DType::F32 {
-                return Err(GdnError::DType { arg: "scratch", expected: "f32", actual: s.dtype() });
+                return Err(GdnError::from(ArgError::DType {
+                    arg: "scratch",
+                    expected: "f32".into(),
+                    actual: s.dtype(),
+                }));
             }
             same_device("scratch", "q", dev, s.device())?;
             if s.rank() != 1 || !s.is_contiguous() {
-                return Err(GdnError::Strides {
+                return Err(GdnError::from(ArgError::Strides {
                     arg: "scratch",
                     what: "a contiguous 1-D tensor",
                     shape: s.shape().to_vec(),
                     strides: s.strides().to_vec(),
-                });
+                }));
             }
             s.numel()
         }
@@ -1000,11 +1024,11 @@ pub(crate) fn chunk_gated_delta_rule(args: &ChunkGatedDeltaRuleArgs<'_>) -> Resu
                     }
                     _ => {
                         if n >= st.rows {
-                            return Err(GdnError::Shape {
+                            return Err(GdnError::from(ArgError::Shape {
                                 arg: "initial_state",
                                 expected: format!("at least N={} rows without `initial_state_indices`", dims.seqs),
                                 actual: args.initial_state.as_ref().unwrap().shape().to_vec(),
-                            });
+                            }));
                         }
                         n
                     }
@@ -1021,22 +1045,30 @@ pub(crate) fn chunk_gated_delta_rule(args: &ChunkGatedDeltaRuleArgs<'_>) -> Resu
 // helpers
 
 fn float(arg: &'static str, d: DType) -> Result<(), GdnError> {
-    if d.is_float() { Ok(()) } else { Err(GdnError::DType { arg, expected: "f32, bf16 or f16", actual: d }) }
+    if d.is_float() {
+        Ok(())
+    } else {
+        Err(GdnError::from(ArgError::DType { arg, expected: "f32, bf16 or f16".into(), actual: d }))
+    }
 }
 
 fn index_dtype(arg: &'static str, d: DType) -> Result<(), GdnError> {
-    if d.is_index() { Ok(()) } else { Err(GdnError::DType { arg, expected: "i32 or i64", actual: d }) }
+    if d.is_index() {
+        Ok(())
+    } else {
+        Err(GdnError::from(ArgError::DType { arg, expected: "i32 or i64".into(), actual: d }))
+    }
 }
 
 fn same_device(arg: &'static str, reference: &'static str, expected: Device, actual: Device) -> Result<(), GdnError> {
-    if expected == actual { Ok(()) } else { Err(GdnError::Device { arg, reference, expected, actual }) }
+    if expected == actual { Ok(()) } else { Err(GdnError::from(ArgError::Device { arg, reference, expected, actual })) }
 }
 
 fn expect_shape(arg: &'static str, got: &[usize], want: &[usize], names: &str) -> Result<(), GdnError> {
     if got == want {
         Ok(())
     } else {
-        Err(GdnError::Shape { arg, expected: format!("{want:?} ({names})"), actual: got.to_vec() })
+        Err(GdnError::from(ArgError::Shape { arg, expected: format!("{want:?} ({names})"), actual: got.to_vec() }))
     }
 }
 
@@ -1110,7 +1142,7 @@ fn state_view(
     rows: Option<usize>,
 ) -> Result<StateView, GdnError> {
     if !matches!(s.dtype(), DType::F32 | DType::BF16 | DType::F16) {
-        return Err(GdnError::DType { arg, expected: "f32, bf16 or f16", actual: s.dtype() });
+        return Err(GdnError::from(ArgError::DType { arg, expected: "f32, bf16 or f16".into(), actual: s.dtype() }));
     }
     same_device(arg, "q", dev, s.device())?;
     let (d1, d2) = layout.dims(dims.k, dims.v);
@@ -1145,12 +1177,12 @@ fn state_view(
         && (dims.v_heads == 1 || st[1] == (d1 * d2) as isize);
     let rows_ok = sh[0] <= 1 || st[0] >= block as isize;
     if !inner_ok || !rows_ok {
-        return Err(GdnError::Strides {
+        return Err(GdnError::from(ArgError::Strides {
             arg,
             what: "contiguous within each slot ([HV, ·, ·] row-major) with slot stride >= HV·K·V",
             shape: sh.to_vec(),
             strides: st.to_vec(),
-        });
+        }));
     }
     Ok(StateView {
         offset: s.layout().offset(),
@@ -1174,9 +1206,20 @@ fn no_overlap(arg: &'static str, shape: &[usize], strides: &[isize]) -> Result<(
     let mut need = 1usize;
     for &(s, n) in &d[..len] {
         if s < need {
-            return Err(GdnError::Overlapping { arg, shape: shape.to_vec(), strides: strides.to_vec() });
+            return Err(GdnError::from(ArgError::Overlapping {
+                arg,
+                shape: shape.to_vec(),
+                strides: strides.to_vec(),
+            }));
         }
-        need = s * n;
+        // Only an empty view can reach here with a span past usize (its strides are free);
+        // refuse it rather than wrap.
+        need = s.checked_mul(n).ok_or_else(|| ArgError::Overflow {
+            arg,
+            what: "stride span",
+            shape: shape.to_vec(),
+            strides: strides.to_vec(),
+        })?;
     }
     Ok(())
 }

@@ -1,29 +1,12 @@
-use ssm_tensor::{DType, Device};
+use ssm_tensor::{ArgError, DType};
 
 /// Why a ReplaySSM call was refused. Every variant names the argument (as vLLM and
 /// FlashInfer name it), what was expected and what came. Nothing is written when a call fails.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum RingError {
-    /// A tensor's shape does not match the contract.
-    #[error("`{arg}` must have shape {expected}, got {actual:?}")]
-    Shape {
-        /// Argument name.
-        arg: &'static str,
-        /// The expected shape, with the names of its dimensions.
-        expected: String,
-        /// The shape that came.
-        actual: Vec<usize>,
-    },
-    /// A tensor has a dtype the op does not accept.
-    #[error("`{arg}` must be {expected}, got {actual}")]
-    DType {
-        /// Argument name.
-        arg: &'static str,
-        /// The accepted dtypes.
-        expected: &'static str,
-        /// The dtype that came.
-        actual: DType,
-    },
+    /// A tensor argument that does not meet the contract (shape, rank, dtype, device, strides, …).
+    #[error(transparent)]
+    Arg(#[from] ArgError),
     /// The three tracker tensors do not have one entry per state slot each.
     #[error(
         "`ring_start`, `prev_num_accepted` and `prev_query_len` must have the same length and dtype, got lengths {ring_start}, {prev_num_accepted}, {prev_query_len} and dtypes {}, {}, {}",
@@ -60,46 +43,6 @@ pub enum RingError {
         tokens: usize,
         /// `W = L − T` (negative when T > L).
         window: i64,
-    },
-    /// `heads` is not a multiple of `groups`.
-    #[error("heads ({heads}, from `x`) must be a multiple of groups ({groups}, from `B`)")]
-    HeadsNotDivisible {
-        /// Number of heads.
-        heads: usize,
-        /// Number of groups.
-        groups: usize,
-    },
-    /// A dimension that must be contiguous is not, or a parameter that must be per head is not.
-    #[error("`{arg}` must be {what}, got shape {shape:?} with strides {strides:?}")]
-    Strides {
-        /// Argument name.
-        arg: &'static str,
-        /// What is required.
-        what: &'static str,
-        /// Its shape.
-        shape: Vec<usize>,
-        /// Its strides.
-        strides: Vec<isize>,
-    },
-    /// Tensors live on different devices.
-    #[error("`{arg}` lives on {actual}, but `{reference}` lives on {expected}")]
-    Device {
-        /// Argument name.
-        arg: &'static str,
-        /// The tensor whose device the others must share.
-        reference: &'static str,
-        /// Its device.
-        expected: Device,
-        /// The argument's device.
-        actual: Device,
-    },
-    /// An argument needs another one that was not given.
-    #[error("`{arg}` needs `{needs}`")]
-    Requires {
-        /// The argument given.
-        arg: &'static str,
-        /// The argument it needs.
-        needs: &'static str,
     },
     /// Two rows of one call name the same state slot (pads excepted); each row writes its
     /// slot, so the result would depend on the order of rows.

@@ -22,9 +22,7 @@ pub mod reference;
 
 pub use args::{CheckpointingSsu, CommitRingTrackers, RingTrackers, UpdateRingTrackers};
 pub use error::RingError;
-pub use plan::{
-    CheckpointingSsuPlan, HeadParam, PoolStrides, Strided1, TokenForm, TokenStrides, TrackerMode, TrackerPlan,
-};
+pub use plan::{CheckpointingSsuPlan, HeadParam, PoolStrides, TokenForm, TokenStrides, TrackerMode, TrackerPlan};
 pub use ssm_tensor::{Op, Planned, Run};
 
 ssm_tensor::op_family! {

@@ -1,23 +1,7 @@
-use ssm_tensor::{DType, Device, SlotUse, TensorMut, TensorRef, first_slot_conflict};
+use ssm_tensor::ArgError;
+use ssm_tensor::{DType, Device, Slot, SlotUse, Strided, TensorMut, TensorRef, first_slot_conflict};
 
 use crate::{CheckpointingSsu, CommitRingTrackers, RingError, RingTrackers, UpdateRingTrackers};
-
-/// Element `i` of a 1-D (or column-0) view: `offset + i·stride` in the borrowed memory.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Strided1 {
-    /// Element offset of entry 0.
-    pub offset: usize,
-    /// Stride between entries, in elements.
-    pub stride: isize,
-}
-
-impl Strided1 {
-    /// Memory index of entry `i`.
-    #[inline]
-    pub fn at(&self, i: usize) -> usize {
-        (self.offset as isize + i as isize * self.stride) as usize
-    }
-}
 
 /// What a tracker call does to each valid slot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,13 +38,13 @@ pub struct TrackerPlan {
     /// Dtype of the three trackers (i32 or i64).
     pub tracker_dtype: DType,
     /// `ring_start`, `prev_num_accepted`, `prev_query_len` element access.
-    pub trackers: [Strided1; 3],
+    pub trackers: [Strided<1>; 3],
     /// Column 0 of `state_batch_indices`.
-    pub index: Strided1,
+    pub index: Strided<1>,
     /// `num_accepted_tokens` (commit only).
-    pub num_accepted_tokens: Option<Strided1>,
+    pub num_accepted_tokens: Option<Strided<1>>,
     /// `query_start_loc` (commit only).
-    pub query_start_loc: Option<Strided1>,
+    pub query_start_loc: Option<Strided<1>>,
     /// The pad value.
     pub pad_slot_id: Option<i64>,
 }
@@ -69,66 +53,97 @@ impl TrackerPlan {
     /// Whether a slot value names a tracker entry (not the pad, inside `[0, num_states)`).
     #[inline]
     pub fn is_valid_slot(&self, slot: i64) -> bool {
-        Some(slot) != self.pad_slot_id && slot >= 0 && (slot as u64) < self.num_states as u64
+        matches!(Slot::resolve(slot, self.pad_slot_id, self.num_states), Slot::Row(_))
+    }
+
+    /// The tracker slot of request row `row` (`row < rows`), read from the host view
+    /// `state_batch_indices` the plan saw; `None` for the pad or a slot outside
+    /// `[0, num_states)`, which the call skips.
+    #[inline]
+    pub fn slot_of(&self, state_batch_indices: &TensorRef<'_>, row: usize) -> Option<usize> {
+        match Slot::resolve(state_batch_indices.elem_i64(self.index.at([row])), self.pad_slot_id, self.num_states) {
+            Slot::Row(s) => Some(s),
+            Slot::Pad | Slot::OutOfRange => None,
+        }
     }
 }
 
 fn check_index_dtype(arg: &'static str, t: &TensorRef<'_>) -> Result<(), RingError> {
-    if t.dtype().is_index() { Ok(()) } else { Err(RingError::DType { arg, expected: "i32 or i64", actual: t.dtype() }) }
+    if t.dtype().is_index() {
+        Ok(())
+    } else {
+        Err(RingError::from(ArgError::DType { arg, expected: "i32 or i64".into(), actual: t.dtype() }))
+    }
 }
 
 fn check_float(arg: &'static str, dtype: DType) -> Result<(), RingError> {
-    if dtype.is_float() { Ok(()) } else { Err(RingError::DType { arg, expected: "f32, f16 or bf16", actual: dtype }) }
+    if dtype.is_float() {
+        Ok(())
+    } else {
+        Err(RingError::from(ArgError::DType { arg, expected: "f32, f16 or bf16".into(), actual: dtype }))
+    }
 }
 
 fn check_device(arg: &'static str, reference: &'static str, expected: Device, actual: Device) -> Result<(), RingError> {
-    if actual == expected { Ok(()) } else { Err(RingError::Device { arg, reference, expected, actual }) }
+    if actual == expected {
+        Ok(())
+    } else {
+        Err(RingError::from(ArgError::Device { arg, reference, expected, actual }))
+    }
 }
 
-fn vector(arg: &'static str, t: &TensorRef<'_>) -> Result<Strided1, RingError> {
+fn vector(arg: &'static str, t: &TensorRef<'_>) -> Result<Strided<1>, RingError> {
     if t.rank() != 1 {
-        return Err(RingError::Shape { arg, expected: "[n] (1-D)".into(), actual: t.shape().to_vec() });
+        return Err(RingError::from(ArgError::Shape { arg, expected: "[n] (1-D)".into(), actual: t.shape().to_vec() }));
     }
-    Ok(Strided1 { offset: t.layout().offset(), stride: t.strides()[0] })
+    Ok(Strided::for_arg(arg, t.layout(), [t.strides()[0]])?)
 }
 
 /// Column 0 of a `[n]` or `[n, width]` slot table, and `n`.
-fn slot_column(arg: &'static str, t: &TensorRef<'_>) -> Result<(Strided1, usize), RingError> {
+fn slot_column(arg: &'static str, t: &TensorRef<'_>) -> Result<(Strided<1>, usize), RingError> {
     check_index_dtype(arg, t)?;
     match t.rank() {
-        1 => Ok((Strided1 { offset: t.layout().offset(), stride: t.strides()[0] }, t.shape()[0])),
+        1 => Ok((Strided::for_arg(arg, t.layout(), [t.strides()[0]])?, t.shape()[0])),
         2 if t.shape()[1] >= 1 || t.shape()[0] == 0 => {
-            Ok((Strided1 { offset: t.layout().offset(), stride: t.strides()[0] }, t.shape()[0]))
+            Ok((Strided::for_arg(arg, t.layout(), [t.strides()[0]])?, t.shape()[0]))
         }
-        _ => Err(RingError::Shape { arg, expected: "[n] or [n, width >= 1]".into(), actual: t.shape().to_vec() }),
+        _ => Err(RingError::from(ArgError::Shape {
+            arg,
+            expected: "[n] or [n, width >= 1]".into(),
+            actual: t.shape().to_vec(),
+        })),
     }
 }
 
-fn trackers_plan(tr: &RingTrackers<'_>) -> Result<(DType, usize, [Strided1; 3], Device), RingError> {
+fn trackers_plan(tr: &RingTrackers<'_>) -> Result<(DType, usize, [Strided<1>; 3], Device), RingError> {
     let ts: [(&'static str, &TensorMut<'_>); 3] = [
         ("ring_start", &tr.ring_start),
         ("prev_num_accepted", &tr.prev_num_accepted),
         ("prev_query_len", &tr.prev_query_len),
     ];
     let device = tr.ring_start.device();
-    let mut strided = [Strided1 { offset: 0, stride: 0 }; 3];
+    let mut strided = [Strided { offset: 0, strides: [0] }; 3];
     for (k, (arg, t)) in ts.iter().enumerate() {
         check_device(arg, "ring_start", device, t.device())?;
         if !t.dtype().is_index() {
-            return Err(RingError::DType { arg, expected: "i32 or i64", actual: t.dtype() });
+            return Err(RingError::from(ArgError::DType { arg, expected: "i32 or i64".into(), actual: t.dtype() }));
         }
         if t.rank() != 1 {
-            return Err(RingError::Shape { arg, expected: "[num_states] (1-D)".into(), actual: t.shape().to_vec() });
+            return Err(RingError::from(ArgError::Shape {
+                arg,
+                expected: "[num_states] (1-D)".into(),
+                actual: t.shape().to_vec(),
+            }));
         }
         if t.shape()[0] > 1 && t.strides()[0] == 0 {
-            return Err(RingError::Strides {
+            return Err(RingError::from(ArgError::Strides {
                 arg,
                 what: "written, so its entries must not overlap (stride != 0)",
                 shape: t.shape().to_vec(),
                 strides: t.strides().to_vec(),
-            });
+            }));
         }
-        strided[k] = Strided1 { offset: t.layout().offset(), stride: t.strides()[0] };
+        strided[k] = Strided::for_arg(arg, t.layout(), [t.strides()[0]])?;
     }
     let lens = [tr.ring_start.numel(), tr.prev_num_accepted.numel(), tr.prev_query_len.numel()];
     let dtypes = [tr.ring_start.dtype(), tr.prev_num_accepted.dtype(), tr.prev_query_len.dtype()];
@@ -162,8 +177,9 @@ pub(crate) fn plan_update(args: &UpdateRingTrackers<'_>) -> Result<TrackerPlan, 
     let mode = match args.logical_window {
         None => TrackerMode::Reset,
         Some(w) => {
-            let l =
-                args.ring_buffer_len.ok_or(RingError::Requires { arg: "logical_window", needs: "ring_buffer_len" })?;
+            let l = args
+                .ring_buffer_len
+                .ok_or(RingError::from(ArgError::Requires { arg: "logical_window", needs: "`ring_buffer_len`" }))?;
             window_values(w, l)?;
             TrackerMode::Advance { logical_window: w, ring_buffer_len: l }
         }
@@ -195,18 +211,18 @@ pub(crate) fn plan_commit(args: &CommitRingTrackers<'_>) -> Result<TrackerPlan, 
     let acc = vector("num_accepted_tokens", &args.num_accepted_tokens)?;
     let qsl = vector("query_start_loc", &args.query_start_loc)?;
     if args.num_accepted_tokens.shape()[0] < rows {
-        return Err(RingError::Shape {
+        return Err(RingError::from(ArgError::Shape {
             arg: "num_accepted_tokens",
             expected: format!("[>= n={rows}]"),
             actual: args.num_accepted_tokens.shape().to_vec(),
-        });
+        }));
     }
     if args.query_start_loc.shape()[0] < rows + 1 {
-        return Err(RingError::Shape {
+        return Err(RingError::from(ArgError::Shape {
             arg: "query_start_loc",
             expected: format!("[>= n+1={}]", rows + 1),
             actual: args.query_start_loc.shape().to_vec(),
-        });
+        }));
     }
     Ok(TrackerPlan {
         device,
@@ -233,73 +249,17 @@ pub enum TokenForm {
     Varlen,
 }
 
-/// Element access of a per-token tensor: `offset + seq·seq_stride + token·token_stride + i·s_i + j·s_j`.
-/// In the varlen form `seq_stride` is 0 and `token` is the packed token index.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TokenStrides {
-    /// Element offset.
-    pub offset: usize,
-    /// Stride of the sequence axis.
-    pub seq: isize,
-    /// Stride of the token axis.
-    pub token: isize,
-    /// Stride of the head (or group) axis.
-    pub i: isize,
-    /// Stride of the last axis (0 for a per-head `dt`).
-    pub j: isize,
-}
+/// Element `[seq, token, i, j]` of a per-token tensor, `i` the head (or group) and `j` the
+/// last axis (stride 0 for a per-head `dt`). In the varlen form the sequence stride is 0 and
+/// `token` is the packed token index.
+pub type TokenStrides = Strided<4>;
 
-impl TokenStrides {
-    /// Memory index of element `[seq, token, i, j]`.
-    #[inline]
-    pub fn at(&self, seq: usize, token: usize, i: usize, j: usize) -> usize {
-        (self.offset as isize
-            + seq as isize * self.seq
-            + token as isize * self.token
-            + i as isize * self.i
-            + j as isize * self.j) as usize
-    }
-}
+/// Element `[a, b, c, d]` of a 4-D pool (`state`, `x_cache`, `B_cache`) or of the 3-D
+/// `dt_cache` (last stride 0).
+pub type PoolStrides = Strided<4>;
 
-/// Element access of a 4-D pool (`state`, `x_cache`, `B_cache`) or 3-D (`dt_cache`, last stride 0).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PoolStrides {
-    /// Element offset.
-    pub offset: usize,
-    /// Strides of the four axes.
-    pub s: [isize; 4],
-}
-
-impl PoolStrides {
-    /// Memory index of element `[a, b, c, d]`.
-    #[inline]
-    pub fn at(&self, a: usize, b: usize, c: usize, d: usize) -> usize {
-        (self.offset as isize
-            + a as isize * self.s[0]
-            + b as isize * self.s[1]
-            + c as isize * self.s[2]
-            + d as isize * self.s[3]) as usize
-    }
-}
-
-/// A per-head parameter: `offset + h·head + p·dim` (`dim` is 0 for tied parameters).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct HeadParam {
-    /// Element offset.
-    pub offset: usize,
-    /// Head stride.
-    pub head: isize,
-    /// Dim stride (0 when tied).
-    pub dim: isize,
-}
-
-impl HeadParam {
-    /// Memory index of `[h, p]`.
-    #[inline]
-    pub fn at(&self, h: usize, p: usize) -> usize {
-        (self.offset as isize + h as isize * self.head + p as isize * self.dim) as usize
-    }
-}
+/// Element `[h, p]` of a per-head parameter (the `p` stride is 0 for tied parameters).
+pub type HeadParam = Strided<2>;
 
 /// The checked plan of a `checkpointing_ssu` call.
 #[derive(Debug, Clone, PartialEq)]
@@ -355,13 +315,13 @@ pub struct CheckpointingSsuPlan {
     /// `dt_bias` per head.
     pub dt_bias: Option<HeadParam>,
     /// Column 0 of `state_batch_indices`.
-    pub index: Option<Strided1>,
+    pub index: Option<Strided<1>>,
     /// `ring_start`.
-    pub ring_start: Strided1,
+    pub ring_start: Strided<1>,
     /// `prev_num_accepted_tokens`.
-    pub prev_num_accepted_tokens: Strided1,
+    pub prev_num_accepted_tokens: Strided<1>,
     /// `cu_seqlens`.
-    pub cu_seqlens: Option<Strided1>,
+    pub cu_seqlens: Option<Strided<1>>,
     /// Softplus on dt.
     pub dt_softplus: bool,
     /// The pad value.
@@ -382,12 +342,12 @@ fn dims(names: &[&str], vals: &[usize]) -> String {
 
 fn unit_last(arg: &'static str, shape: &[usize], strides: &[isize]) -> Result<(), RingError> {
     match (shape.last(), strides.last()) {
-        (Some(&n), Some(&s)) if n > 1 && s != 1 => Err(RingError::Strides {
+        (Some(&n), Some(&s)) if n > 1 && s != 1 => Err(RingError::from(ArgError::Strides {
             arg,
             what: "contiguous along the last axis (stride 1)",
             shape: shape.to_vec(),
             strides: strides.to_vec(),
-        }),
+        })),
         _ => Ok(()),
     }
 }
@@ -433,26 +393,26 @@ fn token_tensor(
         } else {
             dims(&names, &vals)
         };
-        return Err(RingError::Shape { arg, expected, actual: shape.to_vec() });
+        return Err(RingError::from(ArgError::Shape { arg, expected, actual: shape.to_vec() }));
     }
     let st = t.strides();
     let (seq, token) = lead.strides(st);
     if short_ok {
-        return Ok(TokenStrides { offset: t.layout().offset(), seq, token, i: st[r], j: 0 });
+        return Ok(Strided::for_arg(arg, t.layout(), [seq, token, st[r], 0])?);
     }
     if per_head {
         if tail[1] > 1 && st[r + 1] != 0 {
-            return Err(RingError::Strides {
+            return Err(RingError::from(ArgError::Strides {
                 arg,
                 what: "one value per head (stride 0 along dim)",
                 shape: shape.to_vec(),
                 strides: st.to_vec(),
-            });
+            }));
         }
     } else {
         unit_last(arg, shape, st)?;
     }
-    Ok(TokenStrides { offset: t.layout().offset(), seq, token, i: st[r], j: st[r + 1] })
+    Ok(Strided::for_arg(arg, t.layout(), [seq, token, st[r], st[r + 1]])?)
 }
 
 /// A `[H]` or `[H, P]` (or `[H, P, N]` for `A`) parameter.
@@ -473,33 +433,33 @@ fn head_param(
     };
     let names: &[&str] = if dstate.is_some() { &["heads", "dim", "dstate"] } else { &["heads", "dim"] };
     if shape == [heads] {
-        return Ok(HeadParam { offset: t.layout().offset(), head: st[0], dim: 0 });
+        return Ok(Strided::for_arg(arg, t.layout(), [st[0], 0])?);
     }
     if shape != full.as_slice() {
-        return Err(RingError::Shape {
+        return Err(RingError::from(ArgError::Shape {
             arg,
             expected: format!("[heads={heads}] or {}", dims(names, &full)),
             actual: shape.to_vec(),
-        });
+        }));
     }
     if tied && st[1..].iter().zip(&shape[1..]).any(|(&s, &n)| n > 1 && s != 0) {
-        return Err(RingError::Strides {
+        return Err(RingError::from(ArgError::Strides {
             arg,
             what: "one value per head (stride 0 along dim and dstate)",
             shape: shape.to_vec(),
             strides: st.to_vec(),
-        });
+        }));
     }
-    Ok(HeadParam { offset: t.layout().offset(), head: st[0], dim: if tied { 0 } else { st[1] } })
+    Ok(Strided::for_arg(arg, t.layout(), [st[0], if tied { 0 } else { st[1] }])?)
 }
 
 fn pool(arg: &'static str, t: &TensorMut<'_>, names: &[&str], want: &[usize]) -> Result<PoolStrides, RingError> {
     if t.shape() != want {
-        return Err(RingError::Shape { arg, expected: dims(names, want), actual: t.shape().to_vec() });
+        return Err(RingError::from(ArgError::Shape { arg, expected: dims(names, want), actual: t.shape().to_vec() }));
     }
     let mut s = [0isize; 4];
     s[..want.len()].copy_from_slice(t.strides());
-    Ok(PoolStrides { offset: t.layout().offset(), s })
+    Ok(Strided::for_arg(arg, t.layout(), s)?)
 }
 
 /// Checks a `checkpointing_ssu` call: shapes, dtypes, strides, devices, and, for host
@@ -534,7 +494,11 @@ pub(crate) fn plan_checkpointing_ssu(args: &CheckpointingSsu<'_>) -> Result<Chec
     check_float("x_cache", args.x_cache.dtype())?;
     check_float("B_cache", args.b_cache.dtype())?;
     if args.dt_cache.dtype() != DType::F32 {
-        return Err(RingError::DType { arg: "dt_cache", expected: "f32", actual: args.dt_cache.dtype() });
+        return Err(RingError::from(ArgError::DType {
+            arg: "dt_cache",
+            expected: "f32".into(),
+            actual: args.dt_cache.dtype(),
+        }));
     }
     for (arg, d) in [("x", args.x.dtype()), ("dt", args.dt.dtype()), ("B", args.b.dtype()), ("C", args.c.dtype())] {
         check_float(arg, d)?;
@@ -549,22 +513,22 @@ pub(crate) fn plan_checkpointing_ssu(args: &CheckpointingSsu<'_>) -> Result<Chec
     // The state pool fixes cache, heads, dim, dstate.
     let ss = args.state.shape();
     if ss.len() != 4 {
-        return Err(RingError::Shape {
+        return Err(RingError::from(ArgError::Shape {
             arg: "state",
             expected: "[cache, heads, dim, dstate]".into(),
             actual: ss.to_vec(),
-        });
+        }));
     }
     let (cache, heads, dim, dstate) = (ss[0], ss[1], ss[2], ss[3]);
     unit_last("state", ss, args.state.strides())?;
     let state = pool("state", &args.state, &["cache", "heads", "dim", "dstate"], ss)?;
     let xs = args.x_cache.shape();
     if xs.len() != 4 {
-        return Err(RingError::Shape {
+        return Err(RingError::from(ArgError::Shape {
             arg: "x_cache",
             expected: format!("[cache={cache}, heads={heads}, L, dim={dim}]"),
             actual: xs.to_vec(),
-        });
+        }));
     }
     let ring_len = xs[2];
     let x_cache = pool("x_cache", &args.x_cache, &["cache", "heads", "L", "dim"], &[cache, heads, ring_len, dim])?;
@@ -575,12 +539,16 @@ pub(crate) fn plan_checkpointing_ssu(args: &CheckpointingSsu<'_>) -> Result<Chec
         pool("B_cache", &args.b_cache, &["cache", "groups", "L", "dstate"], &[cache, groups.max(1), ring_len, dstate])?;
     unit_last("B_cache", bs, args.b_cache.strides())?;
     if groups == 0 || heads % groups != 0 {
-        return Err(RingError::HeadsNotDivisible { heads, groups });
+        return Err(RingError::from(ArgError::HeadsNotDivisible { heads, groups, heads_from: "x" }));
     }
     let dt_cache = pool("dt_cache", &args.dt_cache, &["cache", "heads", "L"], &[cache, heads, ring_len])?;
     for (arg, t) in [("ring_start", &args.ring_start), ("prev_num_accepted_tokens", &args.prev_num_accepted_tokens)] {
         if t.shape() != [cache] {
-            return Err(RingError::Shape { arg, expected: format!("[cache={cache}]"), actual: t.shape().to_vec() });
+            return Err(RingError::from(ArgError::Shape {
+                arg,
+                expected: format!("[cache={cache}]"),
+                actual: t.shape().to_vec(),
+            }));
         }
     }
     let ring_start = vector("ring_start", &args.ring_start)?;
@@ -602,20 +570,20 @@ pub(crate) fn plan_checkpointing_ssu(args: &CheckpointingSsu<'_>) -> Result<Chec
             (TokenForm::Varlen, Lead { form: TokenForm::Varlen, names: ["1", "total"], vals: [1, xsh[1]], rank: 2 })
         }
         (None, _) => {
-            return Err(RingError::Shape {
+            return Err(RingError::from(ArgError::Shape {
                 arg: "x",
                 expected: format!("[batch, heads={heads}, dim={dim}] or [batch, T, heads={heads}, dim={dim}]"),
                 actual: xsh.to_vec(),
-            });
+            }));
         }
         (Some(_), _) => {
-            return Err(RingError::Shape {
+            return Err(RingError::from(ArgError::Shape {
                 arg: "x",
                 expected: format!(
                     "[total, heads={heads}, dim={dim}] or [1, total, heads={heads}, dim={dim}] with `cu_seqlens`"
                 ),
                 actual: xsh.to_vec(),
-            });
+            }));
         }
     };
     let hp = ["heads", "dim"];
@@ -636,18 +604,20 @@ pub(crate) fn plan_checkpointing_ssu(args: &CheckpointingSsu<'_>) -> Result<Chec
         TokenForm::Varlen => {
             let cu = args.cu_seqlens.as_ref().expect("varlen form has cu_seqlens");
             if cu.rank() != 1 || cu.shape()[0] == 0 {
-                return Err(RingError::Shape {
+                return Err(RingError::from(ArgError::Shape {
                     arg: "cu_seqlens",
                     expected: "[batch + 1]".into(),
                     actual: cu.shape().to_vec(),
-                });
+                }));
             }
-            let t = args.max_seqlen.ok_or(RingError::Requires { arg: "cu_seqlens", needs: "max_seqlen" })?;
+            let t = args
+                .max_seqlen
+                .ok_or(RingError::from(ArgError::Requires { arg: "cu_seqlens", needs: "`max_seqlen`" }))?;
             (cu.shape()[0] - 1, t, Some(vector("cu_seqlens", cu)?))
         }
     };
     if args.max_seqlen.is_some() && form != TokenForm::Varlen {
-        return Err(RingError::Requires { arg: "max_seqlen", needs: "cu_seqlens" });
+        return Err(RingError::from(ArgError::Requires { arg: "max_seqlen", needs: "`cu_seqlens`" }));
     }
     let window = ring_len as i64 - tokens as i64;
     if (tokens as i64) > window {
@@ -657,20 +627,20 @@ pub(crate) fn plan_checkpointing_ssu(args: &CheckpointingSsu<'_>) -> Result<Chec
         Some(t) => {
             let (col, n) = slot_column("state_batch_indices", t)?;
             if n < batch {
-                return Err(RingError::Shape {
+                return Err(RingError::from(ArgError::Shape {
                     arg: "state_batch_indices",
                     expected: format!("[>= batch={batch}] or [>= batch={batch}, width]"),
                     actual: t.shape().to_vec(),
-                });
+                }));
             }
             Some(col)
         }
         None => {
             if batch > cache {
-                return Err(RingError::Requires {
+                return Err(RingError::from(ArgError::Requires {
                     arg: "a batch larger than the state pool",
-                    needs: "state_batch_indices",
-                });
+                    needs: "`state_batch_indices`",
+                }));
             }
             None
         }
@@ -686,7 +656,7 @@ pub(crate) fn plan_checkpointing_ssu(args: &CheckpointingSsu<'_>) -> Result<Chec
         };
         let mut prev = 0i64;
         for i in 0..=batch {
-            let v = cu.elem_i64(cs.at(i));
+            let v = cu.elem_i64(cs.at([i]));
             let bad = (i == 0 && v != 0) || v < prev || v > total as i64 || (i == batch && v != total as i64);
             if bad {
                 return Err(RingError::CuSeqlens { at: i, value: v, prev, tokens: total });
@@ -706,26 +676,27 @@ pub(crate) fn plan_checkpointing_ssu(args: &CheckpointingSsu<'_>) -> Result<Chec
                 if t.host_bytes().is_none() {
                     continue;
                 }
-                let v = t.elem_i64(col.at(row));
-                if Some(v) == args.pad_slot_id {
-                    continue;
-                }
-                if v < 0 || v >= cache as i64 {
-                    return Err(RingError::IndexOutOfRange {
-                        arg: "state_batch_indices",
-                        row,
-                        value: v,
-                        slots: cache,
-                        pad: args.pad_slot_id.map_or("none".into(), |p| p.to_string()),
-                    });
-                }
-                uses.push(SlotUse { slot: v as usize, written: true, seq: row });
-                v as usize
+                let v = t.elem_i64(col.at([row]));
+                let slot = match Slot::resolve(v, args.pad_slot_id, cache) {
+                    Slot::Pad => continue,
+                    Slot::Row(slot) => slot,
+                    Slot::OutOfRange => {
+                        return Err(RingError::IndexOutOfRange {
+                            arg: "state_batch_indices",
+                            row,
+                            value: v,
+                            slots: cache,
+                            pad: args.pad_slot_id.map_or("none".into(), |p| p.to_string()),
+                        });
+                    }
+                };
+                uses.push(SlotUse { slot, written: true, seq: row });
+                slot
             }
             _ => row,
         };
         if host_cursors {
-            let start = args.ring_start.elem_i64(ring_start.at(slot));
+            let start = args.ring_start.elem_i64(ring_start.at([slot]));
             if start < 0 || start >= ring_len as i64 {
                 return Err(RingError::CursorOutOfRange {
                     arg: "ring_start",
@@ -735,7 +706,7 @@ pub(crate) fn plan_checkpointing_ssu(args: &CheckpointingSsu<'_>) -> Result<Chec
                     limit: ring_len as i64 - 1,
                 });
             }
-            let k = args.prev_num_accepted_tokens.elem_i64(prev_num.at(slot));
+            let k = args.prev_num_accepted_tokens.elem_i64(prev_num.at([slot]));
             if k < 0 || k > window {
                 return Err(RingError::CursorOutOfRange {
                     arg: "prev_num_accepted_tokens",
@@ -795,10 +766,10 @@ impl CheckpointingSsuPlan {
     /// The state slot of sequence `row`, or `None` for a pad row. Host index tensors only.
     pub fn slot(&self, args: &CheckpointingSsu<'_>, row: usize) -> Option<usize> {
         match (&args.state_batch_indices, self.index) {
-            (Some(t), Some(col)) => {
-                let v = t.elem_i64(col.at(row));
-                if Some(v) == self.pad_slot_id || v < 0 || v >= self.cache as i64 { None } else { Some(v as usize) }
-            }
+            (Some(t), Some(col)) => match Slot::resolve(t.elem_i64(col.at([row])), self.pad_slot_id, self.cache) {
+                Slot::Row(slot) => Some(slot),
+                Slot::Pad | Slot::OutOfRange => None,
+            },
             _ => Some(row),
         }
     }
@@ -807,8 +778,8 @@ impl CheckpointingSsuPlan {
     pub fn span(&self, args: &CheckpointingSsu<'_>, row: usize) -> (usize, usize, usize) {
         match (&args.cu_seqlens, self.cu_seqlens) {
             (Some(t), Some(cu)) => {
-                let s = t.elem_i64(cu.at(row)) as usize;
-                let e = t.elem_i64(cu.at(row + 1)) as usize;
+                let s = t.elem_i64(cu.at([row])) as usize;
+                let e = t.elem_i64(cu.at([row + 1])) as usize;
                 (0, s, e - s)
             }
             _ => (row, 0, self.tokens),
@@ -817,8 +788,8 @@ impl CheckpointingSsuPlan {
 
     /// The cursors `(ring_start, k)` of `slot`. Host cursor tensors only.
     pub fn cursors(&self, args: &CheckpointingSsu<'_>, slot: usize) -> (usize, usize) {
-        let start = args.ring_start.elem_i64(self.ring_start.at(slot)) as usize;
-        let k = args.prev_num_accepted_tokens.elem_i64(self.prev_num_accepted_tokens.at(slot)) as usize;
+        let start = args.ring_start.elem_i64(self.ring_start.at([slot])) as usize;
+        let k = args.prev_num_accepted_tokens.elem_i64(self.prev_num_accepted_tokens.at([slot])) as usize;
         (start, k)
     }
 }

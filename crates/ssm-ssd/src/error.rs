@@ -1,60 +1,13 @@
-use ssm_tensor::{DType, Device};
+use ssm_tensor::{ArgError, DType};
 
 /// Why a `mamba_chunk_scan_combined_varlen` call was refused. Every variant names the
 /// argument (as vLLM names it), what was expected and what came. Nothing is written when a
 /// call fails.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum SsdError {
-    /// A tensor's shape does not match the contract.
-    #[error("`{arg}` must have shape {expected}, got {actual:?}")]
-    Shape {
-        /// Argument name.
-        arg: &'static str,
-        /// The expected shape, with the names of its dimensions.
-        expected: String,
-        /// The shape that came.
-        actual: Vec<usize>,
-    },
-    /// A tensor has a dtype the op does not accept.
-    #[error("`{arg}` must be {expected}, got {actual}")]
-    DType {
-        /// Argument name.
-        arg: &'static str,
-        /// The accepted dtypes.
-        expected: String,
-        /// The dtype that came.
-        actual: DType,
-    },
-    /// `heads` is not a multiple of `groups`.
-    #[error("heads ({heads}, from `x`) must be a multiple of groups ({groups}, from `B`)")]
-    HeadsNotDivisible {
-        /// Number of heads.
-        heads: usize,
-        /// Number of groups.
-        groups: usize,
-    },
-    /// A dimension that must be contiguous is not.
-    #[error("`{arg}` must be {what}, got shape {shape:?} with strides {strides:?}")]
-    Strides {
-        /// Argument name.
-        arg: &'static str,
-        /// What is required.
-        what: &'static str,
-        /// Its shape.
-        shape: Vec<usize>,
-        /// Its strides.
-        strides: Vec<isize>,
-    },
-    /// Tensors live on different devices.
-    #[error("`{arg}` lives on {actual}, but `x` lives on {expected}")]
-    Device {
-        /// Argument name.
-        arg: &'static str,
-        /// The device of `x`.
-        expected: Device,
-        /// The argument's device.
-        actual: Device,
-    },
+    /// A tensor argument that does not meet the contract (shape, rank, dtype, device, strides, …).
+    #[error(transparent)]
+    Arg(#[from] ArgError),
     /// `chunk_size` is not a positive power of two.
     #[error("`chunk_size` must be a power of two, got {0}")]
     ChunkSize(usize),

@@ -1,61 +1,7 @@
-use ssm_tensor::{DType, Device, TensorRef};
+use ssm_tensor::ArgError;
+use ssm_tensor::{DType, Device, Strided, TensorRef};
 
 use crate::{MambaChunkScanCombinedVarlen, SsdError};
-
-/// Element `i` of a 1-D view: `offset + i·stride`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Strided1 {
-    /// Element offset of entry 0.
-    pub offset: usize,
-    /// Stride between entries.
-    pub stride: isize,
-}
-
-impl Strided1 {
-    /// Memory index of entry `i`.
-    #[inline]
-    pub fn at(&self, i: usize) -> usize {
-        (self.offset as isize + i as isize * self.stride) as usize
-    }
-}
-
-/// Element access of a 2-D or 3-D view: `offset + i·s[0] + j·s[1] + k·s[2]` (`s[2]` = 0 for 2-D).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Strided3 {
-    /// Element offset.
-    pub offset: usize,
-    /// Strides.
-    pub s: [isize; 3],
-}
-
-impl Strided3 {
-    /// Memory index of `[i, j, k]`.
-    #[inline]
-    pub fn at(&self, i: usize, j: usize, k: usize) -> usize {
-        (self.offset as isize + i as isize * self.s[0] + j as isize * self.s[1] + k as isize * self.s[2]) as usize
-    }
-}
-
-/// Element access of a `[rows, H, P, N]` state tensor.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Strided4 {
-    /// Element offset.
-    pub offset: usize,
-    /// Strides.
-    pub s: [isize; 4],
-}
-
-impl Strided4 {
-    /// Memory index of `[i, j, k, l]`.
-    #[inline]
-    pub fn at(&self, i: usize, j: usize, k: usize, l: usize) -> usize {
-        (self.offset as isize
-            + i as isize * self.s[0]
-            + j as isize * self.s[1]
-            + k as isize * self.s[2]
-            + l as isize * self.s[3]) as usize
-    }
-}
 
 /// The checked plan of one `mamba_chunk_scan_combined_varlen` call.
 #[derive(Debug, Clone, PartialEq)]
@@ -83,35 +29,35 @@ pub struct SsdPlan {
     /// Dtype of `varlen_states` (and `initial_states`).
     pub state_dtype: DType,
     /// `x` `[T, H, P]`.
-    pub x: Strided3,
+    pub x: Strided<3>,
     /// `dt` `[T, H]`.
-    pub dt: Strided3,
+    pub dt: Strided<3>,
     /// `B` `[T, G, N]`.
-    pub b: Strided3,
+    pub b: Strided<3>,
     /// `C` `[T, G, N]`.
-    pub c: Strided3,
+    pub c: Strided<3>,
     /// `z`.
-    pub z: Option<Strided3>,
+    pub z: Option<Strided<3>>,
     /// `out`.
-    pub out: Option<Strided3>,
+    pub out: Option<Strided<3>>,
     /// `A` per head.
-    pub a: Strided1,
+    pub a: Strided<1>,
     /// `D` `[H, P]` view (`s[1]` = 0 for a per-head `D`).
-    pub d: Option<Strided3>,
+    pub d: Option<Strided<3>>,
     /// `dt_bias` per head.
-    pub dt_bias: Option<Strided1>,
+    pub dt_bias: Option<Strided<1>>,
     /// `initial_states`.
-    pub initial_states: Option<Strided4>,
+    pub initial_states: Option<Strided<4>>,
     /// `varlen_states`.
-    pub varlen_states: Strided4,
+    pub varlen_states: Strided<4>,
     /// `cu_seqlens`.
-    pub cu_seqlens: Strided1,
+    pub cu_seqlens: Strided<1>,
     /// `cu_chunk_seqlens`.
-    pub cu_chunk_seqlens: Strided1,
+    pub cu_chunk_seqlens: Strided<1>,
     /// `last_chunk_indices`.
-    pub last_chunk_indices: Strided1,
+    pub last_chunk_indices: Strided<1>,
     /// `seq_idx`.
-    pub seq_idx: Strided1,
+    pub seq_idx: Strided<1>,
     /// Softplus on dt.
     pub dt_softplus: bool,
     /// `(lo, hi)` clamp.
@@ -186,14 +132,14 @@ impl SsdPlan {
 
     /// Chunk `c`'s token range `[start, end)` (host metadata only).
     pub fn chunk(&self, args: &MambaChunkScanCombinedVarlen<'_>, c: usize) -> (usize, usize) {
-        let s = args.cu_chunk_seqlens.elem_i64(self.cu_chunk_seqlens.at(c)) as usize;
-        let e = args.cu_chunk_seqlens.elem_i64(self.cu_chunk_seqlens.at(c + 1)) as usize;
+        let s = args.cu_chunk_seqlens.elem_i64(self.cu_chunk_seqlens.at([c])) as usize;
+        let e = args.cu_chunk_seqlens.elem_i64(self.cu_chunk_seqlens.at([c + 1])) as usize;
         (s, e)
     }
 
     /// `seq_idx[c]` (host metadata only).
     pub fn seq_of(&self, args: &MambaChunkScanCombinedVarlen<'_>, c: usize) -> usize {
-        args.seq_idx.elem_i64(self.seq_idx.at(c)) as usize
+        args.seq_idx.elem_i64(self.seq_idx.at([c])) as usize
     }
 
     /// Whether chunk `c` opens its sequence (`c == 0` or `seq_idx` changes).
@@ -203,7 +149,7 @@ impl SsdPlan {
 
     /// `last_chunk_indices[b]` (-1 for an empty sequence; host metadata only).
     pub fn last_chunk(&self, args: &MambaChunkScanCombinedVarlen<'_>, b: usize) -> i64 {
-        args.last_chunk_indices.elem_i64(self.last_chunk_indices.at(b))
+        args.last_chunk_indices.elem_i64(self.last_chunk_indices.at([b]))
     }
 }
 
@@ -213,17 +159,21 @@ fn dims(names: &[&str], vals: &[usize]) -> String {
 }
 
 fn float(arg: &'static str, d: DType) -> Result<(), SsdError> {
-    if d.is_float() { Ok(()) } else { Err(SsdError::DType { arg, expected: "f32, f16 or bf16".into(), actual: d }) }
+    if d.is_float() {
+        Ok(())
+    } else {
+        Err(SsdError::from(ArgError::DType { arg, expected: "f32, f16 or bf16".into(), actual: d }))
+    }
 }
 
-fn index(arg: &'static str, t: &TensorRef<'_>) -> Result<Strided1, SsdError> {
+fn index(arg: &'static str, t: &TensorRef<'_>) -> Result<Strided<1>, SsdError> {
     if !t.dtype().is_index() {
-        return Err(SsdError::DType { arg, expected: "i32 or i64".into(), actual: t.dtype() });
+        return Err(SsdError::from(ArgError::DType { arg, expected: "i32 or i64".into(), actual: t.dtype() }));
     }
     if t.rank() != 1 {
-        return Err(SsdError::Shape { arg, expected: "1-D".into(), actual: t.shape().to_vec() });
+        return Err(SsdError::from(ArgError::Shape { arg, expected: "1-D".into(), actual: t.shape().to_vec() }));
     }
-    Ok(Strided1 { offset: t.layout().offset(), stride: t.strides()[0] })
+    Ok(Strided::for_arg(arg, t.layout(), [t.strides()[0]])?)
 }
 
 fn shaped(
@@ -232,44 +182,44 @@ fn shaped(
     names: &[&str],
     want: &[usize],
     unit_last: bool,
-) -> Result<Strided3, SsdError> {
+) -> Result<Strided<3>, SsdError> {
     float(arg, t.dtype())?;
     if t.shape() != want {
-        return Err(SsdError::Shape { arg, expected: dims(names, want), actual: t.shape().to_vec() });
+        return Err(SsdError::from(ArgError::Shape { arg, expected: dims(names, want), actual: t.shape().to_vec() }));
     }
     let st = t.strides();
     if unit_last && want.last().is_some_and(|&n| n > 1) && st.last() != Some(&1) {
-        return Err(SsdError::Strides {
+        return Err(SsdError::from(ArgError::Strides {
             arg,
             what: "contiguous along the last axis (stride 1)",
             shape: t.shape().to_vec(),
             strides: st.to_vec(),
-        });
+        }));
     }
     let mut s = [0isize; 3];
     s[..st.len()].copy_from_slice(st);
-    Ok(Strided3 { offset: t.layout().offset(), s })
+    Ok(Strided::for_arg(arg, t.layout(), s)?)
 }
 
-fn state4(arg: &'static str, t: &TensorRef<'_>, want: &[usize; 4], row_name: &str) -> Result<Strided4, SsdError> {
+fn state4(arg: &'static str, t: &TensorRef<'_>, want: &[usize; 4], row_name: &str) -> Result<Strided<4>, SsdError> {
     if t.shape() != want {
         let expected = dims(&[row_name, "heads", "dim", "dstate"], want);
         return Err(if arg == "initial_states" {
             SsdError::InitialStatesBatch { expected, actual: t.shape().to_vec() }
         } else {
-            SsdError::Shape { arg, expected, actual: t.shape().to_vec() }
+            SsdError::from(ArgError::Shape { arg, expected, actual: t.shape().to_vec() })
         });
     }
     let st = t.strides();
     if want[3] > 1 && st[3] != 1 {
-        return Err(SsdError::Strides {
+        return Err(SsdError::from(ArgError::Strides {
             arg,
             what: "contiguous along dstate (last stride 1)",
             shape: t.shape().to_vec(),
             strides: st.to_vec(),
-        });
+        }));
     }
-    Ok(Strided4 { offset: t.layout().offset(), s: [st[0], st[1], st[2], st[3]] })
+    Ok(Strided::for_arg(arg, t.layout(), [st[0], st[1], st[2], st[3]])?)
 }
 
 /// Checks one call: shapes, dtypes, strides and devices of every tensor, and, for host
@@ -278,7 +228,11 @@ fn state4(arg: &'static str, t: &TensorRef<'_>, want: &[usize; 4], row_name: &st
 pub(crate) fn plan(args: &MambaChunkScanCombinedVarlen<'_>) -> Result<SsdPlan, SsdError> {
     let device = args.x.device();
     let dev = |arg: &'static str, d: Device| {
-        if d == device { Ok(()) } else { Err(SsdError::Device { arg, expected: device, actual: d }) }
+        if d == device {
+            Ok(())
+        } else {
+            Err(SsdError::from(ArgError::Device { arg, expected: device, actual: d, reference: "x" }))
+        }
     };
     for (arg, t) in [
         ("dt", &args.dt),
@@ -310,20 +264,24 @@ pub(crate) fn plan(args: &MambaChunkScanCombinedVarlen<'_>) -> Result<SsdPlan, S
     float("x", args.x.dtype())?;
     let xs = args.x.shape();
     if xs.len() != 3 {
-        return Err(SsdError::Shape { arg: "x", expected: "[tokens, heads, dim]".into(), actual: xs.to_vec() });
+        return Err(SsdError::from(ArgError::Shape {
+            arg: "x",
+            expected: "[tokens, heads, dim]".into(),
+            actual: xs.to_vec(),
+        }));
     }
     let (tokens, heads, dim) = (xs[0], xs[1], xs[2]);
     let bs = args.b.shape();
     if bs.len() != 3 {
-        return Err(SsdError::Shape {
+        return Err(SsdError::from(ArgError::Shape {
             arg: "B",
             expected: format!("[tokens={tokens}, groups, dstate]"),
             actual: bs.to_vec(),
-        });
+        }));
     }
     let (groups, dstate) = (bs[1], bs[2]);
     if groups == 0 || heads % groups != 0 {
-        return Err(SsdError::HeadsNotDivisible { heads, groups });
+        return Err(SsdError::from(ArgError::HeadsNotDivisible { heads, groups, heads_from: "x" }));
     }
     let thp = ["tokens", "heads", "dim"];
     let tgn = ["tokens", "groups", "dstate"];
@@ -337,13 +295,13 @@ pub(crate) fn plan(args: &MambaChunkScanCombinedVarlen<'_>) -> Result<SsdPlan, S
         Some(o) => {
             let r = o.as_ref();
             let s = shaped("out", &r, &thp, &[tokens, heads, dim], true)?;
-            if tokens * heads > 1 && (s.s[0] == 0 || s.s[1] == 0) {
-                return Err(SsdError::Strides {
+            if tokens * heads > 1 && (s.strides[0] == 0 || s.strides[1] == 0) {
+                return Err(SsdError::from(ArgError::Strides {
                     arg: "out",
                     what: "written, so its elements must not overlap (no stride 0)",
                     shape: r.shape().to_vec(),
                     strides: r.strides().to_vec(),
-                });
+                }));
             }
             Some(s)
         }
@@ -353,12 +311,14 @@ pub(crate) fn plan(args: &MambaChunkScanCombinedVarlen<'_>) -> Result<SsdPlan, S
         None => None,
         Some(t) if t.shape() == [heads] => {
             float("D", t.dtype())?;
-            Some(Strided3 { offset: t.layout().offset(), s: [t.strides()[0], 0, 0] })
+            Some(Strided::for_arg("D", t.layout(), [t.strides()[0], 0, 0])?)
         }
         Some(t) => Some(shaped("D", t, &["heads", "dim"], &[heads, dim], false).map_err(|e| match e {
-            SsdError::Shape { arg, actual, .. } => {
-                SsdError::Shape { arg, expected: format!("[heads={heads}] or [heads={heads}, dim={dim}]"), actual }
-            }
+            SsdError::Arg(ArgError::Shape { arg, actual, .. }) => SsdError::from(ArgError::Shape {
+                arg,
+                expected: format!("[heads={heads}] or [heads={heads}, dim={dim}]"),
+                actual,
+            }),
             e => e,
         })?),
     };
@@ -366,7 +326,8 @@ pub(crate) fn plan(args: &MambaChunkScanCombinedVarlen<'_>) -> Result<SsdPlan, S
         .dt_bias
         .as_ref()
         .map(|t| {
-            shaped("dt_bias", t, &["heads"], &[heads], false).map(|s| Strided1 { offset: s.offset, stride: s.s[0] })
+            shaped("dt_bias", t, &["heads"], &[heads], false)
+                .map(|s| Strided { offset: s.offset, strides: [s.strides[0]] })
         })
         .transpose()?;
     if args.chunk_size == 0 || !args.chunk_size.is_power_of_two() {
@@ -383,22 +344,30 @@ pub(crate) fn plan(args: &MambaChunkScanCombinedVarlen<'_>) -> Result<SsdPlan, S
     let seq_idx = index("seq_idx", &args.seq_idx)?;
     let cu_len = args.cu_chunk_seqlens.shape()[0];
     if cu_len == 0 {
-        return Err(SsdError::Shape { arg: "cu_chunk_seqlens", expected: "[nchunks + 1]".into(), actual: vec![0] });
+        return Err(SsdError::from(ArgError::Shape {
+            arg: "cu_chunk_seqlens",
+            expected: "[nchunks + 1]".into(),
+            actual: vec![0],
+        }));
     }
     let nchunks = cu_len - 1;
     if args.seq_idx.shape() != [nchunks] {
         return Err(SsdError::SeqIdxLength { nchunks, cu_len, actual: args.seq_idx.shape().to_vec() });
     }
     if args.cu_seqlens.shape()[0] == 0 {
-        return Err(SsdError::Shape { arg: "cu_seqlens", expected: "[batch + 1]".into(), actual: vec![0] });
+        return Err(SsdError::from(ArgError::Shape {
+            arg: "cu_seqlens",
+            expected: "[batch + 1]".into(),
+            actual: vec![0],
+        }));
     }
     let batch = args.cu_seqlens.shape()[0] - 1;
     if args.last_chunk_indices.shape() != [batch] {
-        return Err(SsdError::Shape {
+        return Err(SsdError::from(ArgError::Shape {
             arg: "last_chunk_indices",
             expected: format!("[batch={batch}] (batch from `cu_seqlens`)"),
             actual: args.last_chunk_indices.shape().to_vec(),
-        });
+        }));
     }
 
     let state_dtype = args.state_dtype.unwrap_or(args.c.dtype());
@@ -443,7 +412,7 @@ pub(crate) fn plan(args: &MambaChunkScanCombinedVarlen<'_>) -> Result<SsdPlan, S
         c,
         z,
         out,
-        a: Strided1 { offset: a.offset, stride: a.s[0] },
+        a: Strided { offset: a.offset, strides: [a.strides[0]] },
         d,
         dt_bias,
         initial_states,
@@ -481,8 +450,8 @@ fn check_metadata(p: &SsdPlan, args: &MambaChunkScanCombinedVarlen<'_>) -> Resul
         return Ok(());
     }
     let total = p.tokens as i64;
-    let cs = |i: usize| args.cu_seqlens.elem_i64(p.cu_seqlens.at(i));
-    let cc = |i: usize| args.cu_chunk_seqlens.elem_i64(p.cu_chunk_seqlens.at(i));
+    let cs = |i: usize| args.cu_seqlens.elem_i64(p.cu_seqlens.at([i]));
+    let cc = |i: usize| args.cu_chunk_seqlens.elem_i64(p.cu_chunk_seqlens.at([i]));
     let mut prev = 0;
     for i in 0..=p.batch {
         let v = cs(i);
@@ -524,7 +493,7 @@ fn check_metadata(p: &SsdPlan, args: &MambaChunkScanCombinedVarlen<'_>) -> Resul
     }
     let mut prev_seq = -1i64;
     for c in 0..p.nchunks {
-        let s = args.seq_idx.elem_i64(p.seq_idx.at(c));
+        let s = args.seq_idx.elem_i64(p.seq_idx.at([c]));
         if s < 0 || s >= p.batch as i64 || s < prev_seq {
             return Err(SsdError::SeqIdx { chunk: c, value: s, prev: prev_seq, batch: p.batch });
         }
@@ -540,11 +509,11 @@ fn check_metadata(p: &SsdPlan, args: &MambaChunkScanCombinedVarlen<'_>) -> Resul
     let mut c = 0usize;
     for b in 0..p.batch {
         let mut last = -1i64;
-        while c < p.nchunks && args.seq_idx.elem_i64(p.seq_idx.at(c)) == b as i64 {
+        while c < p.nchunks && args.seq_idx.elem_i64(p.seq_idx.at([c])) == b as i64 {
             last = c as i64;
             c += 1;
         }
-        let got = args.last_chunk_indices.elem_i64(p.last_chunk_indices.at(b));
+        let got = args.last_chunk_indices.elem_i64(p.last_chunk_indices.at([b]));
         if got != last {
             return Err(SsdError::LastChunkIndex { seq: b, expected: last, actual: got });
         }

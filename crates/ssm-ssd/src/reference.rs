@@ -54,7 +54,7 @@ fn run<F: Precision>(p: &SsdPlan, mut args: MambaChunkScanCombinedVarlen<'_>) {
         (Some(t), Some(ip)) => {
             for (e, v) in s.iter_mut().enumerate() {
                 let (h, r) = (e / per_head, e % per_head);
-                *v = F::of(t.elem_f32(ip.at(seq, h, r / nd, r % nd)));
+                *v = F::of(t.elem_f32(ip.at([seq, h, r / nd, r % nd])));
             }
         }
         _ => s.iter_mut().for_each(|v| *v = F::ZERO),
@@ -62,7 +62,7 @@ fn run<F: Precision>(p: &SsdPlan, mut args: MambaChunkScanCombinedVarlen<'_>) {
     let store = |args: &mut MambaChunkScanCombinedVarlen<'_>, row: usize, s: &[F]| {
         for (e, v) in s.iter().enumerate() {
             let (h, r) = (e / per_head, e % per_head);
-            args.varlen_states.set_f32(p.varlen_states.at(row, h, r / nd, r % nd), v.f32());
+            args.varlen_states.set_f32(p.varlen_states.at([row, h, r / nd, r % nd]), v.f32());
         }
     };
     for c in 0..p.nchunks {
@@ -74,29 +74,29 @@ fn run<F: Precision>(p: &SsdPlan, mut args: MambaChunkScanCombinedVarlen<'_>) {
         for t in start..end {
             for h in 0..hh {
                 let g = h / ratio;
-                let bias = args.dt_bias.as_ref().zip(p.dt_bias).map(|(b, bp)| F::of(b.elem_f32(bp.at(h))));
-                let dt = process_dt(F::of(args.dt.elem_f32(p.dt.at(t, h, 0))), bias, p.dt_softplus, p.dt_limit);
-                let decay = (F::of(args.a.elem_f32(p.a.at(h))) * dt).exp();
+                let bias = args.dt_bias.as_ref().zip(p.dt_bias).map(|(b, bp)| F::of(b.elem_f32(bp.at([h]))));
+                let dt = process_dt(F::of(args.dt.elem_f32(p.dt.at([t, h, 0]))), bias, p.dt_softplus, p.dt_limit);
+                let decay = (F::of(args.a.elem_f32(p.a.at([h]))) * dt).exp();
                 let sh = &mut s[h * per_head..(h + 1) * per_head];
                 for pp in 0..pd {
-                    let xv = F::of(args.x.elem_f32(p.x.at(t, h, pp)));
+                    let xv = F::of(args.x.elem_f32(p.x.at([t, h, pp])));
                     let mut y = F::ZERO;
                     for n in 0..nd {
-                        let bv = F::of(args.b.elem_f32(p.b.at(t, g, n)));
-                        let cv = F::of(args.c.elem_f32(p.c.at(t, g, n)));
+                        let bv = F::of(args.b.elem_f32(p.b.at([t, g, n])));
+                        let cv = F::of(args.c.elem_f32(p.c.at([t, g, n])));
                         let v = sh[pp * nd + n] * decay + dt * xv * bv;
                         sh[pp * nd + n] = v;
                         y = y + v * cv;
                     }
                     if let (Some(d), Some(dp)) = (&args.d, p.d) {
-                        y = y + F::of(d.elem_f32(dp.at(h, pp, 0))) * xv;
+                        y = y + F::of(d.elem_f32(dp.at([h, pp, 0]))) * xv;
                     }
                     if let (Some(z), Some(zp)) = (&args.z, p.z) {
-                        let zv = F::of(z.elem_f32(zp.at(t, h, pp)));
+                        let zv = F::of(z.elem_f32(zp.at([t, h, pp])));
                         y = y * zv / (F::of(1.0) + (F::ZERO - zv).exp());
                     }
                     if let (Some(o), Some(op)) = (args.out.as_mut(), p.out) {
-                        o.set_f32(op.at(t, h, pp), y.f32());
+                        o.set_f32(op.at([t, h, pp]), y.f32());
                     }
                 }
             }

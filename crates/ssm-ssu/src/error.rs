@@ -1,77 +1,12 @@
-use ssm_tensor::{DType, Device, TensorError};
+use ssm_tensor::{ArgError, DType};
 
 /// Why a selective state update was refused. Every variant names the argument (as vLLM
 /// names it), what was expected and what came. Nothing is written when a call fails.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum SsuError {
-    /// A tensor has a rank the op does not accept.
-    #[error("`{arg}` must have rank {expected}, got shape {actual:?}")]
-    Rank {
-        /// Argument name.
-        arg: &'static str,
-        /// Accepted ranks, e.g. "3 or 4".
-        expected: &'static str,
-        /// The shape that came.
-        actual: Vec<usize>,
-    },
-    /// A tensor's shape does not match the others.
-    #[error("`{arg}` must have shape {expected}, got {actual:?}")]
-    Shape {
-        /// Argument name.
-        arg: &'static str,
-        /// The expected shape, with the names of its dimensions.
-        expected: String,
-        /// The shape that came.
-        actual: Vec<usize>,
-    },
-    /// A tensor has a dtype the op does not accept.
-    #[error("`{arg}` must be {expected}, got {actual}")]
-    DType {
-        /// Argument name.
-        arg: &'static str,
-        /// The accepted dtypes.
-        expected: &'static str,
-        /// The dtype that came.
-        actual: DType,
-    },
-    /// `heads` is not a multiple of `groups`.
-    #[error("heads ({heads}, from `state`) must be a multiple of groups ({groups}, from `B`)")]
-    HeadsNotDivisible {
-        /// Number of heads.
-        heads: usize,
-        /// Number of groups.
-        groups: usize,
-    },
-    /// A dimension that must be contiguous is not.
-    #[error("`{arg}` must be {what}, got shape {shape:?} with strides {strides:?}")]
-    NotContiguous {
-        /// Argument name.
-        arg: &'static str,
-        /// What is required, e.g. "contiguous along dstate (last stride 1)".
-        what: &'static str,
-        /// Its shape.
-        shape: Vec<usize>,
-        /// Its strides.
-        strides: Vec<isize>,
-    },
-    /// Tensors live on different devices.
-    #[error("`{arg}` lives on {actual}, but `state` lives on {expected}")]
-    Device {
-        /// Argument name.
-        arg: &'static str,
-        /// The state's device.
-        expected: Device,
-        /// The argument's device.
-        actual: Device,
-    },
-    /// An argument needs another one that was not given.
-    #[error("`{arg}` needs `{needs}`")]
-    Requires {
-        /// The argument given.
-        arg: &'static str,
-        /// The argument it needs.
-        needs: &'static str,
-    },
+    /// A tensor argument that does not meet the contract (shape, rank, dtype, device, strides, …).
+    #[error(transparent)]
+    Arg(#[from] ArgError),
     /// A 1-D slot table was given where a 2-D `[seqs, width]` one is needed.
     #[error("`{arg}` must be a 2-D [seqs, width] table {why}, got shape {actual:?}")]
     TableNeeds2D {
@@ -159,16 +94,6 @@ pub enum SsuError {
         /// The shape of `x`.
         actual: Vec<usize>,
     },
-    /// A writable tensor whose elements overlap (e.g. a stride-0 `out`).
-    #[error("`{arg}` is written, so its elements must not overlap; got shape {shape:?} with strides {strides:?}")]
-    Overlapping {
-        /// Argument name.
-        arg: &'static str,
-        /// Its shape.
-        shape: Vec<usize>,
-        /// Its strides.
-        strides: Vec<isize>,
-    },
     /// Stochastic rounding requested for a state that is not fp16.
     #[error("stochastic rounding needs an f16 `state`, got {actual}")]
     StochasticRoundingDtype {
@@ -180,13 +105,5 @@ pub enum SsuError {
     UnknownAlgorithm {
         /// The name given.
         name: String,
-    },
-    /// A view could not be read.
-    #[error("`{arg}`: {source}")]
-    Tensor {
-        /// Argument name.
-        arg: &'static str,
-        /// The view's error.
-        source: TensorError,
     },
 }

@@ -1,3 +1,4 @@
+use ssm_tensor::ArgError;
 use std::cell::RefCell;
 
 use ssm_tensor::{DType, Device, MAX_RANK, Slot, SlotUse, TensorMut, TensorRef, first_slot_conflict};
@@ -230,7 +231,11 @@ impl SsuPlan {
 }
 
 fn dtype_in(arg: &'static str, t: DType, allowed: &[DType], expected: &'static str) -> Result<(), SsuError> {
-    if allowed.contains(&t) { Ok(()) } else { Err(SsuError::DType { arg, expected, actual: t }) }
+    if allowed.contains(&t) {
+        Ok(())
+    } else {
+        Err(SsuError::from(ArgError::DType { arg, expected: expected.into(), actual: t }))
+    }
 }
 
 const FLOATS: &[DType] = &[DType::F32, DType::F16, DType::BF16];
@@ -299,15 +304,24 @@ fn norm_mut(t: &TensorMut<'_>) -> Norm {
     }
 }
 
-/// Whether no two logical elements of a layout share memory (a sufficient condition:
-/// sorted by stride, each stride is at least the span of the axes inside it).
-fn non_overlapping(shape: &[usize], strides: &[isize]) -> bool {
+/// Refuses a written tensor `arg` (as given: `shape`, `strides`; planned as `norm`) whose
+/// logical elements may share memory. Sufficient condition: sorted by stride, each stride is
+/// at least the span of the axes inside it. The spans are checked: an empty view admits any
+/// stride, so a span could otherwise wrap and pass.
+fn written_disjoint(
+    arg: &'static str,
+    norm: (&[usize], &[isize]),
+    shape: &[usize],
+    strides: &[isize],
+) -> Result<(), SsuError> {
+    let overlapping =
+        || SsuError::from(ArgError::Overlapping { arg, shape: shape.to_vec(), strides: strides.to_vec() });
     let mut buf = [(0usize, 0isize); MAX_RANK];
     let mut len = 0;
-    for (&n, &s) in shape.iter().zip(strides) {
+    for (&n, &s) in norm.0.iter().zip(norm.1) {
         if n > 1 {
             if s <= 0 {
-                return false;
+                return Err(overlapping());
             }
             buf[len] = (n, s);
             len += 1;
@@ -318,11 +332,18 @@ fn non_overlapping(shape: &[usize], strides: &[isize]) -> bool {
     let mut span = 1isize;
     for &mut (n, s) in dims {
         if s < span {
-            return false;
+            return Err(overlapping());
         }
-        span = s * n as isize;
+        span = isize::try_from(n).ok().and_then(|n| s.checked_mul(n)).ok_or_else(|| {
+            SsuError::from(ArgError::Overflow {
+                arg,
+                what: "stride span",
+                shape: shape.to_vec(),
+                strides: strides.to_vec(),
+            })
+        })?;
     }
-    true
+    Ok(())
 }
 
 /// Reads an integer from a host index tensor through its layout.
@@ -353,7 +374,11 @@ thread_local! {
 pub(crate) fn plan(args: &SelectiveStateUpdate<'_>) -> Result<SsuPlan, SsuError> {
     let device = args.state.device();
     let check_dev = |arg: &'static str, d: Device| {
-        if d != device { Err(SsuError::Device { arg, expected: device, actual: d }) } else { Ok(()) }
+        if d != device {
+            Err(SsuError::from(ArgError::Device { arg, expected: device, actual: d, reference: "state" }))
+        } else {
+            Ok(())
+        }
     };
     check_dev("x", args.x.device())?;
     check_dev("dt", args.dt.device())?;
@@ -408,24 +433,24 @@ pub(crate) fn plan(args: &SelectiveStateUpdate<'_>) -> Result<SsuPlan, SsuError>
     match state.shape.len() {
         3 => (state.shape, state.strides) = unsqueeze(&state.shape, &state.strides, 1),
         4 => {}
-        _ => return Err(SsuError::Rank { arg: "state", expected: "3 or 4", actual: state.shape.to_vec() }),
+        _ => {
+            return Err(SsuError::from(ArgError::Rank {
+                arg: "state",
+                expected: "3 or 4",
+                actual: state.shape.to_vec(),
+            }));
+        }
     }
     let (slots, heads, dim, dstate) = (state.shape[0], state.shape[1], state.shape[2], state.shape[3]);
     if dstate > 1 && state.strides[3] != 1 {
-        return Err(SsuError::NotContiguous {
+        return Err(SsuError::from(ArgError::Strides {
             arg: "state",
             what: "contiguous along dstate (last stride 1)",
             shape: args.state.shape().to_vec(),
             strides: args.state.strides().to_vec(),
-        });
+        }));
     }
-    if !non_overlapping(&state.shape, &state.strides) {
-        return Err(SsuError::Overlapping {
-            arg: "state",
-            shape: args.state.shape().to_vec(),
-            strides: args.state.strides().to_vec(),
-        });
-    }
+    written_disjoint("state", (&state.shape, &state.strides), args.state.shape(), args.state.strides())?;
 
     // x: route and rows
     let x0 = norm_ref(&args.x);
@@ -440,7 +465,7 @@ pub(crate) fn plan(args: &SelectiveStateUpdate<'_>) -> Result<SsuPlan, SsuError>
             }
             (Route::Dense { steps: x0.shape[1] }, x0.shape[0] * x0.shape[1], 2)
         }
-        _ => return Err(SsuError::Rank { arg: "x", expected: "2, 3 or 4", actual: x0.shape.to_vec() }),
+        _ => return Err(SsuError::from(ArgError::Rank { arg: "x", expected: "2, 3 or 4", actual: x0.shape.to_vec() })),
     };
     let token_prefix: &[(&str, usize)] = match route {
         Route::Dense { steps } => &[("batch", x0.shape[0]), ("steps", steps)],
@@ -468,7 +493,7 @@ pub(crate) fn plan(args: &SelectiveStateUpdate<'_>) -> Result<SsuPlan, SsuError>
             if inner.1 == usize::MAX {
                 s = s.replace(&format!("{}=0", inner.0), inner.0);
             }
-            return Err(SsuError::Shape { arg, expected: s, actual: n.shape.to_vec() });
+            return Err(SsuError::from(ArgError::Shape { arg, expected: s, actual: n.shape.to_vec() }));
         }
         let (seq, tok) = if seq_dims == 2 { (n.strides[0], n.strides[1]) } else { (n.strides[0], n.strides[0]) };
         Ok((
@@ -484,18 +509,12 @@ pub(crate) fn plan(args: &SelectiveStateUpdate<'_>) -> Result<SsuPlan, SsuError>
         None => None,
     };
     let out_norm = norm_mut(&args.out);
-    if !non_overlapping(&out_norm.shape, &out_norm.strides) {
-        return Err(SsuError::Overlapping {
-            arg: "out",
-            shape: args.out.shape().to_vec(),
-            strides: args.out.strides().to_vec(),
-        });
-    }
+    written_disjoint("out", (&out_norm.shape, &out_norm.strides), args.out.shape(), args.out.strides())?;
     let (out, _) = token_tensor("out", out_norm, ("heads", heads), ("dim", dim))?;
     let (b, groups) = token_tensor("B", norm_ref(&args.b), ("groups", usize::MAX), ("dstate", dstate))?;
     let (c, _) = token_tensor("C", norm_ref(&args.c), ("groups", groups), ("dstate", dstate))?;
     if groups == 0 || heads % groups != 0 {
-        return Err(SsuError::HeadsNotDivisible { heads, groups });
+        return Err(SsuError::from(ArgError::HeadsNotDivisible { heads, groups, heads_from: "state" }));
     }
 
     // A [heads, dim, dstate]
@@ -503,14 +522,14 @@ pub(crate) fn plan(args: &SelectiveStateUpdate<'_>) -> Result<SsuPlan, SsuError>
     match an.shape.len() {
         2 => (an.shape, an.strides) = unsqueeze(&an.shape, &an.strides, 0),
         3 => {}
-        _ => return Err(SsuError::Rank { arg: "A", expected: "2 or 3", actual: an.shape.to_vec() }),
+        _ => return Err(SsuError::from(ArgError::Rank { arg: "A", expected: "2 or 3", actual: an.shape.to_vec() })),
     }
     if *an.shape != [heads, dim, dstate] {
-        return Err(SsuError::Shape {
+        return Err(SsuError::from(ArgError::Shape {
             arg: "A",
             expected: shape_str(&[("heads", heads), ("dim", dim), ("dstate", dstate)]),
             actual: args.a.shape().to_vec(),
-        });
+        }));
     }
     let a = Strided { offset: an.offset, strides: [an.strides[0], an.strides[1], an.strides[2]] };
 
@@ -520,14 +539,14 @@ pub(crate) fn plan(args: &SelectiveStateUpdate<'_>) -> Result<SsuPlan, SsuError>
         match n.shape.len() {
             1 => (n.shape, n.strides) = unsqueeze(&n.shape, &n.strides, 0),
             2 => {}
-            _ => return Err(SsuError::Rank { arg, expected: "1 or 2", actual: n.shape.to_vec() }),
+            _ => return Err(SsuError::from(ArgError::Rank { arg, expected: "1 or 2", actual: n.shape.to_vec() })),
         }
         if *n.shape != [heads, dim] {
-            return Err(SsuError::Shape {
+            return Err(SsuError::from(ArgError::Shape {
                 arg,
                 expected: shape_str(&[("heads", heads), ("dim", dim)]),
                 actual: t.shape().to_vec(),
-            });
+            }));
         }
         Ok(Some(Strided { offset: n.offset, strides: [n.strides[0], n.strides[1]] }))
     };
@@ -542,11 +561,11 @@ pub(crate) fn plan(args: &SelectiveStateUpdate<'_>) -> Result<SsuPlan, SsuError>
     let seqs = match (route, &args.cu_seqlens) {
         (Route::Varlen, Some(cu)) => {
             if cu.rank() != 1 || cu.shape()[0] == 0 {
-                return Err(SsuError::Shape {
+                return Err(SsuError::from(ArgError::Shape {
                     arg: "cu_seqlens",
                     expected: "[seqs + 1] (1-D, at least one entry)".into(),
                     actual: cu.shape().to_vec(),
-                });
+                }));
             }
             cu.shape()[0] - 1
         }
@@ -558,7 +577,7 @@ pub(crate) fn plan(args: &SelectiveStateUpdate<'_>) -> Result<SsuPlan, SsuError>
     let table = |arg: &'static str, t: &Option<TensorRef<'_>>| -> Result<Option<IndexTable>, SsuError> {
         let Some(t) = t else { return Ok(None) };
         let Some(tab) = IndexTable::of(t) else {
-            return Err(SsuError::Rank { arg, expected: "1 or 2", actual: t.shape().to_vec() });
+            return Err(SsuError::from(ArgError::Rank { arg, expected: "1 or 2", actual: t.shape().to_vec() }));
         };
         let (rows_t, width) = (tab.rows, tab.width);
         if rows_t < seqs {
@@ -572,13 +591,19 @@ pub(crate) fn plan(args: &SelectiveStateUpdate<'_>) -> Result<SsuPlan, SsuError>
     let sbi = table("state_batch_indices", &args.state_batch_indices)?;
     let dst_given = table("dst_state_batch_indices", &args.dst_state_batch_indices)?;
     if dst_given.is_some() && sbi.is_none() {
-        return Err(SsuError::Requires { arg: "dst_state_batch_indices", needs: "state_batch_indices" });
+        return Err(SsuError::from(ArgError::Requires {
+            arg: "dst_state_batch_indices",
+            needs: "`state_batch_indices`",
+        }));
     }
     let spec = args.num_accepted_tokens.is_some();
     let num_accepted_tokens = match &args.num_accepted_tokens {
         Some(n) => {
             let Some(sbi_t) = &sbi else {
-                return Err(SsuError::Requires { arg: "num_accepted_tokens", needs: "state_batch_indices" });
+                return Err(SsuError::from(ArgError::Requires {
+                    arg: "num_accepted_tokens",
+                    needs: "`state_batch_indices`",
+                }));
             };
             if args.state_batch_indices.as_ref().is_some_and(|t| t.rank() != 2) {
                 let _ = sbi_t;
@@ -596,11 +621,11 @@ pub(crate) fn plan(args: &SelectiveStateUpdate<'_>) -> Result<SsuPlan, SsuError>
                 });
             }
             if n.rank() != 1 || n.shape()[0] != seqs {
-                return Err(SsuError::Shape {
+                return Err(SsuError::from(ArgError::Shape {
                     arg: "num_accepted_tokens",
                     expected: shape_str(&[("seqs", seqs)]),
                     actual: n.shape().to_vec(),
-                });
+                }));
             }
             Some(Strided::new(n.layout().offset(), [n.strides()[0]]))
         }
@@ -693,11 +718,11 @@ fn check_host_indices(plan: &mut SsuPlan, args: &SelectiveStateUpdate<'_>) -> Re
     let Some(sbi) = plan.state_batch_indices else {
         // Without tables sequence b reads and writes slot b.
         if plan.dims.seqs > slots {
-            return Err(SsuError::Shape {
+            return Err(SsuError::from(ArgError::Shape {
                 arg: "state",
                 expected: format!("[slots >= seqs={}, heads, dim, dstate] (no state_batch_indices)", plan.dims.seqs),
                 actual: args.state.shape().to_vec(),
-            });
+            }));
         }
         plan.host_indices_checked = true;
         plan.alias_free = true;

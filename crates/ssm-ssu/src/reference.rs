@@ -12,6 +12,7 @@
 //! error bounds). Both sequence through the batch in order, so aliasing slot tables have a
 //! defined result. Host tensors only; slow on purpose.
 
+use ssm_tensor::ArgError;
 use ssm_tensor::{DType, Device, TensorError};
 
 use crate::philox::{round_f16_stochastic, sr_bits};
@@ -99,7 +100,7 @@ fn write(bytes: &mut [u8], dtype: DType, i: usize, v: f32) {
 }
 
 fn host<'b>(arg: &'static str, b: Option<&'b [u8]>, device: Device) -> Result<&'b [u8], SsuError> {
-    b.ok_or(SsuError::Tensor { arg, source: TensorError::NotHost(device) })
+    b.ok_or(SsuError::from(ArgError::Tensor { arg, source: TensorError::NotHost(device) }))
 }
 
 fn run<F: Acc>(plan: &SsuPlan, mut args: SelectiveStateUpdate<'_>) -> Result<(), SsuError> {
@@ -122,9 +123,14 @@ fn run<F: Acc>(plan: &SsuPlan, mut args: SelectiveStateUpdate<'_>) -> Result<(),
         args.num_accepted_tokens.as_ref().map(|t| host("num_accepted_tokens", t.host_bytes(), dev)).transpose()?;
     let cu = args.cu_seqlens;
     let ty = plan.dtypes;
-    let out = args.out.host_bytes_mut().ok_or(SsuError::Tensor { arg: "out", source: TensorError::NotHost(dev) })?;
-    let state =
-        args.state.host_bytes_mut().ok_or(SsuError::Tensor { arg: "state", source: TensorError::NotHost(dev) })?;
+    let out = args
+        .out
+        .host_bytes_mut()
+        .ok_or(SsuError::from(ArgError::Tensor { arg: "out", source: TensorError::NotHost(dev) }))?;
+    let state = args
+        .state
+        .host_bytes_mut()
+        .ok_or(SsuError::from(ArgError::Tensor { arg: "state", source: TensorError::NotHost(dev) }))?;
 
     let sd = plan.dims;
     let (heads, dim, dstate) = (sd.heads, sd.dim, sd.dstate);

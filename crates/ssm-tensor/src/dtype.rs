@@ -63,21 +63,11 @@ pub trait Element: bytemuck::Pod + Send + Sync + 'static {
     const DTYPE: DType;
 }
 
-impl Element for f32 {
-    const DTYPE: DType = DType::F32;
+macro_rules! element {
+    ($($t:ty => $d:ident),*) => {$(
+        impl Element for $t {
+            const DTYPE: DType = DType::$d;
+        }
+    )*};
 }
-impl Element for f16 {
-    const DTYPE: DType = DType::F16;
-}
-impl Element for bf16 {
-    const DTYPE: DType = DType::BF16;
-}
-impl Element for i32 {
-    const DTYPE: DType = DType::I32;
-}
-impl Element for i64 {
-    const DTYPE: DType = DType::I64;
-}
-impl Element for u8 {
-    const DTYPE: DType = DType::Bool;
-}
+element!(f32 => F32, f16 => F16, bf16 => BF16, i32 => I32, i64 => I64, u8 => Bool);

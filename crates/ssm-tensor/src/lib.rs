@@ -20,6 +20,7 @@
 //! [`HostTensor`] is the one owning type: an aligned host buffer for tests, tools and
 //! benchmarks, which hands out views.
 
+mod arg_error;
 mod dtype;
 pub mod elem;
 mod error;
@@ -31,6 +32,7 @@ mod slots;
 mod strided;
 mod view;
 
+pub use arg_error::ArgError;
 pub use dtype::{DType, Element};
 pub use error::TensorError;
 pub use layout::{Layout, MAX_RANK};

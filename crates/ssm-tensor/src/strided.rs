@@ -1,7 +1,7 @@
 //! The one strided addressing formula of the workspace: element `idx` of an `R`-D tensor is
 //! at `offset + Σ idx[d]·strides[d]` in the borrowed memory.
 
-use crate::Layout;
+use crate::{ArgError, Layout};
 
 /// Element offset and strides of a tensor seen as an `R`-D array (after the op's unsqueeze
 /// rules). Broadcast axes have stride 0.
@@ -20,6 +20,23 @@ impl<const R: usize> Strided<R> {
     /// If `offset` exceeds `isize::MAX` (no view can: its memory would not fit the address space).
     pub fn new(offset: usize, strides: [isize; R]) -> Self {
         Strided { offset: isize::try_from(offset).expect("view offsets fit in isize"), strides }
+    }
+
+    /// From the element offset of `layout` (the view of argument `arg`) and the strides the plan
+    /// reads it with (after the op's unsqueeze and broadcast rules).
+    ///
+    /// # Errors
+    /// [`ArgError::Overflow`] if the offset does not fit in `isize`.
+    pub fn for_arg(arg: &'static str, layout: &Layout, strides: [isize; R]) -> Result<Self, ArgError> {
+        match isize::try_from(layout.offset()) {
+            Ok(offset) => Ok(Strided { offset, strides }),
+            Err(_) => Err(ArgError::Overflow {
+                arg,
+                what: "element offset",
+                shape: layout.shape().to_vec(),
+                strides: layout.strides().to_vec(),
+            }),
+        }
     }
 
     /// The offset and strides of a rank-`R` layout; `None` if the rank differs or the offset
