@@ -18,69 +18,35 @@ use half::{bf16, f16};
 use ssm_conv::{CausalConv1dFnArgs, CausalConv1dUpdateArgs, ConvPlan, ConvSeq};
 use ssm_tensor::{DType, Planned, Run, TensorMut, TensorRef};
 
+use crate::shared::SharedBuf;
 use crate::simd::{LANES, PowTwo, Real, Simd, SimdKernel, dispatch};
 use crate::{CpuBackend, CpuError, require_host};
 
-/// A raw view of a buffer that several items write, each at elements no other item touches.
-struct SharedBuf<T> {
-    ptr: *mut T,
-    len: usize,
-}
-
-impl<T> Clone for SharedBuf<T> {
-    fn clone(&self) -> Self {
-        *self
-    }
-}
-impl<T> Copy for SharedBuf<T> {}
-
-// SAFETY: items only access, through this pointer, elements that the plan assigns to them
-// alone (disjoint slots per sequence, disjoint channels per chunk), so sharing it across
-// threads creates no data race.
-unsafe impl<T: Send> Send for SharedBuf<T> {}
-// SAFETY: as above.
-unsafe impl<T: Send> Sync for SharedBuf<T> {}
-
+// Conv's own accesses to the shared [`SharedBuf`] (items touch only elements the plan assigns
+// to them alone: disjoint slots per sequence, disjoint channels per chunk).
 impl<T: Real> SharedBuf<T> {
-    fn new(s: &mut [T]) -> Self {
-        SharedBuf { ptr: s.as_mut_ptr(), len: s.len() }
-    }
-
-    #[inline(always)]
-    fn read(&self, i: usize) -> T {
-        assert!(i < self.len);
-        // SAFETY: in bounds (asserted); no other item writes element i (module note).
-        unsafe { self.ptr.add(i).read() }
-    }
-
-    #[inline(always)]
-    fn write(&self, i: usize, v: T) {
-        assert!(i < self.len);
-        // SAFETY: in bounds (asserted); element i belongs to the calling item alone.
-        unsafe { self.ptr.add(i).write(v) }
-    }
-
     /// Copies `n` elements `src + k·stride` to `dst + k·stride` (distinct columns of this item).
     #[inline(always)]
     fn copy_within(&self, src: isize, dst: isize, stride: isize, n: usize) {
         if stride == 1 && n == LANES {
             let (s, d) = (src as usize, dst as usize);
-            assert!(s + LANES <= self.len && d + LANES <= self.len);
+            assert!(s + LANES <= self.len() && d + LANES <= self.len());
             // SAFETY: both ranges are in bounds (asserted) and belong to this item alone; the
             // eight values are read before they are written.
             unsafe {
-                let v = self.ptr.add(s).cast::<[T; LANES]>().read_unaligned();
-                self.ptr.add(d).cast::<[T; LANES]>().write_unaligned(v);
+                let v = self.elems::<T>(s, LANES).cast::<[T; LANES]>().read_unaligned();
+                self.elems::<T>(d, LANES).cast::<[T; LANES]>().write_unaligned(v);
             }
         } else if stride == 1 {
             let (s, d) = (src as usize, dst as usize);
-            assert!(s + n <= self.len && d + n <= self.len);
+            assert!(s + n <= self.len() && d + n <= self.len());
             // SAFETY: both ranges are in bounds (asserted) and belong to this item alone;
             // `copy` allows overlap.
-            unsafe { std::ptr::copy(self.ptr.add(s), self.ptr.add(d), n) }
+            unsafe { std::ptr::copy(self.elems::<T>(s, n), self.elems::<T>(d, n), n) }
         } else {
             for k in 0..n as isize {
-                self.write((dst + k * stride) as usize, self.read((src + k * stride) as usize));
+                // SAFETY: both elements belong to this item alone (see the impl's note).
+                unsafe { self.write((dst + k * stride) as usize, self.read((src + k * stride) as usize)) };
             }
         }
     }
@@ -91,19 +57,20 @@ impl<T: Real> SharedBuf<T> {
         if sstride == 1 && dstride == 1 && n == LANES {
             let (f, d) = (from as usize, dst as usize);
             let v: [T; LANES] = src[f..f + LANES].try_into().expect("eight elements");
-            assert!(d + LANES <= self.len);
+            assert!(d + LANES <= self.len());
             // SAFETY: the target range is in bounds (asserted) and belongs to this item alone.
-            unsafe { self.ptr.add(d).cast::<[T; LANES]>().write_unaligned(v) }
+            unsafe { self.elems::<T>(d, LANES).cast::<[T; LANES]>().write_unaligned(v) }
         } else if sstride == 1 && dstride == 1 {
             let (f, d) = (from as usize, dst as usize);
             let src = &src[f..f + n];
-            assert!(d + n <= self.len);
+            assert!(d + n <= self.len());
             // SAFETY: the target range is in bounds (asserted) and belongs to this item alone;
             // `src` is another tensor's memory (a shared borrow), so the ranges do not overlap.
-            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.add(d), n) }
+            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.elems::<T>(d, n), n) }
         } else {
             for k in 0..n as isize {
-                self.write((dst + k * dstride) as usize, src[(from + k * sstride) as usize]);
+                // SAFETY: the element belongs to this item alone (see the impl's note).
+                unsafe { self.write((dst + k * dstride) as usize, src[(from + k * sstride) as usize]) };
             }
         }
     }
@@ -112,7 +79,8 @@ impl<T: Real> SharedBuf<T> {
     #[inline(always)]
     fn fill(&self, dst: isize, stride: isize, n: usize, v: T) {
         for k in 0..n as isize {
-            self.write((dst + k * stride) as usize, v);
+            // SAFETY: the element belongs to this item alone (see the impl's note).
+            unsafe { self.write((dst + k * stride) as usize, v) };
         }
     }
 
@@ -121,15 +89,16 @@ impl<T: Real> SharedBuf<T> {
     fn load<S: Simd>(&self, base: isize, stride: isize, n: usize) -> S {
         if stride == 1 && n == LANES {
             let b = base as usize;
-            assert!(b + LANES <= self.len);
+            assert!(b + LANES <= self.len());
             // SAFETY: the 8 elements are in bounds (asserted) and written by no other item
             // while this one runs (module note), so a short-lived shared slice is sound.
-            let s = unsafe { std::slice::from_raw_parts(self.ptr.add(b), LANES) };
+            let s = unsafe { std::slice::from_raw_parts(self.elems::<T>(b, LANES), LANES) };
             T::load(s)
         } else {
             let mut buf = [0.0f32; LANES];
             for (k, v) in buf.iter_mut().enumerate().take(n) {
-                *v = self.read((base + k as isize * stride) as usize).to_f32();
+                // SAFETY: no other item writes the element (see the impl's note).
+                *v = unsafe { self.read((base + k as isize * stride) as usize) }.to_f32();
             }
             S::load(&buf)
         }
@@ -140,15 +109,16 @@ impl<T: Real> SharedBuf<T> {
     fn store<S: Simd>(&self, v: S, base: isize, stride: isize, n: usize) {
         if stride == 1 && n == LANES {
             let b = base as usize;
-            assert!(b + LANES <= self.len);
+            assert!(b + LANES <= self.len());
             // SAFETY: the 8 elements are in bounds (asserted) and belong to this item alone.
-            let s = unsafe { std::slice::from_raw_parts_mut(self.ptr.add(b), LANES) };
+            let s = unsafe { std::slice::from_raw_parts_mut(self.elems::<T>(b, LANES), LANES) };
             T::store(v, s);
         } else {
             let mut buf = [0.0f32; LANES];
             v.store(&mut buf);
             for (k, &x) in buf.iter().enumerate().take(n) {
-                self.write((base + k as isize * stride) as usize, T::from_f32(x));
+                // SAFETY: the element belongs to this item alone (see the impl's note).
+                unsafe { self.write((base + k as isize * stride) as usize, T::from_f32(x)) };
             }
         }
     }

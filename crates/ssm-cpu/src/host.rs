@@ -1,52 +1,45 @@
-//! Host-memory helpers shared by the CPU kernels: typed reads and writes of plan-addressed
-//! elements of any float or index dtype, and a pointer that work items share.
+//! Host-memory helpers shared by the CPU kernels: the host bytes of an argument (or
+//! [`CpuError::NotHost`]), scalar element access through `ssm_tensor::elem`, and the scalar
+//! write of one element into memory that work items share.
 
-use half::{bf16, f16};
-use ssm_tensor::DType;
+use ssm_tensor::{DType, TensorMut, TensorRef};
 
-/// A raw pointer that may cross threads. Each kernel writes through it only at elements its
-/// plan assigns to exactly one work item at a time (the kernel's own `// SAFETY:` notes say
-/// which), so sharing it is sound.
-#[derive(Clone, Copy)]
-pub(crate) struct SyncPtr<T>(pub(crate) *mut T);
-// SAFETY: see the type's doc: writes through it are disjoint between concurrent items.
-unsafe impl<T> Send for SyncPtr<T> {}
-// SAFETY: as above.
-unsafe impl<T> Sync for SyncPtr<T> {}
+use crate::shared::SharedBuf;
+use crate::{CpuError, require_host};
 
-/// Element `i` of a float buffer, widened to f32.
-#[inline(always)]
-pub(crate) fn rd(bytes: &[u8], dtype: DType, i: usize) -> f32 {
-    match dtype {
-        DType::F32 => f32::from_le_bytes(bytes[i * 4..i * 4 + 4].try_into().unwrap()),
-        DType::BF16 => bf16::from_bits(u16::from_le_bytes(bytes[i * 2..i * 2 + 2].try_into().unwrap())).to_f32(),
-        DType::F16 => f16::from_bits(u16::from_le_bytes(bytes[i * 2..i * 2 + 2].try_into().unwrap())).to_f32(),
-        _ => unreachable!("plans admit float tensors only here"),
-    }
+/// Element `i` of a buffer of any dtype, widened to f32 (`ssm_tensor::elem::read_f32`).
+pub(crate) use ssm_tensor::elem::read_f32 as rd;
+/// Element `i` of an index buffer (`ssm_tensor::elem::read_i64`).
+pub(crate) use ssm_tensor::elem::read_i64 as rd_int;
+
+/// The bytes of a host tensor, or [`CpuError::NotHost`] naming `arg`.
+pub(crate) fn host_ref<'a>(arg: &'static str, t: &TensorRef<'a>) -> Result<&'a [u8], CpuError> {
+    t.host_bytes().ok_or(CpuError::NotHost { arg, device: t.device() })
 }
 
-/// Element `i` of an I32 or I64 buffer.
-#[inline(always)]
-pub(crate) fn rd_int(bytes: &[u8], dtype: DType, i: usize) -> i64 {
-    match dtype {
-        DType::I32 => i32::from_le_bytes(bytes[i * 4..i * 4 + 4].try_into().unwrap()) as i64,
-        _ => i64::from_le_bytes(bytes[i * 8..i * 8 + 8].try_into().unwrap()),
-    }
+/// The bytes and dtype of an optional host tensor.
+pub(crate) fn host_opt<'a>(
+    arg: &'static str,
+    t: &Option<TensorRef<'a>>,
+) -> Result<Option<(&'a [u8], DType)>, CpuError> {
+    t.as_ref().map(|t| Ok((host_ref(arg, t)?, t.dtype()))).transpose()
+}
+
+/// The bytes of a written host tensor, shared between work items.
+pub(crate) fn host_shared(arg: &'static str, t: &mut TensorMut<'_>) -> Result<SharedBuf<u8>, CpuError> {
+    let device = t.device();
+    require_host(arg, device)?;
+    Ok(SharedBuf::new(t.host_bytes_mut().ok_or(CpuError::NotHost { arg, device })?))
 }
 
 /// Writes `v` (rounded to nearest even) as element `i` of a `dtype` buffer.
 ///
 /// # Safety
-/// `base` must point to a buffer holding element `i` of `dtype`, written by no other thread now.
+/// Element `i` of `dtype` must lie in `dst` and be accessed by no other thread now.
 #[inline(always)]
-pub(crate) unsafe fn wr(base: *mut u8, dtype: DType, i: usize, v: f32) {
-    // SAFETY: in bounds and exclusive by the caller's contract; unaligned writes.
-    unsafe {
-        match dtype {
-            DType::F32 => (base.add(i * 4) as *mut f32).write_unaligned(v),
-            DType::BF16 => (base.add(i * 2) as *mut u16).write_unaligned(bf16::from_f32(v).to_bits()),
-            DType::F16 => (base.add(i * 2) as *mut u16).write_unaligned(f16::from_f32(v).to_bits()),
-            _ => unreachable!("plans admit float outputs only"),
-        }
-    }
+pub(crate) unsafe fn wr(dst: SharedBuf<u8>, dtype: DType, i: usize, v: f32) {
+    let size = dtype.size();
+    // SAFETY: the element is in bounds (caller's contract; checked in debug builds) and exclusive.
+    let bytes = unsafe { std::slice::from_raw_parts_mut(dst.elems::<u8>(i * size, size), size) };
+    ssm_tensor::elem::write_f32(bytes, dtype, 0, v);
 }

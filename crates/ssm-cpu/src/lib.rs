@@ -10,7 +10,9 @@
 mod conv;
 mod gdn;
 mod host;
+mod lanes;
 mod ring;
+mod shared;
 pub mod simd;
 mod ssd;
 mod ssu;

@@ -19,35 +19,32 @@ use ssm_ring::{
 };
 use ssm_tensor::{DType, Planned, Run, TensorMut};
 
-use crate::host::{SyncPtr, rd, rd_int, wr};
+use crate::host::{host_opt, host_ref, host_shared, rd, rd_int, wr};
+use crate::lanes::{axpy, dot};
+use crate::shared::{Scratch, SharedBuf};
 use crate::simd::{LANES, PowTwo, Simd, SimdKernel, dispatch};
 use crate::{CpuBackend, CpuError, require_host};
 
-fn wr_int(bytes: &mut [u8], dtype: DType, i: usize, v: i64) {
-    match dtype {
-        DType::I32 => bytes[i * 4..i * 4 + 4].copy_from_slice(&(v as i32).to_le_bytes()),
-        _ => bytes[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes()),
-    }
-}
+use ssm_tensor::elem::write_i64 as wr_int;
 
 /// Widens a contiguous row of `dst.len()` elements starting at element `at` of a `dtype` buffer.
 ///
 /// # Safety
 /// The row must be inside the buffer and written by no other thread now.
 #[inline(always)]
-unsafe fn load_row(base: *const u8, dtype: DType, at: usize, dst: &mut [f32]) {
+unsafe fn load_row(base: SharedBuf<u8>, dtype: DType, at: usize, dst: &mut [f32]) {
     let n = dst.len();
     // SAFETY: by the caller's contract; the plan admits only float states, aligned for their
     // dtype (views are built from typed or aligned memory).
     unsafe {
         match dtype {
-            DType::F32 => dst.copy_from_slice(std::slice::from_raw_parts((base as *const f32).add(at), n)),
+            DType::F32 => dst.copy_from_slice(std::slice::from_raw_parts(base.elems::<f32>(at, n), n)),
             DType::BF16 => {
-                let src = std::slice::from_raw_parts((base as *const bf16).add(at), n);
+                let src = std::slice::from_raw_parts(base.elems::<bf16>(at, n), n);
                 dst.iter_mut().zip(src).for_each(|(d, s)| *d = s.to_f32());
             }
             DType::F16 => {
-                let src = std::slice::from_raw_parts((base as *const f16).add(at), n);
+                let src = std::slice::from_raw_parts(base.elems::<f16>(at, n), n);
                 dst.iter_mut().zip(src).for_each(|(d, s)| *d = s.to_f32());
             }
             _ => unreachable!("plan admits float states only"),
@@ -60,17 +57,17 @@ unsafe fn load_row(base: *const u8, dtype: DType, at: usize, dst: &mut [f32]) {
 /// # Safety
 /// The row must be inside the buffer and accessed by no other thread now.
 #[inline(always)]
-unsafe fn store_row(base: *mut u8, dtype: DType, at: usize, src: &[f32]) {
+unsafe fn store_row(base: SharedBuf<u8>, dtype: DType, at: usize, src: &[f32]) {
     let n = src.len();
     // SAFETY: by the caller's contract.
     unsafe {
         match dtype {
-            DType::F32 => std::slice::from_raw_parts_mut((base as *mut f32).add(at), n).copy_from_slice(src),
-            DType::BF16 => std::slice::from_raw_parts_mut((base as *mut bf16).add(at), n)
+            DType::F32 => std::slice::from_raw_parts_mut(base.elems::<f32>(at, n), n).copy_from_slice(src),
+            DType::BF16 => std::slice::from_raw_parts_mut(base.elems::<bf16>(at, n), n)
                 .iter_mut()
                 .zip(src)
                 .for_each(|(d, s)| *d = bf16::from_f32(*s)),
-            DType::F16 => std::slice::from_raw_parts_mut((base as *mut f16).add(at), n)
+            DType::F16 => std::slice::from_raw_parts_mut(base.elems::<f16>(at, n), n)
                 .iter_mut()
                 .zip(src)
                 .for_each(|(d, s)| *d = f16::from_f32(*s)),
@@ -83,10 +80,6 @@ fn tracker_bytes<'t>(t: &'t mut TensorMut<'_>, arg: &'static str) -> Result<&'t 
     let device = t.device();
     require_host(arg, device)?;
     t.host_bytes_mut().ok_or(CpuError::NotHost { arg, device })
-}
-
-thread_local! {
-    static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 struct Inputs<'a> {
@@ -119,11 +112,11 @@ struct Ctx<'a> {
     cu: Option<(&'a [u8], DType)>,
     ring_start: (&'a [u8], DType),
     prev_num: (&'a [u8], DType),
-    state: SyncPtr<u8>,
-    x_cache: SyncPtr<u8>,
-    b_cache: SyncPtr<u8>,
-    dt_cache: SyncPtr<f32>,
-    out: SyncPtr<u8>,
+    state: SharedBuf<u8>,
+    x_cache: SharedBuf<u8>,
+    b_cache: SharedBuf<u8>,
+    dt_cache: SharedBuf<f32>,
+    out: SharedBuf<u8>,
     dtypes: [DType; 3],
 }
 
@@ -158,31 +151,14 @@ impl Ctx<'_> {
     }
 }
 
-struct Item<'a> {
+struct Item<'a, 's> {
     ctx: &'a Ctx<'a>,
     row: [usize; 6],
     h: usize,
-    scratch: &'a mut Vec<f32>,
+    scratch: &'a mut Scratch<'s>,
 }
 
-#[inline(always)]
-fn dot<S: Simd>(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = S::splat(0.0);
-    for i in (0..a.len()).step_by(LANES) {
-        acc = S::load(&a[i..]).mul_add(S::load(&b[i..]), acc);
-    }
-    acc.reduce_add()
-}
-
-#[inline(always)]
-fn axpy<S: Simd>(y: &mut [f32], alpha: f32, x: &[f32]) {
-    let a = S::splat(alpha);
-    for i in (0..y.len()).step_by(LANES) {
-        S::load(&x[i..]).mul_add(a, S::load(&y[i..])).store(&mut y[i..]);
-    }
-}
-
-impl SimdKernel for Item<'_> {
+impl SimdKernel for Item<'_, '_> {
     type Output = ();
     #[inline(always)]
     fn run<S: Simd + PowTwo>(self) {
@@ -203,10 +179,7 @@ impl SimdKernel for Item<'_> {
         // target features.
         {
             let need = 2 * m + m * (pr + nr) + n * nr + n * pr + pd * nr;
-            if scratch.len() < need {
-                scratch.resize(need, 0.0);
-            }
-            let (dts, rest) = scratch.split_at_mut(m);
+            let (dts, rest) = scratch.take(need).split_at_mut(m);
             let (cum, rest) = rest.split_at_mut(m);
             let (xs, rest) = rest.split_at_mut(m * pr);
             let (bs, rest) = rest.split_at_mut(m * nr);
@@ -223,9 +196,9 @@ impl SimdKernel for Item<'_> {
                     // SAFETY: live ring rows are only read during this call (appends go to
                     // rows k.. after the live window, see the module docs).
                     unsafe {
-                        dts[j] = *ctx.dt_cache.0.add(p.dt_cache.at([slot, h, r, 0]));
-                        load_row(ctx.x_cache.0, xc_t, p.x_cache.at([slot, h, r, 0]), &mut xr[..pd]);
-                        load_row(ctx.b_cache.0, bc_t, p.b_cache.at([slot, g, r, 0]), &mut br[..nd]);
+                        dts[j] = ctx.dt_cache.read(p.dt_cache.at([slot, h, r, 0]));
+                        load_row(ctx.x_cache, xc_t, p.x_cache.at([slot, h, r, 0]), &mut xr[..pd]);
+                        load_row(ctx.b_cache, bc_t, p.b_cache.at([slot, g, r, 0]), &mut br[..nd]);
                     }
                 } else {
                     let t = tok0 + j - k;
@@ -258,7 +231,7 @@ impl SimdKernel for Item<'_> {
                 r.fill(0.0);
                 // SAFETY: the plan checked the slot and the state layout (last stride 1), so
                 // the row's `dstate` elements are inside the state; this item owns (slot, h).
-                unsafe { load_row(ctx.state.0, state_t, p.state.at([slot, h, q, 0]), &mut r[..nd]) };
+                unsafe { load_row(ctx.state, state_t, p.state.at([slot, h, q, 0]), &mut r[..nd]) };
             }
             let (base_cum, first) = if flush && k > 0 {
                 let ck = cum[k - 1];
@@ -280,7 +253,7 @@ impl SimdKernel for Item<'_> {
             if flush {
                 for q in 0..pd {
                     // SAFETY: as for the load above; the row is written by this item only.
-                    unsafe { store_row(ctx.state.0, state_t, p.state.at([slot, h, q, 0]), &srow[q * nr..q * nr + nd]) };
+                    unsafe { store_row(ctx.state, state_t, p.state.at([slot, h, q, 0]), &srow[q * nr..q * nr + nd]) };
                 }
             }
             // Outputs of the new tokens.
@@ -309,7 +282,7 @@ impl SimdKernel for Item<'_> {
                         y *= zv / (1.0 + (-zv).exp());
                     }
                     // SAFETY: token `tok`, head h is written by this item only (plan-checked shape).
-                    unsafe { wr(ctx.out.0, ty[OUT], p.out.at([seq, tok, h, q]), y) };
+                    unsafe { wr(ctx.out, ty[OUT], p.out.at([seq, tok, h, q]), y) };
                 }
             }
             // Append the new tokens after the live window, on both branches.
@@ -319,13 +292,13 @@ impl SimdKernel for Item<'_> {
                 // SAFETY: ring row r of (slot, h) — and of (slot, g) for the group's first head —
                 // is written by this item only, and it is not a live row anyone reads.
                 unsafe {
-                    *ctx.dt_cache.0.add(p.dt_cache.at([slot, h, r, 0])) = dts[j];
+                    ctx.dt_cache.write(p.dt_cache.at([slot, h, r, 0]), dts[j]);
                     for q in 0..pd {
-                        wr(ctx.x_cache.0, xc_t, p.x_cache.at([slot, h, r, q]), xs[j * pr + q]);
+                        wr(ctx.x_cache, xc_t, p.x_cache.at([slot, h, r, q]), xs[j * pr + q]);
                     }
                     if h % p.heads_per_group() == 0 {
                         for q in 0..nd {
-                            wr(ctx.b_cache.0, bc_t, p.b_cache.at([slot, g, r, q]), bs[j * nr + q]);
+                            wr(ctx.b_cache, bc_t, p.b_cache.at([slot, g, r, q]), bs[j * nr + q]);
                         }
                     }
                 }
@@ -445,20 +418,21 @@ impl Run<CommitRingTrackers<'_>> for CpuBackend {
     }
 }
 
+/// f32 scratch of one (sequence, head) item, from the plan's dimensions alone: `m ≤ ring_len +
+/// tokens` history and new tokens (dt, cumsum, x and B rows), the new tokens' C and outputs, and
+/// the base state.
+fn item_scratch(p: &CheckpointingSsuPlan) -> usize {
+    let (pr, nr) = (p.dim.div_ceil(LANES) * LANES, p.dstate.div_ceil(LANES) * LANES);
+    let (m, n) = (p.ring_len + p.tokens, p.tokens);
+    2 * m + m * (pr + nr) + n * nr + n * pr + p.dim * nr
+}
+
 impl Run<CheckpointingSsu<'_>> for CpuBackend {
     type Error = CpuError;
     fn run(&self, call: Planned<CheckpointingSsu<'_>>) -> Result<(), CpuError> {
         let (mut args, plan) = call.into_parts();
         let plan = &plan;
-        fn host<'t>(arg: &'static str, t: &ssm_tensor::TensorRef<'t>) -> Result<&'t [u8], CpuError> {
-            t.host_bytes().ok_or(CpuError::NotHost { arg, device: t.device() })
-        }
-        fn idx<'t>(
-            arg: &'static str,
-            t: &Option<ssm_tensor::TensorRef<'t>>,
-        ) -> Result<Option<(&'t [u8], DType)>, CpuError> {
-            t.as_ref().map(|t| Ok((host(arg, t)?, t.dtype()))).transpose()
-        }
+        let (host, idx) = (host_ref, host_opt);
         let sbi = idx("state_batch_indices", &args.state_batch_indices)?;
         let cu = idx("cu_seqlens", &args.cu_seqlens)?;
         let ring_start = (host("ring_start", &args.ring_start)?, args.ring_start.dtype());
@@ -487,22 +461,18 @@ impl Run<CheckpointingSsu<'_>> for CpuBackend {
             ],
         };
         let dtypes = [args.state.dtype(), args.x_cache.dtype(), args.b_cache.dtype()];
-        let ptr = |arg: &'static str, t: &mut TensorMut<'_>| -> Result<SyncPtr<u8>, CpuError> {
-            let device = t.device();
-            require_host(arg, device)?;
-            Ok(SyncPtr(t.host_bytes_mut().ok_or(CpuError::NotHost { arg, device })?.as_mut_ptr()))
-        };
+        let ptr = host_shared;
         let state = ptr("state", &mut args.state)?;
         let x_cache = ptr("x_cache", &mut args.x_cache)?;
         let b_cache = ptr("B_cache", &mut args.b_cache)?;
         let out = ptr("out", &mut args.out)?;
-        let dt_cache = SyncPtr(ptr("dt_cache", &mut args.dt_cache)?.0 as *mut f32);
+        let dt_cache = ptr("dt_cache", &mut args.dt_cache)?.cast::<f32>();
         let ctx = Ctx { p: plan, inp, sbi, cu, ring_start, prev_num, state, x_cache, b_cache, dt_cache, out, dtypes };
         let ctx = &ctx;
         let heads = plan.heads;
-        self.for_each(plan.batch * heads, |i| {
+        self.for_each_scratch(plan.batch * heads, item_scratch(plan), false, None, |i, scratch| {
             if let Some(row) = ctx.row(i / heads) {
-                SCRATCH.with(|s| dispatch(Item { ctx, row, h: i % heads, scratch: &mut s.borrow_mut() }));
+                dispatch(Item { ctx, row, h: i % heads, scratch });
             }
         });
         Ok(())

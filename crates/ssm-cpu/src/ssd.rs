@@ -18,26 +18,11 @@
 use ssm_ssd::{MambaChunkScanCombinedVarlen, SsdPlan, WorkspaceLayout};
 use ssm_tensor::{DType, Planned, Run};
 
-use crate::host::{SyncPtr, rd, rd_int, wr};
+use crate::host::{host_opt, host_ref, rd, rd_int, wr};
+use crate::lanes::{axpy, dot};
+use crate::shared::{Scratch, SharedBuf};
 use crate::simd::{LANES, PowTwo, Simd, SimdKernel, dispatch};
 use crate::{CpuBackend, CpuError, require_host};
-
-thread_local! {
-    static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// The first `n` elements of a scratch vector, grown once and then reused.
-///
-/// Work items get this thread's scratch from the `for_each` closure; no lane operation may
-/// live in a closure, which is compiled without the caller's target features (every
-/// intrinsic would become a call).
-#[inline(always)]
-fn take(scratch: &mut Vec<f32>, n: usize) -> &mut [f32] {
-    if scratch.len() < n {
-        scratch.resize(n, 0.0);
-    }
-    &mut scratch[..n]
-}
 
 /// Host bytes and dtypes of every input, read by all stages.
 struct Inputs<'a> {
@@ -60,9 +45,9 @@ struct Ctx<'a> {
     p: &'a SsdPlan,
     w: WorkspaceLayout,
     inp: Inputs<'a>,
-    ws: SyncPtr<f32>,
-    out: Option<SyncPtr<u8>>,
-    states_out: SyncPtr<u8>,
+    ws: SharedBuf<f32>,
+    out: Option<SharedBuf<u8>>,
+    states_out: SharedBuf<u8>,
 }
 
 impl Ctx<'_> {
@@ -90,7 +75,7 @@ impl Ctx<'_> {
     #[allow(clippy::mut_from_ref)]
     unsafe fn ws(&self, off: usize, len: usize) -> &mut [f32] {
         // SAFETY: by the caller's contract.
-        unsafe { std::slice::from_raw_parts_mut(self.ws.0.add(off), len) }
+        unsafe { self.ws.slice_mut(off, len) }
     }
     fn dt_row_off(&self, c: usize, h: usize) -> usize {
         (c * self.p.heads + h) * self.w.q_row
@@ -125,40 +110,14 @@ impl Ctx<'_> {
     }
 }
 
-#[inline(always)]
-fn dot<S: Simd>(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc0 = S::splat(0.0);
-    let mut acc1 = S::splat(0.0);
-    let n = a.len();
-    let mut i = 0;
-    while i + 2 * LANES <= n {
-        acc0 = S::load(&a[i..]).mul_add(S::load(&b[i..]), acc0);
-        acc1 = S::load(&a[i + LANES..]).mul_add(S::load(&b[i + LANES..]), acc1);
-        i += 2 * LANES;
-    }
-    if i < n {
-        acc0 = S::load(&a[i..]).mul_add(S::load(&b[i..]), acc0);
-    }
-    acc0.add(acc1).reduce_add()
-}
-
-/// `y += alpha·x` over padded rows.
-#[inline(always)]
-fn axpy<S: Simd>(y: &mut [f32], alpha: f32, x: &[f32]) {
-    let a = S::splat(alpha);
-    for i in (0..y.len()).step_by(LANES) {
-        S::load(&x[i..]).mul_add(a, S::load(&y[i..])).store(&mut y[i..]);
-    }
-}
-
 /// Stage 1 + 2 for (chunk, head), or stage 4 for (chunk, group).
-struct ChunkItem<'a> {
+struct ChunkItem<'a, 's> {
     ctx: &'a Ctx<'a>,
     item: usize,
-    scratch: &'a mut Vec<f32>,
+    scratch: &'a mut Scratch<'s>,
 }
 
-impl SimdKernel for ChunkItem<'_> {
+impl SimdKernel for ChunkItem<'_, '_> {
     type Output = ();
     #[inline(always)]
     fn run<S: Simd + PowTwo>(self) {
@@ -175,7 +134,7 @@ impl SimdKernel for ChunkItem<'_> {
 }
 
 #[inline(always)]
-fn chunk_state<S: Simd + PowTwo>(ctx: &Ctx<'_>, c: usize, h: usize, scratch: &mut Vec<f32>) {
+fn chunk_state<S: Simd + PowTwo>(ctx: &Ctx<'_>, c: usize, h: usize, scratch: &mut Scratch<'_>) {
     let p = ctx.p;
     let inp = &ctx.inp;
     let (q_row, nr) = (ctx.w.q_row, ctx.w.state_row);
@@ -215,7 +174,7 @@ fn chunk_state<S: Simd + PowTwo>(ctx: &Ctx<'_>, c: usize, h: usize, scratch: &mu
     // Stage 2: the chunk's own state, decayed to the chunk's end.
     let da_last = da[len.max(1) - 1];
     st.fill(0.0);
-    let wb = take(scratch, nr);
+    let wb = scratch.take(nr);
     for i in 0..len {
         let w = (da_last - da[i]).min(0.0).exp() * dt_out[i];
         for (n, v) in wb.iter_mut().enumerate() {
@@ -229,14 +188,14 @@ fn chunk_state<S: Simd + PowTwo>(ctx: &Ctx<'_>, c: usize, h: usize, scratch: &mu
 }
 
 #[inline(always)]
-fn chunk_cb<S: Simd + PowTwo>(ctx: &Ctx<'_>, c: usize, g: usize, scratch: &mut Vec<f32>) {
+fn chunk_cb<S: Simd + PowTwo>(ctx: &Ctx<'_>, c: usize, g: usize, scratch: &mut Scratch<'_>) {
     let p = ctx.p;
     let (q_row, nr) = (ctx.w.q_row, ctx.w.state_row);
     let (s, e) = ctx.chunk(c);
     let len = e - s;
     // SAFETY: the CB block of (c, g) belongs to this item.
     let cb = unsafe { ctx.ws(ctx.cb_off(c, g), p.chunk_size * q_row) };
-    let (cs, bs) = take(scratch, 2 * len * nr).split_at_mut(len * nr);
+    let (cs, bs) = scratch.take(2 * len * nr).split_at_mut(len * nr);
     ctx.widen(ctx.inp.c, p.io_dtypes.c, p.c, s, len, g, p.dstate, nr, cs);
     ctx.widen(ctx.inp.b, p.io_dtypes.b, p.b, s, len, g, p.dstate, nr, bs);
     for i in 0..len {
@@ -250,13 +209,13 @@ fn chunk_cb<S: Simd + PowTwo>(ctx: &Ctx<'_>, c: usize, g: usize, scratch: &mut V
 }
 
 /// Stage 3 for (sequence, head).
-struct PassItem<'a> {
+struct PassItem<'a, 's> {
     ctx: &'a Ctx<'a>,
     item: usize,
-    scratch: &'a mut Vec<f32>,
+    scratch: &'a mut Scratch<'s>,
 }
 
-impl SimdKernel for PassItem<'_> {
+impl SimdKernel for PassItem<'_, '_> {
     type Output = ();
     #[inline(always)]
     fn run<S: Simd + PowTwo>(self) {
@@ -266,7 +225,7 @@ impl SimdKernel for PassItem<'_> {
         let (b, h) = (self.item / p.heads, self.item % p.heads);
         let last = ctx.last_chunk(b);
         let per = p.dim * nr;
-        let sin = take(self.scratch, per);
+        let sin = self.scratch.take(per);
         {
             load_init(ctx, b, h, sin);
             if last < 0 {
@@ -328,19 +287,19 @@ fn store_state(ctx: &Ctx<'_>, row: usize, h: usize, src: &[f32]) {
         for n in 0..p.dstate {
             // SAFETY: the plan checked `varlen_states`' shape; row `row`, head `h` is written by
             // this (sequence or chunk, head) item only.
-            unsafe { wr(ctx.states_out.0, p.state_dtype, p.varlen_states.at([row, h, pp, n]), src[pp * nr + n]) };
+            unsafe { wr(ctx.states_out, p.state_dtype, p.varlen_states.at([row, h, pp, n]), src[pp * nr + n]) };
         }
     }
 }
 
 /// Stage 5 for (chunk, head).
-struct ScanItem<'a> {
+struct ScanItem<'a, 's> {
     ctx: &'a Ctx<'a>,
     item: usize,
-    scratch: &'a mut Vec<f32>,
+    scratch: &'a mut Scratch<'s>,
 }
 
-impl SimdKernel for ScanItem<'_> {
+impl SimdKernel for ScanItem<'_, '_> {
     type Output = ();
     #[inline(always)]
     fn run<S: Simd + PowTwo>(self) {
@@ -364,7 +323,7 @@ impl SimdKernel for ScanItem<'_> {
         };
         let opens = ctx.opens(c);
         let has_prev = !opens || p.initial_states.is_some();
-        let buf = take(self.scratch, len * pr + len * nr + len * pr + q_row + per);
+        let buf = self.scratch.take(len * pr + len * nr + len * pr + q_row + per);
         {
             let (xs, rest) = buf.split_at_mut(len * pr);
             let (cs, rest) = rest.split_at_mut(len * nr);
@@ -421,11 +380,19 @@ impl SimdKernel for ScanItem<'_> {
                     }
                     // SAFETY: the plan checked `out`'s shape and that its elements do not overlap;
                     // token s+i, head h is written by this (chunk, head) item only.
-                    unsafe { wr(out.0, out_dtype, op.at([s + i, h, pp]), y) };
+                    unsafe { wr(out, out_dtype, op.at([s + i, h, pp]), y) };
                 }
             }
         }
     }
+}
+
+/// f32 scratch of one item of any stage, from the plan's dimensions alone (the largest: stage 4's
+/// C and B rows of a chunk, or stage 5's x, C and output rows with a chunk row and a state).
+fn item_scratch(p: &SsdPlan, w: &WorkspaceLayout) -> usize {
+    let (len, nr, pr) = (p.chunk_size, w.state_row, p.dim.div_ceil(LANES) * LANES);
+    let per = p.dim * nr;
+    (2 * len * nr).max(len * pr + len * nr + len * pr + w.q_row + per)
 }
 
 impl CpuBackend {
@@ -442,15 +409,7 @@ impl Run<MambaChunkScanCombinedVarlen<'_>> for CpuBackend {
     fn run(&self, call: Planned<MambaChunkScanCombinedVarlen<'_>>) -> Result<(), CpuError> {
         let (mut args, plan) = call.into_parts();
         let plan = &plan;
-        fn host<'t>(arg: &'static str, t: &ssm_tensor::TensorRef<'t>) -> Result<&'t [u8], CpuError> {
-            t.host_bytes().ok_or(CpuError::NotHost { arg, device: t.device() })
-        }
-        fn opt<'t>(
-            arg: &'static str,
-            t: &Option<ssm_tensor::TensorRef<'t>>,
-        ) -> Result<Option<(&'t [u8], DType)>, CpuError> {
-            t.as_ref().map(|t| host(arg, t).map(|b| (b, t.dtype()))).transpose()
-        }
+        let (host, opt) = (host_ref, host_opt);
         let inp = Inputs {
             x: host("x", &args.x)?,
             dt: host("dt", &args.dt)?,
@@ -467,11 +426,11 @@ impl Run<MambaChunkScanCombinedVarlen<'_>> for CpuBackend {
             a_dtype: args.a.dtype(),
         };
         require_host("varlen_states", args.varlen_states.device())?;
-        let states_out = SyncPtr(args.varlen_states.host_bytes_mut().expect("host checked").as_mut_ptr());
+        let states_out = SharedBuf::new(args.varlen_states.host_bytes_mut().expect("host checked"));
         let out = match args.out.as_mut() {
             Some(o) => {
                 require_host("out", o.device())?;
-                Some(SyncPtr(o.host_bytes_mut().expect("host checked").as_mut_ptr()))
+                Some(SharedBuf::new(o.host_bytes_mut().expect("host checked")))
             }
             None => None,
         };
@@ -489,20 +448,21 @@ impl Run<MambaChunkScanCombinedVarlen<'_>> for CpuBackend {
                 &mut owned
             }
         };
-        let ctx = Ctx { p: plan, w, inp, ws: SyncPtr(ws.as_mut_ptr()), out, states_out };
+        let ctx = Ctx { p: plan, w, inp, ws: SharedBuf::new(ws), out, states_out };
         let ctx = &ctx;
         // Stages 1, 2 (per chunk and head) and 4 (per chunk and group).
-        self.for_each(plan.nchunks * (plan.heads + plan.groups), |item| {
-            SCRATCH.with(|s| dispatch(ChunkItem { ctx, item, scratch: &mut s.borrow_mut() }))
+        let per_item = item_scratch(plan, &w);
+        self.for_each_scratch(plan.nchunks * (plan.heads + plan.groups), per_item, false, None, |item, scratch| {
+            dispatch(ChunkItem { ctx, item, scratch })
         });
         // Stage 3 (per sequence and head).
-        self.for_each(plan.batch * plan.heads, |item| {
-            SCRATCH.with(|s| dispatch(PassItem { ctx, item, scratch: &mut s.borrow_mut() }))
+        self.for_each_scratch(plan.batch * plan.heads, per_item, false, None, |item, scratch| {
+            dispatch(PassItem { ctx, item, scratch })
         });
         // Stage 5 (per chunk and head).
         if ctx.out.is_some() {
-            self.for_each(plan.nchunks * plan.heads, |item| {
-                SCRATCH.with(|s| dispatch(ScanItem { ctx, item, scratch: &mut s.borrow_mut() }))
+            self.for_each_scratch(plan.nchunks * plan.heads, per_item, false, None, |item, scratch| {
+                dispatch(ScanItem { ctx, item, scratch })
             });
         }
         Ok(())

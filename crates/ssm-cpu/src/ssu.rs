@@ -6,24 +6,19 @@
 //! in f32 through every token of the sequence (per-token stores in speculative mode), and
 //! stored once — one streaming pass over the state, eight lanes at a time.
 
-use std::cell::RefCell;
-
 use half::{bf16, f16};
 use ssm_ssu::philox::{round_f16_stochastic, sr_bits};
 use ssm_ssu::{ParamForm, Route, SelectiveStateUpdate, SsuPlan, TokenStrides};
 use ssm_tensor::{DType, Planned, Run};
 
-use crate::host::{SyncPtr, rd, rd_int, wr};
+use crate::host::{rd, rd_int, wr};
+use crate::lanes::round8;
+use crate::shared::{Scratch, SharedBuf};
 use crate::simd::{LANES, PowTwo, Real, Simd, SimdKernel, dispatch};
 use crate::{CpuBackend, CpuError, require_host};
 
 /// How many state rows ahead the plain decode step prefetches.
 const PREFETCH_ROWS: usize = 4;
-
-thread_local! {
-    static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
-    static TOKENS: RefCell<Vec<i64>> = const { RefCell::new(Vec::new()) };
-}
 
 struct Inputs<'a> {
     x: &'a [u8],
@@ -40,14 +35,12 @@ struct Inputs<'a> {
     cu: Option<&'a [u8]>,
 }
 
-struct Item<'a, St> {
-    scratch: &'a mut Vec<f32>,
-    /// Per token: x, out and z element bases and the destination slot.
-    tokens: &'a mut Vec<i64>,
+struct Item<'a, 's, St> {
+    scratch: &'a mut Scratch<'s>,
     plan: &'a SsuPlan,
     inp: &'a Inputs<'a>,
-    state: SyncPtr<St>,
-    out: SyncPtr<u8>,
+    state: SharedBuf<St>,
+    out: SharedBuf<u8>,
     seq: usize,
     head: usize,
     /// Rows `[p0, p1)` of the head (the whole head unless few items split it).
@@ -55,8 +48,7 @@ struct Item<'a, St> {
 }
 
 impl CpuBackend {
-    fn ssu_typed<St: Real>(&self, plan: &SsuPlan, inp: &Inputs<'_>, state: *mut St, out: *mut u8) {
-        let (state, out) = (SyncPtr(state), SyncPtr(out));
+    fn ssu_typed<St: Real>(&self, plan: &SsuPlan, inp: &Inputs<'_>, state: SharedBuf<St>, out: SharedBuf<u8>) {
         let heads = plan.dims.heads;
         let dim = plan.dims.dim;
         // Few (sequence, head) items (Mamba1: one head per sequence; small batches) leave threads
@@ -70,33 +62,27 @@ impl CpuBackend {
             1
         };
         let chunk = dim.div_ceil(chunks);
-        let body = |i: usize| {
+        let body = |i: usize, scratch: &mut Scratch<'_>| {
             let (pair, k) = (i / chunks, i % chunks);
             let rows = (k * chunk, ((k + 1) * chunk).min(dim));
-            SCRATCH.with(|scratch| {
-                TOKENS.with(|tokens| {
-                    let (scratch, tokens) = (&mut *scratch.borrow_mut(), &mut *tokens.borrow_mut());
-                    dispatch(Item {
-                        scratch,
-                        tokens,
-                        plan,
-                        inp,
-                        state,
-                        out,
-                        seq: pair / heads,
-                        head: pair % heads,
-                        rows,
-                    });
-                })
-            })
+            dispatch(Item { scratch, plan, inp, state, out, seq: pair / heads, head: pair % heads, rows });
         };
-        let n = pairs * chunks;
-        if plan.alias_free {
-            self.for_each(n, body);
-        } else {
-            (0..n).for_each(body);
-        }
+        let per_item = item_scratch(plan, chunk);
+        self.for_each_scratch(pairs * chunks, per_item, !plan.alias_free, None, body);
     }
+}
+
+/// f32 scratch of one item of `rows` state rows, from the plan's dimensions alone: per token
+/// B and C (`nv` each), dt and dA, per token and row the processed dt and z factor, and three
+/// rows. A sequence is at most one token (decode), `steps` (dense) or all rows (varlen) long.
+fn item_scratch(plan: &SsuPlan, rows: usize) -> usize {
+    let len = match plan.route {
+        Route::OneToken => 1,
+        Route::Dense { steps } => steps,
+        Route::Varlen => plan.dims.rows,
+    };
+    let nv = round8(plan.dims.dstate);
+    len * (2 * nv + 2) + 3 * nv + 2 * len * round8(rows)
 }
 
 impl Run<SelectiveStateUpdate<'_>> for CpuBackend {
@@ -131,28 +117,29 @@ impl Run<SelectiveStateUpdate<'_>> for CpuBackend {
             nacc: opt(&args.num_accepted_tokens),
             cu: opt(&args.cu_seqlens),
         };
-        let out = args.out.host_bytes_mut().ok_or(CpuError::NotHost { arg: "out", device: plan.device })?.as_mut_ptr();
+        let out =
+            SharedBuf::new(args.out.host_bytes_mut().ok_or(CpuError::NotHost { arg: "out", device: plan.device })?);
         match plan.dtypes.state {
             DType::F32 => {
                 let s = args
                     .state
                     .host_data_mut::<f32>()
                     .map_err(|_| CpuError::NotHost { arg: "state", device: plan.device })?;
-                self.ssu_typed(plan, &inp, s.as_mut_ptr(), out)
+                self.ssu_typed(plan, &inp, SharedBuf::new(s), out)
             }
             DType::BF16 => {
                 let s = args
                     .state
                     .host_data_mut::<bf16>()
                     .map_err(|_| CpuError::NotHost { arg: "state", device: plan.device })?;
-                self.ssu_typed(plan, &inp, s.as_mut_ptr(), out)
+                self.ssu_typed(plan, &inp, SharedBuf::new(s), out)
             }
             DType::F16 => {
                 let s = args
                     .state
                     .host_data_mut::<f16>()
                     .map_err(|_| CpuError::NotHost { arg: "state", device: plan.device })?;
-                self.ssu_typed(plan, &inp, s.as_mut_ptr(), out)
+                self.ssu_typed(plan, &inp, SharedBuf::new(s), out)
             }
             _ => unreachable!("plan admits float states only"),
         }
@@ -160,14 +147,14 @@ impl Run<SelectiveStateUpdate<'_>> for CpuBackend {
     }
 }
 
-impl<St: Real> SimdKernel for Item<'_, St> {
+impl<St: Real> SimdKernel for Item<'_, '_, St> {
     type Output = ();
 
     #[inline(always)]
     fn run<S: Simd + PowTwo>(self) {
         // No closure below may contain lane operations: a closure is compiled without the
         // caller's target features, which would turn every intrinsic into a call.
-        let Item { scratch, tokens, plan, inp, state, out, seq: b, head: h, rows: (p_lo, p_hi) } = self;
+        let Item { scratch, plan, inp, state, out, seq: b, head: h, rows: (p_lo, p_hi) } = self;
         let ty = &plan.dtypes;
         let dims = &plan.dims;
         let n_st = dims.dstate;
@@ -227,10 +214,7 @@ impl<St: Real> SimdKernel for Item<'_, St> {
             // factor, computed eight rows at a time below.
             let rp = (p_hi - p_lo).div_ceil(LANES) * LANES;
             let need = len * (2 * nv + 2) + 3 * nv + 2 * len * rp;
-            if scratch.len() < need {
-                scratch.resize(need, 0.0);
-            }
-            let (bv, rest) = scratch.split_at_mut(len * nv);
+            let (bv, rest) = scratch.take(need).split_at_mut(len * nv);
             let (cv, rest) = rest.split_at_mut(len * nv);
             let (dts, rest) = rest.split_at_mut(len);
             let (das, rest) = rest.split_at_mut(len);
@@ -239,18 +223,6 @@ impl<St: Real> SimdKernel for Item<'_, St> {
             let (bdt_row, rest) = rest.split_at_mut(nv);
             let (dt_rows, rest) = rest.split_at_mut(len * rp);
             let z_rows = &mut rest[..len * rp];
-            tokens.clear();
-            for t in 0..len {
-                tokens.push(tok(&plan.x, t) as i64);
-                tokens.push(tok(&plan.out, t) as i64);
-                tokens.push(plan.z.map_or(0, |zs| tok(&zs, t)) as i64);
-                tokens.push(if spec_dsts {
-                    let dtab = plan.dst_state_batch_indices.unwrap();
-                    rd_int(inp.dst.unwrap(), dtab.dtype, dtab.strides.at([b, t]))
-                } else {
-                    0
-                });
-            }
             for t in 0..len {
                 let (bb, cb) = (tok(&plan.b, t), tok(&plan.c, t));
                 let dtv = if tied { dt_of(t, 0) } else { 1.0 };
@@ -271,10 +243,10 @@ impl<St: Real> SimdKernel for Item<'_, St> {
             // rounding): one fused pass per row, state read, updated and stored chunk by chunk
             // without the f32 row buffer.
             if len == 1 && tied && live && !plan.spec && plan.stochastic_rounding.is_none() && n_st % LANES == 0 {
-                let [xb, ob, zb, _] = tokens[0..4].try_into().unwrap();
+                let (xb, ob, zb) = (tok(&plan.x, 0), tok(&plan.out, 0), plan.z.map_or(0, |zs| tok(&zs, 0)));
                 let (da, bt, ct) = (S::splat(das[0]), &bv[..nv], &cv[..nv]);
                 for p in p_lo..p_hi {
-                    let xv = rd(inp.x, ty.x, plan.x.at(xb as isize, h, p));
+                    let xv = rd(inp.x, ty.x, plan.x.at(xb, h, p));
                     let xs = S::splat(xv);
                     let src_off = plan.state.at([src as usize, h, p, 0]);
                     let dst_off = plan.state.at([dst_final as usize, h, p, 0]);
@@ -284,7 +256,7 @@ impl<St: Real> SimdKernel for Item<'_, St> {
                         let ahead = plan.state.at([src as usize, h, p + PREFETCH_ROWS, 0]);
                         let row_bytes = n_st * std::mem::size_of::<St>();
                         for line in (0..row_bytes).step_by(64) {
-                            S::prefetch(state.0.wrapping_add(ahead).cast::<u8>().wrapping_add(line));
+                            S::prefetch(state.elems::<St>(ahead, 0).cast::<u8>().wrapping_add(line));
                         }
                     }
                     let mut acc = S::splat(0.0);
@@ -292,11 +264,15 @@ impl<St: Real> SimdKernel for Item<'_, St> {
                         // SAFETY: both rows were checked by the plan and belong to this item;
                         // each chunk is read through a slice that ends before the write below
                         // (source and destination may be the same row).
-                        let v = St::load::<S>(unsafe { std::slice::from_raw_parts(state.0.add(src_off + n), LANES) })
-                            .mul_add(da, S::load(&bt[n..]).mul(xs));
+                        let v = St::load::<S>(unsafe {
+                            std::slice::from_raw_parts(state.elems::<St>(src_off + n, LANES), LANES)
+                        })
+                        .mul_add(da, S::load(&bt[n..]).mul(xs));
                         if final_store {
                             // SAFETY: as above; no other reference to this chunk is alive.
-                            St::store(v, unsafe { std::slice::from_raw_parts_mut(state.0.add(dst_off + n), LANES) });
+                            St::store(v, unsafe {
+                                std::slice::from_raw_parts_mut(state.elems::<St>(dst_off + n, LANES), LANES)
+                            });
                         }
                         acc = v.mul_add(S::load(&ct[n..]), acc);
                     }
@@ -306,11 +282,11 @@ impl<St: Real> SimdKernel for Item<'_, St> {
                     };
                     let mut y = acc.reduce_add() + xv * d_p;
                     if let (Some(z), Some(zs)) = (inp.z, plan.z) {
-                        let zv = rd(z, ty.z.unwrap(), zs.at(zb as isize, h, p));
+                        let zv = rd(z, ty.z.unwrap(), zs.at(zb, h, p));
                         y *= zv / (1.0 + (-zv).exp());
                     }
                     // SAFETY: out element (token, h, p) belongs to this item (see below).
-                    unsafe { wr(out.0, ty.out, plan.out.at(ob as isize, h, p), y) };
+                    unsafe { wr(out, ty.out, plan.out.at(ob, h, p), y) };
                 }
                 return;
             }
@@ -320,7 +296,7 @@ impl<St: Real> SimdKernel for Item<'_, St> {
             // factor, so that no row pays scalar `exp`/`ln` calls.
             let has_z = inp.z.is_some() && plan.z.is_some();
             for t in 0..len {
-                let zb = tokens[4 * t + 2];
+                let zb = plan.z.map_or(0, |zs| tok(&zs, t));
                 let mut p = p_lo;
                 while p < p_hi {
                     let m = LANES.min(p_hi - p);
@@ -338,7 +314,7 @@ impl<St: Real> SimdKernel for Item<'_, St> {
                         let (z, zs) = (inp.z.unwrap(), plan.z.unwrap());
                         let mut v = [0.0f32; LANES];
                         for (k, vk) in v.iter_mut().enumerate().take(m) {
-                            *vk = rd(z, ty.z.unwrap(), zs.at(zb as isize, h, p + k));
+                            *vk = rd(z, ty.z.unwrap(), zs.at(zb, h, p + k));
                         }
                         let zl = S::load(&v);
                         zl.div(S::splat(1.0).add(S::splat(0.0).sub(zl).exp())).store(&mut z_rows[at..]);
@@ -353,7 +329,7 @@ impl<St: Real> SimdKernel for Item<'_, St> {
                     let off = plan.state.at([src as usize, h, p, 0]);
                     // SAFETY: the plan checked `src` against the pool and the state layout, so
                     // `off..off + dstate` is inside the state; this item owns (src, h) now.
-                    let srow = unsafe { std::slice::from_raw_parts(state.0.add(off), n_st) };
+                    let srow = unsafe { std::slice::from_raw_parts(state.elems::<St>(off, n_st), n_st) };
                     load_row::<S, St>(srow, row);
                 } else {
                     row.iter_mut().for_each(|v| *v = 0.0);
@@ -363,8 +339,12 @@ impl<St: Real> SimdKernel for Item<'_, St> {
                     _ => 0.0,
                 };
                 for t in 0..len {
-                    let [xb, ob, _, ds] = tokens[4 * t..4 * t + 4].try_into().unwrap();
-                    let xv = rd(inp.x, ty.x, plan.x.at(xb as isize, h, p));
+                    let (xb, ob) = (tok(&plan.x, t), tok(&plan.out, t));
+                    let ds = match (spec_dsts, plan.dst_state_batch_indices) {
+                        (true, Some(dtab)) => rd_int(inp.dst.unwrap(), dtab.dtype, dtab.strides.at([b, t])),
+                        _ => 0,
+                    };
+                    let xv = rd(inp.x, ty.x, plan.x.at(xb, h, p));
                     let bt = &bv[t * nv..(t + 1) * nv];
                     let ct = &cv[t * nv..(t + 1) * nv];
                     let mut acc = S::splat(0.0);
@@ -410,9 +390,9 @@ impl<St: Real> SimdKernel for Item<'_, St> {
                     }
                     if spec_dsts && !plan.is_pad(ds) {
                         let off = plan.state.at([ds as usize, h, p, 0]);
-                        // SAFETY: `ds` was checked by the plan; (ds, h) is owned by this item
+                        // `ds` was checked by the plan; (ds, h) is owned by this item
                         // (alias_free) or items run in order.
-                        let dptr = unsafe { state.0.add(off) };
+                        let dptr = state.elems::<St>(off, n_st);
                         // A token's column other than the source is write-only in this call:
                         // streaming stores skip the read for ownership of its lines.
                         let lane_bytes = LANES * std::mem::size_of::<St>();
@@ -435,12 +415,12 @@ impl<St: Real> SimdKernel for Item<'_, St> {
                     }
                     // SAFETY: the plan checked `out`'s shape and that its elements do not overlap;
                     // token (t) of sequence b, head h, row p is written by this item only.
-                    unsafe { wr(out.0, ty.out, plan.out.at(ob as isize, h, p), y) };
+                    unsafe { wr(out, ty.out, plan.out.at(ob, h, p), y) };
                 }
                 if final_store {
                     let off = plan.state.at([dst_final as usize, h, p, 0]);
                     // SAFETY: `dst_final` was checked by the plan; (dst_final, h) is owned by this item.
-                    let drow = unsafe { std::slice::from_raw_parts_mut(state.0.add(off), n_st) };
+                    let drow = unsafe { std::slice::from_raw_parts_mut(state.elems::<St>(off, n_st), n_st) };
                     match plan.stochastic_rounding {
                         None => store_row::<S, St>(row, drow),
                         Some(sr) => {

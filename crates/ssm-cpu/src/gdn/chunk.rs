@@ -1,0 +1,438 @@
+//! The chunked prefill (semantics/gdn_conv.md §2.5): per (sequence, value head), chunks of
+//! [`CHUNK_SIZE`] tokens in the WY/UT form with the state held K-major in f32 (see the module
+//! doc of [`super`]). Scratch: one [`ChunkLayout`] region per worker, from the caller's `scratch`
+//! when it is large enough (see [`ssm_gdn::ChunkScratch`]), else allocated once per call.
+
+use ssm_gdn::plan::{ChunkPlan, ChunkStart, StateView};
+use ssm_gdn::{CHUNK_SIZE, ChunkGatedDeltaRuleArgs, StateLayout};
+use ssm_tensor::{Planned, Run, TensorRef};
+
+use super::normalize;
+use crate::host::{host_opt, host_ref, host_shared, rd};
+use crate::lanes::{axpy, dot, gather, round8, scal, scatter};
+use crate::shared::{Scratch, SharedBuf};
+use crate::simd::{LANES, PowTwo, Simd, SimdKernel, dispatch};
+use crate::{CpuBackend, CpuError, require_host};
+
+/// Offsets (in f32 elements) of one worker's chunked-prefill scratch.
+#[derive(Clone, Copy)]
+struct ChunkLayout {
+    kp: usize,
+    vp: usize,
+    q: usize,
+    k: usize,
+    w: usize,
+    u: usize,
+    o: usize,
+    kdt: usize,
+    a: usize,
+    pm: usize,
+    gc: usize,
+    bt: usize,
+    len: usize,
+}
+
+impl ChunkLayout {
+    fn new(kd: usize, vd: usize) -> Self {
+        let c = CHUNK_SIZE;
+        let (kp, vp) = (round8(kd), round8(vd));
+        let q = kd * vp;
+        let k = q + c * kp;
+        let w = k + c * kp;
+        let u = w + c * kp;
+        let o = u + c * vp;
+        let kdt = o + c * vp;
+        let a = kdt + kd * c;
+        let pm = a + c * c;
+        let gc = pm + c * c;
+        let bt = gc + c;
+        let len = bt + c;
+        ChunkLayout { kp, vp, q, k, w, u, o, kdt, a, pm, gc, bt, len }
+    }
+}
+
+/// `out[i][..np] += alpha·Σ_{p<kd} a[i·lda + p]·b[p·ldb + ..np]` for `i < m`; `np` a multiple of 8.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn gemm<S: Simd>(
+    m: usize,
+    kd: usize,
+    np: usize,
+    a: &[f32],
+    lda: usize,
+    b: &[f32],
+    ldb: usize,
+    out: &mut [f32],
+    ldo: usize,
+    alpha: f32,
+) {
+    let mut i = 0;
+    while i + 2 <= m {
+        let mut c = 0;
+        while c + 4 * LANES <= np {
+            gemm_tile::<S, 2, 4>(i, c, kd, a, lda, b, ldb, out, ldo, alpha);
+            c += 4 * LANES;
+        }
+        while c < np {
+            gemm_tile::<S, 2, 1>(i, c, kd, a, lda, b, ldb, out, ldo, alpha);
+            c += LANES;
+        }
+        i += 2;
+    }
+    if i < m {
+        let mut c = 0;
+        while c + 4 * LANES <= np {
+            gemm_tile::<S, 1, 4>(i, c, kd, a, lda, b, ldb, out, ldo, alpha);
+            c += 4 * LANES;
+        }
+        while c < np {
+            gemm_tile::<S, 1, 1>(i, c, kd, a, lda, b, ldb, out, ldo, alpha);
+            c += LANES;
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn gemm_tile<S: Simd, const R: usize, const G: usize>(
+    i: usize,
+    c: usize,
+    kd: usize,
+    a: &[f32],
+    lda: usize,
+    b: &[f32],
+    ldb: usize,
+    out: &mut [f32],
+    ldo: usize,
+    alpha: f32,
+) {
+    let mut acc = [[S::splat(0.0); G]; R];
+    for p in 0..kd {
+        let brow = &b[p * ldb + c..p * ldb + c + G * LANES];
+        // A plain loop, not `array::from_fn`: a closure would not inherit the caller's target features.
+        let mut bv = [S::splat(0.0); G];
+        for j in 0..G {
+            bv[j] = S::load(&brow[j * LANES..]);
+        }
+        for r in 0..R {
+            let av = S::splat(a[(i + r) * lda + p] * alpha);
+            for j in 0..G {
+                acc[r][j] = bv[j].mul_add(av, acc[r][j]);
+            }
+        }
+    }
+    for r in 0..R {
+        let orow = &mut out[(i + r) * ldo + c..(i + r) * ldo + c + G * LANES];
+        for j in 0..G {
+            S::load(&orow[j * LANES..]).add(acc[r][j]).store(&mut orow[j * LANES..]);
+        }
+    }
+}
+
+struct ChunkCtx<'a> {
+    plan: &'a ChunkPlan,
+    q: &'a [u8],
+    k: &'a [u8],
+    v: &'a [u8],
+    g: &'a [u8],
+    beta: &'a [u8],
+    cu: Option<TensorRef<'a>>,
+    ix: Option<TensorRef<'a>>,
+    has: Option<TensorRef<'a>>,
+    state: Option<SharedBuf<u8>>,
+    final_state: Option<SharedBuf<u8>>,
+    o: SharedBuf<u8>,
+    layout: ChunkLayout,
+}
+
+struct ChunkItem<'c, 'a, 's, 't> {
+    ctx: &'c ChunkCtx<'a>,
+    item: usize,
+    scratch: &'s mut Scratch<'t>,
+}
+
+impl SimdKernel for ChunkItem<'_, '_, '_, '_> {
+    type Output = ();
+    #[inline(always)]
+    fn run<S: Simd + PowTwo>(self) {
+        chunk_item::<S>(self.ctx, self.item, self.scratch.take(self.ctx.layout.len))
+    }
+}
+
+/// Element offset of entry (ki, vi) of a stored head and the stride between its `vi`s.
+fn head_entry(layout: StateLayout, kd: usize, vd: usize, ki: usize) -> (usize, isize) {
+    match layout {
+        StateLayout::VK => (ki, kd as isize),
+        StateLayout::KV => (ki * vd, 1),
+    }
+}
+
+/// Loads head `hv` of row `row` of a state tensor into the K-major f32 matrix `h` (`[kd][vp]`,
+/// zero-padded).
+///
+/// # Safety
+/// The head block must lie in `base` and be written by no other thread now.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn load_h<S: Simd>(
+    base: SharedBuf<u8>,
+    sv: &StateView,
+    layout: StateLayout,
+    row: usize,
+    hv: usize,
+    kd: usize,
+    vd: usize,
+    h: &mut [f32],
+) {
+    let vp = round8(vd);
+    let (off, size) = (sv.head(row, hv, kd * vd), sv.dtype.size());
+    // SAFETY: the head block (kd·vd elements from `off`) is in bounds and not written
+    // concurrently (caller's contract).
+    let bytes = unsafe { std::slice::from_raw_parts(base.elems::<u8>(off * size, kd * vd * size), kd * vd * size) };
+    for ki in 0..kd {
+        let (at, stride) = head_entry(layout, kd, vd, ki);
+        let hrow = &mut h[ki * vp..(ki + 1) * vp];
+        gather::<S>(bytes, sv.dtype, at, stride, &mut hrow[..vd]);
+        hrow[vd..].fill(0.0);
+    }
+}
+
+/// Stores the K-major f32 matrix `h` as head `hv` of row `row` of a state tensor.
+///
+/// # Safety
+/// The head block must lie in `base` and be accessed by no other thread now.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn store_h<S: Simd>(
+    base: SharedBuf<u8>,
+    sv: &StateView,
+    layout: StateLayout,
+    row: usize,
+    hv: usize,
+    kd: usize,
+    vd: usize,
+    h: &[f32],
+) {
+    let vp = round8(vd);
+    let off = sv.head(row, hv, kd * vd);
+    for ki in 0..kd {
+        let (at, stride) = head_entry(layout, kd, vd, ki);
+        // SAFETY: row ki of the head block is in bounds and owned by this item (caller's contract).
+        unsafe { scatter::<S>(base, sv.dtype, off + at, stride, &h[ki * vp..ki * vp + vd]) };
+    }
+}
+
+/// One worker's scratch, split by [`ChunkLayout`].
+struct ChunkBufs<'w> {
+    /// The state `H`, `[kd][vp]`.
+    h: &'w mut [f32],
+    q: &'w mut [f32],
+    k: &'w mut [f32],
+    w: &'w mut [f32],
+    u: &'w mut [f32],
+    o: &'w mut [f32],
+    /// `e^{G_last − G_i} k_i`, transposed: `[kd][CHUNK_SIZE]`.
+    kdt: &'w mut [f32],
+    a: &'w mut [f32],
+    p: &'w mut [f32],
+    /// In-chunk cumulative gate `G`.
+    gc: &'w mut [f32],
+    beta: &'w mut [f32],
+}
+
+impl<'w> ChunkBufs<'w> {
+    fn split(l: &ChunkLayout, ws: &'w mut [f32]) -> Self {
+        let (h, rest) = ws[..l.len].split_at_mut(l.q);
+        let (q, rest) = rest.split_at_mut(l.k - l.q);
+        let (k, rest) = rest.split_at_mut(l.w - l.k);
+        let (w, rest) = rest.split_at_mut(l.u - l.w);
+        let (u, rest) = rest.split_at_mut(l.o - l.u);
+        let (o, rest) = rest.split_at_mut(l.kdt - l.o);
+        let (kdt, rest) = rest.split_at_mut(l.a - l.kdt);
+        let (a, rest) = rest.split_at_mut(l.pm - l.a);
+        let (p, rest) = rest.split_at_mut(l.gc - l.pm);
+        let (gc, beta) = rest.split_at_mut(l.bt - l.gc);
+        ChunkBufs { h, q, k, w, u, o, kdt, a, p, gc, beta }
+    }
+}
+
+#[inline(always)]
+fn chunk_item<S: Simd>(ctx: &ChunkCtx<'_>, item: usize, ws: &mut [f32]) {
+    let p = ctx.plan;
+    let d = p.dims;
+    let (n, hv) = (item / d.v_heads, item % d.v_heads);
+    let (read, write) = match p.start(ctx.ix.as_ref(), ctx.has.as_ref(), n) {
+        ChunkStart::Skip => return,
+        ChunkStart::Zeros { row } => (None, row),
+        ChunkStart::Row(r) => (Some(r), p.inplace.then_some(r)),
+    };
+    let sp = p.span(ctx.cu.as_ref(), n);
+    let mut m = ChunkBufs::split(&ctx.layout, ws);
+    match read {
+        Some(r) => {
+            let sv = p.state.as_ref().expect("a row start implies initial_state");
+            // SAFETY: head hv of row r is in bounds (plan) and written by no other sequence (plan's
+            // slot-conflict check) nor by another item (other heads).
+            unsafe { load_h::<S>(ctx.state.unwrap(), sv, p.layout, r, hv, d.k, d.v, m.h) };
+        }
+        None => m.h.fill(0.0),
+    }
+    let mut c0 = 0;
+    while c0 < sp.len {
+        let (t0, cl) = (sp.t0 + c0, CHUNK_SIZE.min(sp.len - c0));
+        chunk_inputs::<S>(ctx, sp.b, t0, cl, hv, &mut m);
+        chunk_solve::<S>(ctx, cl, &mut m);
+        chunk_outputs::<S>(ctx, sp.b, t0, cl, hv, &mut m);
+        chunk_state_update::<S>(ctx, cl, &mut m);
+        c0 += cl;
+    }
+    if let (Some(fs), Some(buf)) = (p.final_state.as_ref(), ctx.final_state) {
+        // SAFETY: row n of `final_state` belongs to sequence n; head hv to this item.
+        unsafe { store_h::<S>(buf, fs, p.layout, n, hv, d.k, d.v, m.h) };
+    }
+    if let Some(r) = write {
+        let sv = p.state.as_ref().expect("in-place writes imply initial_state");
+        // SAFETY: row r is touched by this sequence only (plan); head hv by this item only.
+        unsafe { store_h::<S>(ctx.state.unwrap(), sv, p.layout, r, hv, d.k, d.v, m.h) };
+    }
+}
+
+/// Gathers the chunk's tokens `t0..t0 + cl`: normalised `q`, `k`, the values into `U`, the
+/// cumulative gate `G` and `β`.
+#[inline(always)]
+fn chunk_inputs<S: Simd>(ctx: &ChunkCtx<'_>, b: usize, t0: usize, cl: usize, hv: usize, m: &mut ChunkBufs<'_>) {
+    let p = ctx.plan;
+    let (kd, vd, kp, vp) = (p.dims.k, p.dims.v, ctx.layout.kp, ctx.layout.vp);
+    let h = hv / p.dims.group();
+    let ((q_at, q_dt), (k_at, k_dt), (v_at, v_dt), (g_at, g_dt), (b_at, b_dt)) = (p.q, p.k, p.v, p.g, p.beta);
+    let mut acc = 0.0f32;
+    for i in 0..cl {
+        let tt = t0 + i;
+        let qi = &mut m.q[i * kp..(i + 1) * kp];
+        gather::<S>(ctx.q, q_dt, q_at.at([b, tt, h, 0]), q_at.strides[3], &mut qi[..kd]);
+        normalize::<S>(qi, kd, p.l2norm, p.eps, p.scale);
+        let ki = &mut m.k[i * kp..(i + 1) * kp];
+        gather::<S>(ctx.k, k_dt, k_at.at([b, tt, h, 0]), k_at.strides[3], &mut ki[..kd]);
+        normalize::<S>(ki, kd, p.l2norm, p.eps, 1.0);
+        let ui = &mut m.u[i * vp..(i + 1) * vp];
+        gather::<S>(ctx.v, v_dt, v_at.at([b, tt, hv, 0]), v_at.strides[3], &mut ui[..vd]);
+        ui[vd..].fill(0.0);
+        acc += rd(ctx.g, g_dt, g_at.at([b, tt, hv]));
+        m.gc[i] = acc;
+        m.beta[i] = rd(ctx.beta, b_dt, b_at.at([b, tt, hv]));
+    }
+}
+
+/// `A` (strictly lower) and `P` (lower with diagonal), then `U = (I+A)⁻¹ βV` and
+/// `W = (I+A)⁻¹ (β e^G K)` by forward substitution, then `V' = U − W·H` (in place in `U`).
+#[inline(always)]
+fn chunk_solve<S: Simd>(ctx: &ChunkCtx<'_>, cl: usize, m: &mut ChunkBufs<'_>) {
+    let (kd, kp, vp, cs) = (ctx.plan.dims.k, ctx.layout.kp, ctx.layout.vp, CHUNK_SIZE);
+    let (gc, bt) = (&*m.gc, &*m.beta);
+    for i in 0..cl {
+        let (qi, ki) = (&m.q[i * kp..(i + 1) * kp], &m.k[i * kp..(i + 1) * kp]);
+        for j in 0..=i {
+            let kj = &m.k[j * kp..(j + 1) * kp];
+            let decay = (gc[i] - gc[j]).exp();
+            m.p[i * cs + j] = dot::<S>(qi, kj) * decay;
+            if j < i {
+                m.a[i * cs + j] = bt[i] * dot::<S>(ki, kj) * decay;
+            }
+        }
+    }
+    for i in 0..cl {
+        scal::<S>(&mut m.u[i * vp..(i + 1) * vp], bt[i]);
+        let wi = &mut m.w[i * kp..(i + 1) * kp];
+        wi.copy_from_slice(&m.k[i * kp..(i + 1) * kp]);
+        scal::<S>(wi, bt[i] * gc[i].exp());
+        for j in 0..i {
+            let aij = -m.a[i * cs + j];
+            let (uj, ui) = m.u.split_at_mut(i * vp);
+            axpy::<S>(&mut ui[..vp], aij, &uj[j * vp..(j + 1) * vp]);
+            let (wj, wi) = m.w.split_at_mut(i * kp);
+            axpy::<S>(&mut wi[..kp], aij, &wj[j * kp..(j + 1) * kp]);
+        }
+    }
+    gemm::<S>(cl, kd, vp, m.w, kp, m.h, vp, m.u, vp, -1.0);
+}
+
+/// `O = (e^{G_i} q_i)·H + P·V'`, scattered to `o`.
+#[inline(always)]
+fn chunk_outputs<S: Simd>(ctx: &ChunkCtx<'_>, b: usize, t0: usize, cl: usize, hv: usize, m: &mut ChunkBufs<'_>) {
+    let (kd, vd, kp, vp) = (ctx.plan.dims.k, ctx.plan.dims.v, ctx.layout.kp, ctx.layout.vp);
+    let (o_at, o_dt) = ctx.plan.o;
+    m.o[..cl * vp].fill(0.0);
+    for i in 0..cl {
+        scal::<S>(&mut m.q[i * kp..(i + 1) * kp], m.gc[i].exp());
+    }
+    gemm::<S>(cl, kd, vp, m.q, kp, m.h, vp, m.o, vp, 1.0);
+    gemm::<S>(cl, cl, vp, m.p, CHUNK_SIZE, m.u, vp, m.o, vp, 1.0);
+    for i in 0..cl {
+        let at = o_at.at([b, t0 + i, hv, 0]);
+        // SAFETY: the output row of (sequence, token t0 + i, head hv) belongs to this item.
+        unsafe { scatter::<S>(ctx.o, o_dt, at, o_at.strides[3], &m.o[i * vp..i * vp + vd]) };
+    }
+}
+
+/// `H ← e^{G_last}·H + Σ_i e^{G_last − G_i} k_i V'_iᵀ`.
+#[inline(always)]
+fn chunk_state_update<S: Simd>(ctx: &ChunkCtx<'_>, cl: usize, m: &mut ChunkBufs<'_>) {
+    let (kd, kp, vp, cs) = (ctx.plan.dims.k, ctx.layout.kp, ctx.layout.vp, CHUNK_SIZE);
+    let glast = m.gc[cl - 1];
+    scal::<S>(m.h, glast.exp());
+    for i in 0..cl {
+        let f = (glast - m.gc[i]).exp();
+        for ki in 0..kd {
+            m.kdt[ki * cs + i] = m.k[i * kp + ki] * f;
+        }
+    }
+    gemm::<S>(kd, cl, vp, m.kdt, cs, m.u, vp, m.h, vp, 1.0);
+}
+
+impl Run<ChunkGatedDeltaRuleArgs<'_>> for CpuBackend {
+    type Error = CpuError;
+    fn run(&self, call: Planned<ChunkGatedDeltaRuleArgs<'_>>) -> Result<(), CpuError> {
+        let (mut a, plan) = call.into_parts();
+        let plan = &plan;
+        host_opt("cu_seqlens", &a.cu_seqlens)?;
+        host_opt("initial_state_indices", &a.initial_state_indices)?;
+        host_opt("has_initial_state", &a.has_initial_state)?;
+        let layout = ChunkLayout::new(plan.dims.k, plan.dims.v);
+        let ctx = ChunkCtx {
+            plan,
+            q: host_ref("q", &a.q)?,
+            k: host_ref("k", &a.k)?,
+            v: host_ref("v", &a.v)?,
+            g: host_ref("g", &a.g)?,
+            beta: host_ref("beta", &a.beta)?,
+            cu: a.cu_seqlens,
+            ix: a.initial_state_indices,
+            has: a.has_initial_state,
+            state: a.initial_state.as_mut().map(|s| host_shared("initial_state", s)).transpose()?,
+            final_state: a.final_state.as_mut().map(|s| host_shared("final_state", s)).transpose()?,
+            o: host_shared("o", &mut a.o)?,
+            layout,
+        };
+        let given = match a.scratch.as_mut() {
+            Some(s) => {
+                require_host("scratch", s.device())?;
+                let off = s.layout().offset();
+                let all = s.host_data_mut::<f32>().expect("the plan checked an f32 scratch");
+                Some(&mut all[off..off + plan.scratch_len])
+            }
+            None => None,
+        };
+        let items = plan.dims.seqs * plan.dims.v_heads;
+        self.for_each_scratch(items, layout.len, false, given, |item, scratch| {
+            dispatch(ChunkItem { ctx: &ctx, item, scratch })
+        });
+        Ok(())
+    }
+}
+
+impl ssm_gdn::ChunkScratch for CpuBackend {
+    fn chunk_gated_delta_rule_scratch_size(&self, plan: &ChunkPlan) -> usize {
+        let items = plan.dims.seqs * plan.dims.v_heads;
+        self.scratch_workers(items) * ChunkLayout::new(plan.dims.k, plan.dims.v).len
+    }
+}

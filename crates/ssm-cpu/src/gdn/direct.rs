@@ -1,0 +1,492 @@
+//! The direct decode kernels of the recurrent ops: state rows stream from memory to memory
+//! (read once, updated in f32 in registers or L1, written once per destination), with no tile.
+
+use crate::lanes::{ld, round8, st};
+use crate::shared::SharedBuf;
+use crate::simd::{LANES, Real, Simd};
+
+/// Four independent accumulators keep the FMA latency chain off the critical path.
+///
+/// # Safety
+/// `row` must be valid for reading `n` elements.
+#[inline(always)]
+unsafe fn dot_row<S: Simd, R: Real>(row: *const R, x: &[f32], n: usize) -> f32 {
+    let full = n / LANES * LANES;
+    let xs = &x[..full];
+    let (mut a0, mut a1, mut a2, mut a3) = (S::splat(0.0), S::splat(0.0), S::splat(0.0), S::splat(0.0));
+    let mut c = 0;
+    while c + 4 * LANES <= full {
+        // SAFETY: `c + 32 ≤ full ≤ n`, inside the row (caller's contract).
+        unsafe {
+            a0 = ld::<S, R>(row.add(c)).mul_add(S::load(&xs[c..]), a0);
+            a1 = ld::<S, R>(row.add(c + LANES)).mul_add(S::load(&xs[c + LANES..]), a1);
+            a2 = ld::<S, R>(row.add(c + 2 * LANES)).mul_add(S::load(&xs[c + 2 * LANES..]), a2);
+            a3 = ld::<S, R>(row.add(c + 3 * LANES)).mul_add(S::load(&xs[c + 3 * LANES..]), a3);
+        }
+        c += 4 * LANES;
+    }
+    while c < full {
+        // SAFETY: `c + 8 ≤ full ≤ n`, inside the row.
+        a0 = unsafe { ld::<S, R>(row.add(c)) }.mul_add(S::load(&xs[c..]), a0);
+        c += LANES;
+    }
+    let mut s = a0.add(a1).add(a2.add(a3)).reduce_add();
+    for (c, xc) in x.iter().enumerate().take(n).skip(full) {
+        // SAFETY: `c < n`, inside the row.
+        s += unsafe { *row.add(c) }.to_f32() * xc;
+    }
+    s
+}
+
+/// Where the direct decode path writes its updated rows.
+#[derive(Clone, Copy)]
+pub(super) enum Dst {
+    /// Nowhere (a null write slot).
+    None,
+    /// Back over the rows it read.
+    InPlace,
+    /// Another head block: base pointer and element offset.
+    Other(SharedBuf<u8>, usize),
+}
+
+/// Pass 2 of the direct decode on one row: `x = src·e^g + u·k`, stored to `dst` (unless null),
+/// returns `Σ x·q`. `dst` may equal `src` (in place). Unrolled by two with named accumulators:
+/// an indexed accumulator array spills to the stack and chains every FMA through a
+/// store-to-load forward.
+///
+/// # Safety
+/// `src` must be valid for reading `kd` elements; `dst` null or valid for writing `kd` elements
+/// (it may be `src` itself, and must not overlap it otherwise); no reference to either is live.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn row_update<S: Simd, R: Real>(
+    src: *const R,
+    dst: *mut R,
+    kd: usize,
+    k: &[f32],
+    q: &[f32],
+    decay: f32,
+    ur: f32,
+) -> f32 {
+    let full = kd / LANES * LANES;
+    let (ks, qs) = (&k[..full], &q[..full]);
+    let (dv, u) = (S::splat(decay), S::splat(ur));
+    let write = !dst.is_null();
+    let (mut o0, mut o1) = (S::splat(0.0), S::splat(0.0));
+    let mut c = 0;
+    while c + 2 * LANES <= full {
+        // SAFETY: `c + 16 ≤ full ≤ kd`, inside both rows (caller's contract); each element is
+        // read before it is written.
+        unsafe {
+            let x0 = ld::<S, R>(src.add(c)).mul_add(dv, u.mul(S::load(&ks[c..])));
+            let x1 = ld::<S, R>(src.add(c + LANES)).mul_add(dv, u.mul(S::load(&ks[c + LANES..])));
+            if write {
+                st::<S, R>(x0, dst.add(c));
+                st::<S, R>(x1, dst.add(c + LANES));
+            }
+            o0 = x0.mul_add(S::load(&qs[c..]), o0);
+            o1 = x1.mul_add(S::load(&qs[c + LANES..]), o1);
+        }
+        c += 2 * LANES;
+    }
+    if c < full {
+        // SAFETY: `c + 8 ≤ full ≤ kd`, inside both rows.
+        unsafe {
+            let x0 = ld::<S, R>(src.add(c)).mul_add(dv, u.mul(S::load(&ks[c..])));
+            if write {
+                st::<S, R>(x0, dst.add(c));
+            }
+            o0 = x0.mul_add(S::load(&qs[c..]), o0);
+        }
+    }
+    let mut tail = 0.0f32;
+    for c in full..kd {
+        // SAFETY: `c < kd`, inside the source row.
+        let x = unsafe { *src.add(c) }.to_f32() * decay + ur * k[c];
+        if write {
+            // SAFETY: `c < kd`, inside the destination row.
+            unsafe { *dst.add(c) = R::from_f32(x) };
+        }
+        tail += x * q[c];
+    }
+    o0.add(o1).reduce_add() + tail
+}
+
+/// Blocks of four rows of a V-major head (`kd` a multiple of 8, `4·nblk` rows), software
+/// pipelined: the loop that updates block `b` (`x = e^g·S + u kᵀ`, stored, `o += x·q`) also
+/// accumulates the dot products `S·k` of block `b + 1`, so the dot → `u` dependency of one block
+/// overlaps the streaming of the previous one instead of stalling the core. Rows are prefetched
+/// `AHEAD` rows ahead (4, the block after the one being dotted: 2, 6, 8, 12 and 16 measured
+/// 4–20 % slower, interleaved runs at batch 128).
+///
+/// # Safety
+/// Rows `src + r·kd` (and `dst + r·kd` unless `dst` is null) for `r < 4·nblk` must be valid for
+/// `kd` elements and accessed by no other thread; `dst` may equal `src` and must not overlap it
+/// otherwise; `k`, `q` hold `kd`, `v`, `beta`, `out` hold `4·nblk` elements.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn vk_blocks4<S: Simd, R: Real>(
+    src: *const R,
+    dst: *mut R,
+    kd: usize,
+    nblk: usize,
+    q: &[f32],
+    k: &[f32],
+    decay: f32,
+    v: &[f32],
+    beta: &[f32],
+    out: &mut [f32],
+) {
+    const AHEAD: usize = 4;
+    let rows = 4 * nblk;
+    let (kp, qp) = (k[..kd].as_ptr(), q[..kd].as_ptr());
+    let row_bytes = kd * std::mem::size_of::<R>();
+    let dv = S::splat(decay);
+    let write = !dst.is_null();
+    // The dot products of block 0.
+    let mut a = [S::splat(0.0); 4];
+    let mut c = 0;
+    while c < kd {
+        // SAFETY: `c + 8 ≤ kd`: inside rows 0..4 and `k` (caller's contract).
+        unsafe {
+            let kk = ld::<S, f32>(kp.add(c));
+            for (j, aj) in a.iter_mut().enumerate() {
+                *aj = ld::<S, R>(src.add(j * kd + c)).mul_add(kk, *aj);
+            }
+        }
+        c += LANES;
+    }
+    for b in 0..nblk {
+        let r = 4 * b;
+        for ahead in r + AHEAD..(r + AHEAD + 4).min(rows) {
+            let line0 = src.wrapping_add(ahead * kd).cast::<u8>();
+            for line in (0..row_bytes).step_by(64) {
+                S::prefetch(line0.wrapping_add(line));
+            }
+        }
+        let mut u = [S::splat(0.0); 4];
+        for j in 0..4 {
+            u[j] = S::splat((v[r + j] - a[j].reduce_add() * decay) * beta[r + j]);
+        }
+        let blk = src.wrapping_add(r * kd);
+        let wblk = if write { dst.wrapping_add(r * kd) } else { dst };
+        let next = blk.wrapping_add(4 * kd);
+        let mut o = [S::splat(0.0); 4];
+        a = [S::splat(0.0); 4];
+        let mut c = 0;
+        if b + 1 < nblk {
+            while c < kd {
+                // SAFETY: `c + 8 ≤ kd`: inside the rows of blocks b and b+1 (source and
+                // destination), `k` and `q`; each element of block b is read before it is
+                // written, and block b+1 is only read (caller's contract).
+                unsafe {
+                    let (kk, qq) = (ld::<S, f32>(kp.add(c)), ld::<S, f32>(qp.add(c)));
+                    for j in 0..4 {
+                        let x = ld::<S, R>(blk.add(j * kd + c)).mul_add(dv, u[j].mul(kk));
+                        if write {
+                            st::<S, R>(x, wblk.add(j * kd + c));
+                        }
+                        o[j] = x.mul_add(qq, o[j]);
+                        a[j] = ld::<S, R>(next.add(j * kd + c)).mul_add(kk, a[j]);
+                    }
+                }
+                c += LANES;
+            }
+        } else {
+            while c < kd {
+                // SAFETY: as above, block b only.
+                unsafe {
+                    let (kk, qq) = (ld::<S, f32>(kp.add(c)), ld::<S, f32>(qp.add(c)));
+                    for j in 0..4 {
+                        let x = ld::<S, R>(blk.add(j * kd + c)).mul_add(dv, u[j].mul(kk));
+                        if write {
+                            st::<S, R>(x, wblk.add(j * kd + c));
+                        }
+                        o[j] = x.mul_add(qq, o[j]);
+                    }
+                }
+                c += LANES;
+            }
+        }
+        for j in 0..4 {
+            out[r + j] = o[j].reduce_add();
+        }
+    }
+}
+
+/// Several tokens on a V-major head straight from memory (`kd` a multiple of 8, `vd` of 4):
+/// per block of four rows, the rows are read once into `buf` (with the dots for token 0), then
+/// every token updates the block in L1 — one fused pass that stores the rows to that token's
+/// destination (if any), accumulates its outputs and already the dots with the next token's
+/// key — so the state is read once and written once per destination, as the op requires.
+/// `toks` holds per token `[q (kp) | k (kp) | v (vd) | beta (vd)]` (q, k normalised), `decays`
+/// per token `e^g`, `dsts` per token the destination element offset in `base`; `outs` receives
+/// `T × vd` outputs; `buf` holds `4·kd` f32.
+///
+/// # Safety
+/// The head at element `src_off` of `base` and every destination head (`vd·kd` elements each)
+/// must lie in the buffer and be accessed by no other thread now; a destination may be the
+/// source head itself (each block is read before it is written).
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+pub(super) unsafe fn decode_vk_multi<S: Simd, R: Real>(
+    base: SharedBuf<u8>,
+    src_off: usize,
+    dsts: &[Option<usize>],
+    kd: usize,
+    vd: usize,
+    toks: &[f32],
+    decays: &[f32],
+    outs: &mut [f32],
+    buf: &mut [f32],
+) {
+    const AHEAD: usize = 4;
+    let nt = dsts.len();
+    let kp = round8(kd);
+    let stride = 2 * kp + 2 * vd;
+    let src = base.elems::<R>(src_off, vd * kd);
+    let row_bytes = kd * std::mem::size_of::<R>();
+    let bp = buf[..4 * kd].as_mut_ptr();
+    // Streaming stores need every 8-lane chunk aligned to its size: true when the pool and each
+    // destination head start aligned and rows are whole multiples of 8 elements.
+    let lane_bytes = LANES * std::mem::size_of::<R>();
+    let aligned = dsts.iter().flatten().all(|&off| (base.elems::<R>(off, vd * kd) as usize).is_multiple_of(lane_bytes));
+    let mut r0 = 0;
+    while r0 < vd {
+        for ahead in r0 + AHEAD..(r0 + AHEAD + 4).min(vd) {
+            let line0 = src.wrapping_add(ahead * kd).cast::<u8>();
+            for line in (0..row_bytes).step_by(64) {
+                S::prefetch(line0.wrapping_add(line));
+            }
+        }
+        // Read the block once, with the dots for token 0.
+        let kp0 = toks[kp..kp + kd].as_ptr();
+        let mut a = [S::splat(0.0); 4];
+        let mut c = 0;
+        while c < kd {
+            // SAFETY: rows r0..r0+4 of the source head and `buf` hold `kd` elements each, `c + 8 ≤ kd`
+            // (caller's contract); the source is only read here.
+            unsafe {
+                let kk = ld::<S, f32>(kp0.add(c));
+                for (j, aj) in a.iter_mut().enumerate() {
+                    let x = ld::<S, R>(src.add((r0 + j) * kd + c));
+                    st::<S, f32>(x, bp.add(j * kd + c));
+                    *aj = x.mul_add(kk, *aj);
+                }
+            }
+            c += LANES;
+        }
+        for t in 0..nt {
+            let tk = &toks[t * stride..(t + 1) * stride];
+            let (qp, kt) = (tk[..kd].as_ptr(), tk[kp..kp + kd].as_ptr());
+            let (vt, bt) = (&tk[2 * kp..2 * kp + vd], &tk[2 * kp + vd..2 * kp + 2 * vd]);
+            let decay = decays[t];
+            let dv = S::splat(decay);
+            let mut u = [S::splat(0.0); 4];
+            for j in 0..4 {
+                u[j] = S::splat((vt[r0 + j] - a[j].reduce_add() * decay) * bt[r0 + j]);
+            }
+            let dst = dsts[t].map(|off| base.elems::<R>(off + r0 * kd, 4 * kd));
+            // A destination other than the source head is write-only here: stream it (no read for
+            // ownership of lines nobody reads), when its rows are aligned for that.
+            let stream = dsts[t].is_some_and(|off| off != src_off) && aligned;
+            let next = (t + 1 < nt).then(|| toks[(t + 1) * stride + kp..(t + 1) * stride + kp + kd].as_ptr());
+            let mut o = [S::splat(0.0); 4];
+            a = [S::splat(0.0); 4];
+            let mut c = 0;
+            while c < kd {
+                // SAFETY: `c + 8 ≤ kd`: inside `buf`'s rows, the destination rows (caller's
+                // contract), and the token vectors (`kd ≤ kp`).
+                unsafe {
+                    let (kk, qq) = (ld::<S, f32>(kt.add(c)), ld::<S, f32>(qp.add(c)));
+                    let kn = match next {
+                        Some(np) => ld::<S, f32>(np.add(c)),
+                        None => S::splat(0.0),
+                    };
+                    for j in 0..4 {
+                        let x = ld::<S, f32>(bp.add(j * kd + c)).mul_add(dv, u[j].mul(kk));
+                        st::<S, f32>(x, bp.add(j * kd + c));
+                        if let Some(d) = dst {
+                            if stream {
+                                R::stream::<S>(x, d.add(j * kd + c));
+                            } else {
+                                st::<S, R>(x, d.add(j * kd + c));
+                            }
+                        }
+                        o[j] = x.mul_add(qq, o[j]);
+                        a[j] = x.mul_add(kn, a[j]);
+                    }
+                }
+                c += LANES;
+            }
+            for j in 0..4 {
+                outs[t * vd + r0 + j] = o[j].reduce_add();
+            }
+        }
+        r0 += 4;
+    }
+    S::store_fence();
+}
+
+/// One token on a V-major head straight from memory: each row of `S` is read once (and again
+/// from L1), updated in f32 and written once — one streaming pass over the state. Rows go in
+/// pipelined blocks of four when `kd` is a multiple of 8 ([`vk_blocks4`]), the rest one by one.
+///
+/// # Safety
+/// `vd` rows of `kd` elements from element `src_off` of `src` (and from the `dst` offset) must lie
+/// in their buffers and be accessed by no other thread now; an `Other` destination must not
+/// overlap the source rows.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+pub(super) unsafe fn decode_vk_direct<S: Simd, R: Real>(
+    src: SharedBuf<u8>,
+    src_off: usize,
+    dst: Dst,
+    kd: usize,
+    vd: usize,
+    q: &[f32],
+    k: &[f32],
+    decay: f32,
+    v: &[f32],
+    beta: &[f32],
+    out: &mut [f32],
+) {
+    let rows = src.elems::<R>(src_off, vd * kd);
+    let dst_rows = match dst {
+        Dst::None => std::ptr::null_mut(),
+        Dst::InPlace => rows,
+        Dst::Other(base, off) => base.elems::<R>(off, kd * vd),
+    };
+    let nblk = if kd.is_multiple_of(LANES) { vd / 4 } else { 0 };
+    if nblk > 0 {
+        // SAFETY: rows 0..4·nblk are in bounds and owned by this item (caller's contract).
+        unsafe { vk_blocks4::<S, R>(rows, dst_rows, kd, nblk, q, k, decay, v, beta, out) };
+    }
+    for r in 4 * nblk..vd {
+        let s = rows.wrapping_add(r * kd);
+        // A null destination (write nowhere) stays null.
+        let d = if dst_rows.is_null() { dst_rows } else { dst_rows.wrapping_add(r * kd) };
+        // SAFETY: row r is in bounds and owned by this item (caller's contract).
+        let pred = unsafe { dot_row::<S, R>(s, k, kd) } * decay;
+        let ur = (v[r] - pred) * beta[r];
+        // SAFETY: as above; an `Other` row is a distinct block.
+        out[r] = unsafe { row_update::<S, R>(s, d, kd, k, q, decay, ur) };
+    }
+}
+
+/// One token on a K-major head straight from memory (`V` a multiple of 8). Pass 1 reads the
+/// head once, four rows at a time, for both `p = Sᵀk` and `r = Sᵀq`; then `u = β(v − e^g·p)` and
+/// `o = e^g·r + (k·q)·u` (the output of the updated state without reading it again); pass 2
+/// (only when the state is written) re-reads the head from L2 and stores `e^g·S + k uᵀ`.
+/// `v` is overwritten with `u`, `r` is scratch, `out` receives `o`.
+///
+/// # Safety
+/// `kd·vd` elements from element `src_off` of `src` (and from the `dst` offset) must lie in their
+/// buffers and be accessed by no other thread now; an `Other` destination must not overlap the
+/// source; `vd` is a multiple of 8; `q`, `k` hold `kd`, `v`, `beta`, `r`, `out` hold `vd` elements.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+pub(super) unsafe fn decode_kv_direct<S: Simd, R: Real>(
+    src: SharedBuf<u8>,
+    src_off: usize,
+    dst: Dst,
+    kd: usize,
+    vd: usize,
+    q: &[f32],
+    k: &[f32],
+    decay: f32,
+    v: &mut [f32],
+    beta: &[f32],
+    r: &mut [f32],
+    out: &mut [f32],
+) {
+    const AHEAD: usize = 8;
+    let head = src.elems::<R>(src_off, kd * vd);
+    let dst_head = match dst {
+        Dst::None => std::ptr::null_mut(),
+        Dst::InPlace => head,
+        Dst::Other(base, off) => base.elems::<R>(off, kd * vd),
+    };
+    let (pp, rp) = (out[..vd].as_mut_ptr(), r[..vd].as_mut_ptr());
+    let row_bytes = vd * std::mem::size_of::<R>();
+    out[..vd].fill(0.0);
+    r[..vd].fill(0.0);
+    let mut ki = 0;
+    while ki < kd {
+        // Four rows at a time (one load and store of each running sum per four rows), then one.
+        let n = if ki + 4 <= kd { 4 } else { 1 };
+        for a in ki + AHEAD..(ki + AHEAD + n).min(kd) {
+            let ahead = head.wrapping_add(a * vd).cast::<u8>();
+            for line in (0..row_bytes).step_by(64) {
+                S::prefetch(ahead.wrapping_add(line));
+            }
+        }
+        let row0 = head.wrapping_add(ki * vd);
+        if n == 4 {
+            let kk = [S::splat(k[ki]), S::splat(k[ki + 1]), S::splat(k[ki + 2]), S::splat(k[ki + 3])];
+            let qq = [S::splat(q[ki]), S::splat(q[ki + 1]), S::splat(q[ki + 2]), S::splat(q[ki + 3])];
+            let mut c = 0;
+            while c < vd {
+                // SAFETY: rows ki..ki+4 of the head hold `vd` elements each; `c + 8 ≤ vd`
+                // (a multiple of 8) inside `out` and `r` (caller's contract).
+                unsafe {
+                    let (mut p, mut rr) = (ld::<S, f32>(pp.add(c)), ld::<S, f32>(rp.add(c)));
+                    for j in 0..4 {
+                        let sj = ld::<S, R>(row0.add(j * vd + c));
+                        p = sj.mul_add(kk[j], p);
+                        rr = sj.mul_add(qq[j], rr);
+                    }
+                    st::<S, f32>(p, pp.add(c));
+                    st::<S, f32>(rr, rp.add(c));
+                }
+                c += LANES;
+            }
+        } else {
+            let (k0, q0) = (S::splat(k[ki]), S::splat(q[ki]));
+            let mut c = 0;
+            while c < vd {
+                // SAFETY: as above, one row.
+                unsafe {
+                    let s0 = ld::<S, R>(row0.add(c));
+                    st::<S, f32>(s0.mul_add(k0, ld::<S, f32>(pp.add(c))), pp.add(c));
+                    st::<S, f32>(s0.mul_add(q0, ld::<S, f32>(rp.add(c))), rp.add(c));
+                }
+                c += LANES;
+            }
+        }
+        ki += n;
+    }
+    let kq: f32 = k[..kd].iter().zip(&q[..kd]).map(|(a, b)| a * b).sum();
+    let (dv, kqv) = (S::splat(decay), S::splat(kq));
+    let mut c = 0;
+    while c < vd {
+        let u = S::load(&v[c..]).sub(S::load(&out[c..]).mul(dv)).mul(S::load(&beta[c..]));
+        u.store(&mut v[c..]);
+        S::load(&r[c..]).mul(dv).add(kqv.mul(u)).store(&mut out[c..]);
+        c += LANES;
+    }
+    if dst_head.is_null() {
+        return;
+    }
+    let up = v[..vd].as_ptr();
+    // Pass 2 runs from L2 and leaves the memory idle: meanwhile prefetch the start of the block
+    // that follows this head (the next value head of the same slot, usually this thread's next
+    // item), two lines per row, a quarter of a head. A hint: never faults, harmless if unused.
+    let next = head.wrapping_add(kd * vd).cast::<u8>();
+    for ki in 0..kd {
+        S::prefetch(next.wrapping_add(ki * 128));
+        S::prefetch(next.wrapping_add(ki * 128 + 64));
+        let kk = S::splat(k[ki]);
+        let (row, w) = (head.wrapping_add(ki * vd), dst_head.wrapping_add(ki * vd));
+        let mut c = 0;
+        while c < vd {
+            // SAFETY: row ki of the source and destination heads holds `vd` elements, `c + 8 ≤ vd`;
+            // each element is read before it is written (in place) or the blocks are disjoint.
+            unsafe {
+                let x = ld::<S, R>(row.add(c)).mul_add(dv, ld::<S, f32>(up.add(c)).mul(kk));
+                st::<S, R>(x, w.add(c));
+            }
+            c += LANES;
+        }
+    }
+}

@@ -1,0 +1,150 @@
+//! The vector helpers every kernel shares, written once against [`Simd`]: `dot`, `axpy`,
+//! `scal` over padded f32 rows, and `gather`/`scatter` between f32 rows and stored tensors of a
+//! run-time dtype. All are `#[inline(always)]` so that they compile inside the dispatched,
+//! feature-enabled kernel body (a call or a closure would lose the caller's target features).
+
+use half::{bf16, f16};
+use ssm_tensor::DType;
+
+use crate::shared::SharedBuf;
+use crate::simd::{LANES, Real, Simd};
+
+/// `n` rounded up to whole lanes.
+#[inline(always)]
+pub(crate) fn round8(n: usize) -> usize {
+    n.div_ceil(LANES) * LANES
+}
+
+/// `Σ a[i]·b[i]` over `a.len()` elements (a multiple of 8; `b` at least as long), with two
+/// accumulators.
+#[inline(always)]
+pub(crate) fn dot<S: Simd>(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len();
+    let (mut a0, mut a1) = (S::splat(0.0), S::splat(0.0));
+    let mut c = 0;
+    while c + 2 * LANES <= n {
+        a0 = S::load(&a[c..]).mul_add(S::load(&b[c..]), a0);
+        a1 = S::load(&a[c + LANES..]).mul_add(S::load(&b[c + LANES..]), a1);
+        c += 2 * LANES;
+    }
+    if c < n {
+        a0 = S::load(&a[c..]).mul_add(S::load(&b[c..]), a0);
+    }
+    a0.add(a1).reduce_add()
+}
+
+/// `y += alpha·x` over `y.len()` elements (a multiple of 8; `x` at least as long).
+#[inline(always)]
+pub(crate) fn axpy<S: Simd>(y: &mut [f32], alpha: f32, x: &[f32]) {
+    let a = S::splat(alpha);
+    let mut c = 0;
+    while c < y.len() {
+        S::load(&x[c..]).mul_add(a, S::load(&y[c..])).store(&mut y[c..]);
+        c += LANES;
+    }
+}
+
+/// `x *= alpha` over `x.len()` elements (a multiple of 8).
+#[inline(always)]
+pub(crate) fn scal<S: Simd>(x: &mut [f32], alpha: f32) {
+    let a = S::splat(alpha);
+    let mut c = 0;
+    while c < x.len() {
+        S::load(&x[c..]).mul(a).store(&mut x[c..]);
+        c += LANES;
+    }
+}
+
+/// `out[j] = x[off + j·stride]` for `j < out.len()`, widened to f32: a unit-stride run converts
+/// 8 elements at a time, any other stride goes element by element.
+#[inline(always)]
+pub(crate) fn gather<S: Simd>(bytes: &[u8], dtype: DType, off: usize, stride: isize, out: &mut [f32]) {
+    #[inline(always)]
+    fn run<S: Simd, R: Real + bytemuck::Pod>(bytes: &[u8], off: usize, stride: isize, out: &mut [f32]) {
+        let s: &[R] = bytemuck::cast_slice(bytes);
+        if stride != 1 {
+            let at = |j: usize| (off as isize + j as isize * stride) as usize;
+            out.iter_mut().enumerate().for_each(|(j, o)| *o = s[at(j)].to_f32());
+            return;
+        }
+        let src = &s[off..off + out.len()];
+        let full = out.len() / LANES * LANES;
+        let mut c = 0;
+        while c < full {
+            R::load::<S>(&src[c..]).store(&mut out[c..]);
+            c += LANES;
+        }
+        for (o, x) in out[full..].iter_mut().zip(&src[full..]) {
+            *o = x.to_f32();
+        }
+    }
+    match dtype {
+        DType::F32 => run::<S, f32>(bytes, off, stride, out),
+        DType::BF16 => run::<S, bf16>(bytes, off, stride, out),
+        DType::F16 => run::<S, f16>(bytes, off, stride, out),
+        _ => unreachable!("plans admit float tensors only here"),
+    }
+}
+
+/// Writes `vals[j]` (rounded to nearest even) to element `off + j·stride` of a `dtype` buffer:
+/// a unit-stride run rounds and stores 8 elements at a time.
+///
+/// # Safety
+/// Those elements must lie in `dst` and be accessed by no other thread now.
+#[inline(always)]
+pub(crate) unsafe fn scatter<S: Simd>(dst: SharedBuf<u8>, dtype: DType, off: usize, stride: isize, vals: &[f32]) {
+    /// # Safety
+    /// As [`scatter`].
+    #[inline(always)]
+    unsafe fn run<S: Simd, R: Real>(dst: SharedBuf<u8>, off: usize, stride: isize, vals: &[f32]) {
+        if stride != 1 {
+            for (j, &v) in vals.iter().enumerate() {
+                let at = (off as isize + j as isize * stride) as usize;
+                // SAFETY: element `at` is in `dst` and exclusive (caller's contract; bounds
+                // checked in debug builds); views are aligned for their dtype.
+                unsafe { *dst.elems::<R>(at, 1) = R::from_f32(v) };
+            }
+            return;
+        }
+        // SAFETY: caller's contract (bounds checked in debug builds by `elems`).
+        let out = unsafe { std::slice::from_raw_parts_mut(dst.elems::<R>(off, vals.len()), vals.len()) };
+        let full = vals.len() / LANES * LANES;
+        let mut c = 0;
+        while c < full {
+            R::store::<S>(S::load(&vals[c..]), &mut out[c..]);
+            c += LANES;
+        }
+        for (d, v) in out[full..].iter_mut().zip(&vals[full..]) {
+            *d = R::from_f32(*v);
+        }
+    }
+    // SAFETY: every arm forwards the caller's contract.
+    unsafe {
+        match dtype {
+            DType::F32 => run::<S, f32>(dst, off, stride, vals),
+            DType::BF16 => run::<S, bf16>(dst, off, stride, vals),
+            DType::F16 => run::<S, f16>(dst, off, stride, vals),
+            _ => unreachable!("plans admit float outputs only"),
+        }
+    }
+}
+
+/// Loads 8 elements at `p` as f32 lanes.
+///
+/// # Safety
+/// `p` must be valid for reading 8 elements.
+#[inline(always)]
+pub(crate) unsafe fn ld<S: Simd, R: Real>(p: *const R) -> S {
+    // SAFETY: 8 readable elements at `p` (caller's contract).
+    R::load::<S>(unsafe { std::slice::from_raw_parts(p, LANES) })
+}
+
+/// Stores 8 lanes at `p` (rounded to `R`).
+///
+/// # Safety
+/// `p` must be valid for writing 8 elements, and no reference to them may be live.
+#[inline(always)]
+pub(crate) unsafe fn st<S: Simd, R: Real>(v: S, p: *mut R) {
+    // SAFETY: 8 writable elements at `p`, not otherwise borrowed (caller's contract).
+    R::store::<S>(v, unsafe { std::slice::from_raw_parts_mut(p, LANES) })
+}
