@@ -129,8 +129,8 @@ impl RecurrentSpec {
             layout: if i.is_multiple_of(2) { StateLayout::VK } else { StateLayout::KV },
             state: Some(if (i / 4).is_multiple_of(2) { DType::F32 } else { DType::BF16 }),
             final_state: None,
-            io: if i % 3 == 0 { DType::F32 } else { DType::BF16 },
-            index: if i % 5 == 0 { DType::I64 } else { DType::I32 },
+            io: if i.is_multiple_of(3) { DType::F32 } else { DType::BF16 },
+            index: if i.is_multiple_of(5) { DType::I64 } else { DType::I32 },
             l2norm: i % 7 != 3,
             headwise_beta: i % 5 == 1,
             bad_accepted: false,
@@ -144,7 +144,7 @@ impl RecurrentSpec {
                 s.table = 2;
                 s.columns = 4;
                 s.max_len = 4;
-                s.bad_accepted = i % 3 == 0;
+                s.bad_accepted = i.is_multiple_of(3);
             }
             3 => {
                 s.varlen = false;
@@ -153,7 +153,7 @@ impl RecurrentSpec {
             }
             _ => {
                 s.max_len = 3;
-                s.table = if i % 3 == 0 { 0 } else { 2 };
+                s.table = if i.is_multiple_of(3) { 0 } else { 2 };
                 s.columns = 2;
                 s.state = if i % 3 == 1 { None } else { s.state };
                 if s.state.is_none() {
