@@ -8,6 +8,7 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 use ssm_cuda::Arch;
 use ssm_cuda::compile::{compile_with_report, copy_kernel_spec};
+use ssm_cuda::gdn::gdn_catalogue;
 use ssm_cuda::ssu::ssu_catalogue;
 
 /// Arguments of `build-kernels`.
@@ -32,6 +33,7 @@ pub(crate) fn run(args: &BuildKernelsArgs) -> anyhow::Result<()> {
     println!("NVRTC {major}.{minor}");
     let mut kernels = vec![("copy 16-byte".to_string(), copy_kernel_spec())];
     kernels.extend(ssu_catalogue());
+    kernels.extend(gdn_catalogue());
     println!(
         "{:<6} {:<58} {:>5} {:>6} {:>7} {:>7} {:>6} {:>7} {:>6}",
         "arch", "kernel", "regs", "stack", "spill-s", "spill-l", "smem", "cubin", "ms"

@@ -1,6 +1,7 @@
 //! Running the suite on a CUDA runtime: the cases are host tensors, so [`Staged`] copies each
 //! call's tensors to the runtime's device, runs the runtime's op there, and copies the outputs
-//! back ([`ssm_cuda::testing::stage_ssu`], the one staging implementation).
+//! back ([`ssm_cuda::testing::stage_ssu`], and `stage_gdn_*` over the generic
+//! [`ssm_cuda::testing::StagedTensor`]).
 
 use ssm_dispatch::Runtime;
 use ssm_ssu::SelectiveStateUpdate;
@@ -54,5 +55,56 @@ impl Target for Staged {
         }
     }
 
-    crate::target::non_ssu_ops!(unstaged);
+    #[allow(clippy::result_large_err)]
+    fn fused_gdn_gating(&self, args: ssm_gdn::FusedGdnGatingArgs<'_>) -> Result<(), TargetError> {
+        match self.rt.cuda() {
+            Some(cuda) => ssm_cuda::testing::stage_gdn_gating(cuda, args, |dev_args| {
+                self.rt.fused_gdn_gating(dev_args).map_err(|e| ssm_cuda::testing::MirrorError::Run(e.to_string()))
+            })
+            .map_err(TargetError::failed),
+            None => Ok(self.rt.fused_gdn_gating(args)?),
+        }
+    }
+
+    #[allow(clippy::result_large_err)]
+    fn fused_recurrent_gated_delta_rule(
+        &self,
+        args: ssm_gdn::FusedRecurrentGatedDeltaRuleArgs<'_>,
+    ) -> Result<(), TargetError> {
+        match self.rt.cuda() {
+            Some(cuda) => ssm_cuda::testing::stage_gdn_recurrent(cuda, args, |dev_args| {
+                self.rt
+                    .fused_recurrent_gated_delta_rule(dev_args)
+                    .map_err(|e| ssm_cuda::testing::MirrorError::Run(e.to_string()))
+            })
+            .map_err(TargetError::failed),
+            None => Ok(self.rt.fused_recurrent_gated_delta_rule(args)?),
+        }
+    }
+
+    #[allow(clippy::result_large_err)]
+    fn fused_sigmoid_gating_delta_rule_update(
+        &self,
+        args: ssm_gdn::FusedSigmoidGatingDeltaRuleUpdateArgs<'_>,
+    ) -> Result<(), TargetError> {
+        match self.rt.cuda() {
+            Some(cuda) => ssm_cuda::testing::stage_gdn_sigmoid(cuda, args, |dev_args| {
+                self.rt
+                    .fused_sigmoid_gating_delta_rule_update(dev_args)
+                    .map_err(|e| ssm_cuda::testing::MirrorError::Run(e.to_string()))
+            })
+            .map_err(TargetError::failed),
+            None => Ok(self.rt.fused_sigmoid_gating_delta_rule_update(args)?),
+        }
+    }
+
+    // Ops without a CUDA kernel yet.
+    unstaged! {
+        causal_conv1d_update: ssm_conv::CausalConv1dUpdateArgs<'_>,
+        causal_conv1d_fn: ssm_conv::CausalConv1dFnArgs<'_>,
+        mamba_chunk_scan_combined_varlen: ssm_ssd::MambaChunkScanCombinedVarlen<'_>,
+        update_replayssm_ring_trackers: ssm_ring::UpdateRingTrackers<'_>,
+        commit_replayssm_ring_trackers: ssm_ring::CommitRingTrackers<'_>,
+        chunk_gated_delta_rule: ssm_gdn::ChunkGatedDeltaRuleArgs<'_>,
+    }
 }

@@ -30,6 +30,7 @@ mod conv;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 mod gdn;
+pub mod gdn_random;
 mod harness;
 pub mod reference;
 mod ring;

@@ -175,7 +175,7 @@ macro_rules! non_ssu_ops {
         }
     };
 }
-#[cfg_attr(not(feature = "cuda"), allow(unused_imports))]
+#[allow(unused_imports)] // staging targets list their ops explicitly
 pub(crate) use non_ssu_ops;
 
 macro_rules! forward {

@@ -18,6 +18,8 @@ use crate::nvrtc::{compile_cubin, nvrtc_version};
 pub const COMMON_SOURCE: &str = include_str!("../kernels/common.cuh");
 /// The selective state update kernel.
 pub const SSU_SOURCE: &str = include_str!("../kernels/ssu.cu");
+/// The gated-delta-rule kernels (gating and the recurrence).
+pub const GDN_SOURCE: &str = include_str!("../kernels/gdn.cu");
 /// The 16-byte copy kernel (bandwidth yardstick).
 pub const COPY_SOURCE: &str = include_str!("../kernels/copy.cu");
 
@@ -28,6 +30,8 @@ pub enum KernelSource {
     Ssu,
     /// `kernels/copy.cu`.
     Copy,
+    /// `kernels/gdn.cu`.
+    Gdn,
 }
 
 impl KernelSource {
@@ -36,6 +40,7 @@ impl KernelSource {
         match self {
             KernelSource::Ssu => "ssu.cu",
             KernelSource::Copy => "copy.cu",
+            KernelSource::Gdn => "gdn.cu",
         }
     }
 
@@ -45,6 +50,7 @@ impl KernelSource {
         let body = match self {
             KernelSource::Ssu => SSU_SOURCE,
             KernelSource::Copy => COPY_SOURCE,
+            KernelSource::Gdn => GDN_SOURCE,
         };
         translation_unit(COMMON_SOURCE, self.file(), body)
     }
@@ -330,7 +336,7 @@ mod tests {
 
     #[test]
     fn line_markers_map_every_line_to_its_file() {
-        for source in [KernelSource::Ssu, KernelSource::Copy] {
+        for source in [KernelSource::Ssu, KernelSource::Copy, KernelSource::Gdn] {
             let text = source.text();
             let lines: Vec<&str> = text.lines().collect();
             assert_eq!(lines[0], "#line 1 \"common.cuh\"");
@@ -341,7 +347,11 @@ mod tests {
             let marker = format!("#line 1 \"{}\"", source.file());
             let at = lines.iter().position(|l| *l == marker).expect("the kernel's marker");
             assert_eq!(at, COMMON_SOURCE.lines().count() + 1, "the kernel's marker follows common.cuh");
-            let body = if source == KernelSource::Ssu { SSU_SOURCE } else { COPY_SOURCE };
+            let body = match source {
+                KernelSource::Ssu => SSU_SOURCE,
+                KernelSource::Copy => COPY_SOURCE,
+                KernelSource::Gdn => GDN_SOURCE,
+            };
             assert!(lines[at + 1..].iter().copied().eq(body.lines()), "{} follows its marker", source.file());
         }
         assert_eq!(translation_unit("a", "k.cu", "b"), "#line 1 \"common.cuh\"\na\n#line 1 \"k.cu\"\nb");

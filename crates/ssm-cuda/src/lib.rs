@@ -20,6 +20,7 @@
 pub mod bench;
 pub mod compile;
 mod error;
+pub mod gdn;
 pub mod nvrtc;
 pub mod ssu;
 pub mod testing;
@@ -82,6 +83,7 @@ pub struct CudaBackend {
     compiler: Compiler,
     functions: Mutex<HashMap<KernelSpec, CudaFunction>>,
     ssu_functions: Mutex<HashMap<ssu::SsuKey, CudaFunction>>,
+    gdn_functions: Mutex<HashMap<gdn::GdnKey, CudaFunction>>,
     error_word: CudaSlice<u32>,
     error_word_addr: u64,
 }
@@ -144,6 +146,7 @@ impl CudaBackend {
             compiler: Compiler::new(arch, compile::default_cache_dir()),
             functions: Mutex::new(HashMap::new()),
             ssu_functions: Mutex::new(HashMap::new()),
+            gdn_functions: Mutex::new(HashMap::new()),
             error_word,
             error_word_addr,
         })
@@ -238,6 +241,11 @@ impl CudaBackend {
     pub fn prewarm_ssu(&self, plan: &ssm_ssu::SsuPlan) -> Result<(), CudaError> {
         let key = ssu::SsuKey::from_plan(plan, None);
         self.ssu_function(&key).map(|_| ())
+    }
+
+    /// [`prewarm`](Self::prewarm) for the kernel a GDN recurrent plan launches (either recurrent op).
+    pub fn prewarm_gdn_recurrent(&self, plan: &ssm_gdn::RecurrentPlan) -> Result<(), CudaError> {
+        self.prewarm(&gdn::recurrent_kernel_spec(plan))
     }
 
     /// The loaded function of `spec`.

@@ -117,6 +117,9 @@ pub enum MirrorError {
     /// The device arguments did not plan.
     #[error(transparent)]
     Plan(#[from] SsuError),
+    /// The device arguments of a GDN op did not plan.
+    #[error(transparent)]
+    GdnPlan(#[from] ssm_gdn::GdnError),
     /// A CUDA call failed.
     #[error(transparent)]
     Cuda(#[from] CudaError),
@@ -273,4 +276,228 @@ pub fn stage_ssu(
     ho.copy_from_slice(&ob[..ho.len()]);
     backend.check()?;
     Ok(())
+}
+
+/// One host tensor copied to the device (its whole borrowed memory, same layout): the generic
+/// piece of every op's staging. Upload with [`StagedTensor::upload`], hand the device views
+/// ([`view`](StagedTensor::view) / [`view_mut`](StagedTensor::view_mut)) to a call, and copy
+/// written tensors back with [`download_into`](StagedTensor::download_into).
+pub struct StagedTensor(Mirrored);
+
+impl StagedTensor {
+    /// Copies the whole memory of the host tensor `t` to `backend`'s device.
+    pub fn upload(backend: &CudaBackend, t: &TensorRef<'_>) -> Result<Self, MirrorError> {
+        Ok(StagedTensor(mirror(backend, t)?))
+    }
+
+    /// [`upload`](Self::upload) of an optional tensor.
+    pub fn upload_opt(backend: &CudaBackend, t: Option<&TensorRef<'_>>) -> Result<Option<Self>, MirrorError> {
+        t.map(|t| Self::upload(backend, t)).transpose()
+    }
+
+    /// The device view, with the host tensor's layout.
+    pub fn view(&self) -> Result<TensorRef<'_>, TensorError> {
+        self.0.view()
+    }
+
+    /// The writable device view, with the host tensor's layout.
+    pub fn view_mut(&mut self) -> Result<TensorMut<'_>, TensorError> {
+        self.0.view_mut()
+    }
+
+    /// The device buffer (e.g. to corrupt or inspect it in a test).
+    pub fn buffer(&mut self) -> &mut DeviceBuffer {
+        &mut self.0.buf
+    }
+
+    /// Copies the device memory back over the host tensor `t` (the one it was uploaded from;
+    /// waits for the stream).
+    pub fn download_into(&self, t: &mut TensorMut<'_>) -> Result<(), MirrorError> {
+        let bytes = self.0.buf.download()?;
+        let device = t.device();
+        let host = t.host_bytes_mut().ok_or(TensorError::NotHost(device))?;
+        host.copy_from_slice(&bytes[..host.len()]);
+        Ok(())
+    }
+}
+
+/// Optional device view of an optional staged tensor.
+fn staged_ref(t: &Option<StagedTensor>) -> Result<Option<TensorRef<'_>>, TensorError> {
+    t.as_ref().map(|t| t.view()).transpose()
+}
+
+fn staged_mut(t: &mut Option<StagedTensor>) -> Result<Option<TensorMut<'_>>, TensorError> {
+    t.as_mut().map(|t| t.view_mut()).transpose()
+}
+
+fn download_opt(s: &Option<StagedTensor>, t: Option<&mut TensorMut<'_>>) -> Result<(), MirrorError> {
+    if let (Some(s), Some(t)) = (s, t) {
+        s.download_into(t)?;
+    }
+    Ok(())
+}
+
+/// The host↔device staging of `fused_gdn_gating` (as [`stage_ssu`]): uploads every tensor of
+/// `args`, calls `run` with the device call, waits, copies `g` and `beta_output` back, and reads
+/// the device error word.
+pub fn stage_gdn_gating(
+    backend: &CudaBackend,
+    mut args: ssm_gdn::FusedGdnGatingArgs<'_>,
+    run: impl FnOnce(ssm_gdn::FusedGdnGatingArgs<'_>) -> Result<(), MirrorError>,
+) -> Result<(), MirrorError> {
+    let up = |t: &TensorRef<'_>| StagedTensor::upload(backend, t);
+    let (a_log, a, b, dt_bias) = (up(&args.a_log)?, up(&args.a)?, up(&args.b)?, up(&args.dt_bias)?);
+    let (mut g, mut beta_output) = (up(&args.g.as_ref())?, up(&args.beta_output.as_ref())?);
+    run(ssm_gdn::FusedGdnGatingArgs {
+        a_log: a_log.view()?,
+        a: a.view()?,
+        b: b.view()?,
+        dt_bias: dt_bias.view()?,
+        beta: args.beta,
+        threshold: args.threshold,
+        g: g.view_mut()?,
+        beta_output: beta_output.view_mut()?,
+    })?;
+    backend.synchronize()?;
+    g.download_into(&mut args.g)?;
+    beta_output.download_into(&mut args.beta_output)?;
+    backend.check()?;
+    Ok(())
+}
+
+/// The tensors both recurrent GDN ops share, staged.
+struct StagedRecurrent {
+    q: StagedTensor,
+    k: StagedTensor,
+    v: StagedTensor,
+    o: StagedTensor,
+    initial_state: Option<StagedTensor>,
+    final_state: Option<StagedTensor>,
+    cu: Option<StagedTensor>,
+    ix: Option<StagedTensor>,
+    nacc: Option<StagedTensor>,
+}
+
+impl StagedRecurrent {
+    #[allow(clippy::too_many_arguments)]
+    fn upload(
+        backend: &CudaBackend,
+        q: &TensorRef<'_>,
+        k: &TensorRef<'_>,
+        v: &TensorRef<'_>,
+        o: &TensorMut<'_>,
+        initial_state: Option<&TensorMut<'_>>,
+        final_state: Option<&TensorMut<'_>>,
+        tables: [Option<&TensorRef<'_>>; 3],
+    ) -> Result<Self, MirrorError> {
+        let up = |t: &TensorRef<'_>| StagedTensor::upload(backend, t);
+        Ok(StagedRecurrent {
+            q: up(q)?,
+            k: up(k)?,
+            v: up(v)?,
+            o: up(&o.as_ref())?,
+            initial_state: StagedTensor::upload_opt(backend, initial_state.map(|t| t.as_ref()).as_ref())?,
+            final_state: StagedTensor::upload_opt(backend, final_state.map(|t| t.as_ref()).as_ref())?,
+            cu: StagedTensor::upload_opt(backend, tables[0])?,
+            ix: StagedTensor::upload_opt(backend, tables[1])?,
+            nacc: StagedTensor::upload_opt(backend, tables[2])?,
+        })
+    }
+
+    fn download(
+        &self,
+        backend: &CudaBackend,
+        o: &mut TensorMut<'_>,
+        initial_state: Option<&mut TensorMut<'_>>,
+        final_state: Option<&mut TensorMut<'_>>,
+    ) -> Result<(), MirrorError> {
+        backend.synchronize()?;
+        self.o.download_into(o)?;
+        download_opt(&self.initial_state, initial_state)?;
+        download_opt(&self.final_state, final_state)?;
+        backend.check()?;
+        Ok(())
+    }
+}
+
+/// The host↔device staging of `fused_recurrent_gated_delta_rule` (as [`stage_ssu`]): `o`,
+/// `initial_state` and `final_state` are copied back.
+pub fn stage_gdn_recurrent(
+    backend: &CudaBackend,
+    mut args: ssm_gdn::FusedRecurrentGatedDeltaRuleArgs<'_>,
+    run: impl FnOnce(ssm_gdn::FusedRecurrentGatedDeltaRuleArgs<'_>) -> Result<(), MirrorError>,
+) -> Result<(), MirrorError> {
+    let mut s = StagedRecurrent::upload(
+        backend,
+        &args.q,
+        &args.k,
+        &args.v,
+        &args.o,
+        args.initial_state.as_ref(),
+        args.final_state.as_ref(),
+        [args.cu_seqlens.as_ref(), args.ssm_state_indices.as_ref(), args.num_accepted_tokens.as_ref()],
+    )?;
+    let g = StagedTensor::upload(backend, &args.g)?;
+    let beta = StagedTensor::upload_opt(backend, args.beta.as_ref())?;
+    run(ssm_gdn::FusedRecurrentGatedDeltaRuleArgs {
+        q: s.q.view()?,
+        k: s.k.view()?,
+        v: s.v.view()?,
+        g: g.view()?,
+        beta: staged_ref(&beta)?,
+        scale: args.scale,
+        initial_state: staged_mut(&mut s.initial_state)?,
+        final_state: staged_mut(&mut s.final_state)?,
+        cu_seqlens: staged_ref(&s.cu)?,
+        ssm_state_indices: staged_ref(&s.ix)?,
+        num_accepted_tokens: staged_ref(&s.nacc)?,
+        use_qk_l2norm_in_kernel: args.use_qk_l2norm_in_kernel,
+        eps: args.eps,
+        state_layout: args.state_layout,
+        o: s.o.view_mut()?,
+    })?;
+    s.download(backend, &mut args.o, args.initial_state.as_mut(), args.final_state.as_mut())
+}
+
+/// The host↔device staging of `fused_sigmoid_gating_delta_rule_update` (as [`stage_ssu`]): `o`,
+/// `initial_state` and `final_state` are copied back.
+pub fn stage_gdn_sigmoid(
+    backend: &CudaBackend,
+    mut args: ssm_gdn::FusedSigmoidGatingDeltaRuleUpdateArgs<'_>,
+    run: impl FnOnce(ssm_gdn::FusedSigmoidGatingDeltaRuleUpdateArgs<'_>) -> Result<(), MirrorError>,
+) -> Result<(), MirrorError> {
+    let mut s = StagedRecurrent::upload(
+        backend,
+        &args.q,
+        &args.k,
+        &args.v,
+        &args.o,
+        args.initial_state.as_ref(),
+        args.final_state.as_ref(),
+        [args.cu_seqlens.as_ref(), args.ssm_state_indices.as_ref(), args.num_accepted_tokens.as_ref()],
+    )?;
+    let up = |t: &TensorRef<'_>| StagedTensor::upload(backend, t);
+    let (a_log, a, b, dt_bias) = (up(&args.a_log)?, up(&args.a)?, up(&args.b)?, up(&args.dt_bias)?);
+    run(ssm_gdn::FusedSigmoidGatingDeltaRuleUpdateArgs {
+        a_log: a_log.view()?,
+        a: a.view()?,
+        b: b.view()?,
+        dt_bias: dt_bias.view()?,
+        q: s.q.view()?,
+        k: s.k.view()?,
+        v: s.v.view()?,
+        beta: args.beta,
+        threshold: args.threshold,
+        scale: args.scale,
+        initial_state: staged_mut(&mut s.initial_state)?,
+        final_state: staged_mut(&mut s.final_state)?,
+        cu_seqlens: staged_ref(&s.cu)?,
+        ssm_state_indices: staged_ref(&s.ix)?,
+        num_accepted_tokens: staged_ref(&s.nacc)?,
+        use_qk_l2norm_in_kernel: args.use_qk_l2norm_in_kernel,
+        eps: args.eps,
+        state_layout: args.state_layout,
+        o: s.o.view_mut()?,
+    })?;
+    s.download(backend, &mut args.o, args.initial_state.as_mut(), args.final_state.as_mut())
 }

@@ -17,3 +17,17 @@ fn vectors_pass_on_cuda() {
     let rt = Runtime::new(&Config { backend: BackendKind::Cuda, ..Config::default() }).expect("CUDA runtime");
     assert_conformance(&Staged::new(rt, "cuda (staged)"), ops::SSU);
 }
+
+/// The GDN ops with CUDA kernels (the chunked prefill has none yet).
+const GDN_ON_CUDA: &[&str] =
+    &["fused_gdn_gating", "fused_recurrent_gated_delta_rule", "fused_sigmoid_gating_delta_rule_update"];
+
+#[test]
+fn gdn_vectors_pass_on_cuda() {
+    if common::gpu("gdn_vectors_pass_on_cuda").is_none() {
+        return;
+    }
+    assert!(GDN_ON_CUDA.iter().all(|op| ops::GDN.contains(op)));
+    let rt = Runtime::new(&Config { backend: BackendKind::Cuda, ..Config::default() }).expect("CUDA runtime");
+    assert_conformance(&Staged::new(rt, "cuda (staged)"), GDN_ON_CUDA);
+}

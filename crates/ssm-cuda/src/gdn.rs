@@ -1,0 +1,751 @@
+//! `fused_gdn_gating`, `fused_recurrent_gated_delta_rule` and
+//! `fused_sigmoid_gating_delta_rule_update` on CUDA: each maps a checked plan onto one launch of
+//! `kernels/gdn.cu`, specialised for the call's dtypes, `head_k_dim`, tile and flags.
+
+use bytemuck::{Pod, Zeroable};
+use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+use ssm_gdn::plan::{Gates, SlotTable, StateView, Strided};
+use ssm_gdn::{
+    FusedGdnGatingArgs, FusedRecurrentGatedDeltaRuleArgs, FusedSigmoidGatingDeltaRuleUpdateArgs, GatingPlan,
+    RecurrentPlan, StateLayout,
+};
+use ssm_tensor::{DType, Planned, Run};
+
+use crate::compile::{KernelSource, KernelSpec};
+use crate::{CudaBackend, CudaError};
+
+fn c_type(t: DType) -> &'static str {
+    match t {
+        DType::F32 => "float",
+        DType::F16 => "f16_t",
+        DType::BF16 => "bf16_t",
+        DType::I32 => "int",
+        DType::I64 => "i64",
+        DType::Bool => "unsigned char",
+    }
+}
+
+fn addr_of(base: Option<u64>, offset: usize, dtype: DType) -> u64 {
+    base.map_or(0, |a| a.wrapping_add((offset * dtype.size()) as u64))
+}
+
+// ---------------------------------------------------------------------------------------------
+// fused_gdn_gating
+
+/// The gating kernel's parameter block (`struct GatingParams` in gdn.cu: same order, no padding).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, Pod, Zeroable)]
+pub(crate) struct GatingParams {
+    a_log: u64,
+    dt_bias: u64,
+    a: u64,
+    b: u64,
+    g: u64,
+    beta_out: u64,
+    a_log_s: i64,
+    dtb_s: i64,
+    a_t: i64,
+    a_h: i64,
+    b_t: i64,
+    b_h: i64,
+    g_t: i64,
+    g_h: i64,
+    bo_t: i64,
+    bo_h: i64,
+    tokens: i64,
+    heads: i32,
+    softplus_beta: f32,
+    threshold: f32,
+    reserved: i32,
+}
+
+// SAFETY: `GatingParams` is `#[repr(C)]` plain old data whose layout equals `struct GatingParams`
+// in gdn.cu; the driver copies it by value.
+unsafe impl DeviceRepr for GatingParams {}
+
+/// The gating specialisation for input dtypes `[A_log, dt_bias, a, b]` and `beta_output`'s dtype.
+pub fn gating_spec(inputs: [DType; 4], beta_output: DType) -> KernelSpec {
+    let names = ["ALOG_T", "DTB_T", "A_T", "B_T"];
+    let mut defines: Vec<(&'static str, String)> =
+        names.iter().zip(inputs).map(|(&n, t)| (n, c_type(t).to_string())).collect();
+    defines.push(("BETAO_T", c_type(beta_output).to_string()));
+    defines.push(("GATING_ONLY", "1".to_string()));
+    KernelSpec { source: KernelSource::Gdn, entry: "gdn_gating_kernel", defines }
+}
+
+impl Run<FusedGdnGatingArgs<'_>> for CudaBackend {
+    type Error = CudaError;
+
+    /// Launches the elementwise gating kernel on the backend's stream (no allocation, no sync).
+    fn run(&self, call: Planned<FusedGdnGatingArgs<'_>>) -> Result<(), CudaError> {
+        self.expect_device(&call)?;
+        let (args, plan) = call.into_parts();
+        let p: &GatingPlan = &plan;
+        let n = p.tokens * p.v_heads;
+        if n == 0 {
+            return Ok(());
+        }
+        if p.v_heads > i32::MAX as usize {
+            return Err(CudaError::Unsupported(format!("HV = {} exceeds the kernel's 32-bit counters", p.v_heads)));
+        }
+        let func = self.gdn_function(GdnKey::Gating([
+            args.a_log.dtype(),
+            args.dt_bias.dtype(),
+            args.a.dtype(),
+            args.b.dtype(),
+            args.beta_output.dtype(),
+        ]))?;
+        let params = GatingParams {
+            a_log: addr_of(args.a_log.device_addr(), p.a_log.offset, args.a_log.dtype()),
+            dt_bias: addr_of(args.dt_bias.device_addr(), p.dt_bias.offset, args.dt_bias.dtype()),
+            a: addr_of(args.a.device_addr(), p.a.offset, args.a.dtype()),
+            b: addr_of(args.b.device_addr(), p.b.offset, args.b.dtype()),
+            g: addr_of(args.g.device_addr(), p.g.offset, args.g.dtype()),
+            beta_out: addr_of(args.beta_output.device_addr(), p.beta_output.offset, args.beta_output.dtype()),
+            a_log_s: p.a_log.strides[0] as i64,
+            dtb_s: p.dt_bias.strides[0] as i64,
+            a_t: p.a.strides[0] as i64,
+            a_h: p.a.strides[1] as i64,
+            b_t: p.b.strides[0] as i64,
+            b_h: p.b.strides[1] as i64,
+            g_t: p.g.strides[0] as i64,
+            g_h: p.g.strides[1] as i64,
+            bo_t: p.beta_output.strides[0] as i64,
+            bo_h: p.beta_output.strides[1] as i64,
+            tokens: p.tokens as i64,
+            heads: p.v_heads as i32,
+            softplus_beta: p.softplus_beta,
+            threshold: p.threshold,
+            reserved: 0,
+        };
+        let blocks = n.div_ceil(256).min(132 * 16) as u32;
+        let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let mut launch = self.stream().launch_builder(&func);
+        launch.arg(&params);
+        // SAFETY: every address comes from a device view whose creator promised it valid for the
+        // view's memory on this device; the plan checked that every (token, head) element the
+        // kernel touches lies inside those views.
+        unsafe { launch.launch(cfg) }.map_err(CudaError::driver("cuLaunchKernel(gdn_gating_kernel)"))?;
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// the recurrence
+
+/// Strides of a per-token tensor `[b, t, head, dim]` (`struct Tok4` in gdn.cu).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, Pod, Zeroable)]
+struct Tok4 {
+    b: i64,
+    t: i64,
+    h: i64,
+    d: i64,
+}
+
+impl From<&Strided<4>> for Tok4 {
+    fn from(s: &Strided<4>) -> Self {
+        let [b, t, h, d] = s.strides;
+        Tok4 { b: b as i64, t: t as i64, h: h as i64, d: d as i64 }
+    }
+}
+
+impl From<&Strided<3>> for Tok4 {
+    fn from(s: &Strided<3>) -> Self {
+        let [b, t, h] = s.strides;
+        Tok4 { b: b as i64, t: t as i64, h: h as i64, d: 0 }
+    }
+}
+
+/// The recurrent kernel's parameter block (`struct RecurrentParams` in gdn.cu: same order, no
+/// padding). Addresses already include each tensor's element offset.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, Pod, Zeroable)]
+pub(crate) struct RecurrentParams {
+    q: u64,
+    k: u64,
+    v: u64,
+    o: u64,
+    g: u64,
+    beta: u64,
+    a_log: u64,
+    dt_bias: u64,
+    a: u64,
+    b: u64,
+    state: u64,
+    final_state: u64,
+    ix: u64,
+    nacc: u64,
+    cu: u64,
+    err: u64,
+    qs: Tok4,
+    ks: Tok4,
+    vs: Tok4,
+    os: Tok4,
+    gs: Tok4,
+    betas: Tok4,
+    as_: Tok4,
+    bs: Tok4,
+    a_log_s: i64,
+    dtb_s: i64,
+    state_row: i64,
+    state_rows: i64,
+    final_row: i64,
+    ix_seq: i64,
+    ix_col: i64,
+    nacc_s: i64,
+    cu_s: i64,
+    ix_cols: i64,
+    seqlen: i64,
+    seqs: i32,
+    heads: i32,
+    v_heads: i32,
+    vdim: i32,
+    group: i32,
+    dim_tiles: i32,
+    scale: f32,
+    eps: f32,
+    softplus_beta: f32,
+    threshold: f32,
+}
+
+// SAFETY: `RecurrentParams` is `#[repr(C)]` plain old data whose layout equals
+// `struct RecurrentParams` in gdn.cu; the driver copies it by value.
+unsafe impl DeviceRepr for RecurrentParams {}
+
+/// Tile geometry of one recurrent specialisation (see the header of `kernels/gdn.cu`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct GdnGeometry {
+    /// State elements per vector access along K (16 bytes for `[V,K]` when aligned, else 1).
+    pub vec: u32,
+    /// Lanes sharing one state row (a power of two ≤ 32).
+    pub tpr: u32,
+    /// Vectors per lane and row.
+    pub vpt: u32,
+    /// Rows (of V) per lane.
+    pub rpt: u32,
+    /// Threads per block.
+    pub threads: u32,
+}
+
+impl GdnGeometry {
+    /// Rows of V one block covers.
+    pub fn dim_tile(&self) -> u32 {
+        self.threads / self.tpr * self.rpt
+    }
+
+    /// The geometry for a `state` dtype, `head_k_dim` `k`, `head_v_dim` `v` and `layout`.
+    /// `vectorized`: whether every state row start is 16-byte aligned. `rows_total`: sequences ×
+    /// value heads × V of the call (small calls get one row per lane: more, shorter threads).
+    pub fn choose(state: DType, k: usize, v: usize, layout: StateLayout, vectorized: bool, rows_total: usize) -> Self {
+        let (vec, tpr) = match layout {
+            StateLayout::VK => {
+                let per16 = 16 / state.size();
+                let vec = if vectorized && k.is_multiple_of(per16) { per16 } else { 1 };
+                (vec, k.div_ceil(vec).max(1).next_power_of_two().min(32))
+            }
+            // [K,V]: scalar accesses; few lanes per row so that a warp's row groups take
+            // consecutive (contiguous) v; more lanes for very long K (registers).
+            StateLayout::KV => (1, k.max(1).next_power_of_two().min(if k > 256 { 32 } else { 8 })),
+        };
+        let vpt = k.div_ceil(vec).max(1).div_ceil(tpr);
+        let mut rpt = (4 / vpt).max(1);
+        const WAVE_THREADS: usize = 132 * 2048;
+        while rpt > 1 && rows_total * tpr / rpt < 2 * WAVE_THREADS {
+            rpt /= 2;
+        }
+        let mut threads = 128usize;
+        let v = v.max(1);
+        while rpt > 1 && (threads / tpr) * rpt / 2 >= v {
+            rpt /= 2;
+        }
+        while threads > 32 && (threads / tpr / 2) * rpt >= v && threads / 2 >= tpr.max(32) {
+            threads /= 2;
+        }
+        GdnGeometry { vec: vec as u32, tpr: tpr as u32, vpt: vpt as u32, rpt: rpt as u32, threads: threads as u32 }
+    }
+}
+
+const F_SIGMOID: u16 = 1;
+const F_BETA: u16 = 2;
+const F_STATE: u16 = 4;
+const F_FINAL: u16 = 8;
+const F_SLOTS_1D: u16 = 16;
+const F_SLOTS_2D: u16 = 32;
+const F_NACC: u16 = 64;
+const F_VARLEN: u16 = 128;
+const F_L2NORM: u16 = 256;
+const F_KV: u16 = 512;
+const F_QK_VEC: u16 = 1024;
+
+/// Everything that selects one compiled recurrent kernel (compact, hashed per call).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct RecurrentKey {
+    /// Q K V O STATE FINAL G BETA ALOG DTB A B IX NACC CU.
+    types: [DType; 15],
+    k: usize,
+    geometry: GdnGeometry,
+    flags: u16,
+}
+
+/// The compiled-function cache key of a GDN launch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum GdnKey {
+    /// `[A_log, dt_bias, a, b, beta_output]` dtypes.
+    Gating([DType; 5]),
+    Recurrent(RecurrentKey),
+}
+
+impl GdnKey {
+    fn spec(&self) -> KernelSpec {
+        match self {
+            GdnKey::Gating([al, db, a, b, bo]) => gating_spec([*al, *db, *a, *b], *bo),
+            GdnKey::Recurrent(k) => k.spec(),
+        }
+    }
+}
+
+/// Device base addresses (before the plans' element offsets) of a recurrent call's tensors.
+#[derive(Debug, Clone, Copy, Default)]
+struct RecurrentAddrs {
+    q: u64,
+    k: u64,
+    v: u64,
+    o: u64,
+    g: u64,
+    beta: u64,
+    a_log: u64,
+    dt_bias: u64,
+    a: u64,
+    b: u64,
+    state: u64,
+    final_state: u64,
+    ix: u64,
+    nacc: u64,
+    cu: u64,
+}
+
+fn rows_aligned(view: Option<&StateView>, addr: u64, k: usize) -> bool {
+    view.is_none_or(|s| {
+        let es = s.dtype.size() as u64;
+        (addr + s.offset as u64 * es).is_multiple_of(16)
+            && (s.rows <= 1 || (s.row_stride as u64 * es).is_multiple_of(16))
+            && (k as u64 * es).is_multiple_of(16)
+    })
+}
+
+fn qk_aligned(s: &Strided<4>, dtype: DType, addr: u64, vec: usize, k: usize) -> bool {
+    let es = dtype.size() as u64;
+    let align = (vec as u64 * es).min(16);
+    let ok = |stride: isize| (stride.unsigned_abs() as u64 * es).is_multiple_of(align);
+    (s.strides[3] == 1 || k <= 1)
+        && (addr + s.offset as u64 * es).is_multiple_of(align)
+        && ok(s.strides[0])
+        && ok(s.strides[1])
+        && ok(s.strides[2])
+}
+
+impl RecurrentKey {
+    /// The key of `plan` with input dtypes `types` (see [`RecurrentKey::types`]). `addrs`: the
+    /// device base addresses of state, final state, q and k (`None`: allocation-aligned bases).
+    fn from_plan(plan: &RecurrentPlan, types: [DType; 15], addrs: Option<&RecurrentAddrs>) -> Self {
+        let d = plan.dims;
+        let a = addrs.copied().unwrap_or_default();
+        let vectorized = plan.layout == StateLayout::VK
+            && rows_aligned(plan.state.as_ref(), a.state, d.k)
+            && rows_aligned(plan.final_state.as_ref(), a.final_state, d.k);
+        let geometry = GdnGeometry::choose(
+            plan.state.or(plan.final_state).map_or(DType::F32, |s| s.dtype),
+            d.k,
+            d.v,
+            plan.layout,
+            vectorized,
+            d.seqs * d.v_heads * d.v,
+        );
+        let mut flags = 0u16;
+        let mut set = |on: bool, f: u16| {
+            if on {
+                flags |= f
+            }
+        };
+        match plan.gates {
+            Gates::Sigmoid { .. } => set(true, F_SIGMOID),
+            Gates::Given { beta, .. } => set(beta.is_some(), F_BETA),
+        }
+        set(plan.state.is_some(), F_STATE);
+        set(plan.final_state.is_some(), F_FINAL);
+        set(matches!(plan.slots, SlotTable::OneD(_)), F_SLOTS_1D);
+        set(matches!(plan.slots, SlotTable::TwoD(..)), F_SLOTS_2D);
+        set(plan.num_accepted_tokens.is_some(), F_NACC);
+        set(plan.cu_seqlens.is_some(), F_VARLEN);
+        set(plan.l2norm, F_L2NORM);
+        set(plan.layout == StateLayout::KV, F_KV);
+        let vec = geometry.vec as usize;
+        set(
+            vec > 1 && qk_aligned(&plan.q.0, plan.q.1, a.q, vec, d.k) && qk_aligned(&plan.k.0, plan.k.1, a.k, vec, d.k),
+            F_QK_VEC,
+        );
+        RecurrentKey { types, k: d.k, geometry, flags }
+    }
+
+    /// The NVRTC specialisation.
+    fn spec(&self) -> KernelSpec {
+        const NAMES: [&str; 15] = [
+            "Q_T", "K_T", "V_T", "O_T", "STATE_T", "FINAL_T", "G_T", "BETA_T", "ALOG_T", "DTB_T", "A_T", "B_T", "IX_T",
+            "NACC_T", "CU_T",
+        ];
+        let mut defines: Vec<(&'static str, String)> =
+            NAMES.iter().zip(self.types).map(|(&n, t)| (n, c_type(t).to_string())).collect();
+        let g = self.geometry;
+        let f = |bit: u16| u8::from(self.flags & bit != 0).to_string();
+        let slots = if self.flags & F_SLOTS_2D != 0 {
+            2
+        } else if self.flags & F_SLOTS_1D != 0 {
+            1
+        } else {
+            0
+        };
+        defines.extend([
+            ("GATING_ONLY", "0".to_string()),
+            ("KDIM", self.k.to_string()),
+            ("VEC", g.vec.to_string()),
+            ("TPR", g.tpr.to_string()),
+            ("VPT", g.vpt.to_string()),
+            ("RPT", g.rpt.to_string()),
+            ("NTHREADS", g.threads.to_string()),
+            ("SIGMOID", f(F_SIGMOID)),
+            ("HAS_BETA", f(F_BETA)),
+            ("HAS_STATE", f(F_STATE)),
+            ("HAS_FINAL", f(F_FINAL)),
+            ("SLOTS", slots.to_string()),
+            ("HAS_NACC", f(F_NACC)),
+            ("VARLEN", f(F_VARLEN)),
+            ("L2NORM", f(F_L2NORM)),
+            ("LAYOUT_KV", f(F_KV)),
+            ("QK_VEC", f(F_QK_VEC)),
+        ]);
+        KernelSpec { source: KernelSource::Gdn, entry: "gdn_recurrent_kernel", defines }
+    }
+}
+
+/// The dtypes slot list of a recurrent key (absent tensors read as f32 / i32).
+fn recurrent_types(plan: &RecurrentPlan) -> [DType; 15] {
+    let f = DType::F32;
+    let i = DType::I32;
+    let (g, beta, a_log, dtb, a, b) = match plan.gates {
+        Gates::Given { g_dtype, beta, .. } => (g_dtype, beta.map_or(f, |b| b.1), f, f, f, f),
+        Gates::Sigmoid { a_log, dt_bias, a, b, .. } => (f, f, a_log.1, dt_bias.1, a.1, b.1),
+    };
+    let ix = match plan.slots {
+        SlotTable::None => i,
+        SlotTable::OneD(t) => t.dtype,
+        SlotTable::TwoD(t, _) => t.dtype,
+    };
+    [
+        plan.q.1,
+        plan.k.1,
+        plan.v.1,
+        plan.o.1,
+        plan.state.map_or(f, |s| s.dtype),
+        plan.final_state.map_or(f, |s| s.dtype),
+        g,
+        beta,
+        a_log,
+        dtb,
+        a,
+        b,
+        ix,
+        plan.num_accepted_tokens.map_or(i, |t| t.dtype),
+        plan.cu_seqlens.map_or(i, |t| t.dtype),
+    ]
+}
+
+/// The kernel specialisation a recurrent plan runs with when its tensors are allocation-aligned
+/// (e.g. for [`CudaBackend::prewarm`] before CUDA-graph capture).
+pub fn recurrent_kernel_spec(plan: &RecurrentPlan) -> KernelSpec {
+    RecurrentKey::from_plan(plan, recurrent_types(plan), None).spec()
+}
+
+/// The catalogue `cargo xtask build-kernels` compiles: Qwen3-Next decode (K = V = 128) for both
+/// gate forms, f32 and bf16 state, both layouts, the speculative and varlen routes, per-token
+/// final states, and odd, unaligned head sizes. Each entry is `(label, spec)`.
+pub fn gdn_catalogue() -> Vec<(String, KernelSpec)> {
+    use DType::{BF16, F32, I32};
+    let mut out = vec![
+        ("gdn gating io=bf16 beta=bf16".to_string(), gating_spec([F32, F32, BF16, BF16], BF16)),
+        ("gdn gating io=f32 beta=f32".to_string(), gating_spec([F32, F32, F32, F32], F32)),
+    ];
+    let key = |state: DType, k: usize, v: usize, layout: StateLayout, vectorized: bool, flags: u16| {
+        let sig = flags & F_SIGMOID != 0;
+        let (g, beta, al, dtb, a, b) =
+            if sig { (F32, F32, F32, F32, BF16, BF16) } else { (F32, F32, F32, F32, F32, F32) };
+        let mut flags = flags | if layout == StateLayout::KV { F_KV } else { 0 };
+        let geometry = GdnGeometry::choose(state, k, v, layout, vectorized, 64 * 32 * v);
+        if geometry.vec > 1 {
+            flags |= F_QK_VEC;
+        }
+        RecurrentKey {
+            types: [BF16, BF16, BF16, BF16, state, state, g, beta, al, dtb, a, b, I32, I32, I32],
+            k,
+            geometry,
+            flags,
+        }
+        .spec()
+    };
+    let decode = F_STATE | F_SLOTS_1D | F_L2NORM;
+    let spec = F_STATE | F_SLOTS_2D | F_NACC | F_VARLEN | F_L2NORM;
+    for state in [F32, BF16] {
+        for (layout, lname) in [(StateLayout::VK, "[V,K]"), (StateLayout::KV, "[K,V]")] {
+            for (gates, gname) in [(F_SIGMOID, "sigmoid"), (F_BETA, "given")] {
+                out.push((
+                    format!("gdn decode {gname} {lname} state={state} K=V=128"),
+                    key(state, 128, 128, layout, true, decode | gates),
+                ));
+            }
+            out.push((
+                format!("gdn spec sigmoid {lname} state={state} K=V=128"),
+                key(state, 128, 128, layout, true, spec | F_SIGMOID),
+            ));
+        }
+        out.push((
+            format!("gdn varlen given final-state [V,K] state={state} K=V=128"),
+            key(state, 128, 128, StateLayout::VK, true, F_STATE | F_FINAL | F_VARLEN | F_BETA | F_L2NORM),
+        ));
+        out.push((
+            format!("gdn decode sigmoid [V,K] state={state} K=256 V=128"),
+            key(state, 256, 128, StateLayout::VK, true, decode | F_SIGMOID),
+        ));
+        out.push((
+            format!("gdn decode given scalar [V,K] state={state} K=7 V=5"),
+            key(state, 7, 5, StateLayout::VK, false, decode | F_BETA),
+        ));
+    }
+    out.push((
+        "gdn dense no-state [K,V] state=f32 K=60 V=100".into(),
+        key(F32, 60, 100, StateLayout::KV, false, F_L2NORM),
+    ));
+    out
+}
+
+impl CudaBackend {
+    fn recurrent_params(&self, plan: &RecurrentPlan, a: &RecurrentAddrs, dim_tiles: usize) -> RecurrentParams {
+        let zero = Tok4::default();
+        let dt = |s: Option<StateView>| s.map_or(DType::F32, |s| s.dtype);
+        let mut p = RecurrentParams {
+            q: addr_of(Some(a.q), plan.q.0.offset, plan.q.1),
+            k: addr_of(Some(a.k), plan.k.0.offset, plan.k.1),
+            v: addr_of(Some(a.v), plan.v.0.offset, plan.v.1),
+            o: addr_of(Some(a.o), plan.o.0.offset, plan.o.1),
+            state: plan.state.map_or(0, |s| addr_of(Some(a.state), s.offset, dt(plan.state))),
+            final_state: plan.final_state.map_or(0, |s| addr_of(Some(a.final_state), s.offset, dt(plan.final_state))),
+            err: self.error_word_addr(),
+            qs: (&plan.q.0).into(),
+            ks: (&plan.k.0).into(),
+            vs: (&plan.v.0).into(),
+            os: (&plan.o.0).into(),
+            state_row: plan.state.map_or(0, |s| s.row_stride as i64),
+            state_rows: plan.state.map_or(0, |s| s.rows as i64),
+            final_row: plan.final_state.map_or(0, |s| s.row_stride as i64),
+            seqlen: plan.dims.seqlen as i64,
+            seqs: plan.dims.seqs as i32,
+            heads: plan.dims.heads as i32,
+            v_heads: plan.dims.v_heads as i32,
+            vdim: plan.dims.v as i32,
+            group: plan.dims.group() as i32,
+            dim_tiles: dim_tiles as i32,
+            scale: plan.scale,
+            eps: plan.eps,
+            ..RecurrentParams::default()
+        };
+        match plan.gates {
+            Gates::Given { g, g_dtype, beta } => {
+                p.g = addr_of(Some(a.g), g.offset, g_dtype);
+                p.gs = (&g).into();
+                if let Some((b, bt)) = beta {
+                    p.beta = addr_of(Some(a.beta), b.offset, bt);
+                    p.betas = (&b).into();
+                } else {
+                    p.betas = zero;
+                }
+            }
+            Gates::Sigmoid { a_log, dt_bias, a: aa, b, softplus_beta, threshold } => {
+                p.a_log = addr_of(Some(a.a_log), a_log.0.offset, a_log.1);
+                p.dt_bias = addr_of(Some(a.dt_bias), dt_bias.0.offset, dt_bias.1);
+                p.a = addr_of(Some(a.a), aa.0.offset, aa.1);
+                p.b = addr_of(Some(a.b), b.0.offset, b.1);
+                p.a_log_s = a_log.0.strides[0] as i64;
+                p.dtb_s = dt_bias.0.strides[0] as i64;
+                p.as_ = (&aa.0).into();
+                p.bs = (&b.0).into();
+                p.softplus_beta = softplus_beta;
+                p.threshold = threshold;
+            }
+        }
+        match plan.slots {
+            SlotTable::None => {}
+            SlotTable::OneD(t) => {
+                p.ix = addr_of(Some(a.ix), t.at.offset, t.dtype);
+                p.ix_seq = t.at.strides[0] as i64;
+                p.ix_cols = 1;
+            }
+            SlotTable::TwoD(t, cols) => {
+                p.ix = addr_of(Some(a.ix), t.at.offset, t.dtype);
+                p.ix_seq = t.at.strides[0] as i64;
+                p.ix_col = t.at.strides[1] as i64;
+                p.ix_cols = cols as i64;
+            }
+        }
+        if let Some(t) = plan.num_accepted_tokens {
+            p.nacc = addr_of(Some(a.nacc), t.at.offset, t.dtype);
+            p.nacc_s = t.at.strides[0] as i64;
+        }
+        if let Some(t) = plan.cu_seqlens {
+            p.cu = addr_of(Some(a.cu), t.at.offset, t.dtype);
+            p.cu_s = t.at.strides[0] as i64;
+        }
+        p
+    }
+
+    /// One recurrent launch on the backend's stream (both recurrent ops end here).
+    fn launch_recurrent(&self, plan: &RecurrentPlan, a: &RecurrentAddrs) -> Result<(), CudaError> {
+        let d = plan.dims;
+        for (what, v) in [("sequences", d.seqs), ("value heads", d.v_heads), ("V", d.v), ("T", d.seqlen)] {
+            if v > i32::MAX as usize {
+                return Err(CudaError::Unsupported(format!("{what} = {v} exceeds the kernel's 32-bit counters")));
+            }
+        }
+        let key = RecurrentKey::from_plan(plan, recurrent_types(plan), Some(a));
+        let dim_tiles = d.v.div_ceil(key.geometry.dim_tile() as usize);
+        let blocks = d.seqs * d.v_heads * dim_tiles;
+        if blocks == 0 || d.seqlen == 0 {
+            return Ok(());
+        }
+        if blocks > i32::MAX as usize {
+            return Err(CudaError::Unsupported(format!("{blocks} blocks exceed the grid limit")));
+        }
+        let func = self.gdn_function(GdnKey::Recurrent(key))?;
+        let params = self.recurrent_params(plan, a, dim_tiles);
+        let cfg = LaunchConfig {
+            grid_dim: (blocks as u32, 1, 1),
+            block_dim: (key.geometry.threads, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut launch = self.stream().launch_builder(&func);
+        launch.arg(&params);
+        // SAFETY: every address in `params` comes from a device view whose creator promised
+        // (TensorRef/TensorMut::from_device_ptr) that it is valid for the view's memory on this
+        // device for the call; the plan checked that every element the kernel can reach for valid
+        // index values lies inside those views, and the kernel checks every index value it reads
+        // (cu_seqlens, slots, accepted counts) before using it. The error word is owned by `self`.
+        unsafe { launch.launch(cfg) }.map_err(CudaError::driver("cuLaunchKernel(gdn_recurrent_kernel)"))?;
+        Ok(())
+    }
+
+    fn gdn_function(&self, key: GdnKey) -> Result<cudarc::driver::CudaFunction, CudaError> {
+        if let Some(f) = self.gdn_functions.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+            return Ok(f.clone());
+        }
+        let f = self.function(&key.spec())?;
+        self.gdn_functions.lock().unwrap_or_else(|e| e.into_inner()).insert(key, f.clone());
+        Ok(f)
+    }
+}
+
+fn a0(t: Option<u64>) -> u64 {
+    t.unwrap_or(0)
+}
+
+impl Run<FusedRecurrentGatedDeltaRuleArgs<'_>> for CudaBackend {
+    type Error = CudaError;
+
+    /// Launches one recurrent kernel on the backend's stream. Every tensor must be a device view
+    /// on this backend's device. Nothing is allocated or copied back, the call does not wait:
+    /// invalid device index values are reported later by [`CudaBackend::check`].
+    fn run(&self, call: Planned<FusedRecurrentGatedDeltaRuleArgs<'_>>) -> Result<(), CudaError> {
+        self.expect_device(&call)?;
+        let (args, plan) = call.into_parts();
+        let a = RecurrentAddrs {
+            q: a0(args.q.device_addr()),
+            k: a0(args.k.device_addr()),
+            v: a0(args.v.device_addr()),
+            o: a0(args.o.device_addr()),
+            g: a0(args.g.device_addr()),
+            beta: a0(args.beta.as_ref().and_then(|t| t.device_addr())),
+            state: a0(args.initial_state.as_ref().and_then(|t| t.device_addr())),
+            final_state: a0(args.final_state.as_ref().and_then(|t| t.device_addr())),
+            ix: a0(args.ssm_state_indices.as_ref().and_then(|t| t.device_addr())),
+            nacc: a0(args.num_accepted_tokens.as_ref().and_then(|t| t.device_addr())),
+            cu: a0(args.cu_seqlens.as_ref().and_then(|t| t.device_addr())),
+            ..RecurrentAddrs::default()
+        };
+        self.launch_recurrent(&plan, &a)
+    }
+}
+
+impl Run<FusedSigmoidGatingDeltaRuleUpdateArgs<'_>> for CudaBackend {
+    type Error = CudaError;
+
+    /// As `fused_recurrent_gated_delta_rule`, with `g` and `β` computed per token in the kernel.
+    fn run(&self, call: Planned<FusedSigmoidGatingDeltaRuleUpdateArgs<'_>>) -> Result<(), CudaError> {
+        self.expect_device(&call)?;
+        let (args, plan) = call.into_parts();
+        let a = RecurrentAddrs {
+            q: a0(args.q.device_addr()),
+            k: a0(args.k.device_addr()),
+            v: a0(args.v.device_addr()),
+            o: a0(args.o.device_addr()),
+            a_log: a0(args.a_log.device_addr()),
+            dt_bias: a0(args.dt_bias.device_addr()),
+            a: a0(args.a.device_addr()),
+            b: a0(args.b.device_addr()),
+            state: a0(args.initial_state.as_ref().and_then(|t| t.device_addr())),
+            final_state: a0(args.final_state.as_ref().and_then(|t| t.device_addr())),
+            ix: a0(args.ssm_state_indices.as_ref().and_then(|t| t.device_addr())),
+            nacc: a0(args.num_accepted_tokens.as_ref().and_then(|t| t.device_addr())),
+            cu: a0(args.cu_seqlens.as_ref().and_then(|t| t.device_addr())),
+            ..RecurrentAddrs::default()
+        };
+        self.launch_recurrent(&plan, &a)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn params_have_no_padding_and_match_the_kernel_layout() {
+        // 16 addresses, 8 × 4 token strides, 11 scalars, 6 ints, 4 floats.
+        assert_eq!(std::mem::size_of::<RecurrentParams>(), 16 * 8 + 8 * 32 + 11 * 8 + 6 * 4 + 4 * 4);
+        assert_eq!(std::mem::align_of::<RecurrentParams>(), 8);
+        // 6 addresses, 11 i64, 4 × 4 bytes.
+        assert_eq!(std::mem::size_of::<GatingParams>(), 6 * 8 + 11 * 8 + 16);
+    }
+
+    #[test]
+    fn geometry_covers_k_and_tiles_v() {
+        let g = GdnGeometry::choose(DType::F32, 128, 128, StateLayout::VK, true, 1 << 24);
+        assert_eq!((g.vec, g.tpr, g.vpt, g.rpt, g.threads), (4, 32, 1, 4, 128));
+        let g = GdnGeometry::choose(DType::BF16, 128, 128, StateLayout::VK, true, 1 << 24);
+        assert_eq!((g.vec, g.tpr, g.vpt), (8, 16, 1));
+        let g = GdnGeometry::choose(DType::F32, 128, 128, StateLayout::KV, true, 1 << 24);
+        assert_eq!((g.vec, g.tpr, g.vpt), (1, 8, 16));
+        for (k, v) in [(1, 1), (7, 5), (60, 100), (100, 3), (1024, 7), (300, 2)] {
+            for layout in [StateLayout::VK, StateLayout::KV] {
+                for vectorized in [false, true] {
+                    let g = GdnGeometry::choose(DType::F32, k, v, layout, vectorized, 1 << 20);
+                    assert!((g.vec * g.tpr * g.vpt) as usize >= k, "{k} {v} {g:?}");
+                    assert!(g.tpr.is_power_of_two() && g.tpr <= 32 && g.threads.is_multiple_of(32));
+                    assert!(g.threads >= g.tpr);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn catalogue_names_the_gdn_source() {
+        let cat = gdn_catalogue();
+        assert!(cat.len() > 10);
+        assert!(cat.iter().all(|(_, s)| s.source == KernelSource::Gdn));
+    }
+}
