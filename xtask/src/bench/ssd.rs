@@ -12,7 +12,7 @@
 use half::bf16;
 use ssm_conformance::HostTensor;
 use ssm_dispatch::{Config, Runtime, SelectiveStateUpdateReplaySsm};
-use ssm_ring::RingTrackers;
+use ssm_ring::{CheckpointingSsu, RingTrackers};
 use ssm_ssd::{MambaChunkScanCombinedVarlen, compute_chunk_metadata};
 use ssm_tensor::{DType, TensorMut};
 
@@ -205,33 +205,38 @@ impl BenchCase for ReplayCase {
         let mut out = HostTensor::filled(DType::BF16, vec![b, HEADS, DIM], 0.0);
         Ok(Box::new(move || {
             for _ in 0..w {
-                replay.selective_state_update_replayssm(SelectiveStateUpdateReplaySsm {
-                    state: state.view_mut(),
-                    x_cache: x_cache.view_mut(),
-                    b_cache: b_cache.view_mut(),
-                    dt_cache: dt_cache.view_mut(),
-                    trackers: RingTrackers {
-                        ring_start: ring_start.view_mut(),
-                        prev_num_accepted: prev.view_mut(),
-                        prev_query_len: prev_q.view_mut(),
+                let trackers = RingTrackers {
+                    ring_start: ring_start.view_mut(),
+                    prev_num_accepted: prev.view_mut(),
+                    prev_query_len: prev_q.view_mut(),
+                };
+                replay.selective_state_update_replayssm(SelectiveStateUpdateReplaySsm::new(
+                    trackers,
+                    w as i64,
+                    true,
+                    |cursors| CheckpointingSsu {
+                        state: state.view_mut(),
+                        x_cache: x_cache.view_mut(),
+                        b_cache: b_cache.view_mut(),
+                        dt_cache: dt_cache.view_mut(),
+                        ring_start: cursors.ring_start,
+                        prev_num_accepted_tokens: cursors.prev_num_accepted_tokens,
+                        x: x.view(),
+                        dt: dt.view(),
+                        a: a.view(),
+                        b: bm.view(),
+                        c: cm.view(),
+                        out: out.view_mut(),
+                        d: Some(d.view()),
+                        z: None,
+                        dt_bias: None,
+                        dt_softplus: true,
+                        state_batch_indices: Some(slots.view()),
+                        pad_slot_id: None,
+                        cu_seqlens: None,
+                        max_seqlen: None,
                     },
-                    logical_window: w as i64,
-                    x: x.view(),
-                    dt: dt.view(),
-                    a: a.view(),
-                    b: bm.view(),
-                    c: cm.view(),
-                    out: out.view_mut(),
-                    d: Some(d.view()),
-                    z: None,
-                    dt_bias: None,
-                    dt_softplus: true,
-                    state_batch_indices: Some(slots.view()),
-                    pad_slot_id: None,
-                    cu_seqlens: None,
-                    max_seqlen: None,
-                    update_trackers: true,
-                })?;
+                ))?;
             }
             Ok(())
         }))
