@@ -8,8 +8,8 @@ mod common;
 use common::{Engine, backends};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use ssm_cpu::CpuBackend;
 use ssm_conformance::cases::ring::Trackers;
+use ssm_cpu::CpuBackend;
 use ssm_ring::{CheckpointingSsu, CommitRingTrackers, Run, UpdateRingTrackers, plan, reference};
 use ssm_tensor::{DType, TensorMut, TensorRef, bf16};
 
@@ -389,7 +389,11 @@ fn replayssm_one_token_decode_equals_plain_ssu() {
             }
         }
         assert_eq!(&pools.state[..per], &init[..per], "the pad slot's state was touched");
-        assert_eq!((pools.trackers.ring_start[0], pools.trackers.prev_num_accepted[0]), (0, 0), "the pad slot's trackers moved");
+        assert_eq!(
+            (pools.trackers.ring_start[0], pools.trackers.prev_num_accepted[0]),
+            (0, 0),
+            "the pad slot's trackers moved"
+        );
         check_materialized(&m, &pools, &oracle);
     }
 }

@@ -124,15 +124,14 @@ impl Runtime {
         self.replayssm_backend("selective_state_update_replayssm")?;
         let SelectiveStateUpdateReplaySsm { trackers, logical_window, update_trackers, step } = args;
         let ring_buffer_len = step.x_cache.shape().get(2).map(|&l| l as i64);
-        let update = step.state_batch_indices.filter(|_| update_trackers).map(|state_batch_indices| {
-            UpdateRingTrackers {
+        let update =
+            step.state_batch_indices.filter(|_| update_trackers).map(|state_batch_indices| UpdateRingTrackers {
                 trackers,
                 state_batch_indices,
                 logical_window: Some(logical_window),
                 ring_buffer_len,
                 pad_slot_id: step.pad_slot_id,
-            }
-        });
+            });
         // The step reads `ring_start`/`prev_num_accepted`, which the update writes: the
         // schedule runs the step to completion before the update starts (the ordering
         // `SelectiveStateUpdateReplaySsm::new`'s aliases rely on).

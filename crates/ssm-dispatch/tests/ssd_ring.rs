@@ -1,8 +1,8 @@
 //! The SSD and ReplaySSM entry points of the facade: configuration gate, the combined
 //! ReplaySSM step with tracker update, and the SSD prefill against the reference.
 
-use ssm_dispatch::{Config, Error, Runtime, SelectiveStateUpdateReplaySsm};
 use ssm_conformance::cases::ring::Trackers;
+use ssm_dispatch::{Config, Error, Runtime, SelectiveStateUpdateReplaySsm};
 use ssm_ring::{CheckpointingSsu, UpdateRingTrackers};
 use ssm_ssd::{MambaChunkScanCombinedVarlen, compute_chunk_metadata};
 use ssm_tensor::{TensorMut, TensorRef};

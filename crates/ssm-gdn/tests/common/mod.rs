@@ -4,8 +4,8 @@
 #![allow(dead_code, unreachable_pub)]
 
 use ssm_gdn::{
-    ChunkGatedDeltaRuleArgs, FusedGdnGatingArgs, FusedRecurrentGatedDeltaRuleArgs, FusedSigmoidGatingDeltaRuleUpdateArgs,
-    StateLayout,
+    ChunkGatedDeltaRuleArgs, FusedGdnGatingArgs, FusedRecurrentGatedDeltaRuleArgs,
+    FusedSigmoidGatingDeltaRuleUpdateArgs, StateLayout,
 };
 use ssm_tensor::{DType, HostTensor};
 
