@@ -84,7 +84,7 @@ fn step<'c>(
 }
 
 /// `selective_state_update_replayssm` of `tokens` on `p`, advancing the trackers (`W = L − 1`).
-fn replayssm_step(rt: &Runtime, p: &mut Pools, tokens: &Tokens, out: &mut [f32]) -> Result<(), Error> {
+fn replayssm_step(rt: &Runtime, p: &mut Pools, tokens: &Tokens, out: &mut [f32]) -> Result<(), Box<Error>> {
     let rings = &mut p.rings;
     rt.selective_state_update_replayssm(SelectiveStateUpdateReplaySsm::new(
         p.trackers.views(),
@@ -92,6 +92,7 @@ fn replayssm_step(rt: &Runtime, p: &mut Pools, tokens: &Tokens, out: &mut [f32])
         true,
         |cursors| step(rings, tokens, out, cursors.ring_start, cursors.prev_num_accepted_tokens),
     ))
+    .map_err(Box::new)
 }
 
 fn replay_config() -> Config {
@@ -105,7 +106,7 @@ fn the_checkpointing_ssu_needs_the_config_switch() {
     let tokens = Tokens { x: vec![0.5; H * P], dt: vec![0.1; H], a: [-1.0; H], bc: vec![0.2; N], slots: vec![1] };
     let mut out = vec![f32::NAN; H * P];
     let err = replayssm_step(&rt, &mut p, &tokens, &mut out).unwrap_err();
-    assert!(matches!(err, Error::ReplaySsmDisabled { .. }), "{err}");
+    assert!(matches!(*err, Error::ReplaySsmDisabled { .. }), "{err}");
     assert!(out.iter().all(|v| v.is_nan()) && p.trackers == Trackers::zeros(CACHE), "a refused call wrote");
     assert!(Runtime::new(&replay_config()).is_ok());
 }
