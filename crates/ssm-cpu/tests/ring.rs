@@ -8,8 +8,9 @@ mod common;
 use common::{Engine, backends};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use ssm_conformance::cases::ring::Trackers;
 use ssm_cpu::CpuBackend;
-use ssm_ring::{CheckpointingSsu, CommitRingTrackers, RingTrackers, Run, UpdateRingTrackers, plan, reference};
+use ssm_ring::{CheckpointingSsu, CommitRingTrackers, Run, UpdateRingTrackers, plan, reference};
 use ssm_tensor::{DType, TensorMut, TensorRef, bf16};
 
 // ---------------------------------------------------------------------------------------
@@ -71,22 +72,10 @@ struct Pools {
     x_cache: Vec<f32>,
     b_cache: Vec<f32>,
     dt_cache: Vec<f32>,
-    ring_start: Vec<i32>,
-    prev: Vec<i32>,
-    prev_q: Vec<i32>,
+    trackers: Trackers,
 }
 
 impl Pools {
-    /// The tracker pools as one call's `RingTrackers`.
-    fn trackers(&mut self) -> RingTrackers<'_> {
-        let n = self.cache;
-        RingTrackers {
-            ring_start: TensorMut::from_slice(&mut self.ring_start[..], &[n]).unwrap(),
-            prev_num_accepted: TensorMut::from_slice(&mut self.prev[..], &[n]).unwrap(),
-            prev_query_len: TensorMut::from_slice(&mut self.prev_q[..], &[n]).unwrap(),
-        }
-    }
-
     fn new(m: &Model, cache: usize, l: usize, dtype: DType, state: Vec<f32>) -> Self {
         let state_b = state.iter().map(|&v| bf16::from_f32(v)).collect();
         Pools {
@@ -98,9 +87,7 @@ impl Pools {
             x_cache: vec![0.0; cache * m.heads * l * m.dim],
             b_cache: vec![0.0; cache * m.groups * l * m.dstate],
             dt_cache: vec![0.0; cache * m.heads * l],
-            ring_start: vec![0; cache],
-            prev: vec![0; cache],
-            prev_q: vec![0; cache],
+            trackers: Trackers::zeros(cache),
         }
     }
     fn state_f32(&self) -> Vec<f32> {
@@ -151,8 +138,8 @@ fn run_step(engine: Engine, cpus: &[CpuBackend], m: &Model, pools: &mut Pools, s
         x_cache: TensorMut::from_slice(&mut pools.x_cache[..], &[cache, h, l, p]).unwrap(),
         b_cache: TensorMut::from_slice(&mut pools.b_cache[..], &[cache, g, l, n]).unwrap(),
         dt_cache: TensorMut::from_slice(&mut pools.dt_cache[..], &[cache, h, l]).unwrap(),
-        ring_start: TensorRef::from_slice(&pools.ring_start, &[cache]).unwrap(),
-        prev_num_accepted_tokens: TensorRef::from_slice(&pools.prev, &[cache]).unwrap(),
+        ring_start: TensorRef::from_slice(&pools.trackers.ring_start, &[cache]).unwrap(),
+        prev_num_accepted_tokens: TensorRef::from_slice(&pools.trackers.prev_num_accepted, &[cache]).unwrap(),
         x: TensorRef::from_slice(&st.x, &xs).unwrap(),
         dt: TensorRef::from_slice(&st.dt, &ds).unwrap(),
         a: TensorRef::from_slice(&m.a, &[h]).unwrap(),
@@ -210,8 +197,8 @@ fn checkpointing_ssu_matches_the_f64_reference_on_random_rings() {
         pools.b_cache = fill(&mut rng, pools.b_cache.len(), normal);
         pools.dt_cache = fill(&mut rng, pools.dt_cache.len(), |r| r.random_range(0.01..0.5));
         for s in 0..cache {
-            pools.ring_start[s] = rng.random_range(0..l as i32);
-            pools.prev[s] = rng.random_range(0..=w as i32);
+            pools.trackers.ring_start[s] = rng.random_range(0..l as i32);
+            pools.trackers.prev_num_accepted[s] = rng.random_range(0..=w as i32);
         }
         let batch = rng.random_range(1..5);
         let pad = Some(5i64);
@@ -303,7 +290,7 @@ fn ssu_token(m: &Model, s: &mut [f64], x: &[f32], dt: &[f32], b: &[f32], c: &[f3
 fn tracker_update(engine: Engine, cpus: &[CpuBackend], pools: &mut Pools, slots: &[i32], pad: Option<i64>, w: i64) {
     let l = pools.l as i64;
     let args = UpdateRingTrackers {
-        trackers: pools.trackers(),
+        trackers: pools.trackers.views(),
         state_batch_indices: TensorRef::from_slice(slots, &[slots.len()]).unwrap(),
         logical_window: Some(w),
         ring_buffer_len: Some(l),
@@ -329,7 +316,7 @@ fn tracker_commit(
 ) {
     let l = pools.l as i64;
     let args = CommitRingTrackers {
-        trackers: pools.trackers(),
+        trackers: pools.trackers.views(),
         state_batch_indices: TensorRef::from_slice(slots, &[slots.len()]).unwrap(),
         num_accepted_tokens: TensorRef::from_slice(accepted, &[accepted.len()]).unwrap(),
         query_start_loc: TensorRef::from_slice(qsl, &[qsl.len()]).unwrap(),
@@ -402,7 +389,11 @@ fn replayssm_one_token_decode_equals_plain_ssu() {
             }
         }
         assert_eq!(&pools.state[..per], &init[..per], "the pad slot's state was touched");
-        assert_eq!((pools.ring_start[0], pools.prev[0]), (0, 0), "the pad slot's trackers moved");
+        assert_eq!(
+            (pools.trackers.ring_start[0], pools.trackers.prev_num_accepted[0]),
+            (0, 0),
+            "the pad slot's trackers moved"
+        );
         check_materialized(&m, &pools, &oracle);
     }
 }
@@ -418,7 +409,7 @@ fn check_materialized(m: &Model, pools: &Pools, oracle: &[Vec<f64>]) {
         }
         let s = slot as usize;
         let mut st: Vec<f64> = pools.state[s * per..(s + 1) * per].iter().map(|&v| v as f64).collect();
-        let (start, k) = (pools.ring_start[s] as usize, pools.prev[s] as usize);
+        let (start, k) = (pools.trackers.ring_start[s] as usize, pools.trackers.prev_num_accepted[s] as usize);
         for j in 0..k {
             let r = (start + j) % l;
             for hh in 0..h {
@@ -472,7 +463,7 @@ fn replayssm_speculative_decode_with_random_acceptance_equals_plain_ssu() {
             }
             tracker_commit(engine, &cpus, &mut pools, &SLOTS, PAD, &accepted, &cu, w as i64);
             for (bi, &s) in SLOTS.iter().enumerate() {
-                if Some(s as i64) != PAD && pools.prev[s as usize] as usize + lens[bi] > w {
+                if Some(s as i64) != PAD && pools.trackers.prev_num_accepted[s as usize] as usize + lens[bi] > w {
                     flushes += 1;
                 }
             }

@@ -31,7 +31,7 @@ pub use config::Config;
 pub use error::Error;
 pub use gdn_core::{GdnAttentionCoreArgs, GdnAttentionMetadata};
 pub use mamba2_core::{Mamba2AttentionMetadata, Mamba2MixerCoreArgs};
-pub use ring::SelectiveStateUpdateReplaySsm;
+pub use ring::{ReplaySsmCursors, SelectiveStateUpdateReplaySsm};
 pub use ssm_cpu::{CpuBackend, Par};
 pub use ssm_tensor::{Op, Planned, Run};
 

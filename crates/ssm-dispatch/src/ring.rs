@@ -1,57 +1,84 @@
-use ssm_ring::{CheckpointingSsu, CommitRingTrackers, RingTrackers, UpdateRingTrackers};
-use ssm_tensor::{TensorMut, TensorRef};
+use std::marker::PhantomData;
 
+use ssm_ring::{CheckpointingSsu, CommitRingTrackers, RingTrackers, UpdateRingTrackers};
+use ssm_tensor::TensorRef;
+
+use crate::layer_core::Schedule;
 use crate::{Error, Runtime};
 
 /// Arguments of [`Runtime::selective_state_update_replayssm`], vLLM's
 /// `selective_state_update_replayssm_flashinfer`: one checkpointing SSU step
-/// ([`ssm_ring::CheckpointingSsu`], same shapes and names) whose cursors come from the shared
+/// ([`ssm_ring::CheckpointingSsu`], same shapes and names) whose cursors are the shared
 /// tracker tensors, which the call advances afterwards when `update_trackers` is set.
+///
+/// Built by [`SelectiveStateUpdateReplaySsm::new`], which hands the step read views of the
+/// trackers' `ring_start` and `prev_num_accepted`; the fields stay private, so those views
+/// and the trackers are used only by the call, one after the other.
 pub struct SelectiveStateUpdateReplaySsm<'a> {
-    /// Checkpoint state pool `[cache, H, P, N]`.
-    pub state: TensorMut<'a>,
-    /// Ring of x `[cache, H, L, P]`.
-    pub x_cache: TensorMut<'a>,
-    /// Ring of B `[cache, G, L, N]`.
-    pub b_cache: TensorMut<'a>,
-    /// Ring of processed dt `[cache, H, L]` (f32).
-    pub dt_cache: TensorMut<'a>,
-    /// The shared cursors `[cache]` (`ring_start`, `prev_num_accepted`, `prev_query_len`).
-    pub trackers: RingTrackers<'a>,
-    /// `W`, the window the trackers advance against (vLLM's `logical_window`).
-    pub logical_window: i64,
-    /// New tokens' x.
-    pub x: TensorRef<'a>,
-    /// New tokens' raw dt.
-    pub dt: TensorRef<'a>,
-    /// `A`.
-    pub a: TensorRef<'a>,
-    /// `B`.
-    pub b: TensorRef<'a>,
-    /// `C`.
-    pub c: TensorRef<'a>,
-    /// Output.
-    pub out: TensorMut<'a>,
-    /// `D`.
-    pub d: Option<TensorRef<'a>>,
-    /// Gate.
-    pub z: Option<TensorRef<'a>>,
-    /// `dt_bias`.
-    pub dt_bias: Option<TensorRef<'a>>,
-    /// Softplus on dt.
-    pub dt_softplus: bool,
-    /// Slot per sequence (`[batch]` or `[batch, width]`, column 0).
-    pub state_batch_indices: Option<TensorRef<'a>>,
-    /// vLLM's `null_block_id`; `None`: no pads.
-    pub pad_slot_id: Option<i64>,
-    /// Varlen starts.
-    pub cu_seqlens: Option<TensorRef<'a>>,
-    /// Varlen window `T`.
-    pub max_seqlen: Option<usize>,
-    /// Advance the trackers of every valid slot by one token after the step (single-token
-    /// decode). Speculative decode passes `false` and calls
-    /// [`Runtime::commit_replayssm_ring_trackers`] before the next step instead.
-    pub update_trackers: bool,
+    trackers: RingTrackers<'a>,
+    logical_window: i64,
+    update_trackers: bool,
+    step: CheckpointingSsu<'a>,
+}
+
+/// The step's cursors: read views of the trackers' `ring_start` and `prev_num_accepted`,
+/// for the step's `ring_start` and `prev_num_accepted_tokens`. They live for `'c`, a lifetime
+/// the step builder of [`SelectiveStateUpdateReplaySsm::new`] cannot name, so the views go
+/// into the step and nowhere else:
+///
+/// ```compile_fail
+/// # use ssm_dispatch::SelectiveStateUpdateReplaySsm;
+/// # fn leak<'a>(trackers: ssm_ring::RingTrackers<'a>, step: ssm_ring::CheckpointingSsu<'a>) {
+/// let mut kept = None;
+/// let _ = SelectiveStateUpdateReplaySsm::new(trackers, 15, true, |cursors| {
+///     kept = Some(cursors.ring_start); // refused: the view cannot outlive the builder
+///     step
+/// });
+/// # }
+/// ```
+pub struct ReplaySsmCursors<'c, 'a> {
+    /// For [`CheckpointingSsu::ring_start`].
+    pub ring_start: TensorRef<'c>,
+    /// For [`CheckpointingSsu::prev_num_accepted_tokens`].
+    pub prev_num_accepted_tokens: TensorRef<'c>,
+    /// `'a: 'c`, so that the builder may put views of lifetime `'a` into a step of `'c`.
+    _within: PhantomData<&'c &'a ()>,
+}
+
+impl<'a> SelectiveStateUpdateReplaySsm<'a> {
+    /// The step `step(cursors)` builds (its `ring_start` and `prev_num_accepted_tokens` taken
+    /// from `cursors`), reading its cursors from `trackers`; with `update_trackers` the call
+    /// then advances the trackers of every slot in `state_batch_indices` by one token against
+    /// the window `W = logical_window` (vLLM's `logical_window`; single-token decode).
+    /// Speculative decode passes `false` and calls [`Runtime::commit_replayssm_ring_trackers`]
+    /// before the next step instead. Without `state_batch_indices` the trackers are not moved.
+    pub fn new(
+        trackers: RingTrackers<'a>,
+        logical_window: i64,
+        update_trackers: bool,
+        step: impl for<'c> FnOnce(ReplaySsmCursors<'c, 'a>) -> CheckpointingSsu<'c>,
+    ) -> Self {
+        let RingTrackers { ring_start, prev_num_accepted, prev_query_len } = trackers;
+        // SAFETY: one alias of each cursor goes into the step (read), the other stays in the
+        // trackers (written by the update). Both are private to this value, and the only code
+        // that uses them, `Runtime::selective_state_update_replayssm`, plans the step, plans
+        // the update, runs the step to completion, and only then runs the update: no two
+        // accesses overlap. The builder cannot keep a view (`'c` is not nameable outside it).
+        let [ring_start, ring_start_read] = unsafe { ring_start.aliased::<2>() };
+        // SAFETY: as for `ring_start` above.
+        let [prev_num_accepted, prev_read] = unsafe { prev_num_accepted.aliased::<2>() };
+        let cursors = ReplaySsmCursors {
+            ring_start: ring_start_read.into_ref(),
+            prev_num_accepted_tokens: prev_read.into_ref(),
+            _within: PhantomData,
+        };
+        SelectiveStateUpdateReplaySsm {
+            trackers: RingTrackers { ring_start, prev_num_accepted, prev_query_len },
+            logical_window,
+            update_trackers,
+            step: step(cursors),
+        }
+    }
 }
 
 impl Runtime {
@@ -91,60 +118,28 @@ impl Runtime {
 
     /// vLLM's `selective_state_update_replayssm_flashinfer`: one checkpointing SSU step with
     /// the cursors read from the shared trackers, then, with `update_trackers`, the trackers
-    /// advanced by one token (`W = logical_window`, `L = x_cache.shape[2]`). Both calls are
-    /// planned before either runs, so a refused call writes nothing.
+    /// advanced by one token (`W = logical_window`, `L = x_cache.shape[2]`). The step and the
+    /// update are each planned once, both before either runs, so a refused call writes nothing.
     pub fn selective_state_update_replayssm(&self, args: SelectiveStateUpdateReplaySsm<'_>) -> Result<(), Error> {
         self.replayssm_backend("selective_state_update_replayssm")?;
-        let SelectiveStateUpdateReplaySsm { mut trackers, logical_window, update_trackers, .. } = args;
-        let ring_len = args.x_cache.shape().get(2).copied().unwrap_or(0) as i64;
-        let indices = args.state_batch_indices.filter(|_| update_trackers);
-        let pad_slot_id = args.pad_slot_id;
-        fn update<'t>(
-            trackers: RingTrackers<'t>,
-            state_batch_indices: TensorRef<'t>,
-            (window, ring_len, pad_slot_id): (i64, i64, Option<i64>),
-        ) -> UpdateRingTrackers<'t> {
-            UpdateRingTrackers {
+        let SelectiveStateUpdateReplaySsm { trackers, logical_window, update_trackers, step } = args;
+        let ring_buffer_len = step.x_cache.shape().get(2).map(|&l| l as i64);
+        let update =
+            step.state_batch_indices.filter(|_| update_trackers).map(|state_batch_indices| UpdateRingTrackers {
                 trackers,
                 state_batch_indices,
-                logical_window: Some(window),
-                ring_buffer_len: Some(ring_len),
-                pad_slot_id,
-            }
+                logical_window: Some(logical_window),
+                ring_buffer_len,
+                pad_slot_id: step.pad_slot_id,
+            });
+        // The step reads `ring_start`/`prev_num_accepted`, which the update writes: the
+        // schedule runs the step to completion before the update starts (the ordering
+        // `SelectiveStateUpdateReplaySsm::new`'s aliases rely on).
+        let mut schedule = Schedule::new();
+        schedule.plan(step)?;
+        if let Some(update) = update {
+            schedule.plan(update)?;
         }
-        let sizes = (logical_window, ring_len, pad_slot_id);
-        // The tracker update reads what the step reads, so it is planned first (a refusal
-        // writes nothing) and planned again to run once the step has released the cursors;
-        // its plan depends only on shapes and dtypes, which the step cannot change.
-        if let Some(idx) = indices {
-            ssm_ring::plan(update(trackers.reborrow(), idx, sizes))?;
-        }
-        let step = CheckpointingSsu {
-            state: args.state,
-            x_cache: args.x_cache,
-            b_cache: args.b_cache,
-            dt_cache: args.dt_cache,
-            ring_start: trackers.ring_start.as_ref(),
-            prev_num_accepted_tokens: trackers.prev_num_accepted.as_ref(),
-            x: args.x,
-            dt: args.dt,
-            a: args.a,
-            b: args.b,
-            c: args.c,
-            out: args.out,
-            d: args.d,
-            z: args.z,
-            dt_bias: args.dt_bias,
-            dt_softplus: args.dt_softplus,
-            state_batch_indices: args.state_batch_indices,
-            pad_slot_id: args.pad_slot_id,
-            cu_seqlens: args.cu_seqlens,
-            max_seqlen: args.max_seqlen,
-        };
-        self.plan_and_run(step)?;
-        if let Some(idx) = indices {
-            self.plan_and_run(update(trackers.reborrow(), idx, sizes))?;
-        }
-        Ok(())
+        schedule.run(self)
     }
 }

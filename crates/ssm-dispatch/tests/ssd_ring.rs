@@ -1,8 +1,9 @@
 //! The SSD and ReplaySSM entry points of the facade: configuration gate, the combined
 //! ReplaySSM step with tracker update, and the SSD prefill against the reference.
 
+use ssm_conformance::cases::ring::Trackers;
 use ssm_dispatch::{Config, Error, Runtime, SelectiveStateUpdateReplaySsm};
-use ssm_ring::{CheckpointingSsu, RingTrackers, UpdateRingTrackers};
+use ssm_ring::{CheckpointingSsu, UpdateRingTrackers};
 use ssm_ssd::{MambaChunkScanCombinedVarlen, compute_chunk_metadata};
 use ssm_tensor::{TensorMut, TensorRef};
 
@@ -16,26 +17,82 @@ fn value(i: usize) -> f32 {
     ((i * 7919 % 113) as f32 / 113.0 - 0.5) * 2.0
 }
 
-struct Pools {
+/// The checkpoint pool and the rings of `CACHE` slots (one group).
+struct Rings {
     state: Vec<f32>,
     x_cache: Vec<f32>,
     b_cache: Vec<f32>,
     dt_cache: Vec<f32>,
-    ring_start: Vec<i32>,
-    prev: Vec<i32>,
-    prev_q: Vec<i32>,
+}
+
+struct Pools {
+    rings: Rings,
+    trackers: Trackers,
 }
 
 fn pools() -> Pools {
-    Pools {
+    let rings = Rings {
         state: (0..CACHE * H * P * N).map(value).collect(),
         x_cache: vec![0.0; CACHE * H * L * P],
         b_cache: vec![0.0; CACHE * L * N],
         dt_cache: vec![0.0; CACHE * H * L],
-        ring_start: vec![0; CACHE],
-        prev: vec![0; CACHE],
-        prev_q: vec![0; CACHE],
+    };
+    Pools { rings, trackers: Trackers::zeros(CACHE) }
+}
+
+/// One-token inputs of `rows` sequences (one group, `B = C`), and the slot of each.
+struct Tokens {
+    x: Vec<f32>,
+    dt: Vec<f32>,
+    a: [f32; H],
+    bc: Vec<f32>,
+    slots: Vec<i32>,
+}
+
+/// The checkpointing step of `tokens` on `rings` (pad slot 0, softplus on dt), reading the
+/// cursors `ring_start` and `prev_num_accepted_tokens`, writing `out` `[rows, H, P]`.
+fn step<'c>(
+    rings: &'c mut Rings,
+    tokens: &'c Tokens,
+    out: &'c mut [f32],
+    ring_start: TensorRef<'c>,
+    prev_num_accepted_tokens: TensorRef<'c>,
+) -> CheckpointingSsu<'c> {
+    let rows = tokens.slots.len();
+    CheckpointingSsu {
+        state: TensorMut::from_slice(&mut rings.state, &[CACHE, H, P, N]).unwrap(),
+        x_cache: TensorMut::from_slice(&mut rings.x_cache, &[CACHE, H, L, P]).unwrap(),
+        b_cache: TensorMut::from_slice(&mut rings.b_cache, &[CACHE, 1, L, N]).unwrap(),
+        dt_cache: TensorMut::from_slice(&mut rings.dt_cache, &[CACHE, H, L]).unwrap(),
+        ring_start,
+        prev_num_accepted_tokens,
+        x: TensorRef::from_slice(&tokens.x, &[rows, H, P]).unwrap(),
+        dt: TensorRef::from_slice(&tokens.dt, &[rows, H]).unwrap(),
+        a: TensorRef::from_slice(&tokens.a, &[H]).unwrap(),
+        b: TensorRef::from_slice(&tokens.bc, &[rows, 1, N]).unwrap(),
+        c: TensorRef::from_slice(&tokens.bc, &[rows, 1, N]).unwrap(),
+        out: TensorMut::from_slice(out, &[rows, H, P]).unwrap(),
+        d: None,
+        z: None,
+        dt_bias: None,
+        dt_softplus: true,
+        state_batch_indices: Some(TensorRef::from_slice(&tokens.slots, &[rows]).unwrap()),
+        pad_slot_id: Some(0),
+        cu_seqlens: None,
+        max_seqlen: None,
     }
+}
+
+/// `selective_state_update_replayssm` of `tokens` on `p`, advancing the trackers (`W = L − 1`).
+fn replayssm_step(rt: &Runtime, p: &mut Pools, tokens: &Tokens, out: &mut [f32]) -> Result<(), Box<Error>> {
+    let rings = &mut p.rings;
+    rt.selective_state_update_replayssm(SelectiveStateUpdateReplaySsm::new(
+        p.trackers.views(),
+        (L - 1) as i64,
+        true,
+        |cursors| step(rings, tokens, out, cursors.ring_start, cursors.prev_num_accepted_tokens),
+    ))
+    .map_err(Box::new)
 }
 
 fn replay_config() -> Config {
@@ -46,41 +103,35 @@ fn replay_config() -> Config {
 fn the_checkpointing_ssu_needs_the_config_switch() {
     let rt = Runtime::new(&Config::cpu(Some(1))).unwrap();
     let mut p = pools();
-    let slots = [1i32];
-    let (x, dt, a, bc) = (vec![0.5f32; H * P], vec![0.1f32; H], [-1.0f32; H], vec![0.2f32; N]);
+    let tokens = Tokens { x: vec![0.5; H * P], dt: vec![0.1; H], a: [-1.0; H], bc: vec![0.2; N], slots: vec![1] };
     let mut out = vec![f32::NAN; H * P];
-    let err = rt
-        .selective_state_update_replayssm(SelectiveStateUpdateReplaySsm {
-            state: TensorMut::from_slice(&mut p.state, &[CACHE, H, P, N]).unwrap(),
-            x_cache: TensorMut::from_slice(&mut p.x_cache, &[CACHE, H, L, P]).unwrap(),
-            b_cache: TensorMut::from_slice(&mut p.b_cache, &[CACHE, 1, L, N]).unwrap(),
-            dt_cache: TensorMut::from_slice(&mut p.dt_cache, &[CACHE, H, L]).unwrap(),
-            trackers: RingTrackers {
-                ring_start: TensorMut::from_slice(&mut p.ring_start, &[CACHE]).unwrap(),
-                prev_num_accepted: TensorMut::from_slice(&mut p.prev, &[CACHE]).unwrap(),
-                prev_query_len: TensorMut::from_slice(&mut p.prev_q, &[CACHE]).unwrap(),
-            },
-            logical_window: (L - 1) as i64,
-            x: TensorRef::from_slice(&x, &[1, H, P]).unwrap(),
-            dt: TensorRef::from_slice(&dt, &[1, H]).unwrap(),
-            a: TensorRef::from_slice(&a, &[H]).unwrap(),
-            b: TensorRef::from_slice(&bc, &[1, 1, N]).unwrap(),
-            c: TensorRef::from_slice(&bc, &[1, 1, N]).unwrap(),
-            out: TensorMut::from_slice(&mut out, &[1, H, P]).unwrap(),
-            d: None,
-            z: None,
-            dt_bias: None,
-            dt_softplus: true,
-            state_batch_indices: Some(TensorRef::from_slice(&slots, &[1]).unwrap()),
-            pad_slot_id: Some(0),
-            cu_seqlens: None,
-            max_seqlen: None,
-            update_trackers: true,
-        })
-        .unwrap_err();
-    assert!(matches!(err, Error::ReplaySsmDisabled { .. }), "{err}");
-    assert!(out.iter().all(|v| v.is_nan()) && p.prev == [0; CACHE], "a refused call wrote");
+    let err = replayssm_step(&rt, &mut p, &tokens, &mut out).unwrap_err();
+    assert!(matches!(*err, Error::ReplaySsmDisabled { .. }), "{err}");
+    assert!(out.iter().all(|v| v.is_nan()) && p.trackers == Trackers::zeros(CACHE), "a refused call wrote");
     assert!(Runtime::new(&replay_config()).is_ok());
+}
+
+/// A tracker update the plan refuses (`prev_query_len` one slot short) stops the whole call
+/// before the step, which alone would have been accepted, writes anything.
+#[test]
+fn a_refused_tracker_update_leaves_the_step_unrun() {
+    let rt = Runtime::new(&replay_config()).unwrap();
+    let mut p = pools();
+    let before = (p.rings.state.clone(), p.trackers.clone());
+    let tokens = Tokens { x: vec![0.5; H * P], dt: vec![0.1; H], a: [-1.0; H], bc: vec![0.2; N], slots: vec![1] };
+    let mut out = vec![f32::NAN; H * P];
+    let rings = &mut p.rings;
+    let mut trackers = p.trackers.views();
+    trackers.prev_query_len = trackers.prev_query_len.with_layout(&[CACHE - 1], &[1], 0).unwrap();
+    let err = rt
+        .selective_state_update_replayssm(SelectiveStateUpdateReplaySsm::new(trackers, (L - 1) as i64, true, |c| {
+            step(rings, &tokens, &mut out, c.ring_start, c.prev_num_accepted_tokens)
+        }))
+        .unwrap_err();
+    assert!(matches!(err, Error::Ring(_)), "{err}");
+    assert!(out.iter().all(|v| v.is_nan()), "a refused call wrote `out`");
+    assert!(p.rings.x_cache.iter().all(|&v| v == 0.0), "a refused call wrote the ring");
+    assert_eq!((p.rings.state, p.trackers), before, "a refused call wrote");
 }
 
 /// `selective_state_update_replayssm` = `checkpointing_ssu` then an advance of the trackers,
@@ -89,71 +140,28 @@ fn the_checkpointing_ssu_needs_the_config_switch() {
 fn combined_replayssm_step_equals_its_parts() {
     let rt = Runtime::new(&replay_config()).unwrap();
     let (mut a, mut b) = (pools(), pools());
-    let slots = [2i32, 0];
-    let a_log = [-0.5f32, -1.0];
-    for step in 0..5 {
-        let x: Vec<f32> = (0..2 * H * P).map(|i| value(i + 31 * step)).collect();
-        let dt: Vec<f32> = (0..2 * H).map(|i| value(i + 7 * step) * 0.3).collect();
-        let bc: Vec<f32> = (0..2 * N).map(|i| value(i + 11 * step)).collect();
+    for i in 0..5 {
+        let tokens = Tokens {
+            x: (0..2 * H * P).map(|j| value(j + 31 * i)).collect(),
+            dt: (0..2 * H).map(|j| value(j + 7 * i) * 0.3).collect(),
+            a: [-0.5, -1.0],
+            bc: (0..2 * N).map(|j| value(j + 11 * i)).collect(),
+            slots: vec![2, 0],
+        };
         let (mut out_a, mut out_b) = (vec![f32::NAN; 2 * H * P], vec![f32::NAN; 2 * H * P]);
-        rt.selective_state_update_replayssm(SelectiveStateUpdateReplaySsm {
-            state: TensorMut::from_slice(&mut a.state, &[CACHE, H, P, N]).unwrap(),
-            x_cache: TensorMut::from_slice(&mut a.x_cache, &[CACHE, H, L, P]).unwrap(),
-            b_cache: TensorMut::from_slice(&mut a.b_cache, &[CACHE, 1, L, N]).unwrap(),
-            dt_cache: TensorMut::from_slice(&mut a.dt_cache, &[CACHE, H, L]).unwrap(),
-            trackers: RingTrackers {
-                ring_start: TensorMut::from_slice(&mut a.ring_start, &[CACHE]).unwrap(),
-                prev_num_accepted: TensorMut::from_slice(&mut a.prev, &[CACHE]).unwrap(),
-                prev_query_len: TensorMut::from_slice(&mut a.prev_q, &[CACHE]).unwrap(),
-            },
-            logical_window: (L - 1) as i64,
-            x: TensorRef::from_slice(&x, &[2, H, P]).unwrap(),
-            dt: TensorRef::from_slice(&dt, &[2, H]).unwrap(),
-            a: TensorRef::from_slice(&a_log, &[H]).unwrap(),
-            b: TensorRef::from_slice(&bc, &[2, 1, N]).unwrap(),
-            c: TensorRef::from_slice(&bc, &[2, 1, N]).unwrap(),
-            out: TensorMut::from_slice(&mut out_a, &[2, H, P]).unwrap(),
-            d: None,
-            z: None,
-            dt_bias: None,
-            dt_softplus: true,
-            state_batch_indices: Some(TensorRef::from_slice(&slots, &[2]).unwrap()),
-            pad_slot_id: Some(0),
-            cu_seqlens: None,
-            max_seqlen: None,
-            update_trackers: true,
-        })
-        .unwrap();
-        rt.checkpointing_ssu(CheckpointingSsu {
-            state: TensorMut::from_slice(&mut b.state, &[CACHE, H, P, N]).unwrap(),
-            x_cache: TensorMut::from_slice(&mut b.x_cache, &[CACHE, H, L, P]).unwrap(),
-            b_cache: TensorMut::from_slice(&mut b.b_cache, &[CACHE, 1, L, N]).unwrap(),
-            dt_cache: TensorMut::from_slice(&mut b.dt_cache, &[CACHE, H, L]).unwrap(),
-            ring_start: TensorRef::from_slice(&b.ring_start, &[CACHE]).unwrap(),
-            prev_num_accepted_tokens: TensorRef::from_slice(&b.prev, &[CACHE]).unwrap(),
-            x: TensorRef::from_slice(&x, &[2, H, P]).unwrap(),
-            dt: TensorRef::from_slice(&dt, &[2, H]).unwrap(),
-            a: TensorRef::from_slice(&a_log, &[H]).unwrap(),
-            b: TensorRef::from_slice(&bc, &[2, 1, N]).unwrap(),
-            c: TensorRef::from_slice(&bc, &[2, 1, N]).unwrap(),
-            out: TensorMut::from_slice(&mut out_b, &[2, H, P]).unwrap(),
-            d: None,
-            z: None,
-            dt_bias: None,
-            dt_softplus: true,
-            state_batch_indices: Some(TensorRef::from_slice(&slots, &[2]).unwrap()),
-            pad_slot_id: Some(0),
-            cu_seqlens: None,
-            max_seqlen: None,
-        })
+        replayssm_step(&rt, &mut a, &tokens, &mut out_a).unwrap();
+        let cursors = &b.trackers;
+        rt.checkpointing_ssu(step(
+            &mut b.rings,
+            &tokens,
+            &mut out_b,
+            TensorRef::from_slice(&cursors.ring_start, &[CACHE]).unwrap(),
+            TensorRef::from_slice(&cursors.prev_num_accepted, &[CACHE]).unwrap(),
+        ))
         .unwrap();
         rt.update_replayssm_ring_trackers(UpdateRingTrackers {
-            trackers: RingTrackers {
-                ring_start: TensorMut::from_slice(&mut b.ring_start, &[CACHE]).unwrap(),
-                prev_num_accepted: TensorMut::from_slice(&mut b.prev, &[CACHE]).unwrap(),
-                prev_query_len: TensorMut::from_slice(&mut b.prev_q, &[CACHE]).unwrap(),
-            },
-            state_batch_indices: TensorRef::from_slice(&slots, &[2]).unwrap(),
+            trackers: b.trackers.views(),
+            state_batch_indices: TensorRef::from_slice(&tokens.slots, &[2]).unwrap(),
             logical_window: Some((L - 1) as i64),
             ring_buffer_len: Some(L as i64),
             pad_slot_id: Some(0),
@@ -162,11 +170,16 @@ fn combined_replayssm_step_equals_its_parts() {
         // Row 1 is the pad (slot 0): nothing written.
         assert!(out_a[H * P..].iter().all(|v| v.is_nan()));
         assert_eq!(out_a[..H * P], out_b[..H * P]);
-        assert_eq!((&a.state, &a.x_cache, &a.dt_cache), (&b.state, &b.x_cache, &b.dt_cache));
-        assert_eq!((&a.ring_start, &a.prev), (&b.ring_start, &b.prev));
+        let (ra, rb) = (&a.rings, &b.rings);
+        assert_eq!((&ra.state, &ra.x_cache, &ra.dt_cache), (&rb.state, &rb.x_cache, &rb.dt_cache));
+        assert_eq!(
+            (&a.trackers.ring_start, &a.trackers.prev_num_accepted),
+            (&b.trackers.ring_start, &b.trackers.prev_num_accepted)
+        );
     }
     // W = 2, L = 3: steps 3 and 5 flush (start 0 -> 2 -> 1), leaving one live row.
-    assert_eq!((a.ring_start[2], a.prev[2]), (1, 1), "5 tokens with W = 2 must have flushed twice");
+    let t = &a.trackers;
+    assert_eq!((t.ring_start[2], t.prev_num_accepted[2]), (1, 1), "5 tokens with W = 2 must have flushed twice");
 }
 
 #[test]

@@ -3,8 +3,8 @@
 
 mod common;
 
-use common::{ChunkCase, Gen, RecCase, ints, nan, zeros};
-use ssm_gdn::{FusedGdnGatingArgs, FusedSigmoidGatingDeltaRuleUpdateArgs, GdnError, StateLayout};
+use common::{ChunkCase, GatingCase, Gen, RecCase, ints, nan, zeros};
+use ssm_gdn::{GdnError, StateLayout};
 use ssm_tensor::{DType, Device, HostTensor, TensorMut, TensorRef};
 
 /// A valid call: two sequences of 1 and 2 tokens, H=2, HV=4, K=8, V=4 (K ≠ V), 5 slots.
@@ -184,70 +184,32 @@ fn scalar_and_overlap_errors() {
     insta::assert_snapshot!("o_overlapping", err);
 }
 
+/// Gating inputs of 3 tokens, HV = 4 (every value NaN: only the checks run).
+fn gating() -> GatingCase {
+    GatingCase {
+        a_log: nan(DType::F32, &[4]),
+        a: nan(DType::BF16, &[3, 4]),
+        b: nan(DType::BF16, &[3, 4]),
+        dt_bias: nan(DType::BF16, &[4]),
+    }
+}
+
 #[test]
 fn gating_errors() {
-    let a_log = nan(DType::F32, &[4]);
-    let a = nan(DType::BF16, &[3, 4]);
-    let b = nan(DType::BF16, &[3, 4]);
-    let dt = nan(DType::BF16, &[4]);
-    let mut g = nan(DType::BF16, &[1, 3, 4]);
-    let mut beta = nan(DType::BF16, &[1, 3, 4]);
-    let args = FusedGdnGatingArgs {
-        a_log: a_log.view(),
-        a: a.view(),
-        b: b.view(),
-        dt_bias: dt.view(),
-        beta: 1.0,
-        threshold: 20.0,
-        g: g.view_mut(),
-        beta_output: beta.view_mut(),
-    };
-    insta::assert_snapshot!("gating_g_dtype", ssm_tensor::Op::plan(&args).unwrap_err());
+    let gating = gating();
+    let (mut g, mut beta) = (nan(DType::BF16, &[1, 3, 4]), nan(DType::BF16, &[1, 3, 4]));
+    insta::assert_snapshot!("gating_g_dtype", ssm_tensor::Op::plan(&gating.args(&mut g, &mut beta)).unwrap_err());
 
-    let mut g = nan(DType::F32, &[1, 3, 4]);
-    let mut beta = nan(DType::BF16, &[3, 3, 4]);
-    let args = FusedGdnGatingArgs {
-        a_log: a_log.view(),
-        a: a.view(),
-        b: b.view(),
-        dt_bias: dt.view(),
-        beta: 1.0,
-        threshold: 20.0,
-        g: g.view_mut(),
-        beta_output: beta.view_mut(),
-    };
-    insta::assert_snapshot!("gating_beta_output_shape", ssm_tensor::Op::plan(&args).unwrap_err());
+    let (mut g, mut beta) = (nan(DType::F32, &[1, 3, 4]), nan(DType::BF16, &[3, 3, 4]));
+    let err = ssm_tensor::Op::plan(&gating.args(&mut g, &mut beta)).unwrap_err();
+    insta::assert_snapshot!("gating_beta_output_shape", err);
 }
 
 #[test]
 fn sigmoid_gating_errors() {
     let mut c = base();
-    let a_log = nan(DType::F32, &[4]);
-    let a = nan(DType::BF16, &[3, 2]);
-    let b = nan(DType::BF16, &[3, 4]);
-    let dt = nan(DType::BF16, &[4]);
-    let args = c.args();
-    let args = FusedSigmoidGatingDeltaRuleUpdateArgs {
-        a_log: a_log.view(),
-        a: a.view(),
-        b: b.view(),
-        dt_bias: dt.view(),
-        q: args.q,
-        k: args.k,
-        v: args.v,
-        beta: 1.0,
-        threshold: 20.0,
-        scale: None,
-        initial_state: args.initial_state,
-        final_state: None,
-        cu_seqlens: args.cu_seqlens,
-        ssm_state_indices: args.ssm_state_indices,
-        num_accepted_tokens: None,
-        use_qk_l2norm_in_kernel: true,
-        eps: 1e-6,
-        state_layout: StateLayout::VK,
-        o: args.o,
-    };
+    let gating = GatingCase { a: nan(DType::BF16, &[3, 2]), ..gating() };
+    let args = gating.sigmoid_args(c.args());
     insta::assert_snapshot!("sigmoid_a_shape", ssm_tensor::Op::plan(&args).unwrap_err());
 }
 

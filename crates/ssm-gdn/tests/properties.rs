@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{ChunkCase, Gen, RecCase, close, ints, nan, zeros};
+use common::{ChunkCase, GatingCase, Gen, RecCase, close, ints, nan, zeros};
 use ssm_cpu::{CpuBackend, Par};
 use ssm_gdn::reference::Reference;
 use ssm_gdn::{ChunkScratch, FusedSigmoidGatingDeltaRuleUpdateArgs, Planned, Run, StateLayout, plan};
@@ -502,53 +502,21 @@ fn sigmoid_gating_matches_reference_and_gating_plus_recurrent() {
         base.ix = Some(ints(DType::I32, &[n], &[3, 0, 1, 6, 2]));
         base.o = nan(DType::F32, &[1, n, hv, v]);
         base.layout = layout;
-        let a_log = rng.range_buf(DType::F32, &[hv], 0.0, 2.7);
-        let a = rng.normal_buf(DType::BF16, &[n, hv], 2.0);
-        let b = rng.normal_buf(DType::BF16, &[n, hv], 2.0);
-        let dt = rng.normal_buf(DType::BF16, &[hv], 1.0);
+        let gating = GatingCase {
+            a_log: rng.range_buf(DType::F32, &[hv], 0.0, 2.7),
+            a: rng.normal_buf(DType::BF16, &[n, hv], 2.0),
+            b: rng.normal_buf(DType::BF16, &[n, hv], 2.0),
+            dt_bias: rng.normal_buf(DType::BF16, &[hv], 1.0),
+        };
         let run = |c: &mut RecCase, be: &dyn Fn(Planned<FusedSigmoidGatingDeltaRuleUpdateArgs<'_>>)| {
-            let r = c.args();
-            let args = FusedSigmoidGatingDeltaRuleUpdateArgs {
-                a_log: a_log.view(),
-                a: a.view(),
-                b: b.view(),
-                dt_bias: dt.view(),
-                q: r.q,
-                k: r.k,
-                v: r.v,
-                beta: 1.0,
-                threshold: 20.0,
-                scale: None,
-                initial_state: r.initial_state,
-                final_state: None,
-                cu_seqlens: r.cu_seqlens,
-                ssm_state_indices: r.ssm_state_indices,
-                num_accepted_tokens: None,
-                use_qk_l2norm_in_kernel: true,
-                eps: 1e-6,
-                state_layout: layout,
-                o: r.o,
-            };
-            be(plan(args).unwrap());
+            be(plan(gating.sigmoid_args(c.args())).unwrap());
         };
         let mut want = base.clone();
         run(&mut want, &|call| Reference::F32.run(call).unwrap());
         // The same call as fused_gdn_gating (g, β in f32) + fused_recurrent.
         let mut g = nan(DType::F32, &[1, n, hv]);
         let mut beta = nan(DType::F32, &[1, n, hv]);
-        {
-            let args = ssm_gdn::FusedGdnGatingArgs {
-                a_log: a_log.view(),
-                a: a.view(),
-                b: b.view(),
-                dt_bias: dt.view(),
-                beta: 1.0,
-                threshold: 20.0,
-                g: g.view_mut(),
-                beta_output: beta.view_mut(),
-            };
-            CpuBackend::new(Par::Seq).unwrap().run(plan(args).unwrap()).unwrap();
-        }
+        CpuBackend::new(Par::Seq).unwrap().run(plan(gating.args(&mut g, &mut beta)).unwrap()).unwrap();
         let mut split = base.clone();
         split.g = g;
         split.beta = Some(beta);

@@ -3,13 +3,12 @@
 //! one-token decode, a 3-token speculative step (rolling buffer, state_len 5), and a
 //! 4096-token varlen prefill.
 
-use half::bf16;
 use ssm_conformance::HostTensor;
 use ssm_conv::{Activation, CausalConv1dFnArgs, CausalConv1dUpdateArgs, ConvStateLayout};
 use ssm_dispatch::Runtime;
 use ssm_tensor::DType;
 
-use super::{BenchCase, fill_values};
+use super::{BenchCase, fill_tensor, tensor_i32};
 
 const WIDTH: usize = 4;
 
@@ -62,17 +61,6 @@ impl ConvCase {
     }
 }
 
-fn tensor_bf16(shape: &[usize], seed: u64, scale: f32) -> HostTensor {
-    let n: usize = shape.iter().product();
-    let bytes: Vec<u8> = fill_values(n, seed, scale).flat_map(|v| bf16::from_f32(v).to_le_bytes()).collect();
-    HostTensor::from_bytes(DType::BF16, shape.to_vec(), &bytes)
-}
-
-fn tensor_i32(shape: &[usize], values: impl Iterator<Item = i32>) -> HostTensor {
-    let bytes: Vec<u8> = values.flat_map(|v| v.to_le_bytes()).collect();
-    HostTensor::from_bytes(DType::I32, shape.to_vec(), &bytes)
-}
-
 impl BenchCase for ConvCase {
     fn op(&self) -> &'static str {
         "conv"
@@ -110,12 +98,12 @@ impl BenchCase for ConvCase {
         let (dim, batch, steps, kind) = (self.dim, self.batch, self.steps, self.kind);
         let rot = self.rotations();
         let state_len = self.state_len();
-        let mut state = tensor_bf16(&[rot * batch, state_len, dim], 1, 1.0);
+        let mut state = fill_tensor(DType::BF16, &[rot * batch, state_len, dim], 1, 1.0);
         let rows = batch * steps;
-        let x = tensor_bf16(&[rows, dim], 2, 1.0);
+        let x = fill_tensor(DType::BF16, &[rows, dim], 2, 1.0);
         let mut out = HostTensor::filled(DType::BF16, vec![rows, dim], 0.0);
-        let weight = tensor_bf16(&[dim, WIDTH], 3, 0.5);
-        let bias = tensor_bf16(&[dim], 4, 0.1);
+        let weight = fill_tensor(DType::BF16, &[dim, WIDTH], 3, 0.5);
+        let bias = fill_tensor(DType::BF16, &[dim], 4, 0.1);
         let tables: Vec<HostTensor> =
             (0..rot).map(|r| tensor_i32(&[batch], (0..batch).map(|i| (r * batch + i) as i32))).collect();
         let starts = tensor_i32(&[batch + 1], (0..=batch).map(|i| (i * steps) as i32));

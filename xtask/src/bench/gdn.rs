@@ -13,7 +13,7 @@ use ssm_dispatch::Runtime;
 use ssm_gdn::{ChunkGatedDeltaRuleArgs, FusedSigmoidGatingDeltaRuleUpdateArgs, StateLayout};
 use ssm_tensor::DType;
 
-use super::{BenchCase, fill_values};
+use super::{BenchCase, fill_values, tensor_i32};
 
 const H: usize = 16;
 const HV: usize = 32;
@@ -79,11 +79,6 @@ fn tensor(dtype: DType, shape: &[usize], seed: u64, scale: f32, offset: f32) -> 
         }
         _ => HostTensor::from_f32(dtype, shape.to_vec(), &vals),
     }
-}
-
-fn tensor_i32(shape: &[usize], values: impl Iterator<Item = i32>) -> HostTensor {
-    let bytes: Vec<u8> = values.flat_map(|v| v.to_le_bytes()).collect();
-    HostTensor::from_bytes(DType::I32, shape.to_vec(), &bytes)
 }
 
 fn state_shape(layout: StateLayout, slots: usize) -> Vec<usize> {

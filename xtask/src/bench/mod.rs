@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use serde::Serialize;
+use ssm_conformance::HostTensor;
 use ssm_dispatch::{BackendKind, Config, Runtime};
 
 /// `cargo xtask bench`.
@@ -339,6 +340,18 @@ fn plot(records: &[Record], dir: &std::path::Path) -> anyhow::Result<Vec<PathBuf
         paths.push(path);
     }
     Ok(paths)
+}
+
+/// A float tensor (F32, F16 or BF16) of [`fill_values`].
+pub(crate) fn fill_tensor(dtype: ssm_tensor::DType, shape: &[usize], seed: u64, scale: f32) -> HostTensor {
+    let n: usize = shape.iter().product();
+    HostTensor::from_f32(dtype, shape.to_vec(), &fill_values(n, seed, scale).collect::<Vec<_>>())
+}
+
+/// An I32 tensor of `shape` from `values`.
+pub(crate) fn tensor_i32(shape: &[usize], values: impl Iterator<Item = i32>) -> HostTensor {
+    let bytes: Vec<u8> = values.flat_map(|v| v.to_le_bytes()).collect();
+    HostTensor::from_bytes(ssm_tensor::DType::I32, shape.to_vec(), &bytes)
 }
 
 /// Deterministic, non-zero, bounded fill values (fast for hundreds of MB).

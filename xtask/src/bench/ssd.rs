@@ -9,36 +9,21 @@
 //!   bf16 rings; `steps` = tokens per sequence per call. Compare with `ssu` mamba2-2.7b
 //!   batch 64, steps 1 (plain SSU reads and writes the whole state every token).
 
-use half::bf16;
 use ssm_conformance::HostTensor;
 use ssm_dispatch::{Config, Runtime, SelectiveStateUpdateReplaySsm};
-use ssm_ring::RingTrackers;
+use ssm_ring::{CheckpointingSsu, RingTrackers};
 use ssm_ssd::{MambaChunkScanCombinedVarlen, compute_chunk_metadata};
 use ssm_tensor::{DType, TensorMut};
 
-use super::{BenchCase, fill_values};
+use super::{BenchCase, fill_tensor, tensor_i32};
 
 const HEADS: usize = 80;
 const DIM: usize = 64;
 const DSTATE: usize = 128;
 const CHUNK: usize = 256;
 
-fn tensor_f(dtype: DType, shape: &[usize], seed: u64, scale: f32) -> HostTensor {
-    let n: usize = shape.iter().product();
-    let mut bytes = Vec::with_capacity(n * dtype.size());
-    for v in fill_values(n, seed, scale) {
-        match dtype {
-            DType::F32 => bytes.extend_from_slice(&v.to_le_bytes()),
-            DType::BF16 => bytes.extend_from_slice(&bf16::from_f32(v).to_le_bytes()),
-            _ => unreachable!("bench tensors are f32 or bf16"),
-        }
-    }
-    HostTensor::from_bytes(dtype, shape.to_vec(), &bytes)
-}
-
-fn tensor_i32(values: &[i32]) -> HostTensor {
-    let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-    HostTensor::from_bytes(DType::I32, vec![values.len()], &bytes)
+fn ints(values: &[i32]) -> HostTensor {
+    tensor_i32(&[values.len()], values.iter().copied())
 }
 
 /// The case list.
@@ -89,22 +74,22 @@ impl BenchCase for SsdCase {
         let per = t / b;
         let qsl: Vec<i64> = (0..=b).map(|i| (i * per) as i64).collect();
         let meta = compute_chunk_metadata(&qsl, &vec![0; b], CHUNK);
-        let x = tensor_f(DType::BF16, &[t, HEADS, DIM], 1, 1.0);
-        let dt = tensor_f(DType::BF16, &[t, HEADS], 2, 0.5);
-        let a = tensor_f(DType::F32, &[HEADS], 3, 1.0);
+        let x = fill_tensor(DType::BF16, &[t, HEADS, DIM], 1, 1.0);
+        let dt = fill_tensor(DType::BF16, &[t, HEADS], 2, 0.5);
+        let a = fill_tensor(DType::F32, &[HEADS], 3, 1.0);
         let a_neg = HostTensor::from_bytes(
             DType::F32,
             vec![HEADS],
             &a.to_f64_vec().iter().flat_map(|v| (-(v.abs() as f32) - 0.1).to_le_bytes()).collect::<Vec<u8>>(),
         );
-        let bm = tensor_f(DType::BF16, &[t, 1, DSTATE], 4, 1.0);
-        let cm = tensor_f(DType::BF16, &[t, 1, DSTATE], 5, 1.0);
-        let d = tensor_f(DType::F32, &[HEADS], 6, 1.0);
-        let bias = tensor_f(DType::F32, &[HEADS], 7, 0.5);
-        let cu = tensor_i32(&qsl.iter().map(|&v| v as i32).collect::<Vec<_>>());
-        let cu_chunk = tensor_i32(&meta.cu_chunk_seqlens);
-        let last = tensor_i32(&meta.last_chunk_indices);
-        let seq_idx = tensor_i32(&meta.seq_idx);
+        let bm = fill_tensor(DType::BF16, &[t, 1, DSTATE], 4, 1.0);
+        let cm = fill_tensor(DType::BF16, &[t, 1, DSTATE], 5, 1.0);
+        let d = fill_tensor(DType::F32, &[HEADS], 6, 1.0);
+        let bias = fill_tensor(DType::F32, &[HEADS], 7, 0.5);
+        let cu = ints(&qsl.iter().map(|&v| v as i32).collect::<Vec<_>>());
+        let cu_chunk = ints(&meta.cu_chunk_seqlens);
+        let last = ints(&meta.last_chunk_indices);
+        let seq_idx = ints(&meta.seq_idx);
         let mut out = HostTensor::filled(DType::BF16, vec![t, HEADS, DIM], 0.0);
         let mut states = HostTensor::filled(DType::F32, vec![b, HEADS, DIM, DSTATE], 0.0);
         let mut ws: Vec<f32> = Vec::new();
@@ -184,54 +169,59 @@ impl BenchCase for ReplayCase {
     fn prepare<'a>(&self, rt: &'a Runtime) -> anyhow::Result<Box<dyn FnMut() -> anyhow::Result<()> + 'a>> {
         let replay = Runtime::new(&Config { replayssm: true, ..rt.config().clone() })?;
         let (b, l, w) = (self.batch, self.ring(), self.window);
-        let mut state = tensor_f(DType::F32, &[b, HEADS, DIM, DSTATE], 11, 0.5);
+        let mut state = fill_tensor(DType::F32, &[b, HEADS, DIM, DSTATE], 11, 0.5);
         let mut x_cache = HostTensor::filled(DType::BF16, vec![b, HEADS, l, DIM], 0.0);
         let mut b_cache = HostTensor::filled(DType::BF16, vec![b, 1, l, DSTATE], 0.0);
         let mut dt_cache = HostTensor::filled(DType::F32, vec![b, HEADS, l], 0.0);
-        let mut ring_start = tensor_i32(&vec![0; b]);
-        let mut prev = tensor_i32(&vec![0; b]);
-        let mut prev_q = tensor_i32(&vec![0; b]);
-        let slots = tensor_i32(&(0..b as i32).collect::<Vec<_>>());
-        let x = tensor_f(DType::BF16, &[b, HEADS, DIM], 12, 1.0);
-        let dt = tensor_f(DType::BF16, &[b, HEADS], 13, 0.5);
+        let mut ring_start = ints(&vec![0; b]);
+        let mut prev = ints(&vec![0; b]);
+        let mut prev_q = ints(&vec![0; b]);
+        let slots = ints(&(0..b as i32).collect::<Vec<_>>());
+        let x = fill_tensor(DType::BF16, &[b, HEADS, DIM], 12, 1.0);
+        let dt = fill_tensor(DType::BF16, &[b, HEADS], 13, 0.5);
         let a = HostTensor::from_bytes(
             DType::F32,
             vec![HEADS],
             &(0..HEADS).flat_map(|h| (-0.5 - h as f32 * 0.01).to_le_bytes()).collect::<Vec<u8>>(),
         );
-        let bm = tensor_f(DType::BF16, &[b, 1, DSTATE], 14, 1.0);
-        let cm = tensor_f(DType::BF16, &[b, 1, DSTATE], 15, 1.0);
-        let d = tensor_f(DType::F32, &[HEADS], 16, 1.0);
+        let bm = fill_tensor(DType::BF16, &[b, 1, DSTATE], 14, 1.0);
+        let cm = fill_tensor(DType::BF16, &[b, 1, DSTATE], 15, 1.0);
+        let d = fill_tensor(DType::F32, &[HEADS], 16, 1.0);
         let mut out = HostTensor::filled(DType::BF16, vec![b, HEADS, DIM], 0.0);
         Ok(Box::new(move || {
             for _ in 0..w {
-                replay.selective_state_update_replayssm(SelectiveStateUpdateReplaySsm {
-                    state: state.view_mut(),
-                    x_cache: x_cache.view_mut(),
-                    b_cache: b_cache.view_mut(),
-                    dt_cache: dt_cache.view_mut(),
-                    trackers: RingTrackers {
-                        ring_start: ring_start.view_mut(),
-                        prev_num_accepted: prev.view_mut(),
-                        prev_query_len: prev_q.view_mut(),
+                let trackers = RingTrackers {
+                    ring_start: ring_start.view_mut(),
+                    prev_num_accepted: prev.view_mut(),
+                    prev_query_len: prev_q.view_mut(),
+                };
+                replay.selective_state_update_replayssm(SelectiveStateUpdateReplaySsm::new(
+                    trackers,
+                    w as i64,
+                    true,
+                    |cursors| CheckpointingSsu {
+                        state: state.view_mut(),
+                        x_cache: x_cache.view_mut(),
+                        b_cache: b_cache.view_mut(),
+                        dt_cache: dt_cache.view_mut(),
+                        ring_start: cursors.ring_start,
+                        prev_num_accepted_tokens: cursors.prev_num_accepted_tokens,
+                        x: x.view(),
+                        dt: dt.view(),
+                        a: a.view(),
+                        b: bm.view(),
+                        c: cm.view(),
+                        out: out.view_mut(),
+                        d: Some(d.view()),
+                        z: None,
+                        dt_bias: None,
+                        dt_softplus: true,
+                        state_batch_indices: Some(slots.view()),
+                        pad_slot_id: None,
+                        cu_seqlens: None,
+                        max_seqlen: None,
                     },
-                    logical_window: w as i64,
-                    x: x.view(),
-                    dt: dt.view(),
-                    a: a.view(),
-                    b: bm.view(),
-                    c: cm.view(),
-                    out: out.view_mut(),
-                    d: Some(d.view()),
-                    z: None,
-                    dt_bias: None,
-                    dt_softplus: true,
-                    state_batch_indices: Some(slots.view()),
-                    pad_slot_id: None,
-                    cu_seqlens: None,
-                    max_seqlen: None,
-                    update_trackers: true,
-                })?;
+                ))?;
             }
             Ok(())
         }))

@@ -1,13 +1,12 @@
 //! SSU bench cases: Mamba2-2.7B, a Nemotron-H-8B-like shape and Falcon-Mamba-7B (Mamba1),
 //! one-token decode and a 4-token speculative step, state f32 and bf16.
 
-use half::bf16;
 use ssm_conformance::HostTensor;
 use ssm_dispatch::Runtime;
 use ssm_ssu::SelectiveStateUpdate;
 use ssm_tensor::DType;
 
-use super::{BenchCase, fill_values};
+use super::{BenchCase, fill_tensor, fill_values, tensor_i32};
 
 #[derive(Clone, Copy)]
 struct Model {
@@ -73,25 +72,6 @@ impl SsuCase {
     }
 }
 
-fn tensor_f(dtype: DType, shape: &[usize], seed: u64, scale: f32) -> HostTensor {
-    let n: usize = shape.iter().product();
-    let mut bytes = Vec::with_capacity(n * dtype.size());
-    for v in fill_values(n, seed, scale) {
-        match dtype {
-            DType::F32 => bytes.extend_from_slice(&v.to_le_bytes()),
-            DType::BF16 => bytes.extend_from_slice(&bf16::from_f32(v).to_le_bytes()),
-            DType::F16 => bytes.extend_from_slice(&half::f16::from_f32(v).to_le_bytes()),
-            _ => unreachable!(),
-        }
-    }
-    HostTensor::from_bytes(dtype, shape.to_vec(), &bytes)
-}
-
-fn tensor_i32(shape: &[usize], values: impl Iterator<Item = i32>) -> HostTensor {
-    let bytes: Vec<u8> = values.flat_map(|v| v.to_le_bytes()).collect();
-    HostTensor::from_bytes(DType::I32, shape.to_vec(), &bytes)
-}
-
 impl BenchCase for SsuCase {
     fn op(&self) -> &'static str {
         "ssu"
@@ -134,18 +114,21 @@ impl BenchCase for SsuCase {
         let rot = self.rotations();
         let slots = rot * batch * self.slots_per_seq();
         let mut state = if m.mamba1 {
-            tensor_f(self.state, &[slots, m.dim, m.dstate], 1, 0.5)
+            fill_tensor(self.state, &[slots, m.dim, m.dstate], 1, 0.5)
         } else {
-            tensor_f(self.state, &[slots, m.heads, m.dim, m.dstate], 1, 0.5)
+            fill_tensor(self.state, &[slots, m.heads, m.dim, m.dstate], 1, 0.5)
         };
         let io = DType::BF16;
-        let x =
-            if m.mamba1 { tensor_f(io, &[rows, m.dim], 2, 1.0) } else { tensor_f(io, &[rows, m.heads, m.dim], 2, 1.0) };
-        let z = m.mamba1.then(|| tensor_f(io, &[rows, m.dim], 3, 1.0));
+        let x = if m.mamba1 {
+            fill_tensor(io, &[rows, m.dim], 2, 1.0)
+        } else {
+            fill_tensor(io, &[rows, m.heads, m.dim], 2, 1.0)
+        };
+        let z = m.mamba1.then(|| fill_tensor(io, &[rows, m.dim], 3, 1.0));
         let mut out = HostTensor::filled(io, x.shape.clone(), 0.0);
         let (dt, a, d, dt_bias) = if m.mamba1 {
             (
-                tensor_f(io, &[rows, m.dim], 4, 0.5),
+                fill_tensor(io, &[rows, m.dim], 4, 0.5),
                 HostTensor::from_bytes(
                     DType::F32,
                     vec![m.dim, m.dstate],
@@ -153,24 +136,24 @@ impl BenchCase for SsuCase {
                         .flat_map(|v| (-1.0 - v.abs()).to_le_bytes())
                         .collect::<Vec<_>>(),
                 ),
-                tensor_f(DType::F32, &[m.dim], 6, 1.0),
-                tensor_f(DType::F32, &[m.dim], 7, 0.5),
+                fill_tensor(DType::F32, &[m.dim], 6, 1.0),
+                fill_tensor(DType::F32, &[m.dim], 7, 0.5),
             )
         } else {
             (
-                tensor_f(io, &[rows, m.heads, 1], 4, 0.5),
+                fill_tensor(io, &[rows, m.heads, 1], 4, 0.5),
                 HostTensor::from_bytes(
                     DType::F32,
                     vec![m.heads, 1, 1],
                     &fill_values(m.heads, 5, 1.0).flat_map(|v| (-1.0 - v.abs()).to_le_bytes()).collect::<Vec<_>>(),
                 ),
-                tensor_f(DType::F32, &[m.heads, 1], 6, 1.0),
-                tensor_f(DType::F32, &[m.heads, 1], 7, 0.5),
+                fill_tensor(DType::F32, &[m.heads, 1], 6, 1.0),
+                fill_tensor(DType::F32, &[m.heads, 1], 7, 0.5),
             )
         };
         let bc_shape: Vec<usize> = if m.mamba1 { vec![rows, m.dstate] } else { vec![rows, m.groups, m.dstate] };
-        let b = tensor_f(io, &bc_shape, 8, 1.0);
-        let c = tensor_f(io, &bc_shape, 9, 1.0);
+        let b = fill_tensor(io, &bc_shape, 8, 1.0);
+        let c = fill_tensor(io, &bc_shape, 9, 1.0);
         // Per rotation: the slot table (1-D for one token, [batch, steps] for speculative).
         let tables: Vec<HostTensor> = (0..rot)
             .map(|r| {

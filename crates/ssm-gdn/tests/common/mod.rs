@@ -3,7 +3,10 @@
 
 #![allow(dead_code, unreachable_pub)]
 
-use ssm_gdn::{ChunkGatedDeltaRuleArgs, FusedRecurrentGatedDeltaRuleArgs, StateLayout};
+use ssm_gdn::{
+    ChunkGatedDeltaRuleArgs, FusedGdnGatingArgs, FusedRecurrentGatedDeltaRuleArgs,
+    FusedSigmoidGatingDeltaRuleUpdateArgs, StateLayout,
+};
 use ssm_tensor::{DType, HostTensor};
 
 /// A zero tensor of `shape`.
@@ -66,6 +69,61 @@ impl RecCase {
     pub fn run<B: ssm_gdn::GdnBackend<E>, E: std::fmt::Debug>(&mut self, be: &B) -> Result<(), String> {
         let args = self.args();
         be.run(ssm_tensor::Planned::new(args).map_err(|e| e.to_string())?).map_err(|e| format!("{e:?}"))
+    }
+}
+
+/// Owned gating inputs (vLLM's `A_log` `[HV]`, `a` and `b` `[tokens, HV]`, `dt_bias` `[HV]`),
+/// as `fused_gdn_gating` and the sigmoid-gated delta rule take them (`beta` 1, threshold 20).
+#[derive(Clone)]
+pub struct GatingCase {
+    pub a_log: HostTensor,
+    pub a: HostTensor,
+    pub b: HostTensor,
+    pub dt_bias: HostTensor,
+}
+
+impl GatingCase {
+    /// `fused_gdn_gating` of these inputs into `g` and `beta_output`.
+    pub fn args<'a>(&'a self, g: &'a mut HostTensor, beta_output: &'a mut HostTensor) -> FusedGdnGatingArgs<'a> {
+        FusedGdnGatingArgs {
+            a_log: self.a_log.view(),
+            a: self.a.view(),
+            b: self.b.view(),
+            dt_bias: self.dt_bias.view(),
+            beta: 1.0,
+            threshold: 20.0,
+            g: g.view_mut(),
+            beta_output: beta_output.view_mut(),
+        }
+    }
+
+    /// `fused_sigmoid_gating_delta_rule_update` of these gates and `rec`'s tokens, pool, slot
+    /// table and output (l2-normalised q and k; no final state, no accepted counts).
+    pub fn sigmoid_args<'a>(
+        &'a self,
+        rec: FusedRecurrentGatedDeltaRuleArgs<'a>,
+    ) -> FusedSigmoidGatingDeltaRuleUpdateArgs<'a> {
+        FusedSigmoidGatingDeltaRuleUpdateArgs {
+            a_log: self.a_log.view(),
+            a: self.a.view(),
+            b: self.b.view(),
+            dt_bias: self.dt_bias.view(),
+            q: rec.q,
+            k: rec.k,
+            v: rec.v,
+            beta: 1.0,
+            threshold: 20.0,
+            scale: None,
+            initial_state: rec.initial_state,
+            final_state: None,
+            cu_seqlens: rec.cu_seqlens,
+            ssm_state_indices: rec.ssm_state_indices,
+            num_accepted_tokens: None,
+            use_qk_l2norm_in_kernel: true,
+            eps: 1e-6,
+            state_layout: rec.state_layout,
+            o: rec.o,
+        }
     }
 }
 
