@@ -8,13 +8,13 @@
 
 use std::ops::{Add, Div, Mul, Neg, Sub};
 
-use ssm_tensor::{DType, TensorMut, TensorRef};
+use ssm_tensor::{DType, Strided, TensorMut, TensorRef};
 
 use crate::args::{
     ChunkGatedDeltaRuleArgs, FusedGdnGatingArgs, FusedRecurrentGatedDeltaRuleArgs,
     FusedSigmoidGatingDeltaRuleUpdateArgs, StateLayout,
 };
-use crate::plan::{ChunkPlan, ChunkStart, Gates, GatingPlan, GdnDims, RecurrentPlan, StartState, StateView, Strided};
+use crate::plan::{ChunkPlan, ChunkStart, Gates, GatingPlan, GdnDims, RecurrentPlan, StartState, StateView};
 use crate::{GdnError, Planned, Run};
 
 /// Arithmetic precision of the reference.
