@@ -313,16 +313,18 @@ impl<T: Real> Item<'_, T> {
     }
 }
 
+/// The tensors of one conv call (both ops): what the plan was built from.
+struct Tensors<'r, 'a> {
+    x: &'r TensorRef<'a>,
+    weight: &'r TensorRef<'a>,
+    bias: Option<&'r TensorRef<'a>>,
+    state: &'r mut TensorMut<'a>,
+    out: &'r mut TensorMut<'a>,
+}
+
 impl CpuBackend {
-    fn conv<T: Real>(
-        &self,
-        plan: &ConvPlan,
-        x: &TensorRef<'_>,
-        weight: &TensorRef<'_>,
-        bias: Option<&TensorRef<'_>>,
-        state: &mut TensorMut<'_>,
-        out: &mut TensorMut<'_>,
-    ) {
+    fn conv<T: Real>(&self, plan: &ConvPlan, t: Tensors<'_, '_>) {
+        let Tensors { x, weight, bias, state, out } = t;
         let seqs = plan.seqs.as_deref().expect("host plans resolve their sequences");
         let ctx = Ctx {
             plan,
@@ -354,26 +356,18 @@ impl CpuBackend {
         });
     }
 
-    fn conv_any(
-        &self,
-        plan: &ConvPlan,
-        x: &TensorRef<'_>,
-        weight: &TensorRef<'_>,
-        bias: Option<&TensorRef<'_>>,
-        state: &mut TensorMut<'_>,
-        out: &mut TensorMut<'_>,
-    ) -> Result<(), CpuError> {
-        require_host("x", x.device())?;
-        require_host("weight", weight.device())?;
-        if let Some(b) = bias {
+    fn conv_any(&self, plan: &ConvPlan, t: Tensors<'_, '_>) -> Result<(), CpuError> {
+        require_host("x", t.x.device())?;
+        require_host("weight", t.weight.device())?;
+        if let Some(b) = t.bias {
             require_host("bias", b.device())?;
         }
-        require_host("conv_state", state.device())?;
-        require_host("out", out.device())?;
+        require_host("conv_state", t.state.device())?;
+        require_host("out", t.out.device())?;
         match plan.dtype {
-            DType::F32 => self.conv::<f32>(plan, x, weight, bias, state, out),
-            DType::F16 => self.conv::<f16>(plan, x, weight, bias, state, out),
-            DType::BF16 => self.conv::<bf16>(plan, x, weight, bias, state, out),
+            DType::F32 => self.conv::<f32>(plan, t),
+            DType::F16 => self.conv::<f16>(plan, t),
+            DType::BF16 => self.conv::<bf16>(plan, t),
             other => unreachable!("plan admits float dtypes only, got {other}"),
         }
         Ok(())
@@ -384,8 +378,14 @@ impl Run<CausalConv1dUpdateArgs<'_>> for CpuBackend {
     type Error = CpuError;
     fn run(&self, call: Planned<CausalConv1dUpdateArgs<'_>>) -> Result<(), CpuError> {
         let (mut args, plan) = call.into_parts();
-        let plan = &plan;
-        self.conv_any(plan, &args.x, &args.weight, args.bias.as_ref(), &mut args.conv_state, &mut args.out)
+        let t = Tensors {
+            x: &args.x,
+            weight: &args.weight,
+            bias: args.bias.as_ref(),
+            state: &mut args.conv_state,
+            out: &mut args.out,
+        };
+        self.conv_any(&plan, t)
     }
 }
 
@@ -393,8 +393,14 @@ impl Run<CausalConv1dFnArgs<'_>> for CpuBackend {
     type Error = CpuError;
     fn run(&self, call: Planned<CausalConv1dFnArgs<'_>>) -> Result<(), CpuError> {
         let (mut args, plan) = call.into_parts();
-        let plan = &plan;
-        self.conv_any(plan, &args.x, &args.weight, args.bias.as_ref(), &mut args.conv_states, &mut args.out)
+        let t = Tensors {
+            x: &args.x,
+            weight: &args.weight,
+            bias: args.bias.as_ref(),
+            state: &mut args.conv_states,
+            out: &mut args.out,
+        };
+        self.conv_any(&plan, t)
     }
 }
 

@@ -15,7 +15,8 @@
 
 use half::{bf16, f16};
 use ssm_ring::{
-    CheckpointingSsu, CheckpointingSsuPlan, CommitRingTrackers, TrackerMode, TrackerPlan, UpdateRingTrackers,
+    CheckpointingSsu, CheckpointingSsuPlan, CommitRingTrackers, RingTrackers, TrackerMode, TrackerPlan,
+    UpdateRingTrackers,
 };
 use ssm_tensor::{DType, Planned, Run, TensorMut};
 
@@ -378,23 +379,30 @@ struct TrackersArgs<'r, 'a> {
     qsl: Option<&'r ssm_tensor::TensorRef<'a>>,
 }
 
+impl<'r, 'a> TrackersArgs<'r, 'a> {
+    /// The trackers and slot table of an update, plus `(num_accepted_tokens,
+    /// query_start_loc)` for a commit.
+    fn of(
+        tr: &'r mut RingTrackers<'a>,
+        index: &'r ssm_tensor::TensorRef<'a>,
+        commit: Option<(&'r ssm_tensor::TensorRef<'a>, &'r ssm_tensor::TensorRef<'a>)>,
+    ) -> Self {
+        TrackersArgs {
+            rs: &mut tr.ring_start,
+            pa: &mut tr.prev_num_accepted,
+            pq: &mut tr.prev_query_len,
+            index,
+            accepted: commit.map(|c| c.0),
+            qsl: commit.map(|c| c.1),
+        }
+    }
+}
+
 impl Run<UpdateRingTrackers<'_>> for CpuBackend {
     type Error = CpuError;
     fn run(&self, call: Planned<UpdateRingTrackers<'_>>) -> Result<(), CpuError> {
         let (mut args, plan) = call.into_parts();
-        let plan = &plan;
-        let tr = &mut args.trackers;
-        self.trackers(
-            plan,
-            &mut TrackersArgs {
-                rs: &mut tr.ring_start,
-                pa: &mut tr.prev_num_accepted,
-                pq: &mut tr.prev_query_len,
-                index: &args.state_batch_indices,
-                accepted: None,
-                qsl: None,
-            },
-        )
+        self.trackers(&plan, &mut TrackersArgs::of(&mut args.trackers, &args.state_batch_indices, None))
     }
 }
 
@@ -402,19 +410,8 @@ impl Run<CommitRingTrackers<'_>> for CpuBackend {
     type Error = CpuError;
     fn run(&self, call: Planned<CommitRingTrackers<'_>>) -> Result<(), CpuError> {
         let (mut args, plan) = call.into_parts();
-        let plan = &plan;
-        let tr = &mut args.trackers;
-        self.trackers(
-            plan,
-            &mut TrackersArgs {
-                rs: &mut tr.ring_start,
-                pa: &mut tr.prev_num_accepted,
-                pq: &mut tr.prev_query_len,
-                index: &args.state_batch_indices,
-                accepted: Some(&args.num_accepted_tokens),
-                qsl: Some(&args.query_start_loc),
-            },
-        )
+        let commit = Some((&args.num_accepted_tokens, &args.query_start_loc));
+        self.trackers(&plan, &mut TrackersArgs::of(&mut args.trackers, &args.state_batch_indices, commit))
     }
 }
 

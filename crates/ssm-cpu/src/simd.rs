@@ -536,61 +536,42 @@ impl Real for f32 {
     }
 }
 
-impl Real for bf16 {
-    #[inline(always)]
-    fn to_f32(self) -> f32 {
-        bf16::to_f32(self)
-    }
-    #[inline(always)]
-    fn from_f32(v: f32) -> Self {
-        bf16::from_f32(v)
-    }
-    #[inline(always)]
-    fn load<S: Simd>(s: &[Self]) -> S {
-        S::load_bf16(s)
-    }
-    #[inline(always)]
-    fn store<S: Simd>(v: S, s: &mut [Self]) {
-        v.store_bf16(s)
-    }
-    #[inline(always)]
-    fn round<S: Simd>(v: S) -> S {
-        v.round_bf16()
-    }
-    #[inline(always)]
-    unsafe fn stream<S: Simd>(v: S, p: *mut Self) {
-        // SAFETY: caller's contract.
-        unsafe { v.stream_bf16(p) }
-    }
+/// `Real` for a 16-bit storage type: conversions from `half`, lane loads, stores, rounding and
+/// streaming stores through the `Simd` methods named for it.
+macro_rules! real_half {
+    ($t:ty, $load:ident, $store:ident, $round:ident, $stream:ident) => {
+        impl Real for $t {
+            #[inline(always)]
+            fn to_f32(self) -> f32 {
+                <$t>::to_f32(self)
+            }
+            #[inline(always)]
+            fn from_f32(v: f32) -> Self {
+                <$t>::from_f32(v)
+            }
+            #[inline(always)]
+            fn load<S: Simd>(s: &[Self]) -> S {
+                S::$load(s)
+            }
+            #[inline(always)]
+            fn store<S: Simd>(v: S, s: &mut [Self]) {
+                v.$store(s)
+            }
+            #[inline(always)]
+            fn round<S: Simd>(v: S) -> S {
+                v.$round()
+            }
+            #[inline(always)]
+            unsafe fn stream<S: Simd>(v: S, p: *mut Self) {
+                // SAFETY: caller's contract.
+                unsafe { v.$stream(p) }
+            }
+        }
+    };
 }
 
-impl Real for f16 {
-    #[inline(always)]
-    fn to_f32(self) -> f32 {
-        f16::to_f32(self)
-    }
-    #[inline(always)]
-    fn from_f32(v: f32) -> Self {
-        f16::from_f32(v)
-    }
-    #[inline(always)]
-    fn load<S: Simd>(s: &[Self]) -> S {
-        S::load_f16(s)
-    }
-    #[inline(always)]
-    fn store<S: Simd>(v: S, s: &mut [Self]) {
-        v.store_f16(s)
-    }
-    #[inline(always)]
-    fn round<S: Simd>(v: S) -> S {
-        v.round_f16()
-    }
-    #[inline(always)]
-    unsafe fn stream<S: Simd>(v: S, p: *mut Self) {
-        // SAFETY: caller's contract.
-        unsafe { v.stream_f16(p) }
-    }
-}
+real_half!(bf16, load_bf16, store_bf16, round_bf16, stream_bf16);
+real_half!(f16, load_f16, store_f16, round_f16, stream_f16);
 
 #[cfg(test)]
 mod tests {

@@ -9,7 +9,7 @@
 use half::{bf16, f16};
 use ssm_ssu::philox::{round_f16_stochastic, sr_bits};
 use ssm_ssu::{ParamForm, Route, SelectiveStateUpdate, SsuPlan, TokenStrides};
-use ssm_tensor::{DType, Planned, Run};
+use ssm_tensor::{DType, Planned, Run, TensorMut};
 
 use crate::host::{rd, rd_int, wr};
 use crate::lanes::round8;
@@ -119,47 +119,84 @@ impl Run<SelectiveStateUpdate<'_>> for CpuBackend {
         };
         let out =
             SharedBuf::new(args.out.host_bytes_mut().ok_or(CpuError::NotHost { arg: "out", device: plan.device })?);
+        let state = &mut args.state;
         match plan.dtypes.state {
-            DType::F32 => {
-                let s = args
-                    .state
-                    .host_data_mut::<f32>()
-                    .map_err(|_| CpuError::NotHost { arg: "state", device: plan.device })?;
-                self.ssu_typed(plan, &inp, SharedBuf::new(s), out)
-            }
-            DType::BF16 => {
-                let s = args
-                    .state
-                    .host_data_mut::<bf16>()
-                    .map_err(|_| CpuError::NotHost { arg: "state", device: plan.device })?;
-                self.ssu_typed(plan, &inp, SharedBuf::new(s), out)
-            }
-            DType::F16 => {
-                let s = args
-                    .state
-                    .host_data_mut::<f16>()
-                    .map_err(|_| CpuError::NotHost { arg: "state", device: plan.device })?;
-                self.ssu_typed(plan, &inp, SharedBuf::new(s), out)
-            }
+            DType::F32 => self.ssu_typed(plan, &inp, state_buf::<f32>(state, plan)?, out),
+            DType::BF16 => self.ssu_typed(plan, &inp, state_buf::<bf16>(state, plan)?, out),
+            DType::F16 => self.ssu_typed(plan, &inp, state_buf::<f16>(state, plan)?, out),
             _ => unreachable!("plan admits float states only"),
         }
         Ok(())
     }
 }
 
+/// The state pool as `St` elements shared between items.
+fn state_buf<St: Real>(state: &mut TensorMut<'_>, plan: &SsuPlan) -> Result<SharedBuf<St>, CpuError> {
+    let s = state.host_data_mut::<St>().map_err(|_| CpuError::NotHost { arg: "state", device: plan.device })?;
+    Ok(SharedBuf::new(s))
+}
+
 impl<St: Real> SimdKernel for Item<'_, '_, St> {
     type Output = ();
 
+    /// The stages of one item: resolve the sequence, gather its per-token vectors, then either
+    /// the fused decode pass or the per-row factors and the general row loop.
     #[inline(always)]
     fn run<S: Simd + PowTwo>(self) {
-        // No closure below may contain lane operations: a closure is compiled without the
-        // caller's target features, which would turn every intrinsic into a call.
-        let Item { scratch, plan, inp, state, out, seq: b, head: h, rows: (p_lo, p_hi) } = self;
-        let ty = &plan.dtypes;
-        let dims = &plan.dims;
-        let n_st = dims.dstate;
+        // No closure in this body or the functions it calls may contain lane operations: a
+        // closure is compiled without the caller's target features, which would turn every
+        // intrinsic into a call. Lane code lives in `#[inline(always)]` functions.
+        let Item { scratch, plan, inp, state, out, seq, head, rows } = self;
+        let Some(cx) = SeqCtx::resolve(plan, inp, seq, head) else { return };
+        let nv = plan.dims.dstate.div_ceil(LANES) * LANES;
+        let rp = (rows.1 - rows.0).div_ceil(LANES) * LANES;
+        let mut bufs = Bufs::split(scratch.take(Bufs::len(cx.len, nv, rp)), cx.len, nv, rp);
+        fill_tokens(&cx, &mut bufs);
+        if cx.plain_decode() {
+            decode_rows::<S, St>(&cx, &bufs, state, out, rows);
+            return;
+        }
+        row_factors::<S>(&cx, &mut bufs, rows);
+        if general_rows::<S, St>(&cx, &mut bufs, state, out, rows) {
+            S::store_fence();
+        }
+    }
+}
 
-        // Sequence bounds.
+/// One item's sequence, resolved: its tokens, its slots and what it stores. Scalar reads only
+/// (no lanes), so its methods may be called from anywhere.
+struct SeqCtx<'a> {
+    plan: &'a SsuPlan,
+    inp: &'a Inputs<'a>,
+    /// Sequence.
+    b: usize,
+    /// Head and its group.
+    h: usize,
+    g: usize,
+    /// Tokens of the sequence (at least one).
+    len: usize,
+    /// Row of the token strides' base (the first token in varlen, else the sequence).
+    base_row: usize,
+    /// Source slot and final destination slot (the sequence itself without a table).
+    src: i64,
+    dst_final: i64,
+    /// The source is not the pad (a pad source starts from zeros).
+    live: bool,
+    /// Speculative mode with a live source: per-token stores through the destination table.
+    spec_dsts: bool,
+    /// Non-speculative mode storing the final state.
+    final_store: bool,
+    /// Tied parameters (one dt per token and head).
+    tied: bool,
+    /// `A[h, 0, 0]`.
+    a_head: f32,
+}
+
+impl<'a> SeqCtx<'a> {
+    /// Sequence bounds and slots of item (`b`, `h`); `None` for an empty sequence.
+    #[inline(always)]
+    fn resolve(plan: &'a SsuPlan, inp: &'a Inputs<'a>, b: usize, h: usize) -> Option<Self> {
+        let ty = &plan.dtypes;
         let (start, len) = match plan.route {
             Route::OneToken => (b, 1),
             Route::Dense { steps } => (b * steps, steps),
@@ -172,7 +209,7 @@ impl<St: Real> SimdKernel for Item<'_, '_, St> {
             }
         };
         if len == 0 {
-            return;
+            return None;
         }
         let col = match (inp.nacc, plan.num_accepted_tokens) {
             (Some(n), Some(s)) => (rd_int(n, ty.num_accepted_tokens.unwrap(), s.at([b])) - 1).max(0) as usize,
@@ -185,260 +222,391 @@ impl<St: Real> SimdKernel for Item<'_, '_, St> {
             ),
             _ => (b as i64, b as i64),
         };
-        let live = !(plan.state_batch_indices.is_some() && plan.is_pad(src));
-        let g = h / plan.heads_per_group();
-        let base_row = if plan.route == Route::Varlen { start } else { b };
-        let tok = |ts: &TokenStrides, t: usize| plan.token_base(ts, b, base_row) + t as isize * ts.tok;
-        let tied = plan.form == ParamForm::Tied;
-        let softplus = |v: f32| if v <= 20.0 { (v.exp() + 1.0).ln() } else { v };
-        // dt + dt_bias of (token t, row p), before softplus (scalar: no lanes in closures).
-        let dt_raw = |t: usize, p: usize| {
-            let mut v = rd(inp.dt, ty.dt, plan.dt.at(tok(&plan.dt, t), h, p));
-            if let (Some(bias), Some(s)) = (inp.dt_bias, plan.dt_bias) {
-                v += rd(bias, ty.dt_bias.unwrap(), s.at([h, p]));
+        let table = plan.state_batch_indices.is_some();
+        let live = !(table && plan.is_pad(src));
+        Some(SeqCtx {
+            plan,
+            inp,
+            b,
+            h,
+            g: h / plan.heads_per_group(),
+            len,
+            base_row: if plan.route == Route::Varlen { start } else { b },
+            src,
+            dst_final,
+            live,
+            spec_dsts: plan.spec && live,
+            final_store: !plan.spec && live && !(table && plan.is_pad(dst_final)),
+            tied: plan.form == ParamForm::Tied,
+            a_head: rd(inp.a, ty.a, plan.a.at([h, 0, 0])),
+        })
+    }
+
+    /// The plain decode step: one token, tied parameters, a live row, no stochastic rounding,
+    /// whole lanes.
+    #[inline(always)]
+    fn plain_decode(&self) -> bool {
+        let plan = self.plan;
+        self.len == 1
+            && self.tied
+            && self.live
+            && !plan.spec
+            && plan.stochastic_rounding.is_none()
+            && plan.dims.dstate.is_multiple_of(LANES)
+    }
+
+    /// Element offset of token `t` of the sequence in a token-strided tensor.
+    #[inline(always)]
+    fn tok(&self, ts: &TokenStrides, t: usize) -> isize {
+        self.plan.token_base(ts, self.b, self.base_row) + t as isize * ts.tok
+    }
+
+    /// dt + dt_bias of (token `t`, row `p`), before softplus.
+    #[inline(always)]
+    fn dt_raw(&self, t: usize, p: usize) -> f32 {
+        let (plan, inp, ty) = (self.plan, self.inp, &self.plan.dtypes);
+        let mut v = rd(inp.dt, ty.dt, plan.dt.at(self.tok(&plan.dt, t), self.h, p));
+        if let (Some(bias), Some(s)) = (inp.dt_bias, plan.dt_bias) {
+            v += rd(bias, ty.dt_bias.unwrap(), s.at([self.h, p]));
+        }
+        v
+    }
+
+    /// dt of (token `t`, row `p`), after softplus when the plan asks for it.
+    #[inline(always)]
+    fn dt_of(&self, t: usize, p: usize) -> f32 {
+        let v = self.dt_raw(t, p);
+        if self.plan.dt_softplus { if v <= 20.0 { (v.exp() + 1.0).ln() } else { v } } else { v }
+    }
+
+    /// `D[h, p]` (0 without `D`).
+    #[inline(always)]
+    fn d_of(&self, p: usize) -> f32 {
+        match (self.inp.d, self.plan.d) {
+            (Some(d), Some(s)) => rd(d, self.plan.dtypes.d.unwrap(), s.at([self.h, p])),
+            _ => 0.0,
+        }
+    }
+
+    /// `x` of (token `t`, row `p`).
+    #[inline(always)]
+    fn x_of(&self, t: usize, p: usize) -> f32 {
+        let plan = self.plan;
+        rd(self.inp.x, plan.dtypes.x, plan.x.at(self.tok(&plan.x, t), self.h, p))
+    }
+
+    /// Writes `y` as `out` of (token `t`, row `p`).
+    #[inline(always)]
+    fn write_out(&self, out: SharedBuf<u8>, t: usize, p: usize, y: f32) {
+        let plan = self.plan;
+        // SAFETY: the plan checked `out`'s shape and that its elements do not overlap; token
+        // `t` of sequence b, head h, row p is written by this item only.
+        unsafe { wr(out, plan.dtypes.out, plan.out.at(self.tok(&plan.out, t), self.h, p), y) };
+    }
+}
+
+/// The item's f32 scratch: per token B (times dt when tied) and C (`nv` each), dt and dA; three
+/// rows (the state row, dA and B·dt of the per-channel form); per token and row of the item the
+/// processed dt and the z factor (`rp` each).
+struct Bufs<'s> {
+    bv: &'s mut [f32],
+    cv: &'s mut [f32],
+    dts: &'s mut [f32],
+    das: &'s mut [f32],
+    row: &'s mut [f32],
+    da_row: &'s mut [f32],
+    bdt_row: &'s mut [f32],
+    dt_rows: &'s mut [f32],
+    z_rows: &'s mut [f32],
+    nv: usize,
+    rp: usize,
+}
+
+impl<'s> Bufs<'s> {
+    /// Elements of the scratch of a sequence of `len` tokens.
+    #[inline(always)]
+    fn len(len: usize, nv: usize, rp: usize) -> usize {
+        len * (2 * nv + 2) + 3 * nv + 2 * len * rp
+    }
+
+    #[inline(always)]
+    fn split(buf: &'s mut [f32], len: usize, nv: usize, rp: usize) -> Self {
+        let (bv, rest) = buf.split_at_mut(len * nv);
+        let (cv, rest) = rest.split_at_mut(len * nv);
+        let (dts, rest) = rest.split_at_mut(len);
+        let (das, rest) = rest.split_at_mut(len);
+        let (row, rest) = rest.split_at_mut(nv);
+        let (da_row, rest) = rest.split_at_mut(nv);
+        let (bdt_row, rest) = rest.split_at_mut(nv);
+        let (dt_rows, rest) = rest.split_at_mut(len * rp);
+        let z_rows = &mut rest[..len * rp];
+        Bufs { bv, cv, dts, das, row, da_row, bdt_row, dt_rows, z_rows, nv, rp }
+    }
+}
+
+/// Per-token vectors: B (times dt in the tied form) and C, zero-padded to `nv`; tied dt and dA.
+#[inline(always)]
+fn fill_tokens(cx: &SeqCtx<'_>, bufs: &mut Bufs<'_>) {
+    let (plan, inp, ty, nv) = (cx.plan, cx.inp, &cx.plan.dtypes, bufs.nv);
+    let n_st = plan.dims.dstate;
+    for t in 0..cx.len {
+        let (bb, cb) = (cx.tok(&plan.b, t), cx.tok(&plan.c, t));
+        let dtv = if cx.tied { cx.dt_of(t, 0) } else { 1.0 };
+        bufs.dts[t] = dtv;
+        bufs.das[t] = (cx.a_head * dtv).exp();
+        for n in 0..nv {
+            let (bval, cval) = if n < n_st {
+                (rd(inp.b, ty.b, plan.b.at(bb, cx.g, n)), rd(inp.c, ty.c, plan.c.at(cb, cx.g, n)))
+            } else {
+                (0.0, 0.0)
+            };
+            bufs.bv[t * nv + n] = bval * dtv;
+            bufs.cv[t * nv + n] = cval;
+        }
+    }
+}
+
+/// The plain decode step ([`SeqCtx::plain_decode`]): one fused pass per row, the state read,
+/// updated and stored chunk by chunk without the f32 row buffer.
+#[inline(always)]
+fn decode_rows<S: Simd + PowTwo, St: Real>(
+    cx: &SeqCtx<'_>,
+    bufs: &Bufs<'_>,
+    state: SharedBuf<St>,
+    out: SharedBuf<u8>,
+    (p_lo, p_hi): (usize, usize),
+) {
+    let (plan, h, n_st, nv) = (cx.plan, cx.h, cx.plan.dims.dstate, bufs.nv);
+    let (src, dst) = (cx.src as usize, cx.dst_final as usize);
+    let zb = plan.z.map_or(0, |zs| cx.tok(&zs, 0));
+    let (da, bt, ct) = (S::splat(bufs.das[0]), &bufs.bv[..nv], &bufs.cv[..nv]);
+    for p in p_lo..p_hi {
+        let xv = cx.x_of(0, p);
+        let xs = S::splat(xv);
+        let src_off = plan.state.at([src, h, p, 0]);
+        let dst_off = plan.state.at([dst, h, p, 0]);
+        // Keep several rows of loads in flight: prefetch the row PREFETCH_ROWS ahead (a hint
+        // only; an address past the head is harmless).
+        if p + PREFETCH_ROWS < p_hi {
+            let ahead = plan.state.at([src, h, p + PREFETCH_ROWS, 0]);
+            let row_bytes = n_st * std::mem::size_of::<St>();
+            for line in (0..row_bytes).step_by(64) {
+                S::prefetch(state.elems::<St>(ahead, 0).cast::<u8>().wrapping_add(line));
             }
-            v
+        }
+        let mut acc = S::splat(0.0);
+        for n in (0..n_st).step_by(LANES) {
+            // SAFETY: both rows were checked by the plan and belong to this item; each chunk is
+            // read through a slice that ends before the write below (source and destination may
+            // be the same row).
+            let v = St::load::<S>(unsafe { std::slice::from_raw_parts(state.elems::<St>(src_off + n, LANES), LANES) })
+                .mul_add(da, S::load(&bt[n..]).mul(xs));
+            if cx.final_store {
+                // SAFETY: as above; no other reference to this chunk is alive.
+                St::store(v, unsafe { std::slice::from_raw_parts_mut(state.elems::<St>(dst_off + n, LANES), LANES) });
+            }
+            acc = v.mul_add(S::load(&ct[n..]), acc);
+        }
+        let mut y = acc.reduce_add() + xv * cx.d_of(p);
+        if let (Some(z), Some(zs)) = (cx.inp.z, plan.z) {
+            let zv = rd(z, plan.dtypes.z.unwrap(), zs.at(zb, h, p));
+            y *= zv / (1.0 + (-zv).exp());
+        }
+        cx.write_out(out, 0, p, y);
+    }
+}
+
+/// The scalar per-row work of the general path, eight rows at a time: softplus of dt + dt_bias
+/// (per-channel form; the tied form has it per token) and z's silu factor, so that no row pays
+/// scalar `exp`/`ln` calls.
+#[inline(always)]
+fn row_factors<S: Simd + PowTwo>(cx: &SeqCtx<'_>, bufs: &mut Bufs<'_>, (p_lo, p_hi): (usize, usize)) {
+    let plan = cx.plan;
+    let z = cx.inp.z.zip(plan.z);
+    for t in 0..cx.len {
+        let zb = plan.z.map_or(0, |zs| cx.tok(&zs, t));
+        let mut p = p_lo;
+        while p < p_hi {
+            let m = LANES.min(p_hi - p);
+            let at = t * bufs.rp + (p - p_lo);
+            if !cx.tied {
+                let mut v = [0.0f32; LANES];
+                for (k, vk) in v.iter_mut().enumerate().take(m) {
+                    *vk = cx.dt_raw(t, p + k);
+                }
+                let lanes = S::load(&v);
+                let lanes = if plan.dt_softplus { softplus_lanes(lanes) } else { lanes };
+                lanes.store(&mut bufs.dt_rows[at..]);
+            }
+            if let Some((z, zs)) = z {
+                let mut v = [0.0f32; LANES];
+                for (k, vk) in v.iter_mut().enumerate().take(m) {
+                    *vk = rd(z, plan.dtypes.z.unwrap(), zs.at(zb, cx.h, p + k));
+                }
+                let zl = S::load(&v);
+                zl.div(S::splat(1.0).add(S::splat(0.0).sub(zl).exp())).store(&mut bufs.z_rows[at..]);
+            }
+            p += LANES;
+        }
+    }
+}
+
+/// The general path: each state row loaded once (zeros for a pad source), carried in f32
+/// through every token (per-token stores in speculative mode) and stored once. Returns whether
+/// streaming stores were issued (the caller fences).
+#[inline(always)]
+fn general_rows<S: Simd + PowTwo, St: Real>(
+    cx: &SeqCtx<'_>,
+    bufs: &mut Bufs<'_>,
+    state: SharedBuf<St>,
+    out: SharedBuf<u8>,
+    (p_lo, p_hi): (usize, usize),
+) -> bool {
+    let (plan, h, n_st) = (cx.plan, cx.h, cx.plan.dims.dstate);
+    let has_z = cx.inp.z.is_some() && plan.z.is_some();
+    let mut streamed = false;
+    for p in p_lo..p_hi {
+        if cx.live {
+            let off = plan.state.at([cx.src as usize, h, p, 0]);
+            // SAFETY: the plan checked `src` against the pool and the state layout, so
+            // `off..off + dstate` is inside the state; this item owns (src, h) now.
+            let srow = unsafe { std::slice::from_raw_parts(state.elems::<St>(off, n_st), n_st) };
+            load_row::<S, St>(srow, bufs.row);
+        } else {
+            bufs.row.iter_mut().for_each(|v| *v = 0.0);
+        }
+        let d_p = cx.d_of(p);
+        for t in 0..cx.len {
+            let ds = match (cx.spec_dsts, plan.dst_state_batch_indices) {
+                (true, Some(dtab)) => rd_int(cx.inp.dst.unwrap(), dtab.dtype, dtab.strides.at([cx.b, t])),
+                _ => 0,
+            };
+            let xv = cx.x_of(t, p);
+            let at = t * bufs.rp + (p - p_lo);
+            let acc = if cx.tied { tied_step::<S>(bufs, t, xv) } else { channel_step::<S>(cx, bufs, t, p, at, xv) };
+            if cx.spec_dsts && !plan.is_pad(ds) {
+                streamed |= spec_store::<S, St>(cx, state, bufs.row, ds, p);
+            }
+            let mut y = acc + xv * d_p;
+            if has_z {
+                y *= bufs.z_rows[at];
+            }
+            cx.write_out(out, t, p, y);
+        }
+        if cx.final_store {
+            final_store_row::<S, St>(cx, state, bufs.row, p);
+        }
+    }
+    streamed
+}
+
+/// Token `t` of the tied form on the row: `s = s·dA + B·dt·x`; returns `Σ s·C`.
+#[inline(always)]
+fn tied_step<S: Simd + PowTwo>(bufs: &mut Bufs<'_>, t: usize, xv: f32) -> f32 {
+    let nv = bufs.nv;
+    let (bt, ct) = (&bufs.bv[t * nv..(t + 1) * nv], &bufs.cv[t * nv..(t + 1) * nv]);
+    let (da, xs) = (S::splat(bufs.das[t]), S::splat(xv));
+    let mut acc = S::splat(0.0);
+    for n in (0..nv).step_by(LANES) {
+        let s = S::load(&bufs.row[n..]).mul_add(da, S::load(&bt[n..]).mul(xs));
+        s.store(&mut bufs.row[n..]);
+        acc = s.mul_add(S::load(&ct[n..]), acc);
+    }
+    acc.reduce_add()
+}
+
+/// Token `t` of the per-channel form on row `p`: `s = s·exp(A·dt) + B·dt·x` with the row's dt
+/// (at `at` of the row factors); returns `Σ s·C`.
+#[inline(always)]
+fn channel_step<S: Simd + PowTwo>(cx: &SeqCtx<'_>, bufs: &mut Bufs<'_>, t: usize, p: usize, at: usize, xv: f32) -> f32 {
+    let (plan, inp, ty, h) = (cx.plan, cx.inp, &cx.plan.dtypes, cx.h);
+    let (nv, n_st) = (bufs.nv, plan.dims.dstate);
+    let (bt, ct) = (&bufs.bv[t * nv..(t + 1) * nv], &bufs.cv[t * nv..(t + 1) * nv]);
+    let dtl = S::splat(bufs.dt_rows[at]);
+    // A's row [h, p, :]: straight from memory when it is f32 with unit stride (the usual Mamba1
+    // `A = -exp(A_log)`), else element by element.
+    let a0 = plan.a.at([h, p, 0]);
+    let a_row: Option<&[f32]> = (ty.a == DType::F32 && plan.a.strides[2] == 1)
+        .then(|| bytemuck::try_cast_slice::<u8, f32>(inp.a).ok())
+        .flatten()
+        .map(|a| &a[a0..a0 + n_st]);
+    for n in (0..nv).step_by(LANES) {
+        let av = match a_row {
+            Some(ar) if n + LANES <= n_st => S::load(&ar[n..]),
+            _ => {
+                let mut av = [0.0f32; LANES];
+                for (k, a) in av.iter_mut().enumerate() {
+                    if n + k < n_st {
+                        *a = rd(inp.a, ty.a, plan.a.at([h, p, n + k]));
+                    }
+                }
+                S::load(&av)
+            }
         };
-        let dt_of = |t: usize, p: usize| {
-            let v = dt_raw(t, p);
-            if plan.dt_softplus { softplus(v) } else { v }
-        };
-        let a_head = rd(inp.a, ty.a, plan.a.at([h, 0, 0]));
-        let spec_dsts = plan.spec && live;
-        let final_store = !plan.spec && live && !(plan.state_batch_indices.is_some() && plan.is_pad(dst_final));
+        av.mul(dtl).exp().store(&mut bufs.da_row[n..]);
+        S::load(&bt[n..]).mul(dtl).store(&mut bufs.bdt_row[n..]);
+    }
+    let xs = S::splat(xv);
+    let mut acc = S::splat(0.0);
+    for n in (0..nv).step_by(LANES) {
+        let s = S::load(&bufs.row[n..]).mul_add(S::load(&bufs.da_row[n..]), S::load(&bufs.bdt_row[n..]).mul(xs));
+        s.store(&mut bufs.row[n..]);
+        acc = s.mul_add(S::load(&ct[n..]), acc);
+    }
+    acc.reduce_add()
+}
 
-        // Per-token vectors: B (times dt in the tied form), C; tied scalars dt and dA.
-        let nv = n_st.div_ceil(LANES) * LANES;
-        {
-            // Per token and row of this item: the processed dt (per-channel form) and the z gate
-            // factor, computed eight rows at a time below.
-            let rp = (p_hi - p_lo).div_ceil(LANES) * LANES;
-            let need = len * (2 * nv + 2) + 3 * nv + 2 * len * rp;
-            let (bv, rest) = scratch.take(need).split_at_mut(len * nv);
-            let (cv, rest) = rest.split_at_mut(len * nv);
-            let (dts, rest) = rest.split_at_mut(len);
-            let (das, rest) = rest.split_at_mut(len);
-            let (row, rest) = rest.split_at_mut(nv);
-            let (da_row, rest) = rest.split_at_mut(nv);
-            let (bdt_row, rest) = rest.split_at_mut(nv);
-            let (dt_rows, rest) = rest.split_at_mut(len * rp);
-            let z_rows = &mut rest[..len * rp];
-            for t in 0..len {
-                let (bb, cb) = (tok(&plan.b, t), tok(&plan.c, t));
-                let dtv = if tied { dt_of(t, 0) } else { 1.0 };
-                dts[t] = dtv;
-                das[t] = (a_head * dtv).exp();
-                for n in 0..nv {
-                    let (bval, cval) = if n < n_st {
-                        (rd(inp.b, ty.b, plan.b.at(bb, g, n)), rd(inp.c, ty.c, plan.c.at(cb, g, n)))
-                    } else {
-                        (0.0, 0.0)
-                    };
-                    bv[t * nv + n] = bval * dtv;
-                    cv[t * nv + n] = cval;
-                }
-            }
+/// Speculative mode: stores the row after a token into slot `ds`. Returns whether it used
+/// streaming stores.
+#[inline(always)]
+fn spec_store<S: Simd + PowTwo, St: Real>(
+    cx: &SeqCtx<'_>,
+    state: SharedBuf<St>,
+    row: &[f32],
+    ds: i64,
+    p: usize,
+) -> bool {
+    let (plan, n_st) = (cx.plan, cx.plan.dims.dstate);
+    let off = plan.state.at([ds as usize, cx.h, p, 0]);
+    // `ds` was checked by the plan; (ds, h) is owned by this item (alias_free) or items run in
+    // order.
+    let dptr = state.elems::<St>(off, n_st);
+    // A token's column other than the source is write-only in this call: streaming stores skip
+    // the read for ownership of its lines.
+    let lane_bytes = LANES * std::mem::size_of::<St>();
+    if ds != cx.src && n_st.is_multiple_of(LANES) && (dptr as usize).is_multiple_of(lane_bytes) {
+        for n in (0..n_st).step_by(LANES) {
+            // SAFETY: `n + 8 ≤ dstate`, inside the destination row; aligned (checked above); no
+            // reference to the row is alive.
+            unsafe { St::stream::<S>(S::load(&row[n..]), dptr.add(n)) };
+        }
+        true
+    } else {
+        // SAFETY: as above.
+        let drow = unsafe { std::slice::from_raw_parts_mut(dptr, n_st) };
+        store_row::<S, St>(row, drow);
+        false
+    }
+}
 
-            // The plain decode step (one token, tied parameters, a live row, no stochastic
-            // rounding): one fused pass per row, state read, updated and stored chunk by chunk
-            // without the f32 row buffer.
-            if len == 1 && tied && live && !plan.spec && plan.stochastic_rounding.is_none() && n_st % LANES == 0 {
-                let (xb, ob, zb) = (tok(&plan.x, 0), tok(&plan.out, 0), plan.z.map_or(0, |zs| tok(&zs, 0)));
-                let (da, bt, ct) = (S::splat(das[0]), &bv[..nv], &cv[..nv]);
-                for p in p_lo..p_hi {
-                    let xv = rd(inp.x, ty.x, plan.x.at(xb, h, p));
-                    let xs = S::splat(xv);
-                    let src_off = plan.state.at([src as usize, h, p, 0]);
-                    let dst_off = plan.state.at([dst_final as usize, h, p, 0]);
-                    // Keep several rows of loads in flight: prefetch the row PREFETCH_ROWS ahead
-                    // (a hint only; an address past the head is harmless).
-                    if p + PREFETCH_ROWS < p_hi {
-                        let ahead = plan.state.at([src as usize, h, p + PREFETCH_ROWS, 0]);
-                        let row_bytes = n_st * std::mem::size_of::<St>();
-                        for line in (0..row_bytes).step_by(64) {
-                            S::prefetch(state.elems::<St>(ahead, 0).cast::<u8>().wrapping_add(line));
-                        }
-                    }
-                    let mut acc = S::splat(0.0);
-                    for n in (0..n_st).step_by(LANES) {
-                        // SAFETY: both rows were checked by the plan and belong to this item;
-                        // each chunk is read through a slice that ends before the write below
-                        // (source and destination may be the same row).
-                        let v = St::load::<S>(unsafe {
-                            std::slice::from_raw_parts(state.elems::<St>(src_off + n, LANES), LANES)
-                        })
-                        .mul_add(da, S::load(&bt[n..]).mul(xs));
-                        if final_store {
-                            // SAFETY: as above; no other reference to this chunk is alive.
-                            St::store(v, unsafe {
-                                std::slice::from_raw_parts_mut(state.elems::<St>(dst_off + n, LANES), LANES)
-                            });
-                        }
-                        acc = v.mul_add(S::load(&ct[n..]), acc);
-                    }
-                    let d_p = match (inp.d, plan.d) {
-                        (Some(d), Some(s)) => rd(d, ty.d.unwrap(), s.at([h, p])),
-                        _ => 0.0,
-                    };
-                    let mut y = acc.reduce_add() + xv * d_p;
-                    if let (Some(z), Some(zs)) = (inp.z, plan.z) {
-                        let zv = rd(z, ty.z.unwrap(), zs.at(zb, h, p));
-                        y *= zv / (1.0 + (-zv).exp());
-                    }
-                    // SAFETY: out element (token, h, p) belongs to this item (see below).
-                    unsafe { wr(out, ty.out, plan.out.at(ob, h, p), y) };
-                }
-                return;
-            }
-
-            // The scalar per-row work of the general path, eight rows at a time: softplus of
-            // dt + dt_bias (per-channel form; the tied form has it per token above) and z's silu
-            // factor, so that no row pays scalar `exp`/`ln` calls.
-            let has_z = inp.z.is_some() && plan.z.is_some();
-            for t in 0..len {
-                let zb = plan.z.map_or(0, |zs| tok(&zs, t));
-                let mut p = p_lo;
-                while p < p_hi {
-                    let m = LANES.min(p_hi - p);
-                    let at = t * rp + (p - p_lo);
-                    if !tied {
-                        let mut v = [0.0f32; LANES];
-                        for (k, vk) in v.iter_mut().enumerate().take(m) {
-                            *vk = dt_raw(t, p + k);
-                        }
-                        let lanes = S::load(&v);
-                        let lanes = if plan.dt_softplus { softplus_lanes(lanes) } else { lanes };
-                        lanes.store(&mut dt_rows[at..]);
-                    }
-                    if has_z {
-                        let (z, zs) = (inp.z.unwrap(), plan.z.unwrap());
-                        let mut v = [0.0f32; LANES];
-                        for (k, vk) in v.iter_mut().enumerate().take(m) {
-                            *vk = rd(z, ty.z.unwrap(), zs.at(zb, h, p + k));
-                        }
-                        let zl = S::load(&v);
-                        zl.div(S::splat(1.0).add(S::splat(0.0).sub(zl).exp())).store(&mut z_rows[at..]);
-                    }
-                    p += LANES;
-                }
-            }
-            let mut streamed = false;
-            for p in p_lo..p_hi {
-                // Load the row (zeros for a pad source), widened to f32.
-                if live {
-                    let off = plan.state.at([src as usize, h, p, 0]);
-                    // SAFETY: the plan checked `src` against the pool and the state layout, so
-                    // `off..off + dstate` is inside the state; this item owns (src, h) now.
-                    let srow = unsafe { std::slice::from_raw_parts(state.elems::<St>(off, n_st), n_st) };
-                    load_row::<S, St>(srow, row);
-                } else {
-                    row.iter_mut().for_each(|v| *v = 0.0);
-                }
-                let d_p = match (inp.d, plan.d) {
-                    (Some(d), Some(s)) => rd(d, ty.d.unwrap(), s.at([h, p])),
-                    _ => 0.0,
-                };
-                for t in 0..len {
-                    let (xb, ob) = (tok(&plan.x, t), tok(&plan.out, t));
-                    let ds = match (spec_dsts, plan.dst_state_batch_indices) {
-                        (true, Some(dtab)) => rd_int(inp.dst.unwrap(), dtab.dtype, dtab.strides.at([b, t])),
-                        _ => 0,
-                    };
-                    let xv = rd(inp.x, ty.x, plan.x.at(xb, h, p));
-                    let bt = &bv[t * nv..(t + 1) * nv];
-                    let ct = &cv[t * nv..(t + 1) * nv];
-                    let mut acc = S::splat(0.0);
-                    if tied {
-                        let (da, xs) = (S::splat(das[t]), S::splat(xv));
-                        for n in (0..nv).step_by(LANES) {
-                            let s = S::load(&row[n..]).mul_add(da, S::load(&bt[n..]).mul(xs));
-                            s.store(&mut row[n..]);
-                            acc = s.mul_add(S::load(&ct[n..]), acc);
-                        }
-                    } else {
-                        let dtv = dt_rows[t * rp + (p - p_lo)];
-                        let dtl = S::splat(dtv);
-                        // A's row [h, p, :]: straight from memory when it is f32 with unit stride
-                        // (the usual Mamba1 `A = -exp(A_log)`), else element by element.
-                        let a0 = plan.a.at([h, p, 0]);
-                        let a_row: Option<&[f32]> = (ty.a == DType::F32 && plan.a.strides[2] == 1)
-                            .then(|| bytemuck::try_cast_slice::<u8, f32>(inp.a).ok())
-                            .flatten()
-                            .map(|a| &a[a0..a0 + n_st]);
-                        for n in (0..nv).step_by(LANES) {
-                            let av = match a_row {
-                                Some(ar) if n + LANES <= n_st => S::load(&ar[n..]),
-                                _ => {
-                                    let mut av = [0.0f32; LANES];
-                                    for (k, a) in av.iter_mut().enumerate() {
-                                        if n + k < n_st {
-                                            *a = rd(inp.a, ty.a, plan.a.at([h, p, n + k]));
-                                        }
-                                    }
-                                    S::load(&av)
-                                }
-                            };
-                            av.mul(dtl).exp().store(&mut da_row[n..]);
-                            S::load(&bt[n..]).mul(dtl).store(&mut bdt_row[n..]);
-                        }
-                        let xs = S::splat(xv);
-                        for n in (0..nv).step_by(LANES) {
-                            let s = S::load(&row[n..]).mul_add(S::load(&da_row[n..]), S::load(&bdt_row[n..]).mul(xs));
-                            s.store(&mut row[n..]);
-                            acc = s.mul_add(S::load(&ct[n..]), acc);
-                        }
-                    }
-                    if spec_dsts && !plan.is_pad(ds) {
-                        let off = plan.state.at([ds as usize, h, p, 0]);
-                        // `ds` was checked by the plan; (ds, h) is owned by this item
-                        // (alias_free) or items run in order.
-                        let dptr = state.elems::<St>(off, n_st);
-                        // A token's column other than the source is write-only in this call:
-                        // streaming stores skip the read for ownership of its lines.
-                        let lane_bytes = LANES * std::mem::size_of::<St>();
-                        if ds != src && n_st.is_multiple_of(LANES) && (dptr as usize).is_multiple_of(lane_bytes) {
-                            for n in (0..n_st).step_by(LANES) {
-                                // SAFETY: `n + 8 ≤ dstate`, inside the destination row; aligned
-                                // (checked above); no reference to the row is alive.
-                                unsafe { St::stream::<S>(S::load(&row[n..]), dptr.add(n)) };
-                            }
-                            streamed = true;
-                        } else {
-                            // SAFETY: as above.
-                            let drow = unsafe { std::slice::from_raw_parts_mut(dptr, n_st) };
-                            store_row::<S, St>(row, drow);
-                        }
-                    }
-                    let mut y = acc.reduce_add() + xv * d_p;
-                    if has_z {
-                        y *= z_rows[t * rp + (p - p_lo)];
-                    }
-                    // SAFETY: the plan checked `out`'s shape and that its elements do not overlap;
-                    // token (t) of sequence b, head h, row p is written by this item only.
-                    unsafe { wr(out, ty.out, plan.out.at(ob, h, p), y) };
-                }
-                if final_store {
-                    let off = plan.state.at([dst_final as usize, h, p, 0]);
-                    // SAFETY: `dst_final` was checked by the plan; (dst_final, h) is owned by this item.
-                    let drow = unsafe { std::slice::from_raw_parts_mut(state.elems::<St>(off, n_st), n_st) };
-                    match plan.stochastic_rounding {
-                        None => store_row::<S, St>(row, drow),
-                        Some(sr) => {
-                            let st = plan.state.strides;
-                            let base = src as isize * st[0] + h as isize * st[1] + p as isize * st[2];
-                            for n in 0..n_st {
-                                let pair = (base + (n - n % 2) as isize * st[3]) as u64;
-                                let r = sr_bits(sr.seed, sr.rounds(), pair, n % 2 == 1);
-                                let v = round_f16_stochastic(row[n], r);
-                                // The plan admits stochastic rounding for f16 states only.
-                                drow[n] = St::from_f32(v.to_f32());
-                            }
-                        }
-                    }
-                }
-            }
-            if streamed {
-                S::store_fence();
+/// Stores the final row into the destination slot (stochastic rounding if the plan asks).
+#[inline(always)]
+fn final_store_row<S: Simd + PowTwo, St: Real>(cx: &SeqCtx<'_>, state: SharedBuf<St>, row: &[f32], p: usize) {
+    let (plan, h, n_st) = (cx.plan, cx.h, cx.plan.dims.dstate);
+    let off = plan.state.at([cx.dst_final as usize, h, p, 0]);
+    // SAFETY: `dst_final` was checked by the plan; (dst_final, h) is owned by this item.
+    let drow = unsafe { std::slice::from_raw_parts_mut(state.elems::<St>(off, n_st), n_st) };
+    match plan.stochastic_rounding {
+        None => store_row::<S, St>(row, drow),
+        Some(sr) => {
+            let st = plan.state.strides;
+            let base = cx.src as isize * st[0] + h as isize * st[1] + p as isize * st[2];
+            for n in 0..n_st {
+                let pair = (base + (n - n % 2) as isize * st[3]) as u64;
+                let r = sr_bits(sr.seed, sr.rounds(), pair, n % 2 == 1);
+                let v = round_f16_stochastic(row[n], r);
+                // The plan admits stochastic rounding for f16 states only.
+                drow[n] = St::from_f32(v.to_f32());
             }
         }
     }

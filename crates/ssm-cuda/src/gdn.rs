@@ -4,11 +4,12 @@
 
 use bytemuck::{Pod, Zeroable};
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
-use ssm_gdn::plan::{Gates, SlotTable, StateView, Strided};
+use ssm_gdn::plan::{Gates, StateSlots, StateView};
 use ssm_gdn::{
     FusedGdnGatingArgs, FusedRecurrentGatedDeltaRuleArgs, FusedSigmoidGatingDeltaRuleUpdateArgs, GatingPlan,
     RecurrentPlan, StateLayout,
 };
+use ssm_tensor::Strided;
 use ssm_tensor::{DType, Planned, Run};
 
 use crate::compile::{KernelSource, KernelSpec};
@@ -25,8 +26,8 @@ fn c_type(t: DType) -> &'static str {
     }
 }
 
-fn addr_of(base: Option<u64>, offset: usize, dtype: DType) -> u64 {
-    base.map_or(0, |a| a.wrapping_add((offset * dtype.size()) as u64))
+fn addr_of(base: Option<u64>, offset: isize, dtype: DType) -> u64 {
+    base.map_or(0, |a| a.wrapping_add_signed((offset * dtype.size() as isize) as i64))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -374,8 +375,8 @@ impl RecurrentKey {
         }
         set(plan.state.is_some(), F_STATE);
         set(plan.final_state.is_some(), F_FINAL);
-        set(matches!(plan.slots, SlotTable::OneD(_)), F_SLOTS_1D);
-        set(matches!(plan.slots, SlotTable::TwoD(..)), F_SLOTS_2D);
+        set(matches!(plan.slots, StateSlots::OneD(_)), F_SLOTS_1D);
+        set(matches!(plan.slots, StateSlots::TwoD(..)), F_SLOTS_2D);
         set(plan.num_accepted_tokens.is_some(), F_NACC);
         set(plan.cu_seqlens.is_some(), F_VARLEN);
         set(plan.l2norm, F_L2NORM);
@@ -437,9 +438,8 @@ fn recurrent_types(plan: &RecurrentPlan) -> [DType; 15] {
         Gates::Sigmoid { a_log, dt_bias, a, b, .. } => (f, f, a_log.1, dt_bias.1, a.1, b.1),
     };
     let ix = match plan.slots {
-        SlotTable::None => i,
-        SlotTable::OneD(t) => t.dtype,
-        SlotTable::TwoD(t, _) => t.dtype,
+        StateSlots::None => i,
+        StateSlots::OneD(t) | StateSlots::TwoD(t) => t.dtype,
     };
     [
         plan.q.1,
@@ -536,8 +536,10 @@ impl CudaBackend {
             k: addr_of(Some(a.k), plan.k.0.offset, plan.k.1),
             v: addr_of(Some(a.v), plan.v.0.offset, plan.v.1),
             o: addr_of(Some(a.o), plan.o.0.offset, plan.o.1),
-            state: plan.state.map_or(0, |s| addr_of(Some(a.state), s.offset, dt(plan.state))),
-            final_state: plan.final_state.map_or(0, |s| addr_of(Some(a.final_state), s.offset, dt(plan.final_state))),
+            state: plan.state.map_or(0, |s| addr_of(Some(a.state), s.offset as isize, dt(plan.state))),
+            final_state: plan
+                .final_state
+                .map_or(0, |s| addr_of(Some(a.final_state), s.offset as isize, dt(plan.final_state))),
             err: self.error_word_addr(),
             qs: (&plan.q.0).into(),
             ks: (&plan.k.0).into(),
@@ -582,26 +584,26 @@ impl CudaBackend {
             }
         }
         match plan.slots {
-            SlotTable::None => {}
-            SlotTable::OneD(t) => {
-                p.ix = addr_of(Some(a.ix), t.at.offset, t.dtype);
-                p.ix_seq = t.at.strides[0] as i64;
+            StateSlots::None => {}
+            StateSlots::OneD(t) => {
+                p.ix = addr_of(Some(a.ix), t.strides.offset, t.dtype);
+                p.ix_seq = t.strides.strides[0] as i64;
                 p.ix_cols = 1;
             }
-            SlotTable::TwoD(t, cols) => {
-                p.ix = addr_of(Some(a.ix), t.at.offset, t.dtype);
-                p.ix_seq = t.at.strides[0] as i64;
-                p.ix_col = t.at.strides[1] as i64;
-                p.ix_cols = cols as i64;
+            StateSlots::TwoD(t) => {
+                p.ix = addr_of(Some(a.ix), t.strides.offset, t.dtype);
+                p.ix_seq = t.strides.strides[0] as i64;
+                p.ix_col = t.strides.strides[1] as i64;
+                p.ix_cols = t.width as i64;
             }
         }
         if let Some(t) = plan.num_accepted_tokens {
-            p.nacc = addr_of(Some(a.nacc), t.at.offset, t.dtype);
-            p.nacc_s = t.at.strides[0] as i64;
+            p.nacc = addr_of(Some(a.nacc), t.strides.offset, t.dtype);
+            p.nacc_s = t.strides.strides[0] as i64;
         }
         if let Some(t) = plan.cu_seqlens {
-            p.cu = addr_of(Some(a.cu), t.at.offset, t.dtype);
-            p.cu_s = t.at.strides[0] as i64;
+            p.cu = addr_of(Some(a.cu), t.strides.offset, t.dtype);
+            p.cu_s = t.strides.strides[0] as i64;
         }
         p
     }

@@ -3,36 +3,15 @@
 //! trust them and read sequence ranges and slots through the helpers here, so the reference and
 //! every backend share one reading of vLLM's index rules.
 
-use ssm_tensor::ArgError;
-use ssm_tensor::{DType, Device, SlotUse, TensorMut, TensorRef, first_slot_conflict};
+use ssm_tensor::{
+    ArgError, DType, Device, Layout, Slot, SlotTable, SlotUse, Strided, TensorMut, TensorRef, first_slot_conflict,
+};
 
 use crate::args::{
     ChunkGatedDeltaRuleArgs, FusedGdnGatingArgs, FusedRecurrentGatedDeltaRuleArgs,
     FusedSigmoidGatingDeltaRuleUpdateArgs, StateLayout,
 };
 use crate::{GdnError, MAX_HEAD_K_DIM};
-
-/// Element offset and strides (in elements) of a tensor seen as an `N`-D array.
-/// Broadcast axes have stride 0.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Strided<const N: usize> {
-    /// Element offset of element `[0, …, 0]`.
-    pub offset: usize,
-    /// Strides in elements.
-    pub strides: [isize; N],
-}
-
-impl<const N: usize> Strided<N> {
-    /// Element index of a multi-index (in bounds by the plan's checks).
-    #[inline(always)]
-    pub fn at(&self, idx: [usize; N]) -> usize {
-        let mut off = self.offset as isize;
-        for d in 0..N {
-            off += idx[d] as isize * self.strides[d];
-        }
-        off as usize
-    }
-}
 
 /// A state tensor `[rows, HV, d1, d2]` whose per-row block `[HV, d1, d2]` is contiguous.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,32 +32,6 @@ impl StateView {
     pub fn head(&self, row: usize, hv: usize, head_elems: usize) -> usize {
         self.offset + row * self.row_stride + hv * head_elems
     }
-}
-
-/// An integer table (`I32`, `I64` or `Bool`) with its layout.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct IndexTable<const N: usize> {
-    /// Layout.
-    pub at: Strided<N>,
-    /// Element type.
-    pub dtype: DType,
-}
-
-impl<const N: usize> IndexTable<N> {
-    /// Reads entry `idx` of the host tensor `t` (which must be the one the plan saw).
-    #[inline]
-    pub fn get(&self, t: &TensorRef<'_>, idx: [usize; N]) -> i64 {
-        read_int(t, self.dtype, self.at.at(idx))
-    }
-}
-
-/// Reads element `i` of a host integer (or bool) tensor.
-///
-/// # Panics
-/// If `t` is not a host tensor (backends check the device before reading).
-#[inline]
-pub fn read_int(t: &TensorRef<'_>, dtype: DType, i: usize) -> i64 {
-    ssm_tensor::elem::read_i64(t.host_bytes().expect("index tables are read on the host"), dtype, i)
 }
 
 /// Where one sequence's tokens are.
@@ -203,10 +156,10 @@ pub(crate) fn fused_gdn_gating(args: &FusedGdnGatingArgs<'_>) -> Result<GatingPl
         device: dev,
         tokens,
         v_heads: hv,
-        a_log: strided(&args.a_log),
-        dt_bias: strided(&args.dt_bias),
-        a: strided(&args.a),
-        b: strided(&args.b),
+        a_log: strided("A_log", args.a_log.layout())?,
+        dt_bias: strided("dt_bias", args.dt_bias.layout())?,
+        a: strided("a", args.a.layout())?,
+        b: strided("b", args.b.layout())?,
         g,
         beta_output,
         softplus_beta: args.beta,
@@ -218,8 +171,8 @@ fn out_2d(arg: &'static str, t: &TensorMut<'_>, tokens: usize, hv: usize) -> Res
     let s = t.shape();
     let st = t.strides();
     let r = match s.len() {
-        2 if s == [tokens, hv] => Strided { offset: t.layout().offset(), strides: [st[0], st[1]] },
-        3 if s == [1, tokens, hv] => Strided { offset: t.layout().offset(), strides: [st[1], st[2]] },
+        2 if s == [tokens, hv] => Strided::for_arg(arg, t.layout(), [st[0], st[1]])?,
+        3 if s == [1, tokens, hv] => Strided::for_arg(arg, t.layout(), [st[1], st[2]])?,
         _ => {
             return Err(GdnError::from(ArgError::Shape {
                 arg,
@@ -267,13 +220,13 @@ pub enum Gates {
 
 /// How the recurrent ops address state slots.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SlotTable {
+pub enum StateSlots {
     /// No `ssm_state_indices`: row `bos` of `initial_state`.
     None,
-    /// `[N]`.
-    OneD(IndexTable<1>),
-    /// `[N, columns]`.
-    TwoD(IndexTable<2>, usize),
+    /// `[N]` (width 1).
+    OneD(SlotTable),
+    /// `[N, columns]` (`width` = columns).
+    TwoD(SlotTable),
 }
 
 /// The checked plan of the two recurrent ops.
@@ -296,11 +249,11 @@ pub struct RecurrentPlan {
     /// Per-token states (not in place), if any.
     pub final_state: Option<StateView>,
     /// The slot table.
-    pub slots: SlotTable,
+    pub slots: StateSlots,
     /// `cu_seqlens`, if any.
-    pub cu_seqlens: Option<IndexTable<1>>,
+    pub cu_seqlens: Option<SlotTable>,
     /// `num_accepted_tokens`, if any.
-    pub num_accepted_tokens: Option<IndexTable<1>>,
+    pub num_accepted_tokens: Option<SlotTable>,
     /// Resolved scale.
     pub scale: f32,
     /// l2norm eps.
@@ -331,21 +284,22 @@ impl RecurrentPlan {
         if self.state.is_none() {
             return StartState::Zeros;
         }
+        let rows = self.state.map_or(0, |s| s.rows);
         match self.slots {
-            SlotTable::None => StartState::Row(span.bos),
-            SlotTable::OneD(t) => null_or_row(t.get(ssm_state_indices.unwrap(), [n])),
-            SlotTable::TwoD(t, cols) => {
+            StateSlots::None => StartState::Row(span.bos),
+            StateSlots::OneD(t) => null_or_row(t.read(ssm_state_indices.unwrap(), n, 0), rows),
+            StateSlots::TwoD(t) => {
                 let col = match (&self.num_accepted_tokens, num_accepted_tokens) {
                     (Some(na), Some(nat)) => {
-                        let acc = na.get(nat, [n]);
-                        if acc < 1 || acc > cols as i64 {
+                        let acc = na.read(nat, n, 0);
+                        if acc < 1 || acc > t.width as i64 {
                             return StartState::ZeroOutput;
                         }
                         (acc - 1) as usize
                     }
                     _ => 0,
                 };
-                null_or_row(t.get(ssm_state_indices.unwrap(), [n, col]))
+                null_or_row(t.read(ssm_state_indices.unwrap(), n, col), rows)
             }
         }
     }
@@ -360,23 +314,16 @@ impl RecurrentPlan {
         span: &SeqSpan,
         t: usize,
     ) -> Option<usize> {
-        if self.final_state.is_some() || self.state.is_none() {
-            return None;
-        }
-        match self.slots {
-            SlotTable::None => (t + 1 == span.len).then_some(span.bos),
-            SlotTable::OneD(tab) => {
-                if t + 1 == span.len {
-                    let s = tab.get(ssm_state_indices.unwrap(), [n]);
-                    (s > 0).then_some(s as usize)
-                } else {
-                    None
-                }
-            }
-            SlotTable::TwoD(tab, _) => {
-                let s = tab.get(ssm_state_indices.unwrap(), [n, t]);
-                (s > 0).then_some(s as usize)
-            }
+        let state = self.state.filter(|_| self.final_state.is_none())?;
+        let (tab, col) = match self.slots {
+            StateSlots::None => return (t + 1 == span.len).then_some(span.bos),
+            StateSlots::OneD(_) if t + 1 != span.len => return None,
+            StateSlots::OneD(tab) => (tab, 0),
+            StateSlots::TwoD(tab) => (tab, t),
+        };
+        match recurrent_slot(tab.read(ssm_state_indices.unwrap(), n, col), state.rows) {
+            Slot::Row(r) => Some(r),
+            Slot::Pad | Slot::OutOfRange => None,
         }
     }
 
@@ -387,15 +334,28 @@ impl RecurrentPlan {
     }
 }
 
-fn null_or_row(s: i64) -> StartState {
-    if s <= 0 { StartState::Skip } else { StartState::Row(s as usize) }
+/// vLLM's null-block rule of the recurrent ops (crate docs, "Null slots"): an entry `<= 0` is
+/// the null block (read as [`Slot::Pad`]: nothing read or stored through it); any other entry
+/// resolves against the pool of `slots` rows as in every family ([`Slot::resolve`], no pad).
+#[inline]
+pub fn recurrent_slot(value: i64, slots: usize) -> Slot {
+    if value <= 0 { Slot::Pad } else { Slot::resolve(value, None, slots) }
 }
 
-fn span(dims: &GdnDims, table: Option<&IndexTable<1>>, t: Option<&TensorRef<'_>>, n: usize) -> SeqSpan {
+/// The start of a sequence whose read entry is `s` (host tables: the plan refused entries past
+/// the pool, so every non-null entry is a row).
+fn null_or_row(s: i64, rows: usize) -> StartState {
+    match recurrent_slot(s, rows) {
+        Slot::Row(r) => StartState::Row(r),
+        Slot::Pad | Slot::OutOfRange => StartState::Skip,
+    }
+}
+
+fn span(dims: &GdnDims, table: Option<&SlotTable>, t: Option<&TensorRef<'_>>, n: usize) -> SeqSpan {
     match (table, t) {
         (Some(tab), Some(t)) => {
-            let lo = tab.get(t, [n]) as usize;
-            let hi = tab.get(t, [n + 1]) as usize;
+            let lo = tab.read(t, n, 0) as usize;
+            let hi = tab.read(t, n + 1, 0) as usize;
             SeqSpan { b: 0, t0: lo, len: hi - lo, bos: lo }
         }
         _ => SeqSpan { b: n, t0: 0, len: dims.seqlen, bos: n * dims.seqlen },
@@ -460,10 +420,10 @@ pub(crate) fn fused_recurrent_gated_delta_rule(
                         }));
                     }
                 };
-                Some((Strided { offset: beta.layout().offset(), strides: st }, beta.dtype()))
+                Some((Strided::for_arg("beta", beta.layout(), st)?, beta.dtype()))
             }
         };
-        Ok(Gates::Given { g: strided(&args.g), g_dtype: args.g.dtype(), beta })
+        Ok(Gates::Given { g: strided("g", args.g.layout())?, g_dtype: args.g.dtype(), beta })
     })
 }
 
@@ -499,8 +459,8 @@ pub(crate) fn fused_sigmoid_gating_delta_rule_update(
         positive("beta", args.beta)?;
         finite("threshold", args.threshold)?;
         Ok(Gates::Sigmoid {
-            a_log: (strided(&args.a_log), args.a_log.dtype()),
-            dt_bias: (strided(&args.dt_bias), args.dt_bias.dtype()),
+            a_log: (strided("A_log", args.a_log.layout())?, args.a_log.dtype()),
+            dt_bias: (strided("dt_bias", args.dt_bias.layout())?, args.dt_bias.dtype()),
             a: (a, args.a.dtype()),
             b: (bb, args.b.dtype()),
             softplus_beta: args.beta,
@@ -512,7 +472,6 @@ pub(crate) fn fused_sigmoid_gating_delta_rule_update(
 /// `a`/`b` of the fused op: `[B·T, HV]` (vLLM flattens) or `[B, T, HV]`, as `[b, t, hv]`.
 fn token_head(arg: &'static str, x: &TensorRef<'_>, b: usize, t: usize, hv: usize) -> Result<Strided<3>, GdnError> {
     let s = x.strides();
-    let off = x.layout().offset();
     let overflow = |what| ArgError::Overflow { arg, what, shape: x.shape().to_vec(), strides: s.to_vec() };
     // Empty views admit any sizes and strides, so B·T and the flattened sequence stride are
     // checked rather than left to wrap.
@@ -520,9 +479,9 @@ fn token_head(arg: &'static str, x: &TensorRef<'_>, b: usize, t: usize, hv: usiz
     match x.shape() {
         sh if sh == [bt, hv] => {
             let seq = isize::try_from(t).ok().and_then(|t| s[0].checked_mul(t)).ok_or_else(|| overflow("T·stride"))?;
-            Ok(Strided { offset: off, strides: [seq, s[0], s[1]] })
+            Ok(Strided::for_arg(arg, x.layout(), [seq, s[0], s[1]])?)
         }
-        sh if sh == [b, t, hv] => Ok(Strided { offset: off, strides: [s[0], s[1], s[2]] }),
+        sh if sh == [b, t, hv] => Ok(Strided::for_arg(arg, x.layout(), [s[0], s[1], s[2]])?),
         sh => Err(GdnError::from(ArgError::Shape {
             arg,
             expected: format!("[B·T={bt}, HV={hv}] or [B={b}, T={t}, HV={hv}]"),
@@ -614,7 +573,7 @@ fn recurrent(
         None => None,
     };
     let slots = match c.ssm_state_indices {
-        None => SlotTable::None,
+        None => StateSlots::None,
         Some(ix) => {
             if state.is_none() {
                 return Err(GdnError::from(ArgError::Requires {
@@ -625,16 +584,9 @@ fn recurrent(
             index_dtype("ssm_state_indices", ix.dtype())?;
             same_device("ssm_state_indices", "q", dev, ix.device())?;
             let s = ix.shape();
-            let st = ix.strides();
-            let off = ix.layout().offset();
             match s.len() {
-                1 if s[0] >= dims.seqs => {
-                    SlotTable::OneD(IndexTable { at: Strided { offset: off, strides: [st[0]] }, dtype: ix.dtype() })
-                }
-                2 if s[0] >= dims.seqs && s[1] >= 1 => SlotTable::TwoD(
-                    IndexTable { at: Strided { offset: off, strides: [st[0], st[1]] }, dtype: ix.dtype() },
-                    s[1],
-                ),
+                1 if s[0] >= dims.seqs => StateSlots::OneD(int_table("ssm_state_indices", ix)?),
+                2 if s[0] >= dims.seqs && s[1] >= 1 => StateSlots::TwoD(int_table("ssm_state_indices", ix)?),
                 _ => {
                     return Err(GdnError::from(ArgError::Shape {
                         arg: "ssm_state_indices",
@@ -648,7 +600,7 @@ fn recurrent(
     let num_accepted_tokens = match c.num_accepted_tokens {
         None => None,
         Some(na) => {
-            if !matches!(slots, SlotTable::TwoD(..)) {
+            if !matches!(slots, StateSlots::TwoD(..)) {
                 return Err(GdnError::from(ArgError::Requires {
                     arg: "num_accepted_tokens",
                     needs: "a 2-D `ssm_state_indices` [N, columns] (speculative decoding)",
@@ -663,20 +615,17 @@ fn recurrent(
                     actual: na.shape().to_vec(),
                 }));
             }
-            Some(IndexTable {
-                at: Strided { offset: na.layout().offset(), strides: [na.strides()[0]] },
-                dtype: na.dtype(),
-            })
+            Some(int_table("num_accepted_tokens", na)?)
         }
     };
     let scale = resolve_scale(c.scale, dims.k)?;
     nonneg("eps", c.eps)?;
     let plan = RecurrentPlan {
         dims,
-        q: (strided(c.q), c.q.dtype()),
-        k: (strided(c.k), c.k.dtype()),
-        v: (strided(c.v), c.v.dtype()),
-        o: (strided_mut(c.o), c.o.dtype()),
+        q: (strided("q", c.q.layout())?, c.q.dtype()),
+        k: (strided("k", c.k.layout())?, c.k.dtype()),
+        v: (strided("v", c.v.layout())?, c.v.dtype()),
+        o: (strided("o", c.o.layout())?, c.o.dtype()),
         gates,
         state,
         final_state,
@@ -705,7 +654,7 @@ fn check_recurrent_values(p: &RecurrentPlan, c: &RecurrentCommon<'_, '_>) -> Res
     let Some(state) = p.state else { return Ok(()) };
     let ix = c.ssm_state_indices;
     match p.slots {
-        SlotTable::None => {
+        StateSlots::None => {
             for n in 0..p.dims.seqs {
                 let sp = p.span(c.cu_seqlens, n);
                 if sp.len > 0 && sp.bos >= state.rows {
@@ -720,19 +669,20 @@ fn check_recurrent_values(p: &RecurrentPlan, c: &RecurrentCommon<'_, '_>) -> Res
                 }
             }
         }
-        SlotTable::OneD(tab) => {
+        StateSlots::OneD(tab) => {
             for n in 0..p.dims.seqs {
-                let s = tab.get(ix.unwrap(), [n]);
-                if s >= state.rows as i64 {
+                let s = tab.read(ix.unwrap(), n, 0);
+                if recurrent_slot(s, state.rows) == Slot::OutOfRange {
                     return Err(range_err(n, 0, s, state.rows));
                 }
             }
         }
-        SlotTable::TwoD(tab, cols) => {
+        StateSlots::TwoD(tab) => {
+            let cols = tab.width;
             for n in 0..p.dims.seqs {
                 for col in 0..cols {
-                    let s = tab.get(ix.unwrap(), [n, col]);
-                    if s >= state.rows as i64 {
+                    let s = tab.read(ix.unwrap(), n, col);
+                    if recurrent_slot(s, state.rows) == Slot::OutOfRange {
                         return Err(range_err(n, col, s, state.rows));
                     }
                 }
@@ -815,9 +765,9 @@ pub struct ChunkPlan {
     /// The initial states (dense or pool), if any.
     pub state: Option<StateView>,
     /// `initial_state_indices`, if any.
-    pub indices: Option<IndexTable<1>>,
+    pub indices: Option<SlotTable>,
     /// `has_initial_state`, if any.
-    pub has_initial_state: Option<IndexTable<1>>,
+    pub has_initial_state: Option<SlotTable>,
     /// The pad value.
     pub pad_slot_id: Option<i64>,
     /// Write final states back into `initial_state`.
@@ -825,7 +775,7 @@ pub struct ChunkPlan {
     /// Dense final states `[N, HV, …]`, if any.
     pub final_state: Option<StateView>,
     /// `cu_seqlens`, if any.
-    pub cu_seqlens: Option<IndexTable<1>>,
+    pub cu_seqlens: Option<SlotTable>,
     /// Resolved scale.
     pub scale: f32,
     /// l2norm eps.
@@ -868,19 +818,17 @@ impl ChunkPlan {
         has_initial_state: Option<&TensorRef<'_>>,
         n: usize,
     ) -> ChunkStart {
-        let Some(_) = self.state else { return ChunkStart::Zeros { row: None } };
+        let Some(state) = self.state else { return ChunkStart::Zeros { row: None } };
         let row = match (&self.indices, indices) {
-            (Some(tab), Some(t)) => {
-                let s = tab.get(t, [n]);
-                if Some(s) == self.pad_slot_id {
-                    return ChunkStart::Skip;
-                }
-                s as usize
-            }
+            // Host tables hold no entry out of range (the plan refused it).
+            (Some(tab), Some(t)) => match Slot::resolve(tab.read(t, n, 0), self.pad_slot_id, state.rows) {
+                Slot::Row(r) => r,
+                Slot::Pad | Slot::OutOfRange => return ChunkStart::Skip,
+            },
             _ => n,
         };
         let has = match (&self.has_initial_state, has_initial_state) {
-            (Some(tab), Some(t)) => tab.get(t, [n]) != 0,
+            (Some(tab), Some(t)) => tab.read(t, n, 0) != 0,
             _ => true,
         };
         match (has, self.inplace) {
@@ -918,7 +866,7 @@ pub(crate) fn chunk_gated_delta_rule(args: &ChunkGatedDeltaRuleArgs<'_>) -> Resu
             needs: "`initial_state` (the pool written back)",
         }));
     }
-    let table = |arg: &'static str, x: &TensorRef<'_>, bool_ok: bool| -> Result<IndexTable<1>, GdnError> {
+    let table = |arg: &'static str, x: &TensorRef<'_>, bool_ok: bool| -> Result<SlotTable, GdnError> {
         if state.is_none() {
             return Err(GdnError::from(ArgError::Requires { arg, needs: "`initial_state`" }));
         }
@@ -941,7 +889,7 @@ pub(crate) fn chunk_gated_delta_rule(args: &ChunkGatedDeltaRuleArgs<'_>) -> Resu
                 actual: x.shape().to_vec(),
             }));
         }
-        Ok(IndexTable { at: Strided { offset: x.layout().offset(), strides: [x.strides()[0]] }, dtype: x.dtype() })
+        int_table(arg, x)
     };
     let indices = match &args.initial_state_indices {
         Some(x) => Some(table("initial_state_indices", x, false)?),
@@ -977,12 +925,12 @@ pub(crate) fn chunk_gated_delta_rule(args: &ChunkGatedDeltaRuleArgs<'_>) -> Resu
     nonneg("eps", args.eps)?;
     let plan = ChunkPlan {
         dims,
-        q: (strided(&args.q), args.q.dtype()),
-        k: (strided(&args.k), args.k.dtype()),
-        v: (strided(&args.v), args.v.dtype()),
-        o: (strided_mut(&args.o), args.o.dtype()),
-        g: (strided(&args.g), args.g.dtype()),
-        beta: (strided(&args.beta), args.beta.dtype()),
+        q: (strided("q", args.q.layout())?, args.q.dtype()),
+        k: (strided("k", args.k.layout())?, args.k.dtype()),
+        v: (strided("v", args.v.layout())?, args.v.dtype()),
+        o: (strided("o", args.o.layout())?, args.o.dtype()),
+        g: (strided("g", args.g.layout())?, args.g.dtype()),
+        beta: (strided("beta", args.beta.layout())?, args.beta.dtype()),
         state,
         indices,
         has_initial_state,
@@ -1006,21 +954,21 @@ pub(crate) fn chunk_gated_delta_rule(args: &ChunkGatedDeltaRuleArgs<'_>) -> Resu
             for n in 0..dims.seqs {
                 let row = match (&plan.indices, &args.initial_state_indices) {
                     (Some(tab), Some(x)) => {
-                        let s = tab.get(x, [n]);
-                        if Some(s) == plan.pad_slot_id {
-                            continue;
+                        let s = tab.read(x, n, 0);
+                        match Slot::resolve(s, plan.pad_slot_id, st.rows) {
+                            Slot::Pad => continue,
+                            Slot::Row(r) => r,
+                            Slot::OutOfRange => {
+                                return Err(GdnError::IndexOutOfRange {
+                                    arg: "initial_state_indices",
+                                    seq: n,
+                                    column: 0,
+                                    value: s,
+                                    allowed: "pad value or a slot in [0, slots)",
+                                    slots: st.rows,
+                                });
+                            }
                         }
-                        if s < 0 || s >= st.rows as i64 {
-                            return Err(GdnError::IndexOutOfRange {
-                                arg: "initial_state_indices",
-                                seq: n,
-                                column: 0,
-                                value: s,
-                                allowed: "pad value or a slot in [0, slots)",
-                                slots: st.rows,
-                            });
-                        }
-                        s as usize
                     }
                     _ => {
                         if n >= st.rows {
@@ -1102,28 +1050,32 @@ fn resolve_scale(scale: Option<f32>, k: usize) -> Result<f32, GdnError> {
     }
 }
 
-fn strided<const N: usize>(t: &TensorRef<'_>) -> Strided<N> {
+/// The addressing of a view with its own strides as an `N`-D array (rank checked by the
+/// caller), offset checked ([`Strided::for_arg`]).
+fn strided<const N: usize>(arg: &'static str, layout: &Layout) -> Result<Strided<N>, GdnError> {
     let mut strides = [0isize; N];
-    strides.copy_from_slice(t.strides());
-    Strided { offset: t.layout().offset(), strides }
+    strides.copy_from_slice(layout.strides());
+    Ok(Strided::for_arg(arg, layout, strides)?)
 }
 
-fn strided_mut<const N: usize>(t: &TensorMut<'_>) -> Strided<N> {
-    let mut strides = [0isize; N];
-    strides.copy_from_slice(t.strides());
-    Strided { offset: t.layout().offset(), strides }
+/// An integer table of rank 1 (`[rows]`, width 1) or 2 (`[rows, width]`) read through
+/// [`SlotTable`] (rank and shape checked by the caller), offset checked.
+fn int_table(arg: &'static str, x: &TensorRef<'_>) -> Result<SlotTable, GdnError> {
+    let (sh, st) = (x.shape(), x.strides());
+    let (width, strides) = if sh.len() == 2 { (sh[1], [st[0], st[1]]) } else { (1, [st[0], 0]) };
+    Ok(SlotTable { strides: Strided::for_arg(arg, x.layout(), strides)?, rows: sh[0], width, dtype: x.dtype() })
 }
 
-fn cu_table(cu: &TensorRef<'_>, dev: Device, _tokens: usize) -> Result<IndexTable<1>, GdnError> {
+fn cu_table(cu: &TensorRef<'_>, dev: Device, _tokens: usize) -> Result<SlotTable, GdnError> {
     index_dtype("cu_seqlens", cu.dtype())?;
     same_device("cu_seqlens", "q", dev, cu.device())?;
-    Ok(IndexTable { at: Strided { offset: cu.layout().offset(), strides: [cu.strides()[0]] }, dtype: cu.dtype() })
+    int_table("cu_seqlens", cu)
 }
 
-fn check_cu(tab: &IndexTable<1>, cu: &TensorRef<'_>, seqs: usize, tokens: usize) -> Result<(), GdnError> {
+fn check_cu(tab: &SlotTable, cu: &TensorRef<'_>, seqs: usize, tokens: usize) -> Result<(), GdnError> {
     let mut prev = 0i64;
     for i in 0..=seqs {
-        let x = tab.get(cu, [i]);
+        let x = tab.read(cu, i, 0);
         if x < prev || x > tokens as i64 {
             return Err(GdnError::CuSeqlens { at: i, value: x, prev, tokens });
         }

@@ -8,13 +8,13 @@
 
 use std::ops::{Add, Div, Mul, Neg, Sub};
 
-use ssm_tensor::{DType, TensorMut, TensorRef};
+use ssm_tensor::{DType, Strided, TensorMut, TensorRef};
 
 use crate::args::{
     ChunkGatedDeltaRuleArgs, FusedGdnGatingArgs, FusedRecurrentGatedDeltaRuleArgs,
     FusedSigmoidGatingDeltaRuleUpdateArgs, StateLayout,
 };
-use crate::plan::{ChunkPlan, ChunkStart, Gates, GatingPlan, GdnDims, RecurrentPlan, StartState, StateView, Strided};
+use crate::plan::{ChunkPlan, ChunkStart, Gates, GatingPlan, GdnDims, RecurrentPlan, StartState, StateView};
 use crate::{GdnError, Planned, Run};
 
 /// Arithmetic precision of the reference.
@@ -517,65 +517,44 @@ impl Run<FusedGdnGatingArgs<'_>> for Reference {
 impl Run<FusedRecurrentGatedDeltaRuleArgs<'_>> for Reference {
     type Error = GdnError;
     fn run(&self, call: Planned<FusedRecurrentGatedDeltaRuleArgs<'_>>) -> Result<(), GdnError> {
-        let (args, plan) = call.into_parts();
-        let plan = &plan;
-        let FusedRecurrentGatedDeltaRuleArgs {
-            q,
-            k,
-            v,
-            g,
-            beta,
-            cu_seqlens,
-            ssm_state_indices,
-            num_accepted_tokens,
-            mut initial_state,
-            mut final_state,
-            mut o,
-            ..
-        } = args;
+        let (mut a, plan) = call.into_parts();
         let Gates::Given { g: g_at, beta: beta_at, .. } = plan.gates else {
             unreachable!("plan of fused_recurrent_gated_delta_rule")
         };
-        let gates = GateSource::Given { g: (&g, g_at), beta: beta_at.map(|(st, _)| (beta.as_ref().unwrap(), st)) };
-        let inp = inputs(plan, QkvRefs { q: &q, k: &k, v: &v }, gates);
-        let out = RecurrentOut { initial_state: initial_state.as_mut(), final_state: final_state.as_mut(), o: &mut o };
-        let (cu, ix, na) = (cu_seqlens.as_ref(), ssm_state_indices.as_ref(), num_accepted_tokens.as_ref());
-        match self.precision {
-            Precision::F32 => recurrent::<f32>(plan, &inp, cu, ix, na, out),
-            Precision::F64 => recurrent::<f64>(plan, &inp, cu, ix, na, out),
-        }
+        let gates = GateSource::Given { g: (&a.g, g_at), beta: beta_at.map(|(st, _)| (a.beta.as_ref().unwrap(), st)) };
+        let inp = inputs(&plan, QkvRefs { q: &a.q, k: &a.k, v: &a.v }, gates);
+        let tables = [a.cu_seqlens.as_ref(), a.ssm_state_indices.as_ref(), a.num_accepted_tokens.as_ref()];
+        let out =
+            RecurrentOut { initial_state: a.initial_state.as_mut(), final_state: a.final_state.as_mut(), o: &mut a.o };
+        run_recurrent(self.precision, &plan, &inp, tables, out)
     }
 }
 
 impl Run<FusedSigmoidGatingDeltaRuleUpdateArgs<'_>> for Reference {
     type Error = GdnError;
     fn run(&self, call: Planned<FusedSigmoidGatingDeltaRuleUpdateArgs<'_>>) -> Result<(), GdnError> {
-        let (args, plan) = call.into_parts();
-        let plan = &plan;
-        let FusedSigmoidGatingDeltaRuleUpdateArgs {
-            a_log,
-            a,
-            b,
-            dt_bias,
-            q,
-            k,
-            v,
-            cu_seqlens,
-            ssm_state_indices,
-            num_accepted_tokens,
-            mut initial_state,
-            mut final_state,
-            mut o,
-            ..
-        } = args;
-        let gates = GateSource::Sigmoid { plan: plan.gates, a_log: &a_log, dt_bias: &dt_bias, a: &a, b: &b };
-        let inp = inputs(plan, QkvRefs { q: &q, k: &k, v: &v }, gates);
-        let out = RecurrentOut { initial_state: initial_state.as_mut(), final_state: final_state.as_mut(), o: &mut o };
-        let (cu, ix, na) = (cu_seqlens.as_ref(), ssm_state_indices.as_ref(), num_accepted_tokens.as_ref());
-        match self.precision {
-            Precision::F32 => recurrent::<f32>(plan, &inp, cu, ix, na, out),
-            Precision::F64 => recurrent::<f64>(plan, &inp, cu, ix, na, out),
-        }
+        let (mut a, plan) = call.into_parts();
+        let gates = GateSource::Sigmoid { plan: plan.gates, a_log: &a.a_log, dt_bias: &a.dt_bias, a: &a.a, b: &a.b };
+        let inp = inputs(&plan, QkvRefs { q: &a.q, k: &a.k, v: &a.v }, gates);
+        let tables = [a.cu_seqlens.as_ref(), a.ssm_state_indices.as_ref(), a.num_accepted_tokens.as_ref()];
+        let out =
+            RecurrentOut { initial_state: a.initial_state.as_mut(), final_state: a.final_state.as_mut(), o: &mut a.o };
+        run_recurrent(self.precision, &plan, &inp, tables, out)
+    }
+}
+
+/// Both recurrent ops at `precision`, given their tables `[cu_seqlens, ssm_state_indices,
+/// num_accepted_tokens]`.
+fn run_recurrent(
+    precision: Precision,
+    plan: &RecurrentPlan,
+    inp: &Inputs<'_, '_>,
+    [cu, ix, na]: [Option<&TensorRef<'_>>; 3],
+    out: RecurrentOut<'_, '_>,
+) -> Result<(), GdnError> {
+    match precision {
+        Precision::F32 => recurrent::<f32>(plan, inp, cu, ix, na, out),
+        Precision::F64 => recurrent::<f64>(plan, inp, cu, ix, na, out),
     }
 }
 
