@@ -13,7 +13,8 @@
 //!   resolves a snapshot from the workspace root and the test's source path, both fixed at
 //!   compile time unless that variable is set at run time);
 //! - `vectors/`: every op's conformance vectors (`SSM_CONFORMANCE_DIR`);
-//! - `peers/ssu_peer.py`: the peer timing script (the peer's own code is carried separately);
+//! - `peers/ssu_peer.py`, `peers/gdn_peer.py`: the peer timing scripts (the peer's own code is
+//!   carried separately);
 //! - `kernels/`: the CUDA sources (also embedded in the binaries), for reading there;
 //! - `run.sh`: tests, `xtask conformance --backend cuda`, compute-sanitizer (memcheck,
 //!   racecheck) over the GPU tests, bench.
@@ -201,7 +202,9 @@ pub(crate) fn run(args: &GpuBundleArgs) -> anyhow::Result<()> {
     collect_binaries(&root, &bin)?;
     collect_test_data(&root, &dir)?;
     std::fs::create_dir_all(dir.join("peers"))?;
-    std::fs::copy(root.join("xtask/peers/ssu_peer.py"), dir.join("peers/ssu_peer.py"))?;
+    for script in ["ssu_peer.py", "gdn_peer.py"] {
+        std::fs::copy(root.join("xtask/peers").join(script), dir.join("peers").join(script))?;
+    }
     copy_dir(&root.join("crates/ssm-cuda/kernels"), &dir.join("kernels"))?;
     let run_sh = dir.join("run.sh");
     std::fs::write(&run_sh, RUN_SH)?;
@@ -308,13 +311,17 @@ run_conformance() {
 }
 
 run_bench() {
-    local peer=()
-    [ -n "${PEER_VLLM:-}" ] && peer=(--peer-vllm "$PEER_VLLM" --peer-script "$here/peers/ssu_peer.py")
-    if "$bin/xtask" bench-cuda-ssu "${peer[@]}" --json "$out/bench_ssu_cuda.json" 2>&1 | tee "$out/bench.log"; then
-        note "bench: ok"
-    else
-        note "bench: FAILED"; status=1; failed+=(bench)
-    fi
+    # The SSU and GDN decode benches, each with vLLM's Triton peer when PEER_VLLM is set.
+    local op peer
+    for op in ssu gdn; do
+        peer=()
+        [ -n "${PEER_VLLM:-}" ] && peer=(--peer-vllm "$PEER_VLLM" --peer-script "$here/peers/${op}_peer.py")
+        if "$bin/xtask" "bench-cuda-$op" "${peer[@]}" --json "$out/bench_${op}_cuda.json" 2>&1 | tee "$out/bench_$op.log"; then
+            note "bench $op: ok"
+        else
+            note "bench $op: FAILED"; status=1; failed+=("bench-$op")
+        fi
+    done
 }
 
 for stage in ${*:-tests conformance sanitize bench}; do

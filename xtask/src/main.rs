@@ -32,6 +32,9 @@ enum Cmd {
     /// CUDA SSU bench: copy bandwidth, our kernel and (with --peer-vllm) vLLM's Triton kernel, graph-replayed.
     #[cfg(feature = "cuda")]
     BenchCudaSsu(bench_cuda::CudaSsuBenchArgs),
+    /// CUDA GDN decode bench: copy bandwidth, our kernels and (with --peer-vllm) vLLM's Triton kernels, graph-replayed.
+    #[cfg(feature = "cuda")]
+    BenchCudaGdn(bench_cuda::CudaGdnBenchArgs),
     /// NVRTC-compile every CUDA kernel specialisation (sm_80, sm_90); print registers, spills, smem. No GPU needed.
     #[cfg(feature = "cuda")]
     BuildKernels(build_kernels::BuildKernelsArgs),
@@ -47,6 +50,8 @@ fn main() -> anyhow::Result<()> {
         Cmd::Conformance(a) => a.run(),
         #[cfg(feature = "cuda")]
         Cmd::BenchCudaSsu(a) => bench_cuda::run(&a).map(|_| ()),
+        #[cfg(feature = "cuda")]
+        Cmd::BenchCudaGdn(a) => bench_cuda::run_gdn(&a).map(|_| ()),
         #[cfg(feature = "cuda")]
         Cmd::BuildKernels(a) => build_kernels::run(&a),
         Cmd::TestGpu(a) => test_gpu::run(&a),

@@ -1,5 +1,7 @@
 //! Benchmark pieces for `cargo xtask bench --op ssu --backend cuda`: the card's copy
-//! bandwidth and the SSU kernel timed with CUDA-graph replay over rotating state pools.
+//! bandwidth and the SSU kernel timed with CUDA-graph replay over rotating state pools. The
+//! pool rotation ([`rotation`]) and the graph timing ([`time_graph`]) are shared with the GDN
+//! bench ([`crate::bench_gdn`]).
 //!
 //! Methodology (docs/PERF.md): the copy bandwidth is the better of `cuMemcpyDtoDAsync` and the
 //! 16-byte copy kernel over a 2 GiB buffer, counted as bytes read + written, measured after a
@@ -41,21 +43,29 @@ impl CopyBandwidth {
     }
 }
 
-fn event(be: &CudaBackend) -> Result<CudaEvent, CudaError> {
+pub(crate) fn event(be: &CudaBackend) -> Result<CudaEvent, CudaError> {
     be.stream().record_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(CudaError::driver("cuEventRecord"))
 }
 
-fn elapsed_ms(a: &CudaEvent, b: &CudaEvent) -> Result<f64, CudaError> {
+pub(crate) fn elapsed_ms(a: &CudaEvent, b: &CudaEvent) -> Result<f64, CudaError> {
     a.elapsed_ms(b).map(f64::from).map_err(CudaError::driver("cuEventElapsedTime"))
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
 }
 
 /// Fills `n` elements of `dtype` at `addr` with uniform values in `[lo, hi)`.
-fn fill(be: &CudaBackend, addr: u64, n: usize, dtype: DType, seed: u64, lo: f32, hi: f32) -> Result<(), CudaError> {
+pub(crate) fn fill(
+    be: &CudaBackend,
+    addr: u64,
+    n: usize,
+    dtype: DType,
+    seed: u64,
+    lo: f32,
+    hi: f32,
+) -> Result<(), CudaError> {
     let entry = match dtype {
         DType::F32 => "fill_uniform_f32",
         DType::F16 => "fill_uniform_f16",
@@ -281,7 +291,7 @@ impl Pool {
     }
 }
 
-fn tensor_err(e: ssm_tensor::TensorError) -> CudaError {
+pub(crate) fn tensor_err(e: ssm_tensor::TensorError) -> CudaError {
     CudaError::Unsupported(format!("bench view: {e}"))
 }
 
@@ -289,30 +299,28 @@ fn plan(args: SelectiveStateUpdate<'_>) -> Result<ssm_tensor::Planned<SelectiveS
     ssm_ssu::plan(args).map_err(|e| CudaError::Unsupported(format!("bench plan: {e}")))
 }
 
-/// Times `shape`: CUDA-graph replay of many calls rotating over enough pools to defeat the L2.
-pub fn bench_ssu(be: &CudaBackend, shape: &SsuBenchShape) -> Result<SsuBenchResult, CudaError> {
-    let pool_bytes = shape.bytes().max(1);
-    let pools = (400_000_000u64.div_ceil(pool_bytes) as usize).clamp(2, 128);
-    let calls = pools * 64usize.div_ceil(pools).max(1);
-    let mut ps = Vec::with_capacity(pools);
-    for i in 0..pools {
-        ps.push(Pool::new(be, shape, 1000 + 17 * i as u64)?);
-    }
-    // Eager warm-up (compiles and loads the kernel), and a check that nothing was flagged.
-    for p in ps.iter_mut() {
-        be.run(plan(p.args(shape).map_err(tensor_err)?)?)?;
-    }
-    be.check()?;
+/// State pools and calls per captured graph for a call that moves `bytes`: enough pools that
+/// one pass over them moves about 400 MB (the 60 MB L2 several times over; 2 to 128 pools),
+/// and at least 64 calls, a whole number of passes.
+pub fn rotation(bytes: u64) -> (usize, usize) {
+    let pools = (400_000_000u64.div_ceil(bytes.max(1)) as usize).clamp(2, 128);
+    (pools, pools * 64usize.div_ceil(pools).max(1))
+}
+
+/// Captures `calls` launches (`launch(i)` enqueues call `i` on the backend's stream) into one
+/// CUDA graph, replays it 3 times to warm up, then 15 times timed; the median replay over
+/// `calls` is the time of one call, in microseconds. The caller runs each distinct call once
+/// eagerly first (compilation, module load), and `be.check()`s afterwards.
+pub fn time_graph(
+    be: &CudaBackend,
+    calls: usize,
+    mut launch: impl FnMut(usize) -> Result<(), CudaError>,
+) -> Result<f64, CudaError> {
     let stream: Arc<_> = be.stream().clone();
     stream
         .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
         .map_err(CudaError::driver("cuStreamBeginCapture"))?;
-    let captured = (|| {
-        for i in 0..calls {
-            be.run(plan(ps[i % pools].args(shape).map_err(tensor_err)?)?)?;
-        }
-        Ok::<(), CudaError>(())
-    })();
+    let captured = (0..calls).try_for_each(&mut launch);
     let graph = stream.end_capture(CUgraphInstantiate_flags(0)).map_err(CudaError::driver("cuStreamEndCapture"))?;
     captured?;
     let graph = graph.ok_or_else(|| CudaError::Unsupported("empty graph".into()))?;
@@ -328,8 +336,23 @@ pub fn bench_ssu(be: &CudaBackend, shape: &SsuBenchShape) -> Result<SsuBenchResu
         let b = event(be)?;
         per_call.push(elapsed_ms(&a, &b)? * 1e3 / calls as f64);
     }
+    Ok(median(per_call))
+}
+
+/// Times `shape`: CUDA-graph replay of many calls rotating over enough pools to defeat the L2.
+pub fn bench_ssu(be: &CudaBackend, shape: &SsuBenchShape) -> Result<SsuBenchResult, CudaError> {
+    let (pools, calls) = rotation(shape.bytes());
+    let mut ps = Vec::with_capacity(pools);
+    for i in 0..pools {
+        ps.push(Pool::new(be, shape, 1000 + 17 * i as u64)?);
+    }
+    // Eager warm-up (compiles and loads the kernel), and a check that nothing was flagged.
+    for p in ps.iter_mut() {
+        be.run(plan(p.args(shape).map_err(tensor_err)?)?)?;
+    }
     be.check()?;
-    let us = median(per_call);
+    let us = time_graph(be, calls, |i| be.run(plan(ps[i % pools].args(shape).map_err(tensor_err)?)?))?;
+    be.check()?;
     Ok(SsuBenchResult {
         shape: *shape,
         us,

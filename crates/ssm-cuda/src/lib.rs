@@ -18,6 +18,7 @@
 //!   word off the hot path.
 
 pub mod bench;
+pub mod bench_gdn;
 pub mod compile;
 mod error;
 pub mod gdn;

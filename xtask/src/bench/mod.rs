@@ -45,7 +45,7 @@ pub(crate) struct Args {
     /// Only cases whose shape name contains this text.
     #[arg(long)]
     filter: Option<String>,
-    /// CUDA only: folder with vLLM's extracted Triton SSU files; times the peer on the same shapes.
+    /// CUDA only: folder with vLLM's extracted Triton files (SSU and GDN); times the peers on the same shapes.
     #[arg(long)]
     peer_vllm: Option<PathBuf>,
 }
@@ -87,20 +87,45 @@ impl Args {
         if rt.cuda().is_some() {
             // Device kernels are timed with CUDA-graph replay against the card's copy bandwidth.
             anyhow::ensure!(
-                self.op == "all" || self.op == "ssu",
-                "the CUDA backend implements the ssu family so far; --op {} has no CUDA kernels",
+                matches!(self.op.as_str(), "all" | "ssu" | "gdn"),
+                "the CUDA backend implements the ssu and gdn families so far; --op {} has no CUDA kernels",
                 self.op
             );
             drop(rt);
-            let args = crate::bench_cuda::CudaSsuBenchArgs {
-                batches: if self.quick { vec![1, 64] } else { vec![1, 8, 64, 256, 1024] },
-                peer_vllm: self.peer_vllm,
-                peer_script: None,
-                python: "python3".into(),
-                json: self.json,
-                copy_bytes: 2 << 30,
+            let batches = if self.quick { vec![1, 64] } else { vec![1, 8, 64, 256, 1024] };
+            // With --op all and --json PATH, the GDN table goes to PATH's sibling `<stem>_gdn.json`.
+            let gdn_json = match (&self.json, self.op.as_str()) {
+                (Some(p), "all") => {
+                    let stem = p.file_stem().map_or("bench".into(), |s| s.to_string_lossy().into_owned());
+                    Some(p.with_file_name(format!("{stem}_gdn.json")))
+                }
+                (p, _) => p.clone(),
             };
-            return crate::bench_cuda::run(&args).map(|_| ());
+            if self.op != "gdn" {
+                let args = crate::bench_cuda::CudaSsuBenchArgs {
+                    batches: batches.clone(),
+                    peer_vllm: self.peer_vllm.clone(),
+                    peer_script: None,
+                    python: "python3".into(),
+                    json: self.json.clone(),
+                    copy_bytes: 2 << 30,
+                };
+                crate::bench_cuda::run(&args)?;
+            }
+            if self.op != "ssu" {
+                let args = crate::bench_cuda::CudaGdnBenchArgs {
+                    batches,
+                    spec_batch: 64,
+                    spec_tokens: 3,
+                    peer_vllm: self.peer_vllm,
+                    peer_script: None,
+                    python: "python3".into(),
+                    json: gdn_json,
+                    copy_bytes: 2 << 30,
+                };
+                crate::bench_cuda::run_gdn(&args)?;
+            }
+            return Ok(());
         }
         // Host cases: the runtime's CPU backend runs them.
         let threads = self.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));

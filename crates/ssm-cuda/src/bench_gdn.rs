@@ -1,0 +1,377 @@
+//! Benchmark pieces for `cargo xtask bench --op gdn --backend cuda`: the recurrent
+//! gated-delta-rule decode ops (`fused_sigmoid_gating_delta_rule_update`, gates fused, and
+//! `fused_recurrent_gated_delta_rule`, gates precomputed) timed exactly as the SSU bench times
+//! its op ([`crate::bench`]: CUDA-graph replay of many calls rotating over enough state pools
+//! to exceed the 60 MB L2 several times, median replay over the calls in the graph).
+//!
+//! The calls are Qwen3-Next decode as vLLM makes them: bf16 q/k/v/o, q/k l2-normalised in the
+//! kernel (eps 1e-6), the state pool `[slots, HV, V, K]` updated in place through a slot table
+//! whose entries are a random permutation of the pool's slots (slot 0 is vLLM's null block and
+//! is never referenced). Plain decode: dense `[B, 1, …]` tensors and a 1-D table. Speculative
+//! decode (`tokens > 1`): packed `[1, B·T, …]` tensors with `cu_seqlens`, a `[B, T]` table and
+//! `num_accepted_tokens` drawn in `1..=T`. Gates fused: `a`, `b` bf16 `[B·T, HV]`, `A_log`,
+//! `dt_bias` f32 `[HV]`; gates given: `g` f32 and `beta` bf16, `[B, T, HV]` (what
+//! `fused_gdn_gating` writes).
+//!
+//! Bytes per call ([`GdnBenchShape::bytes`]) are the fewest the op must move, with
+//! `R = B·T` token rows and `s` the state element size:
+//! - state: `B·HV·V·K·s·(1 + T)`: each touched slot read once, written once per token;
+//! - q and k: `2·R·H·K·2`; v and o: `2·R·HV·V·2`;
+//! - gates fused: `2·R·HV·2 + 2·HV·4`; gates given: `R·HV·(4 + 2)`;
+//! - tables: `B·4` (1-D); speculative: `B·T·4 + B·4 + (B + 1)·4` (table, accepted counts,
+//!   `cu_seqlens`).
+
+use rand::{Rng, SeedableRng};
+use ssm_gdn::{FusedRecurrentGatedDeltaRuleArgs, FusedSigmoidGatingDeltaRuleUpdateArgs, StateLayout};
+use ssm_tensor::{DType, Run, TensorError};
+
+use crate::bench::{fill, rotation, tensor_err, time_graph};
+use crate::testing::DeviceBuffer;
+use crate::{CudaBackend, CudaError};
+
+/// Which recurrent GDN op a shape times.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum GdnBenchOp {
+    /// `fused_sigmoid_gating_delta_rule_update`: `g` and `β` computed in the kernel from
+    /// `A_log`, `a`, `b`, `dt_bias`.
+    SigmoidGating,
+    /// `fused_recurrent_gated_delta_rule`: `g` and `β` read (precomputed by `fused_gdn_gating`).
+    Recurrent,
+}
+
+impl GdnBenchOp {
+    /// vLLM's name of the op.
+    pub fn name(self) -> &'static str {
+        match self {
+            GdnBenchOp::SigmoidGating => "fused_sigmoid_gating_delta_rule_update",
+            GdnBenchOp::Recurrent => "fused_recurrent_gated_delta_rule",
+        }
+    }
+
+    /// A short name: `sigmoid` or `recurrent`.
+    pub fn short(self) -> &'static str {
+        match self {
+            GdnBenchOp::SigmoidGating => "sigmoid",
+            GdnBenchOp::Recurrent => "recurrent",
+        }
+    }
+}
+
+/// One GDN decode benchmark shape (see the module docs for the call's form).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GdnBenchShape {
+    /// The op.
+    pub op: GdnBenchOp,
+    /// Sequences.
+    pub batch: usize,
+    /// q/k heads `H`.
+    pub heads: usize,
+    /// Value heads `HV` (a multiple of `H`).
+    pub v_heads: usize,
+    /// `head_k_dim` `K`.
+    pub k: usize,
+    /// `head_v_dim` `V`.
+    pub v: usize,
+    /// State dtype.
+    pub state: DType,
+    /// Dtype of q, k, v, o (and of `a`, `b`, `beta`).
+    pub io: DType,
+    /// Tokens per sequence (1: plain decode; >1: speculative).
+    pub tokens: usize,
+}
+
+impl GdnBenchShape {
+    /// Qwen3-Next-80B's linear-attention layer: H 16, HV 32, K = V = 128, bf16 io.
+    pub fn qwen3_next(op: GdnBenchOp, batch: usize, state: DType, tokens: usize) -> Self {
+        GdnBenchShape { op, batch, heads: 16, v_heads: 32, k: 128, v: 128, state, io: DType::BF16, tokens }
+    }
+
+    /// A short label, e.g. `sigmoid h16/32 k128 v128 f32 b64 spec3`.
+    pub fn label(&self) -> String {
+        let mode = if self.tokens > 1 { format!(" spec{}", self.tokens) } else { String::new() };
+        format!(
+            "{} h{}/{} k{} v{} {} b{}{mode}",
+            self.op.short(),
+            self.heads,
+            self.v_heads,
+            self.k,
+            self.v,
+            self.state,
+            self.batch
+        )
+    }
+
+    /// Slots the table refers to (one per sequence and token); the pool holds one more, the
+    /// null slot 0.
+    pub fn slots(&self) -> usize {
+        self.batch * self.tokens
+    }
+
+    /// Token rows `B·T`.
+    pub fn rows(&self) -> usize {
+        self.batch * self.tokens
+    }
+
+    /// Bytes one call must move at least (see the module docs).
+    pub fn bytes(&self) -> u64 {
+        let (b, t, h, hv, k, v) = (
+            self.batch as u64,
+            self.tokens as u64,
+            self.heads as u64,
+            self.v_heads as u64,
+            self.k as u64,
+            self.v as u64,
+        );
+        let s = self.state.size() as u64;
+        let io = self.io.size() as u64;
+        let rows = b * t;
+        let state = b * hv * v * k * s * (1 + t);
+        let tok = 2 * rows * h * k * io + 2 * rows * hv * v * io;
+        let gates = match self.op {
+            GdnBenchOp::SigmoidGating => 2 * rows * hv * io + 2 * hv * 4,
+            GdnBenchOp::Recurrent => rows * hv * (4 + io),
+        };
+        let tables = if t > 1 { b * t * 4 + b * 4 + (b + 1) * 4 } else { b * 4 };
+        state + tok + gates + tables
+    }
+}
+
+/// Timing of one shape.
+#[derive(Debug, Clone, Copy)]
+pub struct GdnBenchResult {
+    /// The shape.
+    pub shape: GdnBenchShape,
+    /// Microseconds per call (median over graph replays).
+    pub us: f64,
+    /// Achieved GB/s (`shape.bytes()` per call).
+    pub gbps: f64,
+    /// State pools rotated through.
+    pub pools: usize,
+    /// Calls per captured graph.
+    pub calls_per_graph: usize,
+}
+
+/// One state pool with its own inputs, output and tables.
+struct Pool {
+    state: DeviceBuffer,
+    q: DeviceBuffer,
+    k: DeviceBuffer,
+    v: DeviceBuffer,
+    o: DeviceBuffer,
+    /// Gates fused: `a`; gates given: `g` (f32).
+    ga: DeviceBuffer,
+    /// Gates fused: `b`; gates given: `beta`.
+    gb: DeviceBuffer,
+    a_log: DeviceBuffer,
+    dt_bias: DeviceBuffer,
+    ix: DeviceBuffer,
+    nacc: DeviceBuffer,
+    cu: DeviceBuffer,
+}
+
+/// The tensor views of one call (shared by both ops).
+struct Views<'a> {
+    state: ssm_tensor::TensorMut<'a>,
+    q: ssm_tensor::TensorRef<'a>,
+    k: ssm_tensor::TensorRef<'a>,
+    v: ssm_tensor::TensorRef<'a>,
+    o: ssm_tensor::TensorMut<'a>,
+    ga: ssm_tensor::TensorRef<'a>,
+    gb: ssm_tensor::TensorRef<'a>,
+    a_log: ssm_tensor::TensorRef<'a>,
+    dt_bias: ssm_tensor::TensorRef<'a>,
+    ix: ssm_tensor::TensorRef<'a>,
+    nacc: Option<ssm_tensor::TensorRef<'a>>,
+    cu: Option<ssm_tensor::TensorRef<'a>>,
+}
+
+impl Pool {
+    fn new(be: &CudaBackend, s: &GdnBenchShape, seed: u64) -> Result<Self, CudaError> {
+        let (h, hv, k, v) = (s.heads, s.v_heads, s.k, s.v);
+        let rows = s.rows();
+        let pool_slots = s.slots() + 1;
+        let buf = |elems: usize, dtype: DType| DeviceBuffer::zeroed(be, elems * dtype.size());
+        let given = s.op == GdnBenchOp::Recurrent;
+        let ga_dtype = if given { DType::F32 } else { s.io };
+        let pool = Pool {
+            state: buf(pool_slots * hv * v * k, s.state)?,
+            q: buf(rows * h * k, s.io)?,
+            k: buf(rows * h * k, s.io)?,
+            v: buf(rows * hv * v, s.io)?,
+            o: buf(rows * hv * v, s.io)?,
+            ga: buf(rows * hv, ga_dtype)?,
+            gb: buf(rows * hv, s.io)?,
+            a_log: buf(hv, DType::F32)?,
+            dt_bias: buf(hv, DType::F32)?,
+            ix: {
+                // A random permutation of slots 1..=slots (0 is the null block): sequences
+                // gather from all over the pool.
+                let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+                let mut perm: Vec<i32> = (1..=s.slots() as i32).collect();
+                for i in (1..perm.len()).rev() {
+                    perm.swap(i, rng.random_range(0..=i));
+                }
+                DeviceBuffer::from_host(be, bytemuck::cast_slice(&perm))?
+            },
+            nacc: {
+                let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed ^ 0x55);
+                let n: Vec<i32> = (0..s.batch).map(|_| rng.random_range(1..=s.tokens as i32)).collect();
+                DeviceBuffer::from_host(be, bytemuck::cast_slice(&n))?
+            },
+            cu: {
+                let c: Vec<i32> = (0..=s.batch as i32).map(|i| i * s.tokens as i32).collect();
+                DeviceBuffer::from_host(be, bytemuck::cast_slice(&c))?
+            },
+        };
+        fill(be, pool.state.addr(), pool_slots * hv * v * k, s.state, seed, -0.5, 0.5)?;
+        fill(be, pool.q.addr(), rows * h * k, s.io, seed + 1, -1.0, 1.0)?;
+        fill(be, pool.k.addr(), rows * h * k, s.io, seed + 2, -1.0, 1.0)?;
+        fill(be, pool.v.addr(), rows * hv * v, s.io, seed + 3, -1.0, 1.0)?;
+        if given {
+            fill(be, pool.ga.addr(), rows * hv, DType::F32, seed + 4, -1.5, -0.001)?;
+            fill(be, pool.gb.addr(), rows * hv, s.io, seed + 5, 0.05, 0.95)?;
+        } else {
+            fill(be, pool.ga.addr(), rows * hv, s.io, seed + 4, -3.0, 3.0)?;
+            fill(be, pool.gb.addr(), rows * hv, s.io, seed + 5, -3.0, 3.0)?;
+        }
+        fill(be, pool.a_log.addr(), hv, DType::F32, seed + 6, -1.0, 1.0)?;
+        fill(be, pool.dt_bias.addr(), hv, DType::F32, seed + 7, -1.0, 1.0)?;
+        Ok(pool)
+    }
+
+    fn views(&mut self, s: &GdnBenchShape) -> Result<Views<'_>, TensorError> {
+        let (h, hv, k, v) = (s.heads, s.v_heads, s.k, s.v);
+        let rows = s.rows();
+        let spec = s.tokens > 1;
+        // Plain decode: dense [B, 1, …]; speculative: packed [1, B·T, …] with cu_seqlens.
+        let (bsz, t) = if spec { (1, rows) } else { (s.batch, 1) };
+        let tok4 = |heads: usize, dim: usize| {
+            let (hi, di) = (heads as isize, dim as isize);
+            ([bsz, t, heads, dim], [t as isize * hi * di, hi * di, di, 1])
+        };
+        let (qs, qst) = tok4(h, k);
+        let (vs, vst) = tok4(hv, v);
+        let gate_shape = [bsz, t, hv];
+        let gate_strides = [t as isize * hv as isize, hv as isize, 1];
+        let given = s.op == GdnBenchOp::Recurrent;
+        let ga_dtype = if given { DType::F32 } else { s.io };
+        let (hvi, vi, ki) = (hv as isize, v as isize, k as isize);
+        Ok(Views {
+            state: self.state.view_mut(s.state, &[s.slots() + 1, hv, v, k], &[hvi * vi * ki, vi * ki, ki, 1], 0)?,
+            q: self.q.view(s.io, &qs, &qst, 0)?,
+            k: self.k.view(s.io, &qs, &qst, 0)?,
+            v: self.v.view(s.io, &vs, &vst, 0)?,
+            o: self.o.view_mut(s.io, &vs, &vst, 0)?,
+            ga: self.ga.view(ga_dtype, &gate_shape, &gate_strides, 0)?,
+            gb: self.gb.view(s.io, &gate_shape, &gate_strides, 0)?,
+            a_log: self.a_log.view(DType::F32, &[hv], &[1], 0)?,
+            dt_bias: self.dt_bias.view(DType::F32, &[hv], &[1], 0)?,
+            ix: if spec {
+                self.ix.view(DType::I32, &[s.batch, s.tokens], &[s.tokens as isize, 1], 0)?
+            } else {
+                self.ix.view(DType::I32, &[s.batch], &[1], 0)?
+            },
+            nacc: if spec { Some(self.nacc.view(DType::I32, &[s.batch], &[1], 0)?) } else { None },
+            cu: if spec { Some(self.cu.view(DType::I32, &[s.batch + 1], &[1], 0)?) } else { None },
+        })
+    }
+
+    /// Plans and launches one call of `s` over this pool (no allocation, no sync).
+    fn launch(&mut self, be: &CudaBackend, s: &GdnBenchShape) -> Result<(), CudaError> {
+        let w = self.views(s).map_err(tensor_err)?;
+        let bad_plan = |e: ssm_gdn::GdnError| CudaError::Unsupported(format!("bench plan: {e}"));
+        match s.op {
+            GdnBenchOp::SigmoidGating => be.run(
+                ssm_gdn::plan(FusedSigmoidGatingDeltaRuleUpdateArgs {
+                    a_log: w.a_log,
+                    a: w.ga,
+                    b: w.gb,
+                    dt_bias: w.dt_bias,
+                    q: w.q,
+                    k: w.k,
+                    v: w.v,
+                    beta: 1.0,
+                    threshold: 20.0,
+                    scale: None,
+                    initial_state: Some(w.state),
+                    final_state: None,
+                    cu_seqlens: w.cu,
+                    ssm_state_indices: Some(w.ix),
+                    num_accepted_tokens: w.nacc,
+                    use_qk_l2norm_in_kernel: true,
+                    eps: 1e-6,
+                    state_layout: StateLayout::VK,
+                    o: w.o,
+                })
+                .map_err(bad_plan)?,
+            ),
+            GdnBenchOp::Recurrent => be.run(
+                ssm_gdn::plan(FusedRecurrentGatedDeltaRuleArgs {
+                    q: w.q,
+                    k: w.k,
+                    v: w.v,
+                    g: w.ga,
+                    beta: Some(w.gb),
+                    scale: None,
+                    initial_state: Some(w.state),
+                    final_state: None,
+                    cu_seqlens: w.cu,
+                    ssm_state_indices: Some(w.ix),
+                    num_accepted_tokens: w.nacc,
+                    use_qk_l2norm_in_kernel: true,
+                    eps: 1e-6,
+                    state_layout: StateLayout::VK,
+                    o: w.o,
+                })
+                .map_err(bad_plan)?,
+            ),
+        }
+    }
+}
+
+/// Times `shape`: CUDA-graph replay of many calls rotating over enough pools to defeat the L2.
+pub fn bench_gdn(be: &CudaBackend, shape: &GdnBenchShape) -> Result<GdnBenchResult, CudaError> {
+    let (pools, calls) = rotation(shape.bytes());
+    let mut ps = Vec::with_capacity(pools);
+    for i in 0..pools {
+        ps.push(Pool::new(be, shape, 2000 + 17 * i as u64)?);
+    }
+    // Eager warm-up (compiles and loads the kernel), and a check that nothing was flagged.
+    for p in ps.iter_mut() {
+        p.launch(be, shape)?;
+    }
+    be.check()?;
+    let us = time_graph(be, calls, |i| ps[i % pools].launch(be, shape))?;
+    be.check()?;
+    Ok(GdnBenchResult {
+        shape: *shape,
+        us,
+        gbps: shape.bytes() as f64 / (us * 1e-6) / 1e9,
+        pools,
+        calls_per_graph: calls,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_count_of_qwen3_next_decode() {
+        let s = GdnBenchShape::qwen3_next(GdnBenchOp::SigmoidGating, 64, DType::F32, 1);
+        let state = 64 * 32 * 128 * 128 * 4 * 2;
+        let tok = 64 * 16 * 128 * 2 * 2 + 64 * 32 * 128 * 2 * 2;
+        let gates = 64 * 32 * 2 * 2 + 2 * 32 * 4;
+        assert_eq!(s.bytes(), (state + tok + gates + 64 * 4) as u64);
+        let r = GdnBenchShape { op: GdnBenchOp::Recurrent, ..s };
+        assert_eq!(r.bytes(), (state + tok + 64 * 32 * 6 + 64 * 4) as u64);
+        // Speculative: one read and one write per token, 2-D table, counts and cu_seqlens.
+        let s3 = GdnBenchShape::qwen3_next(GdnBenchOp::Recurrent, 64, DType::BF16, 3);
+        let state3 = 64 * 32 * 128 * 128 * 2 * 4;
+        let tok3 = 192 * 16 * 128 * 2 * 2 + 192 * 32 * 128 * 2 * 2;
+        assert_eq!(s3.bytes(), (state3 + tok3 + 192 * 32 * 6 + 192 * 4 + 64 * 4 + 65 * 4) as u64);
+        assert_eq!(s3.slots(), 192);
+        assert_eq!(s.label(), "sigmoid h16/32 k128 v128 f32 b64");
+        assert_eq!(s3.label(), "recurrent h16/32 k128 v128 bf16 b64 spec3");
+    }
+}
