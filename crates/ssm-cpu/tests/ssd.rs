@@ -159,11 +159,16 @@ impl Problem {
             },
             dt_bias: self.dt_bias.as_ref().map(|b| TensorRef::from_slice(b, &[h]).unwrap()),
             initial_states: self.init.as_ref().map(|s| TensorRef::from_slice(s, &[batch, h, p, n]).unwrap()),
+            ssm_state: None,
+            initial_state_indices: None,
+            has_initial_state: None,
+            final_state_indices: None,
+            pad_slot_id: None,
             dt_softplus: self.softplus,
             dt_limit: self.dt_limit,
             return_intermediate_states: intermediate,
             state_dtype: Some(DType::F32),
-            varlen_states: TensorMut::from_slice(&mut states[..], &[rows, h, p, n]).unwrap(),
+            varlen_states: Some(TensorMut::from_slice(&mut states[..], &[rows, h, p, n]).unwrap()),
             workspace: None,
         };
         let pl = plan(args).unwrap();

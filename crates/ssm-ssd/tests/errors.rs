@@ -63,11 +63,16 @@ fn args<'a>(f: &'a Fixture, out: &'a mut [f32], states: &'a mut [f32]) -> MambaC
         z: None,
         dt_bias: None,
         initial_states: Some(TensorRef::from_slice(&f.init, &[2, H, P, N]).unwrap()),
+        ssm_state: None,
+        initial_state_indices: None,
+        has_initial_state: None,
+        final_state_indices: None,
+        pad_slot_id: None,
         dt_softplus: true,
         dt_limit: (0.0, f32::INFINITY),
         return_intermediate_states: false,
         state_dtype: None,
-        varlen_states: TensorMut::from_slice(states, &[2, H, P, N]).unwrap(),
+        varlen_states: Some(TensorMut::from_slice(states, &[2, H, P, N]).unwrap()),
         workspace: None,
     }
 }
