@@ -396,7 +396,7 @@ impl SimdKernel for ScanItem<'_, '_> {
             )
         };
         let opens = ctx.opens(c);
-        let has_prev = !opens || p.initial_states.is_some();
+        let has_prev = !opens || p.initial_states.is_some() || p.initial_state_indices.is_some();
         let buf = self.scratch.take(len * pr + len * nr + len * pr + q_row + per);
         {
             let (xs, rest) = buf.split_at_mut(len * pr);

@@ -257,7 +257,7 @@ impl Runtime {
             out,
         } = args;
         let st = ssm_state.shape().to_vec();
-        let [_, h, p, n] = st[..] else {
+        let [slots, h, p, n] = st[..] else {
             return Err(core_err("ssm_state", format!("must have shape [slots, H, P, N], got {st:?}")));
         };
         if num_groups == 0 || h % num_groups != 0 {
@@ -339,12 +339,21 @@ impl Runtime {
             }
         }
         if np > 0 {
-            // Slot values, the mask and the aliasing rule are checked by the conv's and the SSD's
-            // plans, which read and write the pool through these tables.
+            // The mask and the aliasing rule are checked by the conv's and the SSD's plans, which
+            // read and write the pool through these tables; the range here, before the conv's, so
+            // the error names the metadata field.
             let slots_p = need(m.state_indices_tensor_p, "state_indices_tensor_p", "with prefills")?;
             let slot_list = host_ints(&slots_p, np, "state_indices_tensor_p")?;
             if m.prep_initial_states && m.has_initial_states_p.is_none() {
                 return Err(core_err("has_initial_states_p", "must be given with prep_initial_states".into()));
+            }
+            for (i, &s) in slot_list.iter().enumerate() {
+                if pad_slot_id != Some(s) && (s < 0 || s as usize >= slots) {
+                    return Err(core_err(
+                        "state_indices_tensor_p",
+                        format!("entry {i} = {s} must be a slot in [0, {slots}) or the pad"),
+                    ));
+                }
             }
             let qsl = need(m.query_start_loc_p, "query_start_loc_p", "with prefills")?;
             let starts = host_ints(&qsl, np + 1, "query_start_loc_p")?;
