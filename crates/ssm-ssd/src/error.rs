@@ -134,7 +134,9 @@ pub enum SsdError {
         actual: Vec<usize>,
     },
     /// A host-resident slot index is neither the pad nor a slot of its pool.
-    #[error("`{arg}`[{seq}] = {value} is outside [0, {slots}) (the slots of `ssm_state`) and is not the pad value ({pad})")]
+    #[error(
+        "`{arg}`[{seq}] = {value} is outside [0, {slots}) (the slots of `ssm_state`) and is not the pad value ({pad})"
+    )]
     SlotOutOfRange {
         /// The table.
         arg: &'static str,

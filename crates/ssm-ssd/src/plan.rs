@@ -572,7 +572,10 @@ fn resolve_tables(args: &MambaChunkScanCombinedVarlen<'_>, batch: usize) -> Resu
     let requires = |arg: &'static str, needs: &'static str| Err(SsdError::from(ArgError::Requires { arg, needs }));
     let pool = args.ssm_state.is_some();
     if pool && args.initial_state_indices.is_none() && args.final_state_indices.is_none() {
-        return requires("ssm_state", "`initial_state_indices` or `final_state_indices` (the slots it is addressed by)");
+        return requires(
+            "ssm_state",
+            "`initial_state_indices` or `final_state_indices` (the slots it is addressed by)",
+        );
     }
     if args.varlen_states.is_none() && args.return_intermediate_states {
         return requires("return_intermediate_states", "`varlen_states` (where the chunk states go)");
@@ -580,14 +583,20 @@ fn resolve_tables(args: &MambaChunkScanCombinedVarlen<'_>, batch: usize) -> Resu
     let initial = match &args.initial_state_indices {
         Some(_) if !pool => return requires("initial_state_indices", "`ssm_state` (the pool it indexes)"),
         Some(_) if args.initial_states.is_some() => {
-            return requires("initial_state_indices", "`initial_states` = None (the initial states come from `ssm_state`)");
+            return requires(
+                "initial_state_indices",
+                "`initial_states` = None (the initial states come from `ssm_state`)",
+            );
         }
         Some(t) => Some(table("initial_state_indices", t, false)?),
         None => None,
     };
     let has = match &args.has_initial_state {
         Some(_) if args.initial_states.is_none() && initial.is_none() => {
-            return requires("has_initial_state", "`initial_states` or `initial_state_indices` (the states it selects)");
+            return requires(
+                "has_initial_state",
+                "`initial_states` or `initial_state_indices` (the states it selects)",
+            );
         }
         Some(t) => Some(table("has_initial_state", t, true)?),
         None => None,
@@ -607,7 +616,8 @@ fn check_slots(p: &SsdPlan, args: &MambaChunkScanCombinedVarlen<'_>) -> Result<(
     fn host<'t>(t: &Option<TensorRef<'t>>) -> Option<Option<&'t [u8]>> {
         t.as_ref().map(|t| t.host_bytes())
     }
-    let (init, has, fin) = (host(&args.initial_state_indices), host(&args.has_initial_state), host(&args.final_state_indices));
+    let (init, has, fin) =
+        (host(&args.initial_state_indices), host(&args.has_initial_state), host(&args.final_state_indices));
     if [init, has, fin].iter().any(|b| matches!(b, Some(None))) || (init.is_none() && fin.is_none()) {
         return Ok(());
     }
