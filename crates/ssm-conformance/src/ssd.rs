@@ -62,11 +62,16 @@ pub(crate) fn run(target: &dyn Target, case: &Case, with_workspace: bool) -> Pro
         z: view("z"),
         dt_bias: view("dt_bias"),
         initial_states: view("initial_states"),
+        ssm_state: None,
+        initial_state_indices: None,
+        has_initial_state: None,
+        final_state_indices: None,
+        pad_slot_id: None,
         dt_softplus: case.arg("dt_softplus").and_then(|v| v.as_bool()).unwrap_or(false),
         dt_limit,
         return_intermediate_states: intermediate,
         state_dtype,
-        varlen_states: states.view_mut(),
+        varlen_states: Some(states.view_mut()),
         workspace: None,
     };
     if with_workspace {

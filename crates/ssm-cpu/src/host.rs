@@ -43,3 +43,16 @@ pub(crate) unsafe fn wr(dst: SharedBuf<u8>, dtype: DType, i: usize, v: f32) {
     let bytes = unsafe { std::slice::from_raw_parts_mut(dst.elems::<u8>(i * size, size), size) };
     ssm_tensor::elem::write_f32(bytes, dtype, 0, v);
 }
+
+/// Element `i` of a `dtype` buffer that work items share, widened to f32.
+///
+/// # Safety
+/// Element `i` of `dtype` must lie in `src` and be written by no other thread now.
+#[inline(always)]
+pub(crate) unsafe fn rd_shared(src: SharedBuf<u8>, dtype: DType, i: usize) -> f32 {
+    let size = dtype.size();
+    // SAFETY: the element is in bounds (caller's contract; checked in debug builds) and not
+    // written concurrently; the slice lives for this read only.
+    let bytes = unsafe { std::slice::from_raw_parts(src.elems::<u8>(i * size, size), size) };
+    ssm_tensor::elem::read_f32(bytes, dtype, 0)
+}

@@ -9,16 +9,24 @@
 //!    in place, with `S_in` the initial state (or zeros) where `seq_idx` changes, and the
 //!    returned states rounded to the state dtype (stage 3);
 //! 3. per (chunk, head): outputs `exp(dA_i)·C_i·S_in + Σ_{j≤i} CB_ij·exp(dA_i − dA_j)·dt_j·x_j
-//!    + D·x_i`, gated (stage 5).
+//!    + D·x_i`, gated (stage 5);
+//! 4. per (sequence, head): the final state (the workspace's end state of the sequence's last
+//!    chunk, or the entering state of an empty sequence) into `varlen_states` and into its
+//!    `ssm_state` slot.
+//!
+//! Initial states are read in passes 2 and 3 and final states written only in pass 4, so with
+//! one `ssm_state` pool read and written in place every read of an initial state precedes
+//! every write of a final state; within pass 4, an item reads (for an empty sequence) only its
+//! own sequence's slot, which the plan's aliasing rule keeps away from other sequences' writes.
 //!
 //! Everything is f32 (no intermediate bf16 rounding, unlike the Triton kernels, so results
 //! are closer to the f64 recurrence); inner loops run on eight lanes over `dstate`, `dim` or
 //! the chunk's token axis.
 
-use ssm_ssd::{MambaChunkScanCombinedVarlen, SsdPlan, WorkspaceLayout};
-use ssm_tensor::{DType, Planned, Run};
+use ssm_ssd::{MambaChunkScanCombinedVarlen, SsdPlan, StateSource, WorkspaceLayout};
+use ssm_tensor::{DType, Planned, Run, Strided};
 
-use crate::host::{host_opt, host_ref, rd, rd_int, wr};
+use crate::host::{host_opt, host_ref, host_shared, rd, rd_int, rd_shared, wr};
 use crate::lanes::{axpy, dot};
 use crate::shared::{Scratch, SharedBuf};
 use crate::simd::{LANES, PowTwo, Simd, SimdKernel, dispatch};
@@ -35,6 +43,9 @@ struct Inputs<'a> {
     z: Option<&'a [u8]>,
     dt_bias: Option<(&'a [u8], DType)>,
     init: Option<(&'a [u8], DType)>,
+    init_idx: Option<&'a [u8]>,
+    has_init: Option<&'a [u8]>,
+    final_idx: Option<&'a [u8]>,
     cu_chunk: (&'a [u8], DType),
     seq_idx: (&'a [u8], DType),
     last_chunk: (&'a [u8], DType),
@@ -47,7 +58,8 @@ struct Ctx<'a> {
     inp: Inputs<'a>,
     ws: SharedBuf<f32>,
     out: Option<SharedBuf<u8>>,
-    states_out: SharedBuf<u8>,
+    states_out: Option<SharedBuf<u8>>,
+    pool: Option<SharedBuf<u8>>,
 }
 
 impl Ctx<'_> {
@@ -227,14 +239,11 @@ impl SimdKernel for PassItem<'_, '_> {
         let per = p.dim * nr;
         let sin = self.scratch.take(per);
         {
-            load_init(ctx, b, h, sin);
             if last < 0 {
-                // An empty sequence returns the state it entered with.
-                if !p.return_intermediate_states {
-                    store_state(ctx, b, h, sin);
-                }
+                // An empty sequence: its final state is written in the last pass.
                 return;
             }
+            load_init(ctx, b, h, sin);
             let last = last as usize;
             let mut first = last;
             while first > 0 && !ctx.opens(first) {
@@ -254,40 +263,105 @@ impl SimdKernel for PassItem<'_, '_> {
                     v.store(&mut st[i..]);
                     v.store(&mut sin[i..]);
                 }
-                if p.return_intermediate_states {
-                    store_state(ctx, c, h, st);
+                if p.return_intermediate_states
+                    && let (Some(dst), Some(at)) = (ctx.states_out, p.varlen_states)
+                {
+                    // SAFETY: row `c`, head `h` of `varlen_states` is written by this item only.
+                    unsafe { store_state(ctx, dst, at, c, h, st) };
                 }
-            }
-            if !p.return_intermediate_states {
-                store_state(ctx, b, h, sin);
             }
         }
     }
 }
 
-/// The state entering sequence `b`, head `h` (initial state or zeros), as padded f32 rows.
+/// The last pass, for (sequence, head): the final state into `varlen_states[b, h]` (without
+/// intermediate states) and into `ssm_state[final_state_indices[b], h]`.
+struct FinalItem<'a, 's> {
+    ctx: &'a Ctx<'a>,
+    item: usize,
+    scratch: &'a mut Scratch<'s>,
+}
+
+impl SimdKernel for FinalItem<'_, '_> {
+    type Output = ();
+    #[inline(always)]
+    fn run<S: Simd + PowTwo>(self) {
+        let ctx = self.ctx;
+        let p = ctx.p;
+        let per = p.dim * ctx.w.state_row;
+        let (b, h) = (self.item / p.heads, self.item % p.heads);
+        let slot = p.final_slot(ctx.inp.final_idx, b);
+        let returned = ctx.states_out.zip(p.varlen_states).filter(|_| !p.return_intermediate_states);
+        let pooled = ctx.pool.zip(p.ssm_state).zip(slot);
+        if returned.is_none() && pooled.is_none() {
+            return;
+        }
+        let last = ctx.last_chunk(b);
+        let fin: &[f32] = if last < 0 {
+            // An empty sequence returns the state it entered with.
+            let sin = self.scratch.take(per);
+            load_init(ctx, b, h, sin);
+            sin
+        } else {
+            // SAFETY: stage 3 is done; the workspace is only read from here on.
+            unsafe { &*ctx.ws(ctx.state_off(last as usize, h), per) }
+        };
+        if let Some((dst, at)) = returned {
+            // SAFETY: row `b`, head `h` of `varlen_states` is written by this item only.
+            unsafe { store_state(ctx, dst, at, b, h, fin) };
+        }
+        if let Some(((dst, at), slot)) = pooled {
+            // SAFETY: slot `slot` is written by sequence `b` alone and read by no other sequence
+            // (the plan's aliasing rule); head `h` of it by this item only.
+            unsafe { store_state(ctx, dst, at, slot, h, fin) };
+        }
+    }
+}
+
+/// The state entering sequence `b`, head `h` (its initial state, its `ssm_state` slot, or
+/// zeros), as padded f32 rows.
 fn load_init(ctx: &Ctx<'_>, b: usize, h: usize, dst: &mut [f32]) {
     let p = ctx.p;
     let nr = ctx.w.state_row;
     dst.fill(0.0);
-    if let (Some((bytes, t)), Some(ip)) = (ctx.inp.init, p.initial_states) {
-        for pp in 0..p.dim {
-            for n in 0..p.dstate {
-                dst[pp * nr + n] = rd(bytes, t, ip.at([b, h, pp, n]));
+    match p.initial_source(ctx.inp.init_idx, ctx.inp.has_init, b) {
+        Some(StateSource::InitialStates(row)) => {
+            if let (Some((bytes, t)), Some(ip)) = (ctx.inp.init, p.initial_states) {
+                for pp in 0..p.dim {
+                    for n in 0..p.dstate {
+                        dst[pp * nr + n] = rd(bytes, t, ip.at([row, h, pp, n]));
+                    }
+                }
             }
         }
+        Some(StateSource::Pool(slot)) => {
+            if let (Some(pool), Some(sp)) = (ctx.pool, p.ssm_state) {
+                for pp in 0..p.dim {
+                    for n in 0..p.dstate {
+                        // SAFETY: the plan checked the slot and `ssm_state`'s shape; pool slots
+                        // are written only in the last pass, after every read of this one.
+                        dst[pp * nr + n] = unsafe { rd_shared(pool, p.state_dtype, sp.at([slot, h, pp, n])) };
+                    }
+                }
+            }
+        }
+        None => {}
     }
 }
 
-/// Stores padded f32 rows as `varlen_states[row, h]`, rounded to the state dtype.
-fn store_state(ctx: &Ctx<'_>, row: usize, h: usize, src: &[f32]) {
+/// Stores padded f32 rows as `dst[row, h]` (`varlen_states` or `ssm_state`, addressed by
+/// `at`), rounded to the state dtype.
+///
+/// # Safety
+/// `at` must address `dst` as the plan checked it, and row `row`, head `h` of `dst` must be
+/// accessed by no other thread now.
+unsafe fn store_state(ctx: &Ctx<'_>, dst: SharedBuf<u8>, at: Strided<4>, row: usize, h: usize, src: &[f32]) {
     let p = ctx.p;
     let nr = ctx.w.state_row;
     for pp in 0..p.dim {
         for n in 0..p.dstate {
-            // SAFETY: the plan checked `varlen_states`' shape; row `row`, head `h` is written by
-            // this (sequence or chunk, head) item only.
-            unsafe { wr(ctx.states_out, p.state_dtype, p.varlen_states.at([row, h, pp, n]), src[pp * nr + n]) };
+            // SAFETY: in bounds and exclusive (caller's contract).
+            unsafe { wr(dst, p.state_dtype, at.at([row, h, pp, n]), src[pp * nr + n]) };
         }
     }
 }
@@ -322,7 +396,7 @@ impl SimdKernel for ScanItem<'_, '_> {
             )
         };
         let opens = ctx.opens(c);
-        let has_prev = !opens || p.initial_states.is_some();
+        let has_prev = !opens || p.initial_states.is_some() || p.initial_state_indices.is_some();
         let buf = self.scratch.take(len * pr + len * nr + len * pr + q_row + per);
         {
             let (xs, rest) = buf.split_at_mut(len * pr);
@@ -420,13 +494,16 @@ impl Run<MambaChunkScanCombinedVarlen<'_>> for CpuBackend {
             z: opt("z", &args.z)?.map(|(b, _)| b),
             dt_bias: opt("dt_bias", &args.dt_bias)?,
             init: opt("initial_states", &args.initial_states)?,
+            init_idx: opt("initial_state_indices", &args.initial_state_indices)?.map(|(b, _)| b),
+            has_init: opt("has_initial_state", &args.has_initial_state)?.map(|(b, _)| b),
+            final_idx: opt("final_state_indices", &args.final_state_indices)?.map(|(b, _)| b),
             cu_chunk: (host("cu_chunk_seqlens", &args.cu_chunk_seqlens)?, args.cu_chunk_seqlens.dtype()),
             seq_idx: (host("seq_idx", &args.seq_idx)?, args.seq_idx.dtype()),
             last_chunk: (host("last_chunk_indices", &args.last_chunk_indices)?, args.last_chunk_indices.dtype()),
             a_dtype: args.a.dtype(),
         };
-        require_host("varlen_states", args.varlen_states.device())?;
-        let states_out = SharedBuf::new(args.varlen_states.host_bytes_mut().expect("host checked"));
+        let states_out = args.varlen_states.as_mut().map(|t| host_shared("varlen_states", t)).transpose()?;
+        let pool = args.ssm_state.as_mut().map(|t| host_shared("ssm_state", t)).transpose()?;
         let out = match args.out.as_mut() {
             Some(o) => {
                 require_host("out", o.device())?;
@@ -448,7 +525,7 @@ impl Run<MambaChunkScanCombinedVarlen<'_>> for CpuBackend {
                 &mut owned
             }
         };
-        let ctx = Ctx { p: plan, w, inp, ws: SharedBuf::new(ws), out, states_out };
+        let ctx = Ctx { p: plan, w, inp, ws: SharedBuf::new(ws), out, states_out, pool };
         let ctx = &ctx;
         // Stages 1, 2 (per chunk and head) and 4 (per chunk and group).
         let per_item = item_scratch(plan, &w);
@@ -465,6 +542,10 @@ impl Run<MambaChunkScanCombinedVarlen<'_>> for CpuBackend {
                 dispatch(ScanItem { ctx, item, scratch })
             });
         }
+        // Final states (per sequence and head), after every read of an initial state.
+        self.for_each_scratch(plan.batch * plan.heads, per_item, false, None, |item, scratch| {
+            dispatch(FinalItem { ctx, item, scratch })
+        });
         Ok(())
     }
 }

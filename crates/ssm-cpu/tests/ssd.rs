@@ -114,6 +114,19 @@ impl Problem {
 
     /// Runs one engine; returns (out, states) as f32, NaN-poisoned before the call.
     fn run(&self, engine: Engine, cpus: &[CpuBackend], intermediate: bool) -> (Vec<f32>, Vec<f32>) {
+        self.run_pooled(engine, cpus, intermediate, None)
+    }
+
+    /// [`Problem::run`], with the initial states read from and the final states written to
+    /// `pool` (`[slots, H, P, N]` f32) through its tables when given (then `init` is unused and
+    /// the returned states are empty).
+    fn run_pooled(
+        &self,
+        engine: Engine,
+        cpus: &[CpuBackend],
+        intermediate: bool,
+        pool: Option<&mut Pool>,
+    ) -> (Vec<f32>, Vec<f32>) {
         let (t, h, p, n, g) = (self.tokens(), self.heads, self.dim, self.dstate, self.groups);
         let batch = self.seqlens.len();
         let nchunks = self.seq_idx.len();
@@ -159,13 +172,29 @@ impl Problem {
             },
             dt_bias: self.dt_bias.as_ref().map(|b| TensorRef::from_slice(b, &[h]).unwrap()),
             initial_states: self.init.as_ref().map(|s| TensorRef::from_slice(s, &[batch, h, p, n]).unwrap()),
+            ssm_state: None,
+            initial_state_indices: None,
+            has_initial_state: None,
+            final_state_indices: None,
+            pad_slot_id: None,
             dt_softplus: self.softplus,
             dt_limit: self.dt_limit,
             return_intermediate_states: intermediate,
             state_dtype: Some(DType::F32),
-            varlen_states: TensorMut::from_slice(&mut states[..], &[rows, h, p, n]).unwrap(),
+            varlen_states: Some(TensorMut::from_slice(&mut states[..], &[rows, h, p, n]).unwrap()),
             workspace: None,
         };
+        let mut args = args;
+        if let Some(pool) = pool {
+            let slots = pool.states.len() / (h * p * n);
+            args.initial_states = None;
+            args.varlen_states = None;
+            args.ssm_state = Some(TensorMut::from_slice(&mut pool.states[..], &[slots, h, p, n]).unwrap());
+            args.initial_state_indices = Some(TensorRef::from_slice(&pool.read, &[batch]).unwrap());
+            args.has_initial_state = Some(TensorRef::from_slice(&pool.has_init, &[batch]).unwrap());
+            args.final_state_indices = Some(TensorRef::from_slice(&pool.write, &[batch]).unwrap());
+            args.pad_slot_id = Some(PAD);
+        }
         let pl = plan(args).unwrap();
         match engine {
             Engine::Ref32 => reference::mamba_chunk_scan_combined_varlen(pl),
@@ -176,6 +205,65 @@ impl Problem {
             out = out_b.iter().map(|v| v.to_f32()).collect();
         }
         (out, states)
+    }
+}
+
+/// The pad of the pool tests' slot tables.
+const PAD: i64 = -1;
+
+/// A state pool with its tables: sequence `b` reads slot `read[b]` (where `has_init[b]`) and
+/// writes slot `write[b]`; `PAD` entries read zeros / write nothing.
+#[derive(Clone)]
+struct Pool {
+    states: Vec<f32>,
+    read: Vec<i64>,
+    write: Vec<i64>,
+    has_init: Vec<u8>,
+}
+
+impl Pool {
+    /// Random slots for `batch` sequences in a pool with 3 spare slots: permuted, some pads,
+    /// some sequences reading nothing, some reading one slot and writing another (never one
+    /// another sequence uses).
+    fn random(rng: &mut ChaCha8Rng, batch: usize, per: usize) -> Self {
+        let slots = 2 * batch + 3;
+        let mut order: Vec<i64> = (0..slots as i64).collect();
+        for i in (1..order.len()).rev() {
+            order.swap(i, rng.random_range(0..=i));
+        }
+        let (mut read, mut write, mut has_init) = (vec![], vec![], vec![]);
+        for b in 0..batch {
+            let own = order[2 * b];
+            read.push(if rng.random_bool(0.2) { PAD } else { own });
+            write.push(match rng.random_range(0..5) {
+                0 => PAD,
+                1 => order[2 * b + 1],
+                _ => own,
+            });
+            has_init.push(rng.random_bool(0.75) as u8);
+        }
+        let states = (0..slots * per).map(|i| ((i * 37 % 101) as f32) * 0.01 - 0.5).collect();
+        Pool { states, read, write, has_init }
+    }
+
+    /// vLLM's gather: `where(has_init, pool[read], 0)` as `[batch, H, P, N]`.
+    fn gather(&self, per: usize) -> Vec<f32> {
+        let mut init = vec![0.0; self.read.len() * per];
+        for (b, (&s, &has)) in self.read.iter().zip(&self.has_init).enumerate() {
+            if has != 0 && s != PAD {
+                init[b * per..(b + 1) * per].copy_from_slice(&self.states[s as usize * per..(s as usize + 1) * per]);
+            }
+        }
+        init
+    }
+
+    /// vLLM's scatter: `pool[write] = finals` (pads skipped).
+    fn scatter(&mut self, finals: &[f32], per: usize) {
+        for (b, &s) in self.write.iter().enumerate() {
+            if s != PAD {
+                self.states[s as usize * per..(s as usize + 1) * per].copy_from_slice(&finals[b * per..(b + 1) * per]);
+            }
+        }
     }
 }
 
@@ -306,4 +394,44 @@ fn ssd_empty_sequence_returns_its_initial_state() {
     let (_, s) = pr.run(Engine::Cpu(1), &cpus, false);
     let per = h * p * n;
     assert_eq!(&s[per..2 * per], &pr.init.as_ref().unwrap()[per..2 * per]);
+}
+
+/// Pool addressing: on random batches (pads, permuted slots, sequences without an initial
+/// state, reads and writes of different slots, empty-free uneven varlen), every engine's pooled
+/// call equals, bit for bit, the gather → call → scatter sequence it replaces (outputs and the
+/// whole pool, so untouched slots keep their bits); the CPU's pooled pool matches the f64
+/// reference's.
+#[test]
+fn ssd_pool_addressing_equals_gather_call_scatter() {
+    let cpus = backends();
+    let mut rng = ChaCha8Rng::seed_from_u64(0x9001);
+    for case in 0..12 {
+        let batch = rng.random_range(1..5);
+        let seqlens: Vec<usize> = (0..batch).map(|_| rng.random_range(1..30)).collect();
+        let computed: Vec<usize> =
+            (0..batch).map(|_| if rng.random_bool(0.5) { rng.random_range(0..40) } else { 0 }).collect();
+        let mut pr = Problem::random(&mut rng, seqlens, computed, case % 2 == 0);
+        let per = pr.heads * pr.dim * pr.dstate;
+        let pool = Pool::random(&mut rng, batch, per);
+        let mut ref64 = pool.clone();
+        pr.run_pooled(Engine::Ref64, &cpus, false, Some(&mut ref64));
+        for engine in [Engine::Ref32, Engine::Cpu(0), Engine::Cpu(1)] {
+            let tag = format!("case {case} {engine:?}");
+            let mut pooled = pool.clone();
+            let (o_pool, _) = pr.run_pooled(engine, &cpus, false, Some(&mut pooled));
+            pr.init = Some(pool.gather(per));
+            let (o_old, finals) = pr.run(engine, &cpus, false);
+            let mut old = pool.clone();
+            old.scatter(&finals, per);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&o_pool), bits(&o_old), "{tag}: out");
+            assert_eq!(bits(&pooled.states), bits(&old.states), "{tag}: pool");
+            for (s, chunk) in pool.states.chunks(per).enumerate() {
+                if !pool.write.contains(&(s as i64)) {
+                    assert_eq!(bits(chunk), bits(&pooled.states[s * per..(s + 1) * per]), "{tag}: slot {s} touched");
+                }
+            }
+            assert_close(&format!("{tag} pool vs f64"), &pooled.states, &ref64.states, 2e-3, 1e-3);
+        }
+    }
 }

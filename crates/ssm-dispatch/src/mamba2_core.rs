@@ -3,8 +3,9 @@
 //! tokens first, then prefill tokens; causal conv1d (update for decode rows, with the
 //! speculative rolling buffer when `num_accepted_tokens` is given; varlen prefill for the
 //! rest), then `selective_state_update` for the decode rows and the SSD chunked scan for the
-//! prefill sequences, whose initial states come from the pool where `has_initial_states_p`
-//! and whose final states go back into their slots.
+//! prefill sequences, which reads its initial states from the pool where
+//! `has_initial_states_p` and writes its final states back into their slots, through the slot
+//! table (no copy into a temporary and back).
 //!
 //! The in-projection, the gated RMSNorm and the out-projection stay with the model: the core
 //! takes the `xBC` and `dt` columns of the in-projection and writes the SSM output `y`
@@ -16,8 +17,8 @@
 //!
 //! Allocation: with `conv_out` given, a batch without prefills and without pad rows allocates
 //! nothing (the conv writes `conv_out`, the SSU reads views of it and writes `out`); pad rows
-//! cost a small buffer of the `out` rows they keep; the prefill path allocates the initial and
-//! final states of its sequences and the SSD workspace.
+//! cost a small buffer of the `out` rows they keep; the prefill path allocates the SSD
+//! workspace.
 
 use ssm_conv::{Activation, CausalConv1dFnArgs, CausalConv1dUpdateArgs, ConvStateLayout};
 use ssm_ssd::MambaChunkScanCombinedVarlen;
@@ -198,44 +199,6 @@ fn restore_rows(mut out: TensorMut<'_>, rows: &[usize], width: usize, kept: &[u8
     }
 }
 
-/// Step: copies each prefill's initial state (`block` elements) from its slot of the pool
-/// (dense within a slot, checked) into row `i` of `init`; zeros where the prefill has no
-/// initial state or is a pad.
-fn gather_initial(
-    pool: TensorRef<'_>,
-    mut init: TensorMut<'_>,
-    slots: &[i64],
-    has_init: &[bool],
-    pad: Option<i64>,
-    block: usize,
-) {
-    let es = pool.dtype().size();
-    let (layout, bytes) = (*pool.layout(), pool.host_bytes().unwrap_or_default());
-    let Some(dst) = init.host_bytes_mut() else { return };
-    for (i, (&slot, &has)) in slots.iter().zip(has_init).enumerate() {
-        let dst = &mut dst[i * block * es..(i + 1) * block * es];
-        if has && pad != Some(slot) {
-            let at = layout.index(&[slot as usize, 0, 0, 0]) * es;
-            dst.copy_from_slice(&bytes[at..at + block * es]);
-        } else {
-            dst.fill(0);
-        }
-    }
-}
-
-/// Step: writes row `i` of `finals` into slot `slots[i]` of the pool; pads are skipped.
-fn scatter_finals(finals: TensorRef<'_>, mut pool: TensorMut<'_>, slots: &[i64], pad: Option<i64>, block: usize) {
-    let es = pool.dtype().size();
-    let layout = *pool.layout();
-    let (Some(src), Some(dst)) = (finals.host_bytes(), pool.host_bytes_mut()) else { return };
-    for (i, &slot) in slots.iter().enumerate() {
-        if pad != Some(slot) {
-            let at = layout.index(&[slot as usize, 0, 0, 0]) * es;
-            dst[at..at + block * es].copy_from_slice(&src[i * block * es..(i + 1) * block * es]);
-        }
-    }
-}
-
 /// Everything one core call plans from, checked.
 struct Steps<'a> {
     m: Mamba2AttentionMetadata<'a>,
@@ -253,20 +216,11 @@ struct Steps<'a> {
     dims: [usize; 4],
 }
 
-/// The prefill sequences' slots and whether each reads its slot, and their state buffers:
-/// `[num_prefills, H, P, N]` initial states (with `prep_initial_states`) and final states.
-struct Prefill {
-    slots: Vec<i64>,
-    has_init: Vec<bool>,
-    initial: Option<HostTensor>,
-    finals: HostTensor,
-}
-
 /// What the ops write: aliases of the caller's views, one per op that writes them (see
 /// [`crate::layer_core`]).
 struct Writes<'a> {
     conv_state: [TensorMut<'a>; 2],
-    ssm_state: [TensorMut<'a>; 3],
+    ssm_state: [TensorMut<'a>; 2],
     conv_out: [TensorMut<'a>; 2],
     out: [TensorMut<'a>; 3],
 }
@@ -349,7 +303,6 @@ impl Runtime {
         if m.num_decodes > 0 && m.state_indices_tensor_d.is_none() {
             return Err(core_err("state_indices_tensor_d", "must be given with decodes".into()));
         }
-        let sdt = ssm_state.dtype();
         let np = m.num_prefills;
         let mut pad_rows = Vec::new();
         if let (Some(table), Some(pad)) = (m.state_indices_tensor_d, pad_slot_id) {
@@ -385,16 +338,15 @@ impl Runtime {
                 }
             }
         }
-        let prefill = if np > 0 {
+        if np > 0 {
+            // The mask and the aliasing rule are checked by the conv's and the SSD's plans, which
+            // read and write the pool through these tables; the range here, before the conv's, so
+            // the error names the metadata field.
             let slots_p = need(m.state_indices_tensor_p, "state_indices_tensor_p", "with prefills")?;
             let slot_list = host_ints(&slots_p, np, "state_indices_tensor_p")?;
-            let has_init = match (m.prep_initial_states, m.has_initial_states_p) {
-                (false, _) => vec![false; np],
-                (true, None) => {
-                    return Err(core_err("has_initial_states_p", "must be given with prep_initial_states".into()));
-                }
-                (true, Some(t)) => host_ints(&t, np, "has_initial_states_p")?.into_iter().map(|v| v != 0).collect(),
-            };
+            if m.prep_initial_states && m.has_initial_states_p.is_none() {
+                return Err(core_err("has_initial_states_p", "must be given with prep_initial_states".into()));
+            }
             for (i, &s) in slot_list.iter().enumerate() {
                 if pad_slot_id != Some(s) && (s < 0 || s as usize >= slots) {
                     return Err(core_err(
@@ -420,31 +372,7 @@ impl Runtime {
                     .filter(|&(_, &s)| pad_slot_id == Some(s))
                     .flat_map(|(i, _)| td + starts[i] as usize..td + starts[i + 1] as usize),
             );
-            let layout = ssm_state.layout();
-            let dense = layout.strides()[3] == 1
-                && layout.strides()[2] == n as isize
-                && layout.strides()[1] == (p * n) as isize;
-            if !dense {
-                return Err(core_err(
-                    "ssm_state",
-                    format!("must be dense within a slot ([H, P, N] row-major), got strides {:?}", layout.strides()),
-                ));
-            }
-            Some((slot_list, has_init))
-        } else {
-            None
-        };
-        let prefill = prefill
-            .map(|(slots, has_init)| -> Result<Prefill, Error> {
-                product("ssm_state", &[np, h, p, n, sdt.size()])?;
-                Ok(Prefill {
-                    initial: m.prep_initial_states.then(|| HostTensor::filled(sdt, vec![np, h, p, n], 0.0)),
-                    finals: HostTensor::filled(sdt, vec![np, h, p, n], 0.0),
-                    slots,
-                    has_init,
-                })
-            })
-            .transpose()?;
+        }
         let mut owned_conv_out;
         let conv_out = match conv_out {
             Some(c) => c,
@@ -478,8 +406,8 @@ impl Runtime {
         };
         // The ops and steps that use each alias below run one after another in schedule order
         // (crate::layer_core), which is `aliased`'s contract: the decode conv and the prefill
-        // conv write the slots of their own tables, as do the SSU and the prefill state
-        // scatter; `conv_out` rows are written by a conv and read after it by the SSU/SSD;
+        // conv write the slots of their own tables, as do the SSU and the SSD (one alias,
+        // read and written within its call); `conv_out` rows are written by a conv and read after it by the SSU/SSD;
         // `out` rows are written by the SSU (decode rows), the SSD (prefill rows) and the pad
         // rows restored last.
         // SAFETY: `conv_state` aliases are used one at a time (above).
@@ -491,9 +419,8 @@ impl Runtime {
         // SAFETY: `out` aliases are used one at a time (above).
         let out = unsafe { out.aliased() };
         let writes = Writes { conv_state, ssm_state, conv_out, out };
-        let mut prefill = prefill;
         let mut schedule = Schedule::new();
-        let [.., out_pads] = steps.plan(self, &mut schedule, writes, prefill.as_mut())?;
+        let [.., out_pads] = steps.plan(self, &mut schedule, writes)?;
         let pads = &pad_rows;
         schedule.then(move || restore_rows(out_pads, pads, h * p, &kept));
         schedule.run(self)
@@ -502,21 +429,20 @@ impl Runtime {
 
 impl<'a> Steps<'a> {
     /// Plans the core's ops, in order, into `schedule` (each op planned once): the decode conv
-    /// and SSU, then the prefill conv, the gather of the initial states from the pool, the SSD
-    /// and the scatter of the final states into the pool. Returns the alias of `out` left for
+    /// and SSU, then the prefill conv and the SSD, which reads and writes its states in the pool
+    /// through `state_indices_tensor_p`. Returns the alias of `out` left for
     /// the caller's last step.
     fn plan<'s>(
         &'s self,
         rt: &Runtime,
         schedule: &mut Schedule<'s>,
         w: Writes<'s>,
-        prefill: Option<&'s mut Prefill>,
     ) -> Result<[TensorMut<'s>; 1], Error> {
         let m = self.m;
         let [h, p, _, n] = self.dims;
         let conv_dim = self.xbc.shape()[1];
         let (td, tp) = (m.num_decode_tokens, m.num_prefill_tokens);
-        let Writes { conv_state: [conv_d, conv_p], ssm_state: [ssm_d, ssm_gather, ssm_p], conv_out, out } = w;
+        let Writes { conv_state: [conv_d, conv_p], ssm_state: [ssm_d, ssm_p], conv_out, out } = w;
         let [conv_out_d, conv_out_p] = conv_out;
         let [out_d, out_p, out_pads] = out;
         if m.num_decodes > 0 {
@@ -564,7 +490,9 @@ impl<'a> Steps<'a> {
                 stochastic_rounding: None,
             }))?;
         }
-        let Some(pre) = prefill else { return Ok([out_pads]) };
+        if m.num_prefills == 0 {
+            return Ok([out_pads]);
+        }
         let qsl = need(m.query_start_loc_p, "query_start_loc_p", "with prefills")?;
         // SAFETY: `conv_out` rows [td, td + tp) are written by this conv and read by the SSD after it.
         let [conv_out_w, conv_out_r] = unsafe { conv_out_p.aliased() };
@@ -581,23 +509,8 @@ impl<'a> Steps<'a> {
             pad_slot_id: self.pad_slot_id,
             out: rows_mut(conv_out_w, "conv_out", td, tp)?,
         })?;
-        let Prefill { slots, has_init, initial, finals } = pre;
-        let block = product("ssm_state", &[h, p, n])?;
-        let pad = self.pad_slot_id;
-        let initial = match initial {
-            Some(init) => {
-                // SAFETY: the gather step writes the initial states, the SSD reads them after it.
-                let [init_w, init_r] = unsafe { init.view_mut().aliased() };
-                let pool = ssm_gather.into_ref();
-                let (slots, has_init) = (&*slots, &*has_init);
-                schedule.then(move || gather_initial(pool, init_w, slots, has_init, pad, block));
-                Some(init_r.into_ref())
-            }
-            None => None,
-        };
-        // SAFETY: the SSD writes the final states, the scatter step reads them after it.
-        let [finals_w, finals_r] = unsafe { finals.view_mut().aliased() };
         let [x, b, c] = ssm_inputs(conv_out_r.into_ref(), td, tp, self.dims)?;
+        let state_dtype = ssm_p.dtype();
         schedule.plan(MambaChunkScanCombinedVarlen {
             x,
             dt: rows_ref(self.dt, "dt", td, tp, 0, &[h], &[1])?,
@@ -613,16 +526,21 @@ impl<'a> Steps<'a> {
             d: self.d,
             z: None,
             dt_bias: self.dt_bias,
-            initial_states: initial,
+            initial_states: None,
+            // vLLM's `where(has_initial_states_p, ssm_state[state_indices_p], 0)` and
+            // `ssm_state[state_indices_p] = varlen_states`, through the table: no copy.
+            ssm_state: Some(ssm_p),
+            initial_state_indices: if m.prep_initial_states { m.state_indices_tensor_p } else { None },
+            has_initial_state: if m.prep_initial_states { m.has_initial_states_p } else { None },
+            final_state_indices: m.state_indices_tensor_p,
+            pad_slot_id: self.pad_slot_id,
             dt_softplus: true,
             dt_limit: (0.0, f32::INFINITY),
             return_intermediate_states: false,
-            state_dtype: Some(ssm_p.dtype()),
-            varlen_states: finals_w,
+            state_dtype: Some(state_dtype),
+            varlen_states: None,
             workspace: None,
         })?;
-        let slots = &*slots;
-        schedule.then(move || scatter_finals(finals_r.into_ref(), ssm_p, slots, pad, block));
         Ok([out_pads])
     }
 }

@@ -5,8 +5,9 @@ use crate::{Error, Runtime};
 impl Runtime {
     /// vLLM's `mamba_chunk_scan_combined_varlen` (Mamba2 SSD chunked prefill): plans the call
     /// (every check, once, including the host chunk metadata; nothing is written when it
-    /// fails) and runs it where its tensors live. Writes `out` (when given), `varlen_states`
-    /// and the workspace, nothing else ([`ssm_ssd::MambaChunkScanCombinedVarlen`]).
+    /// fails) and runs it where its tensors live. Writes `out` and `varlen_states` (when given),
+    /// the `ssm_state` slots `final_state_indices` names, and the workspace, nothing else
+    /// ([`ssm_ssd::MambaChunkScanCombinedVarlen`]).
     ///
     /// The CPU backend allocates its f32 workspace per call unless `args.workspace` holds at
     /// least [`Runtime::ssd_workspace_len`] elements.

@@ -352,11 +352,16 @@ fn run_parts(rt: &Runtime, b: &Batch, dec: &Decodes, pre: &Prefills) -> (HostTen
         z: None,
         dt_bias: Some(b.dt_bias.view()),
         initial_states: Some(init.view()),
+        ssm_state: None,
+        initial_state_indices: None,
+        has_initial_state: None,
+        final_state_indices: None,
+        pad_slot_id: None,
         dt_softplus: true,
         dt_limit: (0.0, f32::INFINITY),
         return_intermediate_states: false,
         state_dtype: Some(DType::F32),
-        varlen_states: finals.view_mut(),
+        varlen_states: Some(finals.view_mut()),
         workspace: None,
     })
     .unwrap();

@@ -211,11 +211,16 @@ fn ssd_prefill_through_the_runtime_equals_the_reference() {
             z: None,
             dt_bias: None,
             initial_states: None,
+            ssm_state: None,
+            initial_state_indices: None,
+            has_initial_state: None,
+            final_state_indices: None,
+            pad_slot_id: None,
             dt_softplus: true,
             dt_limit: (0.0, f32::INFINITY),
             return_intermediate_states: false,
             state_dtype: None,
-            varlen_states: TensorMut::from_slice(&mut states, &[2, h, p, n]).unwrap(),
+            varlen_states: Some(TensorMut::from_slice(&mut states, &[2, h, p, n]).unwrap()),
             workspace: None,
         };
         if reference {

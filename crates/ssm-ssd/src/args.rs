@@ -15,13 +15,33 @@ use ssm_tensor::{DType, TensorMut, TensorRef};
 ///   `seq_idx[c]`. [`crate::compute_chunk_metadata`] builds them as vLLM does.
 /// - `initial_states` `[batch, H, P, N]`: the state entering each sequence.
 /// - `varlen_states` (vLLM's return value) `[batch, H, P, N]`, or `[nchunks, H, P, N]` with
-///   `return_intermediate_states`, in `state_dtype` (default `C`'s dtype).
+///   `return_intermediate_states`, in `state_dtype` (default `C`'s dtype); optional.
+/// - `ssm_state` `[slots, H, P, N]` in `state_dtype` (slot stride may be padded, each slot
+///   contiguous along dstate): a state pool read at `initial_state_indices` and written at
+///   `final_state_indices`, `[batch]` i32/i64 slot tables whose `pad_slot_id` entries read
+///   (zeros) or write nothing; `has_initial_state` `[batch]` bool/i32/i64.
+///
+/// Pool addressing. vLLM's Mamba2 prefill gathers `initial_states =
+/// where(has_initial_states_p, ssm_state[state_indices_p], 0)` before the call and scatters
+/// `ssm_state[state_indices_p] = varlen_states` after it (semantics/ssd_mamba2.md §4.3). The
+/// pool arguments are that call with the gather and the scatter folded in: `ssm_state` is the
+/// mixer's pool, `has_initial_state` its mask, and the read and write tables are separate
+/// because vLLM's `"all"` cache mode reads and writes different blocks
+/// (`block_idx_last_computed_token` / `block_idx_last_scheduled_token`; in `"none"`/`"align"`
+/// mode both are `state_indices_tensor_p`). The pool is one argument, not a read view plus a
+/// written view of the same memory, so that one call holds one writable view of it. Every
+/// backend reads every initial state before it writes any final state, so a sequence may read
+/// and write its own slot. Host tables are checked by the plan: an entry that is neither the
+/// pad nor a slot is refused, and so is a slot written by one sequence and read or written by
+/// another (the aliasing rule).
 /// - `workspace`: optional 1-D f32 scratch of at least [`crate::SsdPlan::workspace_len`]
 ///   elements on the device of `x`; without it a backend allocates per call.
 ///
-/// Writes: every token of `out` (when given) and every row of `varlen_states`: the state at
-/// the end of each chunk, or each sequence's final state (an empty sequence's final state is
-/// its initial state, or zeros). Reads everything else only.
+/// Writes: every token of `out` (when given), every row of `varlen_states` (when given): the
+/// state at the end of each chunk, or each sequence's final state (an empty sequence's final
+/// state is its initial state, or zeros), and each sequence's final state into the `ssm_state`
+/// slot `final_state_indices` names (pads and every other slot are never touched). Reads
+/// everything else only.
 pub struct MambaChunkScanCombinedVarlen<'a> {
     /// SSM input.
     pub x: TensorRef<'a>,
@@ -51,8 +71,24 @@ pub struct MambaChunkScanCombinedVarlen<'a> {
     pub z: Option<TensorRef<'a>>,
     /// Added to `dt` before softplus, optional.
     pub dt_bias: Option<TensorRef<'a>>,
-    /// State entering each sequence; `None`: zeros.
+    /// State entering each sequence `[batch, H, P, N]`; `None`: zeros (or the pool's, with
+    /// `initial_state_indices`, which excludes this argument).
     pub initial_states: Option<TensorRef<'a>>,
+    /// State pool `[slots, H, P, N]` (vLLM's `ssm_state`), read through `initial_state_indices`
+    /// and written through `final_state_indices`; needs at least one of them.
+    pub ssm_state: Option<TensorMut<'a>>,
+    /// `[batch]` slot of `ssm_state` each sequence enters with (vLLM's `state_indices_tensor_p`);
+    /// a pad entry: zeros. Needs `ssm_state`, excludes `initial_states`.
+    pub initial_state_indices: Option<TensorRef<'a>>,
+    /// `[batch]` whether each sequence reads its initial state (vLLM's `has_initial_states_p`);
+    /// `false` (0): it enters with zeros and nothing is read for it. `None`: every sequence
+    /// reads one. Needs `initial_states` or `initial_state_indices`.
+    pub has_initial_state: Option<TensorRef<'a>>,
+    /// `[batch]` slot of `ssm_state` each sequence's final state is written to; a pad entry:
+    /// not written. Needs `ssm_state`.
+    pub final_state_indices: Option<TensorRef<'a>>,
+    /// The pad value of both slot tables (SEMANTICS.md rule 3); `None`: no entry is a pad.
+    pub pad_slot_id: Option<i64>,
     /// Softplus (threshold 20) on `dt + dt_bias`.
     pub dt_softplus: bool,
     /// Clamp of the processed dt, always applied (vLLM's default `(0, inf)`).
@@ -61,8 +97,9 @@ pub struct MambaChunkScanCombinedVarlen<'a> {
     pub return_intermediate_states: bool,
     /// Dtype of the returned states; `None`: `C`'s dtype.
     pub state_dtype: Option<DType>,
-    /// The returned states (vLLM's return value), written.
-    pub varlen_states: TensorMut<'a>,
+    /// The returned states (vLLM's return value), written; `None`: not returned (needs
+    /// `return_intermediate_states` false).
+    pub varlen_states: Option<TensorMut<'a>>,
     /// Caller-owned f32 scratch.
     pub workspace: Option<TensorMut<'a>>,
 }

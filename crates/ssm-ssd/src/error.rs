@@ -133,4 +133,34 @@ pub enum SsdError {
         /// Its shape.
         actual: Vec<usize>,
     },
+    /// A host-resident slot index is neither the pad nor a slot of its pool.
+    #[error(
+        "`{arg}`[{seq}] = {value} is outside [0, {slots}) (the slots of `ssm_state`) and is not the pad value ({pad})"
+    )]
+    SlotOutOfRange {
+        /// The table.
+        arg: &'static str,
+        /// The sequence (entry of the table).
+        seq: usize,
+        /// The value found.
+        value: i64,
+        /// Slots in `ssm_state`.
+        slots: usize,
+        /// The pad value, or "none".
+        pad: String,
+    },
+    /// A slot written by one sequence is read or written by another (host tables).
+    #[error(
+        "`final_state_indices`: slot {slot} is written by sequence {writer} and {other_use} by sequence {other}; sequences of one call must not share a written slot (pads excepted)"
+    )]
+    SlotConflict {
+        /// The slot.
+        slot: usize,
+        /// The (lowest-numbered) sequence writing it.
+        writer: usize,
+        /// The other sequence.
+        other: usize,
+        /// "read" (through `initial_state_indices`) or "written".
+        other_use: &'static str,
+    },
 }

@@ -22,7 +22,7 @@ pub mod reference;
 pub use args::MambaChunkScanCombinedVarlen;
 pub use error::SsdError;
 pub use metadata::{ChunkMetadata, compute_chunk_metadata};
-pub use plan::{IoDtypes, SsdPlan, WorkspaceLayout};
+pub use plan::{IoDtypes, SsdPlan, StateSource, WorkspaceLayout};
 pub use ssm_tensor::{Op, Planned, Run};
 
 ssm_tensor::op_family! {

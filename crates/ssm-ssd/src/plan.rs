@@ -1,5 +1,5 @@
 use ssm_tensor::ArgError;
-use ssm_tensor::{DType, Device, Strided, TensorRef};
+use ssm_tensor::{DType, Device, Slot, SlotTable, SlotUse, Strided, TensorRef, first_slot_conflict};
 
 use crate::{MambaChunkScanCombinedVarlen, SsdError};
 
@@ -46,10 +46,22 @@ pub struct SsdPlan {
     pub d: Option<Strided<3>>,
     /// `dt_bias` per head.
     pub dt_bias: Option<Strided<1>>,
-    /// `initial_states`.
+    /// `initial_states` `[batch, H, P, N]`.
     pub initial_states: Option<Strided<4>>,
-    /// `varlen_states`.
-    pub varlen_states: Strided<4>,
+    /// `varlen_states` `[batch or nchunks, H, P, N]`.
+    pub varlen_states: Option<Strided<4>>,
+    /// `ssm_state` `[slots, H, P, N]`.
+    pub ssm_state: Option<Strided<4>>,
+    /// Slots of `ssm_state` (0 without it).
+    pub slots: usize,
+    /// `initial_state_indices` `[batch]` into `ssm_state`.
+    pub initial_state_indices: Option<SlotTable>,
+    /// `has_initial_state` `[batch]` (bool or integer, nonzero = reads its initial state).
+    pub has_initial_state: Option<SlotTable>,
+    /// `final_state_indices` `[batch]` into `ssm_state`.
+    pub final_state_indices: Option<SlotTable>,
+    /// The pad value of both slot tables.
+    pub pad_slot_id: Option<i64>,
     /// `cu_seqlens`.
     pub cu_seqlens: Strided<1>,
     /// `cu_chunk_seqlens`.
@@ -66,6 +78,15 @@ pub struct SsdPlan {
     pub return_intermediate_states: bool,
     /// Offset of the caller's workspace view, when given.
     pub workspace_offset: Option<usize>,
+}
+
+/// Where a sequence's initial state is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StateSource {
+    /// Row of `initial_states`.
+    InitialStates(usize),
+    /// Slot of `ssm_state`.
+    Pool(usize),
 }
 
 /// The dtypes of the per-token tensors.
@@ -145,6 +166,41 @@ impl SsdPlan {
     /// Whether chunk `c` opens its sequence (`c == 0` or `seq_idx` changes).
     pub fn opens_sequence(&self, args: &MambaChunkScanCombinedVarlen<'_>, c: usize) -> bool {
         c == 0 || self.seq_of(args, c) != self.seq_of(args, c - 1)
+    }
+
+    /// Where sequence `b`'s initial state comes from, given the host bytes of
+    /// `initial_state_indices` and `has_initial_state` (the whole borrowed memory of each
+    /// view): `None` (zeros) without a source, where `has_initial_state[b]` is false, or where
+    /// the table holds the pad (or, in a device table a host plan could not check, a value
+    /// out of range).
+    pub fn initial_source(&self, indices: Option<&[u8]>, has: Option<&[u8]>, b: usize) -> Option<StateSource> {
+        if self.initial_states.is_none() && self.initial_state_indices.is_none() {
+            return None;
+        }
+        if let (Some(t), Some(bytes)) = (self.has_initial_state, has)
+            && t.get(bytes, b, 0) == 0
+        {
+            return None;
+        }
+        match (self.initial_state_indices, indices) {
+            (Some(t), Some(bytes)) => self.slot(t, bytes, b).map(StateSource::Pool),
+            (Some(_), None) => None,
+            (None, _) => Some(StateSource::InitialStates(b)),
+        }
+    }
+
+    /// The `ssm_state` slot sequence `b`'s final state is written to, given the host bytes of
+    /// `final_state_indices`: `None` without the table or where it holds the pad (or an
+    /// unchecked out-of-range value).
+    pub fn final_slot(&self, indices: Option<&[u8]>, b: usize) -> Option<usize> {
+        self.slot(self.final_state_indices?, indices?, b)
+    }
+
+    fn slot(&self, t: SlotTable, bytes: &[u8], b: usize) -> Option<usize> {
+        match Slot::resolve(t.get(bytes, b, 0), self.pad_slot_id, self.slots) {
+            Slot::Row(r) => Some(r),
+            Slot::Pad | Slot::OutOfRange => None,
+        }
     }
 
     /// `last_chunk_indices[b]` (-1 for an empty sequence; host metadata only).
@@ -246,9 +302,15 @@ pub(crate) fn plan(args: &MambaChunkScanCombinedVarlen<'_>) -> Result<SsdPlan, S
     ] {
         dev(arg, t.device())?;
     }
-    for (arg, t) in
-        [("D", &args.d), ("z", &args.z), ("dt_bias", &args.dt_bias), ("initial_states", &args.initial_states)]
-    {
+    for (arg, t) in [
+        ("D", &args.d),
+        ("z", &args.z),
+        ("dt_bias", &args.dt_bias),
+        ("initial_states", &args.initial_states),
+        ("initial_state_indices", &args.initial_state_indices),
+        ("has_initial_state", &args.has_initial_state),
+        ("final_state_indices", &args.final_state_indices),
+    ] {
         if let Some(t) = t {
             dev(arg, t.device())?;
         }
@@ -256,7 +318,12 @@ pub(crate) fn plan(args: &MambaChunkScanCombinedVarlen<'_>) -> Result<SsdPlan, S
     if let Some(o) = &args.out {
         dev("out", o.device())?;
     }
-    dev("varlen_states", args.varlen_states.device())?;
+    if let Some(v) = &args.varlen_states {
+        dev("varlen_states", v.device())?;
+    }
+    if let Some(v) = &args.ssm_state {
+        dev("ssm_state", v.device())?;
+    }
     if let Some(w) = &args.workspace {
         dev("workspace", w.device())?;
     }
@@ -372,6 +439,7 @@ pub(crate) fn plan(args: &MambaChunkScanCombinedVarlen<'_>) -> Result<SsdPlan, S
 
     let state_dtype = args.state_dtype.unwrap_or(args.c.dtype());
     float("state_dtype", state_dtype)?;
+    let tables = resolve_tables(args, batch)?;
     let initial_states = match &args.initial_states {
         Some(t) => {
             float("initial_states", t.dtype())?;
@@ -379,12 +447,41 @@ pub(crate) fn plan(args: &MambaChunkScanCombinedVarlen<'_>) -> Result<SsdPlan, S
         }
         None => None,
     };
-    let vs = args.varlen_states.as_ref();
-    if vs.dtype() != state_dtype {
-        return Err(SsdError::StateDtype { expected: state_dtype, actual: vs.dtype() });
-    }
-    let (rows, row_name) = if args.return_intermediate_states { (nchunks, "nchunks") } else { (batch, "batch") };
-    let varlen_states = state4("varlen_states", &vs, &[rows, heads, dim, dstate], row_name)?;
+    let varlen_states = match &args.varlen_states {
+        Some(vs) => {
+            let vs = vs.as_ref();
+            if vs.dtype() != state_dtype {
+                return Err(SsdError::StateDtype { expected: state_dtype, actual: vs.dtype() });
+            }
+            let (rows, row_name) =
+                if args.return_intermediate_states { (nchunks, "nchunks") } else { (batch, "batch") };
+            Some(state4("varlen_states", &vs, &[rows, heads, dim, dstate], row_name)?)
+        }
+        None => None,
+    };
+    let (ssm_state, slots) = match &args.ssm_state {
+        Some(pool) => {
+            let pool = pool.as_ref();
+            if pool.dtype() != state_dtype {
+                return Err(SsdError::from(ArgError::DType {
+                    arg: "ssm_state",
+                    expected: format!("{state_dtype} (`state_dtype`, default `C`'s dtype)"),
+                    actual: pool.dtype(),
+                }));
+            }
+            let slots = if pool.rank() == 4 { pool.shape()[0] } else { 0 };
+            let s = state4("ssm_state", &pool, &[slots, heads, dim, dstate], "slots")?;
+            if slots > 1 && s.strides[0] == 0 || heads > 1 && s.strides[1] == 0 || dim > 1 && s.strides[2] == 0 {
+                return Err(SsdError::from(ArgError::Overlapping {
+                    arg: "ssm_state",
+                    shape: pool.shape().to_vec(),
+                    strides: pool.strides().to_vec(),
+                }));
+            }
+            (Some(s), slots)
+        }
+        None => (None, 0),
+    };
 
     let io_dtypes = IoDtypes {
         x: args.x.dtype(),
@@ -417,6 +514,12 @@ pub(crate) fn plan(args: &MambaChunkScanCombinedVarlen<'_>) -> Result<SsdPlan, S
         dt_bias,
         initial_states,
         varlen_states,
+        ssm_state,
+        slots,
+        initial_state_indices: tables.initial,
+        has_initial_state: tables.has,
+        final_state_indices: tables.fin,
+        pad_slot_id: args.pad_slot_id,
         cu_seqlens,
         cu_chunk_seqlens,
         last_chunk_indices,
@@ -438,7 +541,125 @@ pub(crate) fn plan(args: &MambaChunkScanCombinedVarlen<'_>) -> Result<SsdPlan, S
         plan.workspace_offset = Some(w.layout().offset());
     }
     check_metadata(&plan, args)?;
+    check_slots(&plan, args)?;
     Ok(plan)
+}
+
+/// The pool-addressing tables of one call, shapes and dtypes checked.
+struct Tables {
+    initial: Option<SlotTable>,
+    has: Option<SlotTable>,
+    fin: Option<SlotTable>,
+}
+
+/// Checks the tables' shapes, dtypes and the arguments each needs.
+fn resolve_tables(args: &MambaChunkScanCombinedVarlen<'_>, batch: usize) -> Result<Tables, SsdError> {
+    let table = |arg: &'static str, t: &TensorRef<'_>, bool_ok: bool| -> Result<SlotTable, SsdError> {
+        if !(t.dtype().is_index() || (bool_ok && t.dtype() == DType::Bool)) {
+            let expected = if bool_ok { "bool, i32 or i64" } else { "i32 or i64" };
+            return Err(SsdError::from(ArgError::DType { arg, expected: expected.into(), actual: t.dtype() }));
+        }
+        if t.shape() != [batch] {
+            return Err(SsdError::from(ArgError::Shape {
+                arg,
+                expected: format!("[batch={batch}] (batch from `cu_seqlens`)"),
+                actual: t.shape().to_vec(),
+            }));
+        }
+        Strided::for_arg(arg, t.layout(), [t.strides()[0]])?;
+        Ok(SlotTable::of(t).expect("rank 1"))
+    };
+    let requires = |arg: &'static str, needs: &'static str| Err(SsdError::from(ArgError::Requires { arg, needs }));
+    let pool = args.ssm_state.is_some();
+    if pool && args.initial_state_indices.is_none() && args.final_state_indices.is_none() {
+        return requires(
+            "ssm_state",
+            "`initial_state_indices` or `final_state_indices` (the slots it is addressed by)",
+        );
+    }
+    if args.varlen_states.is_none() && args.return_intermediate_states {
+        return requires("return_intermediate_states", "`varlen_states` (where the chunk states go)");
+    }
+    let initial = match &args.initial_state_indices {
+        Some(_) if !pool => return requires("initial_state_indices", "`ssm_state` (the pool it indexes)"),
+        Some(_) if args.initial_states.is_some() => {
+            return requires(
+                "initial_state_indices",
+                "`initial_states` = None (the initial states come from `ssm_state`)",
+            );
+        }
+        Some(t) => Some(table("initial_state_indices", t, false)?),
+        None => None,
+    };
+    let has = match &args.has_initial_state {
+        Some(_) if args.initial_states.is_none() && initial.is_none() => {
+            return requires(
+                "has_initial_state",
+                "`initial_states` or `initial_state_indices` (the states it selects)",
+            );
+        }
+        Some(t) => Some(table("has_initial_state", t, true)?),
+        None => None,
+    };
+    let fin = match &args.final_state_indices {
+        Some(_) if !pool => return requires("final_state_indices", "`ssm_state` (the pool it indexes)"),
+        Some(t) => Some(table("final_state_indices", t, false)?),
+        None => None,
+    };
+    Ok(Tables { initial, has, fin })
+}
+
+/// Value checks of host-resident slot tables (skipped for device tables): every entry is the
+/// pad or a slot of its pool, and no slot written by one sequence is read or written by
+/// another (the aliasing rule, [`first_slot_conflict`]).
+fn check_slots(p: &SsdPlan, args: &MambaChunkScanCombinedVarlen<'_>) -> Result<(), SsdError> {
+    fn host<'t>(t: &Option<TensorRef<'t>>) -> Option<Option<&'t [u8]>> {
+        t.as_ref().map(|t| t.host_bytes())
+    }
+    let (init, has, fin) =
+        (host(&args.initial_state_indices), host(&args.has_initial_state), host(&args.final_state_indices));
+    if [init, has, fin].iter().any(|b| matches!(b, Some(None))) || (init.is_none() && fin.is_none()) {
+        return Ok(());
+    }
+    let pad = || p.pad_slot_id.map_or_else(|| "none".to_string(), |v| v.to_string());
+    let resolve = |arg: &'static str, t: SlotTable, bytes: &[u8], b: usize| {
+        let value = t.get(bytes, b, 0);
+        match Slot::resolve(value, p.pad_slot_id, p.slots) {
+            Slot::Pad => Ok(None),
+            Slot::Row(r) => Ok(Some(r)),
+            Slot::OutOfRange => Err(SsdError::SlotOutOfRange { arg, seq: b, value, slots: p.slots, pad: pad() }),
+        }
+    };
+    let mut uses = Vec::with_capacity(2 * p.batch);
+    for b in 0..p.batch {
+        if let (Some(t), Some(Some(bytes))) = (p.initial_state_indices, init) {
+            let reads = match (p.has_initial_state, has) {
+                (Some(m), Some(Some(mb))) => m.get(mb, b, 0) != 0,
+                _ => true,
+            };
+            let slot = resolve("initial_state_indices", t, bytes, b)?;
+            if let (true, Some(slot)) = (reads, slot) {
+                uses.push(SlotUse { slot, written: false, seq: b });
+            }
+        }
+        if let (Some(t), Some(Some(bytes))) = (p.final_state_indices, fin)
+            && let Some(slot) = resolve("final_state_indices", t, bytes, b)?
+        {
+            uses.push(SlotUse { slot, written: true, seq: b });
+        }
+    }
+    match first_slot_conflict(&mut uses) {
+        Some(c) => {
+            let other = c.other();
+            Err(SsdError::SlotConflict {
+                slot: c.slot,
+                writer: c.writer().seq,
+                other: other.seq,
+                other_use: if other.written { "written" } else { "read" },
+            })
+        }
+        None => Ok(()),
+    }
 }
 
 /// Value checks of host-resident chunk metadata (skipped for device tensors).

@@ -3,9 +3,14 @@
 //! ([`mamba_chunk_scan_combined_varlen`]) or f64 ([`mamba_chunk_scan_combined_varlen_f64`]).
 //! The running state is carried un-rounded across chunks; `varlen_states` rows are rounded
 //! to the state dtype when stored. Slow and allocating on purpose: it is the oracle.
+//!
+//! With pool addressing, a sequence reads its initial state when its first chunk opens and
+//! writes its final state after its last chunk; the plan's aliasing rule makes this order
+//! equal to "every read before any write" (no other sequence reads a slot a sequence writes).
 
 use crate::Planned;
-use crate::{MambaChunkScanCombinedVarlen, SsdPlan};
+use crate::{MambaChunkScanCombinedVarlen, SsdPlan, StateSource};
+use ssm_tensor::Strided;
 
 pub use ssm_tensor::Precision;
 
@@ -47,22 +52,42 @@ fn run<F: Precision>(p: &SsdPlan, mut args: MambaChunkScanCombinedVarlen<'_>) {
     let per_head = pd * nd;
     let ratio = p.heads_per_group();
     let mut s = vec![F::ZERO; hh * per_head];
-    let init = |args: &MambaChunkScanCombinedVarlen<'_>, seq: usize, s: &mut [F]| match (
-        &args.initial_states,
-        p.initial_states,
-    ) {
-        (Some(t), Some(ip)) => {
+    fn host<'t>(t: &Option<ssm_tensor::TensorRef<'t>>) -> Option<&'t [u8]> {
+        t.as_ref().and_then(|t| t.host_bytes())
+    }
+    let init = |args: &MambaChunkScanCombinedVarlen<'_>, seq: usize, s: &mut [F]| {
+        let src = p.initial_source(host(&args.initial_state_indices), host(&args.has_initial_state), seq);
+        let mut read = |f: &dyn Fn(usize, usize, usize) -> f32| {
             for (e, v) in s.iter_mut().enumerate() {
                 let (h, r) = (e / per_head, e % per_head);
-                *v = F::of(t.elem_f32(ip.at([seq, h, r / nd, r % nd])));
+                *v = F::of(f(h, r / nd, r % nd));
             }
+        };
+        match (src, &args.initial_states, p.initial_states, &args.ssm_state, p.ssm_state) {
+            (Some(StateSource::InitialStates(row)), Some(t), Some(ip), ..) => {
+                read(&|h, pp, n| t.elem_f32(ip.at([row, h, pp, n])))
+            }
+            (Some(StateSource::Pool(slot)), _, _, Some(t), Some(sp)) => {
+                let t = t.as_ref();
+                read(&|h, pp, n| t.elem_f32(sp.at([slot, h, pp, n])))
+            }
+            _ => s.iter_mut().for_each(|v| *v = F::ZERO),
         }
-        _ => s.iter_mut().for_each(|v| *v = F::ZERO),
     };
-    let store = |args: &mut MambaChunkScanCombinedVarlen<'_>, row: usize, s: &[F]| {
+    let store = |t: Option<&mut ssm_tensor::TensorMut<'_>>, at: Option<Strided<4>>, row: usize, s: &[F]| {
+        let (Some(t), Some(at)) = (t, at) else { return };
         for (e, v) in s.iter().enumerate() {
             let (h, r) = (e / per_head, e % per_head);
-            args.varlen_states.set_f32(p.varlen_states.at([row, h, r / nd, r % nd]), v.f32());
+            t.set_f32(at.at([row, h, r / nd, r % nd]), v.f32());
+        }
+    };
+    // The returned row of sequence `seq` (or chunk), and its final state into its pool slot.
+    let finish = |args: &mut MambaChunkScanCombinedVarlen<'_>, seq: usize, s: &[F]| {
+        if !p.return_intermediate_states {
+            store(args.varlen_states.as_mut(), p.varlen_states, seq, s);
+        }
+        if let Some(slot) = p.final_slot(host(&args.final_state_indices), seq) {
+            store(args.ssm_state.as_mut(), p.ssm_state, slot, s);
         }
     };
     for c in 0..p.nchunks {
@@ -102,18 +127,17 @@ fn run<F: Precision>(p: &SsdPlan, mut args: MambaChunkScanCombinedVarlen<'_>) {
             }
         }
         if p.return_intermediate_states {
-            store(&mut args, c, &s);
-        } else if p.last_chunk(&args, seq) == c as i64 {
-            store(&mut args, seq, &s);
+            store(args.varlen_states.as_mut(), p.varlen_states, c, &s);
+        }
+        if p.last_chunk(&args, seq) == c as i64 {
+            finish(&mut args, seq, &s);
         }
     }
-    if !p.return_intermediate_states {
-        // An empty sequence returns the state it entered with.
-        for b in 0..p.batch {
-            if p.last_chunk(&args, b) < 0 {
-                init(&args, b, &mut s);
-                store(&mut args, b, &s);
-            }
+    // An empty sequence returns the state it entered with.
+    for b in 0..p.batch {
+        if p.last_chunk(&args, b) < 0 {
+            init(&args, b, &mut s);
+            finish(&mut args, b, &s);
         }
     }
 }

@@ -63,11 +63,16 @@ fn args<'a>(f: &'a Fixture, out: &'a mut [f32], states: &'a mut [f32]) -> MambaC
         z: None,
         dt_bias: None,
         initial_states: Some(TensorRef::from_slice(&f.init, &[2, H, P, N]).unwrap()),
+        ssm_state: None,
+        initial_state_indices: None,
+        has_initial_state: None,
+        final_state_indices: None,
+        pad_slot_id: None,
         dt_softplus: true,
         dt_limit: (0.0, f32::INFINITY),
         return_intermediate_states: false,
         state_dtype: None,
-        varlen_states: TensorMut::from_slice(states, &[2, H, P, N]).unwrap(),
+        varlen_states: Some(TensorMut::from_slice(states, &[2, H, P, N]).unwrap()),
         workspace: None,
     }
 }
@@ -216,4 +221,93 @@ fn workspace_too_small() {
     let mut a = args(&f, &mut out, &mut states);
     a.workspace = Some(TensorMut::from_slice(&mut ws, &[10]).unwrap());
     insta::assert_snapshot!(ssm_tensor::Op::plan(&a).unwrap_err().to_string());
+}
+
+/// A pool of 4 slots and its tables, leaked for the `'static` edits of [`fail`].
+fn pool_args(a: &mut MambaChunkScanCombinedVarlen<'static>, init: &[i64], fin: &[i64]) {
+    let pool: &'static mut [f32] = Box::leak(vec![0.0f32; 4 * H * P * N].into_boxed_slice());
+    let init: &'static [i64] = Box::leak(init.to_vec().into_boxed_slice());
+    let fin: &'static [i64] = Box::leak(fin.to_vec().into_boxed_slice());
+    a.initial_states = None;
+    a.ssm_state = Some(TensorMut::from_slice(pool, &[4, H, P, N]).unwrap());
+    a.initial_state_indices = Some(TensorRef::from_slice(init, &[init.len()]).unwrap());
+    a.final_state_indices = Some(TensorRef::from_slice(fin, &[fin.len()]).unwrap());
+    a.pad_slot_id = Some(-1);
+}
+
+fn fixture() -> &'static Fixture {
+    Box::leak(Box::new(Fixture::new()))
+}
+
+#[test]
+fn pool_tables_are_valid() {
+    let f = Fixture::new();
+    let (mut out, mut states) = (f.out.clone(), f.states.clone());
+    let mut a = args(&f, &mut out, &mut states);
+    let mut pool = vec![0.0f32; 4 * H * P * N];
+    let (init, fin) = ([3i64, -1], [3i64, 0]);
+    a.initial_states = None;
+    a.ssm_state = Some(TensorMut::from_slice(&mut pool, &[4, H, P, N]).unwrap());
+    a.initial_state_indices = Some(TensorRef::from_slice(&init, &[2]).unwrap());
+    a.final_state_indices = Some(TensorRef::from_slice(&fin, &[2]).unwrap());
+    a.pad_slot_id = Some(-1);
+    a.varlen_states = None;
+    let p = ssm_tensor::Op::plan(&a).unwrap();
+    assert_eq!(p.slots, 4);
+}
+
+#[test]
+fn slot_index_out_of_range() {
+    insta::assert_snapshot!(fail(fixture(), |a| pool_args(a, &[0, 4], &[0, 1])));
+}
+
+#[test]
+fn final_slot_read_by_another_sequence() {
+    insta::assert_snapshot!(fail(fixture(), |a| pool_args(a, &[2, 1], &[1, 3])));
+}
+
+#[test]
+fn final_slot_written_by_two_sequences() {
+    insta::assert_snapshot!(fail(fixture(), |a| pool_args(a, &[-1, -1], &[2, 2])));
+}
+
+#[test]
+fn slot_table_without_a_pool() {
+    let idx: &'static [i64] = &[0, 1];
+    insta::assert_snapshot!(fail(fixture(), |a| {
+        a.final_state_indices = Some(TensorRef::from_slice(idx, &[2]).unwrap());
+    }));
+}
+
+#[test]
+fn initial_states_and_a_read_table_together() {
+    let f = fixture();
+    insta::assert_snapshot!(fail(f, |a| {
+        pool_args(a, &[0, 1], &[0, 1]);
+        a.initial_states = Some(TensorRef::from_slice(&f.init, &[2, H, P, N]).unwrap());
+    }));
+}
+
+#[test]
+fn slot_table_of_the_wrong_length() {
+    insta::assert_snapshot!(fail(fixture(), |a| pool_args(a, &[0, 1, 2], &[0, 1])));
+}
+
+#[test]
+fn pool_of_another_dtype() {
+    insta::assert_snapshot!(fail(fixture(), |a| {
+        pool_args(a, &[0, 1], &[0, 1]);
+        let pool: &'static mut [ssm_tensor::bf16] =
+            Box::leak(vec![ssm_tensor::bf16::ZERO; 4 * H * P * N].into_boxed_slice());
+        a.ssm_state = Some(TensorMut::from_slice(pool, &[4, H, P, N]).unwrap());
+    }));
+}
+
+#[test]
+fn intermediate_states_without_varlen_states() {
+    insta::assert_snapshot!(fail(fixture(), |a| {
+        pool_args(a, &[0, 1], &[0, 1]);
+        a.varlen_states = None;
+        a.return_intermediate_states = true;
+    }));
 }

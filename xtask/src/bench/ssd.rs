@@ -110,11 +110,16 @@ impl BenchCase for SsdCase {
                 z: None,
                 dt_bias: Some(bias.view()),
                 initial_states: None,
+                ssm_state: None,
+                initial_state_indices: None,
+                has_initial_state: None,
+                final_state_indices: None,
+                pad_slot_id: None,
                 dt_softplus: true,
                 dt_limit: (0.0, f32::INFINITY),
                 return_intermediate_states: false,
                 state_dtype: Some(DType::F32),
-                varlen_states: states.view_mut(),
+                varlen_states: Some(states.view_mut()),
                 workspace: None,
             };
             let need = ssm_tensor::Op::plan(&args)?.workspace_len();
