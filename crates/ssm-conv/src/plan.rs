@@ -1,5 +1,5 @@
 use ssm_tensor::ArgError;
-use ssm_tensor::{DType, Device, Layout, SlotUse, TensorRef, first_slot_conflict};
+use ssm_tensor::{DType, Device, Layout, SlotUse, TensorMut, TensorRef, first_slot_conflict};
 
 use crate::{Activation, CausalConv1dFnArgs, CausalConv1dUpdateArgs, ConvError, ConvStateLayout, error::PadDisplay};
 
@@ -323,6 +323,76 @@ fn check_float(arg: &'static str, t: DType) -> Result<DType, ConvError> {
     Ok(t)
 }
 
+/// What both ops check the same way once `x` gave the dtype, device and `dim`.
+struct SharedChecks {
+    dtype: DType,
+    device: Device,
+    dim: usize,
+    width: usize,
+    slots: usize,
+    state_len: usize,
+    state: StateStrides,
+    weight: WeightStrides,
+    bias: Option<BiasStrides>,
+}
+
+impl SharedChecks {
+    /// The plan of `op` over `batch` sequences, before the host index values are resolved.
+    fn plan(self, op: ConvOp, batch: usize, activation: Activation, x: TokenStrides, out: TokenStrides) -> ConvPlan {
+        let SharedChecks { dtype, device, dim, width, slots, state_len, state, weight, bias } = self;
+        ConvPlan {
+            op,
+            dtype,
+            device,
+            dim,
+            width,
+            slots,
+            state_len,
+            batch,
+            activation,
+            x,
+            out,
+            state,
+            weight,
+            bias,
+            seqs: None,
+        }
+    }
+}
+
+/// Checks, in this order, the weight, `out` (the shape, dtype and device of `x`, no
+/// overlapping elements), the state pool (named `state_arg`) and the bias.
+fn check_shared(
+    x: &TensorRef<'_>,
+    (dtype, device, dim): (DType, Device, usize),
+    weight: &TensorRef<'_>,
+    bias: Option<&TensorRef<'_>>,
+    out: &TensorMut<'_>,
+    (state_arg, cs, layout): (&'static str, &TensorMut<'_>, ConvStateLayout),
+) -> Result<SharedChecks, ConvError> {
+    let width = check_weight(weight, dim)?;
+    check_dtype("weight", weight.dtype(), dtype)?;
+    check_device("weight", weight.device(), device)?;
+    if out.shape() != x.shape() {
+        return Err(ConvError::from(ArgError::Shape {
+            arg: "out",
+            expected: format!("{:?} (the shape of `x`)", x.shape()),
+            actual: out.shape().to_vec(),
+        }));
+    }
+    check_dtype("out", out.dtype(), dtype)?;
+    check_device("out", out.device(), device)?;
+    check_no_overlap("out", out.shape(), out.strides())?;
+    let (slots, state_len, state) =
+        check_state(state_arg, cs.shape(), cs.strides(), cs.layout().offset(), layout, dim, width)?;
+    check_dtype(state_arg, cs.dtype(), dtype)?;
+    check_device(state_arg, cs.device(), device)?;
+    check_no_overlap(state_arg, cs.shape(), cs.strides())?;
+    let bias = check_bias(bias, dim, dtype, device)?;
+    let weight = WeightStrides { offset: weight.layout().offset(), dim: weight.strides()[0], tap: weight.strides()[1] };
+    Ok(SharedChecks { dtype, device, dim, width, slots, state_len, state, weight, bias })
+}
+
 /// Checks every argument of `causal_conv1d_update` and resolves the per-sequence work.
 ///
 /// Errors: ranks and shapes ([`ArgError::Rank`], [`ArgError::Shape`]), width outside
@@ -358,35 +428,23 @@ pub(crate) fn plan_update(args: &CausalConv1dUpdateArgs<'_>) -> Result<ConvPlan,
             }));
         }
     };
-    let width = check_weight(&args.weight, dim)?;
-    check_dtype("weight", args.weight.dtype(), dtype)?;
-    check_device("weight", args.weight.device(), device)?;
-
     let out = &args.out;
-    if out.shape() != xs {
-        return Err(ConvError::from(ArgError::Shape {
-            arg: "out",
-            expected: format!("{xs:?} (the shape of `x`)"),
-            actual: out.shape().to_vec(),
-        }));
-    }
-    check_dtype("out", out.dtype(), dtype)?;
-    check_device("out", out.device(), device)?;
-    check_no_overlap("out", out.shape(), out.strides())?;
+    let cs = &args.conv_state;
+    let shared = check_shared(
+        x,
+        (dtype, device, dim),
+        &args.weight,
+        args.bias.as_ref(),
+        out,
+        ("conv_state", cs, args.conv_state_layout),
+    )?;
+    let (width, slots, state_len) = (shared.width, shared.slots, shared.state_len);
     let ost = out.strides();
     let (out_seq_stride, out_tok) = match (varlen, xs.len()) {
         (true, _) => (0, TokenStrides { token: ost[0], dim: ost[1] }),
         (false, 2) => (ost[0], TokenStrides { token: 0, dim: ost[1] }),
         _ => (ost[0], TokenStrides { token: ost[1], dim: ost[2] }),
     };
-
-    let cs = &args.conv_state;
-    let (slots, state_len, state) =
-        check_state("conv_state", cs.shape(), cs.strides(), cs.layout().offset(), args.conv_state_layout, dim, width)?;
-    check_dtype("conv_state", cs.dtype(), dtype)?;
-    check_device("conv_state", cs.device(), device)?;
-    check_no_overlap("conv_state", cs.shape(), cs.strides())?;
-    let bias = check_bias(args.bias.as_ref(), dim, dtype, device)?;
 
     // Batch size and the tables' shapes.
     let batch = match (&args.conv_state_indices, &args.query_start_loc) {
@@ -463,27 +521,7 @@ pub(crate) fn plan_update(args: &CausalConv1dUpdateArgs<'_>) -> Result<ConvPlan,
         }
     };
 
-    let mut plan = ConvPlan {
-        op: ConvOp::Update,
-        dtype,
-        device,
-        dim,
-        width,
-        slots,
-        state_len,
-        batch,
-        activation: args.activation,
-        x: x_tok,
-        out: out_tok,
-        state,
-        weight: WeightStrides {
-            offset: args.weight.layout().offset(),
-            dim: args.weight.strides()[0],
-            tap: args.weight.strides()[1],
-        },
-        bias,
-        seqs: None,
-    };
+    let mut plan = shared.plan(ConvOp::Update, batch, args.activation, x_tok, out_tok);
     if device != Device::Cpu {
         return Ok(plan);
     }
@@ -586,28 +624,18 @@ pub(crate) fn plan_fn(args: &CausalConv1dFnArgs<'_>) -> Result<ConvPlan, ConvErr
     }
     let (num_tokens, dim) = (x.shape()[0], x.shape()[1]);
     let x_tok = TokenStrides { token: x.strides()[0], dim: x.strides()[1] };
-    let width = check_weight(&args.weight, dim)?;
-    check_dtype("weight", args.weight.dtype(), dtype)?;
-    check_device("weight", args.weight.device(), device)?;
     let out = &args.out;
-    if out.shape() != x.shape() {
-        return Err(ConvError::from(ArgError::Shape {
-            arg: "out",
-            expected: format!("{:?} (the shape of `x`)", x.shape()),
-            actual: out.shape().to_vec(),
-        }));
-    }
-    check_dtype("out", out.dtype(), dtype)?;
-    check_device("out", out.device(), device)?;
-    check_no_overlap("out", out.shape(), out.strides())?;
-    let out_tok = TokenStrides { token: out.strides()[0], dim: out.strides()[1] };
     let cs = &args.conv_states;
-    let (slots, state_len, state) =
-        check_state("conv_states", cs.shape(), cs.strides(), cs.layout().offset(), args.conv_state_layout, dim, width)?;
-    check_dtype("conv_states", cs.dtype(), dtype)?;
-    check_device("conv_states", cs.device(), device)?;
-    check_no_overlap("conv_states", cs.shape(), cs.strides())?;
-    let bias = check_bias(args.bias.as_ref(), dim, dtype, device)?;
+    let shared = check_shared(
+        x,
+        (dtype, device, dim),
+        &args.weight,
+        args.bias.as_ref(),
+        out,
+        ("conv_states", cs, args.conv_state_layout),
+    )?;
+    let (width, slots) = (shared.width, shared.slots);
+    let out_tok = TokenStrides { token: out.strides()[0], dim: out.strides()[1] };
 
     let qsl = &args.query_start_loc;
     check_index_dtype("query_start_loc", qsl)?;
@@ -643,27 +671,7 @@ pub(crate) fn plan_fn(args: &CausalConv1dFnArgs<'_>) -> Result<ConvPlan, ConvErr
         check_1d("has_initial_state", h, batch, "batch (len(query_start_loc) - 1)")?;
     }
 
-    let mut plan = ConvPlan {
-        op: ConvOp::Fn,
-        dtype,
-        device,
-        dim,
-        width,
-        slots,
-        state_len,
-        batch,
-        activation: args.activation,
-        x: x_tok,
-        out: out_tok,
-        state,
-        weight: WeightStrides {
-            offset: args.weight.layout().offset(),
-            dim: args.weight.strides()[0],
-            tap: args.weight.strides()[1],
-        },
-        bias,
-        seqs: None,
-    };
+    let mut plan = shared.plan(ConvOp::Fn, batch, args.activation, x_tok, out_tok);
     if device != Device::Cpu {
         return Ok(plan);
     }

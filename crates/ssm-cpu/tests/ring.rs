@@ -335,6 +335,21 @@ fn tracker_commit(
 const SLOTS: [i32; 4] = [3, 1, 0, 4];
 const PAD: Option<i64> = Some(0);
 
+/// A random model, the initial states of a 5-slot pool (f32, ring length `l`), the pools, and
+/// the oracle's f64 copy of the initial state of each of [`SLOTS`].
+fn start_slots(rng: &mut ChaCha8Rng, l: usize) -> (Model, Vec<f32>, Pools, Vec<Vec<f64>>) {
+    let m = Model::random(rng);
+    let cache = 5;
+    let per = m.heads * m.dim * m.dstate;
+    let init = fill(rng, cache * per, |r| normal(r) * 0.5);
+    let pools = Pools::new(&m, cache, l, DType::F32, init.clone());
+    let oracle = SLOTS
+        .iter()
+        .map(|&s| init[s as usize * per..(s as usize + 1) * per].iter().map(|&v| v as f64).collect())
+        .collect();
+    (m, init, pools, oracle)
+}
+
 /// 40 one-token steps: `checkpointing_ssu` then `update_replayssm_ring_trackers` (advance)
 /// after each; outputs equal plain SSU on the same tokens, the pad row writes nothing, and
 /// at the end checkpoint + replayed ring equals the recurrence's state.
@@ -343,17 +358,10 @@ fn replayssm_one_token_decode_equals_plain_ssu() {
     let cpus = backends();
     for (seed, engine) in [(1u64, Engine::Cpu(1)), (2, Engine::Cpu(0)), (3, Engine::Ref32)] {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
-        let m = Model::random(&mut rng);
-        let (h, g, p, n) = (m.heads, m.groups, m.dim, m.dstate);
         let (w, l) = (4usize, 5usize);
-        let cache = 5;
-        let init = fill(&mut rng, cache * h * p * n, |r| normal(r) * 0.5);
-        let mut pools = Pools::new(&m, cache, l, DType::F32, init.clone());
+        let (m, init, mut pools, mut oracle) = start_slots(&mut rng, l);
+        let (h, g, p, n) = (m.heads, m.groups, m.dim, m.dstate);
         let per = h * p * n;
-        let mut oracle: Vec<Vec<f64>> = SLOTS
-            .iter()
-            .map(|&s| init[s as usize * per..(s as usize + 1) * per].iter().map(|&v| v as f64).collect())
-            .collect();
         let batch = SLOTS.len();
         for step in 0..40 {
             let st = Step {
@@ -440,18 +448,11 @@ fn replayssm_speculative_decode_with_random_acceptance_equals_plain_ssu() {
     let cpus = backends();
     for (seed, engine) in [(10u64, Engine::Cpu(1)), (11, Engine::Cpu(0)), (12, Engine::Ref32)] {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
-        let m = Model::random(&mut rng);
-        let (h, g, p, n) = (m.heads, m.groups, m.dim, m.dstate);
         let (t_max, w) = (3usize, 4usize);
         let l = w + t_max;
-        let cache = 5;
-        let init = fill(&mut rng, cache * h * p * n, |r| normal(r) * 0.5);
-        let mut pools = Pools::new(&m, cache, l, DType::F32, init.clone());
+        let (m, init, mut pools, mut oracle) = start_slots(&mut rng, l);
+        let (h, g, p, n) = (m.heads, m.groups, m.dim, m.dstate);
         let per = h * p * n;
-        let mut oracle: Vec<Vec<f64>> = SLOTS
-            .iter()
-            .map(|&s| init[s as usize * per..(s as usize + 1) * per].iter().map(|&v| v as f64).collect())
-            .collect();
         let batch = SLOTS.len();
         let mut accepted = vec![0i32; batch];
         let mut flushes = 0;

@@ -166,6 +166,19 @@ fn token_rows(list: &TensorRef<'_>, n: usize, arg: &'static str, t: usize) -> Re
         .collect()
 }
 
+/// The `[n + 1]` token starts and the slot table of a group of `n` sequences (both required
+/// `when` the group has sequences), with the table's column 0.
+fn starts_and_slots<'a>(
+    (starts, starts_arg): (Option<TensorRef<'a>>, &'static str),
+    (table, table_arg): (Option<TensorRef<'a>>, &'static str),
+    (n, count_arg): (usize, &'static str),
+    when: &str,
+) -> Result<(TensorRef<'a>, TensorRef<'a>, TensorRef<'a>), Error> {
+    let starts = column0(need(starts, starts_arg, when)?, add(count_arg, n, 1)?, starts_arg)?;
+    let table = need(table, table_arg, when)?;
+    Ok((starts, table, column0(table, n, table_arg)?))
+}
+
 fn spec_path<'a>(m: &GdnAttentionMetadata<'a>, t: usize) -> Result<Option<Path<'a>>, Error> {
     let ns = m.num_spec_decodes;
     if ns == 0 {
@@ -175,13 +188,12 @@ fn spec_path<'a>(m: &GdnAttentionMetadata<'a>, t: usize) -> Result<Option<Path<'
     fits("num_spec_decode_tokens", m.num_spec_decode_tokens, "mixed_qkv", t)?;
     let list = need(m.spec_token_indx, "spec_token_indx", when)?;
     let rows = token_rows(&list, m.num_spec_decode_tokens, "spec_token_indx", t)?;
-    let starts = column0(
-        need(m.spec_query_start_loc, "spec_query_start_loc", when)?,
-        add("num_spec_decodes", ns, 1)?,
-        "spec_query_start_loc",
+    let (starts, slots, conv_slots) = starts_and_slots(
+        (m.spec_query_start_loc, "spec_query_start_loc"),
+        (m.spec_state_indices_tensor, "spec_state_indices_tensor"),
+        (ns, "num_spec_decodes"),
+        when,
     )?;
-    let slots = need(m.spec_state_indices_tensor, "spec_state_indices_tensor", when)?;
-    let conv_slots = column0(slots, ns, "spec_state_indices_tensor")?;
     Ok(Some(Path { route: Route::Speculative, rows, starts, slots, conv_slots }))
 }
 
@@ -198,13 +210,12 @@ fn non_spec_path<'a>(m: &GdnAttentionMetadata<'a>, t: usize) -> Result<Option<Pa
         (None, 0) => (0..tokens).collect(),
         (None, _) => return Err(core_err("non_spec_token_indx", "must be given with speculative sequences".into())),
     };
-    let starts = column0(
-        need(m.non_spec_query_start_loc, "non_spec_query_start_loc", when)?,
-        add("num_prefills", nn, 1)?,
-        "non_spec_query_start_loc",
+    let (starts, _, slots) = starts_and_slots(
+        (m.non_spec_query_start_loc, "non_spec_query_start_loc"),
+        (m.non_spec_state_indices_tensor, "non_spec_state_indices_tensor"),
+        (nn, "num_prefills"),
+        when,
     )?;
-    let table = need(m.non_spec_state_indices_tensor, "non_spec_state_indices_tensor", when)?;
-    let slots = column0(table, nn, "non_spec_state_indices_tensor")?;
     let route = if m.num_prefills > 0 { Route::Prefill } else { Route::Decode };
     Ok(Some(Path { route, rows, starts, slots, conv_slots: slots }))
 }

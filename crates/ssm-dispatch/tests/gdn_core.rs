@@ -112,50 +112,8 @@ fn gdn_core_on_a_mixed_batch_equals_its_parts() {
             // The core.
             let mut core =
                 (base.conv.clone(), base.ssm.clone(), HostTensor::filled(DType::F32, vec![tokens, HV, V], sentinel));
-            let spec_table = HostTensor::from_i64(DType::I32, vec![2, 3], &SPEC_TABLE);
-            let non_spec_rows: Vec<usize> = base.dec_rows.iter().chain(&base.pre_rows).copied().collect();
-            let spec_indx = ints(&base.spec_rows.iter().map(|&r| r as i64).collect::<Vec<_>>());
-            let non_spec_indx = ints(&non_spec_rows.iter().map(|&r| r as i64).collect::<Vec<_>>());
-            let spec_qsl = ints(&[0, 3, 6]);
-            let non_spec_qsl = ints(&[0, 1, 2, 72, 77]);
-            let non_spec_slots = ints(&NON_SPEC_SLOTS);
-            let accepted = ints(&ACCEPTED);
-            let has_init = bools(&HAS_INIT);
-            rt.gdn_attention_core(GdnAttentionCoreArgs {
-                mixed_qkv: base.mixed.view(),
-                b: base.b.view(),
-                a: base.a.view(),
-                conv_weight: base.weight.view(),
-                conv_bias: Some(base.bias.view()),
-                activation: Activation::Silu,
-                conv_state: core.0.view_mut(),
-                conv_state_layout: ConvStateLayout::StateLenDim,
-                ssm_state: core.1.view_mut(),
-                ssm_state_layout: layout,
-                a_log: base.a_log.view(),
-                dt_bias: base.dt_bias.view(),
-                num_k_heads: H,
-                pad_slot_id: Some(0),
-                metadata: GdnAttentionMetadata {
-                    num_prefills: 2,
-                    num_prefill_tokens: 75,
-                    num_decodes: 2,
-                    num_decode_tokens: 2,
-                    num_spec_decodes: 2,
-                    num_spec_decode_tokens: 6,
-                    num_actual_tokens: tokens,
-                    has_initial_state: Some(has_init.view()),
-                    spec_query_start_loc: Some(spec_qsl.view()),
-                    non_spec_query_start_loc: Some(non_spec_qsl.view()),
-                    spec_state_indices_tensor: Some(spec_table.view()),
-                    non_spec_state_indices_tensor: Some(non_spec_slots.view()),
-                    spec_token_indx: Some(spec_indx.view()),
-                    non_spec_token_indx: Some(non_spec_indx.view()),
-                    num_accepted_tokens: Some(accepted.view()),
-                },
-                core_attn_out: core.2.view_mut(),
-            })
-            .unwrap();
+            let tables = Tables::new(&base, ints(&NON_SPEC_SLOTS));
+            rt.gdn_attention_core(core_args(&base, &base.dt_bias, layout, &mut core, tables.metadata(tokens))).unwrap();
 
             // The parts, one op at a time: speculative, decodes (fused decode), prefills (chunk).
             let (mut conv, mut ssm) = (base.conv.clone(), base.ssm.clone());
@@ -198,7 +156,7 @@ fn gdn_core_on_a_mixed_batch_equals_its_parts() {
                             bias: Some(base.bias.view()),
                             activation: Activation::Silu,
                             conv_state_indices: Some(if kind == "spec" { col0.view() } else { dec_slots.view() }),
-                            num_accepted_tokens: (kind == "spec").then(|| accepted.view()),
+                            num_accepted_tokens: (kind == "spec").then(|| tables.accepted.view()),
                             query_start_loc: (kind == "spec").then(|| qsl.view()),
                             pad_slot_id: Some(0),
                             block_idx_last_scheduled_token: None,
@@ -266,7 +224,7 @@ fn gdn_core_on_a_mixed_batch_equals_its_parts() {
                         final_state: None,
                         cu_seqlens: Some(qsl.view()),
                         ssm_state_indices: Some(if kind == "spec" { table.view() } else { dec_slots.view() }),
-                        num_accepted_tokens: (kind == "spec").then(|| accepted.view()),
+                        num_accepted_tokens: (kind == "spec").then(|| tables.accepted.view()),
                         use_qk_l2norm_in_kernel: true,
                         eps: 1e-6,
                         state_layout: layout,
@@ -336,32 +294,70 @@ fn refused(
     state: &mut (HostTensor, HostTensor, HostTensor),
     edit: impl FnOnce(&mut GdnAttentionMetadata<'_>),
 ) -> String {
-    let tokens = base.mixed.shape[0];
-    let spec_table = HostTensor::from_i64(DType::I32, vec![2, 3], &SPEC_TABLE);
-    let non_spec_rows: Vec<usize> = base.dec_rows.iter().chain(&base.pre_rows).copied().collect();
-    let spec_indx = ints(&base.spec_rows.iter().map(|&r| r as i64).collect::<Vec<_>>());
-    let non_spec_indx = ints(&non_spec_rows.iter().map(|&r| r as i64).collect::<Vec<_>>());
-    let (spec_qsl, non_spec_qsl) = (ints(&[0, 3, 6]), ints(&[0, 1, 2, 72, 77]));
-    let (accepted, has_init) = (ints(&ACCEPTED), bools(&HAS_INIT));
-    let mut metadata = GdnAttentionMetadata {
-        num_prefills: 2,
-        num_prefill_tokens: 75,
-        num_decodes: 2,
-        num_decode_tokens: 2,
-        num_spec_decodes: 2,
-        num_spec_decode_tokens: 6,
-        num_actual_tokens: tokens,
-        has_initial_state: Some(has_init.view()),
-        spec_query_start_loc: Some(spec_qsl.view()),
-        non_spec_query_start_loc: Some(non_spec_qsl.view()),
-        spec_state_indices_tensor: Some(spec_table.view()),
-        non_spec_state_indices_tensor: Some(non_spec_slots.view()),
-        spec_token_indx: Some(spec_indx.view()),
-        non_spec_token_indx: Some(non_spec_indx.view()),
-        num_accepted_tokens: Some(accepted.view()),
-    };
+    let tables = Tables::new(base, non_spec_slots.clone());
+    let mut metadata = tables.metadata(base.mixed.shape[0]);
     edit(&mut metadata);
-    rt.gdn_attention_core(GdnAttentionCoreArgs {
+    rt.gdn_attention_core(core_args(base, dt_bias, StateLayout::VK, state, metadata)).unwrap_err().to_string()
+}
+
+/// The index tensors of the test batch's metadata, with the given non-speculative slots.
+struct Tables {
+    spec_table: HostTensor,
+    spec_indx: HostTensor,
+    non_spec_indx: HostTensor,
+    spec_qsl: HostTensor,
+    non_spec_qsl: HostTensor,
+    non_spec_slots: HostTensor,
+    accepted: HostTensor,
+    has_init: HostTensor,
+}
+
+impl Tables {
+    fn new(base: &Batch, non_spec_slots: HostTensor) -> Tables {
+        let non_spec_rows: Vec<usize> = base.dec_rows.iter().chain(&base.pre_rows).copied().collect();
+        Tables {
+            spec_table: HostTensor::from_i64(DType::I32, vec![2, 3], &SPEC_TABLE),
+            spec_indx: ints(&base.spec_rows.iter().map(|&r| r as i64).collect::<Vec<_>>()),
+            non_spec_indx: ints(&non_spec_rows.iter().map(|&r| r as i64).collect::<Vec<_>>()),
+            spec_qsl: ints(&[0, 3, 6]),
+            non_spec_qsl: ints(&[0, 1, 2, 72, 77]),
+            non_spec_slots,
+            accepted: ints(&ACCEPTED),
+            has_init: bools(&HAS_INIT),
+        }
+    }
+
+    /// The metadata of the test batch of `tokens` tokens.
+    fn metadata(&self, tokens: usize) -> GdnAttentionMetadata<'_> {
+        GdnAttentionMetadata {
+            num_prefills: 2,
+            num_prefill_tokens: 75,
+            num_decodes: 2,
+            num_decode_tokens: 2,
+            num_spec_decodes: 2,
+            num_spec_decode_tokens: 6,
+            num_actual_tokens: tokens,
+            has_initial_state: Some(self.has_init.view()),
+            spec_query_start_loc: Some(self.spec_qsl.view()),
+            non_spec_query_start_loc: Some(self.non_spec_qsl.view()),
+            spec_state_indices_tensor: Some(self.spec_table.view()),
+            non_spec_state_indices_tensor: Some(self.non_spec_slots.view()),
+            spec_token_indx: Some(self.spec_indx.view()),
+            non_spec_token_indx: Some(self.non_spec_indx.view()),
+            num_accepted_tokens: Some(self.accepted.view()),
+        }
+    }
+}
+
+/// The core call on the test batch with pools and output `state` (conv, ssm, out).
+fn core_args<'a>(
+    base: &'a Batch,
+    dt_bias: &'a HostTensor,
+    ssm_state_layout: StateLayout,
+    state: &'a mut (HostTensor, HostTensor, HostTensor),
+    metadata: GdnAttentionMetadata<'a>,
+) -> GdnAttentionCoreArgs<'a> {
+    GdnAttentionCoreArgs {
         mixed_qkv: base.mixed.view(),
         b: base.b.view(),
         a: base.a.view(),
@@ -371,16 +367,14 @@ fn refused(
         conv_state: state.0.view_mut(),
         conv_state_layout: ConvStateLayout::StateLenDim,
         ssm_state: state.1.view_mut(),
-        ssm_state_layout: StateLayout::VK,
+        ssm_state_layout,
         a_log: base.a_log.view(),
         dt_bias: dt_bias.view(),
         num_k_heads: H,
         pad_slot_id: Some(0),
         metadata,
         core_attn_out: state.2.view_mut(),
-    })
-    .unwrap_err()
-    .to_string()
+    }
 }
 
 #[test]

@@ -134,6 +134,60 @@ fn touched(dec: &Decodes, pre: &Prefills) -> Vec<usize> {
     v
 }
 
+/// The metadata of `dec` and prefills of `tp` tokens starting at `starts` in slots `slots_p`,
+/// without initial states, chunk tables or speculative tensors (callers add those).
+fn plain_metadata<'a>(
+    dec: &'a Decodes,
+    tp: usize,
+    starts: &'a HostTensor,
+    slots_p: &'a HostTensor,
+) -> Mamba2AttentionMetadata<'a> {
+    Mamba2AttentionMetadata {
+        num_prefills: slots_p.shape[0],
+        num_prefill_tokens: tp,
+        num_decodes: dec.table.shape[0],
+        num_decode_tokens: dec.tokens,
+        query_start_loc_p: Some(starts.view()),
+        has_initial_states_p: None,
+        prep_initial_states: false,
+        chunk_size: CHUNK,
+        seq_idx_p: None,
+        cu_chunk_seqlen_p: None,
+        last_chunk_indices_p: None,
+        state_indices_tensor_p: Some(slots_p.view()),
+        state_indices_tensor_d: Some(dec.table.view()),
+        query_start_loc_d: None,
+        num_accepted_tokens: None,
+    }
+}
+
+/// The core call on `b` with pools and output `(conv, ssm, out)` (no `conv_out` buffer).
+fn core_args<'a>(
+    b: &'a Batch,
+    (conv, ssm, out): (&'a mut HostTensor, &'a mut HostTensor, &'a mut HostTensor),
+    num_groups: usize,
+    metadata: Mamba2AttentionMetadata<'a>,
+) -> Mamba2MixerCoreArgs<'a> {
+    Mamba2MixerCoreArgs {
+        xbc: b.xbc.view(),
+        dt: b.dt.view(),
+        conv_weight: b.weight.view(),
+        conv_bias: Some(b.bias.view()),
+        activation: Activation::Silu,
+        conv_state: conv.view_mut(),
+        conv_state_layout: ConvStateLayout::StateLenDim,
+        ssm_state: ssm.view_mut(),
+        a: b.a.view(),
+        d: Some(b.d.view()),
+        dt_bias: Some(b.dt_bias.view()),
+        num_groups,
+        pad_slot_id: Some(0),
+        metadata,
+        conv_out: None,
+        out: out.view_mut(),
+    }
+}
+
 /// The core over the whole batch.
 fn run_core(
     rt: &Runtime,
@@ -155,49 +209,26 @@ fn run_core(
         vec![pre.lens.len()],
         &pre.computed.iter().map(|&c| u8::from(c > 0)).collect::<Vec<_>>(),
     );
-    let seq_idx = ints(&meta.seq_idx.iter().map(|&x| x as i64).collect::<Vec<_>>());
-    let cu_chunk = ints(&meta.cu_chunk_seqlens.iter().map(|&x| x as i64).collect::<Vec<_>>());
-    let last = ints(&meta.last_chunk_indices.iter().map(|&x| x as i64).collect::<Vec<_>>());
+    let [seq_idx, cu_chunk, last] = [&meta.seq_idx, &meta.cu_chunk_seqlens, &meta.last_chunk_indices]
+        .map(|v| ints(&v.iter().map(|&x| x as i64).collect::<Vec<_>>()));
     let slots_p = ints(&pre.slots);
     let (qsl_d, accepted) = match &dec.spec {
         Some((q, a)) => (Some(ints(q)), Some(ints(a))),
         None => (None, None),
     };
-    rt.mamba2_mixer_core(Mamba2MixerCoreArgs {
-        xbc: b.xbc.view(),
-        dt: b.dt.view(),
-        conv_weight: b.weight.view(),
-        conv_bias: Some(b.bias.view()),
-        activation: Activation::Silu,
-        conv_state: conv.view_mut(),
-        conv_state_layout: ConvStateLayout::StateLenDim,
-        ssm_state: ssm.view_mut(),
-        a: b.a.view(),
-        d: Some(b.d.view()),
-        dt_bias: Some(b.dt_bias.view()),
-        num_groups: G,
-        pad_slot_id: Some(0),
-        metadata: Mamba2AttentionMetadata {
-            num_prefills: pre.lens.len(),
-            num_prefill_tokens: tp,
-            num_decodes: f32s(&dec.table).len() / if dec.spec.is_some() { 3 } else { 1 },
-            num_decode_tokens: td,
-            query_start_loc_p: Some(qsl_p.view()),
-            has_initial_states_p: Some(has_init.view()),
-            prep_initial_states: pre.computed.iter().any(|&c| c > 0),
-            chunk_size: CHUNK,
-            seq_idx_p: Some(seq_idx.view()),
-            cu_chunk_seqlen_p: Some(cu_chunk.view()),
-            last_chunk_indices_p: Some(last.view()),
-            state_indices_tensor_p: Some(slots_p.view()),
-            state_indices_tensor_d: Some(dec.table.view()),
-            query_start_loc_d: qsl_d.as_ref().map(HostTensor::view),
-            num_accepted_tokens: accepted.as_ref().map(HostTensor::view),
-        },
-        conv_out: conv_out.then(|| scratch.view_mut()),
-        out: out.view_mut(),
-    })
-    .unwrap();
+    let metadata = Mamba2AttentionMetadata {
+        has_initial_states_p: Some(has_init.view()),
+        prep_initial_states: pre.computed.iter().any(|&c| c > 0),
+        seq_idx_p: Some(seq_idx.view()),
+        cu_chunk_seqlen_p: Some(cu_chunk.view()),
+        last_chunk_indices_p: Some(last.view()),
+        query_start_loc_d: qsl_d.as_ref().map(HostTensor::view),
+        num_accepted_tokens: accepted.as_ref().map(HostTensor::view),
+        ..plain_metadata(dec, tp, &qsl_p, &slots_p)
+    };
+    let mut args = core_args(b, (&mut conv, &mut ssm, &mut out), G, metadata);
+    args.conv_out = conv_out.then(|| scratch.view_mut());
+    rt.mamba2_mixer_core(args).unwrap();
     (conv, ssm, out)
 }
 
@@ -459,43 +490,13 @@ fn a_refused_call_writes_nothing() {
     let cu_chunk = ints(&meta.cu_chunk_seqlens.iter().map(|&x| x as i64).collect::<Vec<_>>());
     let last = ints(&meta.last_chunk_indices.iter().map(|&x| x as i64).collect::<Vec<_>>());
     let mut call = |metadata: Mamba2AttentionMetadata<'_>, groups: usize| {
-        rt.mamba2_mixer_core(Mamba2MixerCoreArgs {
-            xbc: b.xbc.view(),
-            dt: b.dt.view(),
-            conv_weight: b.weight.view(),
-            conv_bias: Some(b.bias.view()),
-            activation: Activation::Silu,
-            conv_state: conv.view_mut(),
-            conv_state_layout: ConvStateLayout::StateLenDim,
-            ssm_state: ssm.view_mut(),
-            a: b.a.view(),
-            d: Some(b.d.view()),
-            dt_bias: Some(b.dt_bias.view()),
-            num_groups: groups,
-            pad_slot_id: Some(0),
-            metadata,
-            conv_out: None,
-            out: out.view_mut(),
-        })
-        .unwrap_err()
-        .to_string()
+        rt.mamba2_mixer_core(core_args(&b, (&mut conv, &mut ssm, &mut out), groups, metadata)).unwrap_err().to_string()
     };
     let meta = Mamba2AttentionMetadata {
-        num_prefills: 3,
-        num_prefill_tokens: 48,
-        num_decodes: 3,
-        num_decode_tokens: 3,
-        query_start_loc_p: Some(starts.view()),
-        has_initial_states_p: None,
-        prep_initial_states: false,
-        chunk_size: CHUNK,
         seq_idx_p: Some(seq_idx.view()),
         cu_chunk_seqlen_p: Some(cu_chunk.view()),
         last_chunk_indices_p: Some(last.view()),
-        state_indices_tensor_p: Some(slots_p.view()),
-        state_indices_tensor_d: Some(dec.table.view()),
-        query_start_loc_d: None,
-        num_accepted_tokens: None,
+        ..plain_metadata(&dec, 48, &starts, &slots_p)
     };
     let bad_slots = ints(&[7, 99, 0]);
     let short_qsl = ints(&[0, 5, 45, 47]);
@@ -524,49 +525,14 @@ fn huge_counts_in_the_metadata_are_typed_errors() {
     let mut out = HostTensor::filled(DType::F32, vec![dec.tokens + tp, H, P], SENTINEL);
     let starts = ints(&pre.starts());
     let slots_p = ints(&pre.slots);
-    let meta = Mamba2AttentionMetadata {
-        num_prefills: pre.lens.len(),
-        num_prefill_tokens: tp,
-        num_decodes: 3,
-        num_decode_tokens: 3,
-        query_start_loc_p: Some(starts.view()),
-        has_initial_states_p: None,
-        prep_initial_states: false,
-        chunk_size: CHUNK,
-        seq_idx_p: None,
-        cu_chunk_seqlen_p: None,
-        last_chunk_indices_p: None,
-        state_indices_tensor_p: Some(slots_p.view()),
-        state_indices_tensor_d: Some(dec.table.view()),
-        query_start_loc_d: None,
-        num_accepted_tokens: None,
-    };
+    let meta = plain_metadata(&dec, tp, &starts, &slots_p);
     let huge = [
         Mamba2AttentionMetadata { num_prefill_tokens: usize::MAX, ..meta },
         Mamba2AttentionMetadata { num_decode_tokens: usize::MAX - 1, ..meta },
         Mamba2AttentionMetadata { num_prefills: 1 << 60, num_prefill_tokens: 1 << 61, ..meta },
     ];
     for (i, metadata) in huge.into_iter().enumerate() {
-        let err = rt
-            .mamba2_mixer_core(Mamba2MixerCoreArgs {
-                xbc: b.xbc.view(),
-                dt: b.dt.view(),
-                conv_weight: b.weight.view(),
-                conv_bias: Some(b.bias.view()),
-                activation: Activation::Silu,
-                conv_state: conv.view_mut(),
-                conv_state_layout: ConvStateLayout::StateLenDim,
-                ssm_state: ssm.view_mut(),
-                a: b.a.view(),
-                d: Some(b.d.view()),
-                dt_bias: Some(b.dt_bias.view()),
-                num_groups: G,
-                pad_slot_id: Some(0),
-                metadata,
-                conv_out: None,
-                out: out.view_mut(),
-            })
-            .unwrap_err();
+        let err = rt.mamba2_mixer_core(core_args(&b, (&mut conv, &mut ssm, &mut out), G, metadata)).unwrap_err();
         assert!(matches!(err, ssm_dispatch::Error::Core { .. }), "case {i}: {err}");
     }
     assert_eq!(conv.bytes(), b.conv.bytes());

@@ -11,7 +11,7 @@ use half::bf16;
 use ssm_conformance::HostTensor;
 use ssm_dispatch::Runtime;
 use ssm_gdn::{ChunkGatedDeltaRuleArgs, FusedSigmoidGatingDeltaRuleUpdateArgs, StateLayout};
-use ssm_tensor::DType;
+use ssm_tensor::{DType, TensorMut};
 
 use super::{BenchCase, fill_values, tensor_i32};
 
@@ -131,7 +131,7 @@ impl BenchCase for GdnCase {
         let rot = self.rotations();
         let per_call = self.slots_per_call();
         // Slot 0 is the null block; sets of `per_call` slots follow.
-        let mut state = tensor(DType::F32, &state_shape(layout, 1 + rot * per_call), 1, 0.05, 0.0);
+        let state = tensor(DType::F32, &state_shape(layout, 1 + rot * per_call), 1, 0.05, 0.0);
         let tokens = batch * steps;
         let q = tensor(DType::BF16, &[1, tokens, H, K], 2, 1.0, 0.0);
         let k = tensor(DType::BF16, &[1, tokens, H, K], 3, 1.0, 0.0);
@@ -142,7 +142,7 @@ impl BenchCase for GdnCase {
         let dt_bias = tensor(DType::BF16, &[HV], 8, 0.5, 0.0);
         let g = tensor(DType::F32, &[1, tokens, HV], 9, 0.05, -0.06);
         let beta = tensor(DType::BF16, &[1, tokens, HV], 10, 0.3, 0.5);
-        let mut o = HostTensor::filled(DType::BF16, vec![1, tokens, HV, V], 0.0);
+        let o = HostTensor::filled(DType::BF16, vec![1, tokens, HV, V], 0.0);
         let tables: Vec<HostTensor> = (0..rot)
             .map(|r| {
                 let base = 1 + r * per_call;
@@ -155,29 +155,10 @@ impl BenchCase for GdnCase {
         let starts = tensor_i32(&[batch + 1], (0..=batch).map(|i| (i * steps) as i32));
         // Accepted counts 1..=steps across the batch.
         let accepted = tensor_i32(&[batch], (0..batch).map(|i| (i % steps + 1) as i32));
+        let mut prefill = PrefillInputs { q, k, v, g, beta, state, starts, layout, o };
         let mut scratch = match kind {
             Kind::Prefill => {
-                let args = ChunkGatedDeltaRuleArgs {
-                    q: q.view(),
-                    k: k.view(),
-                    v: v.view(),
-                    g: g.view(),
-                    beta: beta.view(),
-                    scale: None,
-                    initial_state: Some(state.view_mut()),
-                    initial_state_indices: Some(tables[0].view()),
-                    has_initial_state: None,
-                    pad_slot_id: Some(0),
-                    inplace_final_state: true,
-                    final_state: None,
-                    cu_seqlens: Some(starts.view()),
-                    use_qk_l2norm_in_kernel: true,
-                    eps: 1e-6,
-                    state_layout: layout,
-                    o: o.view_mut(),
-                    scratch: None,
-                };
-                let plan = ssm_tensor::Op::plan(&args)?;
+                let plan = ssm_tensor::Op::plan(&prefill.args(&tables[0], None))?;
                 Some(HostTensor::filled(DType::F32, vec![rt.chunk_gated_delta_rule_scratch_size(&plan).max(1)], 0.0))
             }
             Kind::Decode => None,
@@ -186,50 +167,75 @@ impl BenchCase for GdnCase {
         Ok(Box::new(move || {
             let table = &tables[call % rot];
             call += 1;
+            let p = &mut prefill;
             match kind {
                 Kind::Decode => rt.fused_sigmoid_gating_delta_rule_update(FusedSigmoidGatingDeltaRuleUpdateArgs {
                     a_log: a_log.view(),
                     a: a.view(),
                     b: b.view(),
                     dt_bias: dt_bias.view(),
-                    q: q.view(),
-                    k: k.view(),
-                    v: v.view(),
+                    q: p.q.view(),
+                    k: p.k.view(),
+                    v: p.v.view(),
                     beta: 1.0,
                     threshold: 20.0,
                     scale: None,
-                    initial_state: Some(state.view_mut()),
+                    initial_state: Some(p.state.view_mut()),
                     final_state: None,
-                    cu_seqlens: Some(starts.view()),
+                    cu_seqlens: Some(p.starts.view()),
                     ssm_state_indices: Some(table.view()),
                     num_accepted_tokens: (steps > 1).then(|| accepted.view()),
                     use_qk_l2norm_in_kernel: true,
                     eps: 1e-6,
                     state_layout: layout,
-                    o: o.view_mut(),
+                    o: p.o.view_mut(),
                 })?,
-                Kind::Prefill => rt.chunk_gated_delta_rule(ChunkGatedDeltaRuleArgs {
-                    q: q.view(),
-                    k: k.view(),
-                    v: v.view(),
-                    g: g.view(),
-                    beta: beta.view(),
-                    scale: None,
-                    initial_state: Some(state.view_mut()),
-                    initial_state_indices: Some(table.view()),
-                    has_initial_state: None,
-                    pad_slot_id: Some(0),
-                    inplace_final_state: true,
-                    final_state: None,
-                    cu_seqlens: Some(starts.view()),
-                    use_qk_l2norm_in_kernel: true,
-                    eps: 1e-6,
-                    state_layout: layout,
-                    o: o.view_mut(),
-                    scratch: scratch.as_mut().map(|s| s.view_mut()),
-                })?,
+                Kind::Prefill => {
+                    rt.chunk_gated_delta_rule(p.args(table, scratch.as_mut().map(HostTensor::view_mut)))?
+                }
             }
             Ok(())
         }))
+    }
+}
+
+/// The tensors of the chunked prefill call (the decode call reads q, k, v, the state, the
+/// starts and `o` from here too), so that the plan for the scratch size and the timed calls
+/// build the same arguments.
+struct PrefillInputs {
+    q: HostTensor,
+    k: HostTensor,
+    v: HostTensor,
+    g: HostTensor,
+    beta: HostTensor,
+    state: HostTensor,
+    starts: HostTensor,
+    layout: StateLayout,
+    o: HostTensor,
+}
+
+impl PrefillInputs {
+    /// The prefill arguments with slot table `table` and the caller's `scratch`.
+    fn args<'a>(&'a mut self, table: &'a HostTensor, scratch: Option<TensorMut<'a>>) -> ChunkGatedDeltaRuleArgs<'a> {
+        ChunkGatedDeltaRuleArgs {
+            q: self.q.view(),
+            k: self.k.view(),
+            v: self.v.view(),
+            g: self.g.view(),
+            beta: self.beta.view(),
+            scale: None,
+            initial_state: Some(self.state.view_mut()),
+            initial_state_indices: Some(table.view()),
+            has_initial_state: None,
+            pad_slot_id: Some(0),
+            inplace_final_state: true,
+            final_state: None,
+            cu_seqlens: Some(self.starts.view()),
+            use_qk_l2norm_in_kernel: true,
+            eps: 1e-6,
+            state_layout: self.layout,
+            o: self.o.view_mut(),
+            scratch,
+        }
     }
 }
