@@ -18,6 +18,8 @@ use crate::nvrtc::{compile_cubin, nvrtc_version};
 pub const COMMON_SOURCE: &str = include_str!("../kernels/common.cuh");
 /// The selective state update kernel.
 pub const SSU_SOURCE: &str = include_str!("../kernels/ssu.cu");
+/// The causal conv1d kernel (update and fn).
+pub const CONV_SOURCE: &str = include_str!("../kernels/conv.cu");
 /// The 16-byte copy kernel (bandwidth yardstick).
 pub const COPY_SOURCE: &str = include_str!("../kernels/copy.cu");
 
@@ -28,6 +30,8 @@ pub enum KernelSource {
     Ssu,
     /// `kernels/copy.cu`.
     Copy,
+    /// `kernels/conv.cu`.
+    Conv,
 }
 
 impl KernelSource {
@@ -36,6 +40,7 @@ impl KernelSource {
         match self {
             KernelSource::Ssu => "ssu.cu",
             KernelSource::Copy => "copy.cu",
+            KernelSource::Conv => "conv.cu",
         }
     }
 
@@ -45,6 +50,7 @@ impl KernelSource {
         let body = match self {
             KernelSource::Ssu => SSU_SOURCE,
             KernelSource::Copy => COPY_SOURCE,
+            KernelSource::Conv => CONV_SOURCE,
         };
         translation_unit(COMMON_SOURCE, self.file(), body)
     }

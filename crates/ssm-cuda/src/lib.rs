@@ -19,6 +19,7 @@
 
 pub mod bench;
 pub mod compile;
+pub mod conv;
 mod error;
 pub mod nvrtc;
 pub mod ssu;
@@ -82,6 +83,7 @@ pub struct CudaBackend {
     compiler: Compiler,
     functions: Mutex<HashMap<KernelSpec, CudaFunction>>,
     ssu_functions: Mutex<HashMap<ssu::SsuKey, CudaFunction>>,
+    conv_functions: Mutex<HashMap<conv::ConvKey, CudaFunction>>,
     error_word: CudaSlice<u32>,
     error_word_addr: u64,
 }
@@ -144,6 +146,7 @@ impl CudaBackend {
             compiler: Compiler::new(arch, compile::default_cache_dir()),
             functions: Mutex::new(HashMap::new()),
             ssu_functions: Mutex::new(HashMap::new()),
+            conv_functions: Mutex::new(HashMap::new()),
             error_word,
             error_word_addr,
         })
