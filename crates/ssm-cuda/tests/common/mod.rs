@@ -128,6 +128,7 @@ impl HostTensor {
         match dtype {
             DType::I32 => b[i * 4..i * 4 + 4].copy_from_slice(&(v as i32).to_le_bytes()),
             DType::I64 => b[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes()),
+            DType::Bool => b[i] = u8::from(v != 0),
             _ => panic!("not an index tensor"),
         }
     }
