@@ -55,6 +55,7 @@ impl Target for Staged {
         }
     }
 
+    #[allow(clippy::result_large_err)]
     fn causal_conv1d_update(&self, args: ssm_conv::CausalConv1dUpdateArgs<'_>) -> Result<(), TargetError> {
         match self.rt.cuda() {
             Some(cuda) => ssm_cuda::testing::stage_conv_update(cuda, args, |dev_args| {
@@ -65,6 +66,7 @@ impl Target for Staged {
         }
     }
 
+    #[allow(clippy::result_large_err)]
     fn causal_conv1d_fn(&self, args: ssm_conv::CausalConv1dFnArgs<'_>) -> Result<(), TargetError> {
         match self.rt.cuda() {
             Some(cuda) => ssm_cuda::testing::stage_conv_fn(cuda, args, |dev_args| {
