@@ -19,6 +19,7 @@
 
 pub mod bench;
 pub mod compile;
+pub mod conv;
 mod error;
 pub mod gdn;
 pub mod nvrtc;
@@ -84,6 +85,7 @@ pub struct CudaBackend {
     functions: Mutex<HashMap<KernelSpec, CudaFunction>>,
     ssu_functions: Mutex<HashMap<ssu::SsuKey, CudaFunction>>,
     gdn_functions: Mutex<HashMap<gdn::GdnKey, CudaFunction>>,
+    conv_functions: Mutex<HashMap<conv::ConvKey, CudaFunction>>,
     error_word: CudaSlice<u32>,
     error_word_addr: u64,
 }
@@ -147,6 +149,7 @@ impl CudaBackend {
             functions: Mutex::new(HashMap::new()),
             ssu_functions: Mutex::new(HashMap::new()),
             gdn_functions: Mutex::new(HashMap::new()),
+            conv_functions: Mutex::new(HashMap::new()),
             error_word,
             error_word_addr,
         })

@@ -10,7 +10,7 @@ use rand_chacha::ChaCha8Rng;
 use ssm_conformance::cases::base_seed;
 use ssm_conformance::cases::ssu::{Case, Spec, Tokens};
 use ssm_cuda::cudarc::driver::sys;
-use ssm_cuda::testing::{DeviceSsuArgs, MirrorError, run_ssu_mirrored};
+use ssm_cuda::testing::{DeviceSsuArgs, MirrorError, StageArgs, run_staged};
 use ssm_cuda::{CudaError, DeviceErrors};
 use ssm_ssu::reference::Reference;
 use ssm_ssu::{SsuError, StochasticRounding};
@@ -50,7 +50,7 @@ fn cuda_matches_the_reference_on_random_cases() {
             Err(SsuError::SlotConflict { .. }) if spec.alias => continue,
             Err(e) => panic!("{ctx}: host plan: {e}"),
         }
-        run_ssu_mirrored(&be, got.args()).unwrap_or_else(|e| panic!("{ctx}: {e}"));
+        run_staged::<DeviceSsuArgs>(&be, got.args()).unwrap_or_else(|e| panic!("{ctx}: {e}"));
         compare("out", &got.out, &want.out).unwrap_or_else(|e| panic!("{ctx}: {e}"));
         compare("state", &got.state.memory, &want.state.memory).unwrap_or_else(|e| panic!("{ctx}: {e}"));
         // Slots no table names stay bit-identical.
@@ -82,7 +82,7 @@ fn mamba2_shapes_match_the_reference() {
         let mut want = Case::build(s.clone(), 77 + i as u64);
         let mut got = want.clone();
         run_reference(&mut want);
-        run_ssu_mirrored(&be, got.args()).unwrap();
+        run_staged::<DeviceSsuArgs>(&be, got.args()).unwrap();
         compare("out", &got.out, &want.out).unwrap_or_else(|e| panic!("{s:?}: {e}"));
         compare("state", &got.state.memory, &want.state.memory).unwrap_or_else(|e| panic!("{s:?}: {e}"));
     }
@@ -117,7 +117,7 @@ fn stochastic_rounding_is_bit_identical_to_the_cpu_reference() {
         rne.spec.sr = None;
         run_reference(&mut want);
         run_reference(&mut rne);
-        run_ssu_mirrored(&be, got.args()).unwrap();
+        run_staged::<DeviceSsuArgs>(&be, got.args()).unwrap();
         assert_bit_identical(&format!("case {i}: state"), &got.state.memory, &want.state.memory);
         assert!(
             want.state.memory != rne.state.memory,
@@ -172,7 +172,7 @@ fn garbage_indices_never_escape_their_tensors() {
             view.set_i64(i, garbage(&mut rng));
         }
         let initial = case.clone();
-        let result = run_ssu_mirrored(&be, case.args());
+        let result = run_staged::<DeviceSsuArgs>(&be, case.args());
         match result {
             Err(MirrorError::Cuda(CudaError::InvalidIndices(DeviceErrors(w)))) => assert_ne!(w, 0),
             Ok(()) => {}
