@@ -24,8 +24,7 @@ use rand_chacha::ChaCha8Rng;
 use ssm_conformance::cases::StridedHost;
 use ssm_conv::reference::{Precision, Reference};
 use ssm_conv::{Activation, CausalConv1dFnArgs, CausalConv1dUpdateArgs, ConvStateLayout};
-use ssm_cuda::cudarc::driver::sys;
-use ssm_cuda::testing::{DeviceConvFnArgs, DeviceConvUpdateArgs, MirrorError, StageArgs, run_staged};
+use ssm_cuda::testing::{DeviceConvFnArgs, DeviceConvUpdateArgs, MirrorError, run_staged};
 use ssm_cuda::{CudaBackend, CudaError, DeviceErrors};
 use ssm_tensor::elem::{read_i64, write_i64};
 use ssm_tensor::{DType, HostTensor, Planned, Run};
@@ -412,24 +411,13 @@ fn garbage_indices_never_escape_their_tensors() {
 fn graph_replay_equals_eager_execution() {
     let Some(be) = gpu("graph_replay_equals_eager_execution") else { return };
     let mut case = decode_case(DType::BF16, 2048, 4, 8, ConvStateLayout::StateLenDim, 4242);
-    let mut eager = DeviceConvUpdateArgs::upload(&be, &case.update_args()).unwrap();
-    let mut graphed = DeviceConvUpdateArgs::upload(&be, &case.update_args()).unwrap();
-    be.prewarm_conv_update(&ssm_conv::plan(graphed.args().unwrap()).unwrap()).unwrap();
-    for _ in 0..50 {
-        be.run(ssm_conv::plan(eager.args().unwrap()).unwrap()).unwrap();
-    }
-    be.synchronize().unwrap();
-    let stream = be.stream().clone();
-    stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
-    be.run(ssm_conv::plan(graphed.args().unwrap()).unwrap()).unwrap();
-    let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0)).unwrap().expect("a captured graph");
-    for _ in 0..50 {
-        graph.launch().unwrap();
-    }
-    be.synchronize().unwrap();
-    be.check().unwrap();
-    assert_eq!(eager.state_buffer().download().unwrap(), graphed.state_buffer().download().unwrap(), "state");
-    assert_eq!(eager.out_buffer().download().unwrap(), graphed.out_buffer().download().unwrap(), "out");
+    common::assert_graph_replay_equals_eager::<DeviceConvUpdateArgs>(
+        &be,
+        &case.update_args(),
+        50,
+        |a| be.prewarm_conv_update(&ssm_conv::plan(a).unwrap()).unwrap(),
+        |d| vec![d.state_buffer().download().unwrap(), d.out_buffer().download().unwrap()],
+    );
 }
 
 /// With `out` given, calls allocate no device memory (free memory is unchanged over many
@@ -438,17 +426,7 @@ fn graph_replay_equals_eager_execution() {
 fn calls_allocate_no_device_memory() {
     let Some(be) = gpu("calls_allocate_no_device_memory") else { return };
     let mut case = decode_case(DType::BF16, 8192, 4, 64, ConvStateLayout::StateLenDim, 31);
-    let mut dev = DeviceConvUpdateArgs::upload(&be, &case.update_args()).unwrap();
-    be.run(ssm_conv::plan(dev.args().unwrap()).unwrap()).unwrap();
-    be.synchronize().unwrap();
-    let (free_before, _) = be.mem_info().unwrap();
-    for _ in 0..200 {
-        be.run(ssm_conv::plan(dev.args().unwrap()).unwrap()).unwrap();
-    }
-    be.synchronize().unwrap();
-    let (free_after, _) = be.mem_info().unwrap();
-    assert_eq!(free_before, free_after, "device memory changed over 200 calls");
-    be.check().unwrap();
+    common::assert_calls_allocate_no_device_memory::<DeviceConvUpdateArgs>(&be, &case.update_args());
 }
 
 #[test]

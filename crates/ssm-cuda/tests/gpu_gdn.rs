@@ -11,10 +11,7 @@ mod common;
 
 use common::gpu;
 use ssm_conformance::gdn_random::{RecurrentCase, RecurrentSpec, SplitMix};
-use ssm_cuda::cudarc::driver::sys;
-use ssm_cuda::testing::{
-    DeviceGdnGatingArgs, DeviceGdnRecurrentArgs, DeviceGdnSigmoidArgs, MirrorError, StageArgs, run_staged,
-};
+use ssm_cuda::testing::{DeviceGdnGatingArgs, DeviceGdnRecurrentArgs, DeviceGdnSigmoidArgs, MirrorError, run_staged};
 use ssm_cuda::{CudaBackend, CudaError, DeviceErrors};
 use ssm_gdn::reference::Reference;
 use ssm_tensor::{DType, HostTensor, Run};
@@ -226,25 +223,18 @@ fn case_where(spec: RecurrentSpec, pred: impl Fn(&RecurrentCase) -> bool) -> Rec
 fn graph_replay_equals_eager_execution() {
     let Some(be) = gpu("gdn graph_replay_equals_eager_execution") else { return };
     let mut case = RecurrentCase::random(RecurrentSpec::decode(32, DType::F32), 4242);
-    let mut eager = DeviceGdnSigmoidArgs::upload(&be, &case.sigmoid_args()).unwrap();
-    let mut graphed = DeviceGdnSigmoidArgs::upload(&be, &case.sigmoid_args()).unwrap();
-    be.prewarm_gdn_recurrent(ssm_gdn::plan(eager.args().unwrap()).unwrap().plan()).unwrap();
-    for _ in 0..50 {
-        be.run(ssm_gdn::plan(eager.args().unwrap()).unwrap()).unwrap();
-    }
-    be.synchronize().unwrap();
-    let stream = be.stream().clone();
-    stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
-    be.run(ssm_gdn::plan(graphed.args().unwrap()).unwrap()).unwrap();
-    let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0)).unwrap().expect("a captured graph");
-    for _ in 0..50 {
-        graph.launch().unwrap();
-    }
-    be.synchronize().unwrap();
-    be.check().unwrap();
-    let state = |d: &mut DeviceGdnSigmoidArgs| d.state_buffer().expect("a decode case has a state").download().unwrap();
-    assert_eq!(state(&mut eager), state(&mut graphed), "state");
-    assert_eq!(eager.out_buffer().download().unwrap(), graphed.out_buffer().download().unwrap(), "o");
+    common::assert_graph_replay_equals_eager::<DeviceGdnSigmoidArgs>(
+        &be,
+        &case.sigmoid_args(),
+        50,
+        |a| be.prewarm_gdn_recurrent(ssm_gdn::plan(a).unwrap().plan()).unwrap(),
+        |d| {
+            vec![
+                d.state_buffer().expect("a decode case has a state").download().unwrap(),
+                d.out_buffer().download().unwrap(),
+            ]
+        },
+    );
 }
 
 /// A call allocates no device memory (free memory unchanged over many calls, after the kernel
@@ -253,17 +243,7 @@ fn graph_replay_equals_eager_execution() {
 fn calls_allocate_no_device_memory() {
     let Some(be) = gpu("gdn calls_allocate_no_device_memory") else { return };
     let mut case = RecurrentCase::random(RecurrentSpec::decode(64, DType::BF16), 31);
-    let mut dev = DeviceGdnSigmoidArgs::upload(&be, &case.sigmoid_args()).unwrap();
-    be.run(ssm_gdn::plan(dev.args().unwrap()).unwrap()).unwrap();
-    be.synchronize().unwrap();
-    let (free_before, _) = be.mem_info().unwrap();
-    for _ in 0..200 {
-        be.run(ssm_gdn::plan(dev.args().unwrap()).unwrap()).unwrap();
-    }
-    be.synchronize().unwrap();
-    let (free_after, _) = be.mem_info().unwrap();
-    assert_eq!(free_before, free_after, "device memory changed over 200 calls");
-    be.check().unwrap();
+    common::assert_calls_allocate_no_device_memory::<DeviceGdnSigmoidArgs>(&be, &case.sigmoid_args());
 }
 
 #[test]

@@ -9,8 +9,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use ssm_conformance::cases::base_seed;
 use ssm_conformance::cases::ssu::{Case, Spec, Tokens};
-use ssm_cuda::cudarc::driver::sys;
-use ssm_cuda::testing::{DeviceSsuArgs, MirrorError, StageArgs, run_staged};
+use ssm_cuda::testing::{DeviceSsuArgs, MirrorError, run_staged};
 use ssm_cuda::{CudaError, DeviceErrors};
 use ssm_ssu::reference::Reference;
 use ssm_ssu::{SsuError, StochasticRounding};
@@ -210,24 +209,13 @@ fn garbage_indices_never_escape_their_tensors() {
 fn graph_replay_equals_eager_execution() {
     let Some(be) = gpu("graph_replay_equals_eager_execution") else { return };
     let mut case = Case::build(Spec::mamba2(32, DType::F32), 4242);
-    let mut eager = DeviceSsuArgs::upload(&be, &case.args()).unwrap();
-    let mut graphed = DeviceSsuArgs::upload(&be, &case.args()).unwrap();
-    be.prewarm_ssu(ssm_ssu::plan(eager.args().unwrap()).unwrap().plan()).unwrap();
-    for _ in 0..100 {
-        be.run(ssm_ssu::plan(eager.args().unwrap()).unwrap()).unwrap();
-    }
-    be.synchronize().unwrap();
-    let stream = be.stream().clone();
-    stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
-    be.run(ssm_ssu::plan(graphed.args().unwrap()).unwrap()).unwrap();
-    let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0)).unwrap().expect("a captured graph");
-    for _ in 0..100 {
-        graph.launch().unwrap();
-    }
-    be.synchronize().unwrap();
-    be.check().unwrap();
-    assert_eq!(eager.state_buffer().download().unwrap(), graphed.state_buffer().download().unwrap(), "state");
-    assert_eq!(eager.out_buffer().download().unwrap(), graphed.out_buffer().download().unwrap(), "out");
+    common::assert_graph_replay_equals_eager::<DeviceSsuArgs>(
+        &be,
+        &case.args(),
+        100,
+        |a| be.prewarm_ssu(ssm_ssu::plan(a).unwrap().plan()).unwrap(),
+        |d| vec![d.state_buffer().download().unwrap(), d.out_buffer().download().unwrap()],
+    );
 }
 
 /// With `out` given, a call allocates no device memory (free memory is unchanged over many
@@ -236,18 +224,7 @@ fn graph_replay_equals_eager_execution() {
 fn calls_allocate_no_device_memory() {
     let Some(be) = gpu("calls_allocate_no_device_memory") else { return };
     let mut case = Case::build(Spec::mamba2(64, DType::BF16), 31);
-    let mut dev = DeviceSsuArgs::upload(&be, &case.args()).unwrap();
-    be.run(ssm_ssu::plan(dev.args().unwrap()).unwrap()).unwrap();
-    be.synchronize().unwrap();
-    let (free_before, _) = be.mem_info().unwrap();
-    for _ in 0..200 {
-        let args = dev.args().unwrap();
-        be.run(ssm_tensor::Planned::new(args).unwrap()).unwrap();
-    }
-    be.synchronize().unwrap();
-    let (free_after, _) = be.mem_info().unwrap();
-    assert_eq!(free_before, free_after, "device memory changed over 200 calls");
-    be.check().unwrap();
+    common::assert_calls_allocate_no_device_memory::<DeviceSsuArgs>(&be, &case.args());
 }
 
 #[test]
