@@ -11,6 +11,8 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use ssm_tensor::DType;
+
 use crate::CudaError;
 use crate::nvrtc::{compile_cubin, nvrtc_version};
 
@@ -24,6 +26,19 @@ pub const GDN_SOURCE: &str = include_str!("../kernels/gdn.cu");
 pub const CONV_SOURCE: &str = include_str!("../kernels/conv.cu");
 /// The 16-byte copy kernel (bandwidth yardstick).
 pub const COPY_SOURCE: &str = include_str!("../kernels/copy.cu");
+
+/// The kernels' C name of a storage dtype (`common.cuh`'s `f16_t` / `bf16_t` for the 16-bit
+/// floats), as passed in `-D` macros.
+pub(crate) fn c_type(t: DType) -> &'static str {
+    match t {
+        DType::F32 => "float",
+        DType::F16 => "f16_t",
+        DType::BF16 => "bf16_t",
+        DType::I32 => "int",
+        DType::I64 => "i64",
+        DType::Bool => "unsigned char",
+    }
+}
 
 /// Which kernel source a specialisation compiles.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -8,7 +8,7 @@ use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use ssm_conv::{Activation, CausalConv1dFnArgs, CausalConv1dUpdateArgs, ConvOp, ConvPlan};
 use ssm_tensor::{DType, Planned, Run, TensorMut, TensorRef};
 
-use crate::compile::{KernelSource, KernelSpec};
+use crate::compile::{KernelSource, KernelSpec, c_type};
 use crate::{CudaBackend, CudaError};
 
 /// The kernel's parameter block (`struct ConvParams` in conv.cu: same order, no padding).
@@ -61,17 +61,6 @@ pub(crate) struct ConvParams {
 // SAFETY: `ConvParams` is `#[repr(C)]`, plain old data (Pod: no padding, addresses only as
 // integers) and its layout equals `struct ConvParams` in conv.cu.
 unsafe impl DeviceRepr for ConvParams {}
-
-fn c_type(t: DType) -> &'static str {
-    match t {
-        DType::F32 => "float",
-        DType::F16 => "f16_t",
-        DType::BF16 => "bf16_t",
-        DType::I32 => "int",
-        DType::I64 => "i64",
-        DType::Bool => "unsigned char",
-    }
-}
 
 /// Tokens per chunk of the non-speculative routes (one thread walks one chunk of a sequence).
 const CHUNK: usize = 64;
