@@ -8,6 +8,7 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 use ssm_cuda::Arch;
 use ssm_cuda::compile::{compile_with_report, copy_kernel_spec};
+use ssm_cuda::conv::conv_catalogue;
 use ssm_cuda::gdn::gdn_catalogue;
 use ssm_cuda::ssu::ssu_catalogue;
 
@@ -20,6 +21,9 @@ pub(crate) struct BuildKernelsArgs {
     /// Fail when a kernel spills registers to local memory.
     #[arg(long)]
     pub(crate) deny_spills: bool,
+    /// Only the kernels whose label contains this text (e.g. `conv`, `one-token`).
+    #[arg(long)]
+    pub(crate) only: Option<String>,
 }
 
 pub(crate) fn run(args: &BuildKernelsArgs) -> anyhow::Result<()> {
@@ -34,6 +38,10 @@ pub(crate) fn run(args: &BuildKernelsArgs) -> anyhow::Result<()> {
     let mut kernels = vec![("copy 16-byte".to_string(), copy_kernel_spec())];
     kernels.extend(ssu_catalogue());
     kernels.extend(gdn_catalogue());
+    kernels.extend(conv_catalogue());
+    if let Some(only) = &args.only {
+        kernels.retain(|(label, _)| label.contains(only.as_str()));
+    }
     println!(
         "{:<6} {:<58} {:>5} {:>6} {:>7} {:>7} {:>6} {:>7} {:>6}",
         "arch", "kernel", "regs", "stack", "spill-s", "spill-l", "smem", "cubin", "ms"

@@ -1,10 +1,13 @@
 //! Running the suite on a CUDA runtime: the cases are host tensors, so [`Staged`] copies each
 //! call's tensors to the runtime's device, runs the runtime's op there, and copies the outputs
-//! back ([`ssm_cuda::testing::stage_ssu`], and `stage_gdn_*` over the generic
-//! [`ssm_cuda::testing::StagedTensor`]).
+//! back ([`ssm_cuda::testing::stage`], the one staging implementation, with a per-op mapping:
+//! [`ssm_cuda::testing::StageArgs`]).
 
+use ssm_cuda::testing::{
+    DeviceConvFnArgs, DeviceConvUpdateArgs, DeviceGdnGatingArgs, DeviceGdnRecurrentArgs, DeviceGdnSigmoidArgs,
+    DeviceSsuArgs, MirrorError, stage,
+};
 use ssm_dispatch::Runtime;
-use ssm_ssu::SelectiveStateUpdate;
 
 use crate::{Target, TargetError};
 
@@ -26,6 +29,26 @@ impl Staged {
 
 /// Ops the CUDA backend has no kernel for (so nothing to stage): straight through on a CPU
 /// runtime, unsupported on a CUDA one.
+/// Ops with a CUDA kernel: on a CUDA runtime each call is staged ([`stage`] with the op's
+/// [`ssm_cuda::testing::StageArgs`] mapping) and the runtime's op runs on the device copies; on
+/// a CPU runtime the call goes straight through.
+macro_rules! staged {
+    ($($op:ident: $args:ty => $staging:ty),* $(,)?) => {
+        // The staging closure's error is the staging's own (large) error enum; this is the test
+        // harness's copy path, never a decode path.
+        $(#[allow(clippy::result_large_err)]
+        fn $op(&self, args: $args) -> Result<(), TargetError> {
+            match self.rt.cuda() {
+                Some(cuda) => stage::<$staging>(cuda, args, |dev_args| {
+                    self.rt.$op(dev_args).map_err(|e| MirrorError::Run(e.to_string()))
+                })
+                .map_err(TargetError::failed),
+                None => Ok(self.rt.$op(args)?),
+            }
+        })*
+    };
+}
+
 macro_rules! unstaged {
     ($($op:ident: $args:ty),* $(,)?) => {
         $(fn $op(&self, args: $args) -> Result<(), TargetError> {
@@ -42,69 +65,20 @@ impl Target for Staged {
         self.label.clone()
     }
 
-    // The staging closure's error is the staging's own (large) error enum; this is the test
-    // harness's copy path, never a decode path.
-    #[allow(clippy::result_large_err)]
-    fn selective_state_update(&self, args: SelectiveStateUpdate<'_>) -> Result<(), TargetError> {
-        match self.rt.cuda() {
-            Some(cuda) => ssm_cuda::testing::stage_ssu(cuda, args, |dev_args| {
-                self.rt.selective_state_update(dev_args).map_err(|e| ssm_cuda::testing::MirrorError::Run(e.to_string()))
-            })
-            .map_err(TargetError::failed),
-            None => Ok(self.rt.selective_state_update(args)?),
-        }
-    }
-
-    #[allow(clippy::result_large_err)]
-    fn fused_gdn_gating(&self, args: ssm_gdn::FusedGdnGatingArgs<'_>) -> Result<(), TargetError> {
-        match self.rt.cuda() {
-            Some(cuda) => ssm_cuda::testing::stage_gdn_gating(cuda, args, |dev_args| {
-                self.rt.fused_gdn_gating(dev_args).map_err(|e| ssm_cuda::testing::MirrorError::Run(e.to_string()))
-            })
-            .map_err(TargetError::failed),
-            None => Ok(self.rt.fused_gdn_gating(args)?),
-        }
-    }
-
-    #[allow(clippy::result_large_err)]
-    fn fused_recurrent_gated_delta_rule(
-        &self,
-        args: ssm_gdn::FusedRecurrentGatedDeltaRuleArgs<'_>,
-    ) -> Result<(), TargetError> {
-        match self.rt.cuda() {
-            Some(cuda) => ssm_cuda::testing::stage_gdn_recurrent(cuda, args, |dev_args| {
-                self.rt
-                    .fused_recurrent_gated_delta_rule(dev_args)
-                    .map_err(|e| ssm_cuda::testing::MirrorError::Run(e.to_string()))
-            })
-            .map_err(TargetError::failed),
-            None => Ok(self.rt.fused_recurrent_gated_delta_rule(args)?),
-        }
-    }
-
-    #[allow(clippy::result_large_err)]
-    fn fused_sigmoid_gating_delta_rule_update(
-        &self,
-        args: ssm_gdn::FusedSigmoidGatingDeltaRuleUpdateArgs<'_>,
-    ) -> Result<(), TargetError> {
-        match self.rt.cuda() {
-            Some(cuda) => ssm_cuda::testing::stage_gdn_sigmoid(cuda, args, |dev_args| {
-                self.rt
-                    .fused_sigmoid_gating_delta_rule_update(dev_args)
-                    .map_err(|e| ssm_cuda::testing::MirrorError::Run(e.to_string()))
-            })
-            .map_err(TargetError::failed),
-            None => Ok(self.rt.fused_sigmoid_gating_delta_rule_update(args)?),
-        }
+    staged! {
+        selective_state_update: ssm_ssu::SelectiveStateUpdate<'_> => DeviceSsuArgs,
+        causal_conv1d_update: ssm_conv::CausalConv1dUpdateArgs<'_> => DeviceConvUpdateArgs,
+        causal_conv1d_fn: ssm_conv::CausalConv1dFnArgs<'_> => DeviceConvFnArgs,
+        fused_gdn_gating: ssm_gdn::FusedGdnGatingArgs<'_> => DeviceGdnGatingArgs,
+        fused_recurrent_gated_delta_rule: ssm_gdn::FusedRecurrentGatedDeltaRuleArgs<'_> => DeviceGdnRecurrentArgs,
+        fused_sigmoid_gating_delta_rule_update: ssm_gdn::FusedSigmoidGatingDeltaRuleUpdateArgs<'_> => DeviceGdnSigmoidArgs,
     }
 
     // Ops without a CUDA kernel yet.
     unstaged! {
-        causal_conv1d_update: ssm_conv::CausalConv1dUpdateArgs<'_>,
-        causal_conv1d_fn: ssm_conv::CausalConv1dFnArgs<'_>,
+        chunk_gated_delta_rule: ssm_gdn::ChunkGatedDeltaRuleArgs<'_>,
         mamba_chunk_scan_combined_varlen: ssm_ssd::MambaChunkScanCombinedVarlen<'_>,
         update_replayssm_ring_trackers: ssm_ring::UpdateRingTrackers<'_>,
         commit_replayssm_ring_trackers: ssm_ring::CommitRingTrackers<'_>,
-        chunk_gated_delta_rule: ssm_gdn::ChunkGatedDeltaRuleArgs<'_>,
     }
 }

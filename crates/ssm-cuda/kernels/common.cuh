@@ -7,6 +7,14 @@ typedef unsigned long long u64;
 typedef long long i64;
 typedef unsigned int u32;
 
+// Bits of the device error word, one per kind of invalid index value met on the device.
+// Mirrored by `DeviceErrors` in crates/ssm-cuda/src/error.rs (one definition for every kernel
+// family, so no two families can give one bit two meanings).
+#define ERR_SLOT 1u
+#define ERR_CU_SEQLENS 2u
+#define ERR_ACCEPTED 4u
+#define ERR_COLUMN 8u
+
 // Storage types of the 16-bit floats: raw bits, converted explicitly.
 struct f16_t { unsigned short bits; };
 struct bf16_t { unsigned short bits; };

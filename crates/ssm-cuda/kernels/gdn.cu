@@ -31,9 +31,7 @@
 // writes zero outputs and no state (vLLM's newest contract). No value reads or writes outside
 // its tensor.
 
-#define ERR_SLOT 1u
-#define ERR_CU_SEQLENS 2u
-#define ERR_ACCEPTED 4u
+// (Error-word bits ERR_*: kernels/common.cuh.)
 
 #if GATING_ONLY
 

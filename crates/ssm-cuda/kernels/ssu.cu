@@ -20,9 +20,7 @@
 // (nothing written) and ORs a bit into the device error word, so no index value ever
 // reads or writes outside its tensor.
 
-#define ERR_SLOT 1u
-#define ERR_CU_SEQLENS 2u
-#define ERR_ACCEPTED 4u
+// (Error-word bits ERR_*: kernels/common.cuh.)
 
 // Token t of sequence b starts at (VARLEN ? cu_seqlens[b] * tok : b * seq) + t * tok
 // (ssm_ssu::TokenStrides; the plan's element offset is folded into the pointer).

@@ -11,6 +11,8 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use ssm_tensor::DType;
+
 use crate::CudaError;
 use crate::nvrtc::{compile_cubin, nvrtc_version};
 
@@ -20,8 +22,23 @@ pub const COMMON_SOURCE: &str = include_str!("../kernels/common.cuh");
 pub const SSU_SOURCE: &str = include_str!("../kernels/ssu.cu");
 /// The gated-delta-rule kernels (gating and the recurrence).
 pub const GDN_SOURCE: &str = include_str!("../kernels/gdn.cu");
+/// The causal conv1d kernel (update and fn).
+pub const CONV_SOURCE: &str = include_str!("../kernels/conv.cu");
 /// The 16-byte copy kernel (bandwidth yardstick).
 pub const COPY_SOURCE: &str = include_str!("../kernels/copy.cu");
+
+/// The kernels' C name of a storage dtype (`common.cuh`'s `f16_t` / `bf16_t` for the 16-bit
+/// floats), as passed in `-D` macros.
+pub(crate) fn c_type(t: DType) -> &'static str {
+    match t {
+        DType::F32 => "float",
+        DType::F16 => "f16_t",
+        DType::BF16 => "bf16_t",
+        DType::I32 => "int",
+        DType::I64 => "i64",
+        DType::Bool => "unsigned char",
+    }
+}
 
 /// Which kernel source a specialisation compiles.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -32,6 +49,8 @@ pub enum KernelSource {
     Copy,
     /// `kernels/gdn.cu`.
     Gdn,
+    /// `kernels/conv.cu`.
+    Conv,
 }
 
 impl KernelSource {
@@ -41,18 +60,27 @@ impl KernelSource {
             KernelSource::Ssu => "ssu.cu",
             KernelSource::Copy => "copy.cu",
             KernelSource::Gdn => "gdn.cu",
+            KernelSource::Conv => "conv.cu",
+        }
+    }
+
+    /// Every kernel source.
+    pub const ALL: [KernelSource; 4] = [KernelSource::Ssu, KernelSource::Copy, KernelSource::Gdn, KernelSource::Conv];
+
+    /// The kernel's own text (without `common.cuh`).
+    pub fn body(self) -> &'static str {
+        match self {
+            KernelSource::Ssu => SSU_SOURCE,
+            KernelSource::Copy => COPY_SOURCE,
+            KernelSource::Gdn => GDN_SOURCE,
+            KernelSource::Conv => CONV_SOURCE,
         }
     }
 
     /// The translation unit NVRTC sees: the common helpers followed by the kernel, with
     /// `#line` markers (see [`translation_unit`]).
     pub fn text(self) -> String {
-        let body = match self {
-            KernelSource::Ssu => SSU_SOURCE,
-            KernelSource::Copy => COPY_SOURCE,
-            KernelSource::Gdn => GDN_SOURCE,
-        };
-        translation_unit(COMMON_SOURCE, self.file(), body)
+        translation_unit(COMMON_SOURCE, self.file(), self.body())
     }
 }
 
@@ -336,7 +364,7 @@ mod tests {
 
     #[test]
     fn line_markers_map_every_line_to_its_file() {
-        for source in [KernelSource::Ssu, KernelSource::Copy, KernelSource::Gdn] {
+        for source in KernelSource::ALL {
             let text = source.text();
             let lines: Vec<&str> = text.lines().collect();
             assert_eq!(lines[0], "#line 1 \"common.cuh\"");
@@ -347,14 +375,36 @@ mod tests {
             let marker = format!("#line 1 \"{}\"", source.file());
             let at = lines.iter().position(|l| *l == marker).expect("the kernel's marker");
             assert_eq!(at, COMMON_SOURCE.lines().count() + 1, "the kernel's marker follows common.cuh");
-            let body = match source {
-                KernelSource::Ssu => SSU_SOURCE,
-                KernelSource::Copy => COPY_SOURCE,
-                KernelSource::Gdn => GDN_SOURCE,
-            };
-            assert!(lines[at + 1..].iter().copied().eq(body.lines()), "{} follows its marker", source.file());
+            assert!(lines[at + 1..].iter().copied().eq(source.body().lines()), "{} follows its marker", source.file());
         }
         assert_eq!(translation_unit("a", "k.cu", "b"), "#line 1 \"common.cuh\"\na\n#line 1 \"k.cu\"\nb");
+    }
+
+    #[test]
+    fn error_bits_are_defined_once_and_mirror_device_errors() {
+        use crate::DeviceErrors;
+        let expected = [
+            ("ERR_SLOT", DeviceErrors::SLOT),
+            ("ERR_CU_SEQLENS", DeviceErrors::CU_SEQLENS),
+            ("ERR_ACCEPTED", DeviceErrors::ACCEPTED),
+            ("ERR_COLUMN", DeviceErrors::COLUMN),
+        ];
+        let defines: Vec<(String, u32)> = COMMON_SOURCE
+            .lines()
+            .filter_map(|l| l.strip_prefix("#define ERR_"))
+            .map(|rest| {
+                let (name, value) = rest.split_once(' ').expect("#define ERR_NAME VALUEu");
+                (format!("ERR_{name}"), value.trim().trim_end_matches('u').parse().expect("a decimal bit"))
+            })
+            .collect();
+        let expected: Vec<(String, u32)> = expected.iter().map(|(n, b)| (n.to_string(), *b)).collect();
+        assert_eq!(defines, expected, "common.cuh's ERR_* = DeviceErrors' bits");
+        let bits: Vec<u32> = expected.iter().map(|e| e.1).collect();
+        assert!(bits.iter().all(|b| b.is_power_of_two()), "one bit each");
+        assert_eq!(bits.iter().fold(0, |a, b| a | b).count_ones() as usize, bits.len(), "no two share a bit");
+        for source in KernelSource::ALL {
+            assert!(!source.body().contains("#define ERR_"), "{} defines no error bit of its own", source.file());
+        }
     }
 
     #[test]

@@ -98,6 +98,8 @@ impl DeviceErrors {
     pub const CU_SEQLENS: u32 = 2;
     /// `num_accepted_tokens` (or the sequence length in speculative mode) beyond the slot table's width.
     pub const ACCEPTED: u32 = 4;
+    /// A prefix-caching column (`initial_state_idx` / `block_idx_last_scheduled_token`) outside the slot table's width.
+    pub const COLUMN: u32 = 8;
 }
 
 impl std::fmt::Display for DeviceErrors {
@@ -111,6 +113,9 @@ impl std::fmt::Display for DeviceErrors {
         }
         if self.0 & Self::ACCEPTED != 0 {
             parts.push("num_accepted_tokens or sequence length beyond the slot table's width");
+        }
+        if self.0 & Self::COLUMN != 0 {
+            parts.push("prefix-caching column outside the slot table's width");
         }
         write!(f, "{} (word {:#x})", parts.join("; "), self.0)
     }

@@ -12,19 +12,8 @@ use ssm_gdn::{
 use ssm_tensor::Strided;
 use ssm_tensor::{DType, Planned, Run};
 
-use crate::compile::{KernelSource, KernelSpec};
+use crate::compile::{KernelSource, KernelSpec, c_type};
 use crate::{CudaBackend, CudaError};
-
-fn c_type(t: DType) -> &'static str {
-    match t {
-        DType::F32 => "float",
-        DType::F16 => "f16_t",
-        DType::BF16 => "bf16_t",
-        DType::I32 => "int",
-        DType::I64 => "i64",
-        DType::Bool => "unsigned char",
-    }
-}
 
 fn addr_of(base: Option<u64>, offset: isize, dtype: DType) -> u64 {
     base.map_or(0, |a| a.wrapping_add_signed((offset * dtype.size() as isize) as i64))

@@ -20,6 +20,7 @@
 pub mod bench;
 pub mod bench_gdn;
 pub mod compile;
+pub mod conv;
 mod error;
 pub mod gdn;
 pub mod nvrtc;
@@ -85,6 +86,7 @@ pub struct CudaBackend {
     functions: Mutex<HashMap<KernelSpec, CudaFunction>>,
     ssu_functions: Mutex<HashMap<ssu::SsuKey, CudaFunction>>,
     gdn_functions: Mutex<HashMap<gdn::GdnKey, CudaFunction>>,
+    conv_functions: Mutex<HashMap<conv::ConvKey, CudaFunction>>,
     error_word: CudaSlice<u32>,
     error_word_addr: u64,
 }
@@ -148,6 +150,7 @@ impl CudaBackend {
             functions: Mutex::new(HashMap::new()),
             ssu_functions: Mutex::new(HashMap::new()),
             gdn_functions: Mutex::new(HashMap::new()),
+            conv_functions: Mutex::new(HashMap::new()),
             error_word,
             error_word_addr,
         })

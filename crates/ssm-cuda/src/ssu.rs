@@ -7,7 +7,7 @@ use ssm_ssu::{ParamForm, Route, SelectiveStateUpdate, SsuPlan, TokenStrides};
 use ssm_tensor::DType;
 use ssm_tensor::{Planned, Run};
 
-use crate::compile::{KernelSource, KernelSpec};
+use crate::compile::{KernelSource, KernelSpec, c_type};
 use crate::{CudaBackend, CudaError};
 
 /// Strides of a per-token tensor as the kernel reads them (`struct TokStrides` in ssu.cu).
@@ -87,17 +87,6 @@ pub(crate) struct SsuParams {
 // SAFETY: `SsuParams` is `#[repr(C)]`, plain old data (Pod: no padding, no pointers the
 // driver would follow except as integers) and its layout equals `struct SsuParams` in ssu.cu.
 unsafe impl DeviceRepr for SsuParams {}
-
-fn c_type(t: DType) -> &'static str {
-    match t {
-        DType::F32 => "float",
-        DType::F16 => "f16_t",
-        DType::BF16 => "bf16_t",
-        DType::I32 => "int",
-        DType::I64 => "i64",
-        DType::Bool => "unsigned char",
-    }
-}
 
 /// Tile geometry of one specialisation (see the header of `kernels/ssu.cu`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -5,8 +5,12 @@
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use ssm_conv::{Activation, CausalConv1dFnArgs, CausalConv1dUpdateArgs, ConvError, ConvStateLayout};
+use ssm_gdn::{
+    FusedGdnGatingArgs, FusedRecurrentGatedDeltaRuleArgs, FusedSigmoidGatingDeltaRuleUpdateArgs, GdnError, StateLayout,
+};
 use ssm_ssu::{SelectiveStateUpdate, SsuError};
-use ssm_tensor::{DType, Run, TensorError, TensorMut, TensorRef};
+use ssm_tensor::{DType, Op, Planned, Run, TensorError, TensorMut, TensorRef};
 
 use crate::{CudaBackend, CudaError};
 
@@ -111,27 +115,32 @@ impl DeviceBuffer {
     }
 }
 
-/// Failure of [`run_ssu_mirrored`] and [`stage_ssu`].
+/// Failure of a staged run ([`stage`], [`run_staged`], [`Mirrored`]).
 #[derive(Debug, thiserror::Error)]
 pub enum MirrorError {
-    /// The device arguments did not plan.
+    /// The device arguments of a selective state update did not plan.
     #[error(transparent)]
     Plan(#[from] SsuError),
+    /// The device arguments of a causal conv1d call did not plan.
+    #[error(transparent)]
+    ConvPlan(#[from] ConvError),
     /// The device arguments of a GDN op did not plan.
     #[error(transparent)]
-    GdnPlan(#[from] ssm_gdn::GdnError),
+    GdnPlan(#[from] GdnError),
     /// A CUDA call failed.
     #[error(transparent)]
     Cuda(#[from] CudaError),
     /// A view could not be built.
     #[error(transparent)]
     Tensor(#[from] TensorError),
-    /// The launcher given to [`stage_ssu`] failed (its message).
+    /// The launcher given to [`stage`] failed (its message).
     #[error("{0}")]
     Run(String),
 }
 
-struct Mirrored {
+/// One host tensor copied to the device: its whole borrowed memory, with the same dtype,
+/// shape, strides and offset, so that a device view of it has the host view's layout.
+pub struct StagedTensor {
     buf: DeviceBuffer,
     dtype: DType,
     shape: Vec<usize>,
@@ -139,64 +148,169 @@ struct Mirrored {
     offset: usize,
 }
 
-fn mirror(backend: &CudaBackend, t: &TensorRef<'_>) -> Result<Mirrored, MirrorError> {
-    let bytes = t.host_bytes().ok_or(TensorError::NotHost(t.device()))?;
-    Ok(Mirrored {
-        buf: DeviceBuffer::from_host(backend, bytes)?,
-        dtype: t.dtype(),
-        shape: t.shape().to_vec(),
-        strides: t.strides().to_vec(),
-        offset: t.layout().offset(),
-    })
+impl std::fmt::Debug for StagedTensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StagedTensor").field("dtype", &self.dtype).field("shape", &self.shape).finish()
+    }
 }
 
-impl Mirrored {
-    fn view(&self) -> Result<TensorRef<'_>, TensorError> {
+impl StagedTensor {
+    /// Copies the whole memory of host tensor `t` to `backend`'s device.
+    pub fn upload(backend: &CudaBackend, t: &TensorRef<'_>) -> Result<Self, MirrorError> {
+        let bytes = t.host_bytes().ok_or(TensorError::NotHost(t.device()))?;
+        Ok(StagedTensor {
+            buf: DeviceBuffer::from_host(backend, bytes)?,
+            dtype: t.dtype(),
+            shape: t.shape().to_vec(),
+            strides: t.strides().to_vec(),
+            offset: t.layout().offset(),
+        })
+    }
+
+    /// [`upload`](Self::upload) of an optional tensor.
+    pub fn upload_opt(backend: &CudaBackend, t: Option<&TensorRef<'_>>) -> Result<Option<Self>, MirrorError> {
+        t.map(|t| Self::upload(backend, t)).transpose()
+    }
+
+    /// A device view with the host tensor's layout.
+    pub fn view(&self) -> Result<TensorRef<'_>, TensorError> {
         self.buf.view(self.dtype, &self.shape, &self.strides, self.offset)
     }
-    fn view_mut(&mut self) -> Result<TensorMut<'_>, TensorError> {
+
+    /// A writable device view with the host tensor's layout.
+    pub fn view_mut(&mut self) -> Result<TensorMut<'_>, TensorError> {
         self.buf.view_mut(self.dtype, &self.shape, &self.strides, self.offset)
     }
+
+    /// The device buffer.
+    pub fn buffer(&mut self) -> &mut DeviceBuffer {
+        &mut self.buf
+    }
+
+    /// Copies the device memory back over the host tensor's whole memory (waits for the stream).
+    pub fn copy_back(&self, host: &mut TensorMut<'_>) -> Result<(), MirrorError> {
+        let bytes = self.buf.download()?;
+        let device = host.device();
+        let h = host.host_bytes_mut().ok_or(TensorError::NotHost(device))?;
+        h.copy_from_slice(&bytes[..h.len()]);
+        Ok(())
+    }
+}
+
+fn opt_view(m: &Option<StagedTensor>) -> Result<Option<TensorRef<'_>>, TensorError> {
+    m.as_ref().map(|m| m.view()).transpose()
+}
+
+fn opt_view_mut(m: &mut Option<StagedTensor>) -> Result<Option<TensorMut<'_>>, TensorError> {
+    m.as_mut().map(|m| m.view_mut()).transpose()
+}
+
+fn opt_copy_back(m: &Option<StagedTensor>, host: Option<&mut TensorMut<'_>>) -> Result<(), MirrorError> {
+    match (m, host) {
+        (Some(m), Some(host)) => m.copy_back(host),
+        _ => Ok(()),
+    }
+}
+
+/// The per-op half of staging: how one op's arguments map onto [`StagedTensor`]s. The
+/// sequence itself (upload, run, wait, copy back, read the error word) is [`stage`], shared
+/// by every op.
+pub trait StageArgs: Sized {
+    /// The op's argument struct.
+    type Args<'a>: Op;
+    /// Copies every tensor of `args` (host tensors) to the backend's device.
+    fn upload(backend: &CudaBackend, args: &Self::Args<'_>) -> Result<Self, MirrorError>;
+    /// Device views of the staged tensors, as the arguments of one call (scalars as given).
+    fn args(&mut self) -> Result<Self::Args<'_>, TensorError>;
+    /// Copies every tensor the op writes back into the host arguments.
+    fn copy_back(&self, host: &mut Self::Args<'_>) -> Result<(), MirrorError>;
+    /// Plans `args` (device views: index values are left to the kernel) and runs them on
+    /// `backend` itself ([`plan_and_run`]).
+    fn launch(backend: &CudaBackend, args: Self::Args<'_>) -> Result<(), MirrorError>;
+}
+
+/// Plans a call whose tensors live on `backend`'s device and runs it there: what
+/// [`StageArgs::launch`] does for every op.
+pub fn plan_and_run<A: Op>(backend: &CudaBackend, args: A) -> Result<(), MirrorError>
+where
+    CudaBackend: Run<A, Error = CudaError>,
+    MirrorError: From<A::Error>,
+{
+    Ok(backend.run(Planned::new(args)?)?)
+}
+
+/// Runs a call given with **host** tensors on the CUDA backend itself: [`stage`] with
+/// [`StageArgs::launch`]. The plan sees the device copies, so index values are checked by the
+/// kernel (the device error word), which is what the garbage-index tests need.
+pub fn run_staged<S: StageArgs>(backend: &CudaBackend, args: S::Args<'_>) -> Result<(), MirrorError> {
+    stage::<S>(backend, args, |dev| S::launch(backend, dev))
+}
+
+/// The one host↔device staging of every op: copies the whole memory of every tensor of
+/// `args` (host tensors) to `backend`'s device, calls `run` with the same call over the device
+/// copies (same layouts), waits for the device, copies the written tensors back into the host
+/// tensors, and reads the device error word ([`CudaBackend::check`]). `run` is what launches:
+/// the backend itself or a runtime on the same device.
+pub fn stage<S: StageArgs>(
+    backend: &CudaBackend,
+    mut args: S::Args<'_>,
+    run: impl FnOnce(S::Args<'_>) -> Result<(), MirrorError>,
+) -> Result<(), MirrorError> {
+    let mut dev = S::upload(backend, &args)?;
+    run(dev.args()?)?;
+    backend.synchronize()?;
+    dev.copy_back(&mut args)?;
+    backend.check()?;
+    Ok(())
 }
 
 /// The tensors of one selective state update, copied to the device (whole borrowed memory,
 /// same layouts), plus its scalar arguments.
 pub struct DeviceSsuArgs {
-    state: Mirrored,
-    out: Mirrored,
-    x: Mirrored,
-    dt: Mirrored,
-    a: Mirrored,
-    b: Mirrored,
-    c: Mirrored,
-    d: Option<Mirrored>,
-    dt_bias: Option<Mirrored>,
-    z: Option<Mirrored>,
-    sbi: Option<Mirrored>,
-    dst: Option<Mirrored>,
-    nacc: Option<Mirrored>,
-    cu: Option<Mirrored>,
+    state: StagedTensor,
+    out: StagedTensor,
+    x: StagedTensor,
+    dt: StagedTensor,
+    a: StagedTensor,
+    b: StagedTensor,
+    c: StagedTensor,
+    d: Option<StagedTensor>,
+    dt_bias: Option<StagedTensor>,
+    z: Option<StagedTensor>,
+    sbi: Option<StagedTensor>,
+    dst: Option<StagedTensor>,
+    nacc: Option<StagedTensor>,
+    cu: Option<StagedTensor>,
     dt_softplus: bool,
     pad_slot_id: Option<i64>,
     stochastic_rounding: Option<ssm_ssu::StochasticRounding>,
 }
 
-fn ov(m: &Option<Mirrored>) -> Result<Option<TensorRef<'_>>, TensorError> {
-    m.as_ref().map(|m| m.view()).transpose()
+impl DeviceSsuArgs {
+    /// The state pool's device buffer.
+    pub fn state_buffer(&mut self) -> &mut DeviceBuffer {
+        self.state.buffer()
+    }
+
+    /// The output's device buffer.
+    pub fn out_buffer(&mut self) -> &mut DeviceBuffer {
+        self.out.buffer()
+    }
 }
 
-impl DeviceSsuArgs {
-    /// Copies every tensor of `args` (host tensors) to the backend's device.
-    pub fn upload(backend: &CudaBackend, args: &SelectiveStateUpdate<'_>) -> Result<Self, MirrorError> {
-        let opt = |t: &Option<TensorRef<'_>>| t.as_ref().map(|t| mirror(backend, t)).transpose();
+impl StageArgs for DeviceSsuArgs {
+    type Args<'a> = SelectiveStateUpdate<'a>;
+    fn upload(backend: &CudaBackend, args: &SelectiveStateUpdate<'_>) -> Result<Self, MirrorError> {
+        let up = |t: &TensorRef<'_>| StagedTensor::upload(backend, t);
+        let opt = |t: &Option<TensorRef<'_>>| StagedTensor::upload_opt(backend, t.as_ref());
         Ok(DeviceSsuArgs {
-            state: mirror(backend, &args.state.as_ref())?,
-            out: mirror(backend, &args.out.as_ref())?,
-            x: mirror(backend, &args.x)?,
-            dt: mirror(backend, &args.dt)?,
-            a: mirror(backend, &args.a)?,
-            b: mirror(backend, &args.b)?,
-            c: mirror(backend, &args.c)?,
+            state: up(&args.state.as_ref())?,
+            out: up(&args.out.as_ref())?,
+            x: up(&args.x)?,
+            dt: up(&args.dt)?,
+            a: up(&args.a)?,
+            b: up(&args.b)?,
+            c: up(&args.c)?,
             d: opt(&args.d)?,
             dt_bias: opt(&args.dt_bias)?,
             z: opt(&args.z)?,
@@ -209,9 +323,7 @@ impl DeviceSsuArgs {
             stochastic_rounding: args.stochastic_rounding,
         })
     }
-
-    /// Device views of the tensors, as arguments of one call.
-    pub fn args(&mut self) -> Result<SelectiveStateUpdate<'_>, TensorError> {
+    fn args(&mut self) -> Result<SelectiveStateUpdate<'_>, TensorError> {
         Ok(SelectiveStateUpdate {
             state: self.state.view_mut()?,
             x: self.x.view()?,
@@ -219,285 +331,410 @@ impl DeviceSsuArgs {
             a: self.a.view()?,
             b: self.b.view()?,
             c: self.c.view()?,
-            d: ov(&self.d)?,
-            dt_bias: ov(&self.dt_bias)?,
-            z: ov(&self.z)?,
+            d: opt_view(&self.d)?,
+            dt_bias: opt_view(&self.dt_bias)?,
+            z: opt_view(&self.z)?,
             dt_softplus: self.dt_softplus,
-            state_batch_indices: ov(&self.sbi)?,
-            dst_state_batch_indices: ov(&self.dst)?,
+            state_batch_indices: opt_view(&self.sbi)?,
+            dst_state_batch_indices: opt_view(&self.dst)?,
             pad_slot_id: self.pad_slot_id,
             out: self.out.view_mut()?,
-            num_accepted_tokens: ov(&self.nacc)?,
-            cu_seqlens: ov(&self.cu)?,
+            num_accepted_tokens: opt_view(&self.nacc)?,
+            cu_seqlens: opt_view(&self.cu)?,
             stochastic_rounding: self.stochastic_rounding,
         })
     }
+    fn copy_back(&self, host: &mut SelectiveStateUpdate<'_>) -> Result<(), MirrorError> {
+        self.state.copy_back(&mut host.state)?;
+        self.out.copy_back(&mut host.out)
+    }
+    fn launch(backend: &CudaBackend, args: SelectiveStateUpdate<'_>) -> Result<(), MirrorError> {
+        plan_and_run(backend, args)
+    }
+}
 
-    /// The state pool's device buffer.
+/// The tensors of one `causal_conv1d_update`, copied to the device, plus its scalar arguments.
+pub struct DeviceConvUpdateArgs {
+    x: StagedTensor,
+    conv_state: StagedTensor,
+    layout: ConvStateLayout,
+    weight: StagedTensor,
+    bias: Option<StagedTensor>,
+    activation: Activation,
+    indices: Option<StagedTensor>,
+    accepted: Option<StagedTensor>,
+    starts: Option<StagedTensor>,
+    pad_slot_id: Option<i64>,
+    last_block: Option<StagedTensor>,
+    initial_idx: Option<StagedTensor>,
+    out: StagedTensor,
+}
+
+impl DeviceConvUpdateArgs {
+    /// The conv-state pool's device buffer.
     pub fn state_buffer(&mut self) -> &mut DeviceBuffer {
-        &mut self.state.buf
+        self.conv_state.buffer()
     }
 
     /// The output's device buffer.
     pub fn out_buffer(&mut self) -> &mut DeviceBuffer {
-        &mut self.out.buf
+        self.out.buffer()
     }
 }
 
-/// Runs a selective state update given with **host** tensors on the CUDA backend: copies the
-/// whole memory of every tensor to the device, plans and launches there, waits, and copies
-/// `state` and `out` back into the host tensors. Then reads the device error word
-/// ([`CudaBackend::check`]). Index values are checked by the kernel, not by the plan (the
-/// plan sees device tables), which is what the garbage-index tests need.
-pub fn run_ssu_mirrored(backend: &CudaBackend, args: SelectiveStateUpdate<'_>) -> Result<(), MirrorError> {
-    stage_ssu(backend, args, |dev_args| Ok(backend.run(ssm_ssu::plan(dev_args)?)?))
-}
-
-/// The one host↔device staging of a selective state update: copies the whole memory of every
-/// tensor of `args` (host tensors) to `backend`'s device, calls `run` with the same call over
-/// the device copies (same layouts), waits for the device, copies `state` and `out` back into
-/// the host tensors, and reads the device error word ([`CudaBackend::check`]). `run` is what
-/// launches: the backend itself ([`run_ssu_mirrored`]) or a runtime on the same device.
-pub fn stage_ssu(
-    backend: &CudaBackend,
-    mut args: SelectiveStateUpdate<'_>,
-    run: impl FnOnce(SelectiveStateUpdate<'_>) -> Result<(), MirrorError>,
-) -> Result<(), MirrorError> {
-    let mut dev = DeviceSsuArgs::upload(backend, &args)?;
-    run(dev.args()?)?;
-    backend.synchronize()?;
-    let sb = dev.state.buf.download()?;
-    let ob = dev.out.buf.download()?;
-    let state_dev = args.state.device();
-    let hs = args.state.host_bytes_mut().ok_or(TensorError::NotHost(state_dev))?;
-    hs.copy_from_slice(&sb[..hs.len()]);
-    let out_dev = args.out.device();
-    let ho = args.out.host_bytes_mut().ok_or(TensorError::NotHost(out_dev))?;
-    ho.copy_from_slice(&ob[..ho.len()]);
-    backend.check()?;
-    Ok(())
-}
-
-/// One host tensor copied to the device (its whole borrowed memory, same layout): the generic
-/// piece of every op's staging. Upload with [`StagedTensor::upload`], hand the device views
-/// ([`view`](StagedTensor::view) / [`view_mut`](StagedTensor::view_mut)) to a call, and copy
-/// written tensors back with [`download_into`](StagedTensor::download_into).
-pub struct StagedTensor(Mirrored);
-
-impl StagedTensor {
-    /// Copies the whole memory of the host tensor `t` to `backend`'s device.
-    pub fn upload(backend: &CudaBackend, t: &TensorRef<'_>) -> Result<Self, MirrorError> {
-        Ok(StagedTensor(mirror(backend, t)?))
+impl StageArgs for DeviceConvUpdateArgs {
+    type Args<'a> = CausalConv1dUpdateArgs<'a>;
+    fn upload(backend: &CudaBackend, a: &CausalConv1dUpdateArgs<'_>) -> Result<Self, MirrorError> {
+        let up = |t: &TensorRef<'_>| StagedTensor::upload(backend, t);
+        let opt = |t: &Option<TensorRef<'_>>| StagedTensor::upload_opt(backend, t.as_ref());
+        Ok(DeviceConvUpdateArgs {
+            x: up(&a.x)?,
+            conv_state: up(&a.conv_state.as_ref())?,
+            layout: a.conv_state_layout,
+            weight: up(&a.weight)?,
+            bias: opt(&a.bias)?,
+            activation: a.activation,
+            indices: opt(&a.conv_state_indices)?,
+            accepted: opt(&a.num_accepted_tokens)?,
+            starts: opt(&a.query_start_loc)?,
+            pad_slot_id: a.pad_slot_id,
+            last_block: opt(&a.block_idx_last_scheduled_token)?,
+            initial_idx: opt(&a.initial_state_idx)?,
+            out: up(&a.out.as_ref())?,
+        })
     }
-
-    /// [`upload`](Self::upload) of an optional tensor.
-    pub fn upload_opt(backend: &CudaBackend, t: Option<&TensorRef<'_>>) -> Result<Option<Self>, MirrorError> {
-        t.map(|t| Self::upload(backend, t)).transpose()
+    fn args(&mut self) -> Result<CausalConv1dUpdateArgs<'_>, TensorError> {
+        Ok(CausalConv1dUpdateArgs {
+            x: self.x.view()?,
+            conv_state: self.conv_state.view_mut()?,
+            conv_state_layout: self.layout,
+            weight: self.weight.view()?,
+            bias: opt_view(&self.bias)?,
+            activation: self.activation,
+            conv_state_indices: opt_view(&self.indices)?,
+            num_accepted_tokens: opt_view(&self.accepted)?,
+            query_start_loc: opt_view(&self.starts)?,
+            pad_slot_id: self.pad_slot_id,
+            block_idx_last_scheduled_token: opt_view(&self.last_block)?,
+            initial_state_idx: opt_view(&self.initial_idx)?,
+            out: self.out.view_mut()?,
+        })
     }
-
-    /// The device view, with the host tensor's layout.
-    pub fn view(&self) -> Result<TensorRef<'_>, TensorError> {
-        self.0.view()
+    fn copy_back(&self, host: &mut CausalConv1dUpdateArgs<'_>) -> Result<(), MirrorError> {
+        self.conv_state.copy_back(&mut host.conv_state)?;
+        self.out.copy_back(&mut host.out)
     }
-
-    /// The writable device view, with the host tensor's layout.
-    pub fn view_mut(&mut self) -> Result<TensorMut<'_>, TensorError> {
-        self.0.view_mut()
-    }
-
-    /// The device buffer (e.g. to corrupt or inspect it in a test).
-    pub fn buffer(&mut self) -> &mut DeviceBuffer {
-        &mut self.0.buf
-    }
-
-    /// Copies the device memory back over the host tensor `t` (the one it was uploaded from;
-    /// waits for the stream).
-    pub fn download_into(&self, t: &mut TensorMut<'_>) -> Result<(), MirrorError> {
-        let bytes = self.0.buf.download()?;
-        let device = t.device();
-        let host = t.host_bytes_mut().ok_or(TensorError::NotHost(device))?;
-        host.copy_from_slice(&bytes[..host.len()]);
-        Ok(())
+    fn launch(backend: &CudaBackend, args: CausalConv1dUpdateArgs<'_>) -> Result<(), MirrorError> {
+        plan_and_run(backend, args)
     }
 }
 
-/// Optional device view of an optional staged tensor.
-fn staged_ref(t: &Option<StagedTensor>) -> Result<Option<TensorRef<'_>>, TensorError> {
-    t.as_ref().map(|t| t.view()).transpose()
+/// The tensors of one `causal_conv1d_fn`, copied to the device, plus its scalar arguments.
+pub struct DeviceConvFnArgs {
+    x: StagedTensor,
+    weight: StagedTensor,
+    bias: Option<StagedTensor>,
+    conv_states: StagedTensor,
+    layout: ConvStateLayout,
+    starts: StagedTensor,
+    indices: Option<StagedTensor>,
+    has_initial_state: Option<StagedTensor>,
+    activation: Activation,
+    pad_slot_id: Option<i64>,
+    out: StagedTensor,
 }
 
-fn staged_mut(t: &mut Option<StagedTensor>) -> Result<Option<TensorMut<'_>>, TensorError> {
-    t.as_mut().map(|t| t.view_mut()).transpose()
-}
-
-fn download_opt(s: &Option<StagedTensor>, t: Option<&mut TensorMut<'_>>) -> Result<(), MirrorError> {
-    if let (Some(s), Some(t)) = (s, t) {
-        s.download_into(t)?;
+impl StageArgs for DeviceConvFnArgs {
+    type Args<'a> = CausalConv1dFnArgs<'a>;
+    fn upload(backend: &CudaBackend, a: &CausalConv1dFnArgs<'_>) -> Result<Self, MirrorError> {
+        let up = |t: &TensorRef<'_>| StagedTensor::upload(backend, t);
+        let opt = |t: &Option<TensorRef<'_>>| StagedTensor::upload_opt(backend, t.as_ref());
+        Ok(DeviceConvFnArgs {
+            x: up(&a.x)?,
+            weight: up(&a.weight)?,
+            bias: opt(&a.bias)?,
+            conv_states: up(&a.conv_states.as_ref())?,
+            layout: a.conv_state_layout,
+            starts: up(&a.query_start_loc)?,
+            indices: opt(&a.cache_indices)?,
+            has_initial_state: opt(&a.has_initial_state)?,
+            activation: a.activation,
+            pad_slot_id: a.pad_slot_id,
+            out: up(&a.out.as_ref())?,
+        })
     }
-    Ok(())
+    fn args(&mut self) -> Result<CausalConv1dFnArgs<'_>, TensorError> {
+        Ok(CausalConv1dFnArgs {
+            x: self.x.view()?,
+            weight: self.weight.view()?,
+            bias: opt_view(&self.bias)?,
+            conv_states: self.conv_states.view_mut()?,
+            conv_state_layout: self.layout,
+            query_start_loc: self.starts.view()?,
+            cache_indices: opt_view(&self.indices)?,
+            has_initial_state: opt_view(&self.has_initial_state)?,
+            activation: self.activation,
+            pad_slot_id: self.pad_slot_id,
+            out: self.out.view_mut()?,
+        })
+    }
+    fn copy_back(&self, host: &mut CausalConv1dFnArgs<'_>) -> Result<(), MirrorError> {
+        self.conv_states.copy_back(&mut host.conv_states)?;
+        self.out.copy_back(&mut host.out)
+    }
+    fn launch(backend: &CudaBackend, args: CausalConv1dFnArgs<'_>) -> Result<(), MirrorError> {
+        plan_and_run(backend, args)
+    }
 }
 
-/// The host↔device staging of `fused_gdn_gating` (as [`stage_ssu`]): uploads every tensor of
-/// `args`, calls `run` with the device call, waits, copies `g` and `beta_output` back, and reads
-/// the device error word.
-pub fn stage_gdn_gating(
-    backend: &CudaBackend,
-    mut args: ssm_gdn::FusedGdnGatingArgs<'_>,
-    run: impl FnOnce(ssm_gdn::FusedGdnGatingArgs<'_>) -> Result<(), MirrorError>,
-) -> Result<(), MirrorError> {
-    let up = |t: &TensorRef<'_>| StagedTensor::upload(backend, t);
-    let (a_log, a, b, dt_bias) = (up(&args.a_log)?, up(&args.a)?, up(&args.b)?, up(&args.dt_bias)?);
-    let (mut g, mut beta_output) = (up(&args.g.as_ref())?, up(&args.beta_output.as_ref())?);
-    run(ssm_gdn::FusedGdnGatingArgs {
-        a_log: a_log.view()?,
-        a: a.view()?,
-        b: b.view()?,
-        dt_bias: dt_bias.view()?,
-        beta: args.beta,
-        threshold: args.threshold,
-        g: g.view_mut()?,
-        beta_output: beta_output.view_mut()?,
-    })?;
-    backend.synchronize()?;
-    g.download_into(&mut args.g)?;
-    beta_output.download_into(&mut args.beta_output)?;
-    backend.check()?;
-    Ok(())
+/// The tensors of one `fused_gdn_gating`, copied to the device, plus its scalar arguments.
+pub struct DeviceGdnGatingArgs {
+    a_log: StagedTensor,
+    a: StagedTensor,
+    b: StagedTensor,
+    dt_bias: StagedTensor,
+    beta: f32,
+    threshold: f32,
+    g: StagedTensor,
+    beta_output: StagedTensor,
 }
 
-/// The tensors both recurrent GDN ops share, staged.
-struct StagedRecurrent {
+impl StageArgs for DeviceGdnGatingArgs {
+    type Args<'a> = FusedGdnGatingArgs<'a>;
+    fn upload(backend: &CudaBackend, a: &FusedGdnGatingArgs<'_>) -> Result<Self, MirrorError> {
+        let up = |t: &TensorRef<'_>| StagedTensor::upload(backend, t);
+        Ok(DeviceGdnGatingArgs {
+            a_log: up(&a.a_log)?,
+            a: up(&a.a)?,
+            b: up(&a.b)?,
+            dt_bias: up(&a.dt_bias)?,
+            beta: a.beta,
+            threshold: a.threshold,
+            g: up(&a.g.as_ref())?,
+            beta_output: up(&a.beta_output.as_ref())?,
+        })
+    }
+    fn args(&mut self) -> Result<FusedGdnGatingArgs<'_>, TensorError> {
+        Ok(FusedGdnGatingArgs {
+            a_log: self.a_log.view()?,
+            a: self.a.view()?,
+            b: self.b.view()?,
+            dt_bias: self.dt_bias.view()?,
+            beta: self.beta,
+            threshold: self.threshold,
+            g: self.g.view_mut()?,
+            beta_output: self.beta_output.view_mut()?,
+        })
+    }
+    fn copy_back(&self, host: &mut FusedGdnGatingArgs<'_>) -> Result<(), MirrorError> {
+        self.g.copy_back(&mut host.g)?;
+        self.beta_output.copy_back(&mut host.beta_output)
+    }
+    fn launch(backend: &CudaBackend, args: FusedGdnGatingArgs<'_>) -> Result<(), MirrorError> {
+        plan_and_run(backend, args)
+    }
+}
+
+/// What both recurrent GDN ops share: q, k, v, the output, the states, the index tables (staged)
+/// and the scalars after the tables. One copy for [`DeviceGdnRecurrentArgs`] and
+/// [`DeviceGdnSigmoidArgs`].
+struct RecurrentShared {
     q: StagedTensor,
     k: StagedTensor,
     v: StagedTensor,
     o: StagedTensor,
     initial_state: Option<StagedTensor>,
     final_state: Option<StagedTensor>,
-    cu: Option<StagedTensor>,
-    ix: Option<StagedTensor>,
-    nacc: Option<StagedTensor>,
+    tables: [Option<StagedTensor>; 3],
+    scale: Option<f32>,
+    l2norm: bool,
+    eps: f32,
+    layout: StateLayout,
 }
 
-impl StagedRecurrent {
-    #[allow(clippy::too_many_arguments)]
-    fn upload(
-        backend: &CudaBackend,
-        q: &TensorRef<'_>,
-        k: &TensorRef<'_>,
-        v: &TensorRef<'_>,
-        o: &TensorMut<'_>,
-        initial_state: Option<&TensorMut<'_>>,
-        final_state: Option<&TensorMut<'_>>,
-        tables: [Option<&TensorRef<'_>>; 3],
-    ) -> Result<Self, MirrorError> {
-        let up = |t: &TensorRef<'_>| StagedTensor::upload(backend, t);
-        Ok(StagedRecurrent {
-            q: up(q)?,
-            k: up(k)?,
-            v: up(v)?,
-            o: up(&o.as_ref())?,
-            initial_state: StagedTensor::upload_opt(backend, initial_state.map(|t| t.as_ref()).as_ref())?,
-            final_state: StagedTensor::upload_opt(backend, final_state.map(|t| t.as_ref()).as_ref())?,
-            cu: StagedTensor::upload_opt(backend, tables[0])?,
-            ix: StagedTensor::upload_opt(backend, tables[1])?,
-            nacc: StagedTensor::upload_opt(backend, tables[2])?,
+/// Device views of [`RecurrentShared`], moved into either op's argument struct.
+struct RecurrentViews<'a> {
+    q: TensorRef<'a>,
+    k: TensorRef<'a>,
+    v: TensorRef<'a>,
+    o: TensorMut<'a>,
+    initial_state: Option<TensorMut<'a>>,
+    final_state: Option<TensorMut<'a>>,
+    tables: [Option<TensorRef<'a>>; 3],
+}
+
+/// Both recurrent GDN ops' shared fields, by name: `$m!(args)` uploads them, `$m!(views of dev)`
+/// names the views. One list, so the two mappings cannot drift apart.
+macro_rules! recurrent_shared {
+    (upload $backend:expr, $a:expr) => {{
+        let a = $a;
+        let up = |t: &TensorRef<'_>| StagedTensor::upload($backend, t);
+        let opt = |t: Option<&TensorRef<'_>>| StagedTensor::upload_opt($backend, t);
+        RecurrentShared {
+            q: up(&a.q)?,
+            k: up(&a.k)?,
+            v: up(&a.v)?,
+            o: up(&a.o.as_ref())?,
+            initial_state: opt(a.initial_state.as_ref().map(|t| t.as_ref()).as_ref())?,
+            final_state: opt(a.final_state.as_ref().map(|t| t.as_ref()).as_ref())?,
+            tables: [
+                opt(a.cu_seqlens.as_ref())?,
+                opt(a.ssm_state_indices.as_ref())?,
+                opt(a.num_accepted_tokens.as_ref())?,
+            ],
+            scale: a.scale,
+            l2norm: a.use_qk_l2norm_in_kernel,
+            eps: a.eps,
+            layout: a.state_layout,
+        }
+    }};
+    ($args:ident { $($own:tt)* } from $shared:expr) => {{
+        let s: &mut RecurrentShared = $shared;
+        let (scale, use_qk_l2norm_in_kernel, eps, state_layout) = (s.scale, s.l2norm, s.eps, s.layout);
+        let RecurrentViews { q, k, v, o, initial_state, final_state, tables: [cu_seqlens, ssm_state_indices, num_accepted_tokens] } =
+            s.views()?;
+        Ok($args {
+            q, k, v, o, initial_state, final_state, cu_seqlens, ssm_state_indices, num_accepted_tokens,
+            scale, use_qk_l2norm_in_kernel, eps, state_layout, $($own)*
+        })
+    }};
+}
+
+impl RecurrentShared {
+    fn views(&mut self) -> Result<RecurrentViews<'_>, TensorError> {
+        let [cu, ix, nacc] = &self.tables;
+        Ok(RecurrentViews {
+            q: self.q.view()?,
+            k: self.k.view()?,
+            v: self.v.view()?,
+            o: self.o.view_mut()?,
+            initial_state: opt_view_mut(&mut self.initial_state)?,
+            final_state: opt_view_mut(&mut self.final_state)?,
+            tables: [opt_view(cu)?, opt_view(ix)?, opt_view(nacc)?],
         })
     }
 
-    fn download(
+    /// Copies `o` and both states back.
+    fn copy_back(
         &self,
-        backend: &CudaBackend,
         o: &mut TensorMut<'_>,
         initial_state: Option<&mut TensorMut<'_>>,
         final_state: Option<&mut TensorMut<'_>>,
     ) -> Result<(), MirrorError> {
-        backend.synchronize()?;
-        self.o.download_into(o)?;
-        download_opt(&self.initial_state, initial_state)?;
-        download_opt(&self.final_state, final_state)?;
-        backend.check()?;
-        Ok(())
+        self.o.copy_back(o)?;
+        opt_copy_back(&self.initial_state, initial_state)?;
+        opt_copy_back(&self.final_state, final_state)
     }
 }
 
-/// The host↔device staging of `fused_recurrent_gated_delta_rule` (as [`stage_ssu`]): `o`,
-/// `initial_state` and `final_state` are copied back.
-pub fn stage_gdn_recurrent(
-    backend: &CudaBackend,
-    mut args: ssm_gdn::FusedRecurrentGatedDeltaRuleArgs<'_>,
-    run: impl FnOnce(ssm_gdn::FusedRecurrentGatedDeltaRuleArgs<'_>) -> Result<(), MirrorError>,
-) -> Result<(), MirrorError> {
-    let mut s = StagedRecurrent::upload(
-        backend,
-        &args.q,
-        &args.k,
-        &args.v,
-        &args.o,
-        args.initial_state.as_ref(),
-        args.final_state.as_ref(),
-        [args.cu_seqlens.as_ref(), args.ssm_state_indices.as_ref(), args.num_accepted_tokens.as_ref()],
-    )?;
-    let g = StagedTensor::upload(backend, &args.g)?;
-    let beta = StagedTensor::upload_opt(backend, args.beta.as_ref())?;
-    run(ssm_gdn::FusedRecurrentGatedDeltaRuleArgs {
-        q: s.q.view()?,
-        k: s.k.view()?,
-        v: s.v.view()?,
-        g: g.view()?,
-        beta: staged_ref(&beta)?,
-        scale: args.scale,
-        initial_state: staged_mut(&mut s.initial_state)?,
-        final_state: staged_mut(&mut s.final_state)?,
-        cu_seqlens: staged_ref(&s.cu)?,
-        ssm_state_indices: staged_ref(&s.ix)?,
-        num_accepted_tokens: staged_ref(&s.nacc)?,
-        use_qk_l2norm_in_kernel: args.use_qk_l2norm_in_kernel,
-        eps: args.eps,
-        state_layout: args.state_layout,
-        o: s.o.view_mut()?,
-    })?;
-    s.download(backend, &mut args.o, args.initial_state.as_mut(), args.final_state.as_mut())
+/// The tensors of one `fused_recurrent_gated_delta_rule`, copied to the device, plus its scalars.
+pub struct DeviceGdnRecurrentArgs {
+    shared: RecurrentShared,
+    g: StagedTensor,
+    beta: Option<StagedTensor>,
 }
 
-/// The host↔device staging of `fused_sigmoid_gating_delta_rule_update` (as [`stage_ssu`]): `o`,
-/// `initial_state` and `final_state` are copied back.
-pub fn stage_gdn_sigmoid(
-    backend: &CudaBackend,
-    mut args: ssm_gdn::FusedSigmoidGatingDeltaRuleUpdateArgs<'_>,
-    run: impl FnOnce(ssm_gdn::FusedSigmoidGatingDeltaRuleUpdateArgs<'_>) -> Result<(), MirrorError>,
-) -> Result<(), MirrorError> {
-    let mut s = StagedRecurrent::upload(
-        backend,
-        &args.q,
-        &args.k,
-        &args.v,
-        &args.o,
-        args.initial_state.as_ref(),
-        args.final_state.as_ref(),
-        [args.cu_seqlens.as_ref(), args.ssm_state_indices.as_ref(), args.num_accepted_tokens.as_ref()],
-    )?;
-    let up = |t: &TensorRef<'_>| StagedTensor::upload(backend, t);
-    let (a_log, a, b, dt_bias) = (up(&args.a_log)?, up(&args.a)?, up(&args.b)?, up(&args.dt_bias)?);
-    run(ssm_gdn::FusedSigmoidGatingDeltaRuleUpdateArgs {
-        a_log: a_log.view()?,
-        a: a.view()?,
-        b: b.view()?,
-        dt_bias: dt_bias.view()?,
-        q: s.q.view()?,
-        k: s.k.view()?,
-        v: s.v.view()?,
-        beta: args.beta,
-        threshold: args.threshold,
-        scale: args.scale,
-        initial_state: staged_mut(&mut s.initial_state)?,
-        final_state: staged_mut(&mut s.final_state)?,
-        cu_seqlens: staged_ref(&s.cu)?,
-        ssm_state_indices: staged_ref(&s.ix)?,
-        num_accepted_tokens: staged_ref(&s.nacc)?,
-        use_qk_l2norm_in_kernel: args.use_qk_l2norm_in_kernel,
-        eps: args.eps,
-        state_layout: args.state_layout,
-        o: s.o.view_mut()?,
-    })?;
-    s.download(backend, &mut args.o, args.initial_state.as_mut(), args.final_state.as_mut())
+impl StageArgs for DeviceGdnRecurrentArgs {
+    type Args<'a> = FusedRecurrentGatedDeltaRuleArgs<'a>;
+    fn upload(backend: &CudaBackend, a: &FusedRecurrentGatedDeltaRuleArgs<'_>) -> Result<Self, MirrorError> {
+        Ok(DeviceGdnRecurrentArgs {
+            shared: recurrent_shared!(upload backend, a),
+            g: StagedTensor::upload(backend, &a.g)?,
+            beta: StagedTensor::upload_opt(backend, a.beta.as_ref())?,
+        })
+    }
+    fn args(&mut self) -> Result<FusedRecurrentGatedDeltaRuleArgs<'_>, TensorError> {
+        recurrent_shared!(FusedRecurrentGatedDeltaRuleArgs { g: self.g.view()?, beta: opt_view(&self.beta)? }
+            from &mut self.shared)
+    }
+    fn copy_back(&self, host: &mut FusedRecurrentGatedDeltaRuleArgs<'_>) -> Result<(), MirrorError> {
+        self.shared.copy_back(&mut host.o, host.initial_state.as_mut(), host.final_state.as_mut())
+    }
+    fn launch(backend: &CudaBackend, args: FusedRecurrentGatedDeltaRuleArgs<'_>) -> Result<(), MirrorError> {
+        plan_and_run(backend, args)
+    }
+}
+
+/// The tensors of one `fused_sigmoid_gating_delta_rule_update`, copied to the device, plus its
+/// scalars.
+pub struct DeviceGdnSigmoidArgs {
+    shared: RecurrentShared,
+    a_log: StagedTensor,
+    a: StagedTensor,
+    b: StagedTensor,
+    dt_bias: StagedTensor,
+    beta: f32,
+    threshold: f32,
+}
+
+impl DeviceGdnSigmoidArgs {
+    /// The state pool's device buffer (`initial_state`, which the op updates in place).
+    pub fn state_buffer(&mut self) -> Option<&mut DeviceBuffer> {
+        self.shared.initial_state.as_mut().map(StagedTensor::buffer)
+    }
+
+    /// The output's device buffer.
+    pub fn out_buffer(&mut self) -> &mut DeviceBuffer {
+        self.shared.o.buffer()
+    }
+}
+
+impl StageArgs for DeviceGdnSigmoidArgs {
+    type Args<'a> = FusedSigmoidGatingDeltaRuleUpdateArgs<'a>;
+    fn upload(backend: &CudaBackend, a: &FusedSigmoidGatingDeltaRuleUpdateArgs<'_>) -> Result<Self, MirrorError> {
+        let up = |t: &TensorRef<'_>| StagedTensor::upload(backend, t);
+        Ok(DeviceGdnSigmoidArgs {
+            shared: recurrent_shared!(upload backend, a),
+            a_log: up(&a.a_log)?,
+            a: up(&a.a)?,
+            b: up(&a.b)?,
+            dt_bias: up(&a.dt_bias)?,
+            beta: a.beta,
+            threshold: a.threshold,
+        })
+    }
+    fn args(&mut self) -> Result<FusedSigmoidGatingDeltaRuleUpdateArgs<'_>, TensorError> {
+        recurrent_shared!(FusedSigmoidGatingDeltaRuleUpdateArgs {
+            a_log: self.a_log.view()?,
+            a: self.a.view()?,
+            b: self.b.view()?,
+            dt_bias: self.dt_bias.view()?,
+            beta: self.beta,
+            threshold: self.threshold,
+        } from &mut self.shared)
+    }
+    fn copy_back(&self, host: &mut FusedSigmoidGatingDeltaRuleUpdateArgs<'_>) -> Result<(), MirrorError> {
+        self.shared.copy_back(&mut host.o, host.initial_state.as_mut(), host.final_state.as_mut())
+    }
+    fn launch(backend: &CudaBackend, args: FusedSigmoidGatingDeltaRuleUpdateArgs<'_>) -> Result<(), MirrorError> {
+        plan_and_run(backend, args)
+    }
+}
+
+/// A host-tensor façade of the CUDA backend: every call is staged ([`run_staged`]) and run on
+/// the device, so generic checks written against a family trait ([`ssm_conv::ConvBackend`],
+/// …) with host tensors run on the GPU unchanged. The call's host plan is dropped; the device
+/// copies are planned again.
+#[derive(Debug, Clone, Copy)]
+pub struct Mirrored<'b>(pub &'b CudaBackend);
+
+/// `Run` for [`Mirrored`]: each op's arguments and its staging.
+macro_rules! mirrored {
+    ($($args:ident => $staging:ty),* $(,)?) => {$(
+        impl Run<$args<'_>> for Mirrored<'_> {
+            type Error = MirrorError;
+            fn run(&self, call: Planned<$args<'_>>) -> Result<(), MirrorError> {
+                run_staged::<$staging>(self.0, call.into_parts().0)
+            }
+        }
+    )*};
+}
+
+mirrored! {
+    SelectiveStateUpdate => DeviceSsuArgs,
+    CausalConv1dUpdateArgs => DeviceConvUpdateArgs,
+    CausalConv1dFnArgs => DeviceConvFnArgs,
+    FusedGdnGatingArgs => DeviceGdnGatingArgs,
+    FusedRecurrentGatedDeltaRuleArgs => DeviceGdnRecurrentArgs,
+    FusedSigmoidGatingDeltaRuleUpdateArgs => DeviceGdnSigmoidArgs,
 }

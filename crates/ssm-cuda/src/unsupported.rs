@@ -18,8 +18,6 @@ macro_rules! unsupported {
 }
 
 unsupported!(
-    ssm_conv::CausalConv1dUpdateArgs<'_>,
-    ssm_conv::CausalConv1dFnArgs<'_>,
     ssm_gdn::ChunkGatedDeltaRuleArgs<'_>,
     ssm_ssd::MambaChunkScanCombinedVarlen<'_>,
     ssm_ring::UpdateRingTrackers<'_>,

@@ -15,7 +15,8 @@ fn vectors_pass_on_cuda() {
         return;
     }
     let rt = Runtime::new(&Config { backend: BackendKind::Cuda, ..Config::default() }).expect("CUDA runtime");
-    assert_conformance(&Staged::new(rt, "cuda (staged)"), ops::SSU);
+    let ops: Vec<&str> = [ops::SSU, ops::CONV].concat();
+    assert_conformance(&Staged::new(rt, "cuda (staged)"), &ops);
 }
 
 /// The GDN ops with CUDA kernels (the chunked prefill has none yet).

@@ -11,8 +11,7 @@ mod common;
 
 use common::gpu;
 use ssm_conformance::gdn_random::{RecurrentCase, RecurrentSpec, SplitMix};
-use ssm_cuda::cudarc::driver::sys;
-use ssm_cuda::testing::{MirrorError, StagedTensor, stage_gdn_gating, stage_gdn_recurrent, stage_gdn_sigmoid};
+use ssm_cuda::testing::{DeviceGdnGatingArgs, DeviceGdnRecurrentArgs, DeviceGdnSigmoidArgs, MirrorError, run_staged};
 use ssm_cuda::{CudaBackend, CudaError, DeviceErrors};
 use ssm_gdn::reference::Reference;
 use ssm_tensor::{DType, HostTensor, Run};
@@ -58,11 +57,11 @@ fn untouched(what: &str, before: &HostTensor, after: &HostTensor, writable: &[us
 }
 
 fn run_cuda_recurrent(be: &CudaBackend, c: &mut RecurrentCase) -> Result<(), MirrorError> {
-    stage_gdn_recurrent(be, c.recurrent_args(), |d| Ok(be.run(ssm_gdn::plan(d)?)?))
+    run_staged::<DeviceGdnRecurrentArgs>(be, c.recurrent_args())
 }
 
 fn run_cuda_sigmoid(be: &CudaBackend, c: &mut RecurrentCase) -> Result<(), MirrorError> {
-    stage_gdn_sigmoid(be, c.sigmoid_args(), |d| Ok(be.run(ssm_gdn::plan(d)?)?))
+    run_staged::<DeviceGdnSigmoidArgs>(be, c.sigmoid_args())
 }
 
 fn compare_case(what: &str, base: &RecurrentCase, got: &RecurrentCase, want: &RecurrentCase) {
@@ -137,7 +136,7 @@ fn gating_matches_the_reference() {
                 beta_output: beta.view_mut(),
             };
             if cuda {
-                stage_gdn_gating(&be, args, |d| Ok(be.run(ssm_gdn::plan(d)?)?)).unwrap();
+                run_staged::<DeviceGdnGatingArgs>(&be, args).unwrap();
             } else {
                 Reference::F32.run(ssm_gdn::plan(args).unwrap()).unwrap();
             }
@@ -219,83 +218,23 @@ fn case_where(spec: RecurrentSpec, pred: impl Fn(&RecurrentCase) -> bool) -> Rec
     (0..1000).map(|seed| RecurrentCase::random(spec, seed)).find(|c| pred(c)).expect("a seed with the wanted lengths")
 }
 
-/// A sigmoid-gated decode call's tensors, resident on the device.
-struct DeviceDecode {
-    t: Vec<StagedTensor>,
-    spec: RecurrentSpec,
-}
-
-impl DeviceDecode {
-    fn upload(be: &CudaBackend, c: &RecurrentCase) -> Self {
-        let refs = [
-            c.a_log.view(),
-            c.a.view(),
-            c.b.view(),
-            c.dt_bias.view(),
-            c.q.view(),
-            c.k.view(),
-            c.v.view(),
-            c.state.as_ref().unwrap().view(),
-            c.cu.as_ref().unwrap().view(),
-            c.ix.as_ref().unwrap().view(),
-            c.o.view(),
-        ];
-        DeviceDecode { t: refs.iter().map(|r| StagedTensor::upload(be, r).unwrap()).collect(), spec: c.spec }
-    }
-
-    fn args(&mut self) -> ssm_gdn::FusedSigmoidGatingDeltaRuleUpdateArgs<'_> {
-        let [a_log, a, b, dt_bias, q, k, v, state, cu, ix, o] = &mut self.t[..] else { unreachable!() };
-        ssm_gdn::FusedSigmoidGatingDeltaRuleUpdateArgs {
-            a_log: a_log.view().unwrap(),
-            a: a.view().unwrap(),
-            b: b.view().unwrap(),
-            dt_bias: dt_bias.view().unwrap(),
-            q: q.view().unwrap(),
-            k: k.view().unwrap(),
-            v: v.view().unwrap(),
-            beta: 1.0,
-            threshold: 20.0,
-            scale: None,
-            initial_state: Some(state.view_mut().unwrap()),
-            final_state: None,
-            cu_seqlens: Some(cu.view().unwrap()),
-            ssm_state_indices: Some(ix.view().unwrap()),
-            num_accepted_tokens: None,
-            use_qk_l2norm_in_kernel: self.spec.l2norm,
-            eps: 1e-6,
-            state_layout: self.spec.layout,
-            o: o.view_mut().unwrap(),
-        }
-    }
-
-    fn bytes(&mut self, i: usize) -> Vec<u8> {
-        self.t[i].buffer().download().unwrap()
-    }
-}
-
 /// A decode step captured in a CUDA graph and replayed 50 times equals 50 eager calls.
 #[test]
 fn graph_replay_equals_eager_execution() {
     let Some(be) = gpu("gdn graph_replay_equals_eager_execution") else { return };
-    let case = RecurrentCase::random(RecurrentSpec::decode(32, DType::F32), 4242);
-    let mut eager = DeviceDecode::upload(&be, &case);
-    let mut graphed = DeviceDecode::upload(&be, &case);
-    be.prewarm_gdn_recurrent(ssm_gdn::plan(eager.args()).unwrap().plan()).unwrap();
-    for _ in 0..50 {
-        be.run(ssm_gdn::plan(eager.args()).unwrap()).unwrap();
-    }
-    be.synchronize().unwrap();
-    let stream = be.stream().clone();
-    stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
-    be.run(ssm_gdn::plan(graphed.args()).unwrap()).unwrap();
-    let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0)).unwrap().expect("a captured graph");
-    for _ in 0..50 {
-        graph.launch().unwrap();
-    }
-    be.synchronize().unwrap();
-    be.check().unwrap();
-    assert_eq!(eager.bytes(7), graphed.bytes(7), "state");
-    assert_eq!(eager.bytes(10), graphed.bytes(10), "o");
+    let mut case = RecurrentCase::random(RecurrentSpec::decode(32, DType::F32), 4242);
+    common::assert_graph_replay_equals_eager::<DeviceGdnSigmoidArgs>(
+        &be,
+        &case.sigmoid_args(),
+        50,
+        |a| be.prewarm_gdn_recurrent(ssm_gdn::plan(a).unwrap().plan()).unwrap(),
+        |d| {
+            vec![
+                d.state_buffer().expect("a decode case has a state").download().unwrap(),
+                d.out_buffer().download().unwrap(),
+            ]
+        },
+    );
 }
 
 /// A call allocates no device memory (free memory unchanged over many calls, after the kernel
@@ -303,18 +242,8 @@ fn graph_replay_equals_eager_execution() {
 #[test]
 fn calls_allocate_no_device_memory() {
     let Some(be) = gpu("gdn calls_allocate_no_device_memory") else { return };
-    let case = RecurrentCase::random(RecurrentSpec::decode(64, DType::BF16), 31);
-    let mut dev = DeviceDecode::upload(&be, &case);
-    be.run(ssm_gdn::plan(dev.args()).unwrap()).unwrap();
-    be.synchronize().unwrap();
-    let (free_before, _) = be.mem_info().unwrap();
-    for _ in 0..200 {
-        be.run(ssm_gdn::plan(dev.args()).unwrap()).unwrap();
-    }
-    be.synchronize().unwrap();
-    let (free_after, _) = be.mem_info().unwrap();
-    assert_eq!(free_before, free_after, "device memory changed over 200 calls");
-    be.check().unwrap();
+    let mut case = RecurrentCase::random(RecurrentSpec::decode(64, DType::BF16), 31);
+    common::assert_calls_allocate_no_device_memory::<DeviceGdnSigmoidArgs>(&be, &case.sigmoid_args());
 }
 
 #[test]

@@ -9,8 +9,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use ssm_conformance::cases::base_seed;
 use ssm_conformance::cases::ssu::{Case, Spec, Tokens};
-use ssm_cuda::cudarc::driver::sys;
-use ssm_cuda::testing::{DeviceSsuArgs, MirrorError, run_ssu_mirrored};
+use ssm_cuda::testing::{DeviceSsuArgs, MirrorError, run_staged};
 use ssm_cuda::{CudaError, DeviceErrors};
 use ssm_ssu::reference::Reference;
 use ssm_ssu::{SsuError, StochasticRounding};
@@ -50,7 +49,7 @@ fn cuda_matches_the_reference_on_random_cases() {
             Err(SsuError::SlotConflict { .. }) if spec.alias => continue,
             Err(e) => panic!("{ctx}: host plan: {e}"),
         }
-        run_ssu_mirrored(&be, got.args()).unwrap_or_else(|e| panic!("{ctx}: {e}"));
+        run_staged::<DeviceSsuArgs>(&be, got.args()).unwrap_or_else(|e| panic!("{ctx}: {e}"));
         compare("out", &got.out, &want.out).unwrap_or_else(|e| panic!("{ctx}: {e}"));
         compare("state", &got.state.memory, &want.state.memory).unwrap_or_else(|e| panic!("{ctx}: {e}"));
         // Slots no table names stay bit-identical.
@@ -82,7 +81,7 @@ fn mamba2_shapes_match_the_reference() {
         let mut want = Case::build(s.clone(), 77 + i as u64);
         let mut got = want.clone();
         run_reference(&mut want);
-        run_ssu_mirrored(&be, got.args()).unwrap();
+        run_staged::<DeviceSsuArgs>(&be, got.args()).unwrap();
         compare("out", &got.out, &want.out).unwrap_or_else(|e| panic!("{s:?}: {e}"));
         compare("state", &got.state.memory, &want.state.memory).unwrap_or_else(|e| panic!("{s:?}: {e}"));
     }
@@ -117,7 +116,7 @@ fn stochastic_rounding_is_bit_identical_to_the_cpu_reference() {
         rne.spec.sr = None;
         run_reference(&mut want);
         run_reference(&mut rne);
-        run_ssu_mirrored(&be, got.args()).unwrap();
+        run_staged::<DeviceSsuArgs>(&be, got.args()).unwrap();
         assert_bit_identical(&format!("case {i}: state"), &got.state.memory, &want.state.memory);
         assert!(
             want.state.memory != rne.state.memory,
@@ -172,7 +171,7 @@ fn garbage_indices_never_escape_their_tensors() {
             view.set_i64(i, garbage(&mut rng));
         }
         let initial = case.clone();
-        let result = run_ssu_mirrored(&be, case.args());
+        let result = run_staged::<DeviceSsuArgs>(&be, case.args());
         match result {
             Err(MirrorError::Cuda(CudaError::InvalidIndices(DeviceErrors(w)))) => assert_ne!(w, 0),
             Ok(()) => {}
@@ -210,24 +209,13 @@ fn garbage_indices_never_escape_their_tensors() {
 fn graph_replay_equals_eager_execution() {
     let Some(be) = gpu("graph_replay_equals_eager_execution") else { return };
     let mut case = Case::build(Spec::mamba2(32, DType::F32), 4242);
-    let mut eager = DeviceSsuArgs::upload(&be, &case.args()).unwrap();
-    let mut graphed = DeviceSsuArgs::upload(&be, &case.args()).unwrap();
-    be.prewarm_ssu(ssm_ssu::plan(eager.args().unwrap()).unwrap().plan()).unwrap();
-    for _ in 0..100 {
-        be.run(ssm_ssu::plan(eager.args().unwrap()).unwrap()).unwrap();
-    }
-    be.synchronize().unwrap();
-    let stream = be.stream().clone();
-    stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
-    be.run(ssm_ssu::plan(graphed.args().unwrap()).unwrap()).unwrap();
-    let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0)).unwrap().expect("a captured graph");
-    for _ in 0..100 {
-        graph.launch().unwrap();
-    }
-    be.synchronize().unwrap();
-    be.check().unwrap();
-    assert_eq!(eager.state_buffer().download().unwrap(), graphed.state_buffer().download().unwrap(), "state");
-    assert_eq!(eager.out_buffer().download().unwrap(), graphed.out_buffer().download().unwrap(), "out");
+    common::assert_graph_replay_equals_eager::<DeviceSsuArgs>(
+        &be,
+        &case.args(),
+        100,
+        |a| be.prewarm_ssu(ssm_ssu::plan(a).unwrap().plan()).unwrap(),
+        |d| vec![d.state_buffer().download().unwrap(), d.out_buffer().download().unwrap()],
+    );
 }
 
 /// With `out` given, a call allocates no device memory (free memory is unchanged over many
@@ -236,18 +224,7 @@ fn graph_replay_equals_eager_execution() {
 fn calls_allocate_no_device_memory() {
     let Some(be) = gpu("calls_allocate_no_device_memory") else { return };
     let mut case = Case::build(Spec::mamba2(64, DType::BF16), 31);
-    let mut dev = DeviceSsuArgs::upload(&be, &case.args()).unwrap();
-    be.run(ssm_ssu::plan(dev.args().unwrap()).unwrap()).unwrap();
-    be.synchronize().unwrap();
-    let (free_before, _) = be.mem_info().unwrap();
-    for _ in 0..200 {
-        let args = dev.args().unwrap();
-        be.run(ssm_tensor::Planned::new(args).unwrap()).unwrap();
-    }
-    be.synchronize().unwrap();
-    let (free_after, _) = be.mem_info().unwrap();
-    assert_eq!(free_before, free_after, "device memory changed over 200 calls");
-    be.check().unwrap();
+    common::assert_calls_allocate_no_device_memory::<DeviceSsuArgs>(&be, &case.args());
 }
 
 #[test]

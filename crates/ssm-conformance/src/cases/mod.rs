@@ -7,6 +7,8 @@
 pub mod ring;
 pub mod ssu;
 
+use ssm_tensor::{HostTensor, TensorMut, TensorRef};
+
 /// The base seed of a property test: `SSM_TEST_SEED` when set, else `fallback`, else a fresh
 /// random seed. Printed on stderr, so that a failing run can be replayed.
 ///
@@ -19,4 +21,40 @@ pub fn base_seed(fallback: Option<u64>) -> u64 {
     };
     eprintln!("SSM_TEST_SEED={seed}");
     seed
+}
+
+/// An owned host tensor seen through a layout: stride-0 broadcasts of tied parameters, padded
+/// state slots, permuted (e.g. dim-major) activations.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StridedHost {
+    /// The memory (its own shape is the compact one).
+    pub memory: HostTensor,
+    /// Shape of the view.
+    pub shape: Vec<usize>,
+    /// Strides of the view in elements.
+    pub strides: Vec<isize>,
+}
+
+impl StridedHost {
+    pub(crate) fn contiguous(memory: HostTensor) -> Self {
+        let strides = memory.view().strides().to_vec();
+        StridedHost { shape: memory.shape.clone(), memory, strides }
+    }
+
+    /// `memory` broadcast to `shape` (its size-1 axes get stride 0).
+    pub(crate) fn expanded(memory: HostTensor, shape: &[usize]) -> Self {
+        let strides = memory.view().expand(shape).expect("a broadcastable shape").strides().to_vec();
+        StridedHost { memory, shape: shape.to_vec(), strides }
+    }
+
+    /// The read-only view.
+    pub fn view(&self) -> TensorRef<'_> {
+        self.memory.view().with_layout(&self.shape, &self.strides, 0).expect("the layout fits the memory")
+    }
+
+    /// The writable view.
+    pub fn view_mut(&mut self) -> TensorMut<'_> {
+        let (shape, strides) = (self.shape.clone(), self.strides.clone());
+        self.memory.view_mut().with_layout(&shape, &strides, 0).expect("the layout fits the memory")
+    }
 }

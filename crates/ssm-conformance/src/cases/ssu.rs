@@ -12,10 +12,11 @@
 
 use std::ops::Range;
 
+pub use super::StridedHost;
 use rand::prelude::*;
 use rand_chacha::ChaCha8Rng;
 use ssm_ssu::{SelectiveStateUpdate, StochasticRounding};
-use ssm_tensor::{DType, HostTensor, TensorMut, TensorRef};
+use ssm_tensor::{DType, HostTensor};
 
 /// The float dtypes of states and activations.
 pub const FLOATS: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
@@ -204,42 +205,6 @@ impl Spec {
             sr: (state == DType::F16 && rng.random_bool(0.3))
                 .then(|| StochasticRounding { seed: rng.random(), philox_rounds: *[0, 7].choose(rng).unwrap() }),
         }
-    }
-}
-
-/// An owned host tensor seen through a layout: stride-0 broadcasts of the tied parameters,
-/// padded state slots.
-#[derive(Debug, Clone, PartialEq)]
-pub struct StridedHost {
-    /// The memory (its own shape is the compact one).
-    pub memory: HostTensor,
-    /// Shape of the view.
-    pub shape: Vec<usize>,
-    /// Strides of the view in elements.
-    pub strides: Vec<isize>,
-}
-
-impl StridedHost {
-    fn contiguous(memory: HostTensor) -> Self {
-        let strides = memory.view().strides().to_vec();
-        StridedHost { shape: memory.shape.clone(), memory, strides }
-    }
-
-    /// `memory` broadcast to `shape` (its size-1 axes get stride 0).
-    fn expanded(memory: HostTensor, shape: &[usize]) -> Self {
-        let strides = memory.view().expand(shape).expect("a broadcastable shape").strides().to_vec();
-        StridedHost { memory, shape: shape.to_vec(), strides }
-    }
-
-    /// The read-only view.
-    pub fn view(&self) -> TensorRef<'_> {
-        self.memory.view().with_layout(&self.shape, &self.strides, 0).expect("the layout fits the memory")
-    }
-
-    /// The writable view.
-    pub fn view_mut(&mut self) -> TensorMut<'_> {
-        let (shape, strides) = (self.shape.clone(), self.strides.clone());
-        self.memory.view_mut().with_layout(&shape, &strides, 0).expect("the layout fits the memory")
     }
 }
 

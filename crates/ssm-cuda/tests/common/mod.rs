@@ -1,7 +1,10 @@
-//! Shared pieces of the GPU tests: the skip rule and the tolerance comparison. (Random SSU
+//! Shared pieces of the GPU tests: the skip rule, the tolerance comparison, and the graph-replay
+//! and no-allocation checks every op's staging ([`StageArgs`]) runs through. (Random SSU
 //! cases come from the one generator, `ssm_conformance::cases::ssu`.)
 #![allow(dead_code, unreachable_pub)]
 
+use ssm_cuda::cudarc::driver::sys;
+use ssm_cuda::testing::StageArgs;
 use ssm_cuda::{Availability, CudaBackend, probe};
 use ssm_tensor::{DType, HostTensor};
 
@@ -52,4 +55,49 @@ pub fn compare(what: &str, got: &HostTensor, want: &HostTensor) -> Result<(), St
         }
     }
     Ok(())
+}
+
+/// A call captured in a CUDA graph and replayed `reps` times leaves the same bytes as `reps`
+/// eager calls. `host` is staged twice (eager and graphed copies); `prewarm` loads the kernel
+/// before the capture; `written` downloads what the op writes (state, out) for the comparison.
+pub fn assert_graph_replay_equals_eager<S: StageArgs>(
+    be: &CudaBackend,
+    host: &S::Args<'_>,
+    reps: usize,
+    prewarm: impl FnOnce(S::Args<'_>),
+    written: impl Fn(&mut S) -> Vec<Vec<u8>>,
+) {
+    let mut eager = S::upload(be, host).unwrap();
+    let mut graphed = S::upload(be, host).unwrap();
+    prewarm(graphed.args().unwrap());
+    for _ in 0..reps {
+        S::launch(be, eager.args().unwrap()).unwrap();
+    }
+    be.synchronize().unwrap();
+    let stream = be.stream().clone();
+    stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
+    S::launch(be, graphed.args().unwrap()).unwrap();
+    let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0)).unwrap().expect("a captured graph");
+    for _ in 0..reps {
+        graph.launch().unwrap();
+    }
+    be.synchronize().unwrap();
+    be.check().unwrap();
+    assert_eq!(written(&mut eager), written(&mut graphed), "eager and graph-replayed results differ");
+}
+
+/// With every tensor on the device, calls allocate no device memory: free memory is unchanged
+/// over 200 calls, after a first call loaded the kernel.
+pub fn assert_calls_allocate_no_device_memory<S: StageArgs>(be: &CudaBackend, host: &S::Args<'_>) {
+    let mut dev = S::upload(be, host).unwrap();
+    S::launch(be, dev.args().unwrap()).unwrap();
+    be.synchronize().unwrap();
+    let (free_before, _) = be.mem_info().unwrap();
+    for _ in 0..200 {
+        S::launch(be, dev.args().unwrap()).unwrap();
+    }
+    be.synchronize().unwrap();
+    let (free_after, _) = be.mem_info().unwrap();
+    assert_eq!(free_before, free_after, "device memory changed over 200 calls");
+    be.check().unwrap();
 }

@@ -1,0 +1,273 @@
+// Causal conv1d (semantics/gdn_conv.md §4.3–4.4; the arithmetic of ssm_conv::reference), one
+// kernel for `causal_conv1d_update` and `causal_conv1d_fn`, specialised at NVRTC time by -D
+// macros (see crates/ssm-cuda/src/conv.rs):
+//
+//   ELEM_T                              f32 / f16_t / bf16_t (x, weight, bias, state, out)
+//   CI_T NACC_T QSL_T ISI_T BLK_T       int / i64 / unsigned char (index tables; INIT_T for
+//                                       has_initial_state is always unsigned char)
+//   WIDTH                               2..4
+//   VEC NTHREADS                        channels per thread, threads per block
+//   FN                                  1: causal_conv1d_fn (varlen prefill, has_initial_state)
+//   HAS_CI HAS_PAD VARLEN SPEC APC HAS_INIT HAS_BIAS SILU        0/1
+//   X_VEC OUT_VEC ST_VEC W_VEC B_VEC    0/1: the tensor is contiguous along the channels (for
+//       the weight: [dim, WIDTH] row-major) and 16-byte aligned at every vector start: one
+//       16-byte access per VEC channels (per VEC × WIDTH taps for the weight)
+//
+// One thread owns VEC consecutive channels of one sequence and one chunk of its tokens. Block
+// b covers channels [cb·NTHREADS·VEC, (cb+1)·NTHREADS·VEC) of sequence s (blockIdx.x = s ·
+// cblocks + cb), so a warp reads 32·VEC consecutive channels of one token: coalesced along
+// `dim` in the channel-contiguous layouts. blockIdx.z strides over token chunks of `chunk`
+// tokens; chunk k > 0 reads its window's history from x (Triton's BLOCK_M pieces), chunk 0
+// reads it from the state. The history window (WIDTH − 1 values per channel) stays in f32
+// registers (storage values, exact); the state is written only by chunk 0, after its reads:
+// - non-speculative: columns [0, WIDTH − 1) = the last WIDTH − 1 values of history ++ x,
+//   taken from the registers and from x directly (no other chunk is waited for);
+// - speculative (one chunk): columns [0, WIDTH − 2) = history[1..], then x_t at column
+//   WIDTH − 2 + t as the tokens go.
+//
+// Index values are checked here: a pad skips the sequence (nothing written, as the
+// reference); any other value outside its range skips the sequence and ORs a bit into the
+// device error word, so no index value ever reads or writes outside its tensor.
+
+// (Error-word bits ERR_*: kernels/common.cuh.)
+
+// Mirrored by `ConvParams` in crates/ssm-cuda/src/conv.rs (same field order, all 8-byte
+// fields first, no padding). Addresses include each tensor's element offset.
+struct ConvParams {
+    u64 x, w, bias, state, out, ci, nacc, qsl, init, blk, err;
+    i64 x_seq, x_tok, x_dim, out_seq, out_tok, out_dim;
+    i64 st_slot, st_col, st_dim, w_dim, w_tap, b_dim;
+    i64 ci_seq, ci_col, nacc_s, qsl_s, init_s, blk_s;
+    i64 slots, state_len, rows, pad, ci_cols;
+    int batch, dim, seqlen, chunk, cblocks, reserved;
+};
+
+// Every thread of a block meets the same index values; thread 0 (which always has channels)
+// reports them.
+__device__ __forceinline__ void raise_error(const ConvParams& p, u32 bit) {
+    if (threadIdx.x == 0 && blockIdx.z == 0) atomicOr(reinterpret_cast<u32*>(p.err), bit);
+}
+
+__device__ __forceinline__ i64 load_index(const unsigned char* p) { return (i64)*p; }
+
+// VEC channels starting at `p` (element stride `s` between channels): one vector access
+// when CONTIG (the caller guarantees stride 1 and 16-byte alignment), else element by
+// element, channels at or past `n` left alone (reads give 0).
+template <bool CONTIG> __device__ __forceinline__ void ld_ch(const ELEM_T* p, i64 s, int n, float* v) {
+    if constexpr (CONTIG) {
+        load_vec<VEC, ELEM_T>(p, v);
+    } else {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) v[e] = e < n ? to_f32(p[e * s]) : 0.f;
+    }
+}
+template <bool CONTIG> __device__ __forceinline__ void ld_ch_ro(const ELEM_T* p, i64 s, int n, float* v) {
+    if constexpr (CONTIG) {
+        load_vec_ro<VEC, ELEM_T>(p, v);
+    } else {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) v[e] = e < n ? to_f32(ld_ro(p + e * s)) : 0.f;
+    }
+}
+template <bool CONTIG> __device__ __forceinline__ void st_ch(ELEM_T* p, i64 s, int n, const float* v) {
+    if constexpr (CONTIG) {
+        store_vec<VEC, ELEM_T>(p, v);
+    } else {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e)
+            if (e < n) p[e * s] = from_f32<ELEM_T>(v[e]);
+    }
+}
+
+// acc + round_T(a·b): the product of two storage values rounded to the storage dtype before
+// the f32 accumulate (exact in f32 for f16/bf16 operands, so one rounding), fused for f32
+// (Triton's and the CPU backend's contraction).
+__device__ __forceinline__ float mac(float a, float b, float acc) {
+    if constexpr (sizeof(ELEM_T) == 4) {
+        return fmaf(a, b, acc);
+    } else {
+        return acc + to_f32(from_f32<ELEM_T>(__fmul_rn(a, b)));
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(NTHREADS) conv_kernel(const ConvParams p) {
+    const i64 seq = (i64)blockIdx.x / p.cblocks;
+    const int cb = (int)((i64)blockIdx.x % p.cblocks);
+    const int c0 = (cb * NTHREADS + (int)threadIdx.x) * VEC;
+    if (seq >= p.batch || c0 >= p.dim) return;
+    const int nch = p.dim - c0 < VEC ? p.dim - c0 : VEC;  // channels of this thread
+
+    // ---- the sequence's tokens ----
+    i64 bos = 0;
+    int len = p.seqlen;
+#if VARLEN
+    {
+        const QSL_T* q = reinterpret_cast<const QSL_T*>(p.qsl);
+        bos = load_index(q + seq * p.qsl_s);
+        const i64 eos = load_index(q + (seq + 1) * p.qsl_s);
+        if (bos < 0 || eos < bos || eos > p.rows) {
+            raise_error(p, ERR_CU_SEQLENS);
+            return;
+        }
+        len = (int)(eos - bos);
+    }
+#endif
+
+    // ---- slots (mirrors plan_update / plan_fn) ----
+    i64 read_slot = seq, write_slot = seq;
+#if HAS_CI
+    {
+        const CI_T* row = reinterpret_cast<const CI_T*>(p.ci) + seq * p.ci_seq;
+        i64 rcol = 0, wcol = 0;
+#if APC
+        rcol = load_index(reinterpret_cast<const ISI_T*>(p.init) + seq * p.init_s);
+        wcol = load_index(reinterpret_cast<const BLK_T*>(p.blk) + seq * p.blk_s);
+        if (rcol < 0 || rcol >= p.ci_cols || wcol < 0 || wcol >= p.ci_cols) {
+            raise_error(p, ERR_COLUMN);
+            return;
+        }
+#endif
+        read_slot = load_index(row + rcol * p.ci_col);
+        if (HAS_PAD && read_slot == p.pad) return;  // pad: nothing written
+        if (read_slot < 0 || read_slot >= p.slots) {
+            raise_error(p, ERR_SLOT);
+            return;
+        }
+        write_slot = wcol == rcol ? read_slot : load_index(row + wcol * p.ci_col);
+        if (!(HAS_PAD && write_slot == p.pad) && (write_slot < 0 || write_slot >= p.slots)) {
+            raise_error(p, ERR_SLOT);
+            return;
+        }
+        if (HAS_PAD && write_slot == p.pad) write_slot = -1;  // prefix caching: no state write
+    }
+#else
+    if (seq >= p.slots) {
+        raise_error(p, ERR_SLOT);
+        return;
+    }
+#endif
+    if (len <= 0) return;  // empty sequence: nothing written
+
+    int off = 0;  // first history column
+#if SPEC
+    {
+        const i64 v = load_index(reinterpret_cast<const NACC_T*>(p.nacc) + seq * p.nacc_s);
+        if (v < 1 || v > p.state_len + 2 - WIDTH || (i64)(WIDTH - 2) + len > p.state_len) {
+            raise_error(p, ERR_ACCEPTED);
+            return;
+        }
+        off = (int)(v - 1);
+    }
+#endif
+    bool has_hist = true;
+#if FN
+#if HAS_INIT
+    has_hist = load_index(reinterpret_cast<const unsigned char*>(p.init) + seq * p.init_s) != 0;
+#else
+    has_hist = false;
+#endif
+#endif
+
+    // ---- per-channel constants ----
+    const ELEM_T* x = reinterpret_cast<const ELEM_T*>(p.x) + (VARLEN ? bos * p.x_tok : seq * p.x_seq) + (i64)c0 * p.x_dim;
+    ELEM_T* out = reinterpret_cast<ELEM_T*>(p.out) + (VARLEN ? bos * p.out_tok : seq * p.out_seq) + (i64)c0 * p.out_dim;
+    float w[VEC][WIDTH];
+    {
+        const ELEM_T* wp = reinterpret_cast<const ELEM_T*>(p.w) + (i64)c0 * p.w_dim;
+#if W_VEC
+        float flat[VEC * WIDTH];
+        load_vec_ro<VEC * WIDTH, ELEM_T>(wp, flat);
+#pragma unroll
+        for (int e = 0; e < VEC; ++e)
+#pragma unroll
+            for (int j = 0; j < WIDTH; ++j) w[e][j] = flat[e * WIDTH + j];
+#else
+#pragma unroll
+        for (int e = 0; e < VEC; ++e)
+#pragma unroll
+            for (int j = 0; j < WIDTH; ++j) w[e][j] = e < nch ? to_f32(ld_ro(wp + e * p.w_dim + j * p.w_tap)) : 0.f;
+#endif
+    }
+    float bias[VEC];
+#if HAS_BIAS
+    ld_ch_ro<B_VEC>(reinterpret_cast<const ELEM_T*>(p.bias) + (i64)c0 * p.b_dim, p.b_dim, nch, bias);
+#else
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) bias[e] = 0.f;
+#endif
+    ELEM_T* st = reinterpret_cast<ELEM_T*>(p.state) + (i64)c0 * p.st_dim;
+
+    for (int k = blockIdx.z; (i64)k * p.chunk < len; k += gridDim.z) {
+        const int t0 = k * p.chunk;
+        const int t1 = (i64)t0 + p.chunk < len ? t0 + p.chunk : len;
+        // History window h[j], j = 0..WIDTH−2 (oldest first), per channel.
+        float h[WIDTH - 1][VEC];
+        if (k == 0) {
+#pragma unroll
+            for (int j = 0; j < WIDTH - 1; ++j) {
+                if (has_hist) {
+                    ld_ch<ST_VEC>(st + read_slot * p.st_slot + (i64)(off + j) * p.st_col, p.st_dim, nch, h[j]);
+                } else {
+#pragma unroll
+                    for (int e = 0; e < VEC; ++e) h[j][e] = 0.f;
+                }
+            }
+            // ---- the new state, speculative (every read of the old state is done) ----
+#if SPEC
+            if (write_slot >= 0) {
+#pragma unroll
+                for (int i = 0; i < WIDTH - 2; ++i)
+                    st_ch<ST_VEC>(st + write_slot * p.st_slot + (i64)i * p.st_col, p.st_dim, nch, h[i + 1]);
+            }
+#else
+            // Non-speculative, several chunks (so len > chunk ≥ WIDTH − 1): the new window is
+            // the last WIDTH − 1 inputs, read from x. (One chunk: the final window, below.)
+            if (write_slot >= 0 && len > p.chunk) {
+#pragma unroll
+                for (int i = 0; i < WIDTH - 1; ++i) {
+                    float v[VEC];
+                    ld_ch<X_VEC>(x + (i64)(len - (WIDTH - 1) + i) * p.x_tok, p.x_dim, nch, v);
+                    st_ch<ST_VEC>(st + write_slot * p.st_slot + (i64)i * p.st_col, p.st_dim, nch, v);
+                }
+            }
+#endif
+        } else {
+#pragma unroll
+            for (int j = 0; j < WIDTH - 1; ++j) ld_ch<X_VEC>(x + (i64)(t0 - (WIDTH - 1) + j) * p.x_tok, p.x_dim, nch, h[j]);
+        }
+
+        for (int t = t0; t < t1; ++t) {
+            float xv[VEC];
+            ld_ch<X_VEC>(x + (i64)t * p.x_tok, p.x_dim, nch, xv);
+#if SPEC
+            if (write_slot >= 0) st_ch<ST_VEC>(st + write_slot * p.st_slot + (i64)(WIDTH - 2 + t) * p.st_col, p.st_dim, nch, xv);
+#endif
+            float y[VEC];
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) {
+                float acc = bias[e];
+#pragma unroll
+                for (int j = 0; j < WIDTH - 1; ++j) acc = mac(h[j][e], w[e][j], acc);
+                acc = mac(xv[e], w[e][WIDTH - 1], acc);
+#if SILU
+                acc = acc / (1.f + expf(-acc));
+#endif
+                y[e] = acc;
+            }
+            st_ch<OUT_VEC>(out + (i64)t * p.out_tok, p.out_dim, nch, y);
+#pragma unroll
+            for (int j = 0; j < WIDTH - 2; ++j)
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) h[j][e] = h[j + 1][e];
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) h[WIDTH - 2][e] = xv[e];
+        }
+#if !SPEC
+        // One chunk: the final window (the last WIDTH − 1 values of history ++ x) is the new state.
+        if (k == 0 && write_slot >= 0 && len <= p.chunk) {
+#pragma unroll
+            for (int i = 0; i < WIDTH - 1; ++i) st_ch<ST_VEC>(st + write_slot * p.st_slot + (i64)i * p.st_col, p.st_dim, nch, h[i]);
+        }
+#endif
+    }
+}
