@@ -66,7 +66,7 @@ impl Target for Staged {
     }
 
     staged! {
-        selective_state_update: ssm_ssu::SelectiveStateUpdate<'_> => DeviceSsuArgs,
+        selective_state_update: ssm_ssu::SelectiveStateUpdateArgs<'_> => DeviceSsuArgs,
         causal_conv1d_update: ssm_conv::CausalConv1dUpdateArgs<'_> => DeviceConvUpdateArgs,
         causal_conv1d_fn: ssm_conv::CausalConv1dFnArgs<'_> => DeviceConvFnArgs,
         fused_gdn_gating: ssm_gdn::FusedGdnGatingArgs<'_> => DeviceGdnGatingArgs,
@@ -77,8 +77,8 @@ impl Target for Staged {
     // Ops without a CUDA kernel yet.
     unstaged! {
         chunk_gated_delta_rule: ssm_gdn::ChunkGatedDeltaRuleArgs<'_>,
-        mamba_chunk_scan_combined_varlen: ssm_ssd::MambaChunkScanCombinedVarlen<'_>,
-        update_replayssm_ring_trackers: ssm_ring::UpdateRingTrackers<'_>,
-        commit_replayssm_ring_trackers: ssm_ring::CommitRingTrackers<'_>,
+        mamba_chunk_scan_combined_varlen: ssm_ssd::MambaChunkScanCombinedVarlenArgs<'_>,
+        update_replayssm_ring_trackers: ssm_ring::UpdateRingTrackersArgs<'_>,
+        commit_replayssm_ring_trackers: ssm_ring::CommitRingTrackersArgs<'_>,
     }
 }

@@ -55,15 +55,15 @@ pub mod ops {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Variant {
     /// As the vectors store it (conv states `[slots, dim, state_len]`, GDN states
-    /// `[slots, HV, V, K]`, SSD without a workspace).
+    /// `[slots, HV, V, K]`, SSD without a scratch).
     Stored,
     /// Conv states transposed to `[slots, state_len, dim]` ([`ssm_conv::ConvStateLayout::StateLenDim`]).
     ConvStateLenDim,
     /// GDN states transposed to `[slots, HV, K, V]` ([`ssm_gdn::StateLayout::KV`]); the
     /// stateless `fused_gdn_gating` runs only as stored.
     GdnKv,
-    /// SSD with a caller-given, NaN-poisoned workspace at an odd element offset.
-    SsdWorkspace,
+    /// SSD with a caller-given, NaN-poisoned scratch at an odd element offset.
+    SsdScratch,
 }
 
 impl Variant {
@@ -74,7 +74,7 @@ impl Variant {
         } else if ops::GDN.contains(&op) && op != "fused_gdn_gating" {
             &[Variant::Stored, Variant::GdnKv]
         } else if ops::SSD.contains(&op) {
-            &[Variant::Stored, Variant::SsdWorkspace]
+            &[Variant::Stored, Variant::SsdScratch]
         } else {
             &[Variant::Stored]
         }
@@ -129,7 +129,7 @@ pub fn run_case_variant(target: &dyn Target, case: &Case, variant: Variant) -> C
         "selective_state_update" => ssu::run(target, case),
         "causal_conv1d_update" => conv::run_update(target, case, variant == Variant::ConvStateLenDim),
         "causal_conv1d_fn" => conv::run_fn(target, case, variant == Variant::ConvStateLenDim),
-        "mamba_chunk_scan_combined_varlen" => ssd::run(target, case, variant == Variant::SsdWorkspace),
+        "mamba_chunk_scan_combined_varlen" => ssd::run(target, case, variant == Variant::SsdScratch),
         "update_replayssm_ring_trackers" => ring::run_update(target, case),
         "commit_replayssm_ring_trackers" => ring::run_commit(target, case),
         "fused_gdn_gating" => gdn::run_gating(target, case),
@@ -304,7 +304,7 @@ pub fn assert_conformance(target: &dyn Target, ops: &[&str]) -> Report {
 }
 
 /// The directory of the shared vectors: `$SSM_CONFORMANCE_DIR`, else `../shared/conformance/vectors`
-/// beside the workspace root.
+/// beside the scratch root.
 pub fn default_vectors_dir() -> PathBuf {
     if let Ok(d) = std::env::var("SSM_CONFORMANCE_DIR") {
         return d.into();

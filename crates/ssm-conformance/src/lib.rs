@@ -3,7 +3,7 @@
 //!
 //! [`load_dir`] reads every `*.safetensors` case under a directory; [`run_case`] maps the
 //! case's peer argument names (and `expand` broadcasts) onto the op's arguments, runs it on
-//! a [`Target`] once per [`Variant`] (state layouts, caller workspace), and compares every
+//! a [`Target`] once per [`Variant`] (state layouts, caller scratch), and compares every
 //! `out.*` tensor within the case's tolerance (`|got − want| ≤ atol + rtol·|want|`; a NaN
 //! expected value means "unspecified" and is skipped; integers must match exactly).
 //!

@@ -31,7 +31,7 @@ impl Target for Reference {
         format!("reference-{:?}", self.0).to_lowercase()
     }
 
-    fn selective_state_update(&self, args: ssm_ssu::SelectiveStateUpdate<'_>) -> Result<(), TargetError> {
+    fn selective_state_update(&self, args: ssm_ssu::SelectiveStateUpdateArgs<'_>) -> Result<(), TargetError> {
         let call = Planned::new(args).map_err(failed)?;
         match self.0 {
             Precision::F32 => ssm_ssu::reference::Reference.run(call),
@@ -52,7 +52,7 @@ impl Target for Reference {
 
     fn mamba_chunk_scan_combined_varlen(
         &self,
-        args: ssm_ssd::MambaChunkScanCombinedVarlen<'_>,
+        args: ssm_ssd::MambaChunkScanCombinedVarlenArgs<'_>,
     ) -> Result<(), TargetError> {
         let call = Planned::new(args).map_err(failed)?;
         match self.0 {
@@ -62,13 +62,13 @@ impl Target for Reference {
         Ok(())
     }
 
-    fn update_replayssm_ring_trackers(&self, args: ssm_ring::UpdateRingTrackers<'_>) -> Result<(), TargetError> {
+    fn update_replayssm_ring_trackers(&self, args: ssm_ring::UpdateRingTrackersArgs<'_>) -> Result<(), TargetError> {
         let call = Planned::new(args).map_err(failed)?;
         ssm_ring::reference::update_replayssm_ring_trackers(call);
         Ok(())
     }
 
-    fn commit_replayssm_ring_trackers(&self, args: ssm_ring::CommitRingTrackers<'_>) -> Result<(), TargetError> {
+    fn commit_replayssm_ring_trackers(&self, args: ssm_ring::CommitRingTrackersArgs<'_>) -> Result<(), TargetError> {
         let call = Planned::new(args).map_err(failed)?;
         ssm_ring::reference::commit_replayssm_ring_trackers(call);
         Ok(())

@@ -1,7 +1,7 @@
 //! `update_replayssm_ring_trackers` and `commit_replayssm_ring_trackers` cases onto
 //! [`ssm_ring`]'s arguments. Integer outputs must match exactly (tolerance 0).
 
-use ssm_ring::{CommitRingTrackers, RingTrackers, UpdateRingTrackers};
+use ssm_ring::{CommitRingTrackersArgs, RingTrackers, UpdateRingTrackersArgs};
 
 use crate::{Case, Produced, Target};
 
@@ -13,7 +13,7 @@ fn missing(n: &str) -> (bool, String) {
 pub(crate) fn run_update(target: &dyn Target, case: &Case) -> Produced {
     let get = |n: &str| case.input(n).cloned().ok_or_else(|| missing(n));
     let (mut rs, mut pa, mut pq) = (get("ring_start")?, get("prev_num_accepted")?, get("prev_query_len")?);
-    let args = UpdateRingTrackers {
+    let args = UpdateRingTrackersArgs {
         trackers: RingTrackers {
             ring_start: rs.view_mut(),
             prev_num_accepted: pa.view_mut(),
@@ -34,7 +34,7 @@ pub(crate) fn run_commit(target: &dyn Target, case: &Case) -> Produced {
     let view = |n: &'static str| case.input_view(n).ok_or_else(|| missing(n));
     let int = |n: &'static str| case.arg(n).and_then(|v| v.as_i64()).ok_or_else(|| missing(n));
     let (mut rs, mut pa, mut pq) = (get("ring_start")?, get("prev_num_accepted")?, get("prev_query_len")?);
-    let args = CommitRingTrackers {
+    let args = CommitRingTrackersArgs {
         trackers: RingTrackers {
             ring_start: rs.view_mut(),
             prev_num_accepted: pa.view_mut(),

@@ -1,9 +1,9 @@
 //! `mamba_chunk_scan_combined_varlen` cases onto [`ssm_ssd`]'s arguments. The vectors store
 //! vLLM's tensors as passed (`x` `[T, H, P]`, metadata i32); `in.out` is the caller's zeroed
-//! buffer; the returned states are `out.varlen_states`. The [`crate::Variant::SsdWorkspace`] run
-//! passes a caller-given workspace (NaN-poisoned, at an odd element offset).
+//! buffer; the returned states are `out.varlen_states`. The [`crate::Variant::SsdScratch`] run
+//! passes a caller-given scratch (NaN-poisoned, at an odd element offset).
 
-use ssm_ssd::MambaChunkScanCombinedVarlen;
+use ssm_ssd::MambaChunkScanCombinedVarlenArgs;
 use ssm_tensor::{DType, TensorMut};
 
 use crate::{Case, HostTensor, Produced, Target};
@@ -18,7 +18,7 @@ fn limit(v: Option<&serde_json::Value>) -> Result<f32, (bool, String)> {
 }
 
 /// Runs a `mamba_chunk_scan_combined_varlen` case.
-pub(crate) fn run(target: &dyn Target, case: &Case, with_workspace: bool) -> Produced {
+pub(crate) fn run(target: &dyn Target, case: &Case, with_scratch: bool) -> Produced {
     let missing = |n: &str| (false, format!("input `{n}` missing"));
     let view = |n: &str| case.input_view(n);
     let req = |n: &'static str| view(n).ok_or_else(|| missing(n));
@@ -46,7 +46,7 @@ pub(crate) fn run(target: &dyn Target, case: &Case, with_workspace: bool) -> Pro
     let lim = case.arg("dt_limit").and_then(|v| v.as_array().cloned()).unwrap_or_default();
     let dt_limit = if lim.is_empty() { (0.0, f32::INFINITY) } else { (limit(lim.first())?, limit(lim.get(1))?) };
     let mut ws_buf: Vec<f32>;
-    let mut args = MambaChunkScanCombinedVarlen {
+    let mut args = MambaChunkScanCombinedVarlenArgs {
         x: req("x")?,
         dt: req("dt")?,
         a: req("A")?,
@@ -72,13 +72,13 @@ pub(crate) fn run(target: &dyn Target, case: &Case, with_workspace: bool) -> Pro
         return_intermediate_states: intermediate,
         state_dtype,
         varlen_states: Some(states.view_mut()),
-        workspace: None,
+        scratch: None,
     };
-    if with_workspace {
-        // The plan is the one place that knows the workspace size.
-        let need = ssm_tensor::Op::plan(&args).map_err(|e| (false, e.to_string()))?.workspace_len();
+    if with_scratch {
+        // The plan is the one place that knows the scratch size.
+        let need = ssm_tensor::Op::plan(&args).map_err(|e| (false, e.to_string()))?.scratch_len();
         ws_buf = vec![f32::NAN; need + 3];
-        args.workspace = Some(TensorMut::from_slice(&mut ws_buf[3..], &[need]).map_err(|e| (false, e.to_string()))?);
+        args.scratch = Some(TensorMut::from_slice(&mut ws_buf[3..], &[need]).map_err(|e| (false, e.to_string()))?);
     }
     target.mamba_chunk_scan_combined_varlen(args).map_err(crate::TargetError::into_produced)?;
     Ok(vec![("out".into(), out), ("varlen_states".into(), states)])

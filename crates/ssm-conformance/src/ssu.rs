@@ -1,4 +1,4 @@
-use ssm_ssu::SelectiveStateUpdate;
+use ssm_ssu::SelectiveStateUpdateArgs;
 
 use crate::{Case, HostTensor, Produced, Target};
 
@@ -18,7 +18,7 @@ pub(crate) fn run(target: &dyn Target, case: &Case) -> Produced {
     if case.arg("enable_stochastic_rounding").and_then(|v| v.as_bool()) == Some(true) {
         return Err((true, "stochastic rounding draws its seed inside the peer; no vector can pin it".into()));
     }
-    let args = SelectiveStateUpdate {
+    let args = SelectiveStateUpdateArgs {
         state: state.view_mut(),
         x: req("x")?,
         dt: req("dt")?,

@@ -1,6 +1,6 @@
 //! [`Target`]: what the harness runs a case on, and [`TargetError`]: how a run can end badly.
 
-use ssm_ssu::SelectiveStateUpdate;
+use ssm_ssu::SelectiveStateUpdateArgs;
 
 /// Why a [`Target`] did not run an op.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,7 +57,7 @@ pub trait Target {
     /// Shown in reports, e.g. `cpu-1t`.
     fn label(&self) -> String;
     /// Runs `selective_state_update` on host tensors.
-    fn selective_state_update(&self, _args: SelectiveStateUpdate<'_>) -> Result<(), TargetError> {
+    fn selective_state_update(&self, _args: SelectiveStateUpdateArgs<'_>) -> Result<(), TargetError> {
         Err(TargetError::unsupported())
     }
     /// Runs `causal_conv1d_update` on host tensors.
@@ -71,16 +71,16 @@ pub trait Target {
     /// Runs `mamba_chunk_scan_combined_varlen` on host tensors.
     fn mamba_chunk_scan_combined_varlen(
         &self,
-        _args: ssm_ssd::MambaChunkScanCombinedVarlen<'_>,
+        _args: ssm_ssd::MambaChunkScanCombinedVarlenArgs<'_>,
     ) -> Result<(), TargetError> {
         Err(TargetError::unsupported())
     }
     /// Runs `update_replayssm_ring_trackers` on host tensors.
-    fn update_replayssm_ring_trackers(&self, _args: ssm_ring::UpdateRingTrackers<'_>) -> Result<(), TargetError> {
+    fn update_replayssm_ring_trackers(&self, _args: ssm_ring::UpdateRingTrackersArgs<'_>) -> Result<(), TargetError> {
         Err(TargetError::unsupported())
     }
     /// Runs `commit_replayssm_ring_trackers` on host tensors.
-    fn commit_replayssm_ring_trackers(&self, _args: ssm_ring::CommitRingTrackers<'_>) -> Result<(), TargetError> {
+    fn commit_replayssm_ring_trackers(&self, _args: ssm_ring::CommitRingTrackersArgs<'_>) -> Result<(), TargetError> {
         Err(TargetError::unsupported())
     }
     /// Runs `fused_gdn_gating` on host tensors.
@@ -113,7 +113,7 @@ impl Target for ssm_dispatch::Runtime {
     fn label(&self) -> String {
         "runtime".into()
     }
-    fn selective_state_update(&self, args: SelectiveStateUpdate<'_>) -> Result<(), TargetError> {
+    fn selective_state_update(&self, args: SelectiveStateUpdateArgs<'_>) -> Result<(), TargetError> {
         ssm_dispatch::Runtime::selective_state_update(self, args).map_err(TargetError::from)
     }
     fn causal_conv1d_update(&self, args: ssm_conv::CausalConv1dUpdateArgs<'_>) -> Result<(), TargetError> {
@@ -124,14 +124,14 @@ impl Target for ssm_dispatch::Runtime {
     }
     fn mamba_chunk_scan_combined_varlen(
         &self,
-        args: ssm_ssd::MambaChunkScanCombinedVarlen<'_>,
+        args: ssm_ssd::MambaChunkScanCombinedVarlenArgs<'_>,
     ) -> Result<(), TargetError> {
         ssm_dispatch::Runtime::mamba_chunk_scan_combined_varlen(self, args).map_err(TargetError::from)
     }
-    fn update_replayssm_ring_trackers(&self, args: ssm_ring::UpdateRingTrackers<'_>) -> Result<(), TargetError> {
+    fn update_replayssm_ring_trackers(&self, args: ssm_ring::UpdateRingTrackersArgs<'_>) -> Result<(), TargetError> {
         ssm_dispatch::Runtime::update_replayssm_ring_trackers(self, args).map_err(TargetError::from)
     }
-    fn commit_replayssm_ring_trackers(&self, args: ssm_ring::CommitRingTrackers<'_>) -> Result<(), TargetError> {
+    fn commit_replayssm_ring_trackers(&self, args: ssm_ring::CommitRingTrackersArgs<'_>) -> Result<(), TargetError> {
         ssm_dispatch::Runtime::commit_replayssm_ring_trackers(self, args).map_err(TargetError::from)
     }
     fn fused_gdn_gating(&self, args: ssm_gdn::FusedGdnGatingArgs<'_>) -> Result<(), TargetError> {
@@ -165,9 +165,9 @@ macro_rules! non_ssu_ops {
         $m! {
             causal_conv1d_update: ssm_conv::CausalConv1dUpdateArgs<'_>,
             causal_conv1d_fn: ssm_conv::CausalConv1dFnArgs<'_>,
-            mamba_chunk_scan_combined_varlen: ssm_ssd::MambaChunkScanCombinedVarlen<'_>,
-            update_replayssm_ring_trackers: ssm_ring::UpdateRingTrackers<'_>,
-            commit_replayssm_ring_trackers: ssm_ring::CommitRingTrackers<'_>,
+            mamba_chunk_scan_combined_varlen: ssm_ssd::MambaChunkScanCombinedVarlenArgs<'_>,
+            update_replayssm_ring_trackers: ssm_ring::UpdateRingTrackersArgs<'_>,
+            commit_replayssm_ring_trackers: ssm_ring::CommitRingTrackersArgs<'_>,
             fused_gdn_gating: ssm_gdn::FusedGdnGatingArgs<'_>,
             fused_recurrent_gated_delta_rule: ssm_gdn::FusedRecurrentGatedDeltaRuleArgs<'_>,
             fused_sigmoid_gating_delta_rule_update: ssm_gdn::FusedSigmoidGatingDeltaRuleUpdateArgs<'_>,
@@ -190,7 +190,7 @@ impl<T: Target> Target for Labeled<T> {
     fn label(&self) -> String {
         self.1.clone()
     }
-    fn selective_state_update(&self, args: SelectiveStateUpdate<'_>) -> Result<(), TargetError> {
+    fn selective_state_update(&self, args: SelectiveStateUpdateArgs<'_>) -> Result<(), TargetError> {
         self.0.selective_state_update(args)
     }
     non_ssu_ops!(forward);

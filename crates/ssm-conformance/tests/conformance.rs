@@ -1,6 +1,6 @@
 //! Every shared vector of every op through the dispatch facade on the CPU (one thread, two,
 //! all cores) and through the op crates' references (f32 and f64), in every variant (state
-//! layouts, caller workspace): the one conformance harness, instantiated per target.
+//! layouts, caller scratch): the one conformance harness, instantiated per target.
 
 use ssm_conformance::reference::{Precision, Reference};
 use ssm_conformance::{Labeled, conformance_tests, ops};

@@ -15,8 +15,8 @@
 
 use half::{bf16, f16};
 use ssm_ring::{
-    CheckpointingSsu, CheckpointingSsuPlan, CommitRingTrackers, RingTrackers, TrackerMode, TrackerPlan,
-    UpdateRingTrackers,
+    CheckpointingSsuArgs, CheckpointingSsuPlan, CommitRingTrackersArgs, RingTrackers, TrackerMode, TrackerPlan,
+    UpdateRingTrackersArgs,
 };
 use ssm_tensor::{DType, Planned, Run, TensorMut};
 
@@ -398,17 +398,17 @@ impl<'r, 'a> TrackersArgs<'r, 'a> {
     }
 }
 
-impl Run<UpdateRingTrackers<'_>> for CpuBackend {
+impl Run<UpdateRingTrackersArgs<'_>> for CpuBackend {
     type Error = CpuError;
-    fn run(&self, call: Planned<UpdateRingTrackers<'_>>) -> Result<(), CpuError> {
+    fn run(&self, call: Planned<UpdateRingTrackersArgs<'_>>) -> Result<(), CpuError> {
         let (mut args, plan) = call.into_parts();
         self.trackers(&plan, &mut TrackersArgs::of(&mut args.trackers, &args.state_batch_indices, None))
     }
 }
 
-impl Run<CommitRingTrackers<'_>> for CpuBackend {
+impl Run<CommitRingTrackersArgs<'_>> for CpuBackend {
     type Error = CpuError;
-    fn run(&self, call: Planned<CommitRingTrackers<'_>>) -> Result<(), CpuError> {
+    fn run(&self, call: Planned<CommitRingTrackersArgs<'_>>) -> Result<(), CpuError> {
         let (mut args, plan) = call.into_parts();
         let commit = Some((&args.num_accepted_tokens, &args.query_start_loc));
         self.trackers(&plan, &mut TrackersArgs::of(&mut args.trackers, &args.state_batch_indices, commit))
@@ -424,9 +424,9 @@ fn item_scratch(p: &CheckpointingSsuPlan) -> usize {
     2 * m + m * (pr + nr) + n * nr + n * pr + p.dim * nr
 }
 
-impl Run<CheckpointingSsu<'_>> for CpuBackend {
+impl Run<CheckpointingSsuArgs<'_>> for CpuBackend {
     type Error = CpuError;
-    fn run(&self, call: Planned<CheckpointingSsu<'_>>) -> Result<(), CpuError> {
+    fn run(&self, call: Planned<CheckpointingSsuArgs<'_>>) -> Result<(), CpuError> {
         let (mut args, plan) = call.into_parts();
         let plan = &plan;
         let (host, idx) = (host_ref, host_opt);

@@ -1,5 +1,5 @@
 //! Mamba2 SSD chunked prefill on the CPU: vLLM's five stages (semantics/ssd_mamba2.md §1.1,
-//! §2.3–§2.7) over a caller-owned f32 workspace laid out by [`SsdPlan::workspace`].
+//! §2.3–§2.7) over a caller-owned f32 scratch laid out by [`SsdPlan::scratch`].
 //!
 //! 1. per (chunk, head): processed dt (`dt_out`, zero past the chunk's end) and its
 //!    `A`-scaled inclusive prefix sum (`dA_cumsum`); then the chunk's own state
@@ -10,7 +10,7 @@
 //!    returned states rounded to the state dtype (stage 3);
 //! 3. per (chunk, head): outputs `exp(dA_i)·C_i·S_in + Σ_{j≤i} CB_ij·exp(dA_i − dA_j)·dt_j·x_j
 //!    + D·x_i`, gated (stage 5);
-//! 4. per (sequence, head): the final state (the workspace's end state of the sequence's last
+//! 4. per (sequence, head): the final state (the scratch's end state of the sequence's last
 //!    chunk, or the entering state of an empty sequence) into `varlen_states` and into its
 //!    `ssm_state` slot.
 //!
@@ -23,7 +23,7 @@
 //! are closer to the f64 recurrence); inner loops run on eight lanes over `dstate`, `dim` or
 //! the chunk's token axis.
 
-use ssm_ssd::{MambaChunkScanCombinedVarlen, SsdPlan, StateSource, WorkspaceLayout};
+use ssm_ssd::{MambaChunkScanCombinedVarlenArgs, ScratchLayout, SsdPlan, StateSource};
 use ssm_tensor::{DType, Planned, Run, Strided};
 
 use crate::host::{host_opt, host_ref, host_shared, rd, rd_int, rd_shared, wr};
@@ -54,7 +54,7 @@ struct Inputs<'a> {
 
 struct Ctx<'a> {
     p: &'a SsdPlan,
-    w: WorkspaceLayout,
+    w: ScratchLayout,
     inp: Inputs<'a>,
     ws: SharedBuf<f32>,
     out: Option<SharedBuf<u8>>,
@@ -80,10 +80,10 @@ impl Ctx<'_> {
         let (bytes, t) = self.inp.last_chunk;
         rd_int(bytes, t, self.p.last_chunk_indices.at([b]))
     }
-    /// A workspace slice.
+    /// A scratch slice.
     ///
     /// # Safety
-    /// `off..off + len` must be inside the workspace and not written by another thread now.
+    /// `off..off + len` must be inside the scratch and not written by another thread now.
     #[allow(clippy::mut_from_ref)]
     unsafe fn ws(&self, off: usize, len: usize) -> &mut [f32] {
         // SAFETY: by the caller's contract.
@@ -303,7 +303,7 @@ impl SimdKernel for FinalItem<'_, '_> {
             load_init(ctx, b, h, sin);
             sin
         } else {
-            // SAFETY: stage 3 is done; the workspace is only read from here on.
+            // SAFETY: stage 3 is done; the scratch is only read from here on.
             unsafe { &*ctx.ws(ctx.state_off(last as usize, h), per) }
         };
         if let Some((dst, at)) = returned {
@@ -387,7 +387,7 @@ impl SimdKernel for ScanItem<'_, '_> {
         let len = e - s;
         let pr = p.dim.div_ceil(LANES) * LANES;
         let per = p.dim * nr;
-        // SAFETY: stages 1–4 are done; this stage only reads the workspace.
+        // SAFETY: stages 1–4 are done; this stage only reads the scratch.
         let (dt_out, da, cb) = unsafe {
             (
                 &*ctx.ws(ctx.w.dt_out + ctx.dt_row_off(c, h), q_row),
@@ -463,24 +463,24 @@ impl SimdKernel for ScanItem<'_, '_> {
 
 /// f32 scratch of one item of any stage, from the plan's dimensions alone (the largest: stage 4's
 /// C and B rows of a chunk, or stage 5's x, C and output rows with a chunk row and a state).
-fn item_scratch(p: &SsdPlan, w: &WorkspaceLayout) -> usize {
+fn item_scratch(p: &SsdPlan, w: &ScratchLayout) -> usize {
     let (len, nr, pr) = (p.chunk_size, w.state_row, p.dim.div_ceil(LANES) * LANES);
     let per = p.dim * nr;
     (2 * len * nr).max(len * pr + len * nr + len * pr + w.q_row + per)
 }
 
 impl CpuBackend {
-    /// Elements of f32 workspace [`SsdBackend::mamba_chunk_scan_combined_varlen`] needs for
-    /// `plan` (the size query; pass a buffer at least this long as `workspace` to avoid a
+    /// Elements of f32 scratch [`SsdBackend::mamba_chunk_scan_combined_varlen`] needs for
+    /// `plan` (the size query; pass a buffer at least this long as `scratch` to avoid a
     /// per-call allocation).
-    pub fn ssd_workspace_len(plan: &SsdPlan) -> usize {
-        plan.workspace_len()
+    pub fn mamba_chunk_scan_combined_varlen_scratch_size(plan: &SsdPlan) -> usize {
+        plan.scratch_len()
     }
 }
 
-impl Run<MambaChunkScanCombinedVarlen<'_>> for CpuBackend {
+impl Run<MambaChunkScanCombinedVarlenArgs<'_>> for CpuBackend {
     type Error = CpuError;
-    fn run(&self, call: Planned<MambaChunkScanCombinedVarlen<'_>>) -> Result<(), CpuError> {
+    fn run(&self, call: Planned<MambaChunkScanCombinedVarlenArgs<'_>>) -> Result<(), CpuError> {
         let (mut args, plan) = call.into_parts();
         let plan = &plan;
         let (host, opt) = (host_ref, host_opt);
@@ -511,13 +511,13 @@ impl Run<MambaChunkScanCombinedVarlen<'_>> for CpuBackend {
             }
             None => None,
         };
-        let w = plan.workspace();
+        let w = plan.scratch();
         let mut owned = Vec::new();
-        let ws: &mut [f32] = match (args.workspace.as_mut(), plan.workspace_offset) {
+        let ws: &mut [f32] = match (args.scratch.as_mut(), plan.scratch_offset) {
             (Some(t), Some(off)) => {
                 let device = t.device();
-                require_host("workspace", device)?;
-                let all = t.host_data_mut::<f32>().map_err(|_| CpuError::NotHost { arg: "workspace", device })?;
+                require_host("scratch", device)?;
+                let all = t.host_data_mut::<f32>().map_err(|_| CpuError::NotHost { arg: "scratch", device })?;
                 &mut all[off..off + w.len]
             }
             _ => {

@@ -8,7 +8,7 @@
 
 use half::{bf16, f16};
 use ssm_ssu::philox::{round_f16_stochastic, sr_bits};
-use ssm_ssu::{ParamForm, Route, SelectiveStateUpdate, SsuPlan, TokenStrides};
+use ssm_ssu::{ParamForm, Route, SelectiveStateUpdateArgs, SsuPlan, TokenStrides};
 use ssm_tensor::{DType, Planned, Run, TensorMut};
 
 use crate::host::{rd, rd_int, wr};
@@ -85,9 +85,9 @@ fn item_scratch(plan: &SsuPlan, rows: usize) -> usize {
     len * (2 * nv + 2) + 3 * nv + 2 * len * round8(rows)
 }
 
-impl Run<SelectiveStateUpdate<'_>> for CpuBackend {
+impl Run<SelectiveStateUpdateArgs<'_>> for CpuBackend {
     type Error = CpuError;
-    fn run(&self, call: Planned<SelectiveStateUpdate<'_>>) -> Result<(), CpuError> {
+    fn run(&self, call: Planned<SelectiveStateUpdateArgs<'_>>) -> Result<(), CpuError> {
         let (mut args, plan) = call.into_parts();
         let plan = &plan;
         require_host("state", args.state.device())?;

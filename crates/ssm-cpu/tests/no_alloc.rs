@@ -5,7 +5,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use ssm_cpu::{CpuBackend, Par};
-use ssm_ssu::SelectiveStateUpdate;
+use ssm_ssu::SelectiveStateUpdateArgs;
 use ssm_tensor::{DType, HostTensor, Run};
 
 struct Counting;
@@ -54,7 +54,7 @@ fn decode_steps_do_not_allocate() {
     for par in [Par::Seq, Par::Rayon(2.try_into().unwrap())] {
         let cpu = CpuBackend::new(par).unwrap();
         let mut step = |_count: bool| -> usize {
-            let args = SelectiveStateUpdate {
+            let args = SelectiveStateUpdateArgs {
                 state: state.view_mut(),
                 x: x.view(),
                 dt: dt.view().expand(&[batch, heads, dim]).unwrap(),

@@ -10,7 +10,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use ssm_conformance::cases::ring::Trackers;
 use ssm_cpu::CpuBackend;
-use ssm_ring::{CheckpointingSsu, CommitRingTrackers, Run, UpdateRingTrackers, plan, reference};
+use ssm_ring::{CheckpointingSsuArgs, CommitRingTrackersArgs, Run, UpdateRingTrackersArgs, plan, reference};
 use ssm_tensor::{DType, TensorMut, TensorRef, bf16};
 
 // ---------------------------------------------------------------------------------------
@@ -133,7 +133,7 @@ fn run_step(engine: Engine, cpus: &[CpuBackend], m: &Model, pools: &mut Pools, s
     } else {
         TensorMut::from_slice(&mut pools.state[..], &[cache, h, p, n]).unwrap()
     };
-    let args = CheckpointingSsu {
+    let args = CheckpointingSsuArgs {
         state,
         x_cache: TensorMut::from_slice(&mut pools.x_cache[..], &[cache, h, l, p]).unwrap(),
         b_cache: TensorMut::from_slice(&mut pools.b_cache[..], &[cache, g, l, n]).unwrap(),
@@ -289,7 +289,7 @@ fn ssu_token(m: &Model, s: &mut [f64], x: &[f32], dt: &[f32], b: &[f32], c: &[f3
 
 fn tracker_update(engine: Engine, cpus: &[CpuBackend], pools: &mut Pools, slots: &[i32], pad: Option<i64>, w: i64) {
     let l = pools.l as i64;
-    let args = UpdateRingTrackers {
+    let args = UpdateRingTrackersArgs {
         trackers: pools.trackers.views(),
         state_batch_indices: TensorRef::from_slice(slots, &[slots.len()]).unwrap(),
         logical_window: Some(w),
@@ -315,7 +315,7 @@ fn tracker_commit(
     w: i64,
 ) {
     let l = pools.l as i64;
-    let args = CommitRingTrackers {
+    let args = CommitRingTrackersArgs {
         trackers: pools.trackers.views(),
         state_batch_indices: TensorRef::from_slice(slots, &[slots.len()]).unwrap(),
         num_accepted_tokens: TensorRef::from_slice(accepted, &[accepted.len()]).unwrap(),

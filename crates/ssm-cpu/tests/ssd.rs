@@ -7,7 +7,7 @@ use common::{Engine, backends};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use ssm_cpu::CpuBackend;
-use ssm_ssd::{MambaChunkScanCombinedVarlen, Run, compute_chunk_metadata, plan, reference};
+use ssm_ssd::{MambaChunkScanCombinedVarlenArgs, Run, compute_chunk_metadata, plan, reference};
 use ssm_tensor::{DType, TensorMut, TensorRef, bf16};
 
 // ---------------------------------------------------------------------------------------
@@ -150,7 +150,7 @@ impl Problem {
         } else {
             TensorMut::from_slice(&mut out[..], &[t, h, p]).unwrap()
         };
-        let args = MambaChunkScanCombinedVarlen {
+        let args = MambaChunkScanCombinedVarlenArgs {
             x: io!(self.x, xb, &[t, h, p]),
             dt: TensorRef::from_slice(&self.dt, &[t, h]).unwrap(),
             a: TensorRef::from_slice(&self.a, &[h]).unwrap(),
@@ -182,7 +182,7 @@ impl Problem {
             return_intermediate_states: intermediate,
             state_dtype: Some(DType::F32),
             varlen_states: Some(TensorMut::from_slice(&mut states[..], &[rows, h, p, n]).unwrap()),
-            workspace: None,
+            scratch: None,
         };
         let mut args = args;
         if let Some(pool) = pool {

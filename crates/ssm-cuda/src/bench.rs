@@ -17,7 +17,7 @@ use std::sync::Arc;
 use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaEvent, LaunchConfig, PushKernelArg};
 use rand::{Rng, SeedableRng};
-use ssm_ssu::SelectiveStateUpdate;
+use ssm_ssu::SelectiveStateUpdateArgs;
 use ssm_tensor::DType;
 use ssm_tensor::Run;
 
@@ -260,12 +260,12 @@ impl Pool {
         Ok(pool)
     }
 
-    fn args(&mut self, s: &SsuBenchShape) -> Result<SelectiveStateUpdate<'_>, ssm_tensor::TensorError> {
+    fn args(&mut self, s: &SsuBenchShape) -> Result<SelectiveStateUpdateArgs<'_>, ssm_tensor::TensorError> {
         let (h, p, n, g) = (s.heads, s.dim, s.dstate, s.groups);
         let rows = s.batch * s.tokens;
         let (hi, pi, ni) = (h as isize, p as isize, n as isize);
         let spec = s.tokens > 1;
-        Ok(SelectiveStateUpdate {
+        Ok(SelectiveStateUpdateArgs {
             state: self.state.view_mut(s.state, &[s.slots(), h, p, n], &[hi * pi * ni, pi * ni, ni, 1], 0)?,
             x: self.x.view(s.io, &[rows, h, p], &[hi * pi, pi, 1], 0)?,
             dt: self.dt.view(s.io, &[rows, h, p], &[hi, 1, 0], 0)?,
@@ -295,7 +295,7 @@ pub(crate) fn tensor_err(e: ssm_tensor::TensorError) -> CudaError {
     CudaError::Unsupported(format!("bench view: {e}"))
 }
 
-fn plan(args: SelectiveStateUpdate<'_>) -> Result<ssm_tensor::Planned<SelectiveStateUpdate<'_>>, CudaError> {
+fn plan(args: SelectiveStateUpdateArgs<'_>) -> Result<ssm_tensor::Planned<SelectiveStateUpdateArgs<'_>>, CudaError> {
     ssm_ssu::plan(args).map_err(|e| CudaError::Unsupported(format!("bench plan: {e}")))
 }
 

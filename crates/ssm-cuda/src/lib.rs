@@ -11,7 +11,7 @@
 //!   `result` layers, every `unsafe` block with its `// SAFETY:` reason;
 //! - launch: `#[repr(C)]` Pod parameter blocks (`ssu::SsuParams`) pushed through cudarc's
 //!   launch builder on the backend's stream;
-//! - safe ops: `impl Run<SelectiveStateUpdate> for CudaBackend` (and a typed
+//! - safe ops: `impl Run<SelectiveStateUpdateArgs> for CudaBackend` (and a typed
 //!   [`ssm_tensor::Unsupported`] for every op without a kernel yet), which takes device tensor views
 //!   (`TensorRef::from_device_ptr`), never allocates when `out` is given, never copies a value
 //!   back to the host and never synchronises; [`CudaBackend::check`] reads the device error

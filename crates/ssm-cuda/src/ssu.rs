@@ -3,7 +3,7 @@
 
 use bytemuck::{Pod, Zeroable};
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
-use ssm_ssu::{ParamForm, Route, SelectiveStateUpdate, SsuPlan, TokenStrides};
+use ssm_ssu::{ParamForm, Route, SelectiveStateUpdateArgs, SsuPlan, TokenStrides};
 use ssm_tensor::DType;
 use ssm_tensor::{Planned, Run};
 
@@ -445,7 +445,7 @@ fn addr_of(base: Option<u64>, offset: isize, dtype: DType) -> u64 {
 }
 
 impl CudaBackend {
-    fn ssu_params(&self, plan: &SsuPlan, args: &SelectiveStateUpdate<'_>, dim_tiles: usize) -> SsuParams {
+    fn ssu_params(&self, plan: &SsuPlan, args: &SelectiveStateUpdateArgs<'_>, dim_tiles: usize) -> SsuParams {
         let t = plan.dtypes;
         let zero = TokStridesC::default();
         let sbi = plan.state_batch_indices;
@@ -531,14 +531,14 @@ impl CudaBackend {
     }
 }
 
-impl Run<SelectiveStateUpdate<'_>> for CudaBackend {
+impl Run<SelectiveStateUpdateArgs<'_>> for CudaBackend {
     type Error = CudaError;
 
     /// Launches one SSU kernel on the backend's stream. Every tensor must be a device view on
     /// this backend's device. Nothing is allocated, nothing is copied back to the host, and
     /// the call does not wait for the kernel: invalid device index values are reported later
     /// by [`CudaBackend::check`].
-    fn run(&self, call: Planned<SelectiveStateUpdate<'_>>) -> Result<(), CudaError> {
+    fn run(&self, call: Planned<SelectiveStateUpdateArgs<'_>>) -> Result<(), CudaError> {
         self.expect_device(&call)?;
         let (args, plan) = call.into_parts();
         let plan = &plan;

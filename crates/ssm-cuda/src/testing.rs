@@ -9,7 +9,7 @@ use ssm_conv::{Activation, CausalConv1dFnArgs, CausalConv1dUpdateArgs, ConvError
 use ssm_gdn::{
     FusedGdnGatingArgs, FusedRecurrentGatedDeltaRuleArgs, FusedSigmoidGatingDeltaRuleUpdateArgs, GdnError, StateLayout,
 };
-use ssm_ssu::{SelectiveStateUpdate, SsuError};
+use ssm_ssu::{SelectiveStateUpdateArgs, SsuError};
 use ssm_tensor::{DType, Op, Planned, Run, TensorError, TensorMut, TensorRef};
 
 use crate::{CudaBackend, CudaError};
@@ -299,8 +299,8 @@ impl DeviceSsuArgs {
 }
 
 impl StageArgs for DeviceSsuArgs {
-    type Args<'a> = SelectiveStateUpdate<'a>;
-    fn upload(backend: &CudaBackend, args: &SelectiveStateUpdate<'_>) -> Result<Self, MirrorError> {
+    type Args<'a> = SelectiveStateUpdateArgs<'a>;
+    fn upload(backend: &CudaBackend, args: &SelectiveStateUpdateArgs<'_>) -> Result<Self, MirrorError> {
         let up = |t: &TensorRef<'_>| StagedTensor::upload(backend, t);
         let opt = |t: &Option<TensorRef<'_>>| StagedTensor::upload_opt(backend, t.as_ref());
         Ok(DeviceSsuArgs {
@@ -323,8 +323,8 @@ impl StageArgs for DeviceSsuArgs {
             stochastic_rounding: args.stochastic_rounding,
         })
     }
-    fn args(&mut self) -> Result<SelectiveStateUpdate<'_>, TensorError> {
-        Ok(SelectiveStateUpdate {
+    fn args(&mut self) -> Result<SelectiveStateUpdateArgs<'_>, TensorError> {
+        Ok(SelectiveStateUpdateArgs {
             state: self.state.view_mut()?,
             x: self.x.view()?,
             dt: self.dt.view()?,
@@ -344,11 +344,11 @@ impl StageArgs for DeviceSsuArgs {
             stochastic_rounding: self.stochastic_rounding,
         })
     }
-    fn copy_back(&self, host: &mut SelectiveStateUpdate<'_>) -> Result<(), MirrorError> {
+    fn copy_back(&self, host: &mut SelectiveStateUpdateArgs<'_>) -> Result<(), MirrorError> {
         self.state.copy_back(&mut host.state)?;
         self.out.copy_back(&mut host.out)
     }
-    fn launch(backend: &CudaBackend, args: SelectiveStateUpdate<'_>) -> Result<(), MirrorError> {
+    fn launch(backend: &CudaBackend, args: SelectiveStateUpdateArgs<'_>) -> Result<(), MirrorError> {
         plan_and_run(backend, args)
     }
 }
@@ -731,7 +731,7 @@ macro_rules! mirrored {
 }
 
 mirrored! {
-    SelectiveStateUpdate => DeviceSsuArgs,
+    SelectiveStateUpdateArgs => DeviceSsuArgs,
     CausalConv1dUpdateArgs => DeviceConvUpdateArgs,
     CausalConv1dFnArgs => DeviceConvFnArgs,
     FusedGdnGatingArgs => DeviceGdnGatingArgs,

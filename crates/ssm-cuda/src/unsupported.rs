@@ -19,10 +19,10 @@ macro_rules! unsupported {
 
 unsupported!(
     ssm_gdn::ChunkGatedDeltaRuleArgs<'_>,
-    ssm_ssd::MambaChunkScanCombinedVarlen<'_>,
-    ssm_ring::UpdateRingTrackers<'_>,
-    ssm_ring::CommitRingTrackers<'_>,
-    ssm_ring::CheckpointingSsu<'_>,
+    ssm_ssd::MambaChunkScanCombinedVarlenArgs<'_>,
+    ssm_ring::UpdateRingTrackersArgs<'_>,
+    ssm_ring::CommitRingTrackersArgs<'_>,
+    ssm_ring::CheckpointingSsuArgs<'_>,
 );
 
 impl ssm_gdn::ChunkScratch for CudaBackend {

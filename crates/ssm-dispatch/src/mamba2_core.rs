@@ -18,11 +18,11 @@
 //! Allocation: with `conv_out` given, a batch without prefills and without pad rows allocates
 //! nothing (the conv writes `conv_out`, the SSU reads views of it and writes `out`); pad rows
 //! cost a small buffer of the `out` rows they keep; the prefill path allocates the SSD
-//! workspace.
+//! scratch.
 
 use ssm_conv::{Activation, CausalConv1dFnArgs, CausalConv1dUpdateArgs, ConvStateLayout};
-use ssm_ssd::MambaChunkScanCombinedVarlen;
-use ssm_ssu::SelectiveStateUpdate;
+use ssm_ssd::MambaChunkScanCombinedVarlenArgs;
+use ssm_ssu::SelectiveStateUpdateArgs;
 use ssm_tensor::{Device, HostTensor, TensorMut, TensorRef};
 
 use crate::layer_core::{Schedule, add, core_err, host_ints, need, product};
@@ -470,7 +470,7 @@ impl<'a> Steps<'a> {
                 .a
                 .with_layout(&[h, p, n], &[self.a.strides()[0], 0, 0], self.a.layout().offset())
                 .map_err(|e| core_err("a", format!("cannot be viewed: {e}")))?;
-            schedule.plan(rt.with_config_rounding(SelectiveStateUpdate {
+            schedule.plan(rt.with_config_rounding(SelectiveStateUpdateArgs {
                 state: ssm_d,
                 x,
                 dt: rows_ref(self.dt, "dt", 0, td, 0, &[h, p], &[1, 0])?,
@@ -511,7 +511,7 @@ impl<'a> Steps<'a> {
         })?;
         let [x, b, c] = ssm_inputs(conv_out_r.into_ref(), td, tp, self.dims)?;
         let state_dtype = ssm_p.dtype();
-        schedule.plan(MambaChunkScanCombinedVarlen {
+        schedule.plan(MambaChunkScanCombinedVarlenArgs {
             x,
             dt: rows_ref(self.dt, "dt", td, tp, 0, &[h], &[1])?,
             a: self.a,
@@ -539,7 +539,7 @@ impl<'a> Steps<'a> {
             return_intermediate_states: false,
             state_dtype: Some(state_dtype),
             varlen_states: None,
-            workspace: None,
+            scratch: None,
         })?;
         Ok([out_pads])
     }

@@ -1,6 +1,6 @@
 use std::marker::PhantomData;
 
-use ssm_ring::{CheckpointingSsu, CommitRingTrackers, RingTrackers, UpdateRingTrackers};
+use ssm_ring::{CheckpointingSsuArgs, CommitRingTrackersArgs, RingTrackers, UpdateRingTrackersArgs};
 use ssm_tensor::TensorRef;
 
 use crate::layer_core::Schedule;
@@ -8,7 +8,7 @@ use crate::{Error, Runtime};
 
 /// Arguments of [`Runtime::selective_state_update_replayssm`], vLLM's
 /// `selective_state_update_replayssm_flashinfer`: one checkpointing SSU step
-/// ([`ssm_ring::CheckpointingSsu`], same shapes and names) whose cursors are the shared
+/// ([`ssm_ring::CheckpointingSsuArgs`], same shapes and names) whose cursors are the shared
 /// tracker tensors, which the call advances afterwards when `update_trackers` is set.
 ///
 /// Built by [`SelectiveStateUpdateReplaySsm::new`], which hands the step read views of the
@@ -18,7 +18,7 @@ pub struct SelectiveStateUpdateReplaySsm<'a> {
     trackers: RingTrackers<'a>,
     logical_window: i64,
     update_trackers: bool,
-    step: CheckpointingSsu<'a>,
+    step: CheckpointingSsuArgs<'a>,
 }
 
 /// The step's cursors: read views of the trackers' `ring_start` and `prev_num_accepted`,
@@ -28,7 +28,7 @@ pub struct SelectiveStateUpdateReplaySsm<'a> {
 ///
 /// ```compile_fail
 /// # use ssm_dispatch::SelectiveStateUpdateReplaySsm;
-/// # fn leak<'a>(trackers: ssm_ring::RingTrackers<'a>, step: ssm_ring::CheckpointingSsu<'a>) {
+/// # fn leak<'a>(trackers: ssm_ring::RingTrackers<'a>, step: ssm_ring::CheckpointingSsuArgs<'a>) {
 /// let mut kept = None;
 /// let _ = SelectiveStateUpdateReplaySsm::new(trackers, 15, true, |cursors| {
 ///     kept = Some(cursors.ring_start); // refused: the view cannot outlive the builder
@@ -37,9 +37,9 @@ pub struct SelectiveStateUpdateReplaySsm<'a> {
 /// # }
 /// ```
 pub struct ReplaySsmCursors<'c, 'a> {
-    /// For [`CheckpointingSsu::ring_start`].
+    /// For [`CheckpointingSsuArgs::ring_start`].
     pub ring_start: TensorRef<'c>,
-    /// For [`CheckpointingSsu::prev_num_accepted_tokens`].
+    /// For [`CheckpointingSsuArgs::prev_num_accepted_tokens`].
     pub prev_num_accepted_tokens: TensorRef<'c>,
     /// `'a: 'c`, so that the builder may put views of lifetime `'a` into a step of `'c`.
     _within: PhantomData<&'c &'a ()>,
@@ -56,7 +56,7 @@ impl<'a> SelectiveStateUpdateReplaySsm<'a> {
         trackers: RingTrackers<'a>,
         logical_window: i64,
         update_trackers: bool,
-        step: impl for<'c> FnOnce(ReplaySsmCursors<'c, 'a>) -> CheckpointingSsu<'c>,
+        step: impl for<'c> FnOnce(ReplaySsmCursors<'c, 'a>) -> CheckpointingSsuArgs<'c>,
     ) -> Self {
         let RingTrackers { ring_start, prev_num_accepted, prev_query_len } = trackers;
         // SAFETY: one alias of each cursor goes into the step (read), the other stays in the
@@ -88,7 +88,7 @@ impl Runtime {
 
     /// vLLM's `update_replayssm_ring_trackers`: advances (window given) or resets the cursors of
     /// every slot `state_batch_indices` names; pads and out-of-range slots are skipped.
-    pub fn update_replayssm_ring_trackers(&self, args: UpdateRingTrackers<'_>) -> Result<(), Error> {
+    pub fn update_replayssm_ring_trackers(&self, args: UpdateRingTrackersArgs<'_>) -> Result<(), Error> {
         self.plan_and_run(args)
     }
 
@@ -99,19 +99,19 @@ impl Runtime {
         state_batch_indices: TensorRef<'_>,
         pad_slot_id: Option<i64>,
     ) -> Result<(), Error> {
-        self.update_replayssm_ring_trackers(UpdateRingTrackers::reset(trackers, state_batch_indices, pad_slot_id))
+        self.update_replayssm_ring_trackers(UpdateRingTrackersArgs::reset(trackers, state_batch_indices, pad_slot_id))
     }
 
     /// vLLM's `commit_replayssm_ring_trackers`: folds in the previous speculative window's
     /// accepted counts and records the current query lengths.
-    pub fn commit_replayssm_ring_trackers(&self, args: CommitRingTrackers<'_>) -> Result<(), Error> {
+    pub fn commit_replayssm_ring_trackers(&self, args: CommitRingTrackersArgs<'_>) -> Result<(), Error> {
         self.plan_and_run(args)
     }
 
     /// FlashInfer's `checkpointing_ssu` (ReplaySSM decode step): writes `out`, the ring rows
     /// after each sequence's live history, and the checkpoint of flushing sequences; never
-    /// moves the cursors ([`ssm_ring::CheckpointingSsu`]).
-    pub fn checkpointing_ssu(&self, args: CheckpointingSsu<'_>) -> Result<(), Error> {
+    /// moves the cursors ([`ssm_ring::CheckpointingSsuArgs`]).
+    pub fn checkpointing_ssu(&self, args: CheckpointingSsuArgs<'_>) -> Result<(), Error> {
         self.replayssm_backend("checkpointing_ssu")?;
         self.plan_and_run(args)
     }
@@ -125,7 +125,7 @@ impl Runtime {
         let SelectiveStateUpdateReplaySsm { trackers, logical_window, update_trackers, step } = args;
         let ring_buffer_len = step.x_cache.shape().get(2).map(|&l| l as i64);
         let update =
-            step.state_batch_indices.filter(|_| update_trackers).map(|state_batch_indices| UpdateRingTrackers {
+            step.state_batch_indices.filter(|_| update_trackers).map(|state_batch_indices| UpdateRingTrackersArgs {
                 trackers,
                 state_batch_indices,
                 logical_window: Some(logical_window),

@@ -1,4 +1,4 @@
-use ssm_ssu::{SelectiveStateUpdate, StochasticRounding};
+use ssm_ssu::{SelectiveStateUpdateArgs, StochasticRounding};
 
 use crate::{Error, Runtime};
 
@@ -9,13 +9,16 @@ impl Runtime {
     /// the runtime supplies the next seed.
     ///
     /// No allocation and no host/device synchronisation on the CUDA path.
-    pub fn selective_state_update(&self, args: SelectiveStateUpdate<'_>) -> Result<(), Error> {
+    pub fn selective_state_update(&self, args: SelectiveStateUpdateArgs<'_>) -> Result<(), Error> {
         self.plan_and_run(self.with_config_rounding(args))
     }
 
     /// `args` with the configured stochastic rounding filled in (f16 state, none given): what
     /// every SSU call of the runtime plans, the layer cores' included.
-    pub(crate) fn with_config_rounding<'a>(&self, mut args: SelectiveStateUpdate<'a>) -> SelectiveStateUpdate<'a> {
+    pub(crate) fn with_config_rounding<'a>(
+        &self,
+        mut args: SelectiveStateUpdateArgs<'a>,
+    ) -> SelectiveStateUpdateArgs<'a> {
         if self.config.stochastic_rounding
             && args.stochastic_rounding.is_none()
             && args.state.dtype() == ssm_tensor::DType::F16

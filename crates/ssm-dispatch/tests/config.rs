@@ -67,7 +67,7 @@ fn auto_falls_back_to_cpu_without_a_device() {
 
 #[test]
 fn wrong_device_is_refused_before_anything_runs() {
-    use ssm_ssu::SelectiveStateUpdate;
+    use ssm_ssu::SelectiveStateUpdateArgs;
     use ssm_tensor::{DType, Device, TensorMut, TensorRef};
     let rt = Runtime::new(&Config::cpu(Some(1))).unwrap();
     // SAFETY: these device views are planned and refused, never dereferenced.
@@ -83,7 +83,7 @@ fn wrong_device_is_refused_before_anything_runs() {
         )
     };
     let e = rt
-        .selective_state_update(SelectiveStateUpdate {
+        .selective_state_update(SelectiveStateUpdateArgs {
             state: st.reborrow(),
             x,
             dt,

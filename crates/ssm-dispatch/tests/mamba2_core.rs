@@ -12,8 +12,8 @@ mod common;
 use common::{ints, values};
 use ssm_conv::{Activation, CausalConv1dFnArgs, CausalConv1dUpdateArgs, ConvStateLayout};
 use ssm_dispatch::{Config, Mamba2AttentionMetadata, Mamba2MixerCoreArgs, Runtime};
-use ssm_ssd::{MambaChunkScanCombinedVarlen, compute_chunk_metadata};
-use ssm_ssu::SelectiveStateUpdate;
+use ssm_ssd::{MambaChunkScanCombinedVarlenArgs, compute_chunk_metadata};
+use ssm_ssu::SelectiveStateUpdateArgs;
 use ssm_tensor::{DType, HostTensor};
 
 const H: usize = 4;
@@ -285,7 +285,7 @@ fn run_parts(rt: &Runtime, b: &Batch, dec: &Decodes, pre: &Prefills) -> (HostTen
         HostTensor::from_f32(DType::F32, vec![td, G, N], &block(&y_d, 0, td, H * P + G * N, G * N)),
     );
     let dt_d = expand_dt(0, td);
-    rt.selective_state_update(SelectiveStateUpdate {
+    rt.selective_state_update(SelectiveStateUpdateArgs {
         state: ssm.view_mut(),
         x: xs.view(),
         dt: dt_d.view(),
@@ -367,7 +367,7 @@ fn run_parts(rt: &Runtime, b: &Batch, dec: &Decodes, pre: &Prefills) -> (HostTen
     let dt_p = HostTensor::from_f32(DType::F32, vec![tp, H], &dt_all[td * H..(td + tp) * H]);
     let i32s = |v: &[i32]| ints(&v.iter().map(|&x| x as i64).collect::<Vec<_>>());
     let (seq_idx, cu_chunk, last) = (i32s(&meta.seq_idx), i32s(&meta.cu_chunk_seqlens), i32s(&meta.last_chunk_indices));
-    rt.mamba_chunk_scan_combined_varlen(MambaChunkScanCombinedVarlen {
+    rt.mamba_chunk_scan_combined_varlen(MambaChunkScanCombinedVarlenArgs {
         x: xs.view(),
         dt: dt_p.view(),
         a: b.a.view(),
@@ -393,7 +393,7 @@ fn run_parts(rt: &Runtime, b: &Batch, dec: &Decodes, pre: &Prefills) -> (HostTen
         return_intermediate_states: false,
         state_dtype: Some(DType::F32),
         varlen_states: Some(finals.view_mut()),
-        workspace: None,
+        scratch: None,
     })
     .unwrap();
     let (o_p, finals) = (f32s(&o_p), f32s(&finals));

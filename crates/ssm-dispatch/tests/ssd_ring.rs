@@ -3,8 +3,8 @@
 
 use ssm_conformance::cases::ring::Trackers;
 use ssm_dispatch::{Config, Error, Runtime, SelectiveStateUpdateReplaySsm};
-use ssm_ring::{CheckpointingSsu, UpdateRingTrackers};
-use ssm_ssd::{MambaChunkScanCombinedVarlen, compute_chunk_metadata};
+use ssm_ring::{CheckpointingSsuArgs, UpdateRingTrackersArgs};
+use ssm_ssd::{MambaChunkScanCombinedVarlenArgs, compute_chunk_metadata};
 use ssm_tensor::{TensorMut, TensorRef};
 
 const CACHE: usize = 3;
@@ -57,9 +57,9 @@ fn step<'c>(
     out: &'c mut [f32],
     ring_start: TensorRef<'c>,
     prev_num_accepted_tokens: TensorRef<'c>,
-) -> CheckpointingSsu<'c> {
+) -> CheckpointingSsuArgs<'c> {
     let rows = tokens.slots.len();
-    CheckpointingSsu {
+    CheckpointingSsuArgs {
         state: TensorMut::from_slice(&mut rings.state, &[CACHE, H, P, N]).unwrap(),
         x_cache: TensorMut::from_slice(&mut rings.x_cache, &[CACHE, H, L, P]).unwrap(),
         b_cache: TensorMut::from_slice(&mut rings.b_cache, &[CACHE, 1, L, N]).unwrap(),
@@ -159,7 +159,7 @@ fn combined_replayssm_step_equals_its_parts() {
             TensorRef::from_slice(&cursors.prev_num_accepted, &[CACHE]).unwrap(),
         ))
         .unwrap();
-        rt.update_replayssm_ring_trackers(UpdateRingTrackers {
+        rt.update_replayssm_ring_trackers(UpdateRingTrackersArgs {
             trackers: b.trackers.views(),
             state_batch_indices: TensorRef::from_slice(&tokens.slots, &[2]).unwrap(),
             logical_window: Some((L - 1) as i64),
@@ -195,7 +195,7 @@ fn ssd_prefill_through_the_runtime_equals_the_reference() {
     let run = |reference: bool| {
         let mut out = vec![f32::NAN; t * h * p];
         let mut states = vec![f32::NAN; 2 * h * p * n];
-        let args = MambaChunkScanCombinedVarlen {
+        let args = MambaChunkScanCombinedVarlenArgs {
             x: TensorRef::from_slice(&x, &[t, h, p]).unwrap(),
             dt: TensorRef::from_slice(&dt, &[t, h]).unwrap(),
             a: TensorRef::from_slice(&a, &[h]).unwrap(),
@@ -221,7 +221,7 @@ fn ssd_prefill_through_the_runtime_equals_the_reference() {
             return_intermediate_states: false,
             state_dtype: None,
             varlen_states: Some(TensorMut::from_slice(&mut states, &[2, h, p, n]).unwrap()),
-            workspace: None,
+            scratch: None,
         };
         if reference {
             let plan = ssm_tensor::Planned::new(args).unwrap();

@@ -22,7 +22,7 @@ pub struct RingTrackers<'a> {
 /// `state_batch_indices` is `[n]` or `[n, width]` (column 0 is used), i32/i64. Entries equal to
 /// `pad_slot_id` or outside `[0, num_states)` are skipped (not an error: this mirrors the GPU
 /// kernel's mask). An empty table is a no-op. Rows are applied in order.
-pub struct UpdateRingTrackers<'a> {
+pub struct UpdateRingTrackersArgs<'a> {
     /// The cursors.
     pub trackers: RingTrackers<'a>,
     /// Slot of each request.
@@ -46,10 +46,16 @@ impl RingTrackers<'_> {
     }
 }
 
-impl<'a> UpdateRingTrackers<'a> {
+impl<'a> UpdateRingTrackersArgs<'a> {
     /// The arguments of `reset_replayssm_ring_trackers`: zero the three cursors of every valid slot.
     pub fn reset(trackers: RingTrackers<'a>, state_batch_indices: TensorRef<'a>, pad_slot_id: Option<i64>) -> Self {
-        UpdateRingTrackers { trackers, state_batch_indices, logical_window: None, ring_buffer_len: None, pad_slot_id }
+        UpdateRingTrackersArgs {
+            trackers,
+            state_batch_indices,
+            logical_window: None,
+            ring_buffer_len: None,
+            pad_slot_id,
+        }
     }
 }
 
@@ -61,7 +67,7 @@ impl<'a> UpdateRingTrackers<'a> {
 /// `prev' = q == 0 ? 0 : (must ? accepted[i] : prev + accepted[i])`;
 /// `prev_query_len' = query_start_loc[i+1] − query_start_loc[i]`.
 /// `num_accepted_tokens` `[>= n]` and `query_start_loc` `[>= n+1]` are i32/i64.
-pub struct CommitRingTrackers<'a> {
+pub struct CommitRingTrackersArgs<'a> {
     /// The cursors.
     pub trackers: RingTrackers<'a>,
     /// Slot of each request (`[n]` or `[n, width]`, column 0).
@@ -102,7 +108,7 @@ pub struct CommitRingTrackers<'a> {
 /// On both branches the new tokens are appended at ring rows `(start + k + i) % L`.
 /// A row whose slot equals `pad_slot_id` writes nothing, not even `out`; an empty varlen
 /// sequence writes nothing.
-pub struct CheckpointingSsu<'a> {
+pub struct CheckpointingSsuArgs<'a> {
     /// The checkpoint state pool.
     pub state: TensorMut<'a>,
     /// Ring of x, head-major.

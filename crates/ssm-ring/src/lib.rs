@@ -20,7 +20,7 @@ mod error;
 mod plan;
 pub mod reference;
 
-pub use args::{CheckpointingSsu, CommitRingTrackers, RingTrackers, UpdateRingTrackers};
+pub use args::{CheckpointingSsuArgs, CommitRingTrackersArgs, RingTrackers, UpdateRingTrackersArgs};
 pub use error::RingError;
 pub use plan::{CheckpointingSsuPlan, HeadParam, PoolStrides, TokenForm, TokenStrides, TrackerMode, TrackerPlan};
 pub use ssm_tensor::{Op, Planned, Run};
@@ -28,7 +28,7 @@ pub use ssm_tensor::{Op, Planned, Run};
 ssm_tensor::op_family! {
     /// A backend of every ReplaySSM op.
     family RingBackend, error RingError;
-    UpdateRingTrackers => "update_replayssm_ring_trackers", TrackerPlan, plan::plan_update;
-    CommitRingTrackers => "commit_replayssm_ring_trackers", TrackerPlan, plan::plan_commit;
-    CheckpointingSsu => "checkpointing_ssu", CheckpointingSsuPlan, plan::plan_checkpointing_ssu;
+    UpdateRingTrackersArgs => "update_replayssm_ring_trackers", TrackerPlan, plan::plan_update;
+    CommitRingTrackersArgs => "commit_replayssm_ring_trackers", TrackerPlan, plan::plan_commit;
+    CheckpointingSsuArgs => "checkpointing_ssu", CheckpointingSsuPlan, plan::plan_checkpointing_ssu;
 }

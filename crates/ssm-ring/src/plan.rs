@@ -1,7 +1,7 @@
 use ssm_tensor::ArgError;
 use ssm_tensor::{DType, Device, Slot, SlotUse, Strided, TensorMut, TensorRef, first_slot_conflict};
 
-use crate::{CheckpointingSsu, CommitRingTrackers, RingError, RingTrackers, UpdateRingTrackers};
+use crate::{CheckpointingSsuArgs, CommitRingTrackersArgs, RingError, RingTrackers, UpdateRingTrackersArgs};
 
 /// What a tracker call does to each valid slot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -170,7 +170,7 @@ fn window_values(logical_window: i64, ring_buffer_len: i64) -> Result<(), RingEr
 
 /// Checks `update_replayssm_ring_trackers` (and reset) arguments. Slot values are not errors:
 /// pads and out-of-range entries are skipped by every backend.
-pub(crate) fn plan_update(args: &UpdateRingTrackers<'_>) -> Result<TrackerPlan, RingError> {
+pub(crate) fn plan_update(args: &UpdateRingTrackersArgs<'_>) -> Result<TrackerPlan, RingError> {
     let (tracker_dtype, num_states, trackers, device) = trackers_plan(&args.trackers)?;
     let (index, rows) = slot_column("state_batch_indices", &args.state_batch_indices)?;
     check_device("state_batch_indices", "ring_start", device, args.state_batch_indices.device())?;
@@ -199,7 +199,7 @@ pub(crate) fn plan_update(args: &UpdateRingTrackers<'_>) -> Result<TrackerPlan, 
 }
 
 /// Checks `commit_replayssm_ring_trackers` arguments.
-pub(crate) fn plan_commit(args: &CommitRingTrackers<'_>) -> Result<TrackerPlan, RingError> {
+pub(crate) fn plan_commit(args: &CommitRingTrackersArgs<'_>) -> Result<TrackerPlan, RingError> {
     let (tracker_dtype, num_states, trackers, device) = trackers_plan(&args.trackers)?;
     let (index, rows) = slot_column("state_batch_indices", &args.state_batch_indices)?;
     check_device("state_batch_indices", "ring_start", device, args.state_batch_indices.device())?;
@@ -465,7 +465,7 @@ fn pool(arg: &'static str, t: &TensorMut<'_>, names: &[&str], want: &[usize]) ->
 /// Checks a `checkpointing_ssu` call: shapes, dtypes, strides, devices, and, for host
 /// tensors, every index the call reads (`state_batch_indices`, the cursors of the slots it
 /// uses, `cu_seqlens`). Nothing is written by the op when this fails.
-pub(crate) fn plan_checkpointing_ssu(args: &CheckpointingSsu<'_>) -> Result<CheckpointingSsuPlan, RingError> {
+pub(crate) fn plan_checkpointing_ssu(args: &CheckpointingSsuArgs<'_>) -> Result<CheckpointingSsuPlan, RingError> {
     let device = args.state.device();
     let dev = |arg: &'static str, d: Device| check_device(arg, "state", device, d);
     dev("x_cache", args.x_cache.device())?;
@@ -764,7 +764,7 @@ pub(crate) fn plan_checkpointing_ssu(args: &CheckpointingSsu<'_>) -> Result<Chec
 
 impl CheckpointingSsuPlan {
     /// The state slot of sequence `row`, or `None` for a pad row. Host index tensors only.
-    pub fn slot(&self, args: &CheckpointingSsu<'_>, row: usize) -> Option<usize> {
+    pub fn slot(&self, args: &CheckpointingSsuArgs<'_>, row: usize) -> Option<usize> {
         match (&args.state_batch_indices, self.index) {
             (Some(t), Some(col)) => match Slot::resolve(t.elem_i64(col.at([row])), self.pad_slot_id, self.cache) {
                 Slot::Row(slot) => Some(slot),
@@ -775,7 +775,7 @@ impl CheckpointingSsuPlan {
     }
 
     /// `(seq, first_token, len)` of sequence `row` in [`TokenStrides::at`] terms. Host `cu_seqlens` only.
-    pub fn span(&self, args: &CheckpointingSsu<'_>, row: usize) -> (usize, usize, usize) {
+    pub fn span(&self, args: &CheckpointingSsuArgs<'_>, row: usize) -> (usize, usize, usize) {
         match (&args.cu_seqlens, self.cu_seqlens) {
             (Some(t), Some(cu)) => {
                 let s = t.elem_i64(cu.at([row])) as usize;
@@ -787,7 +787,7 @@ impl CheckpointingSsuPlan {
     }
 
     /// The cursors `(ring_start, k)` of `slot`. Host cursor tensors only.
-    pub fn cursors(&self, args: &CheckpointingSsu<'_>, slot: usize) -> (usize, usize) {
+    pub fn cursors(&self, args: &CheckpointingSsuArgs<'_>, slot: usize) -> (usize, usize) {
         let start = args.ring_start.elem_i64(self.ring_start.at([slot])) as usize;
         let k = args.prev_num_accepted_tokens.elem_i64(self.prev_num_accepted_tokens.at([slot])) as usize;
         (start, k)

@@ -4,10 +4,10 @@
 //! Slow and allocation-happy on purpose: it is the oracle, not a kernel.
 
 use crate::Planned;
-use crate::{CheckpointingSsu, CheckpointingSsuPlan, CommitRingTrackers, TrackerMode, UpdateRingTrackers};
+use crate::{CheckpointingSsuArgs, CheckpointingSsuPlan, CommitRingTrackersArgs, TrackerMode, UpdateRingTrackersArgs};
 
 /// Runs `update_replayssm_ring_trackers` (or reset) on host tensors, rows in order.
-pub fn update_replayssm_ring_trackers(call: Planned<UpdateRingTrackers<'_>>) {
+pub fn update_replayssm_ring_trackers(call: Planned<UpdateRingTrackersArgs<'_>>) {
     let (mut args, plan) = call.into_parts();
     let plan = &plan;
     for row in 0..plan.rows {
@@ -36,12 +36,12 @@ pub fn update_replayssm_ring_trackers(call: Planned<UpdateRingTrackers<'_>>) {
 
 /// Runs `reset_replayssm_ring_trackers`: the same call as [`update_replayssm_ring_trackers`]
 /// with a reset plan.
-pub fn reset_replayssm_ring_trackers(call: Planned<UpdateRingTrackers<'_>>) {
+pub fn reset_replayssm_ring_trackers(call: Planned<UpdateRingTrackersArgs<'_>>) {
     update_replayssm_ring_trackers(call)
 }
 
 /// Runs `commit_replayssm_ring_trackers` on host tensors, rows in order.
-pub fn commit_replayssm_ring_trackers(call: Planned<CommitRingTrackers<'_>>) {
+pub fn commit_replayssm_ring_trackers(call: Planned<CommitRingTrackersArgs<'_>>) {
     let (mut args, plan) = call.into_parts();
     let plan = &plan;
     let TrackerMode::Commit { logical_window, ring_buffer_len } = plan.mode else {
@@ -81,7 +81,7 @@ pub fn softplus<F: Precision>(v: F) -> F {
 }
 
 /// `checkpointing_ssu` in f32.
-pub fn checkpointing_ssu(call: Planned<CheckpointingSsu<'_>>) {
+pub fn checkpointing_ssu(call: Planned<CheckpointingSsuArgs<'_>>) {
     let (args, plan) = call.into_parts();
     let plan = &plan;
     run::<f32>(plan, args)
@@ -89,13 +89,13 @@ pub fn checkpointing_ssu(call: Planned<CheckpointingSsu<'_>>) {
 
 /// `checkpointing_ssu` with f64 arithmetic (stores round to each tensor's dtype; `dt_cache`
 /// stores f32).
-pub fn checkpointing_ssu_f64(call: Planned<CheckpointingSsu<'_>>) {
+pub fn checkpointing_ssu_f64(call: Planned<CheckpointingSsuArgs<'_>>) {
     let (args, plan) = call.into_parts();
     let plan = &plan;
     run::<f64>(plan, args)
 }
 
-fn run<F: Precision>(p: &CheckpointingSsuPlan, mut args: CheckpointingSsu<'_>) {
+fn run<F: Precision>(p: &CheckpointingSsuPlan, mut args: CheckpointingSsuArgs<'_>) {
     let (hd, nd) = (p.dim, p.dstate);
     let ratio = p.heads_per_group();
     for row in 0..p.batch {

@@ -2,7 +2,7 @@
 //! valid call and breaks one thing. Plans take the arguments by shared reference, so a
 //! refused call cannot have written anything.
 
-use ssm_ring::{CheckpointingSsu, CommitRingTrackers, RingError, RingTrackers, UpdateRingTrackers};
+use ssm_ring::{CheckpointingSsuArgs, CommitRingTrackersArgs, RingError, RingTrackers, UpdateRingTrackersArgs};
 use ssm_tensor::{DType, Device, TensorMut, TensorRef};
 
 fn leak<T: Clone>(v: &[T]) -> &'static mut [T] {
@@ -21,8 +21,8 @@ fn slots(v: &[i32]) -> TensorRef<'static> {
     TensorRef::from_slice(leak(v), &[v.len()]).unwrap()
 }
 
-fn update(edit: impl FnOnce(&mut UpdateRingTrackers<'static>)) -> Result<(), RingError> {
-    let mut a = UpdateRingTrackers {
+fn update(edit: impl FnOnce(&mut UpdateRingTrackersArgs<'static>)) -> Result<(), RingError> {
+    let mut a = UpdateRingTrackersArgs {
         trackers: trackers([8, 8, 8]),
         state_batch_indices: slots(&[1, 2]),
         logical_window: Some(4),
@@ -33,8 +33,8 @@ fn update(edit: impl FnOnce(&mut UpdateRingTrackers<'static>)) -> Result<(), Rin
     ssm_tensor::Op::plan(&a).map(|_| ())
 }
 
-fn commit(edit: impl FnOnce(&mut CommitRingTrackers<'static>)) -> Result<(), RingError> {
-    let mut a = CommitRingTrackers {
+fn commit(edit: impl FnOnce(&mut CommitRingTrackersArgs<'static>)) -> Result<(), RingError> {
+    let mut a = CommitRingTrackersArgs {
         trackers: trackers([8, 8, 8]),
         state_batch_indices: slots(&[1, 2]),
         num_accepted_tokens: slots(&[1, 2]),
@@ -57,9 +57,9 @@ const B: usize = 2;
 const T: usize = 2;
 
 /// A valid dense call: 2 sequences of T = 2 tokens, ring L = 6 (W = 4).
-fn ckpt(edit: impl FnOnce(&mut CheckpointingSsu<'static>)) -> Result<(), RingError> {
+fn ckpt(edit: impl FnOnce(&mut CheckpointingSsuArgs<'static>)) -> Result<(), RingError> {
     let f = |n: usize| leak(&vec![0.1f32; n]);
-    let mut a = CheckpointingSsu {
+    let mut a = CheckpointingSsuArgs {
         state: TensorMut::from_slice(f(CACHE * H * P * N), &[CACHE, H, P, N]).unwrap(),
         x_cache: TensorMut::from_slice(f(CACHE * H * L * P), &[CACHE, H, L, P]).unwrap(),
         b_cache: TensorMut::from_slice(f(CACHE * G * L * N), &[CACHE, G, L, N]).unwrap(),
@@ -86,7 +86,7 @@ fn ckpt(edit: impl FnOnce(&mut CheckpointingSsu<'static>)) -> Result<(), RingErr
 }
 
 /// Replaces the token tensors by `rows` packed tokens (varlen) or `[B, t]` dense ones.
-fn tokens(a: &mut CheckpointingSsu<'static>, lead: &[usize]) {
+fn tokens(a: &mut CheckpointingSsuArgs<'static>, lead: &[usize]) {
     let rows: usize = lead.iter().product();
     let shape = |tail: &[usize]| lead.iter().chain(tail).copied().collect::<Vec<usize>>();
     a.x = TensorRef::from_slice(leak(&vec![0.0f32; rows * H * P]), &shape(&[H, P])).unwrap();

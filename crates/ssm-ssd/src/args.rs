@@ -34,7 +34,7 @@ use ssm_tensor::{DType, TensorMut, TensorRef};
 /// and write its own slot. Host tables are checked by the plan: an entry that is neither the
 /// pad nor a slot is refused, and so is a slot written by one sequence and read or written by
 /// another (the aliasing rule).
-/// - `workspace`: optional 1-D f32 scratch of at least [`crate::SsdPlan::workspace_len`]
+/// - `scratch`: optional 1-D f32 scratch of at least [`crate::SsdPlan::scratch_len`]
 ///   elements on the device of `x`; without it a backend allocates per call.
 ///
 /// Writes: every token of `out` (when given), every row of `varlen_states` (when given): the
@@ -42,7 +42,7 @@ use ssm_tensor::{DType, TensorMut, TensorRef};
 /// state is its initial state, or zeros), and each sequence's final state into the `ssm_state`
 /// slot `final_state_indices` names (pads and every other slot are never touched). Reads
 /// everything else only.
-pub struct MambaChunkScanCombinedVarlen<'a> {
+pub struct MambaChunkScanCombinedVarlenArgs<'a> {
     /// SSM input.
     pub x: TensorRef<'a>,
     /// Raw time step (before `dt_bias`, softplus and the `dt_limit` clamp).
@@ -101,5 +101,5 @@ pub struct MambaChunkScanCombinedVarlen<'a> {
     /// `return_intermediate_states` false).
     pub varlen_states: Option<TensorMut<'a>>,
     /// Caller-owned f32 scratch.
-    pub workspace: Option<TensorMut<'a>>,
+    pub scratch: Option<TensorMut<'a>>,
 }

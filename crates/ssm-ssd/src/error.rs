@@ -123,9 +123,9 @@ pub enum SsdError {
         /// The buffer's dtype.
         actual: DType,
     },
-    /// The caller's workspace is too small or not an f32 host buffer.
-    #[error("`workspace` must be a 1-D f32 buffer of at least {needed} elements, got {dtype} with shape {actual:?}")]
-    Workspace {
+    /// The caller's scratch is too small or not an f32 host buffer.
+    #[error("`scratch` must be a 1-D f32 buffer of at least {needed} elements, got {dtype} with shape {actual:?}")]
+    Scratch {
         /// Elements needed.
         needed: usize,
         /// Its dtype.

@@ -9,7 +9,7 @@
 //! zeros); `states[c]` is the state at the **end** of chunk c; short chunks may appear
 //! anywhere.
 //!
-//! Pieces: [`MambaChunkScanCombinedVarlen`] (args), [`plan`] (every check, once),
+//! Pieces: [`MambaChunkScanCombinedVarlenArgs`] (args), [`plan`] (every check, once),
 //! [`SsdBackend`] (a backend's `Run` impl), [`reference`] (sequential recurrence, f32 and
 //! f64), and [`compute_chunk_metadata`] (vLLM's metadata builder).
 
@@ -19,14 +19,14 @@ mod metadata;
 mod plan;
 pub mod reference;
 
-pub use args::MambaChunkScanCombinedVarlen;
+pub use args::MambaChunkScanCombinedVarlenArgs;
 pub use error::SsdError;
 pub use metadata::{ChunkMetadata, compute_chunk_metadata};
-pub use plan::{IoDtypes, SsdPlan, StateSource, WorkspaceLayout};
+pub use plan::{IoDtypes, ScratchLayout, SsdPlan, StateSource};
 pub use ssm_tensor::{Op, Planned, Run};
 
 ssm_tensor::op_family! {
     /// A backend of the SSD prefill.
     family SsdBackend, error SsdError;
-    MambaChunkScanCombinedVarlen => "mamba_chunk_scan_combined_varlen", SsdPlan, plan::plan;
+    MambaChunkScanCombinedVarlenArgs => "mamba_chunk_scan_combined_varlen", SsdPlan, plan::plan;
 }

@@ -1,7 +1,7 @@
 use ssm_tensor::ArgError;
 use ssm_tensor::{DType, Device, Slot, SlotTable, SlotUse, Strided, TensorRef, first_slot_conflict};
 
-use crate::{MambaChunkScanCombinedVarlen, SsdError};
+use crate::{MambaChunkScanCombinedVarlenArgs, SsdError};
 
 /// The checked plan of one `mamba_chunk_scan_combined_varlen` call.
 #[derive(Debug, Clone, PartialEq)]
@@ -76,8 +76,8 @@ pub struct SsdPlan {
     pub dt_limit: (f32, f32),
     /// Whether `varlen_states` holds every chunk's state.
     pub return_intermediate_states: bool,
-    /// Offset of the caller's workspace view, when given.
-    pub workspace_offset: Option<usize>,
+    /// Offset of the caller's scratch view, when given.
+    pub scratch_offset: Option<usize>,
 }
 
 /// Where a sequence's initial state is read.
@@ -106,11 +106,11 @@ pub struct IoDtypes {
     pub out: Option<DType>,
 }
 
-/// Where each stage's f32 buffer lives in the workspace (offsets in elements). Rows are
+/// Where each stage's f32 buffer lives in the scratch (offsets in elements). Rows are
 /// padded to multiples of 8 elements (`q_row`, `state_row`) so that a backend can run
 /// eight-lane loops without tails.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct WorkspaceLayout {
+pub struct ScratchLayout {
     /// Row length of `dt_out`, `dA_cumsum` and `CB` rows: `chunk_size` rounded up to 8.
     pub q_row: usize,
     /// Row length of a state row: `dstate` rounded up to 8.
@@ -133,8 +133,8 @@ impl SsdPlan {
         self.heads / self.groups
     }
 
-    /// The f32 workspace a chunked backend needs (the size query).
-    pub fn workspace(&self) -> WorkspaceLayout {
+    /// The f32 scratch a chunked backend needs (the size query).
+    pub fn scratch(&self) -> ScratchLayout {
         let (c, h, q) = (self.nchunks, self.heads, self.chunk_size);
         let q_row = q.div_ceil(8) * 8;
         let state_row = self.dstate.div_ceil(8) * 8;
@@ -143,28 +143,28 @@ impl SsdPlan {
         let states = 2 * c * h * q_row;
         let cb = states + c * h * self.dim * state_row;
         let len = cb + c * self.groups * q * q_row;
-        WorkspaceLayout { q_row, state_row, dt_out, da_cumsum, states, cb, len }
+        ScratchLayout { q_row, state_row, dt_out, da_cumsum, states, cb, len }
     }
 
-    /// Elements of f32 workspace a chunked backend needs.
-    pub fn workspace_len(&self) -> usize {
-        self.workspace().len
+    /// Elements of f32 scratch a chunked backend needs.
+    pub fn scratch_len(&self) -> usize {
+        self.scratch().len
     }
 
     /// Chunk `c`'s token range `[start, end)` (host metadata only).
-    pub fn chunk(&self, args: &MambaChunkScanCombinedVarlen<'_>, c: usize) -> (usize, usize) {
+    pub fn chunk(&self, args: &MambaChunkScanCombinedVarlenArgs<'_>, c: usize) -> (usize, usize) {
         let s = args.cu_chunk_seqlens.elem_i64(self.cu_chunk_seqlens.at([c])) as usize;
         let e = args.cu_chunk_seqlens.elem_i64(self.cu_chunk_seqlens.at([c + 1])) as usize;
         (s, e)
     }
 
     /// `seq_idx[c]` (host metadata only).
-    pub fn seq_of(&self, args: &MambaChunkScanCombinedVarlen<'_>, c: usize) -> usize {
+    pub fn seq_of(&self, args: &MambaChunkScanCombinedVarlenArgs<'_>, c: usize) -> usize {
         args.seq_idx.elem_i64(self.seq_idx.at([c])) as usize
     }
 
     /// Whether chunk `c` opens its sequence (`c == 0` or `seq_idx` changes).
-    pub fn opens_sequence(&self, args: &MambaChunkScanCombinedVarlen<'_>, c: usize) -> bool {
+    pub fn opens_sequence(&self, args: &MambaChunkScanCombinedVarlenArgs<'_>, c: usize) -> bool {
         c == 0 || self.seq_of(args, c) != self.seq_of(args, c - 1)
     }
 
@@ -204,7 +204,7 @@ impl SsdPlan {
     }
 
     /// `last_chunk_indices[b]` (-1 for an empty sequence; host metadata only).
-    pub fn last_chunk(&self, args: &MambaChunkScanCombinedVarlen<'_>, b: usize) -> i64 {
+    pub fn last_chunk(&self, args: &MambaChunkScanCombinedVarlenArgs<'_>, b: usize) -> i64 {
         args.last_chunk_indices.elem_i64(self.last_chunk_indices.at([b]))
     }
 }
@@ -281,7 +281,7 @@ fn state4(arg: &'static str, t: &TensorRef<'_>, want: &[usize; 4], row_name: &st
 /// Checks one call: shapes, dtypes, strides and devices of every tensor, and, for host
 /// metadata, every value (`cu_seqlens`, `cu_chunk_seqlens`, `seq_idx`, `last_chunk_indices`).
 /// Backends trust the returned plan; nothing is written when this fails.
-pub(crate) fn plan(args: &MambaChunkScanCombinedVarlen<'_>) -> Result<SsdPlan, SsdError> {
+pub(crate) fn plan(args: &MambaChunkScanCombinedVarlenArgs<'_>) -> Result<SsdPlan, SsdError> {
     let device = args.x.device();
     let dev = |arg: &'static str, d: Device| {
         if d == device {
@@ -324,8 +324,8 @@ pub(crate) fn plan(args: &MambaChunkScanCombinedVarlen<'_>) -> Result<SsdPlan, S
     if let Some(v) = &args.ssm_state {
         dev("ssm_state", v.device())?;
     }
-    if let Some(w) = &args.workspace {
-        dev("workspace", w.device())?;
+    if let Some(w) = &args.scratch {
+        dev("scratch", w.device())?;
     }
 
     float("x", args.x.dtype())?;
@@ -527,18 +527,18 @@ pub(crate) fn plan(args: &MambaChunkScanCombinedVarlen<'_>) -> Result<SsdPlan, S
         dt_softplus: args.dt_softplus,
         dt_limit: args.dt_limit,
         return_intermediate_states: args.return_intermediate_states,
-        workspace_offset: None,
+        scratch_offset: None,
     };
-    if let Some(w) = &args.workspace {
-        let needed = plan.workspace_len();
+    if let Some(w) = &args.scratch {
+        let needed = plan.scratch_len();
         let ok = w.dtype() == DType::F32
             && w.rank() == 1
             && w.shape()[0] >= needed
             && (w.strides()[0] == 1 || w.shape()[0] <= 1);
         if !ok {
-            return Err(SsdError::Workspace { needed, dtype: w.dtype(), actual: w.shape().to_vec() });
+            return Err(SsdError::Scratch { needed, dtype: w.dtype(), actual: w.shape().to_vec() });
         }
-        plan.workspace_offset = Some(w.layout().offset());
+        plan.scratch_offset = Some(w.layout().offset());
     }
     check_metadata(&plan, args)?;
     check_slots(&plan, args)?;
@@ -553,7 +553,7 @@ struct Tables {
 }
 
 /// Checks the tables' shapes, dtypes and the arguments each needs.
-fn resolve_tables(args: &MambaChunkScanCombinedVarlen<'_>, batch: usize) -> Result<Tables, SsdError> {
+fn resolve_tables(args: &MambaChunkScanCombinedVarlenArgs<'_>, batch: usize) -> Result<Tables, SsdError> {
     let table = |arg: &'static str, t: &TensorRef<'_>, bool_ok: bool| -> Result<SlotTable, SsdError> {
         if !(t.dtype().is_index() || (bool_ok && t.dtype() == DType::Bool)) {
             let expected = if bool_ok { "bool, i32 or i64" } else { "i32 or i64" };
@@ -612,7 +612,7 @@ fn resolve_tables(args: &MambaChunkScanCombinedVarlen<'_>, batch: usize) -> Resu
 /// Value checks of host-resident slot tables (skipped for device tables): every entry is the
 /// pad or a slot of its pool, and no slot written by one sequence is read or written by
 /// another (the aliasing rule, [`first_slot_conflict`]).
-fn check_slots(p: &SsdPlan, args: &MambaChunkScanCombinedVarlen<'_>) -> Result<(), SsdError> {
+fn check_slots(p: &SsdPlan, args: &MambaChunkScanCombinedVarlenArgs<'_>) -> Result<(), SsdError> {
     fn host<'t>(t: &Option<TensorRef<'t>>) -> Option<Option<&'t [u8]>> {
         t.as_ref().map(|t| t.host_bytes())
     }
@@ -663,7 +663,7 @@ fn check_slots(p: &SsdPlan, args: &MambaChunkScanCombinedVarlen<'_>) -> Result<(
 }
 
 /// Value checks of host-resident chunk metadata (skipped for device tensors).
-fn check_metadata(p: &SsdPlan, args: &MambaChunkScanCombinedVarlen<'_>) -> Result<(), SsdError> {
+fn check_metadata(p: &SsdPlan, args: &MambaChunkScanCombinedVarlenArgs<'_>) -> Result<(), SsdError> {
     let host = [&args.cu_seqlens, &args.cu_chunk_seqlens, &args.seq_idx, &args.last_chunk_indices]
         .iter()
         .all(|t| t.host_bytes().is_some());

@@ -9,7 +9,7 @@
 //! equal to "every read before any write" (no other sequence reads a slot a sequence writes).
 
 use crate::Planned;
-use crate::{MambaChunkScanCombinedVarlen, SsdPlan, StateSource};
+use crate::{MambaChunkScanCombinedVarlenArgs, SsdPlan, StateSource};
 use ssm_tensor::Strided;
 
 pub use ssm_tensor::Precision;
@@ -34,20 +34,20 @@ pub fn process_dt<F: Precision>(raw: F, bias: Option<F>, softplus: bool, (lo, hi
 }
 
 /// The f32 reference.
-pub fn mamba_chunk_scan_combined_varlen(call: Planned<MambaChunkScanCombinedVarlen<'_>>) {
+pub fn mamba_chunk_scan_combined_varlen(call: Planned<MambaChunkScanCombinedVarlenArgs<'_>>) {
     let (args, plan) = call.into_parts();
     let plan = &plan;
     run::<f32>(plan, args)
 }
 
 /// The f64 reference (stores round to each tensor's dtype).
-pub fn mamba_chunk_scan_combined_varlen_f64(call: Planned<MambaChunkScanCombinedVarlen<'_>>) {
+pub fn mamba_chunk_scan_combined_varlen_f64(call: Planned<MambaChunkScanCombinedVarlenArgs<'_>>) {
     let (args, plan) = call.into_parts();
     let plan = &plan;
     run::<f64>(plan, args)
 }
 
-fn run<F: Precision>(p: &SsdPlan, mut args: MambaChunkScanCombinedVarlen<'_>) {
+fn run<F: Precision>(p: &SsdPlan, mut args: MambaChunkScanCombinedVarlenArgs<'_>) {
     let (hh, pd, nd) = (p.heads, p.dim, p.dstate);
     let per_head = pd * nd;
     let ratio = p.heads_per_group();
@@ -55,7 +55,7 @@ fn run<F: Precision>(p: &SsdPlan, mut args: MambaChunkScanCombinedVarlen<'_>) {
     fn host<'t>(t: &Option<ssm_tensor::TensorRef<'t>>) -> Option<&'t [u8]> {
         t.as_ref().and_then(|t| t.host_bytes())
     }
-    let init = |args: &MambaChunkScanCombinedVarlen<'_>, seq: usize, s: &mut [F]| {
+    let init = |args: &MambaChunkScanCombinedVarlenArgs<'_>, seq: usize, s: &mut [F]| {
         let src = p.initial_source(host(&args.initial_state_indices), host(&args.has_initial_state), seq);
         let mut read = |f: &dyn Fn(usize, usize, usize) -> f32| {
             for (e, v) in s.iter_mut().enumerate() {
@@ -82,7 +82,7 @@ fn run<F: Precision>(p: &SsdPlan, mut args: MambaChunkScanCombinedVarlen<'_>) {
         }
     };
     // The returned row of sequence `seq` (or chunk), and its final state into its pool slot.
-    let finish = |args: &mut MambaChunkScanCombinedVarlen<'_>, seq: usize, s: &[F]| {
+    let finish = |args: &mut MambaChunkScanCombinedVarlenArgs<'_>, seq: usize, s: &[F]| {
         if !p.return_intermediate_states {
             store(args.varlen_states.as_mut(), p.varlen_states, seq, s);
         }

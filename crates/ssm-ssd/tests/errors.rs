@@ -2,7 +2,7 @@
 //! Each case starts from a valid call and breaks one thing; the outputs are checked to be
 //! untouched (the plan fails before anything runs).
 
-use ssm_ssd::{MambaChunkScanCombinedVarlen, SsdError};
+use ssm_ssd::{MambaChunkScanCombinedVarlenArgs, SsdError};
 use ssm_tensor::{DType, Device, TensorMut, TensorRef};
 
 /// A valid call: 2 sequences of 5 and 3 tokens, chunk 4, H 4, P 3, N 8, G 2.
@@ -46,8 +46,8 @@ impl Fixture {
     }
 }
 
-fn args<'a>(f: &'a Fixture, out: &'a mut [f32], states: &'a mut [f32]) -> MambaChunkScanCombinedVarlen<'a> {
-    MambaChunkScanCombinedVarlen {
+fn args<'a>(f: &'a Fixture, out: &'a mut [f32], states: &'a mut [f32]) -> MambaChunkScanCombinedVarlenArgs<'a> {
+    MambaChunkScanCombinedVarlenArgs {
         x: TensorRef::from_slice(&f.x, &[T, H, P]).unwrap(),
         dt: TensorRef::from_slice(&f.dt, &[T, H]).unwrap(),
         a: TensorRef::from_slice(&f.a, &[H]).unwrap(),
@@ -73,13 +73,13 @@ fn args<'a>(f: &'a Fixture, out: &'a mut [f32], states: &'a mut [f32]) -> MambaC
         return_intermediate_states: false,
         state_dtype: None,
         varlen_states: Some(TensorMut::from_slice(states, &[2, H, P, N]).unwrap()),
-        workspace: None,
+        scratch: None,
     }
 }
 
 /// Plans `f` after `edit` and returns the refusal's message. `plan` takes the arguments by
 /// shared reference, so a refused call cannot have written anything.
-fn fail<'a>(f: &'a Fixture, edit: impl FnOnce(&mut MambaChunkScanCombinedVarlen<'a>)) -> String {
+fn fail<'a>(f: &'a Fixture, edit: impl FnOnce(&mut MambaChunkScanCombinedVarlenArgs<'a>)) -> String {
     let out: &'a mut [f32] = Box::leak(f.out.clone().into_boxed_slice());
     let states: &'a mut [f32] = Box::leak(f.states.clone().into_boxed_slice());
     let mut a = args(f, out, states);
@@ -215,16 +215,16 @@ fn state_dtype_disagrees_with_the_returned_buffer() {
 }
 
 #[test]
-fn workspace_too_small() {
+fn scratch_too_small() {
     let f = Fixture::new();
     let (mut out, mut states, mut ws) = (f.out.clone(), f.states.clone(), vec![0.0f32; 10]);
     let mut a = args(&f, &mut out, &mut states);
-    a.workspace = Some(TensorMut::from_slice(&mut ws, &[10]).unwrap());
+    a.scratch = Some(TensorMut::from_slice(&mut ws, &[10]).unwrap());
     insta::assert_snapshot!(ssm_tensor::Op::plan(&a).unwrap_err().to_string());
 }
 
 /// A pool of 4 slots and its tables, leaked for the `'static` edits of [`fail`].
-fn pool_args(a: &mut MambaChunkScanCombinedVarlen<'static>, init: &[i64], fin: &[i64]) {
+fn pool_args(a: &mut MambaChunkScanCombinedVarlenArgs<'static>, init: &[i64], fin: &[i64]) {
     let pool: &'static mut [f32] = Box::leak(vec![0.0f32; 4 * H * P * N].into_boxed_slice());
     let init: &'static [i64] = Box::leak(init.to_vec().into_boxed_slice());
     let fin: &'static [i64] = Box::leak(fin.to_vec().into_boxed_slice());

@@ -33,7 +33,7 @@ impl StochasticRounding {
 /// - `state_batch_indices`, `dst_state_batch_indices`: `[seqs]` or `[seqs, width]`, i32/i64.
 /// - `num_accepted_tokens`: `[seqs]`, i32/i64; needs a 2-D `state_batch_indices`.
 /// - `cu_seqlens`: `[seqs + 1]`, i32/i64, with a packed 3-D `x`.
-pub struct SelectiveStateUpdate<'a> {
+pub struct SelectiveStateUpdateArgs<'a> {
     /// The state pool, updated in place.
     pub state: TensorMut<'a>,
     /// Input activations.

@@ -7,18 +7,18 @@
 //! optional stochastic rounding of an fp16 state.
 //!
 //! The crate has the four pieces every op family has:
-//! - [`SelectiveStateUpdate`]: the borrowed arguments, named as vLLM names them;
+//! - [`SelectiveStateUpdateArgs`]: the borrowed arguments, named as vLLM names them;
 //! - [`plan`]: every check, once, before anything is written; it returns the arguments
 //!   and their [`SsuPlan`] as one [`Planned`] call, the only thing a backend accepts
-//!   (`impl Run<SelectiveStateUpdate> for …`);
+//!   (`impl Run<SelectiveStateUpdateArgs> for …`);
 //! - [`reference`]: the kernel-faithful scalar implementation (f32, and an f64 variant).
 //!
 //! A plan from one call cannot run with another call's arguments. A backend takes one
 //! [`Planned`] value, made only by [`plan`] from the arguments it keeps:
 //!
 //! ```
-//! # use ssm_ssu::{Planned, Run, SelectiveStateUpdate};
-//! fn decode<'a>(backend: &impl Run<SelectiveStateUpdate<'a>>, args: SelectiveStateUpdate<'a>) {
+//! # use ssm_ssu::{Planned, Run, SelectiveStateUpdateArgs};
+//! fn decode<'a>(backend: &impl Run<SelectiveStateUpdateArgs<'a>>, args: SelectiveStateUpdateArgs<'a>) {
 //!     let call = ssm_ssu::plan(args).expect("checked");
 //!     let _ = backend.run(call); // the plan travels with the arguments it was built from
 //! }
@@ -28,11 +28,11 @@
 //! neither by building the pair (its fields are private) ...
 //!
 //! ```compile_fail,E0451
-//! # use ssm_ssu::{Planned, Run, SelectiveStateUpdate};
+//! # use ssm_ssu::{Planned, Run, SelectiveStateUpdateArgs};
 //! fn forge<'a>(
-//!     backend: &impl Run<SelectiveStateUpdate<'a>>,
-//!     small: SelectiveStateUpdate<'a>,
-//!     big: Planned<SelectiveStateUpdate<'a>>,
+//!     backend: &impl Run<SelectiveStateUpdateArgs<'a>>,
+//!     small: SelectiveStateUpdateArgs<'a>,
+//!     big: Planned<SelectiveStateUpdateArgs<'a>>,
 //! ) {
 //!     let (_, plan) = big.into_parts();
 //!     let _ = backend.run(Planned { args: small, plan, device: ssm_tensor::Device::Cpu });
@@ -42,11 +42,11 @@
 //! ... nor by handing a backend the plan and the arguments side by side:
 //!
 //! ```compile_fail,E0308
-//! # use ssm_ssu::{Planned, Run, SelectiveStateUpdate};
+//! # use ssm_ssu::{Planned, Run, SelectiveStateUpdateArgs};
 //! fn forge<'a>(
-//!     backend: &impl Run<SelectiveStateUpdate<'a>>,
-//!     small: SelectiveStateUpdate<'a>,
-//!     big: Planned<SelectiveStateUpdate<'a>>,
+//!     backend: &impl Run<SelectiveStateUpdateArgs<'a>>,
+//!     small: SelectiveStateUpdateArgs<'a>,
+//!     big: Planned<SelectiveStateUpdateArgs<'a>>,
 //! ) {
 //!     let (_, plan) = big.into_parts();
 //!     let _ = backend.run((small, plan));
@@ -59,7 +59,7 @@ pub mod philox;
 mod plan;
 pub mod reference;
 
-pub use args::{SelectiveStateUpdate, StochasticRounding};
+pub use args::{SelectiveStateUpdateArgs, StochasticRounding};
 pub use error::SsuError;
 pub use plan::{IndexTable, ParamForm, Route, SsuAlgorithm, SsuDims, SsuDtypes, SsuPlan, Strided, TokenStrides};
 pub use ssm_tensor::{Op, Planned, Run};
@@ -67,5 +67,5 @@ pub use ssm_tensor::{Op, Planned, Run};
 ssm_tensor::op_family! {
     /// A backend of the selective state update.
     family SsuBackend, error SsuError;
-    SelectiveStateUpdate => "selective_state_update", SsuPlan, plan::plan;
+    SelectiveStateUpdateArgs => "selective_state_update", SsuPlan, plan::plan;
 }

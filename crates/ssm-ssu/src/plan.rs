@@ -3,7 +3,7 @@ use std::cell::RefCell;
 
 use ssm_tensor::{DType, Device, MAX_RANK, Slot, SlotUse, TensorMut, TensorRef, first_slot_conflict};
 
-use crate::{SelectiveStateUpdate, SsuError, StochasticRounding};
+use crate::{SelectiveStateUpdateArgs, SsuError, StochasticRounding};
 
 /// How tokens are laid out, resolved from the shapes of `x` and `cu_seqlens`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -371,7 +371,7 @@ thread_local! {
 /// parameter form (tied by strides, as vLLM does), and, for host-resident index tensors,
 /// checks every index value the call will read. Errors name the argument and what was
 /// expected; nothing is written by a failed call.
-pub(crate) fn plan(args: &SelectiveStateUpdate<'_>) -> Result<SsuPlan, SsuError> {
+pub(crate) fn plan(args: &SelectiveStateUpdateArgs<'_>) -> Result<SsuPlan, SsuError> {
     let device = args.state.device();
     let check_dev = |arg: &'static str, d: Device| {
         if d != device {
@@ -698,7 +698,7 @@ pub(crate) fn host_seq_bounds(plan: &SsuPlan, cu: Option<&TensorRef<'_>>, b: usi
     }
 }
 
-fn check_host_indices(plan: &mut SsuPlan, args: &SelectiveStateUpdate<'_>) -> Result<(), SsuError> {
+fn check_host_indices(plan: &mut SsuPlan, args: &SelectiveStateUpdateArgs<'_>) -> Result<(), SsuError> {
     let rows = plan.dims.rows;
     if let (Some(cu), Some(s)) = (&args.cu_seqlens, plan.cu_seqlens) {
         let ints = HostInts { bytes: cu.host_bytes().unwrap(), dtype: cu.dtype() };

@@ -17,7 +17,7 @@ use ssm_tensor::{DType, Device, TensorError};
 
 use crate::philox::{round_f16_stochastic, sr_bits};
 use crate::plan::{ParamForm, Route, host_seq_bounds};
-use crate::{Planned, Run, SelectiveStateUpdate, SsuError, SsuPlan};
+use crate::{Planned, Run, SelectiveStateUpdateArgs, SsuError, SsuPlan};
 
 /// The f32 reference as a backend.
 #[derive(Debug, Clone, Copy, Default)]
@@ -27,17 +27,17 @@ pub struct Reference;
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ReferenceF64;
 
-impl Run<SelectiveStateUpdate<'_>> for Reference {
+impl Run<SelectiveStateUpdateArgs<'_>> for Reference {
     type Error = SsuError;
-    fn run(&self, call: Planned<SelectiveStateUpdate<'_>>) -> Result<(), SsuError> {
+    fn run(&self, call: Planned<SelectiveStateUpdateArgs<'_>>) -> Result<(), SsuError> {
         let (args, plan) = call.into_parts();
         run::<f32>(&plan, args)
     }
 }
 
-impl Run<SelectiveStateUpdate<'_>> for ReferenceF64 {
+impl Run<SelectiveStateUpdateArgs<'_>> for ReferenceF64 {
     type Error = SsuError;
-    fn run(&self, call: Planned<SelectiveStateUpdate<'_>>) -> Result<(), SsuError> {
+    fn run(&self, call: Planned<SelectiveStateUpdateArgs<'_>>) -> Result<(), SsuError> {
         let (args, plan) = call.into_parts();
         run::<f64>(&plan, args)
     }
@@ -103,7 +103,7 @@ fn host<'b>(arg: &'static str, b: Option<&'b [u8]>, device: Device) -> Result<&'
     b.ok_or(SsuError::from(ArgError::Tensor { arg, source: TensorError::NotHost(device) }))
 }
 
-fn run<F: Acc>(plan: &SsuPlan, mut args: SelectiveStateUpdate<'_>) -> Result<(), SsuError> {
+fn run<F: Acc>(plan: &SsuPlan, mut args: SelectiveStateUpdateArgs<'_>) -> Result<(), SsuError> {
     let dev = plan.device;
     let x = host("x", args.x.host_bytes(), dev)?;
     let dt = host("dt", args.dt.host_bytes(), dev)?;

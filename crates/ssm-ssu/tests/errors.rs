@@ -1,7 +1,7 @@
 //! Every malformed-argument class gets a typed error naming the argument, the expected and
 //! the actual value; messages are pinned here. A failed call writes nothing.
 
-use ssm_ssu::{SelectiveStateUpdate, SsuAlgorithm, StochasticRounding};
+use ssm_ssu::{SelectiveStateUpdateArgs, SsuAlgorithm, StochasticRounding};
 use ssm_tensor::{DType, HostTensor, TensorRef};
 
 /// A valid Mamba2 decode call: 3 sequences, 4 heads, 2 groups, dim 8, dstate 16, 6 slots.
@@ -45,8 +45,8 @@ fn base() -> Base {
 }
 
 impl Base {
-    fn args(&mut self) -> SelectiveStateUpdate<'_> {
-        SelectiveStateUpdate {
+    fn args(&mut self) -> SelectiveStateUpdateArgs<'_> {
+        SelectiveStateUpdateArgs {
             state: self.state.view_mut(),
             x: self.x.view(),
             dt: self.dt.view().expand(&[3, 4, 8]).unwrap(),
@@ -69,7 +69,7 @@ impl Base {
 }
 
 /// Plans `edit(args)` and returns the error message; the base call itself must plan.
-fn err(edit: impl for<'a> FnOnce(&mut SelectiveStateUpdate<'a>, &'a Base)) -> String {
+fn err(edit: impl for<'a> FnOnce(&mut SelectiveStateUpdateArgs<'a>, &'a Base)) -> String {
     let mut owned = base();
     let extra = base();
     let before = owned.state.clone();

@@ -23,7 +23,7 @@
 
 use crate::Device;
 
-/// One op's arguments (`SelectiveStateUpdate`, `CausalConv1dUpdateArgs`, …): how to plan
+/// One op's arguments (`SelectiveStateUpdateArgs`, `CausalConv1dUpdateArgs`, …): how to plan
 /// them. Implemented by the op crate that owns the arguments type, next to its `plan`.
 pub trait Op: Sized {
     /// The op's name as vLLM spells it (`"selective_state_update"`), for errors and reports.

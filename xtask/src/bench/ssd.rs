@@ -2,7 +2,7 @@
 //! one group, chunk 256).
 //!
 //! - `ssd`: `mamba_chunk_scan_combined_varlen`, 2k and 8k tokens split into 1, 4 and 16
-//!   fresh sequences, bf16 activations, f32 states, caller-owned workspace. `steps` is the
+//!   fresh sequences, bf16 activations, f32 states, caller-owned scratch. `steps` is the
 //!   token count, so tokens/s = steps / seconds.
 //! - `replayssm`: one ReplaySSM cycle of `W = 15` one-token decode steps (`L = 16`) at batch
 //!   64 through `selective_state_update_replayssm` with tracker updates, f32 checkpoint and
@@ -11,8 +11,8 @@
 
 use ssm_conformance::HostTensor;
 use ssm_dispatch::{Config, Runtime, SelectiveStateUpdateReplaySsm};
-use ssm_ring::{CheckpointingSsu, RingTrackers};
-use ssm_ssd::{MambaChunkScanCombinedVarlen, compute_chunk_metadata};
+use ssm_ring::{CheckpointingSsuArgs, RingTrackers};
+use ssm_ssd::{MambaChunkScanCombinedVarlenArgs, compute_chunk_metadata};
 use ssm_tensor::{DType, TensorMut};
 
 use super::{BenchCase, fill_tensor, tensor_i32};
@@ -94,7 +94,7 @@ impl BenchCase for SsdCase {
         let mut states = HostTensor::filled(DType::F32, vec![b, HEADS, DIM, DSTATE], 0.0);
         let mut ws: Vec<f32> = Vec::new();
         Ok(Box::new(move || {
-            let mut args = MambaChunkScanCombinedVarlen {
+            let mut args = MambaChunkScanCombinedVarlenArgs {
                 x: x.view(),
                 dt: dt.view(),
                 a: a_neg.view(),
@@ -120,13 +120,13 @@ impl BenchCase for SsdCase {
                 return_intermediate_states: false,
                 state_dtype: Some(DType::F32),
                 varlen_states: Some(states.view_mut()),
-                workspace: None,
+                scratch: None,
             };
-            let need = ssm_tensor::Op::plan(&args)?.workspace_len();
+            let need = ssm_tensor::Op::plan(&args)?.scratch_len();
             if ws.len() < need {
                 ws.resize(need, 0.0);
             }
-            args.workspace = Some(TensorMut::from_slice(&mut ws[..need], &[need])?);
+            args.scratch = Some(TensorMut::from_slice(&mut ws[..need], &[need])?);
             rt.mamba_chunk_scan_combined_varlen(args)?;
             Ok(())
         }))
@@ -204,7 +204,7 @@ impl BenchCase for ReplayCase {
                     trackers,
                     w as i64,
                     true,
-                    |cursors| CheckpointingSsu {
+                    |cursors| CheckpointingSsuArgs {
                         state: state.view_mut(),
                         x_cache: x_cache.view_mut(),
                         b_cache: b_cache.view_mut(),

@@ -3,7 +3,7 @@
 
 use ssm_conformance::HostTensor;
 use ssm_dispatch::Runtime;
-use ssm_ssu::SelectiveStateUpdate;
+use ssm_ssu::SelectiveStateUpdateArgs;
 use ssm_tensor::DType;
 
 use super::{BenchCase, fill_tensor, fill_values, tensor_i32};
@@ -184,7 +184,7 @@ impl BenchCase for SsuCase {
                     expand(&dt_bias, &[m.heads, m.dim]),
                 )
             };
-            rt.selective_state_update(SelectiveStateUpdate {
+            rt.selective_state_update(SelectiveStateUpdateArgs {
                 state: state.view_mut(),
                 x: x.view(),
                 dt: dtv,

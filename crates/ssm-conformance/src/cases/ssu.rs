@@ -15,7 +15,7 @@ use std::ops::Range;
 pub use super::StridedHost;
 use rand::prelude::*;
 use rand_chacha::ChaCha8Rng;
-use ssm_ssu::{SelectiveStateUpdate, StochasticRounding};
+use ssm_ssu::{SelectiveStateUpdateArgs, StochasticRounding};
 use ssm_tensor::{DType, HostTensor};
 
 /// The float dtypes of states and activations.
@@ -411,8 +411,8 @@ impl Case {
     }
 
     /// The call over this case's tensors.
-    pub fn args(&mut self) -> SelectiveStateUpdate<'_> {
-        SelectiveStateUpdate {
+    pub fn args(&mut self) -> SelectiveStateUpdateArgs<'_> {
+        SelectiveStateUpdateArgs {
             x: self.x.view(),
             dt: self.dt.view(),
             a: self.a.view(),
