@@ -367,33 +367,17 @@ fn run_parts(rt: &Runtime, b: &Batch, dec: &Decodes, pre: &Prefills) -> (HostTen
     let dt_p = HostTensor::from_f32(DType::F32, vec![tp, H], &dt_all[td * H..(td + tp) * H]);
     let i32s = |v: &[i32]| ints(&v.iter().map(|&x| x as i64).collect::<Vec<_>>());
     let (seq_idx, cu_chunk, last) = (i32s(&meta.seq_idx), i32s(&meta.cu_chunk_seqlens), i32s(&meta.last_chunk_indices));
+    let cu = ints(&starts);
+    let tables = [cu.view(), cu_chunk.view(), last.view(), seq_idx.view()];
     rt.mamba_chunk_scan_combined_varlen(MambaChunkScanCombinedVarlenArgs {
-        x: xs.view(),
-        dt: dt_p.view(),
-        a: b.a.view(),
-        b: bs.view(),
-        c: cs.view(),
-        chunk_size: CHUNK,
-        cu_seqlens: ints(&starts).view(),
-        cu_chunk_seqlens: cu_chunk.view(),
-        last_chunk_indices: last.view(),
-        seq_idx: seq_idx.view(),
         out: Some(o_p.view_mut()),
         d: Some(b.d.view()),
-        z: None,
         dt_bias: Some(b.dt_bias.view()),
         initial_states: Some(init.view()),
-        ssm_state: None,
-        initial_state_indices: None,
-        has_initial_state: None,
-        final_state_indices: None,
-        pad_slot_id: None,
         dt_softplus: true,
-        dt_limit: (0.0, f32::INFINITY),
-        return_intermediate_states: false,
         state_dtype: Some(DType::F32),
         varlen_states: Some(finals.view_mut()),
-        scratch: None,
+        ..MambaChunkScanCombinedVarlenArgs::new(xs.view(), dt_p.view(), b.a.view(), bs.view(), cs.view(), CHUNK, tables)
     })
     .unwrap();
     let (o_p, finals) = (f32s(&o_p), f32s(&finals));

@@ -195,33 +195,25 @@ fn ssd_prefill_through_the_runtime_equals_the_reference() {
     let run = |reference: bool| {
         let mut out = vec![f32::NAN; t * h * p];
         let mut states = vec![f32::NAN; 2 * h * p * n];
+        let tables = [
+            TensorRef::from_slice(&cu, &[3]).unwrap(),
+            TensorRef::from_slice(&m.cu_chunk_seqlens, &[m.cu_chunk_seqlens.len()]).unwrap(),
+            TensorRef::from_slice(&m.last_chunk_indices, &[2]).unwrap(),
+            TensorRef::from_slice(&m.seq_idx, &[m.seq_idx.len()]).unwrap(),
+        ];
         let args = MambaChunkScanCombinedVarlenArgs {
-            x: TensorRef::from_slice(&x, &[t, h, p]).unwrap(),
-            dt: TensorRef::from_slice(&dt, &[t, h]).unwrap(),
-            a: TensorRef::from_slice(&a, &[h]).unwrap(),
-            b: TensorRef::from_slice(&bc, &[t, 1, n]).unwrap(),
-            c: TensorRef::from_slice(&bc, &[t, 1, n]).unwrap(),
-            chunk_size: 4,
-            cu_seqlens: TensorRef::from_slice(&cu, &[3]).unwrap(),
-            cu_chunk_seqlens: TensorRef::from_slice(&m.cu_chunk_seqlens, &[m.cu_chunk_seqlens.len()]).unwrap(),
-            last_chunk_indices: TensorRef::from_slice(&m.last_chunk_indices, &[2]).unwrap(),
-            seq_idx: TensorRef::from_slice(&m.seq_idx, &[m.seq_idx.len()]).unwrap(),
             out: Some(TensorMut::from_slice(&mut out, &[t, h, p]).unwrap()),
-            d: None,
-            z: None,
-            dt_bias: None,
-            initial_states: None,
-            ssm_state: None,
-            initial_state_indices: None,
-            has_initial_state: None,
-            final_state_indices: None,
-            pad_slot_id: None,
             dt_softplus: true,
-            dt_limit: (0.0, f32::INFINITY),
-            return_intermediate_states: false,
-            state_dtype: None,
             varlen_states: Some(TensorMut::from_slice(&mut states, &[2, h, p, n]).unwrap()),
-            scratch: None,
+            ..MambaChunkScanCombinedVarlenArgs::new(
+                TensorRef::from_slice(&x, &[t, h, p]).unwrap(),
+                TensorRef::from_slice(&dt, &[t, h]).unwrap(),
+                TensorRef::from_slice(&a, &[h]).unwrap(),
+                TensorRef::from_slice(&bc, &[t, 1, n]).unwrap(),
+                TensorRef::from_slice(&bc, &[t, 1, n]).unwrap(),
+                4,
+                tables,
+            )
         };
         if reference {
             let plan = ssm_tensor::Planned::new(args).unwrap();

@@ -103,3 +103,52 @@ pub struct MambaChunkScanCombinedVarlenArgs<'a> {
     /// Caller-owned f32 scratch.
     pub scratch: Option<TensorMut<'a>>,
 }
+
+impl<'a> MambaChunkScanCombinedVarlenArgs<'a> {
+    /// A call with the required tensors and vLLM's defaults for the rest: no output, no `D`,
+    /// `z` or `dt_bias`, zero initial states, no pool, no returned states, `dt_softplus`
+    /// false, `dt_limit` `(0, inf)`, `state_dtype` `C`'s, no scratch. Set the optional fields
+    /// with struct update syntax (`Args { out: Some(..), ..Args::new(..) }`).
+    ///
+    /// `tables` are, in vLLM's order, `cu_seqlens`, `cu_chunk_seqlens`,
+    /// `last_chunk_indices` and `seq_idx`.
+    pub fn new(
+        x: TensorRef<'a>,
+        dt: TensorRef<'a>,
+        a: TensorRef<'a>,
+        b: TensorRef<'a>,
+        c: TensorRef<'a>,
+        chunk_size: usize,
+        tables: [TensorRef<'a>; 4],
+    ) -> Self {
+        let [cu_seqlens, cu_chunk_seqlens, last_chunk_indices, seq_idx] = tables;
+        MambaChunkScanCombinedVarlenArgs {
+            x,
+            dt,
+            a,
+            b,
+            c,
+            chunk_size,
+            cu_seqlens,
+            cu_chunk_seqlens,
+            last_chunk_indices,
+            seq_idx,
+            out: None,
+            d: None,
+            z: None,
+            dt_bias: None,
+            initial_states: None,
+            ssm_state: None,
+            initial_state_indices: None,
+            has_initial_state: None,
+            final_state_indices: None,
+            pad_slot_id: None,
+            dt_softplus: false,
+            dt_limit: (0.0, f32::INFINITY),
+            return_intermediate_states: false,
+            state_dtype: None,
+            varlen_states: None,
+            scratch: None,
+        }
+    }
+}

@@ -47,33 +47,21 @@ impl Fixture {
 }
 
 fn args<'a>(f: &'a Fixture, out: &'a mut [f32], states: &'a mut [f32]) -> MambaChunkScanCombinedVarlenArgs<'a> {
+    let table = |v: &'a [i32]| TensorRef::from_slice(v, &[v.len()]).unwrap();
     MambaChunkScanCombinedVarlenArgs {
-        x: TensorRef::from_slice(&f.x, &[T, H, P]).unwrap(),
-        dt: TensorRef::from_slice(&f.dt, &[T, H]).unwrap(),
-        a: TensorRef::from_slice(&f.a, &[H]).unwrap(),
-        b: TensorRef::from_slice(&f.b, &[T, G, N]).unwrap(),
-        c: TensorRef::from_slice(&f.c, &[T, G, N]).unwrap(),
-        chunk_size: 4,
-        cu_seqlens: TensorRef::from_slice(&f.cu_seqlens, &[f.cu_seqlens.len()]).unwrap(),
-        cu_chunk_seqlens: TensorRef::from_slice(&f.cu_chunk, &[f.cu_chunk.len()]).unwrap(),
-        last_chunk_indices: TensorRef::from_slice(&f.last_chunk, &[f.last_chunk.len()]).unwrap(),
-        seq_idx: TensorRef::from_slice(&f.seq_idx, &[f.seq_idx.len()]).unwrap(),
         out: Some(TensorMut::from_slice(out, &[T, H, P]).unwrap()),
-        d: None,
-        z: None,
-        dt_bias: None,
         initial_states: Some(TensorRef::from_slice(&f.init, &[2, H, P, N]).unwrap()),
-        ssm_state: None,
-        initial_state_indices: None,
-        has_initial_state: None,
-        final_state_indices: None,
-        pad_slot_id: None,
         dt_softplus: true,
-        dt_limit: (0.0, f32::INFINITY),
-        return_intermediate_states: false,
-        state_dtype: None,
         varlen_states: Some(TensorMut::from_slice(states, &[2, H, P, N]).unwrap()),
-        scratch: None,
+        ..MambaChunkScanCombinedVarlenArgs::new(
+            TensorRef::from_slice(&f.x, &[T, H, P]).unwrap(),
+            TensorRef::from_slice(&f.dt, &[T, H]).unwrap(),
+            TensorRef::from_slice(&f.a, &[H]).unwrap(),
+            TensorRef::from_slice(&f.b, &[T, G, N]).unwrap(),
+            TensorRef::from_slice(&f.c, &[T, G, N]).unwrap(),
+            4,
+            [table(&f.cu_seqlens), table(&f.cu_chunk), table(&f.last_chunk), table(&f.seq_idx)],
+        )
     }
 }
 

@@ -94,33 +94,23 @@ impl BenchCase for SsdCase {
         let mut states = HostTensor::filled(DType::F32, vec![b, HEADS, DIM, DSTATE], 0.0);
         let mut ws: Vec<f32> = Vec::new();
         Ok(Box::new(move || {
+            let tables = [cu.view(), cu_chunk.view(), last.view(), seq_idx.view()];
             let mut args = MambaChunkScanCombinedVarlenArgs {
-                x: x.view(),
-                dt: dt.view(),
-                a: a_neg.view(),
-                b: bm.view(),
-                c: cm.view(),
-                chunk_size: CHUNK,
-                cu_seqlens: cu.view(),
-                cu_chunk_seqlens: cu_chunk.view(),
-                last_chunk_indices: last.view(),
-                seq_idx: seq_idx.view(),
                 out: Some(out.view_mut()),
                 d: Some(d.view()),
-                z: None,
                 dt_bias: Some(bias.view()),
-                initial_states: None,
-                ssm_state: None,
-                initial_state_indices: None,
-                has_initial_state: None,
-                final_state_indices: None,
-                pad_slot_id: None,
                 dt_softplus: true,
-                dt_limit: (0.0, f32::INFINITY),
-                return_intermediate_states: false,
                 state_dtype: Some(DType::F32),
                 varlen_states: Some(states.view_mut()),
-                scratch: None,
+                ..MambaChunkScanCombinedVarlenArgs::new(
+                    x.view(),
+                    dt.view(),
+                    a_neg.view(),
+                    bm.view(),
+                    cm.view(),
+                    CHUNK,
+                    tables,
+                )
             };
             let need = ssm_tensor::Op::plan(&args)?.scratch_len();
             if ws.len() < need {
