@@ -316,13 +316,13 @@ pub fn default_vectors_dir() -> PathBuf {
 /// One `#[test]` per target, each an [`assert_conformance`] call:
 ///
 /// ```no_run
-/// use ssm_conformance::reference::{Precision, Reference};
+/// use ssm_conformance::reference::{Arithmetic, Reference};
 /// use ssm_conformance::{Labeled, ops};
 /// use ssm_dispatch::{Config, Runtime};
 ///
 /// ssm_conformance::conformance_tests! {
 ///     cpu_one_thread: Labeled(Runtime::new(&Config::cpu(Some(1))).unwrap(), "cpu-1t".into()) => ops::ALL;
-///     reference_f64: Reference(Precision::F64) => ops::SSU;
+///     reference_f64: Reference(Arithmetic::F64) => ops::SSU;
 /// }
 /// ```
 #[macro_export]

@@ -8,19 +8,12 @@ use ssm_tensor::{Planned, Run};
 
 use crate::{Target, TargetError};
 
-/// Arithmetic precision of a reference.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Precision {
-    /// f32, as the peers compute.
-    F32,
-    /// f64, for error bounds.
-    F64,
-}
+pub use ssm_tensor::Arithmetic;
 
 /// Every op crate's reference, in one precision. The ring trackers are integer ops with one
 /// reference, used for both precisions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Reference(pub Precision);
+pub struct Reference(pub Arithmetic);
 
 fn failed(e: impl std::fmt::Display) -> TargetError {
     TargetError::failed(e)
@@ -34,8 +27,8 @@ impl Target for Reference {
     fn selective_state_update(&self, args: ssm_ssu::SelectiveStateUpdateArgs<'_>) -> Result<(), TargetError> {
         let call = Planned::new(args).map_err(failed)?;
         match self.0 {
-            Precision::F32 => ssm_ssu::reference::Reference.run(call),
-            Precision::F64 => ssm_ssu::reference::ReferenceF64.run(call),
+            Arithmetic::F32 => ssm_ssu::reference::Reference.run(call),
+            Arithmetic::F64 => ssm_ssu::reference::ReferenceF64.run(call),
         }
         .map_err(failed)
     }
@@ -56,8 +49,8 @@ impl Target for Reference {
     ) -> Result<(), TargetError> {
         let call = Planned::new(args).map_err(failed)?;
         match self.0 {
-            Precision::F32 => ssm_ssd::reference::mamba_chunk_scan_combined_varlen(call),
-            Precision::F64 => ssm_ssd::reference::mamba_chunk_scan_combined_varlen_f64(call),
+            Arithmetic::F32 => ssm_ssd::reference::mamba_chunk_scan_combined_varlen(call),
+            Arithmetic::F64 => ssm_ssd::reference::mamba_chunk_scan_combined_varlen_f64(call),
         }
         Ok(())
     }
@@ -103,17 +96,10 @@ impl Target for Reference {
 
 impl Reference {
     fn conv(&self) -> ssm_conv::reference::Reference {
-        let precision = match self.0 {
-            Precision::F32 => ssm_conv::reference::Precision::F32,
-            Precision::F64 => ssm_conv::reference::Precision::F64,
-        };
-        ssm_conv::reference::Reference { precision }
+        ssm_conv::reference::Reference { precision: self.0 }
     }
 
     fn gdn(&self) -> ssm_gdn::reference::Reference {
-        match self.0 {
-            Precision::F32 => ssm_gdn::reference::Reference::F32,
-            Precision::F64 => ssm_gdn::reference::Reference::F64,
-        }
+        ssm_gdn::reference::Reference { precision: self.0 }
     }
 }

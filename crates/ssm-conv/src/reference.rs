@@ -15,7 +15,7 @@
 //! `round_T` rounds the product to the storage dtype T, as Triton does when it multiplies
 //! two bf16/f16 operands (the product has the operands' type before the f32 accumulate;
 //! PROVENANCE.md observed it on the bf16 vectors). For f32 it is the identity. The state
-//! update is a plain copy of storage values, bit-exact. [`Precision::F64`] computes the
+//! update is a plain copy of storage values, bit-exact. [`Arithmetic::F64`] computes the
 //! same formula in f64 without the product rounding: an independent check of the maths.
 
 use half::{bf16, f16};
@@ -23,20 +23,13 @@ use ssm_tensor::{DType, Element, TensorError, TensorMut, TensorRef};
 
 use crate::{Activation, CausalConv1dFnArgs, CausalConv1dUpdateArgs, ConvPlan, ConvSeq, Planned, Run};
 
-/// Which arithmetic the reference uses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Precision {
-    /// f32 accumulation with products rounded to the storage dtype: vLLM's numerics.
-    F32,
-    /// f64 throughout, no intermediate rounding.
-    F64,
-}
+pub use ssm_tensor::Arithmetic;
 
 /// The scalar reference backend. Host tensors only; one thread; allocates freely.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Reference {
     /// Arithmetic.
-    pub precision: Precision,
+    pub precision: Arithmetic,
 }
 
 /// A storage dtype of the conv.
@@ -87,7 +80,14 @@ impl Run<CausalConv1dUpdateArgs<'_>> for Reference {
     type Error = TensorError;
     fn run(&self, call: Planned<CausalConv1dUpdateArgs<'_>>) -> Result<(), TensorError> {
         let (mut args, plan) = call.into_parts();
-        run(self.precision, &plan, &args.x, &args.weight, args.bias.as_ref(), &mut args.conv_state, &mut args.out)
+        let io = Io {
+            x: &args.x,
+            weight: &args.weight,
+            bias: args.bias.as_ref(),
+            state: &mut args.conv_state,
+            out: &mut args.out,
+        };
+        run(self.precision, &plan, io)
     }
 }
 
@@ -95,46 +95,50 @@ impl Run<CausalConv1dFnArgs<'_>> for Reference {
     type Error = TensorError;
     fn run(&self, call: Planned<CausalConv1dFnArgs<'_>>) -> Result<(), TensorError> {
         let (mut args, plan) = call.into_parts();
-        run(self.precision, &plan, &args.x, &args.weight, args.bias.as_ref(), &mut args.conv_states, &mut args.out)
+        let io = Io {
+            x: &args.x,
+            weight: &args.weight,
+            bias: args.bias.as_ref(),
+            state: &mut args.conv_states,
+            out: &mut args.out,
+        };
+        run(self.precision, &plan, io)
     }
 }
 
-fn run(
-    precision: Precision,
-    plan: &ConvPlan,
-    x: &TensorRef<'_>,
-    weight: &TensorRef<'_>,
-    bias: Option<&TensorRef<'_>>,
-    state: &mut TensorMut<'_>,
-    out: &mut TensorMut<'_>,
-) -> Result<(), TensorError> {
+/// The tensors one conv call reads (`x`, `weight`, `bias`) and writes (`state`, `out`).
+struct Io<'r, 'a> {
+    x: &'r TensorRef<'a>,
+    weight: &'r TensorRef<'a>,
+    bias: Option<&'r TensorRef<'a>>,
+    state: &'r mut TensorMut<'a>,
+    out: &'r mut TensorMut<'a>,
+}
+
+fn run(precision: Arithmetic, plan: &ConvPlan, io: Io<'_, '_>) -> Result<(), TensorError> {
     let Some(seqs) = &plan.seqs else { return Err(TensorError::NotHost(plan.device)) };
     match plan.dtype {
-        DType::F32 => run_typed::<f32>(precision, plan, seqs, x, weight, bias, state, out),
-        DType::F16 => run_typed::<f16>(precision, plan, seqs, x, weight, bias, state, out),
-        DType::BF16 => run_typed::<bf16>(precision, plan, seqs, x, weight, bias, state, out),
+        DType::F32 => run_typed::<f32>(precision, plan, seqs, io),
+        DType::F16 => run_typed::<f16>(precision, plan, seqs, io),
+        DType::BF16 => run_typed::<bf16>(precision, plan, seqs, io),
         other => Err(TensorError::DType { expected: DType::F32, actual: other }),
     }
 }
 
 fn run_typed<T: Storage>(
-    precision: Precision,
+    precision: Arithmetic,
     plan: &ConvPlan,
     seqs: &[ConvSeq],
-    x: &TensorRef<'_>,
-    weight: &TensorRef<'_>,
-    bias: Option<&TensorRef<'_>>,
-    state: &mut TensorMut<'_>,
-    out: &mut TensorMut<'_>,
+    io: Io<'_, '_>,
 ) -> Result<(), TensorError> {
-    let xd = x.host_data::<T>()?;
-    let wd = weight.host_data::<T>()?;
-    let bd = match bias {
+    let xd = io.x.host_data::<T>()?;
+    let wd = io.weight.host_data::<T>()?;
+    let bd = match io.bias {
         Some(b) => Some(b.host_data::<T>()?),
         None => None,
     };
-    let sd = state.host_data_mut::<T>()?;
-    let od = out.host_data_mut::<T>()?;
+    let sd = io.state.host_data_mut::<T>()?;
+    let od = io.out.host_data_mut::<T>()?;
     let (w, dim) = (plan.width, plan.dim);
     let st = plan.state;
     let state_at = |slot: usize, col: usize, c: usize| {
@@ -175,7 +179,7 @@ fn run_typed<T: Storage>(
             for t in 0..s.len {
                 let xt = xv(t);
                 let y = match precision {
-                    Precision::F32 => {
+                    Arithmetic::F32 => {
                         let mut acc = b.map_or(0.0, |b| b.to_f32());
                         for j in 0..w - 1 {
                             acc += T::from_f32(window[j].to_f32() * taps[j].to_f32()).to_f32();
@@ -186,7 +190,7 @@ fn run_typed<T: Storage>(
                         }
                         T::from_f32(acc)
                     }
-                    Precision::F64 => {
+                    Arithmetic::F64 => {
                         let mut acc = b.map_or(0.0, |b| b.to_f64());
                         for j in 0..w - 1 {
                             acc += window[j].to_f64() * taps[j].to_f64();

@@ -6,7 +6,7 @@
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use ssm_conv::reference::{Precision, Reference};
+use ssm_conv::reference::{Arithmetic, Reference};
 use ssm_conv::{Activation, CausalConv1dFnArgs, CausalConv1dUpdateArgs, ConvStateLayout};
 use ssm_cpu::{CpuBackend, Par};
 use ssm_tensor::{Run, TensorMut, TensorRef};
@@ -136,7 +136,7 @@ fn speculative_steps_equal_replaying_the_accepted_tokens() {
     let cpu = CpuBackend::new(Par::Rayon(std::num::NonZeroUsize::new(2).unwrap())).unwrap();
     for seed in 0..40 {
         for layout in [ConvStateLayout::StateLenDim, ConvStateLayout::DimStateLen] {
-            run_backend(&Reference { precision: Precision::F32 }, seed, layout);
+            run_backend(&Reference { precision: Arithmetic::F32 }, seed, layout);
             run_backend(&cpu, seed, layout);
         }
     }

@@ -416,7 +416,7 @@ mod tests {
 
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
-    use ssm_conv::reference::{Precision, Reference};
+    use ssm_conv::reference::{Arithmetic, Reference};
     use ssm_conv::{Activation, ConvStateLayout};
     use ssm_tensor::{TensorMut, TensorRef};
 
@@ -640,7 +640,7 @@ mod tests {
     fn check_case<T: Real>(seed: u64, mode: Mode, tol: f32) {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let c = gen_case::<T>(&mut rng, mode);
-        let (ref_state, ref_out) = run(&c, &Reference { precision: Precision::F32 });
+        let (ref_state, ref_out) = run(&c, &Reference { precision: Arithmetic::F32 });
         let two = CpuBackend::new(Par::Rayon(NonZeroUsize::new(2).unwrap())).unwrap();
         for (label, backend) in [("seq", CpuBackend::new(Par::Seq).unwrap()), ("rayon", two)] {
             let (state, out) = run(&c, &backend);
@@ -759,7 +759,7 @@ mod tests {
         let mut rng = ChaCha8Rng::seed_from_u64(7);
         for mode in MODES {
             let c = gen_case::<f32>(&mut rng, mode);
-            let (ref_state, ref_out) = run(&c, &Reference { precision: Precision::F32 });
+            let (ref_state, ref_out) = run(&c, &Reference { precision: Arithmetic::F32 });
             let (state, out) = run(&c, &Portable1);
             assert_eq!(state, ref_state);
             for (g, w) in out.iter().zip(&ref_out) {

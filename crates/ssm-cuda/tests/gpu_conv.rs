@@ -22,7 +22,7 @@ use common::gpu;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use ssm_conformance::cases::StridedHost;
-use ssm_conv::reference::{Precision, Reference};
+use ssm_conv::reference::{Arithmetic, Reference};
 use ssm_conv::{Activation, CausalConv1dFnArgs, CausalConv1dUpdateArgs, ConvStateLayout};
 use ssm_cuda::testing::{DeviceConvFnArgs, DeviceConvUpdateArgs, MirrorError, run_staged};
 use ssm_cuda::{CudaBackend, CudaError, DeviceErrors};
@@ -233,7 +233,7 @@ impl Case {
     }
 
     fn run_reference(&mut self) {
-        let r = Reference { precision: Precision::F32 };
+        let r = Reference { precision: Arithmetic::F32 };
         if self.mode == Mode::Prefill {
             r.run(Planned::new(self.fn_args()).expect("host plan")).expect("reference");
         } else {

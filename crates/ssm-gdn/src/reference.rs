@@ -17,27 +17,20 @@ use crate::args::{
 use crate::plan::{ChunkPlan, ChunkStart, Gates, GatingPlan, GdnDims, RecurrentPlan, StartState, StateView};
 use crate::{GdnError, Planned, Run};
 
-/// Arithmetic precision of the reference.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Precision {
-    /// f32, as the peer computes.
-    F32,
-    /// f64, for error bounds.
-    F64,
-}
+pub use ssm_tensor::Arithmetic;
 
 /// The reference backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Reference {
     /// Arithmetic precision.
-    pub precision: Precision,
+    pub precision: Arithmetic,
 }
 
 impl Reference {
     /// The f32 reference (the peer's arithmetic).
-    pub const F32: Reference = Reference { precision: Precision::F32 };
+    pub const F32: Reference = Reference { precision: Arithmetic::F32 };
     /// The f64 reference.
-    pub const F64: Reference = Reference { precision: Precision::F64 };
+    pub const F64: Reference = Reference { precision: Arithmetic::F64 };
 }
 
 /// The float operations the reference needs, for f32 and f64.
@@ -508,8 +501,8 @@ impl Run<FusedGdnGatingArgs<'_>> for Reference {
         let (mut args, plan) = call.into_parts();
         let plan = &plan;
         match self.precision {
-            Precision::F32 => gating::<f32>(plan, &mut args),
-            Precision::F64 => gating::<f64>(plan, &mut args),
+            Arithmetic::F32 => gating::<f32>(plan, &mut args),
+            Arithmetic::F64 => gating::<f64>(plan, &mut args),
         }
     }
 }
@@ -546,15 +539,15 @@ impl Run<FusedSigmoidGatingDeltaRuleUpdateArgs<'_>> for Reference {
 /// Both recurrent ops at `precision`, given their tables `[cu_seqlens, ssm_state_indices,
 /// num_accepted_tokens]`.
 fn run_recurrent(
-    precision: Precision,
+    precision: Arithmetic,
     plan: &RecurrentPlan,
     inp: &Inputs<'_, '_>,
     [cu, ix, na]: [Option<&TensorRef<'_>>; 3],
     out: RecurrentOut<'_, '_>,
 ) -> Result<(), GdnError> {
     match precision {
-        Precision::F32 => recurrent::<f32>(plan, inp, cu, ix, na, out),
-        Precision::F64 => recurrent::<f64>(plan, inp, cu, ix, na, out),
+        Arithmetic::F32 => recurrent::<f32>(plan, inp, cu, ix, na, out),
+        Arithmetic::F64 => recurrent::<f64>(plan, inp, cu, ix, na, out),
     }
 }
 
@@ -564,8 +557,8 @@ impl Run<ChunkGatedDeltaRuleArgs<'_>> for Reference {
         let (mut args, plan) = call.into_parts();
         let plan = &plan;
         match self.precision {
-            Precision::F32 => chunk::<f32>(plan, &mut args),
-            Precision::F64 => chunk::<f64>(plan, &mut args),
+            Arithmetic::F32 => chunk::<f32>(plan, &mut args),
+            Arithmetic::F64 => chunk::<f64>(plan, &mut args),
         }
     }
 }

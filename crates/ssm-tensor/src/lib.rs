@@ -38,7 +38,7 @@ pub use error::TensorError;
 pub use layout::{Layout, MAX_RANK};
 pub use owned::HostTensor;
 pub use planned::{Op, Planned, Run, Unsupported};
-pub use precision::Precision;
+pub use precision::{Arithmetic, Precision};
 pub use slots::{Slot, SlotConflict, SlotTable, SlotUse, first_slot_conflict};
 pub use strided::Strided;
 pub use view::{Device, TensorMut, TensorRef};

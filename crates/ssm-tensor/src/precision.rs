@@ -3,6 +3,17 @@
 
 use std::ops::{Add, Div, Mul, Sub};
 
+/// Which arithmetic a scalar reference runs in, chosen at run time: the peer's f32, or f64
+/// without intermediate rounding (the error oracle). Every op crate's reference and the
+/// conformance harness take this one enum.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Arithmetic {
+    /// f32, as the peer computes (with the peer's roundings).
+    F32,
+    /// f64 throughout, no intermediate rounding.
+    F64,
+}
+
 /// Arithmetic the references are generic over (f32 or f64).
 pub trait Precision:
     Copy + Add<Output = Self> + Sub<Output = Self> + Mul<Output = Self> + Div<Output = Self> + PartialOrd
