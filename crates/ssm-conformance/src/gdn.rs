@@ -7,8 +7,8 @@
 //! are NaN in the files and are not compared.
 
 use ssm_gdn::{
-    ChunkGatedDeltaRuleArgs, FusedGdnGatingArgs, FusedRecurrentGatedDeltaRuleArgs,
-    FusedSigmoidGatingDeltaRuleUpdateArgs, StateLayout,
+    ChunkGatedDeltaRuleArgs, DeltaRuleArgs, FusedGdnGatingArgs, FusedRecurrentGatedDeltaRuleArgs,
+    FusedSigmoidGatingDeltaRuleUpdateArgs, GateInputs, StateLayout,
 };
 use ssm_tensor::DType;
 
@@ -39,6 +39,19 @@ fn scale(case: &Case) -> Option<f32> {
     case.arg("scale").and_then(|v| v.as_f64()).map(|x| x as f32)
 }
 
+/// The gating inputs of a `fused_gdn_gating` or `fused_sigmoid_gating_delta_rule_update` case.
+fn gate_inputs(case: &Case) -> Result<GateInputs<'_>, (bool, String)> {
+    let req = |n: &'static str| case.input_view(n).ok_or_else(|| missing(n));
+    Ok(GateInputs {
+        a_log: req("A_log")?,
+        a: req("a")?,
+        b: req("b")?,
+        dt_bias: req("dt_bias")?,
+        beta: f32_arg(case, "beta", 1.0),
+        threshold: f32_arg(case, "threshold", 20.0),
+    })
+}
+
 /// Runs a `fused_gdn_gating` case: outputs `g` (f32) and `beta_output` (in `b`'s dtype), `[1, T, HV]`.
 pub(crate) fn run_gating(target: &dyn Target, case: &Case) -> Produced {
     let a = case.input("a").ok_or_else(|| missing("a"))?;
@@ -48,16 +61,7 @@ pub(crate) fn run_gating(target: &dyn Target, case: &Case) -> Produced {
     };
     let mut g = HostTensor::filled(DType::F32, vec![1, t, hv], f32::NAN);
     let mut beta = HostTensor::filled(b.dtype, vec![1, t, hv], f32::NAN);
-    let args = FusedGdnGatingArgs {
-        a_log: case.input_view("A_log").ok_or_else(|| missing("A_log"))?,
-        a: a.view(),
-        b: b.view(),
-        dt_bias: case.input_view("dt_bias").ok_or_else(|| missing("dt_bias"))?,
-        beta: f32_arg(case, "beta", 1.0),
-        threshold: f32_arg(case, "threshold", 20.0),
-        g: g.view_mut(),
-        beta_output: beta.view_mut(),
-    };
+    let args = FusedGdnGatingArgs { gates: gate_inputs(case)?, g: g.view_mut(), beta_output: beta.view_mut() };
     target.fused_gdn_gating(args).map_err(crate::TargetError::into_produced)?;
     Ok(vec![("g".into(), g), ("beta_output".into(), beta)])
 }
@@ -88,6 +92,28 @@ impl RecurrentBuffers {
         Ok(RecurrentBuffers { o: HostTensor::filled(q.dtype, v.shape.clone(), f32::NAN), state, final_state })
     }
 
+    /// The delta-rule arguments both recurrent ops share: the case's tokens, tables and
+    /// scalars over these buffers.
+    fn rule<'a>(&'a mut self, case: &'a Case, kv: bool) -> Result<DeltaRuleArgs<'a>, (bool, String)> {
+        let view = |n: &str| case.input_view(n);
+        let req = |n: &'static str| view(n).ok_or_else(|| missing(n));
+        Ok(DeltaRuleArgs {
+            q: req("q")?,
+            k: req("k")?,
+            v: req("v")?,
+            scale: scale(case),
+            initial_state: self.state.as_mut().map(|s| s.view_mut()),
+            final_state: self.final_state.as_mut().map(|s| s.view_mut()),
+            cu_seqlens: view("cu_seqlens"),
+            ssm_state_indices: view("ssm_state_indices"),
+            num_accepted_tokens: view("num_accepted_tokens"),
+            use_qk_l2norm_in_kernel: bool_arg(case, "use_qk_l2norm_in_kernel", false),
+            eps: EPS,
+            state_layout: layout(kv).0,
+            o: self.o.view_mut(),
+        })
+    }
+
     fn produced(self, kv: bool) -> Vec<(String, HostTensor)> {
         let (_, conv) = layout(kv);
         let mut out = vec![("o".to_string(), self.o)];
@@ -102,61 +128,21 @@ impl RecurrentBuffers {
 
 /// Runs a `fused_recurrent_gated_delta_rule` case.
 pub(crate) fn run_recurrent(target: &dyn Target, case: &Case, kv: bool) -> Produced {
-    let (state_layout, _) = layout(kv);
     let mut bufs = RecurrentBuffers::new(case, kv)?;
     let view = |n: &str| case.input_view(n);
     let req = |n: &'static str| view(n).ok_or_else(|| missing(n));
-    let args = FusedRecurrentGatedDeltaRuleArgs {
-        q: req("q")?,
-        k: req("k")?,
-        v: req("v")?,
-        g: req("g")?,
-        beta: view("beta"),
-        scale: scale(case),
-        initial_state: bufs.state.as_mut().map(|s| s.view_mut()),
-        final_state: bufs.final_state.as_mut().map(|s| s.view_mut()),
-        cu_seqlens: view("cu_seqlens"),
-        ssm_state_indices: view("ssm_state_indices"),
-        num_accepted_tokens: view("num_accepted_tokens"),
-        use_qk_l2norm_in_kernel: bool_arg(case, "use_qk_l2norm_in_kernel", false),
-        eps: EPS,
-        state_layout,
-        o: bufs.o.view_mut(),
-    };
+    let args = FusedRecurrentGatedDeltaRuleArgs { g: req("g")?, beta: view("beta"), rule: bufs.rule(case, kv)? };
     target.fused_recurrent_gated_delta_rule(args).map_err(crate::TargetError::into_produced)?;
     Ok(bufs.produced(kv))
 }
 
 /// Runs a `fused_sigmoid_gating_delta_rule_update` case.
 pub(crate) fn run_sigmoid(target: &dyn Target, case: &Case, kv: bool) -> Produced {
-    let (state_layout, _) = layout(kv);
     if bool_arg(case, "is_kda", false) {
         return Err((true, "KDA (per-channel decay) is not a GDN op".into()));
     }
     let mut bufs = RecurrentBuffers::new(case, kv)?;
-    let view = |n: &str| case.input_view(n);
-    let req = |n: &'static str| view(n).ok_or_else(|| missing(n));
-    let args = FusedSigmoidGatingDeltaRuleUpdateArgs {
-        a_log: req("A_log")?,
-        a: req("a")?,
-        b: req("b")?,
-        dt_bias: req("dt_bias")?,
-        q: req("q")?,
-        k: req("k")?,
-        v: req("v")?,
-        beta: f32_arg(case, "beta", 1.0),
-        threshold: f32_arg(case, "threshold", 20.0),
-        scale: scale(case),
-        initial_state: bufs.state.as_mut().map(|s| s.view_mut()),
-        final_state: bufs.final_state.as_mut().map(|s| s.view_mut()),
-        cu_seqlens: view("cu_seqlens"),
-        ssm_state_indices: view("ssm_state_indices"),
-        num_accepted_tokens: view("num_accepted_tokens"),
-        use_qk_l2norm_in_kernel: bool_arg(case, "use_qk_l2norm_in_kernel", false),
-        eps: EPS,
-        state_layout,
-        o: bufs.o.view_mut(),
-    };
+    let args = FusedSigmoidGatingDeltaRuleUpdateArgs { gates: gate_inputs(case)?, rule: bufs.rule(case, kv)? };
     target.fused_sigmoid_gating_delta_rule_update(args).map_err(crate::TargetError::into_produced)?;
     Ok(bufs.produced(kv))
 }

@@ -2,7 +2,9 @@
 //! sequences, accepted counts, both layouts, f32/bf16 state), as owned host tensors: one
 //! generator for every backend's property tests (the CUDA tests run it against the reference).
 
-use ssm_gdn::{FusedRecurrentGatedDeltaRuleArgs, FusedSigmoidGatingDeltaRuleUpdateArgs, StateLayout};
+use ssm_gdn::{
+    DeltaRuleArgs, FusedRecurrentGatedDeltaRuleArgs, FusedSigmoidGatingDeltaRuleUpdateArgs, GateInputs, StateLayout,
+};
 use ssm_tensor::{DType, HostTensor};
 
 /// A small deterministic generator (SplitMix64): no dependency, same stream everywhere.
@@ -285,21 +287,23 @@ impl RecurrentCase {
     /// The `fused_recurrent_gated_delta_rule` call over these tensors.
     pub fn recurrent_args(&mut self) -> FusedRecurrentGatedDeltaRuleArgs<'_> {
         FusedRecurrentGatedDeltaRuleArgs {
-            q: self.q.view(),
-            k: self.k.view(),
-            v: self.v.view(),
             g: self.g.view(),
             beta: Some(self.beta.view()),
-            scale: None,
-            initial_state: self.state.as_mut().map(|s| s.view_mut()),
-            final_state: self.final_state.as_mut().map(|s| s.view_mut()),
-            cu_seqlens: self.cu.as_ref().map(|t| t.view()),
-            ssm_state_indices: self.ix.as_ref().map(|t| t.view()),
-            num_accepted_tokens: self.na.as_ref().map(|t| t.view()),
-            use_qk_l2norm_in_kernel: self.spec.l2norm,
-            eps: 1e-6,
-            state_layout: self.spec.layout,
-            o: self.o.view_mut(),
+            rule: DeltaRuleArgs {
+                q: self.q.view(),
+                k: self.k.view(),
+                v: self.v.view(),
+                scale: None,
+                initial_state: self.state.as_mut().map(|s| s.view_mut()),
+                final_state: self.final_state.as_mut().map(|s| s.view_mut()),
+                cu_seqlens: self.cu.as_ref().map(|t| t.view()),
+                ssm_state_indices: self.ix.as_ref().map(|t| t.view()),
+                num_accepted_tokens: self.na.as_ref().map(|t| t.view()),
+                use_qk_l2norm_in_kernel: self.spec.l2norm,
+                eps: 1e-6,
+                state_layout: self.spec.layout,
+                o: self.o.view_mut(),
+            },
         }
     }
 
@@ -307,25 +311,22 @@ impl RecurrentCase {
     /// scalars: softplus β 1, threshold 20).
     pub fn sigmoid_args(&mut self) -> FusedSigmoidGatingDeltaRuleUpdateArgs<'_> {
         FusedSigmoidGatingDeltaRuleUpdateArgs {
-            a_log: self.a_log.view(),
-            a: self.a.view(),
-            b: self.b.view(),
-            dt_bias: self.dt_bias.view(),
-            q: self.q.view(),
-            k: self.k.view(),
-            v: self.v.view(),
-            beta: 1.0,
-            threshold: 20.0,
-            scale: Some(0.25),
-            initial_state: self.state.as_mut().map(|s| s.view_mut()),
-            final_state: self.final_state.as_mut().map(|s| s.view_mut()),
-            cu_seqlens: self.cu.as_ref().map(|t| t.view()),
-            ssm_state_indices: self.ix.as_ref().map(|t| t.view()),
-            num_accepted_tokens: self.na.as_ref().map(|t| t.view()),
-            use_qk_l2norm_in_kernel: self.spec.l2norm,
-            eps: 1e-6,
-            state_layout: self.spec.layout,
-            o: self.o.view_mut(),
+            gates: GateInputs::new(self.a_log.view(), self.a.view(), self.b.view(), self.dt_bias.view()),
+            rule: DeltaRuleArgs {
+                q: self.q.view(),
+                k: self.k.view(),
+                v: self.v.view(),
+                scale: Some(0.25),
+                initial_state: self.state.as_mut().map(|s| s.view_mut()),
+                final_state: self.final_state.as_mut().map(|s| s.view_mut()),
+                cu_seqlens: self.cu.as_ref().map(|t| t.view()),
+                ssm_state_indices: self.ix.as_ref().map(|t| t.view()),
+                num_accepted_tokens: self.na.as_ref().map(|t| t.view()),
+                use_qk_l2norm_in_kernel: self.spec.l2norm,
+                eps: 1e-6,
+                state_layout: self.spec.layout,
+                o: self.o.view_mut(),
+            },
         }
     }
 

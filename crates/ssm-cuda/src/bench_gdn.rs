@@ -22,7 +22,9 @@
 //!   `cu_seqlens`).
 
 use rand::{Rng, SeedableRng};
-use ssm_gdn::{FusedRecurrentGatedDeltaRuleArgs, FusedSigmoidGatingDeltaRuleUpdateArgs, StateLayout};
+use ssm_gdn::{
+    DeltaRuleArgs, FusedRecurrentGatedDeltaRuleArgs, FusedSigmoidGatingDeltaRuleUpdateArgs, GateInputs, StateLayout,
+};
 use ssm_tensor::{DType, Run, TensorError};
 
 use crate::bench::{fill, rotation, tensor_err, time_graph};
@@ -283,45 +285,44 @@ impl Pool {
         match s.op {
             GdnBenchOp::SigmoidGating => be.run(
                 ssm_gdn::plan(FusedSigmoidGatingDeltaRuleUpdateArgs {
-                    a_log: w.a_log,
-                    a: w.ga,
-                    b: w.gb,
-                    dt_bias: w.dt_bias,
-                    q: w.q,
-                    k: w.k,
-                    v: w.v,
-                    beta: 1.0,
-                    threshold: 20.0,
-                    scale: None,
-                    initial_state: Some(w.state),
-                    final_state: None,
-                    cu_seqlens: w.cu,
-                    ssm_state_indices: Some(w.ix),
-                    num_accepted_tokens: w.nacc,
-                    use_qk_l2norm_in_kernel: true,
-                    eps: 1e-6,
-                    state_layout: StateLayout::VK,
-                    o: w.o,
+                    gates: GateInputs::new(w.a_log, w.ga, w.gb, w.dt_bias),
+                    rule: DeltaRuleArgs {
+                        q: w.q,
+                        k: w.k,
+                        v: w.v,
+                        scale: None,
+                        initial_state: Some(w.state),
+                        final_state: None,
+                        cu_seqlens: w.cu,
+                        ssm_state_indices: Some(w.ix),
+                        num_accepted_tokens: w.nacc,
+                        use_qk_l2norm_in_kernel: true,
+                        eps: 1e-6,
+                        state_layout: StateLayout::VK,
+                        o: w.o,
+                    },
                 })
                 .map_err(bad_plan)?,
             ),
             GdnBenchOp::Recurrent => be.run(
                 ssm_gdn::plan(FusedRecurrentGatedDeltaRuleArgs {
-                    q: w.q,
-                    k: w.k,
-                    v: w.v,
                     g: w.ga,
                     beta: Some(w.gb),
-                    scale: None,
-                    initial_state: Some(w.state),
-                    final_state: None,
-                    cu_seqlens: w.cu,
-                    ssm_state_indices: Some(w.ix),
-                    num_accepted_tokens: w.nacc,
-                    use_qk_l2norm_in_kernel: true,
-                    eps: 1e-6,
-                    state_layout: StateLayout::VK,
-                    o: w.o,
+                    rule: DeltaRuleArgs {
+                        q: w.q,
+                        k: w.k,
+                        v: w.v,
+                        scale: None,
+                        initial_state: Some(w.state),
+                        final_state: None,
+                        cu_seqlens: w.cu,
+                        ssm_state_indices: Some(w.ix),
+                        num_accepted_tokens: w.nacc,
+                        use_qk_l2norm_in_kernel: true,
+                        eps: 1e-6,
+                        state_layout: StateLayout::VK,
+                        o: w.o,
+                    },
                 })
                 .map_err(bad_plan)?,
             ),

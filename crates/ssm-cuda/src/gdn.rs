@@ -79,17 +79,17 @@ impl Run<FusedGdnGatingArgs<'_>> for CudaBackend {
             return Err(CudaError::Unsupported(format!("HV = {} exceeds the kernel's 32-bit counters", p.v_heads)));
         }
         let func = self.gdn_function(GdnKey::Gating([
-            args.a_log.dtype(),
-            args.dt_bias.dtype(),
-            args.a.dtype(),
-            args.b.dtype(),
+            args.gates.a_log.dtype(),
+            args.gates.dt_bias.dtype(),
+            args.gates.a.dtype(),
+            args.gates.b.dtype(),
             args.beta_output.dtype(),
         ]))?;
         let params = GatingParams {
-            a_log: addr_of(args.a_log.device_addr(), p.a_log.offset, args.a_log.dtype()),
-            dt_bias: addr_of(args.dt_bias.device_addr(), p.dt_bias.offset, args.dt_bias.dtype()),
-            a: addr_of(args.a.device_addr(), p.a.offset, args.a.dtype()),
-            b: addr_of(args.b.device_addr(), p.b.offset, args.b.dtype()),
+            a_log: addr_of(args.gates.a_log.device_addr(), p.a_log.offset, args.gates.a_log.dtype()),
+            dt_bias: addr_of(args.gates.dt_bias.device_addr(), p.dt_bias.offset, args.gates.dt_bias.dtype()),
+            a: addr_of(args.gates.a.device_addr(), p.a.offset, args.gates.a.dtype()),
+            b: addr_of(args.gates.b.device_addr(), p.b.offset, args.gates.b.dtype()),
             g: addr_of(args.g.device_addr(), p.g.offset, args.g.dtype()),
             beta_out: addr_of(args.beta_output.device_addr(), p.beta_output.offset, args.beta_output.dtype()),
             a_log_s: p.a_log.strides[0] as i64,
@@ -656,17 +656,17 @@ impl Run<FusedRecurrentGatedDeltaRuleArgs<'_>> for CudaBackend {
         self.expect_device(&call)?;
         let (args, plan) = call.into_parts();
         let a = RecurrentAddrs {
-            q: a0(args.q.device_addr()),
-            k: a0(args.k.device_addr()),
-            v: a0(args.v.device_addr()),
-            o: a0(args.o.device_addr()),
+            q: a0(args.rule.q.device_addr()),
+            k: a0(args.rule.k.device_addr()),
+            v: a0(args.rule.v.device_addr()),
+            o: a0(args.rule.o.device_addr()),
             g: a0(args.g.device_addr()),
             beta: a0(args.beta.as_ref().and_then(|t| t.device_addr())),
-            state: a0(args.initial_state.as_ref().and_then(|t| t.device_addr())),
-            final_state: a0(args.final_state.as_ref().and_then(|t| t.device_addr())),
-            ix: a0(args.ssm_state_indices.as_ref().and_then(|t| t.device_addr())),
-            nacc: a0(args.num_accepted_tokens.as_ref().and_then(|t| t.device_addr())),
-            cu: a0(args.cu_seqlens.as_ref().and_then(|t| t.device_addr())),
+            state: a0(args.rule.initial_state.as_ref().and_then(|t| t.device_addr())),
+            final_state: a0(args.rule.final_state.as_ref().and_then(|t| t.device_addr())),
+            ix: a0(args.rule.ssm_state_indices.as_ref().and_then(|t| t.device_addr())),
+            nacc: a0(args.rule.num_accepted_tokens.as_ref().and_then(|t| t.device_addr())),
+            cu: a0(args.rule.cu_seqlens.as_ref().and_then(|t| t.device_addr())),
             ..RecurrentAddrs::default()
         };
         self.launch_recurrent(&plan, &a)
@@ -681,19 +681,19 @@ impl Run<FusedSigmoidGatingDeltaRuleUpdateArgs<'_>> for CudaBackend {
         self.expect_device(&call)?;
         let (args, plan) = call.into_parts();
         let a = RecurrentAddrs {
-            q: a0(args.q.device_addr()),
-            k: a0(args.k.device_addr()),
-            v: a0(args.v.device_addr()),
-            o: a0(args.o.device_addr()),
-            a_log: a0(args.a_log.device_addr()),
-            dt_bias: a0(args.dt_bias.device_addr()),
-            a: a0(args.a.device_addr()),
-            b: a0(args.b.device_addr()),
-            state: a0(args.initial_state.as_ref().and_then(|t| t.device_addr())),
-            final_state: a0(args.final_state.as_ref().and_then(|t| t.device_addr())),
-            ix: a0(args.ssm_state_indices.as_ref().and_then(|t| t.device_addr())),
-            nacc: a0(args.num_accepted_tokens.as_ref().and_then(|t| t.device_addr())),
-            cu: a0(args.cu_seqlens.as_ref().and_then(|t| t.device_addr())),
+            q: a0(args.rule.q.device_addr()),
+            k: a0(args.rule.k.device_addr()),
+            v: a0(args.rule.v.device_addr()),
+            o: a0(args.rule.o.device_addr()),
+            a_log: a0(args.gates.a_log.device_addr()),
+            dt_bias: a0(args.gates.dt_bias.device_addr()),
+            a: a0(args.gates.a.device_addr()),
+            b: a0(args.gates.b.device_addr()),
+            state: a0(args.rule.initial_state.as_ref().and_then(|t| t.device_addr())),
+            final_state: a0(args.rule.final_state.as_ref().and_then(|t| t.device_addr())),
+            ix: a0(args.rule.ssm_state_indices.as_ref().and_then(|t| t.device_addr())),
+            nacc: a0(args.rule.num_accepted_tokens.as_ref().and_then(|t| t.device_addr())),
+            cu: a0(args.rule.cu_seqlens.as_ref().and_then(|t| t.device_addr())),
             ..RecurrentAddrs::default()
         };
         self.launch_recurrent(&plan, &a)

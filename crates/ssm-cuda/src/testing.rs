@@ -7,7 +7,8 @@ use std::sync::Arc;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use ssm_conv::{Activation, CausalConv1dFnArgs, CausalConv1dUpdateArgs, ConvError, ConvStateLayout};
 use ssm_gdn::{
-    FusedGdnGatingArgs, FusedRecurrentGatedDeltaRuleArgs, FusedSigmoidGatingDeltaRuleUpdateArgs, GdnError, StateLayout,
+    DeltaRuleArgs, FusedGdnGatingArgs, FusedRecurrentGatedDeltaRuleArgs, FusedSigmoidGatingDeltaRuleUpdateArgs,
+    GateInputs, GdnError, StateLayout,
 };
 use ssm_ssu::{SelectiveStateUpdateArgs, SsuError};
 use ssm_tensor::{DType, Op, Planned, Run, TensorError, TensorMut, TensorRef};
@@ -487,14 +488,44 @@ impl StageArgs for DeviceConvFnArgs {
     }
 }
 
-/// The tensors of one `fused_gdn_gating`, copied to the device, plus its scalar arguments.
-pub struct DeviceGdnGatingArgs {
+/// [`GateInputs`] (what both gating GDN ops share) copied to the device.
+struct StagedGates {
     a_log: StagedTensor,
     a: StagedTensor,
     b: StagedTensor,
     dt_bias: StagedTensor,
     beta: f32,
     threshold: f32,
+}
+
+impl StagedGates {
+    fn upload(backend: &CudaBackend, g: &GateInputs<'_>) -> Result<Self, MirrorError> {
+        let up = |t: &TensorRef<'_>| StagedTensor::upload(backend, t);
+        Ok(StagedGates {
+            a_log: up(&g.a_log)?,
+            a: up(&g.a)?,
+            b: up(&g.b)?,
+            dt_bias: up(&g.dt_bias)?,
+            beta: g.beta,
+            threshold: g.threshold,
+        })
+    }
+
+    fn inputs(&self) -> Result<GateInputs<'_>, TensorError> {
+        Ok(GateInputs {
+            a_log: self.a_log.view()?,
+            a: self.a.view()?,
+            b: self.b.view()?,
+            dt_bias: self.dt_bias.view()?,
+            beta: self.beta,
+            threshold: self.threshold,
+        })
+    }
+}
+
+/// The tensors of one `fused_gdn_gating`, copied to the device, plus its scalar arguments.
+pub struct DeviceGdnGatingArgs {
+    gates: StagedGates,
     g: StagedTensor,
     beta_output: StagedTensor,
 }
@@ -502,26 +533,15 @@ pub struct DeviceGdnGatingArgs {
 impl StageArgs for DeviceGdnGatingArgs {
     type Args<'a> = FusedGdnGatingArgs<'a>;
     fn upload(backend: &CudaBackend, a: &FusedGdnGatingArgs<'_>) -> Result<Self, MirrorError> {
-        let up = |t: &TensorRef<'_>| StagedTensor::upload(backend, t);
         Ok(DeviceGdnGatingArgs {
-            a_log: up(&a.a_log)?,
-            a: up(&a.a)?,
-            b: up(&a.b)?,
-            dt_bias: up(&a.dt_bias)?,
-            beta: a.beta,
-            threshold: a.threshold,
-            g: up(&a.g.as_ref())?,
-            beta_output: up(&a.beta_output.as_ref())?,
+            gates: StagedGates::upload(backend, &a.gates)?,
+            g: StagedTensor::upload(backend, &a.g.as_ref())?,
+            beta_output: StagedTensor::upload(backend, &a.beta_output.as_ref())?,
         })
     }
     fn args(&mut self) -> Result<FusedGdnGatingArgs<'_>, TensorError> {
         Ok(FusedGdnGatingArgs {
-            a_log: self.a_log.view()?,
-            a: self.a.view()?,
-            b: self.b.view()?,
-            dt_bias: self.dt_bias.view()?,
-            beta: self.beta,
-            threshold: self.threshold,
+            gates: self.gates.inputs()?,
             g: self.g.view_mut()?,
             beta_output: self.beta_output.view_mut()?,
         })
@@ -535,10 +555,10 @@ impl StageArgs for DeviceGdnGatingArgs {
     }
 }
 
-/// What both recurrent GDN ops share: q, k, v, the output, the states, the index tables (staged)
-/// and the scalars after the tables. One copy for [`DeviceGdnRecurrentArgs`] and
+/// A [`DeltaRuleArgs`] (what both recurrent GDN ops share) copied to the device: tensors
+/// staged, scalars as given. One staging for [`DeviceGdnRecurrentArgs`] and
 /// [`DeviceGdnSigmoidArgs`].
-struct RecurrentShared {
+struct StagedRule {
     q: StagedTensor,
     k: StagedTensor,
     v: StagedTensor,
@@ -552,31 +572,18 @@ struct RecurrentShared {
     layout: StateLayout,
 }
 
-/// Device views of [`RecurrentShared`], moved into either op's argument struct.
-struct RecurrentViews<'a> {
-    q: TensorRef<'a>,
-    k: TensorRef<'a>,
-    v: TensorRef<'a>,
-    o: TensorMut<'a>,
-    initial_state: Option<TensorMut<'a>>,
-    final_state: Option<TensorMut<'a>>,
-    tables: [Option<TensorRef<'a>>; 3],
-}
-
-/// Both recurrent GDN ops' shared fields, by name: `$m!(args)` uploads them, `$m!(views of dev)`
-/// names the views. One list, so the two mappings cannot drift apart.
-macro_rules! recurrent_shared {
-    (upload $backend:expr, $a:expr) => {{
-        let a = $a;
-        let up = |t: &TensorRef<'_>| StagedTensor::upload($backend, t);
-        let opt = |t: Option<&TensorRef<'_>>| StagedTensor::upload_opt($backend, t);
-        RecurrentShared {
+impl StagedRule {
+    fn upload(backend: &CudaBackend, a: &DeltaRuleArgs<'_>) -> Result<Self, MirrorError> {
+        let up = |t: &TensorRef<'_>| StagedTensor::upload(backend, t);
+        let opt = |t: Option<&TensorRef<'_>>| StagedTensor::upload_opt(backend, t);
+        let opt_mut = |t: &Option<TensorMut<'_>>| opt(t.as_ref().map(|t| t.as_ref()).as_ref());
+        Ok(StagedRule {
             q: up(&a.q)?,
             k: up(&a.k)?,
             v: up(&a.v)?,
             o: up(&a.o.as_ref())?,
-            initial_state: opt(a.initial_state.as_ref().map(|t| t.as_ref()).as_ref())?,
-            final_state: opt(a.final_state.as_ref().map(|t| t.as_ref()).as_ref())?,
+            initial_state: opt_mut(&a.initial_state)?,
+            final_state: opt_mut(&a.final_state)?,
             tables: [
                 opt(a.cu_seqlens.as_ref())?,
                 opt(a.ssm_state_indices.as_ref())?,
@@ -586,50 +593,39 @@ macro_rules! recurrent_shared {
             l2norm: a.use_qk_l2norm_in_kernel,
             eps: a.eps,
             layout: a.state_layout,
-        }
-    }};
-    ($args:ident { $($own:tt)* } from $shared:expr) => {{
-        let s: &mut RecurrentShared = $shared;
-        let (scale, use_qk_l2norm_in_kernel, eps, state_layout) = (s.scale, s.l2norm, s.eps, s.layout);
-        let RecurrentViews { q, k, v, o, initial_state, final_state, tables: [cu_seqlens, ssm_state_indices, num_accepted_tokens] } =
-            s.views()?;
-        Ok($args {
-            q, k, v, o, initial_state, final_state, cu_seqlens, ssm_state_indices, num_accepted_tokens,
-            scale, use_qk_l2norm_in_kernel, eps, state_layout, $($own)*
         })
-    }};
-}
+    }
 
-impl RecurrentShared {
-    fn views(&mut self) -> Result<RecurrentViews<'_>, TensorError> {
+    fn args(&mut self) -> Result<DeltaRuleArgs<'_>, TensorError> {
         let [cu, ix, nacc] = &self.tables;
-        Ok(RecurrentViews {
+        Ok(DeltaRuleArgs {
             q: self.q.view()?,
             k: self.k.view()?,
             v: self.v.view()?,
-            o: self.o.view_mut()?,
+            scale: self.scale,
             initial_state: opt_view_mut(&mut self.initial_state)?,
             final_state: opt_view_mut(&mut self.final_state)?,
-            tables: [opt_view(cu)?, opt_view(ix)?, opt_view(nacc)?],
+            cu_seqlens: opt_view(cu)?,
+            ssm_state_indices: opt_view(ix)?,
+            num_accepted_tokens: opt_view(nacc)?,
+            use_qk_l2norm_in_kernel: self.l2norm,
+            eps: self.eps,
+            state_layout: self.layout,
+            o: self.o.view_mut()?,
         })
     }
 
     /// Copies `o` and both states back.
-    fn copy_back(
-        &self,
-        o: &mut TensorMut<'_>,
-        initial_state: Option<&mut TensorMut<'_>>,
-        final_state: Option<&mut TensorMut<'_>>,
-    ) -> Result<(), MirrorError> {
-        self.o.copy_back(o)?;
-        opt_copy_back(&self.initial_state, initial_state)?;
-        opt_copy_back(&self.final_state, final_state)
+    fn copy_back(&self, host: &mut DeltaRuleArgs<'_>) -> Result<(), MirrorError> {
+        self.o.copy_back(&mut host.o)?;
+        opt_copy_back(&self.initial_state, host.initial_state.as_mut())?;
+        opt_copy_back(&self.final_state, host.final_state.as_mut())
     }
 }
 
 /// The tensors of one `fused_recurrent_gated_delta_rule`, copied to the device, plus its scalars.
 pub struct DeviceGdnRecurrentArgs {
-    shared: RecurrentShared,
+    rule: StagedRule,
     g: StagedTensor,
     beta: Option<StagedTensor>,
 }
@@ -638,17 +634,16 @@ impl StageArgs for DeviceGdnRecurrentArgs {
     type Args<'a> = FusedRecurrentGatedDeltaRuleArgs<'a>;
     fn upload(backend: &CudaBackend, a: &FusedRecurrentGatedDeltaRuleArgs<'_>) -> Result<Self, MirrorError> {
         Ok(DeviceGdnRecurrentArgs {
-            shared: recurrent_shared!(upload backend, a),
+            rule: StagedRule::upload(backend, &a.rule)?,
             g: StagedTensor::upload(backend, &a.g)?,
             beta: StagedTensor::upload_opt(backend, a.beta.as_ref())?,
         })
     }
     fn args(&mut self) -> Result<FusedRecurrentGatedDeltaRuleArgs<'_>, TensorError> {
-        recurrent_shared!(FusedRecurrentGatedDeltaRuleArgs { g: self.g.view()?, beta: opt_view(&self.beta)? }
-            from &mut self.shared)
+        Ok(FusedRecurrentGatedDeltaRuleArgs { g: self.g.view()?, beta: opt_view(&self.beta)?, rule: self.rule.args()? })
     }
     fn copy_back(&self, host: &mut FusedRecurrentGatedDeltaRuleArgs<'_>) -> Result<(), MirrorError> {
-        self.shared.copy_back(&mut host.o, host.initial_state.as_mut(), host.final_state.as_mut())
+        self.rule.copy_back(&mut host.rule)
     }
     fn launch(backend: &CudaBackend, args: FusedRecurrentGatedDeltaRuleArgs<'_>) -> Result<(), MirrorError> {
         plan_and_run(backend, args)
@@ -658,53 +653,35 @@ impl StageArgs for DeviceGdnRecurrentArgs {
 /// The tensors of one `fused_sigmoid_gating_delta_rule_update`, copied to the device, plus its
 /// scalars.
 pub struct DeviceGdnSigmoidArgs {
-    shared: RecurrentShared,
-    a_log: StagedTensor,
-    a: StagedTensor,
-    b: StagedTensor,
-    dt_bias: StagedTensor,
-    beta: f32,
-    threshold: f32,
+    rule: StagedRule,
+    gates: StagedGates,
 }
 
 impl DeviceGdnSigmoidArgs {
     /// The state pool's device buffer (`initial_state`, which the op updates in place).
     pub fn state_buffer(&mut self) -> Option<&mut DeviceBuffer> {
-        self.shared.initial_state.as_mut().map(StagedTensor::buffer)
+        self.rule.initial_state.as_mut().map(StagedTensor::buffer)
     }
 
     /// The output's device buffer.
     pub fn out_buffer(&mut self) -> &mut DeviceBuffer {
-        self.shared.o.buffer()
+        self.rule.o.buffer()
     }
 }
 
 impl StageArgs for DeviceGdnSigmoidArgs {
     type Args<'a> = FusedSigmoidGatingDeltaRuleUpdateArgs<'a>;
     fn upload(backend: &CudaBackend, a: &FusedSigmoidGatingDeltaRuleUpdateArgs<'_>) -> Result<Self, MirrorError> {
-        let up = |t: &TensorRef<'_>| StagedTensor::upload(backend, t);
         Ok(DeviceGdnSigmoidArgs {
-            shared: recurrent_shared!(upload backend, a),
-            a_log: up(&a.a_log)?,
-            a: up(&a.a)?,
-            b: up(&a.b)?,
-            dt_bias: up(&a.dt_bias)?,
-            beta: a.beta,
-            threshold: a.threshold,
+            rule: StagedRule::upload(backend, &a.rule)?,
+            gates: StagedGates::upload(backend, &a.gates)?,
         })
     }
     fn args(&mut self) -> Result<FusedSigmoidGatingDeltaRuleUpdateArgs<'_>, TensorError> {
-        recurrent_shared!(FusedSigmoidGatingDeltaRuleUpdateArgs {
-            a_log: self.a_log.view()?,
-            a: self.a.view()?,
-            b: self.b.view()?,
-            dt_bias: self.dt_bias.view()?,
-            beta: self.beta,
-            threshold: self.threshold,
-        } from &mut self.shared)
+        Ok(FusedSigmoidGatingDeltaRuleUpdateArgs { gates: self.gates.inputs()?, rule: self.rule.args()? })
     }
     fn copy_back(&self, host: &mut FusedSigmoidGatingDeltaRuleUpdateArgs<'_>) -> Result<(), MirrorError> {
-        self.shared.copy_back(&mut host.o, host.initial_state.as_mut(), host.final_state.as_mut())
+        self.rule.copy_back(&mut host.rule)
     }
     fn launch(backend: &CudaBackend, args: FusedSigmoidGatingDeltaRuleUpdateArgs<'_>) -> Result<(), MirrorError> {
         plan_and_run(backend, args)

@@ -126,12 +126,7 @@ fn gating_matches_the_reference() {
         let b = r.tensor(io, &[t, hv], -5.0, 5.0);
         let run = |g: &mut HostTensor, beta: &mut HostTensor, cuda: bool| {
             let args = ssm_gdn::FusedGdnGatingArgs {
-                a_log: a_log.view(),
-                a: a.view(),
-                b: b.view(),
-                dt_bias: dt_bias.view(),
-                beta: 1.0,
-                threshold: 20.0,
+                gates: ssm_gdn::GateInputs::new(a_log.view(), a.view(), b.view(), dt_bias.view()),
                 g: g.view_mut(),
                 beta_output: beta.view_mut(),
             };

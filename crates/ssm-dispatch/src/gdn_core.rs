@@ -17,7 +17,10 @@
 //! writes nothing.
 
 use ssm_conv::{Activation, CausalConv1dFnArgs, CausalConv1dUpdateArgs, ConvStateLayout};
-use ssm_gdn::{ChunkGatedDeltaRuleArgs, FusedGdnGatingArgs, FusedSigmoidGatingDeltaRuleUpdateArgs, StateLayout};
+use ssm_gdn::{
+    ChunkGatedDeltaRuleArgs, DeltaRuleArgs, FusedGdnGatingArgs, FusedSigmoidGatingDeltaRuleUpdateArgs, GateInputs,
+    StateLayout,
+};
 use ssm_tensor::{DType, Device, HostTensor, TensorMut, TensorRef};
 
 use crate::layer_core::{Schedule, add, column0, core_err, fits, host_ints, need, product};
@@ -433,12 +436,7 @@ impl Layer<'_> {
             };
             let (g3, beta3) = (as3(g_r)?, as3(beta_r)?);
             schedule.plan(FusedGdnGatingArgs {
-                a_log: self.a_log,
-                a: bufs.a.view(),
-                b: bufs.b.view(),
-                dt_bias: self.dt_bias,
-                beta: 1.0,
-                threshold: 20.0,
+                gates: GateInputs::new(self.a_log, bufs.a.view(), bufs.b.view(), self.dt_bias),
                 g: g_w,
                 beta_output: beta_w,
             })?;
@@ -464,25 +462,22 @@ impl Layer<'_> {
             })?;
         } else {
             schedule.plan(FusedSigmoidGatingDeltaRuleUpdateArgs {
-                a_log: self.a_log,
-                a: bufs.a.view(),
-                b: bufs.b.view(),
-                dt_bias: self.dt_bias,
-                q,
-                k,
-                v,
-                beta: 1.0,
-                threshold: 20.0,
-                scale: None,
-                initial_state: Some(w.ssm_state),
-                final_state: None,
-                cu_seqlens: Some(path.starts),
-                ssm_state_indices: Some(path.slots),
-                num_accepted_tokens: if speculative { self.num_accepted_tokens } else { None },
-                use_qk_l2norm_in_kernel: true,
-                eps: 1e-6,
-                state_layout: self.ssm_state_layout,
-                o: o_w,
+                gates: GateInputs::new(self.a_log, bufs.a.view(), bufs.b.view(), self.dt_bias),
+                rule: DeltaRuleArgs {
+                    q,
+                    k,
+                    v,
+                    scale: None,
+                    initial_state: Some(w.ssm_state),
+                    final_state: None,
+                    cu_seqlens: Some(path.starts),
+                    ssm_state_indices: Some(path.slots),
+                    num_accepted_tokens: if speculative { self.num_accepted_tokens } else { None },
+                    use_qk_l2norm_in_kernel: true,
+                    eps: 1e-6,
+                    state_layout: self.ssm_state_layout,
+                    o: o_w,
+                },
             })?;
         }
         let (rows, out) = (&path.rows, w.core_attn_out);

@@ -7,7 +7,10 @@ mod common;
 use common::{ints, values};
 use ssm_conv::{Activation, CausalConv1dFnArgs, CausalConv1dUpdateArgs, ConvStateLayout};
 use ssm_dispatch::{Config, GdnAttentionCoreArgs, GdnAttentionMetadata, Runtime};
-use ssm_gdn::{ChunkGatedDeltaRuleArgs, FusedGdnGatingArgs, FusedSigmoidGatingDeltaRuleUpdateArgs, StateLayout};
+use ssm_gdn::{
+    ChunkGatedDeltaRuleArgs, DeltaRuleArgs, FusedGdnGatingArgs, FusedSigmoidGatingDeltaRuleUpdateArgs, GateInputs,
+    StateLayout,
+};
 use ssm_tensor::{DType, HostTensor};
 
 const H: usize = 2;
@@ -176,12 +179,7 @@ fn gdn_core_on_a_mixed_batch_equals_its_parts() {
                     let mut g = HostTensor::filled(DType::F32, vec![1, n, HV], 0.0);
                     let mut beta = HostTensor::filled(DType::F32, vec![1, n, HV], 0.0);
                     rt.fused_gdn_gating(FusedGdnGatingArgs {
-                        a_log: base.a_log.view(),
-                        a: a.view(),
-                        b: b.view(),
-                        dt_bias: base.dt_bias.view(),
-                        beta: 1.0,
-                        threshold: 20.0,
+                        gates: GateInputs::new(base.a_log.view(), a.view(), b.view(), base.dt_bias.view()),
                         g: g.view_mut(),
                         beta_output: beta.view_mut(),
                     })
@@ -210,25 +208,22 @@ fn gdn_core_on_a_mixed_batch_equals_its_parts() {
                 } else {
                     let table = HostTensor::from_i64(DType::I32, vec![2, 3], &SPEC_TABLE);
                     rt.fused_sigmoid_gating_delta_rule_update(FusedSigmoidGatingDeltaRuleUpdateArgs {
-                        a_log: base.a_log.view(),
-                        a: a.view(),
-                        b: b.view(),
-                        dt_bias: base.dt_bias.view(),
-                        q,
-                        k,
-                        v,
-                        beta: 1.0,
-                        threshold: 20.0,
-                        scale: None,
-                        initial_state: Some(ssm.view_mut()),
-                        final_state: None,
-                        cu_seqlens: Some(qsl.view()),
-                        ssm_state_indices: Some(if kind == "spec" { table.view() } else { dec_slots.view() }),
-                        num_accepted_tokens: (kind == "spec").then(|| tables.accepted.view()),
-                        use_qk_l2norm_in_kernel: true,
-                        eps: 1e-6,
-                        state_layout: layout,
-                        o: o.view_mut(),
+                        gates: GateInputs::new(base.a_log.view(), a.view(), b.view(), base.dt_bias.view()),
+                        rule: DeltaRuleArgs {
+                            q,
+                            k,
+                            v,
+                            scale: None,
+                            initial_state: Some(ssm.view_mut()),
+                            final_state: None,
+                            cu_seqlens: Some(qsl.view()),
+                            ssm_state_indices: Some(if kind == "spec" { table.view() } else { dec_slots.view() }),
+                            num_accepted_tokens: (kind == "spec").then(|| tables.accepted.view()),
+                            use_qk_l2norm_in_kernel: true,
+                            eps: 1e-6,
+                            state_layout: layout,
+                            o: o.view_mut(),
+                        },
                     })
                     .unwrap();
                 }

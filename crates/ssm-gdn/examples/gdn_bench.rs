@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use half::bf16;
 use ssm_cpu::{CpuBackend, Par};
-use ssm_gdn::{ChunkGatedDeltaRuleArgs, FusedSigmoidGatingDeltaRuleUpdateArgs, StateLayout};
+use ssm_gdn::{ChunkGatedDeltaRuleArgs, DeltaRuleArgs, FusedSigmoidGatingDeltaRuleUpdateArgs, GateInputs, StateLayout};
 use ssm_tensor::{Run, TensorMut, TensorRef};
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -40,25 +40,27 @@ fn main() {
         let mut times = Vec::new();
         for _ in 0..15 {
             let args = FusedSigmoidGatingDeltaRuleUpdateArgs {
-                a_log: TensorRef::from_slice(&a_log, &[hv]).unwrap(),
-                a: TensorRef::from_slice(&a, &[batch, hv]).unwrap(),
-                b: TensorRef::from_slice(&b, &[batch, hv]).unwrap(),
-                dt_bias: TensorRef::from_slice(&dt_bias, &[hv]).unwrap(),
-                q: TensorRef::from_slice(&q, &[1, batch, h, k]).unwrap(),
-                k: TensorRef::from_slice(&kk, &[1, batch, h, k]).unwrap(),
-                v: TensorRef::from_slice(&vv, &[1, batch, hv, v]).unwrap(),
-                beta: 1.0,
-                threshold: 20.0,
-                scale: None,
-                initial_state: Some(TensorMut::from_slice(&mut state, &[slots, hv, v, k]).unwrap()),
-                final_state: None,
-                cu_seqlens: Some(TensorRef::from_slice(&cu, &[batch + 1]).unwrap()),
-                ssm_state_indices: Some(TensorRef::from_slice(&ix, &[batch]).unwrap()),
-                num_accepted_tokens: None,
-                use_qk_l2norm_in_kernel: true,
-                eps: 1e-6,
-                state_layout: layout,
-                o: TensorMut::from_slice(&mut o, &[1, batch, hv, v]).unwrap(),
+                gates: GateInputs::new(
+                    TensorRef::from_slice(&a_log, &[hv]).unwrap(),
+                    TensorRef::from_slice(&a, &[batch, hv]).unwrap(),
+                    TensorRef::from_slice(&b, &[batch, hv]).unwrap(),
+                    TensorRef::from_slice(&dt_bias, &[hv]).unwrap(),
+                ),
+                rule: DeltaRuleArgs {
+                    q: TensorRef::from_slice(&q, &[1, batch, h, k]).unwrap(),
+                    k: TensorRef::from_slice(&kk, &[1, batch, h, k]).unwrap(),
+                    v: TensorRef::from_slice(&vv, &[1, batch, hv, v]).unwrap(),
+                    scale: None,
+                    initial_state: Some(TensorMut::from_slice(&mut state, &[slots, hv, v, k]).unwrap()),
+                    final_state: None,
+                    cu_seqlens: Some(TensorRef::from_slice(&cu, &[batch + 1]).unwrap()),
+                    ssm_state_indices: Some(TensorRef::from_slice(&ix, &[batch]).unwrap()),
+                    num_accepted_tokens: None,
+                    use_qk_l2norm_in_kernel: true,
+                    eps: 1e-6,
+                    state_layout: layout,
+                    o: TensorMut::from_slice(&mut o, &[1, batch, hv, v]).unwrap(),
+                },
             };
             let t0 = Instant::now();
             be.run(ssm_tensor::Planned::new(args).unwrap()).unwrap();

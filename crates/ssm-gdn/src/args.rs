@@ -41,11 +41,24 @@ impl std::fmt::Display for StateLayout {
 ///
 /// Writes every element of `g` and `beta_output`, nothing else.
 pub struct FusedGdnGatingArgs<'a> {
+    /// `A_log`, `a`, `b`, `dt_bias` (`a` and `b` `[T, HV]`) and the softplus scalars.
+    pub gates: GateInputs<'a>,
+    /// Output `[1, T, HV]` or `[T, HV]`, f32.
+    pub g: TensorMut<'a>,
+    /// Output `[1, T, HV]` or `[T, HV]`, any float dtype (vLLM uses `b`'s dtype).
+    pub beta_output: TensorMut<'a>,
+}
+
+/// vLLM's gating inputs, shared by [`FusedGdnGatingArgs`] (which writes the gates out) and
+/// [`FusedSigmoidGatingDeltaRuleUpdateArgs`] (which computes them per token inside the
+/// delta rule): `g = −exp(A_log)·softplus(a + dt_bias)`, `β = sigmoid(b)`.
+pub struct GateInputs<'a> {
     /// `[HV]`, any float dtype (vLLM: f32).
     pub a_log: TensorRef<'a>,
-    /// `[T, HV]`, any float dtype.
+    /// Per token and value head (`[T, HV]`, or `[B·T, HV]` / `[B, T, HV]` in the fused op),
+    /// any float dtype.
     pub a: TensorRef<'a>,
-    /// `[T, HV]`, any float dtype.
+    /// As `a`: the delta-rule β logits.
     pub b: TensorRef<'a>,
     /// `[HV]`, any float dtype.
     pub dt_bias: TensorRef<'a>,
@@ -53,10 +66,13 @@ pub struct FusedGdnGatingArgs<'a> {
     pub beta: f32,
     /// Softplus threshold (default 20.0).
     pub threshold: f32,
-    /// Output `[1, T, HV]` or `[T, HV]`, f32.
-    pub g: TensorMut<'a>,
-    /// Output `[1, T, HV]` or `[T, HV]`, any float dtype (vLLM uses `b`'s dtype).
-    pub beta_output: TensorMut<'a>,
+}
+
+impl<'a> GateInputs<'a> {
+    /// The four tensors with vLLM's default softplus β 1.0 and threshold 20.0.
+    pub fn new(a_log: TensorRef<'a>, a: TensorRef<'a>, b: TensorRef<'a>, dt_bias: TensorRef<'a>) -> Self {
+        GateInputs { a_log, a, b, dt_bias, beta: 1.0, threshold: 20.0 }
+    }
 }
 
 /// `fused_recurrent_gated_delta_rule(q, k, v, g, beta, scale, initial_state, inplace_final_state,
@@ -83,16 +99,38 @@ pub struct FusedGdnGatingArgs<'a> {
 /// index `<= 0` skips that store. An invalid `num_accepted_tokens[n]` (outside `1..=columns`)
 /// writes zeros to the sequence's `o` rows and leaves every state unchanged.
 pub struct FusedRecurrentGatedDeltaRuleArgs<'a> {
+    /// `[B, T, HV]` log-space decay, any float dtype.
+    pub g: TensorRef<'a>,
+    /// `[B, T, HV]` or head-wise `[B, T, HV, V]`; `None` means all ones.
+    pub beta: Option<TensorRef<'a>>,
+    /// Tokens, states, tables, options and output.
+    pub rule: DeltaRuleArgs<'a>,
+}
+
+/// `fused_sigmoid_gating_delta_rule_update(A_log, a, b, dt_bias, q, k, v, beta=1.0,
+/// threshold=20.0, scale, initial_state, inplace_final_state, cu_seqlens, ssm_state_indices,
+/// num_accepted_tokens, use_qk_l2norm_in_kernel)`.
+///
+/// Exactly [`FusedRecurrentGatedDeltaRuleArgs`] with `g = −exp(A_log)·softplus(a + dt_bias)` and
+/// the delta-rule `β = sigmoid(b)` computed per token in f32 inside the kernel.
+pub struct FusedSigmoidGatingDeltaRuleUpdateArgs<'a> {
+    /// `A_log`, `a`, `b`, `dt_bias` (`a` and `b` `[B·T, HV]` or `[B, T, HV]`) and the softplus
+    /// scalars.
+    pub gates: GateInputs<'a>,
+    /// Tokens, states, tables, options and output, as in [`FusedRecurrentGatedDeltaRuleArgs`].
+    pub rule: DeltaRuleArgs<'a>,
+}
+
+/// What both recurrent ops ([`FusedRecurrentGatedDeltaRuleArgs`],
+/// [`FusedSigmoidGatingDeltaRuleUpdateArgs`]) take besides their gates: vLLM's arguments from
+/// `q` on, in one place so that the two ops cannot drift apart.
+pub struct DeltaRuleArgs<'a> {
     /// `[B, T, H, K]`, any float dtype.
     pub q: TensorRef<'a>,
     /// `[B, T, H, K]`, any float dtype.
     pub k: TensorRef<'a>,
     /// `[B, T, HV, V]`, any float dtype.
     pub v: TensorRef<'a>,
-    /// `[B, T, HV]` log-space decay, any float dtype.
-    pub g: TensorRef<'a>,
-    /// `[B, T, HV]` or head-wise `[B, T, HV, V]`; `None` means all ones.
-    pub beta: Option<TensorRef<'a>>,
     /// Scale applied to q; `None` means `K^-0.5`.
     pub scale: Option<f32>,
     /// The state pool `[slots, HV, V, K]` or `[slots, HV, K, V]` (see `state_layout`), f32/bf16/f16.
@@ -115,51 +153,27 @@ pub struct FusedRecurrentGatedDeltaRuleArgs<'a> {
     pub o: TensorMut<'a>,
 }
 
-/// `fused_sigmoid_gating_delta_rule_update(A_log, a, b, dt_bias, q, k, v, beta=1.0,
-/// threshold=20.0, scale, initial_state, inplace_final_state, cu_seqlens, ssm_state_indices,
-/// num_accepted_tokens, use_qk_l2norm_in_kernel)`.
-///
-/// Exactly [`FusedRecurrentGatedDeltaRuleArgs`] with `g = −exp(A_log)·softplus(a + dt_bias)` and
-/// the delta-rule `β = sigmoid(b)` computed per token in f32 inside the kernel.
-pub struct FusedSigmoidGatingDeltaRuleUpdateArgs<'a> {
-    /// `[HV]`, any float dtype.
-    pub a_log: TensorRef<'a>,
-    /// `[B·T, HV]` or `[B, T, HV]`, any float dtype.
-    pub a: TensorRef<'a>,
-    /// `[B·T, HV]` or `[B, T, HV]`, any float dtype.
-    pub b: TensorRef<'a>,
-    /// `[HV]`, any float dtype.
-    pub dt_bias: TensorRef<'a>,
-    /// `[B, T, H, K]`.
-    pub q: TensorRef<'a>,
-    /// `[B, T, H, K]`.
-    pub k: TensorRef<'a>,
-    /// `[B, T, HV, V]`.
-    pub v: TensorRef<'a>,
-    /// Softplus β (vLLM's `beta` argument, default 1.0).
-    pub beta: f32,
-    /// Softplus threshold (default 20.0).
-    pub threshold: f32,
-    /// Scale applied to q; `None` means `K^-0.5`.
-    pub scale: Option<f32>,
-    /// The state pool, as in [`FusedRecurrentGatedDeltaRuleArgs::initial_state`].
-    pub initial_state: Option<TensorMut<'a>>,
-    /// Per-token states (not in place), as in [`FusedRecurrentGatedDeltaRuleArgs::final_state`].
-    pub final_state: Option<TensorMut<'a>>,
-    /// `[N + 1]` token offsets (requires `B == 1`).
-    pub cu_seqlens: Option<TensorRef<'a>>,
-    /// `[N]` or `[N, columns]` slot indices.
-    pub ssm_state_indices: Option<TensorRef<'a>>,
-    /// `[N]` accepted-token counts (needs 2-D indices).
-    pub num_accepted_tokens: Option<TensorRef<'a>>,
-    /// L2-normalise q and k in the kernel.
-    pub use_qk_l2norm_in_kernel: bool,
-    /// The l2norm eps (vLLM: 1e-6).
-    pub eps: f32,
-    /// How the states store each head's matrix.
-    pub state_layout: StateLayout,
-    /// Output `[B, T, HV, V]`.
-    pub o: TensorMut<'a>,
+impl<'a> DeltaRuleArgs<'a> {
+    /// `q`, `k`, `v` and the output with vLLM's defaults for the rest: scale `K^-0.5`, no
+    /// state (zeros, nothing written), no tables, no l2norm, eps 1e-6, the `[V, K]` layout. Set
+    /// the others with struct update syntax (`DeltaRuleArgs { cu_seqlens: .., ..DeltaRuleArgs::new(..) }`).
+    pub fn new(q: TensorRef<'a>, k: TensorRef<'a>, v: TensorRef<'a>, o: TensorMut<'a>) -> Self {
+        DeltaRuleArgs {
+            q,
+            k,
+            v,
+            scale: None,
+            initial_state: None,
+            final_state: None,
+            cu_seqlens: None,
+            ssm_state_indices: None,
+            num_accepted_tokens: None,
+            use_qk_l2norm_in_kernel: false,
+            eps: 1e-6,
+            state_layout: StateLayout::VK,
+            o,
+        }
+    }
 }
 
 /// `chunk_gated_delta_rule(q, k, v, g, beta, scale, initial_state, output_final_state,

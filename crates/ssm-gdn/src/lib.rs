@@ -31,8 +31,8 @@ pub mod plan;
 pub mod reference;
 
 pub use args::{
-    ChunkGatedDeltaRuleArgs, FusedGdnGatingArgs, FusedRecurrentGatedDeltaRuleArgs,
-    FusedSigmoidGatingDeltaRuleUpdateArgs, StateLayout,
+    ChunkGatedDeltaRuleArgs, DeltaRuleArgs, FusedGdnGatingArgs, FusedRecurrentGatedDeltaRuleArgs,
+    FusedSigmoidGatingDeltaRuleUpdateArgs, GateInputs, StateLayout,
 };
 pub use error::GdnError;
 pub use plan::{ChunkPlan, GatingPlan, RecurrentPlan};

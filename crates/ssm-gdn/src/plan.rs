@@ -8,7 +8,7 @@ use ssm_tensor::{
 };
 
 use crate::args::{
-    ChunkGatedDeltaRuleArgs, FusedGdnGatingArgs, FusedRecurrentGatedDeltaRuleArgs,
+    ChunkGatedDeltaRuleArgs, DeltaRuleArgs, FusedGdnGatingArgs, FusedRecurrentGatedDeltaRuleArgs,
     FusedSigmoidGatingDeltaRuleUpdateArgs, StateLayout,
 };
 use crate::{GdnError, MAX_HEAD_K_DIM};
@@ -122,48 +122,48 @@ pub struct GatingPlan {
 
 /// Checks a [`FusedGdnGatingArgs`] call.
 pub(crate) fn fused_gdn_gating(args: &FusedGdnGatingArgs<'_>) -> Result<GatingPlan, GdnError> {
-    let dev = args.a.device();
-    float("A_log", args.a_log.dtype())?;
-    float("a", args.a.dtype())?;
-    float("b", args.b.dtype())?;
-    float("dt_bias", args.dt_bias.dtype())?;
+    let dev = args.gates.a.device();
+    float("A_log", args.gates.a_log.dtype())?;
+    float("a", args.gates.a.dtype())?;
+    float("b", args.gates.b.dtype())?;
+    float("dt_bias", args.gates.dt_bias.dtype())?;
     if args.g.dtype() != DType::F32 {
         return Err(GdnError::from(ArgError::DType { arg: "g", expected: "f32".into(), actual: args.g.dtype() }));
     }
     float("beta_output", args.beta_output.dtype())?;
     for (name, d) in [
-        ("A_log", args.a_log.device()),
-        ("b", args.b.device()),
-        ("dt_bias", args.dt_bias.device()),
+        ("A_log", args.gates.a_log.device()),
+        ("b", args.gates.b.device()),
+        ("dt_bias", args.gates.dt_bias.device()),
         ("g", args.g.device()),
         ("beta_output", args.beta_output.device()),
     ] {
         same_device(name, "a", dev, d)?;
     }
-    let a = args.a.shape();
+    let a = args.gates.a.shape();
     if a.len() != 2 {
         return Err(GdnError::from(ArgError::Shape { arg: "a", expected: "[T, HV]".into(), actual: a.to_vec() }));
     }
     let (tokens, hv) = (a[0], a[1]);
-    expect_shape("b", args.b.shape(), &[tokens, hv], "[T, HV], from `a`")?;
-    expect_shape("A_log", args.a_log.shape(), &[hv], "[HV], from `a`")?;
-    expect_shape("dt_bias", args.dt_bias.shape(), &[hv], "[HV], from `a`")?;
+    expect_shape("b", args.gates.b.shape(), &[tokens, hv], "[T, HV], from `a`")?;
+    expect_shape("A_log", args.gates.a_log.shape(), &[hv], "[HV], from `a`")?;
+    expect_shape("dt_bias", args.gates.dt_bias.shape(), &[hv], "[HV], from `a`")?;
     let g = out_2d("g", &args.g, tokens, hv)?;
     let beta_output = out_2d("beta_output", &args.beta_output, tokens, hv)?;
-    positive("beta", args.beta)?;
-    finite("threshold", args.threshold)?;
+    positive("beta", args.gates.beta)?;
+    finite("threshold", args.gates.threshold)?;
     Ok(GatingPlan {
         device: dev,
         tokens,
         v_heads: hv,
-        a_log: strided("A_log", args.a_log.layout())?,
-        dt_bias: strided("dt_bias", args.dt_bias.layout())?,
-        a: strided("a", args.a.layout())?,
-        b: strided("b", args.b.layout())?,
+        a_log: strided("A_log", args.gates.a_log.layout())?,
+        dt_bias: strided("dt_bias", args.gates.dt_bias.layout())?,
+        a: strided("a", args.gates.a.layout())?,
+        b: strided("b", args.gates.b.layout())?,
         g,
         beta_output,
-        softplus_beta: args.beta,
-        threshold: args.threshold,
+        softplus_beta: args.gates.beta,
+        threshold: args.gates.threshold,
     })
 }
 
@@ -362,43 +362,11 @@ fn span(dims: &GdnDims, table: Option<&SlotTable>, t: Option<&TensorRef<'_>>, n:
     }
 }
 
-/// The parts both recurrent ops share.
-struct RecurrentCommon<'r, 'a> {
-    q: &'r TensorRef<'a>,
-    k: &'r TensorRef<'a>,
-    v: &'r TensorRef<'a>,
-    scale: Option<f32>,
-    initial_state: Option<&'r TensorMut<'a>>,
-    final_state: Option<&'r TensorMut<'a>>,
-    cu_seqlens: Option<&'r TensorRef<'a>>,
-    ssm_state_indices: Option<&'r TensorRef<'a>>,
-    num_accepted_tokens: Option<&'r TensorRef<'a>>,
-    l2norm: bool,
-    eps: f32,
-    layout: StateLayout,
-    o: &'r TensorMut<'a>,
-}
-
 /// Checks a [`FusedRecurrentGatedDeltaRuleArgs`] call.
 pub(crate) fn fused_recurrent_gated_delta_rule(
     args: &FusedRecurrentGatedDeltaRuleArgs<'_>,
 ) -> Result<RecurrentPlan, GdnError> {
-    let common = RecurrentCommon {
-        q: &args.q,
-        k: &args.k,
-        v: &args.v,
-        scale: args.scale,
-        initial_state: args.initial_state.as_ref(),
-        final_state: args.final_state.as_ref(),
-        cu_seqlens: args.cu_seqlens.as_ref(),
-        ssm_state_indices: args.ssm_state_indices.as_ref(),
-        num_accepted_tokens: args.num_accepted_tokens.as_ref(),
-        l2norm: args.use_qk_l2norm_in_kernel,
-        eps: args.eps,
-        layout: args.state_layout,
-        o: &args.o,
-    };
-    recurrent(&common, |dims, dev| {
+    recurrent(&args.rule, |dims, dev| {
         let (b, t, hv, v) = (dims.batch, dims.seqlen, dims.v_heads, dims.v);
         float("g", args.g.dtype())?;
         same_device("g", "q", dev, args.g.device())?;
@@ -431,40 +399,27 @@ pub(crate) fn fused_recurrent_gated_delta_rule(
 pub(crate) fn fused_sigmoid_gating_delta_rule_update(
     args: &FusedSigmoidGatingDeltaRuleUpdateArgs<'_>,
 ) -> Result<RecurrentPlan, GdnError> {
-    let common = RecurrentCommon {
-        q: &args.q,
-        k: &args.k,
-        v: &args.v,
-        scale: args.scale,
-        initial_state: args.initial_state.as_ref(),
-        final_state: args.final_state.as_ref(),
-        cu_seqlens: args.cu_seqlens.as_ref(),
-        ssm_state_indices: args.ssm_state_indices.as_ref(),
-        num_accepted_tokens: args.num_accepted_tokens.as_ref(),
-        l2norm: args.use_qk_l2norm_in_kernel,
-        eps: args.eps,
-        layout: args.state_layout,
-        o: &args.o,
-    };
-    recurrent(&common, |dims, dev| {
+    recurrent(&args.rule, |dims, dev| {
         let (b, t, hv) = (dims.batch, dims.seqlen, dims.v_heads);
-        for (name, x) in [("A_log", &args.a_log), ("a", &args.a), ("b", &args.b), ("dt_bias", &args.dt_bias)] {
+        for (name, x) in
+            [("A_log", &args.gates.a_log), ("a", &args.gates.a), ("b", &args.gates.b), ("dt_bias", &args.gates.dt_bias)]
+        {
             float(name, x.dtype())?;
             same_device(name, "q", dev, x.device())?;
         }
-        expect_shape("A_log", args.a_log.shape(), &[hv], "[HV], from `v`")?;
-        expect_shape("dt_bias", args.dt_bias.shape(), &[hv], "[HV], from `v`")?;
-        let a = token_head("a", &args.a, b, t, hv)?;
-        let bb = token_head("b", &args.b, b, t, hv)?;
-        positive("beta", args.beta)?;
-        finite("threshold", args.threshold)?;
+        expect_shape("A_log", args.gates.a_log.shape(), &[hv], "[HV], from `v`")?;
+        expect_shape("dt_bias", args.gates.dt_bias.shape(), &[hv], "[HV], from `v`")?;
+        let a = token_head("a", &args.gates.a, b, t, hv)?;
+        let bb = token_head("b", &args.gates.b, b, t, hv)?;
+        positive("beta", args.gates.beta)?;
+        finite("threshold", args.gates.threshold)?;
         Ok(Gates::Sigmoid {
-            a_log: (strided("A_log", args.a_log.layout())?, args.a_log.dtype()),
-            dt_bias: (strided("dt_bias", args.dt_bias.layout())?, args.dt_bias.dtype()),
-            a: (a, args.a.dtype()),
-            b: (bb, args.b.dtype()),
-            softplus_beta: args.beta,
-            threshold: args.threshold,
+            a_log: (strided("A_log", args.gates.a_log.layout())?, args.gates.a_log.dtype()),
+            dt_bias: (strided("dt_bias", args.gates.dt_bias.layout())?, args.gates.dt_bias.dtype()),
+            a: (a, args.gates.a.dtype()),
+            b: (bb, args.gates.b.dtype()),
+            softplus_beta: args.gates.beta,
+            threshold: args.gates.threshold,
         })
     })
 }
@@ -555,24 +510,24 @@ fn qkvo(
 }
 
 fn recurrent(
-    c: &RecurrentCommon<'_, '_>,
+    c: &DeltaRuleArgs<'_>,
     gates: impl FnOnce(&GdnDims, Device) -> Result<Gates, GdnError>,
 ) -> Result<RecurrentPlan, GdnError> {
-    let (dims, dev) = qkvo(c.q, c.k, c.v, c.o, c.cu_seqlens)?;
+    let (dims, dev) = qkvo(&c.q, &c.k, &c.v, &c.o, c.cu_seqlens.as_ref())?;
     let gates = gates(&dims, dev)?;
-    let cu_seqlens = match c.cu_seqlens {
+    let cu_seqlens = match &c.cu_seqlens {
         Some(cu) => Some(cu_table(cu, dev, dims.seqlen)?),
         None => None,
     };
-    let state = match c.initial_state {
-        Some(s) => Some(state_view("initial_state", s, dev, &dims, c.layout, None)?),
+    let state = match &c.initial_state {
+        Some(s) => Some(state_view("initial_state", s, dev, &dims, c.state_layout, None)?),
         None => None,
     };
-    let final_state = match c.final_state {
-        Some(s) => Some(state_view("final_state", s, dev, &dims, c.layout, Some(dims.batch * dims.seqlen))?),
+    let final_state = match &c.final_state {
+        Some(s) => Some(state_view("final_state", s, dev, &dims, c.state_layout, Some(dims.batch * dims.seqlen))?),
         None => None,
     };
-    let slots = match c.ssm_state_indices {
+    let slots = match &c.ssm_state_indices {
         None => StateSlots::None,
         Some(ix) => {
             if state.is_none() {
@@ -597,7 +552,7 @@ fn recurrent(
             }
         }
     };
-    let num_accepted_tokens = match c.num_accepted_tokens {
+    let num_accepted_tokens = match &c.num_accepted_tokens {
         None => None,
         Some(na) => {
             if !matches!(slots, StateSlots::TwoD(..)) {
@@ -634,8 +589,8 @@ fn recurrent(
         num_accepted_tokens,
         scale,
         eps: c.eps,
-        l2norm: c.l2norm,
-        layout: c.layout,
+        l2norm: c.use_qk_l2norm_in_kernel,
+        layout: c.state_layout,
         device: dev,
     };
     if dev == Device::Cpu {
@@ -646,17 +601,17 @@ fn recurrent(
 
 /// Host index values: `cu_seqlens` monotone, slots in range, tokens fit the table, and no two
 /// sequences touching the same slot when one of them writes it.
-fn check_recurrent_values(p: &RecurrentPlan, c: &RecurrentCommon<'_, '_>) -> Result<(), GdnError> {
+fn check_recurrent_values(p: &RecurrentPlan, c: &DeltaRuleArgs<'_>) -> Result<(), GdnError> {
     let tokens = p.dims.seqlen;
-    if let (Some(tab), Some(cu)) = (&p.cu_seqlens, c.cu_seqlens) {
+    if let (Some(tab), Some(cu)) = (&p.cu_seqlens, c.cu_seqlens.as_ref()) {
         check_cu(tab, cu, p.dims.seqs, tokens)?;
     }
     let Some(state) = p.state else { return Ok(()) };
-    let ix = c.ssm_state_indices;
+    let ix = c.ssm_state_indices.as_ref();
     match p.slots {
         StateSlots::None => {
             for n in 0..p.dims.seqs {
-                let sp = p.span(c.cu_seqlens, n);
+                let sp = p.span(c.cu_seqlens.as_ref(), n);
                 if sp.len > 0 && sp.bos >= state.rows {
                     return Err(GdnError::IndexOutOfRange {
                         arg: "initial_state (row bos, no ssm_state_indices)",
@@ -686,7 +641,7 @@ fn check_recurrent_values(p: &RecurrentPlan, c: &RecurrentCommon<'_, '_>) -> Res
                         return Err(range_err(n, col, s, state.rows));
                     }
                 }
-                let sp = p.span(c.cu_seqlens, n);
+                let sp = p.span(c.cu_seqlens.as_ref(), n);
                 if p.final_state.is_none() && sp.len > cols {
                     return Err(GdnError::TooManyTokens { seq: n, tokens: sp.len, columns: cols });
                 }
@@ -699,11 +654,11 @@ fn check_recurrent_values(p: &RecurrentPlan, c: &RecurrentCommon<'_, '_>) -> Res
     }
     let mut touched: Vec<SlotUse> = Vec::new();
     for n in 0..p.dims.seqs {
-        let sp = p.span(c.cu_seqlens, n);
+        let sp = p.span(c.cu_seqlens.as_ref(), n);
         if sp.len == 0 {
             continue;
         }
-        match p.start(ix, c.num_accepted_tokens, n, &sp) {
+        match p.start(ix, c.num_accepted_tokens.as_ref(), n, &sp) {
             StartState::Row(r) => touched.push(SlotUse { slot: r, written: false, seq: n }),
             StartState::Zeros => {}
             StartState::Skip | StartState::ZeroOutput => continue,

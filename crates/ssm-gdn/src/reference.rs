@@ -11,7 +11,7 @@ use std::ops::{Add, Div, Mul, Neg, Sub};
 use ssm_tensor::{DType, Strided, TensorMut, TensorRef};
 
 use crate::args::{
-    ChunkGatedDeltaRuleArgs, FusedGdnGatingArgs, FusedRecurrentGatedDeltaRuleArgs,
+    ChunkGatedDeltaRuleArgs, DeltaRuleArgs, FusedGdnGatingArgs, FusedRecurrentGatedDeltaRuleArgs,
     FusedSigmoidGatingDeltaRuleUpdateArgs, StateLayout,
 };
 use crate::plan::{ChunkPlan, ChunkStart, Gates, GatingPlan, GdnDims, RecurrentPlan, StartState, StateView};
@@ -115,21 +115,21 @@ pub fn gate<F: Float>(a_log: F, a: F, dt_bias: F, beta: F, threshold: F) -> F {
 }
 
 fn gating<F: Float>(p: &GatingPlan, args: &mut FusedGdnGatingArgs<'_>) -> Result<(), GdnError> {
-    let a_log = host("A_log", &args.a_log)?;
-    let a = host("a", &args.a)?;
-    let b = host("b", &args.b)?;
-    let dt = host("dt_bias", &args.dt_bias)?;
+    let a_log = host("A_log", &args.gates.a_log)?;
+    let a = host("a", &args.gates.a)?;
+    let b = host("b", &args.gates.b)?;
+    let dt = host("dt_bias", &args.gates.dt_bias)?;
     let (bs, ts) = (F::of(p.softplus_beta as f64), F::of(p.threshold as f64));
     for t in 0..p.tokens {
         for h in 0..p.v_heads {
             let g = gate(
-                F::of(read_float(a_log, args.a_log.dtype(), p.a_log.at([h]))),
-                F::of(read_float(a, args.a.dtype(), p.a.at([t, h]))),
-                F::of(read_float(dt, args.dt_bias.dtype(), p.dt_bias.at([h]))),
+                F::of(read_float(a_log, args.gates.a_log.dtype(), p.a_log.at([h]))),
+                F::of(read_float(a, args.gates.a.dtype(), p.a.at([t, h]))),
+                F::of(read_float(dt, args.gates.dt_bias.dtype(), p.dt_bias.at([h]))),
                 bs,
                 ts,
             );
-            let beta = sigmoid(F::of(read_float(b, args.b.dtype(), p.b.at([t, h]))));
+            let beta = sigmoid(F::of(read_float(b, args.gates.b.dtype(), p.b.at([t, h]))));
             let gd = args.g.dtype();
             write_float(host_mut("g", &mut args.g)?, gd, p.g.at([t, h]), g.to_f64());
             let bd = args.beta_output.dtype();
@@ -515,11 +515,7 @@ impl Run<FusedRecurrentGatedDeltaRuleArgs<'_>> for Reference {
             unreachable!("plan of fused_recurrent_gated_delta_rule")
         };
         let gates = GateSource::Given { g: (&a.g, g_at), beta: beta_at.map(|(st, _)| (a.beta.as_ref().unwrap(), st)) };
-        let inp = inputs(&plan, QkvRefs { q: &a.q, k: &a.k, v: &a.v }, gates);
-        let tables = [a.cu_seqlens.as_ref(), a.ssm_state_indices.as_ref(), a.num_accepted_tokens.as_ref()];
-        let out =
-            RecurrentOut { initial_state: a.initial_state.as_mut(), final_state: a.final_state.as_mut(), o: &mut a.o };
-        run_recurrent(self.precision, &plan, &inp, tables, out)
+        run_recurrent(self.precision, &plan, gates, &mut a.rule)
     }
 }
 
@@ -527,27 +523,34 @@ impl Run<FusedSigmoidGatingDeltaRuleUpdateArgs<'_>> for Reference {
     type Error = GdnError;
     fn run(&self, call: Planned<FusedSigmoidGatingDeltaRuleUpdateArgs<'_>>) -> Result<(), GdnError> {
         let (mut a, plan) = call.into_parts();
-        let gates = GateSource::Sigmoid { plan: plan.gates, a_log: &a.a_log, dt_bias: &a.dt_bias, a: &a.a, b: &a.b };
-        let inp = inputs(&plan, QkvRefs { q: &a.q, k: &a.k, v: &a.v }, gates);
-        let tables = [a.cu_seqlens.as_ref(), a.ssm_state_indices.as_ref(), a.num_accepted_tokens.as_ref()];
-        let out =
-            RecurrentOut { initial_state: a.initial_state.as_mut(), final_state: a.final_state.as_mut(), o: &mut a.o };
-        run_recurrent(self.precision, &plan, &inp, tables, out)
+        let gates = GateSource::Sigmoid {
+            plan: plan.gates,
+            a_log: &a.gates.a_log,
+            dt_bias: &a.gates.dt_bias,
+            a: &a.gates.a,
+            b: &a.gates.b,
+        };
+        run_recurrent(self.precision, &plan, gates, &mut a.rule)
     }
 }
 
-/// Both recurrent ops at `precision`, given their tables `[cu_seqlens, ssm_state_indices,
-/// num_accepted_tokens]`.
+/// Both recurrent ops at `precision`: the delta rule of `rule` with `gates`.
 fn run_recurrent(
     precision: Arithmetic,
     plan: &RecurrentPlan,
-    inp: &Inputs<'_, '_>,
-    [cu, ix, na]: [Option<&TensorRef<'_>>; 3],
-    out: RecurrentOut<'_, '_>,
+    gates: GateSource<'_, '_>,
+    rule: &mut DeltaRuleArgs<'_>,
 ) -> Result<(), GdnError> {
+    let inp = inputs(plan, QkvRefs { q: &rule.q, k: &rule.k, v: &rule.v }, gates);
+    let (cu, ix, na) = (rule.cu_seqlens.as_ref(), rule.ssm_state_indices.as_ref(), rule.num_accepted_tokens.as_ref());
+    let out = RecurrentOut {
+        initial_state: rule.initial_state.as_mut(),
+        final_state: rule.final_state.as_mut(),
+        o: &mut rule.o,
+    };
     match precision {
-        Arithmetic::F32 => recurrent::<f32>(plan, inp, cu, ix, na, out),
-        Arithmetic::F64 => recurrent::<f64>(plan, inp, cu, ix, na, out),
+        Arithmetic::F32 => recurrent::<f32>(plan, &inp, cu, ix, na, out),
+        Arithmetic::F64 => recurrent::<f64>(plan, &inp, cu, ix, na, out),
     }
 }
 

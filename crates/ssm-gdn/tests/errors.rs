@@ -104,8 +104,8 @@ fn state_layout_errors() {
     let mut c = base();
     let err = {
         let mut args = c.args();
-        let st = args.initial_state.take().unwrap();
-        args.initial_state = Some(st.with_layout(&[5, 4, 4, 8], &[128, 32, 1, 4], 0).unwrap());
+        let st = args.rule.initial_state.take().unwrap();
+        args.rule.initial_state = Some(st.with_layout(&[5, 4, 4, 8], &[128, 32, 1, 4], 0).unwrap());
         ssm_tensor::Op::plan(&args).unwrap_err()
     };
     insta::assert_snapshot!("state_strides", err);
@@ -177,8 +177,8 @@ fn scalar_and_overlap_errors() {
     let mut c = base();
     let err = {
         let mut args = c.args();
-        let o = std::mem::replace(&mut args.o, TensorMut::from_slice::<f32>(&mut [], &[0]).unwrap());
-        args.o = o.with_layout(&[1, 3, 4, 4], &[0, 4, 0, 1], 0).unwrap();
+        let o = std::mem::replace(&mut args.rule.o, TensorMut::from_slice::<f32>(&mut [], &[0]).unwrap());
+        args.rule.o = o.with_layout(&[1, 3, 4, 4], &[0, 4, 0, 1], 0).unwrap();
         ssm_tensor::Op::plan(&args).unwrap_err()
     };
     insta::assert_snapshot!("o_overlapping", err);

@@ -10,7 +10,7 @@
 use half::bf16;
 use ssm_conformance::HostTensor;
 use ssm_dispatch::Runtime;
-use ssm_gdn::{ChunkGatedDeltaRuleArgs, FusedSigmoidGatingDeltaRuleUpdateArgs, StateLayout};
+use ssm_gdn::{ChunkGatedDeltaRuleArgs, DeltaRuleArgs, FusedSigmoidGatingDeltaRuleUpdateArgs, GateInputs, StateLayout};
 use ssm_tensor::{DType, TensorMut};
 
 use super::{BenchCase, fill_values, tensor_i32};
@@ -170,25 +170,22 @@ impl BenchCase for GdnCase {
             let p = &mut prefill;
             match kind {
                 Kind::Decode => rt.fused_sigmoid_gating_delta_rule_update(FusedSigmoidGatingDeltaRuleUpdateArgs {
-                    a_log: a_log.view(),
-                    a: a.view(),
-                    b: b.view(),
-                    dt_bias: dt_bias.view(),
-                    q: p.q.view(),
-                    k: p.k.view(),
-                    v: p.v.view(),
-                    beta: 1.0,
-                    threshold: 20.0,
-                    scale: None,
-                    initial_state: Some(p.state.view_mut()),
-                    final_state: None,
-                    cu_seqlens: Some(p.starts.view()),
-                    ssm_state_indices: Some(table.view()),
-                    num_accepted_tokens: (steps > 1).then(|| accepted.view()),
-                    use_qk_l2norm_in_kernel: true,
-                    eps: 1e-6,
-                    state_layout: layout,
-                    o: p.o.view_mut(),
+                    gates: GateInputs::new(a_log.view(), a.view(), b.view(), dt_bias.view()),
+                    rule: DeltaRuleArgs {
+                        q: p.q.view(),
+                        k: p.k.view(),
+                        v: p.v.view(),
+                        scale: None,
+                        initial_state: Some(p.state.view_mut()),
+                        final_state: None,
+                        cu_seqlens: Some(p.starts.view()),
+                        ssm_state_indices: Some(table.view()),
+                        num_accepted_tokens: (steps > 1).then(|| accepted.view()),
+                        use_qk_l2norm_in_kernel: true,
+                        eps: 1e-6,
+                        state_layout: layout,
+                        o: p.o.view_mut(),
+                    },
                 })?,
                 Kind::Prefill => {
                     rt.chunk_gated_delta_rule(p.args(table, scratch.as_mut().map(HostTensor::view_mut)))?

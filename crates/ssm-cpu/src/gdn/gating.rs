@@ -13,12 +13,13 @@ use crate::{CpuBackend, CpuError, require_host};
 fn gating(plan: &GatingPlan, args: &mut FusedGdnGatingArgs<'_>) {
     let p = plan;
     let (a_log, a, b, dt) = (
-        args.a_log.host_bytes().expect("host checked"),
-        args.a.host_bytes().expect("host checked"),
-        args.b.host_bytes().expect("host checked"),
-        args.dt_bias.host_bytes().expect("host checked"),
+        args.gates.a_log.host_bytes().expect("host checked"),
+        args.gates.a.host_bytes().expect("host checked"),
+        args.gates.b.host_bytes().expect("host checked"),
+        args.gates.dt_bias.host_bytes().expect("host checked"),
     );
-    let (ad, bd, dd, ld) = (args.a.dtype(), args.b.dtype(), args.dt_bias.dtype(), args.a_log.dtype());
+    let (ad, bd, dd, ld) =
+        (args.gates.a.dtype(), args.gates.b.dtype(), args.gates.dt_bias.dtype(), args.gates.a_log.dtype());
     let bo_dtype = args.beta_output.dtype();
     let g_out = args.g.host_bytes_mut().expect("host checked");
     let beta_out = args.beta_output.host_bytes_mut().expect("host checked");
@@ -39,10 +40,10 @@ impl Run<FusedGdnGatingArgs<'_>> for CpuBackend {
     fn run(&self, call: Planned<FusedGdnGatingArgs<'_>>) -> Result<(), CpuError> {
         let (mut args, plan) = call.into_parts();
         for (arg, d) in [
-            ("A_log", args.a_log.device()),
-            ("a", args.a.device()),
-            ("b", args.b.device()),
-            ("dt_bias", args.dt_bias.device()),
+            ("A_log", args.gates.a_log.device()),
+            ("a", args.gates.a.device()),
+            ("b", args.gates.b.device()),
+            ("dt_bias", args.gates.dt_bias.device()),
             ("g", args.g.device()),
             ("beta_output", args.beta_output.device()),
         ] {

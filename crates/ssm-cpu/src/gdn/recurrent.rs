@@ -496,13 +496,13 @@ impl Run<FusedRecurrentGatedDeltaRuleArgs<'_>> for CpuBackend {
         let (mut a, plan) = call.into_parts();
         let gates = GateBytes::Given { g: host_ref("g", &a.g)?, beta: host_opt("beta", &a.beta)?.map(|(b, _)| b) };
         let tensors = RecTensors {
-            q: &a.q,
-            k: &a.k,
-            v: &a.v,
-            idx: [&a.cu_seqlens, &a.ssm_state_indices, &a.num_accepted_tokens],
-            initial_state: a.initial_state.as_mut(),
-            final_state: a.final_state.as_mut(),
-            o: &mut a.o,
+            q: &a.rule.q,
+            k: &a.rule.k,
+            v: &a.rule.v,
+            idx: [&a.rule.cu_seqlens, &a.rule.ssm_state_indices, &a.rule.num_accepted_tokens],
+            initial_state: a.rule.initial_state.as_mut(),
+            final_state: a.rule.final_state.as_mut(),
+            o: &mut a.rule.o,
         };
         self.run_recurrent(&plan, gates, tensors)
     }
@@ -513,19 +513,19 @@ impl Run<FusedSigmoidGatingDeltaRuleUpdateArgs<'_>> for CpuBackend {
     fn run(&self, call: Planned<FusedSigmoidGatingDeltaRuleUpdateArgs<'_>>) -> Result<(), CpuError> {
         let (mut a, plan) = call.into_parts();
         let gates = GateBytes::Sigmoid {
-            a_log: host_ref("A_log", &a.a_log)?,
-            dt_bias: host_ref("dt_bias", &a.dt_bias)?,
-            a: host_ref("a", &a.a)?,
-            b: host_ref("b", &a.b)?,
+            a_log: host_ref("A_log", &a.gates.a_log)?,
+            dt_bias: host_ref("dt_bias", &a.gates.dt_bias)?,
+            a: host_ref("a", &a.gates.a)?,
+            b: host_ref("b", &a.gates.b)?,
         };
         let tensors = RecTensors {
-            q: &a.q,
-            k: &a.k,
-            v: &a.v,
-            idx: [&a.cu_seqlens, &a.ssm_state_indices, &a.num_accepted_tokens],
-            initial_state: a.initial_state.as_mut(),
-            final_state: a.final_state.as_mut(),
-            o: &mut a.o,
+            q: &a.rule.q,
+            k: &a.rule.k,
+            v: &a.rule.v,
+            idx: [&a.rule.cu_seqlens, &a.rule.ssm_state_indices, &a.rule.num_accepted_tokens],
+            initial_state: a.rule.initial_state.as_mut(),
+            final_state: a.rule.final_state.as_mut(),
+            o: &mut a.rule.o,
         };
         self.run_recurrent(&plan, gates, tensors)
     }

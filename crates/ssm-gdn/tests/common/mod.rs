@@ -4,8 +4,8 @@
 #![allow(dead_code, unreachable_pub)]
 
 use ssm_gdn::{
-    ChunkGatedDeltaRuleArgs, FusedGdnGatingArgs, FusedRecurrentGatedDeltaRuleArgs,
-    FusedSigmoidGatingDeltaRuleUpdateArgs, StateLayout,
+    ChunkGatedDeltaRuleArgs, DeltaRuleArgs, FusedGdnGatingArgs, FusedRecurrentGatedDeltaRuleArgs,
+    FusedSigmoidGatingDeltaRuleUpdateArgs, GateInputs, StateLayout,
 };
 use ssm_tensor::{DType, HostTensor};
 
@@ -47,21 +47,23 @@ pub struct RecCase {
 impl RecCase {
     pub fn args(&mut self) -> FusedRecurrentGatedDeltaRuleArgs<'_> {
         FusedRecurrentGatedDeltaRuleArgs {
-            q: self.q.view(),
-            k: self.k.view(),
-            v: self.v.view(),
             g: self.g.view(),
             beta: self.beta.as_ref().map(|b| b.view()),
-            scale: self.scale,
-            initial_state: self.state.as_mut().map(|s| s.view_mut()),
-            final_state: self.final_state.as_mut().map(|s| s.view_mut()),
-            cu_seqlens: self.cu.as_ref().map(|b| b.view()),
-            ssm_state_indices: self.ix.as_ref().map(|b| b.view()),
-            num_accepted_tokens: self.na.as_ref().map(|b| b.view()),
-            use_qk_l2norm_in_kernel: self.l2norm,
-            eps: 1e-6,
-            state_layout: self.layout,
-            o: self.o.view_mut(),
+            rule: DeltaRuleArgs {
+                q: self.q.view(),
+                k: self.k.view(),
+                v: self.v.view(),
+                scale: self.scale,
+                initial_state: self.state.as_mut().map(|s| s.view_mut()),
+                final_state: self.final_state.as_mut().map(|s| s.view_mut()),
+                cu_seqlens: self.cu.as_ref().map(|b| b.view()),
+                ssm_state_indices: self.ix.as_ref().map(|b| b.view()),
+                num_accepted_tokens: self.na.as_ref().map(|b| b.view()),
+                use_qk_l2norm_in_kernel: self.l2norm,
+                eps: 1e-6,
+                state_layout: self.layout,
+                o: self.o.view_mut(),
+            },
         }
     }
 
@@ -86,12 +88,7 @@ impl GatingCase {
     /// `fused_gdn_gating` of these inputs into `g` and `beta_output`.
     pub fn args<'a>(&'a self, g: &'a mut HostTensor, beta_output: &'a mut HostTensor) -> FusedGdnGatingArgs<'a> {
         FusedGdnGatingArgs {
-            a_log: self.a_log.view(),
-            a: self.a.view(),
-            b: self.b.view(),
-            dt_bias: self.dt_bias.view(),
-            beta: 1.0,
-            threshold: 20.0,
+            gates: GateInputs::new(self.a_log.view(), self.a.view(), self.b.view(), self.dt_bias.view()),
             g: g.view_mut(),
             beta_output: beta_output.view_mut(),
         }
@@ -104,25 +101,15 @@ impl GatingCase {
         rec: FusedRecurrentGatedDeltaRuleArgs<'a>,
     ) -> FusedSigmoidGatingDeltaRuleUpdateArgs<'a> {
         FusedSigmoidGatingDeltaRuleUpdateArgs {
-            a_log: self.a_log.view(),
-            a: self.a.view(),
-            b: self.b.view(),
-            dt_bias: self.dt_bias.view(),
-            q: rec.q,
-            k: rec.k,
-            v: rec.v,
-            beta: 1.0,
-            threshold: 20.0,
-            scale: None,
-            initial_state: rec.initial_state,
-            final_state: None,
-            cu_seqlens: rec.cu_seqlens,
-            ssm_state_indices: rec.ssm_state_indices,
-            num_accepted_tokens: None,
-            use_qk_l2norm_in_kernel: true,
-            eps: 1e-6,
-            state_layout: rec.state_layout,
-            o: rec.o,
+            gates: GateInputs::new(self.a_log.view(), self.a.view(), self.b.view(), self.dt_bias.view()),
+            rule: DeltaRuleArgs {
+                scale: None,
+                final_state: None,
+                num_accepted_tokens: None,
+                use_qk_l2norm_in_kernel: true,
+                eps: 1e-6,
+                ..rec.rule
+            },
         }
     }
 }
