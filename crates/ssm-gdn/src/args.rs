@@ -229,3 +229,38 @@ pub struct ChunkGatedDeltaRuleArgs<'a> {
     /// [`ChunkScratch::chunk_gated_delta_rule_scratch_size`](crate::ChunkScratch::chunk_gated_delta_rule_scratch_size) elements.
     pub scratch: Option<TensorMut<'a>>,
 }
+
+impl<'a> ChunkGatedDeltaRuleArgs<'a> {
+    /// The tokens, gates and output with vLLM's defaults for the rest: scale `K^-0.5`, zero
+    /// initial states, no pool, no pads, no final states, no l2norm, eps 1e-6, the `[V, K]`
+    /// layout, a dense batch, no caller scratch. Set the others with struct update syntax.
+    pub fn new(
+        q: TensorRef<'a>,
+        k: TensorRef<'a>,
+        v: TensorRef<'a>,
+        g: TensorRef<'a>,
+        beta: TensorRef<'a>,
+        o: TensorMut<'a>,
+    ) -> Self {
+        ChunkGatedDeltaRuleArgs {
+            q,
+            k,
+            v,
+            g,
+            beta,
+            scale: None,
+            initial_state: None,
+            initial_state_indices: None,
+            has_initial_state: None,
+            pad_slot_id: None,
+            inplace_final_state: false,
+            final_state: None,
+            cu_seqlens: None,
+            use_qk_l2norm_in_kernel: false,
+            eps: 1e-6,
+            state_layout: StateLayout::VK,
+            o,
+            scratch: None,
+        }
+    }
+}

@@ -214,25 +214,17 @@ struct PrefillInputs {
 impl PrefillInputs {
     /// The prefill arguments with slot table `table` and the caller's `scratch`.
     fn args<'a>(&'a mut self, table: &'a HostTensor, scratch: Option<TensorMut<'a>>) -> ChunkGatedDeltaRuleArgs<'a> {
+        let (q, k, v, g, beta) = (self.q.view(), self.k.view(), self.v.view(), self.g.view(), self.beta.view());
         ChunkGatedDeltaRuleArgs {
-            q: self.q.view(),
-            k: self.k.view(),
-            v: self.v.view(),
-            g: self.g.view(),
-            beta: self.beta.view(),
-            scale: None,
             initial_state: Some(self.state.view_mut()),
             initial_state_indices: Some(table.view()),
-            has_initial_state: None,
             pad_slot_id: Some(0),
             inplace_final_state: true,
-            final_state: None,
             cu_seqlens: Some(self.starts.view()),
             use_qk_l2norm_in_kernel: true,
-            eps: 1e-6,
             state_layout: self.layout,
-            o: self.o.view_mut(),
             scratch,
+            ..ChunkGatedDeltaRuleArgs::new(q, k, v, g, beta, self.o.view_mut())
         }
     }
 }
