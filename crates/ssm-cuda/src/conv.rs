@@ -4,7 +4,7 @@
 //! dtype, width, channel vector, layout and flags.
 
 use bytemuck::{Pod, Zeroable};
-use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::DeviceRepr;
 use ssm_conv::{Activation, CausalConv1dFnArgs, CausalConv1dUpdateArgs, ConvOp, ConvPlan};
 use ssm_tensor::{DType, Planned, Run, TensorMut, TensorRef};
 
@@ -362,21 +362,21 @@ impl CudaBackend {
         }
         let func = self.conv_function(&key)?;
         let (params, nz) = call.params(self.error_word_addr(), &key);
-        let cfg = LaunchConfig {
-            grid_dim: (blocks as u32, 1, nz),
-            block_dim: (key.threads as u32, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let mut launch = self.stream().launch_builder(&func);
-        launch.arg(&params);
         // SAFETY: every address in `params` comes from a device view whose creator promised
         // (TensorRef/TensorMut::from_device_ptr) that it is valid for the view's memory on this
         // device for the call; the plan checked that every element the kernel can reach for
         // valid index values lies inside those views, and the kernel checks every index value
         // read on the device (slots, columns, token starts, accepted counts) before using it.
         // The error word is owned by `self`.
-        unsafe { launch.launch(cfg) }.map_err(CudaError::driver("cuLaunchKernel(conv_kernel)"))?;
-        Ok(())
+        unsafe {
+            self.launch_kernel(
+                &func,
+                (blocks as u32, 1, nz),
+                key.threads as u32,
+                &params,
+                "cuLaunchKernel(conv_kernel)",
+            )
+        }
     }
 
     fn conv_function(&self, key: &ConvKey) -> Result<cudarc::driver::CudaFunction, CudaError> {

@@ -3,16 +3,17 @@
 //! `kernels/gdn.cu`, specialised for the call's dtypes, `head_k_dim`, tile and flags.
 
 use bytemuck::{Pod, Zeroable};
-use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::DeviceRepr;
 use ssm_gdn::plan::{Gates, StateSlots, StateView};
 use ssm_gdn::{
-    FusedGdnGatingArgs, FusedRecurrentGatedDeltaRuleArgs, FusedSigmoidGatingDeltaRuleUpdateArgs, GatingPlan,
-    RecurrentPlan, StateLayout,
+    DeltaRuleArgs, FusedGdnGatingArgs, FusedRecurrentGatedDeltaRuleArgs, FusedSigmoidGatingDeltaRuleUpdateArgs,
+    GatingPlan, RecurrentPlan, StateLayout,
 };
 use ssm_tensor::Strided;
 use ssm_tensor::{DType, Planned, Run};
 
 use crate::compile::{KernelSource, KernelSpec, c_type};
+use crate::geometry::rows_and_threads;
 use crate::{CudaBackend, CudaError};
 
 fn addr_of(base: Option<u64>, offset: isize, dtype: DType) -> u64 {
@@ -109,14 +110,10 @@ impl Run<FusedGdnGatingArgs<'_>> for CudaBackend {
             reserved: 0,
         };
         let blocks = n.div_ceil(256).min(132 * 16) as u32;
-        let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-        let mut launch = self.stream().launch_builder(&func);
-        launch.arg(&params);
         // SAFETY: every address comes from a device view whose creator promised it valid for the
         // view's memory on this device; the plan checked that every (token, head) element the
         // kernel touches lies inside those views.
-        unsafe { launch.launch(cfg) }.map_err(CudaError::driver("cuLaunchKernel(gdn_gating_kernel)"))?;
-        Ok(())
+        unsafe { self.launch_kernel(&func, (blocks, 1, 1), 256, &params, "cuLaunchKernel(gdn_gating_kernel)") }
     }
 }
 
@@ -152,21 +149,8 @@ impl From<&Strided<3>> for Tok4 {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, Pod, Zeroable)]
 pub(crate) struct RecurrentParams {
-    q: u64,
-    k: u64,
-    v: u64,
-    o: u64,
-    g: u64,
-    beta: u64,
-    a_log: u64,
-    dt_bias: u64,
-    a: u64,
-    b: u64,
-    state: u64,
-    final_state: u64,
-    ix: u64,
-    nacc: u64,
-    cu: u64,
+    /// The tensors' addresses, each with its plan's element offset applied.
+    addrs: RecurrentAddrs,
     err: u64,
     qs: Tok4,
     ks: Tok4,
@@ -239,19 +223,7 @@ impl GdnGeometry {
             StateLayout::KV => (1, k.max(1).next_power_of_two().min(if k > 256 { 32 } else { 8 })),
         };
         let vpt = k.div_ceil(vec).max(1).div_ceil(tpr);
-        let mut rpt = (4 / vpt).max(1);
-        const WAVE_THREADS: usize = 132 * 2048;
-        while rpt > 1 && rows_total * tpr / rpt < 2 * WAVE_THREADS {
-            rpt /= 2;
-        }
-        let mut threads = 128usize;
-        let v = v.max(1);
-        while rpt > 1 && (threads / tpr) * rpt / 2 >= v {
-            rpt /= 2;
-        }
-        while threads > 32 && (threads / tpr / 2) * rpt >= v && threads / 2 >= tpr.max(32) {
-            threads /= 2;
-        }
+        let (rpt, threads) = rows_and_threads((4 / vpt).max(1), tpr, v, rows_total);
         GdnGeometry { vec: vec as u32, tpr: tpr as u32, vpt: vpt as u32, rpt: rpt as u32, threads: threads as u32 }
     }
 }
@@ -295,8 +267,10 @@ impl GdnKey {
     }
 }
 
-/// Device base addresses (before the plans' element offsets) of a recurrent call's tensors.
-#[derive(Debug, Clone, Copy, Default)]
+/// Device addresses of a recurrent call's tensors (0 for an absent one): base addresses in a
+/// call, offset ones in [`RecurrentParams`] (the same order as `gdn.cu`'s parameter block).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, Pod, Zeroable)]
 struct RecurrentAddrs {
     q: u64,
     k: u64,
@@ -313,6 +287,26 @@ struct RecurrentAddrs {
     ix: u64,
     nacc: u64,
     cu: u64,
+}
+
+impl RecurrentAddrs {
+    /// The base addresses of the delta-rule tensors both recurrent ops share (gates: 0).
+    fn of_rule(r: &DeltaRuleArgs<'_>) -> Self {
+        let opt = |t: Option<&ssm_tensor::TensorRef<'_>>| a0(t.and_then(|t| t.device_addr()));
+        let opt_mut = |t: &Option<ssm_tensor::TensorMut<'_>>| a0(t.as_ref().and_then(|t| t.device_addr()));
+        RecurrentAddrs {
+            q: a0(r.q.device_addr()),
+            k: a0(r.k.device_addr()),
+            v: a0(r.v.device_addr()),
+            o: a0(r.o.device_addr()),
+            state: opt_mut(&r.initial_state),
+            final_state: opt_mut(&r.final_state),
+            ix: opt(r.ssm_state_indices.as_ref()),
+            nacc: opt(r.num_accepted_tokens.as_ref()),
+            cu: opt(r.cu_seqlens.as_ref()),
+            ..RecurrentAddrs::default()
+        }
+    }
 }
 
 fn rows_aligned(view: Option<&StateView>, addr: u64, k: usize) -> bool {
@@ -521,14 +515,17 @@ impl CudaBackend {
         let zero = Tok4::default();
         let dt = |s: Option<StateView>| s.map_or(DType::F32, |s| s.dtype);
         let mut p = RecurrentParams {
-            q: addr_of(Some(a.q), plan.q.0.offset, plan.q.1),
-            k: addr_of(Some(a.k), plan.k.0.offset, plan.k.1),
-            v: addr_of(Some(a.v), plan.v.0.offset, plan.v.1),
-            o: addr_of(Some(a.o), plan.o.0.offset, plan.o.1),
-            state: plan.state.map_or(0, |s| addr_of(Some(a.state), s.offset as isize, dt(plan.state))),
-            final_state: plan
-                .final_state
-                .map_or(0, |s| addr_of(Some(a.final_state), s.offset as isize, dt(plan.final_state))),
+            addrs: RecurrentAddrs {
+                q: addr_of(Some(a.q), plan.q.0.offset, plan.q.1),
+                k: addr_of(Some(a.k), plan.k.0.offset, plan.k.1),
+                v: addr_of(Some(a.v), plan.v.0.offset, plan.v.1),
+                o: addr_of(Some(a.o), plan.o.0.offset, plan.o.1),
+                state: plan.state.map_or(0, |s| addr_of(Some(a.state), s.offset as isize, dt(plan.state))),
+                final_state: plan
+                    .final_state
+                    .map_or(0, |s| addr_of(Some(a.final_state), s.offset as isize, dt(plan.final_state))),
+                ..RecurrentAddrs::default()
+            },
             err: self.error_word_addr(),
             qs: (&plan.q.0).into(),
             ks: (&plan.k.0).into(),
@@ -550,20 +547,20 @@ impl CudaBackend {
         };
         match plan.gates {
             Gates::Given { g, g_dtype, beta } => {
-                p.g = addr_of(Some(a.g), g.offset, g_dtype);
+                p.addrs.g = addr_of(Some(a.g), g.offset, g_dtype);
                 p.gs = (&g).into();
                 if let Some((b, bt)) = beta {
-                    p.beta = addr_of(Some(a.beta), b.offset, bt);
+                    p.addrs.beta = addr_of(Some(a.beta), b.offset, bt);
                     p.betas = (&b).into();
                 } else {
                     p.betas = zero;
                 }
             }
             Gates::Sigmoid { a_log, dt_bias, a: aa, b, softplus_beta, threshold } => {
-                p.a_log = addr_of(Some(a.a_log), a_log.0.offset, a_log.1);
-                p.dt_bias = addr_of(Some(a.dt_bias), dt_bias.0.offset, dt_bias.1);
-                p.a = addr_of(Some(a.a), aa.0.offset, aa.1);
-                p.b = addr_of(Some(a.b), b.0.offset, b.1);
+                p.addrs.a_log = addr_of(Some(a.a_log), a_log.0.offset, a_log.1);
+                p.addrs.dt_bias = addr_of(Some(a.dt_bias), dt_bias.0.offset, dt_bias.1);
+                p.addrs.a = addr_of(Some(a.a), aa.0.offset, aa.1);
+                p.addrs.b = addr_of(Some(a.b), b.0.offset, b.1);
                 p.a_log_s = a_log.0.strides[0] as i64;
                 p.dtb_s = dt_bias.0.strides[0] as i64;
                 p.as_ = (&aa.0).into();
@@ -575,23 +572,23 @@ impl CudaBackend {
         match plan.slots {
             StateSlots::None => {}
             StateSlots::OneD(t) => {
-                p.ix = addr_of(Some(a.ix), t.strides.offset, t.dtype);
+                p.addrs.ix = addr_of(Some(a.ix), t.strides.offset, t.dtype);
                 p.ix_seq = t.strides.strides[0] as i64;
                 p.ix_cols = 1;
             }
             StateSlots::TwoD(t) => {
-                p.ix = addr_of(Some(a.ix), t.strides.offset, t.dtype);
+                p.addrs.ix = addr_of(Some(a.ix), t.strides.offset, t.dtype);
                 p.ix_seq = t.strides.strides[0] as i64;
                 p.ix_col = t.strides.strides[1] as i64;
                 p.ix_cols = t.width as i64;
             }
         }
         if let Some(t) = plan.num_accepted_tokens {
-            p.nacc = addr_of(Some(a.nacc), t.strides.offset, t.dtype);
+            p.addrs.nacc = addr_of(Some(a.nacc), t.strides.offset, t.dtype);
             p.nacc_s = t.strides.strides[0] as i64;
         }
         if let Some(t) = plan.cu_seqlens {
-            p.cu = addr_of(Some(a.cu), t.strides.offset, t.dtype);
+            p.addrs.cu = addr_of(Some(a.cu), t.strides.offset, t.dtype);
             p.cu_s = t.strides.strides[0] as i64;
         }
         p
@@ -616,20 +613,20 @@ impl CudaBackend {
         }
         let func = self.gdn_function(GdnKey::Recurrent(key))?;
         let params = self.recurrent_params(plan, a, dim_tiles);
-        let cfg = LaunchConfig {
-            grid_dim: (blocks as u32, 1, 1),
-            block_dim: (key.geometry.threads, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let mut launch = self.stream().launch_builder(&func);
-        launch.arg(&params);
         // SAFETY: every address in `params` comes from a device view whose creator promised
         // (TensorRef/TensorMut::from_device_ptr) that it is valid for the view's memory on this
         // device for the call; the plan checked that every element the kernel can reach for valid
         // index values lies inside those views, and the kernel checks every index value it reads
         // (cu_seqlens, slots, accepted counts) before using it. The error word is owned by `self`.
-        unsafe { launch.launch(cfg) }.map_err(CudaError::driver("cuLaunchKernel(gdn_recurrent_kernel)"))?;
-        Ok(())
+        unsafe {
+            self.launch_kernel(
+                &func,
+                (blocks as u32, 1, 1),
+                key.geometry.threads,
+                &params,
+                "cuLaunchKernel(gdn_recurrent_kernel)",
+            )
+        }
     }
 
     fn gdn_function(&self, key: GdnKey) -> Result<cudarc::driver::CudaFunction, CudaError> {
@@ -656,18 +653,9 @@ impl Run<FusedRecurrentGatedDeltaRuleArgs<'_>> for CudaBackend {
         self.expect_device(&call)?;
         let (args, plan) = call.into_parts();
         let a = RecurrentAddrs {
-            q: a0(args.rule.q.device_addr()),
-            k: a0(args.rule.k.device_addr()),
-            v: a0(args.rule.v.device_addr()),
-            o: a0(args.rule.o.device_addr()),
             g: a0(args.g.device_addr()),
             beta: a0(args.beta.as_ref().and_then(|t| t.device_addr())),
-            state: a0(args.rule.initial_state.as_ref().and_then(|t| t.device_addr())),
-            final_state: a0(args.rule.final_state.as_ref().and_then(|t| t.device_addr())),
-            ix: a0(args.rule.ssm_state_indices.as_ref().and_then(|t| t.device_addr())),
-            nacc: a0(args.rule.num_accepted_tokens.as_ref().and_then(|t| t.device_addr())),
-            cu: a0(args.rule.cu_seqlens.as_ref().and_then(|t| t.device_addr())),
-            ..RecurrentAddrs::default()
+            ..RecurrentAddrs::of_rule(&args.rule)
         };
         self.launch_recurrent(&plan, &a)
     }
@@ -681,20 +669,11 @@ impl Run<FusedSigmoidGatingDeltaRuleUpdateArgs<'_>> for CudaBackend {
         self.expect_device(&call)?;
         let (args, plan) = call.into_parts();
         let a = RecurrentAddrs {
-            q: a0(args.rule.q.device_addr()),
-            k: a0(args.rule.k.device_addr()),
-            v: a0(args.rule.v.device_addr()),
-            o: a0(args.rule.o.device_addr()),
             a_log: a0(args.gates.a_log.device_addr()),
             dt_bias: a0(args.gates.dt_bias.device_addr()),
             a: a0(args.gates.a.device_addr()),
             b: a0(args.gates.b.device_addr()),
-            state: a0(args.rule.initial_state.as_ref().and_then(|t| t.device_addr())),
-            final_state: a0(args.rule.final_state.as_ref().and_then(|t| t.device_addr())),
-            ix: a0(args.rule.ssm_state_indices.as_ref().and_then(|t| t.device_addr())),
-            nacc: a0(args.rule.num_accepted_tokens.as_ref().and_then(|t| t.device_addr())),
-            cu: a0(args.rule.cu_seqlens.as_ref().and_then(|t| t.device_addr())),
-            ..RecurrentAddrs::default()
+            ..RecurrentAddrs::of_rule(&args.rule)
         };
         self.launch_recurrent(&plan, &a)
     }

@@ -23,6 +23,7 @@ pub mod compile;
 pub mod conv;
 mod error;
 pub mod gdn;
+mod geometry;
 pub mod nvrtc;
 pub mod ssu;
 pub mod testing;
@@ -188,6 +189,32 @@ impl CudaBackend {
     /// The stream every launch goes to.
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
+    }
+
+    /// The one kernel launch of every op: `func` over `grid` blocks of `threads` threads on the
+    /// backend's stream, with one by-value parameter struct. `name` names the kernel in a
+    /// driver error.
+    ///
+    /// # Safety
+    /// Every device address in `params` must be valid, for the call, for every access the
+    /// kernel makes through it: the callers take them from device views whose creators promised
+    /// that (`TensorRef`/`TensorMut::from_device_ptr`), after a plan checked that every element
+    /// the kernel can reach for valid index values lies inside those views; index values read on
+    /// the device are the kernel's to check. The error word is owned by `self`.
+    pub(crate) unsafe fn launch_kernel<P: cudarc::driver::DeviceRepr>(
+        &self,
+        func: &CudaFunction,
+        grid: (u32, u32, u32),
+        threads: u32,
+        params: &P,
+        name: &'static str,
+    ) -> Result<(), CudaError> {
+        let cfg = LaunchConfig { grid_dim: grid, block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
+        let mut launch = self.stream.launch_builder(func);
+        launch.arg(params);
+        // SAFETY: the caller's contract above.
+        unsafe { launch.launch(cfg) }.map_err(CudaError::driver(name))?;
+        Ok(())
     }
 
     /// The device name (e.g. "NVIDIA H200").

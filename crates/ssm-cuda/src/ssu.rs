@@ -2,12 +2,13 @@
 //! `kernels/ssu.cu`, specialised for the call's dtypes, dstate, tile and flags.
 
 use bytemuck::{Pod, Zeroable};
-use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::DeviceRepr;
 use ssm_ssu::{ParamForm, Route, SelectiveStateUpdateArgs, SsuPlan, TokenStrides};
 use ssm_tensor::DType;
 use ssm_tensor::{Planned, Run};
 
 use crate::compile::{KernelSource, KernelSpec, c_type};
+use crate::geometry::{WAVE_THREADS, rows_and_threads};
 use crate::{CudaBackend, CudaError};
 
 /// Strides of a per-token tensor as the kernel reads them (`struct TokStrides` in ssu.cu).
@@ -147,20 +148,7 @@ impl SsuGeometry {
         if !tied {
             rpt = rpt.min(2);
         }
-        // Keep about two waves of resident threads (132 SMs × 2048 on an H100/H200) before
-        // giving lanes several rows.
-        const WAVE_THREADS: usize = 132 * 2048;
-        while rpt > 1 && rows_total * tpr / rpt < 2 * WAVE_THREADS {
-            rpt /= 2;
-        }
-        let mut threads = 128usize;
-        let dim = dim.max(1);
-        while rpt > 1 && (threads / tpr) * rpt / 2 >= dim {
-            rpt /= 2;
-        }
-        while threads > 32 && (threads / tpr / 2) * rpt >= dim && threads / 2 >= tpr {
-            threads /= 2;
-        }
+        let (mut rpt, threads) = rows_and_threads(rpt, tpr, dim, rows_total);
         // Multi-token routes (measured on an H200, docs/PERF.md): a 4-byte state wants eight rows
         // per lane with registers capped for six resident blocks; a 16-bit state four rows with
         // the cap for eight blocks.
@@ -563,20 +551,20 @@ impl Run<SelectiveStateUpdateArgs<'_>> for CudaBackend {
         }
         let func = self.ssu_function(&key)?;
         let params = self.ssu_params(plan, &args, dim_tiles);
-        let cfg = LaunchConfig {
-            grid_dim: (blocks as u32, 1, 1),
-            block_dim: (key.geometry.threads, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let mut launch = self.stream().launch_builder(&func);
-        launch.arg(&params);
         // SAFETY: every address in `params` comes from a device view whose creator promised
         // (TensorRef/TensorMut::from_device_ptr) that it is valid for the view's memory on this
         // device for the call; the plan checked that every element the kernel can reach for
         // valid index values lies inside those views, and the kernel checks index values read
         // on the device before using them. The error word is owned by `self`.
-        unsafe { launch.launch(cfg) }.map_err(CudaError::driver("cuLaunchKernel(ssu_kernel)"))?;
-        Ok(())
+        unsafe {
+            self.launch_kernel(
+                &func,
+                (blocks as u32, 1, 1),
+                key.geometry.threads,
+                &params,
+                "cuLaunchKernel(ssu_kernel)",
+            )
+        }
     }
 }
 

@@ -1,0 +1,25 @@
+//! The launch shape shared by the row-per-lane-group kernels (SSU, GDN recurrent): each state
+//! row is read by `tpr` lanes, each lane owns `rpt` rows, a block holds `threads` lanes.
+
+/// Resident threads of one wave on an H100/H200 (132 SMs × 2048).
+pub(crate) const WAVE_THREADS: usize = 132 * 2048;
+
+/// Rows per lane and threads per block, from a starting `rpt`, `tpr` lanes per row, the `rows`
+/// of one head (the block's row tile never needs to exceed it) and `rows_total` (sequences ×
+/// heads × rows of the call). Keeps about two waves of resident threads before giving lanes
+/// several rows (small calls are latency-bound: more, shorter-lived threads), then shrinks the
+/// rows per lane and the block (to 32 lanes at least) while one block still covers `rows`.
+pub(crate) fn rows_and_threads(mut rpt: usize, tpr: usize, rows: usize, rows_total: usize) -> (usize, usize) {
+    while rpt > 1 && rows_total * tpr / rpt < 2 * WAVE_THREADS {
+        rpt /= 2;
+    }
+    let mut threads = 128usize;
+    let rows = rows.max(1);
+    while rpt > 1 && (threads / tpr) * rpt / 2 >= rows {
+        rpt /= 2;
+    }
+    while threads > 32 && (threads / tpr / 2) * rpt >= rows && threads / 2 >= tpr {
+        threads /= 2;
+    }
+    (rpt, threads)
+}
