@@ -27,13 +27,13 @@ from the caller's shape JSON ("bytes"), the same figure our side uses (computed 
 Any failure (missing file, import error, kernel error) exits nonzero with a message on stderr.
 """
 
-import argparse
 import json
 import logging
 import os
 import sys
 import traceback
-import types
+
+from peer_common import graph_median_us, install_base_stubs, parse_args, pool_counts, report, spec_tables, stub_module, uniform
 
 OPS = "third_party/flash_linear_attention/ops"
 NEEDED = ["fused_recurrent.py", "fused_sigmoid_gating.py", "op.py", "utils.py"]
@@ -61,55 +61,13 @@ def vllm_package_dir(root: str) -> str:
 
 
 def install_vllm_stubs(pkg_dir: str) -> None:
-    import torch
-    import triton
-    import triton.language as tl
-
-    def module(name: str, path=None, **attrs):
-        m = types.ModuleType(name)
-        if path is not None:
-            m.__path__ = [path]
-        for k, v in attrs.items():
-            setattr(m, k, v)
-        sys.modules[name] = m
-        return m
-
-    class Platform:
-        def is_cuda(self):
-            return True
-
-        def is_cuda_alike(self):
-            return True
-
-        def is_rocm(self):
-            return False
-
-        def is_xpu(self):
-            return False
-
-        def is_cpu(self):
-            return False
-
-        def get_device_name(self, device_id: int = 0) -> str:
-            return torch.cuda.get_device_name(device_id)
-
-        def get_device_capability(self, device_id: int = 0):
-            return torch.cuda.get_device_capability(device_id)
-
-        def is_device_capability_family(self, capability: int, device_id: int = 0) -> bool:
-            major, minor = torch.cuda.get_device_capability(device_id)
-            return (major * 10 + minor) // 10 == capability // 10
-
-    module("vllm", path=pkg_dir)
-    module("vllm.logger", init_logger=lambda name: logging.getLogger(name))
-    module("vllm.platforms", current_platform=Platform())
-    module("vllm.triton_utils", HAS_TRITON=True, tl=tl, triton=triton, tldevice=tl)
+    install_base_stubs(pkg_dir, init_logger=lambda name: logging.getLogger(name))
     # Package modules with their real folders but without running their __init__.py: the ops
     # package's would import the whole FLA stack (chunk, KDA, einops, vLLM custom ops).
     tp = os.path.join(pkg_dir, "third_party")
-    module("vllm.third_party", path=tp)
-    module("vllm.third_party.flash_linear_attention", path=os.path.join(tp, "flash_linear_attention"))
-    module("vllm.third_party.flash_linear_attention.ops", path=os.path.join(pkg_dir, OPS))
+    stub_module("vllm.third_party", path=tp)
+    stub_module("vllm.third_party.flash_linear_attention", path=os.path.join(tp, "flash_linear_attention"))
+    stub_module("vllm.third_party.flash_linear_attention.ops", path=os.path.join(pkg_dir, OPS))
 
 
 def default_bytes(s) -> int:
@@ -132,14 +90,11 @@ def bench(kernel, fn, s, torch):
     rows, slots = b * t, b * t
     spec = t > 1
     nbytes = int(s.get("bytes") or default_bytes(s))
-    pools = min(max(-(-400_000_000 // nbytes), 2), 128)
-    calls = pools * max(-(-64 // pools), 1)
+    pools, calls = pool_counts(nbytes)
     bsz, tt = (1, rows) if spec else (b, 1)
     gen = torch.Generator(device=dev)
     gen.manual_seed(4321)
-
-    def u(shape, lo, hi, dtype):
-        return (torch.rand(shape, generator=gen, device=dev, dtype=torch.float32) * (hi - lo) + lo).to(dtype)
+    u = uniform(torch, gen, dev)
 
     A_log = u((hv,), -1.0, 1.0, torch.float32)
     dt_bias = u((hv,), -1.0, 1.0, torch.float32)
@@ -148,9 +103,7 @@ def bench(kernel, fn, s, torch):
         perm = (torch.randperm(slots, device=dev, generator=gen) + 1).to(torch.int32)
         pool = {
             "state": u((slots + 1, hv, v, k), -0.5, 0.5, sdt),
-            "sbi": perm.view(b, t) if spec else perm,
-            "nacc": torch.randint(1, t + 1, (b,), device=dev, generator=gen, dtype=torch.int32) if spec else None,
-            "cu": (torch.arange(b + 1, device=dev, dtype=torch.int32) * t) if spec else None,
+            **spec_tables(torch, gen, dev, perm, b, t),
         }
         if kernel == PACKED:
             pool["mixed_qkv"] = u((b, 2 * h * k + hv * v), -1.0, 1.0, io)
@@ -190,35 +143,11 @@ def bench(kernel, fn, s, torch):
                 num_accepted_tokens=p["nacc"], use_qk_l2norm_in_kernel=True,
             )
 
-    # Warm-up (Triton compiles) on a side stream, as graph capture requires.
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for p in ps:
-            call(p)
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(calls):
-            call(ps[i % pools])
-    for _ in range(3):
-        graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(15):
-        a, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        e.record()
-        e.synchronize()
-        times.append(a.elapsed_time(e) * 1e3 / calls)
-    times.sort()
-    us = times[len(times) // 2]
+    us = graph_median_us(torch, call, ps, calls)
     # A state that went non-finite would mean the peer ran something else than intended.
     if not all(bool(torch.isfinite(p["state"]).all()) for p in ps[:2]):
         raise RuntimeError(f"{kernel} {s}: non-finite state after the replays")
-    del ps, graph
+    del ps
     torch.cuda.empty_cache()
     return {
         "op": s["op"], "kernel": kernel, "state": s["state"], "batch": b, "tokens": t, "heads": h,
@@ -236,11 +165,7 @@ DEFAULT_SHAPES = [
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--vllm", required=True, help="folder holding the extracted vllm/ package files")
-    ap.add_argument("--shapes", help="JSON list of shapes (default: the Qwen3-Next set)")
-    ap.add_argument("--json", help="also write the result here")
-    a = ap.parse_args()
+    a = parse_args(__doc__.splitlines()[0], "Qwen3-Next")
     pkg = vllm_package_dir(a.vllm)
     try:
         import torch
@@ -289,19 +214,11 @@ def main():
                 file=sys.stderr,
             )
             results.append(r)
-    doc = {
-        "peer": "vLLM Triton GDN decode kernels (fused_recurrent.py, fused_sigmoid_gating.py from the PyPI "
-        "vllm wheel, unmodified; imports stubbed)",
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "device": torch.cuda.get_device_name(0),
-        "results": results,
-    }
-    text = json.dumps(doc, indent=1)
-    if a.json:
-        with open(a.json, "w") as f:
-            f.write(text)
-    print(text)
+    peer = (
+        "vLLM Triton GDN decode kernels (fused_recurrent.py, fused_sigmoid_gating.py from the PyPI "
+        "vllm wheel, unmodified; imports stubbed)"
+    )
+    report(peer, torch, triton, results, a.json)
 
 
 if __name__ == "__main__":

@@ -15,21 +15,19 @@ use std::process::Command;
 use anyhow::{Context, bail};
 use serde_json::{Value, json};
 use ssm_cuda::CudaBackend;
-use ssm_cuda::bench::{CopyBandwidth, SsuBenchShape, bench_ssu, measure_copy_bandwidth};
+use ssm_cuda::bench::{BenchResult, CopyBandwidth, SsuBenchShape, bench_ssu, measure_copy_bandwidth};
 use ssm_cuda::bench_gdn::{GdnBenchOp, GdnBenchShape, bench_gdn};
 use ssm_tensor::DType;
 
-/// Options of the CUDA SSU bench.
+/// Options every CUDA bench shares: the peer, the JSON output, the copy measurement.
 #[derive(Debug, Clone, clap::Args)]
-pub(crate) struct CudaSsuBenchArgs {
-    /// Batches to time.
-    #[arg(long, value_delimiter = ',', default_value = "1,8,64,256,1024")]
-    pub(crate) batches: Vec<usize>,
-    /// Folder with the extracted vLLM files (see xtask/peers/ssu_peer.py); runs the peer.
+pub(crate) struct CudaBenchCommon {
+    /// Folder with the extracted vLLM files (see the op's peer script, xtask/peers/OP_peer.py);
+    /// runs the peer.
     #[arg(long)]
     pub(crate) peer_vllm: Option<PathBuf>,
-    /// The peer script (default: xtask/peers/ssu_peer.py next to the workspace, or
-    /// peers/ssu_peer.py next to the running binary in a GPU bundle).
+    /// The peer script (default: xtask/peers/OP_peer.py next to the workspace, or
+    /// peers/OP_peer.py next to the running binary in a GPU bundle).
     #[arg(long)]
     pub(crate) peer_script: Option<PathBuf>,
     /// Python interpreter for the peer.
@@ -41,6 +39,23 @@ pub(crate) struct CudaSsuBenchArgs {
     /// Bytes of each buffer of the copy-bandwidth measurement.
     #[arg(long, default_value_t = 2 << 30)]
     pub(crate) copy_bytes: usize,
+}
+
+impl CudaBenchCommon {
+    /// The defaults of the command line, with the peer (when given) and the JSON path.
+    pub(crate) fn new(peer_vllm: Option<PathBuf>, json: Option<PathBuf>) -> Self {
+        CudaBenchCommon { peer_vllm, peer_script: None, python: "python3".into(), json, copy_bytes: 2 << 30 }
+    }
+}
+
+/// Options of the CUDA SSU bench.
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct CudaSsuBenchArgs {
+    /// Batches to time.
+    #[arg(long, value_delimiter = ',', default_value = "1,8,64,256,1024")]
+    pub(crate) batches: Vec<usize>,
+    #[command(flatten)]
+    pub(crate) common: CudaBenchCommon,
 }
 
 fn state_name(t: DType) -> &'static str {
@@ -99,24 +114,180 @@ fn run_peer(python: &str, script: &std::path::Path, dir: &std::path::Path, shape
     serde_json::from_slice(&out.stdout).with_context(|| format!("peer JSON from {}", script.display()))
 }
 
-fn copy_json(copy: &CopyBandwidth) -> Value {
-    json!({"bytes": copy.bytes, "memcpy_gbps": copy.memcpy_gbps, "kernel_gbps": copy.kernel_gbps, "best_gbps": copy.best_gbps()})
+/// A bench shape as the shared run loop sees it.
+trait CudaBenchShape {
+    /// Width of the label column of the "ours" lines.
+    const LABEL_WIDTH: usize;
+    fn label(&self) -> String;
+    /// The shape as the peer script reads it.
+    fn peer_json(&self) -> Value;
+    /// (batch, tokens, state dtype): what a peer result row is matched on.
+    fn key(&self) -> (usize, usize, DType);
 }
 
-/// Writes `doc` to `path` (default `target/bench/DEFAULT_NAME`), creating the folder.
-fn write_json(path: Option<&PathBuf>, default_name: &str, doc: &Value) -> anyhow::Result<()> {
-    let path = path.cloned().unwrap_or_else(|| crate::project_root().join("target/bench").join(default_name));
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).ok();
+impl CudaBenchShape for SsuBenchShape {
+    const LABEL_WIDTH: usize = 30;
+    fn label(&self) -> String {
+        SsuBenchShape::label(self)
     }
-    std::fs::write(&path, serde_json::to_string_pretty(doc)?).with_context(|| format!("writing {}", path.display()))?;
-    println!("wrote {}", path.display());
-    Ok(())
+    fn peer_json(&self) -> Value {
+        json!({"batch": self.batch, "state": state_name(self.state), "tokens": self.tokens, "heads": self.heads,
+               "dim": self.dim, "dstate": self.dstate, "groups": self.groups})
+    }
+    fn key(&self) -> (usize, usize, DType) {
+        (self.batch, self.tokens, self.state)
+    }
+}
+
+impl CudaBenchShape for GdnBenchShape {
+    const LABEL_WIDTH: usize = 42;
+    fn label(&self) -> String {
+        GdnBenchShape::label(self)
+    }
+    fn peer_json(&self) -> Value {
+        json!({"op": self.op.short(), "batch": self.batch, "state": state_name(self.state), "tokens": self.tokens,
+               "heads": self.heads, "v_heads": self.v_heads, "k": self.k, "v": self.v, "bytes": self.bytes()})
+    }
+    fn key(&self) -> (usize, usize, DType) {
+        (self.batch, self.tokens, self.state)
+    }
+}
+
+/// What one bench run measured: the device, its copy bandwidth, our timings and the peer's
+/// document (with `--peer-vllm`).
+struct Measured<S> {
+    device: String,
+    copy: CopyBandwidth,
+    ours: Vec<BenchResult<S>>,
+    peer: Option<Value>,
+}
+
+/// Times every shape with `bench` on device 0 (printing a line each), then, with
+/// `--peer-vllm`, runs the peer script (`script_name` by default) on the same shapes.
+fn measure<S: CudaBenchShape>(
+    common: &CudaBenchCommon,
+    shapes: &[S],
+    bench: impl Fn(&CudaBackend, &S) -> Result<BenchResult<S>, ssm_cuda::CudaError>,
+    script_name: &str,
+) -> anyhow::Result<Measured<S>> {
+    let (be, device, copy) = start(common.copy_bytes)?;
+    let copy_gbps = copy.best_gbps();
+    let mut ours = Vec::new();
+    for s in shapes {
+        let r = bench(&be, s).with_context(|| format!("bench {}", s.label()))?;
+        println!(
+            "ours {:<width$} {:9.2} us {:8.1} GB/s {:5.3} of copy",
+            s.label(),
+            r.us,
+            r.gbps,
+            r.gbps / copy_gbps,
+            width = S::LABEL_WIDTH
+        );
+        ours.push(r);
+    }
+    drop(be);
+
+    let peer: Option<Value> = match &common.peer_vllm {
+        None => None,
+        Some(dir) => {
+            let script = common.peer_script.clone().unwrap_or_else(|| default_peer_script(script_name));
+            let shape_json: Vec<Value> = shapes.iter().map(S::peer_json).collect();
+            Some(run_peer(&common.python, &script, dir, &shape_json)?)
+        }
+    };
+    println!();
+    if let Some(p) = &peer {
+        println!("peer: {} (torch {}, triton {})", p["peer"], p["torch"], p["triton"]);
+    }
+    Ok(Measured { device, copy, ours, peer })
+}
+
+/// Our timing of one shape against the peer's (NaN where the peer has none), both judged
+/// against the copy bandwidth.
+struct VsPeer<'a, S> {
+    ours: &'a BenchResult<S>,
+    peer_us: f64,
+    peer_gbps: f64,
+    copy_gbps: f64,
+}
+
+impl<S> VsPeer<'_, S> {
+    /// The table's "ours us, GB/s, copy | peer us, GB/s, copy" columns.
+    fn columns(&self) -> String {
+        let (r, copy) = (self.ours, self.copy_gbps);
+        format!(
+            "{:>9.2} {:>8.1} {:>6.3} | {:>9.2} {:>8.1} {:>6.3}",
+            r.us,
+            r.gbps,
+            r.gbps / copy,
+            self.peer_us,
+            self.peer_gbps,
+            self.peer_gbps / copy
+        )
+    }
+
+    /// `row` (the shape's fields) with the timing fields added.
+    fn json_row(&self, mut row: Value) -> Value {
+        let (r, copy, pus, pgbps) = (self.ours, self.copy_gbps, self.peer_us, self.peer_gbps);
+        let timing = json!({
+            "us": r.us, "gbps": r.gbps, "fraction_of_copy": r.gbps / copy,
+            "pools": r.pools, "calls_per_graph": r.calls_per_graph,
+            "peer_us": pus, "peer_gbps": pgbps, "peer_fraction_of_copy": pgbps / copy, "speedup_vs_peer": pus / r.us,
+        });
+        if let (Some(row), Value::Object(timing)) = (row.as_object_mut(), timing) {
+            row.extend(timing);
+        }
+        row
+    }
+}
+
+impl<S: CudaBenchShape> Measured<S> {
+    /// Our result `r` against the peer's timing of its shape (of `kernel`, where the peer runs
+    /// several).
+    fn vs_peer<'a>(&self, r: &'a BenchResult<S>, kernel: Option<&str>) -> VsPeer<'a, S> {
+        let (peer_us, peer_gbps) = self.peer_timing(&r.shape, kernel);
+        VsPeer { ours: r, peer_us, peer_gbps, copy_gbps: self.copy.best_gbps() }
+    }
+
+    /// The peer's timing of shape `s` (of `kernel`, where the peer runs several): (µs, GB/s),
+    /// NaN where the peer has none.
+    fn peer_timing(&self, s: &S, kernel: Option<&str>) -> (f64, f64) {
+        let (batch, tokens, state) = s.key();
+        let rows = self.peer.as_ref().and_then(|p| p["results"].as_array());
+        let found = rows.into_iter().flatten().find(|v| {
+            kernel.is_none_or(|k| v["kernel"].as_str() == Some(k))
+                && v["batch"].as_u64() == Some(batch as u64)
+                && v["tokens"].as_u64() == Some(tokens as u64)
+                && v["state"].as_str() == Some(state_name(state))
+        });
+        found.map_or((f64::NAN, f64::NAN), |v| {
+            (v["us"].as_f64().unwrap_or(f64::NAN), v["gbps"].as_f64().unwrap_or(f64::NAN))
+        })
+    }
+
+    /// The result document (device, copy, peer, `rows`), written to `--json` (default
+    /// `target/bench/DEFAULT_NAME`, creating the folder).
+    fn write(&self, common: &CudaBenchCommon, default_name: &str, rows: Vec<Value>) -> anyhow::Result<Value> {
+        let copy = &self.copy;
+        let doc = json!({
+            "device": self.device,
+            "copy": {"bytes": copy.bytes, "memcpy_gbps": copy.memcpy_gbps, "kernel_gbps": copy.kernel_gbps,
+                     "best_gbps": copy.best_gbps()},
+            "peer": self.peer.as_ref().map(|p| json!({"name": p["peer"], "torch": p["torch"], "triton": p["triton"]})),
+            "rows": rows,
+        });
+        let path = common.json.clone().unwrap_or_else(|| crate::project_root().join("target/bench").join(default_name));
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).ok();
+        }
+        std::fs::write(&path, serde_json::to_string_pretty(&doc)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+        println!("wrote {}", path.display());
+        Ok(doc)
+    }
 }
 
 pub(crate) fn run(args: &CudaSsuBenchArgs) -> anyhow::Result<Value> {
-    let (be, device, copy) = start(args.copy_bytes)?;
-    let copy_gbps = copy.best_gbps();
     let mut shapes = Vec::new();
     for tokens in [1usize, 4] {
         for state in [DType::F32, DType::BF16] {
@@ -125,77 +296,23 @@ pub(crate) fn run(args: &CudaSsuBenchArgs) -> anyhow::Result<Value> {
             }
         }
     }
-    let mut ours = Vec::new();
-    for s in &shapes {
-        let r = bench_ssu(&be, s).with_context(|| format!("bench {}", s.label()))?;
-        println!("ours {:<30} {:9.2} us {:8.1} GB/s {:5.3} of copy", s.label(), r.us, r.gbps, r.gbps / copy_gbps);
-        ours.push(r);
-    }
-    drop(be);
-
-    let peer: Option<Value> = match &args.peer_vllm {
-        None => None,
-        Some(dir) => {
-            let script = args.peer_script.clone().unwrap_or_else(|| default_peer_script("ssu_peer.py"));
-            let shape_json: Vec<Value> = shapes
-                .iter()
-                .map(|s| {
-                    json!({"batch": s.batch, "state": state_name(s.state), "tokens": s.tokens, "heads": s.heads,
-                           "dim": s.dim, "dstate": s.dstate, "groups": s.groups})
-                })
-                .collect();
-            Some(run_peer(&args.python, &script, dir, &shape_json)?)
-        }
-    };
-    let peer_rows: Vec<Value> = peer.as_ref().and_then(|p| p["results"].as_array().cloned()).unwrap_or_default();
-
-    println!();
-    if let Some(p) = &peer {
-        println!("peer: {} (torch {}, triton {})", p["peer"], p["torch"], p["triton"]);
-    }
+    let m = measure(&args.common, &shapes, bench_ssu, "ssu_peer.py")?;
     println!(
         "{:<6} {:>5} {:>6} | {:>9} {:>8} {:>6} | {:>9} {:>8} {:>6} | {:>7}",
         "state", "batch", "tokens", "ours us", "GB/s", "copy", "peer us", "GB/s", "copy", "speedup"
     );
     let mut rows = Vec::new();
-    for r in &ours {
+    for r in &m.ours {
         let s = r.shape;
-        let p = peer_rows.iter().find(|v| {
-            v["batch"].as_u64() == Some(s.batch as u64)
-                && v["tokens"].as_u64() == Some(s.tokens as u64)
-                && v["state"].as_str() == Some(state_name(s.state))
-        });
-        let (pus, pgbps) = p.map_or((f64::NAN, f64::NAN), |v| {
-            (v["us"].as_f64().unwrap_or(f64::NAN), v["gbps"].as_f64().unwrap_or(f64::NAN))
-        });
-        println!(
-            "{:<6} {:>5} {:>6} | {:>9.2} {:>8.1} {:>6.3} | {:>9.2} {:>8.1} {:>6.3} | {:>7.2}",
-            state_name(s.state),
-            s.batch,
-            s.tokens,
-            r.us,
-            r.gbps,
-            r.gbps / copy_gbps,
-            pus,
-            pgbps,
-            pgbps / copy_gbps,
-            pus / r.us
-        );
-        rows.push(json!({
+        let vs = m.vs_peer(r, None);
+        let speedup = vs.peer_us / r.us;
+        println!("{:<6} {:>5} {:>6} | {} | {speedup:>7.2}", state_name(s.state), s.batch, s.tokens, vs.columns());
+        rows.push(vs.json_row(json!({
             "state": state_name(s.state), "batch": s.batch, "tokens": s.tokens, "heads": s.heads, "dim": s.dim,
-            "dstate": s.dstate, "groups": s.groups, "bytes": s.bytes(), "us": r.us, "gbps": r.gbps,
-            "fraction_of_copy": r.gbps / copy_gbps, "pools": r.pools, "calls_per_graph": r.calls_per_graph,
-            "peer_us": pus, "peer_gbps": pgbps, "peer_fraction_of_copy": pgbps / copy_gbps, "speedup_vs_peer": pus / r.us,
-        }));
+            "dstate": s.dstate, "groups": s.groups, "bytes": s.bytes(),
+        })));
     }
-    let doc = json!({
-        "device": device,
-        "copy": copy_json(&copy),
-        "peer": peer.as_ref().map(|p| json!({"name": p["peer"], "torch": p["torch"], "triton": p["triton"]})),
-        "rows": rows,
-    });
-    write_json(args.json.as_ref(), "ssu_cuda.json", &doc)?;
-    Ok(doc)
+    m.write(&args.common, "ssu_cuda.json", rows)
 }
 
 /// Options of the CUDA GDN bench.
@@ -210,22 +327,8 @@ pub(crate) struct CudaGdnBenchArgs {
     /// Tokens per sequence of the speculative step.
     #[arg(long, default_value_t = 3)]
     pub(crate) spec_tokens: usize,
-    /// Folder with the extracted vLLM files (see xtask/peers/gdn_peer.py); runs the peer.
-    #[arg(long)]
-    pub(crate) peer_vllm: Option<PathBuf>,
-    /// The peer script (default: xtask/peers/gdn_peer.py next to the workspace, or
-    /// peers/gdn_peer.py next to the running binary in a GPU bundle).
-    #[arg(long)]
-    pub(crate) peer_script: Option<PathBuf>,
-    /// Python interpreter for the peer.
-    #[arg(long, default_value = "python3")]
-    pub(crate) python: String,
-    /// Where to write the JSON result.
-    #[arg(long)]
-    pub(crate) json: Option<PathBuf>,
-    /// Bytes of each buffer of the copy-bandwidth measurement.
-    #[arg(long, default_value_t = 2 << 30)]
-    pub(crate) copy_bytes: usize,
+    #[command(flatten)]
+    pub(crate) common: CudaBenchCommon,
 }
 
 /// The GDN bench shapes: both ops, f32 and bf16 state, plain decode at every batch, then the
@@ -245,53 +348,14 @@ pub(crate) fn gdn_shapes(args: &CudaGdnBenchArgs) -> Vec<GdnBenchShape> {
     shapes
 }
 
-/// The peer's timing of `kernel` on shape `s`: (µs, GB/s), NaN where the peer has none.
-fn peer_timing(rows: &[Value], s: &GdnBenchShape, kernel: &str) -> (f64, f64) {
-    let found = rows.iter().find(|v| {
-        v["kernel"].as_str() == Some(kernel)
-            && v["batch"].as_u64() == Some(s.batch as u64)
-            && v["tokens"].as_u64() == Some(s.tokens as u64)
-            && v["state"].as_str() == Some(state_name(s.state))
-    });
-    found.map_or((f64::NAN, f64::NAN), |v| {
-        (v["us"].as_f64().unwrap_or(f64::NAN), v["gbps"].as_f64().unwrap_or(f64::NAN))
-    })
-}
-
 /// vLLM's packed single-token decode kernel (gates fused, q/k/v in one `mixed_qkv` row).
 const PACKED_DECODE: &str = "fused_recurrent_gated_delta_rule_packed_decode";
 
 pub(crate) fn run_gdn(args: &CudaGdnBenchArgs) -> anyhow::Result<Value> {
-    let (be, device, copy) = start(args.copy_bytes)?;
-    let copy_gbps = copy.best_gbps();
     let shapes = gdn_shapes(args);
-    let mut ours = Vec::new();
-    for s in &shapes {
-        let r = bench_gdn(&be, s).with_context(|| format!("bench {}", s.label()))?;
-        println!("ours {:<42} {:9.2} us {:8.1} GB/s {:5.3} of copy", s.label(), r.us, r.gbps, r.gbps / copy_gbps);
-        ours.push(r);
-    }
-    drop(be);
-
-    let peer: Option<Value> = match &args.peer_vllm {
-        None => None,
-        Some(dir) => {
-            let script = args.peer_script.clone().unwrap_or_else(|| default_peer_script("gdn_peer.py"));
-            let shape_json: Vec<Value> = shapes
-                .iter()
-                .map(|s| {
-                    json!({"op": s.op.short(), "batch": s.batch, "state": state_name(s.state), "tokens": s.tokens,
-                           "heads": s.heads, "v_heads": s.v_heads, "k": s.k, "v": s.v, "bytes": s.bytes()})
-                })
-                .collect();
-            Some(run_peer(&args.python, &script, dir, &shape_json)?)
-        }
-    };
-    let peer_rows: Vec<Value> = peer.as_ref().and_then(|p| p["results"].as_array().cloned()).unwrap_or_default();
-
-    println!();
-    if let Some(p) = &peer {
-        println!("peer: {} (torch {}, triton {})", p["peer"], p["torch"], p["triton"]);
+    let m = measure(&args.common, &shapes, bench_gdn, "gdn_peer.py")?;
+    let copy_gbps = m.copy.best_gbps();
+    if m.peer.is_some() {
         println!("peer = vLLM's kernel of the same name; packed = {PACKED_DECODE} (gates fused, one token)");
     }
     println!(
@@ -312,47 +376,32 @@ pub(crate) fn run_gdn(args: &CudaGdnBenchArgs) -> anyhow::Result<Value> {
         "speedup"
     );
     let mut rows = Vec::new();
-    for r in &ours {
+    for r in &m.ours {
         let s = r.shape;
-        let (pus, pgbps) = peer_timing(&peer_rows, &s, s.op.name());
+        let vs = m.vs_peer(r, Some(s.op.name()));
         let (kus, kgbps) = if s.op == GdnBenchOp::SigmoidGating && s.tokens == 1 {
-            peer_timing(&peer_rows, &s, PACKED_DECODE)
+            m.peer_timing(&s, Some(PACKED_DECODE))
         } else {
             (f64::NAN, f64::NAN)
         };
         println!(
-            "{:<9} {:<5} {:>5} {:>6} | {:>9.2} {:>8.1} {:>6.3} | {:>9.2} {:>8.1} {:>6.3} {:>7.2} | {:>9.2} {:>6.3} {:>7.2}",
+            "{:<9} {:<5} {:>5} {:>6} | {} {:>7.2} | {:>9.2} {:>6.3} {:>7.2}",
             s.op.short(),
             state_name(s.state),
             s.batch,
             s.tokens,
-            r.us,
-            r.gbps,
-            r.gbps / copy_gbps,
-            pus,
-            pgbps,
-            pgbps / copy_gbps,
-            pus / r.us,
+            vs.columns(),
+            vs.peer_us / r.us,
             kus,
             kgbps / copy_gbps,
             kus / r.us
         );
-        rows.push(json!({
+        rows.push(vs.json_row(json!({
             "op": s.op.name(), "state": state_name(s.state), "batch": s.batch, "tokens": s.tokens,
             "heads": s.heads, "v_heads": s.v_heads, "k": s.k, "v": s.v, "bytes": s.bytes(),
-            "us": r.us, "gbps": r.gbps, "fraction_of_copy": r.gbps / copy_gbps,
-            "pools": r.pools, "calls_per_graph": r.calls_per_graph,
-            "peer_us": pus, "peer_gbps": pgbps, "peer_fraction_of_copy": pgbps / copy_gbps, "speedup_vs_peer": pus / r.us,
             "packed_us": kus, "packed_gbps": kgbps, "packed_fraction_of_copy": kgbps / copy_gbps,
             "speedup_vs_packed": kus / r.us,
-        }));
+        })));
     }
-    let doc = json!({
-        "device": device,
-        "copy": copy_json(&copy),
-        "peer": peer.as_ref().map(|p| json!({"name": p["peer"], "torch": p["torch"], "triton": p["triton"]})),
-        "rows": rows,
-    });
-    write_json(args.json.as_ref(), "gdn_cuda.json", &doc)?;
-    Ok(doc)
+    m.write(&args.common, "gdn_cuda.json", rows)
 }

@@ -18,8 +18,7 @@ use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptu
 use cudarc::driver::{CudaEvent, LaunchConfig, PushKernelArg};
 use rand::{Rng, SeedableRng};
 use ssm_ssu::SelectiveStateUpdateArgs;
-use ssm_tensor::DType;
-use ssm_tensor::Run;
+use ssm_tensor::{DType, Run, TensorError, TensorRef};
 
 use crate::compile::{KernelSource, KernelSpec};
 use crate::testing::DeviceBuffer;
@@ -165,30 +164,30 @@ impl SsuBenchShape {
 
     /// Bytes one call must move at least (see the module docs).
     pub fn bytes(&self) -> u64 {
-        let (b, t, h, p, n, g) = (
-            self.batch as u64,
-            self.tokens as u64,
-            self.heads as u64,
-            self.dim as u64,
-            self.dstate as u64,
-            self.groups as u64,
-        );
-        let s = self.state.size() as u64;
+        let (h, p, n, g) = (self.heads as u64, self.dim as u64, self.dstate as u64, self.groups as u64);
         let io = self.io.size() as u64;
-        let rows = b * t;
-        let state = b * h * p * n * s * (1 + t);
+        let rows = (self.batch * self.tokens) as u64;
         let tok = rows * h * p * io * 2 + rows * h * io + rows * g * n * io * 2;
         let params = 3 * h * 4;
-        let tables = if t > 1 { b * t * 4 + b * 4 + (b + 1) * 4 } else { b * 4 };
-        state + tok + params + tables
+        state_and_table_bytes(self.batch, self.tokens, h * p * n * self.state.size() as u64) + tok + params
     }
 }
 
-/// Timing of one shape.
+/// The bytes every decode bench call moves for its state pool and slot tables, `batch`
+/// sequences of `tokens` tokens with slots of `slot_bytes`: each touched slot read once and
+/// written once per token, and the tables (1-D: `B·4`; speculative: `B·T·4` table, `B·4`
+/// accepted counts, `(B + 1)·4` `cu_seqlens`).
+pub(crate) fn state_and_table_bytes(batch: usize, tokens: usize, slot_bytes: u64) -> u64 {
+    let (b, t) = (batch as u64, tokens as u64);
+    let tables = if t > 1 { b * t * 4 + b * 4 + (b + 1) * 4 } else { b * 4 };
+    b * slot_bytes * (1 + t) + tables
+}
+
+/// Timing of one shape (SSU: [`SsuBenchResult`]; GDN: [`crate::bench_gdn::GdnBenchResult`]).
 #[derive(Debug, Clone, Copy)]
-pub struct SsuBenchResult {
+pub struct BenchResult<S> {
     /// The shape.
-    pub shape: SsuBenchShape,
+    pub shape: S,
     /// Microseconds per call (median over graph replays).
     pub us: f64,
     /// Achieved GB/s (`shape.bytes()` per call).
@@ -197,6 +196,63 @@ pub struct SsuBenchResult {
     pub pools: usize,
     /// Calls per captured graph.
     pub calls_per_graph: usize,
+}
+
+/// Timing of one SSU shape.
+pub type SsuBenchResult = BenchResult<SsuBenchShape>;
+
+/// One pool's slot table and its speculative companions, for `batch` sequences of `tokens`
+/// tokens: a random permutation of the slots `first..first + batch·tokens` (sequences gather
+/// from all over the pool), the accepted-token counts (in `1..=tokens`) and the packed
+/// `cu_seqlens`.
+pub(crate) struct SlotTables {
+    batch: usize,
+    tokens: usize,
+    ix: DeviceBuffer,
+    nacc: DeviceBuffer,
+    cu: DeviceBuffer,
+}
+
+/// The views of [`SlotTables`]: the table (`[batch, tokens]` when speculative, else `[batch]`)
+/// and, when speculative (`tokens > 1`), the counts `[batch]` and `cu_seqlens` `[batch + 1]`.
+pub(crate) struct SlotTableViews<'a> {
+    pub(crate) ix: TensorRef<'a>,
+    pub(crate) nacc: Option<TensorRef<'a>>,
+    pub(crate) cu: Option<TensorRef<'a>>,
+}
+
+impl SlotTables {
+    pub(crate) fn new(be: &CudaBackend, batch: usize, tokens: usize, first: i32, seed: u64) -> Result<Self, CudaError> {
+        let slots = (batch * tokens) as i32;
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        let mut perm: Vec<i32> = (first..first + slots).collect();
+        for i in (1..perm.len()).rev() {
+            perm.swap(i, rng.random_range(0..=i));
+        }
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed ^ 0x55);
+        let nacc: Vec<i32> = (0..batch).map(|_| rng.random_range(1..=tokens as i32)).collect();
+        let cu: Vec<i32> = (0..=batch as i32).map(|i| i * tokens as i32).collect();
+        Ok(SlotTables {
+            batch,
+            tokens,
+            ix: DeviceBuffer::from_host(be, bytemuck::cast_slice(&perm))?,
+            nacc: DeviceBuffer::from_host(be, bytemuck::cast_slice(&nacc))?,
+            cu: DeviceBuffer::from_host(be, bytemuck::cast_slice(&cu))?,
+        })
+    }
+
+    pub(crate) fn views(&self) -> Result<SlotTableViews<'_>, TensorError> {
+        let (b, t) = (self.batch, self.tokens);
+        if t > 1 {
+            Ok(SlotTableViews {
+                ix: self.ix.view(DType::I32, &[b, t], &[t as isize, 1], 0)?,
+                nacc: Some(self.nacc.view(DType::I32, &[b], &[1], 0)?),
+                cu: Some(self.cu.view(DType::I32, &[b + 1], &[1], 0)?),
+            })
+        } else {
+            Ok(SlotTableViews { ix: self.ix.view(DType::I32, &[b], &[1], 0)?, nacc: None, cu: None })
+        }
+    }
 }
 
 struct Pool {
@@ -209,9 +265,7 @@ struct Pool {
     d: DeviceBuffer,
     dt_bias: DeviceBuffer,
     out: DeviceBuffer,
-    sbi: DeviceBuffer,
-    nacc: DeviceBuffer,
-    cu: DeviceBuffer,
+    tables: SlotTables,
 }
 
 impl Pool {
@@ -230,24 +284,7 @@ impl Pool {
             d: buf(h, DType::F32)?,
             dt_bias: buf(h, DType::F32)?,
             out: buf(rows * h * p, s.io)?,
-            sbi: {
-                // A random permutation of the slots: sequences gather from all over the pool.
-                let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
-                let mut perm: Vec<i32> = (0..slots as i32).collect();
-                for i in (1..perm.len()).rev() {
-                    perm.swap(i, rng.random_range(0..=i));
-                }
-                DeviceBuffer::from_host(be, bytemuck::cast_slice(&perm))?
-            },
-            nacc: {
-                let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed ^ 0x55);
-                let v: Vec<i32> = (0..s.batch).map(|_| rng.random_range(1..=s.tokens as i32)).collect();
-                DeviceBuffer::from_host(be, bytemuck::cast_slice(&v))?
-            },
-            cu: {
-                let v: Vec<i32> = (0..=s.batch as i32).map(|i| i * s.tokens as i32).collect();
-                DeviceBuffer::from_host(be, bytemuck::cast_slice(&v))?
-            },
+            tables: SlotTables::new(be, s.batch, s.tokens, 0, seed)?,
         };
         fill(be, pool.state.addr(), slots * h * p * n, s.state, seed, -1.0, 1.0)?;
         fill(be, pool.x.addr(), rows * h * p, s.io, seed + 1, -1.0, 1.0)?;
@@ -260,11 +297,11 @@ impl Pool {
         Ok(pool)
     }
 
-    fn args(&mut self, s: &SsuBenchShape) -> Result<SelectiveStateUpdateArgs<'_>, ssm_tensor::TensorError> {
+    fn args(&mut self, s: &SsuBenchShape) -> Result<SelectiveStateUpdateArgs<'_>, TensorError> {
         let (h, p, n, g) = (s.heads, s.dim, s.dstate, s.groups);
         let rows = s.batch * s.tokens;
         let (hi, pi, ni) = (h as isize, p as isize, n as isize);
-        let spec = s.tokens > 1;
+        let tables = self.tables.views()?;
         Ok(SelectiveStateUpdateArgs {
             state: self.state.view_mut(s.state, &[s.slots(), h, p, n], &[hi * pi * ni, pi * ni, ni, 1], 0)?,
             x: self.x.view(s.io, &[rows, h, p], &[hi * pi, pi, 1], 0)?,
@@ -276,22 +313,18 @@ impl Pool {
             dt_bias: Some(self.dt_bias.view(DType::F32, &[h, p], &[1, 0], 0)?),
             z: None,
             dt_softplus: true,
-            state_batch_indices: Some(if spec {
-                self.sbi.view(DType::I32, &[s.batch, s.tokens], &[s.tokens as isize, 1], 0)?
-            } else {
-                self.sbi.view(DType::I32, &[s.batch], &[1], 0)?
-            }),
+            state_batch_indices: Some(tables.ix),
             dst_state_batch_indices: None,
             pad_slot_id: Some(-1),
             out: self.out.view_mut(s.io, &[rows, h, p], &[hi * pi, pi, 1], 0)?,
-            num_accepted_tokens: if spec { Some(self.nacc.view(DType::I32, &[s.batch], &[1], 0)?) } else { None },
-            cu_seqlens: if spec { Some(self.cu.view(DType::I32, &[s.batch + 1], &[1], 0)?) } else { None },
+            num_accepted_tokens: tables.nacc,
+            cu_seqlens: tables.cu,
             stochastic_rounding: None,
         })
     }
 }
 
-pub(crate) fn tensor_err(e: ssm_tensor::TensorError) -> CudaError {
+pub(crate) fn tensor_err(e: TensorError) -> CudaError {
     CudaError::Unsupported(format!("bench view: {e}"))
 }
 
@@ -339,27 +372,42 @@ pub fn time_graph(
     Ok(median(per_call))
 }
 
-/// Times `shape`: CUDA-graph replay of many calls rotating over enough pools to defeat the L2.
-pub fn bench_ssu(be: &CudaBackend, shape: &SsuBenchShape) -> Result<SsuBenchResult, CudaError> {
-    let (pools, calls) = rotation(shape.bytes());
+/// Times `shape`, which moves `bytes` per call: CUDA-graph replay of many calls rotating over
+/// enough pools ([`rotation`]; pool `i` is `new_pool(seed0 + 17·i)`) to defeat the L2.
+/// `launch` enqueues one call over a pool; each pool's call runs once eagerly first (compiles
+/// and loads the kernel), and the device error word is checked before and after the timing.
+pub(crate) fn bench_rotating<S: Copy, P>(
+    be: &CudaBackend,
+    shape: &S,
+    bytes: u64,
+    seed0: u64,
+    mut new_pool: impl FnMut(u64) -> Result<P, CudaError>,
+    mut launch: impl FnMut(&mut P) -> Result<(), CudaError>,
+) -> Result<BenchResult<S>, CudaError> {
+    let (pools, calls) = rotation(bytes);
     let mut ps = Vec::with_capacity(pools);
     for i in 0..pools {
-        ps.push(Pool::new(be, shape, 1000 + 17 * i as u64)?);
+        ps.push(new_pool(seed0 + 17 * i as u64)?);
     }
-    // Eager warm-up (compiles and loads the kernel), and a check that nothing was flagged.
     for p in ps.iter_mut() {
-        be.run(plan(p.args(shape).map_err(tensor_err)?)?)?;
+        launch(p)?;
     }
     be.check()?;
-    let us = time_graph(be, calls, |i| be.run(plan(ps[i % pools].args(shape).map_err(tensor_err)?)?))?;
+    let us = time_graph(be, calls, |i| launch(&mut ps[i % pools]))?;
     be.check()?;
-    Ok(SsuBenchResult {
-        shape: *shape,
-        us,
-        gbps: shape.bytes() as f64 / (us * 1e-6) / 1e9,
-        pools,
-        calls_per_graph: calls,
-    })
+    Ok(BenchResult { shape: *shape, us, gbps: bytes as f64 / (us * 1e-6) / 1e9, pools, calls_per_graph: calls })
+}
+
+/// Times `shape`: CUDA-graph replay of many calls rotating over enough pools to defeat the L2.
+pub fn bench_ssu(be: &CudaBackend, shape: &SsuBenchShape) -> Result<SsuBenchResult, CudaError> {
+    bench_rotating(
+        be,
+        shape,
+        shape.bytes(),
+        1000,
+        |seed| Pool::new(be, shape, seed),
+        |p| be.run(plan(p.args(shape).map_err(tensor_err)?)?),
+    )
 }
 
 #[cfg(test)]

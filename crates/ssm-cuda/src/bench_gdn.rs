@@ -21,13 +21,10 @@
 //! - tables: `B·4` (1-D); speculative: `B·T·4 + B·4 + (B + 1)·4` (table, accepted counts,
 //!   `cu_seqlens`).
 
-use rand::{Rng, SeedableRng};
-use ssm_gdn::{
-    DeltaRuleArgs, FusedRecurrentGatedDeltaRuleArgs, FusedSigmoidGatingDeltaRuleUpdateArgs, GateInputs, StateLayout,
-};
+use ssm_gdn::{DeltaRuleArgs, FusedRecurrentGatedDeltaRuleArgs, FusedSigmoidGatingDeltaRuleUpdateArgs, GateInputs};
 use ssm_tensor::{DType, Run, TensorError};
 
-use crate::bench::{fill, rotation, tensor_err, time_graph};
+use crate::bench::{BenchResult, SlotTableViews, SlotTables, bench_rotating, fill, state_and_table_bytes, tensor_err};
 use crate::testing::DeviceBuffer;
 use crate::{CudaBackend, CudaError};
 
@@ -116,42 +113,20 @@ impl GdnBenchShape {
 
     /// Bytes one call must move at least (see the module docs).
     pub fn bytes(&self) -> u64 {
-        let (b, t, h, hv, k, v) = (
-            self.batch as u64,
-            self.tokens as u64,
-            self.heads as u64,
-            self.v_heads as u64,
-            self.k as u64,
-            self.v as u64,
-        );
-        let s = self.state.size() as u64;
+        let (h, hv, k, v) = (self.heads as u64, self.v_heads as u64, self.k as u64, self.v as u64);
         let io = self.io.size() as u64;
-        let rows = b * t;
-        let state = b * hv * v * k * s * (1 + t);
+        let rows = self.rows() as u64;
         let tok = 2 * rows * h * k * io + 2 * rows * hv * v * io;
         let gates = match self.op {
             GdnBenchOp::SigmoidGating => 2 * rows * hv * io + 2 * hv * 4,
             GdnBenchOp::Recurrent => rows * hv * (4 + io),
         };
-        let tables = if t > 1 { b * t * 4 + b * 4 + (b + 1) * 4 } else { b * 4 };
-        state + tok + gates + tables
+        state_and_table_bytes(self.batch, self.tokens, hv * v * k * self.state.size() as u64) + tok + gates
     }
 }
 
-/// Timing of one shape.
-#[derive(Debug, Clone, Copy)]
-pub struct GdnBenchResult {
-    /// The shape.
-    pub shape: GdnBenchShape,
-    /// Microseconds per call (median over graph replays).
-    pub us: f64,
-    /// Achieved GB/s (`shape.bytes()` per call).
-    pub gbps: f64,
-    /// State pools rotated through.
-    pub pools: usize,
-    /// Calls per captured graph.
-    pub calls_per_graph: usize,
-}
+/// Timing of one GDN shape.
+pub type GdnBenchResult = BenchResult<GdnBenchShape>;
 
 /// One state pool with its own inputs, output and tables.
 struct Pool {
@@ -166,9 +141,7 @@ struct Pool {
     gb: DeviceBuffer,
     a_log: DeviceBuffer,
     dt_bias: DeviceBuffer,
-    ix: DeviceBuffer,
-    nacc: DeviceBuffer,
-    cu: DeviceBuffer,
+    tables: SlotTables,
 }
 
 /// The tensor views of one call (shared by both ops).
@@ -182,9 +155,7 @@ struct Views<'a> {
     gb: ssm_tensor::TensorRef<'a>,
     a_log: ssm_tensor::TensorRef<'a>,
     dt_bias: ssm_tensor::TensorRef<'a>,
-    ix: ssm_tensor::TensorRef<'a>,
-    nacc: Option<ssm_tensor::TensorRef<'a>>,
-    cu: Option<ssm_tensor::TensorRef<'a>>,
+    tables: SlotTableViews<'a>,
 }
 
 impl Pool {
@@ -205,25 +176,8 @@ impl Pool {
             gb: buf(rows * hv, s.io)?,
             a_log: buf(hv, DType::F32)?,
             dt_bias: buf(hv, DType::F32)?,
-            ix: {
-                // A random permutation of slots 1..=slots (0 is the null block): sequences
-                // gather from all over the pool.
-                let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
-                let mut perm: Vec<i32> = (1..=s.slots() as i32).collect();
-                for i in (1..perm.len()).rev() {
-                    perm.swap(i, rng.random_range(0..=i));
-                }
-                DeviceBuffer::from_host(be, bytemuck::cast_slice(&perm))?
-            },
-            nacc: {
-                let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed ^ 0x55);
-                let n: Vec<i32> = (0..s.batch).map(|_| rng.random_range(1..=s.tokens as i32)).collect();
-                DeviceBuffer::from_host(be, bytemuck::cast_slice(&n))?
-            },
-            cu: {
-                let c: Vec<i32> = (0..=s.batch as i32).map(|i| i * s.tokens as i32).collect();
-                DeviceBuffer::from_host(be, bytemuck::cast_slice(&c))?
-            },
+            // Slots 1..=slots (0 is the null block).
+            tables: SlotTables::new(be, s.batch, s.tokens, 1, seed)?,
         };
         fill(be, pool.state.addr(), pool_slots * hv * v * k, s.state, seed, -0.5, 0.5)?;
         fill(be, pool.q.addr(), rows * h * k, s.io, seed + 1, -1.0, 1.0)?;
@@ -268,13 +222,7 @@ impl Pool {
             gb: self.gb.view(s.io, &gate_shape, &gate_strides, 0)?,
             a_log: self.a_log.view(DType::F32, &[hv], &[1], 0)?,
             dt_bias: self.dt_bias.view(DType::F32, &[hv], &[1], 0)?,
-            ix: if spec {
-                self.ix.view(DType::I32, &[s.batch, s.tokens], &[s.tokens as isize, 1], 0)?
-            } else {
-                self.ix.view(DType::I32, &[s.batch], &[1], 0)?
-            },
-            nacc: if spec { Some(self.nacc.view(DType::I32, &[s.batch], &[1], 0)?) } else { None },
-            cu: if spec { Some(self.cu.view(DType::I32, &[s.batch + 1], &[1], 0)?) } else { None },
+            tables: self.tables.views()?,
         })
     }
 
@@ -282,49 +230,26 @@ impl Pool {
     fn launch(&mut self, be: &CudaBackend, s: &GdnBenchShape) -> Result<(), CudaError> {
         let w = self.views(s).map_err(tensor_err)?;
         let bad_plan = |e: ssm_gdn::GdnError| CudaError::Unsupported(format!("bench plan: {e}"));
+        // Both ops: in-place state, the slot tables, q/k l2norm with eps 1e-6, the VK layout.
+        let rule = DeltaRuleArgs {
+            initial_state: Some(w.state),
+            cu_seqlens: w.tables.cu,
+            ssm_state_indices: Some(w.tables.ix),
+            num_accepted_tokens: w.tables.nacc,
+            use_qk_l2norm_in_kernel: true,
+            ..DeltaRuleArgs::new(w.q, w.k, w.v, w.o)
+        };
         match s.op {
             GdnBenchOp::SigmoidGating => be.run(
                 ssm_gdn::plan(FusedSigmoidGatingDeltaRuleUpdateArgs {
                     gates: GateInputs::new(w.a_log, w.ga, w.gb, w.dt_bias),
-                    rule: DeltaRuleArgs {
-                        q: w.q,
-                        k: w.k,
-                        v: w.v,
-                        scale: None,
-                        initial_state: Some(w.state),
-                        final_state: None,
-                        cu_seqlens: w.cu,
-                        ssm_state_indices: Some(w.ix),
-                        num_accepted_tokens: w.nacc,
-                        use_qk_l2norm_in_kernel: true,
-                        eps: 1e-6,
-                        state_layout: StateLayout::VK,
-                        o: w.o,
-                    },
+                    rule,
                 })
                 .map_err(bad_plan)?,
             ),
             GdnBenchOp::Recurrent => be.run(
-                ssm_gdn::plan(FusedRecurrentGatedDeltaRuleArgs {
-                    g: w.ga,
-                    beta: Some(w.gb),
-                    rule: DeltaRuleArgs {
-                        q: w.q,
-                        k: w.k,
-                        v: w.v,
-                        scale: None,
-                        initial_state: Some(w.state),
-                        final_state: None,
-                        cu_seqlens: w.cu,
-                        ssm_state_indices: Some(w.ix),
-                        num_accepted_tokens: w.nacc,
-                        use_qk_l2norm_in_kernel: true,
-                        eps: 1e-6,
-                        state_layout: StateLayout::VK,
-                        o: w.o,
-                    },
-                })
-                .map_err(bad_plan)?,
+                ssm_gdn::plan(FusedRecurrentGatedDeltaRuleArgs { g: w.ga, beta: Some(w.gb), rule })
+                    .map_err(bad_plan)?,
             ),
         }
     }
@@ -332,25 +257,7 @@ impl Pool {
 
 /// Times `shape`: CUDA-graph replay of many calls rotating over enough pools to defeat the L2.
 pub fn bench_gdn(be: &CudaBackend, shape: &GdnBenchShape) -> Result<GdnBenchResult, CudaError> {
-    let (pools, calls) = rotation(shape.bytes());
-    let mut ps = Vec::with_capacity(pools);
-    for i in 0..pools {
-        ps.push(Pool::new(be, shape, 2000 + 17 * i as u64)?);
-    }
-    // Eager warm-up (compiles and loads the kernel), and a check that nothing was flagged.
-    for p in ps.iter_mut() {
-        p.launch(be, shape)?;
-    }
-    be.check()?;
-    let us = time_graph(be, calls, |i| ps[i % pools].launch(be, shape))?;
-    be.check()?;
-    Ok(GdnBenchResult {
-        shape: *shape,
-        us,
-        gbps: shape.bytes() as f64 / (us * 1e-6) / 1e9,
-        pools,
-        calls_per_graph: calls,
-    })
+    bench_rotating(be, shape, shape.bytes(), 2000, |seed| Pool::new(be, shape, seed), |p| p.launch(be, shape))
 }
 
 #[cfg(test)]

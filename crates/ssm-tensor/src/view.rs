@@ -85,8 +85,49 @@ fn check_bytes(bytes: &[u8], dtype: DType) -> Result<usize, TensorError> {
     Ok(bytes.len() / dtype.size())
 }
 
+/// What [`TensorRef`] and [`TensorMut`] share, written once: the accessors, the device
+/// constructor, re-layout, the memory length and the device address. `$access` completes the
+/// device constructor's safety contract.
 macro_rules! common_accessors {
-    () => {
+    ($View:ident, $Data:ident, $access:literal) => {
+        /// A view of device memory.
+        ///
+        /// # Safety
+        /// `addr` must be the address of at least `len` elements of `dtype` on `device`, valid
+        #[doc = $access]
+        pub unsafe fn from_device_ptr(
+            addr: u64,
+            len: usize,
+            dtype: DType,
+            device: Device,
+            shape: &[usize],
+            strides: &[isize],
+        ) -> Result<Self, TensorError> {
+            let layout = Layout::new(shape, strides, 0)?;
+            layout.check_bounds(len)?;
+            Ok($View { data: $Data::Device { addr, len, _life: PhantomData }, dtype, device, layout })
+        }
+        /// The same memory seen through another shape, strides and element offset (bounds-checked).
+        pub fn with_layout(self, shape: &[usize], strides: &[isize], offset: usize) -> Result<Self, TensorError> {
+            let layout = Layout::new(shape, strides, offset)?;
+            layout.check_bounds(self.memory_len())?;
+            Ok($View { layout, ..self })
+        }
+        /// Elements in the borrowed memory (not the logical size).
+        pub fn memory_len(&self) -> usize {
+            match self.data {
+                $Data::Host { len, .. } => len / self.dtype.size(),
+                $Data::Device { len, .. } => len,
+            }
+        }
+        /// Device base address (of memory element 0, before the layout offset), or `None` for a
+        /// host view.
+        pub fn device_addr(&self) -> Option<u64> {
+            match self.data {
+                $Data::Host { .. } => None,
+                $Data::Device { addr, .. } => Some(addr),
+            }
+        }
         /// Element type.
         pub fn dtype(&self) -> DType {
             self.dtype
@@ -138,31 +179,6 @@ impl<'a> TensorRef<'a> {
         Ok(TensorRef { data: RefData::host(data), dtype, device: Device::Cpu, layout })
     }
 
-    /// A view of device memory.
-    ///
-    /// # Safety
-    /// `addr` must be the address of at least `len` elements of `dtype` on `device`,
-    /// valid and not written through another path for the lifetime `'a`.
-    pub unsafe fn from_device_ptr(
-        addr: u64,
-        len: usize,
-        dtype: DType,
-        device: Device,
-        shape: &[usize],
-        strides: &[isize],
-    ) -> Result<Self, TensorError> {
-        let layout = Layout::new(shape, strides, 0)?;
-        layout.check_bounds(len)?;
-        Ok(TensorRef { data: RefData::Device { addr, len, _life: PhantomData }, dtype, device, layout })
-    }
-
-    /// The same memory seen through another shape, strides and element offset (bounds-checked).
-    pub fn with_layout(self, shape: &[usize], strides: &[isize], offset: usize) -> Result<Self, TensorError> {
-        let layout = Layout::new(shape, strides, offset)?;
-        layout.check_bounds(self.memory_len())?;
-        Ok(TensorRef { layout, ..self })
-    }
-
     /// The same memory with new strides (bounds-checked).
     pub fn with_strides(self, strides: &[isize]) -> Result<Self, TensorError> {
         let layout = self.layout;
@@ -193,14 +209,6 @@ impl<'a> TensorRef<'a> {
         self.with_layout(shape, &strides[..shape.len()], self.layout.offset())
     }
 
-    /// Elements in the borrowed memory (not the logical size).
-    pub fn memory_len(&self) -> usize {
-        match self.data {
-            RefData::Host { len, .. } => len / self.dtype.size(),
-            RefData::Device { len, .. } => len,
-        }
-    }
-
     /// The whole borrowed host memory, typed. Index it with [`Layout::index`].
     pub fn host_data<T: Element>(&self) -> Result<&'a [T], TensorError> {
         if T::DTYPE != self.dtype {
@@ -219,14 +227,6 @@ impl<'a> TensorRef<'a> {
             // no other path writes it while this view is in use (`TensorMut::aliased`'s contract).
             RefData::Host { ptr, len, .. } => Some(unsafe { std::slice::from_raw_parts(ptr, len) }),
             RefData::Device { .. } => None,
-        }
-    }
-
-    /// Device base address (of memory element 0, before the layout offset), or `None` for a host view.
-    pub fn device_addr(&self) -> Option<u64> {
-        match self.data {
-            RefData::Host { .. } => None,
-            RefData::Device { addr, .. } => Some(addr),
         }
     }
 
@@ -252,7 +252,7 @@ impl<'a> TensorRef<'a> {
         Ok(out)
     }
 
-    common_accessors!();
+    common_accessors!(TensorRef, RefData, "and not written through another path for the lifetime `'a`.");
 }
 
 impl<'a> TensorMut<'a> {
@@ -274,39 +274,6 @@ impl<'a> TensorMut<'a> {
         let layout = Layout::contiguous(shape)?;
         layout.check_bounds(len)?;
         Ok(TensorMut { data: MutData::host(data), dtype, device: Device::Cpu, layout })
-    }
-
-    /// A writable view of device memory.
-    ///
-    /// # Safety
-    /// `addr` must be the address of at least `len` elements of `dtype` on `device`,
-    /// valid and not accessed through another path for the lifetime `'a`.
-    pub unsafe fn from_device_ptr(
-        addr: u64,
-        len: usize,
-        dtype: DType,
-        device: Device,
-        shape: &[usize],
-        strides: &[isize],
-    ) -> Result<Self, TensorError> {
-        let layout = Layout::new(shape, strides, 0)?;
-        layout.check_bounds(len)?;
-        Ok(TensorMut { data: MutData::Device { addr, len, _life: PhantomData }, dtype, device, layout })
-    }
-
-    /// The same memory seen through another shape, strides and element offset (bounds-checked).
-    pub fn with_layout(self, shape: &[usize], strides: &[isize], offset: usize) -> Result<Self, TensorError> {
-        let layout = Layout::new(shape, strides, offset)?;
-        layout.check_bounds(self.memory_len())?;
-        Ok(TensorMut { layout, ..self })
-    }
-
-    /// Elements in the borrowed memory.
-    pub fn memory_len(&self) -> usize {
-        match self.data {
-            MutData::Host { len, .. } => len / self.dtype.size(),
-            MutData::Device { len, .. } => len,
-        }
     }
 
     /// A read-only view of the same memory.
@@ -381,15 +348,7 @@ impl<'a> TensorMut<'a> {
         }
     }
 
-    /// Device base address (of memory element 0), or `None` for a host view.
-    pub fn device_addr(&self) -> Option<u64> {
-        match self.data {
-            MutData::Host { .. } => None,
-            MutData::Device { addr, .. } => Some(addr),
-        }
-    }
-
-    common_accessors!();
+    common_accessors!(TensorMut, MutData, "and not accessed through another path for the lifetime `'a`.");
 }
 
 /// Calls `f` with every multi-index of `shape` in row-major order.

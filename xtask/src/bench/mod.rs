@@ -104,11 +104,7 @@ impl Args {
             if self.op != "gdn" {
                 let args = crate::bench_cuda::CudaSsuBenchArgs {
                     batches: batches.clone(),
-                    peer_vllm: self.peer_vllm.clone(),
-                    peer_script: None,
-                    python: "python3".into(),
-                    json: self.json.clone(),
-                    copy_bytes: 2 << 30,
+                    common: crate::bench_cuda::CudaBenchCommon::new(self.peer_vllm.clone(), self.json.clone()),
                 };
                 crate::bench_cuda::run(&args)?;
             }
@@ -117,11 +113,7 @@ impl Args {
                     batches,
                     spec_batch: 64,
                     spec_tokens: 3,
-                    peer_vllm: self.peer_vllm,
-                    peer_script: None,
-                    python: "python3".into(),
-                    json: gdn_json,
-                    copy_bytes: 2 << 30,
+                    common: crate::bench_cuda::CudaBenchCommon::new(self.peer_vllm, gdn_json),
                 };
                 crate::bench_cuda::run_gdn(&args)?;
             }

@@ -1,0 +1,155 @@
+"""What the peer scripts (ssu_peer.py, gdn_peer.py) share: the vLLM import stubs, the pool
+sizing, the CUDA-graph timing loop and the JSON report.
+
+Imported by the scripts from their own folder (Python puts a script's folder first on
+sys.path), so this file travels with them: `cargo xtask gpu-bundle` copies it into
+`peers/` too. torch and triton are imported only inside the functions that need them.
+"""
+
+import argparse
+import json
+import sys
+import types
+
+
+def stub_module(name: str, path=None, **attrs):
+    """Registers an empty module `name` (a package when `path` is given) with `attrs`."""
+    m = types.ModuleType(name)
+    if path is not None:
+        m.__path__ = [path]
+    for k, v in attrs.items():
+        setattr(m, k, v)
+    sys.modules[name] = m
+    return m
+
+
+class Platform:
+    """vLLM's `current_platform`, as far as the peer kernels ask it: one CUDA device."""
+
+    def is_cuda(self):
+        return True
+
+    def is_cuda_alike(self):
+        return True
+
+    def is_rocm(self):
+        return False
+
+    def is_xpu(self):
+        return False
+
+    def is_cpu(self):
+        return False
+
+    def get_device_name(self, device_id: int = 0) -> str:
+        import torch
+
+        return torch.cuda.get_device_name(device_id)
+
+    def get_device_capability(self, device_id: int = 0):
+        import torch
+
+        return torch.cuda.get_device_capability(device_id)
+
+    def is_device_capability_family(self, capability: int, device_id: int = 0) -> bool:
+        import torch
+
+        major, minor = torch.cuda.get_device_capability(device_id)
+        return (major * 10 + minor) // 10 == capability // 10
+
+
+def install_base_stubs(pkg_dir: str, init_logger) -> Platform:
+    """The `vllm` package (its real folder `pkg_dir`, its __init__.py not run), `vllm.logger`
+    with `init_logger`, `vllm.platforms` and `vllm.triton_utils`; returns the platform."""
+    import triton
+    import triton.language as tl
+
+    platform = Platform()
+    stub_module("vllm", path=pkg_dir)
+    stub_module("vllm.logger", init_logger=init_logger)
+    stub_module("vllm.platforms", current_platform=platform)
+    stub_module("vllm.triton_utils", HAS_TRITON=True, tl=tl, triton=triton, tldevice=tl)
+    return platform
+
+
+def pool_counts(nbytes: int):
+    """(state pools, calls per graph): enough pools of `nbytes` per call to exceed the L2
+    several times (2..128), and a whole number of rounds over them of at least 64 calls."""
+    pools = min(max(-(-400_000_000 // nbytes), 2), 128)
+    return pools, pools * max(-(-64 // pools), 1)
+
+
+def uniform(torch, gen, dev):
+    """`u(shape, lo, hi, dtype)`: uniform in [lo, hi) drawn as f32 from `gen`, cast to dtype."""
+
+    def u(shape, lo, hi, dtype):
+        return (torch.rand(shape, generator=gen, device=dev, dtype=torch.float32) * (hi - lo) + lo).to(dtype)
+
+    return u
+
+
+def spec_tables(torch, gen, dev, perm, b: int, t: int):
+    """The slot table (`[b, t]` when speculative, else 1-D), `num_accepted_tokens` in 1..t and
+    packed `cu_seqlens` (both None when t == 1) of one pool, as vLLM's decode paths pass them."""
+    spec = t > 1
+    return {
+        "sbi": perm.view(b, t) if spec else perm,
+        "nacc": torch.randint(1, t + 1, (b,), device=dev, generator=gen, dtype=torch.int32) if spec else None,
+        "cu": (torch.arange(b + 1, device=dev, dtype=torch.int32) * t) if spec else None,
+    }
+
+
+def graph_median_us(torch, call, pools: list, calls: int) -> float:
+    """Median µs per call of a CUDA graph of `calls` calls rotating over `pools`, over 15
+    replays (after a warm-up on a side stream and 3 untimed replays)."""
+    # Warm-up (Triton compiles) on a side stream, as graph capture requires.
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for pool in pools:
+            call(pool)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(calls):
+            call(pools[i % len(pools)])
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(15):
+        a, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        e.record()
+        e.synchronize()
+        times.append(a.elapsed_time(e) * 1e3 / calls)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def parse_args(description: str, default_set: str):
+    """The peer scripts' command line: --vllm DIR [--shapes JSON] [--json OUT]."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--vllm", required=True, help="folder holding the extracted vllm/ package files")
+    ap.add_argument("--shapes", help=f"JSON list of shapes (default: the {default_set} set)")
+    ap.add_argument("--json", help="also write the result here")
+    return ap.parse_args()
+
+
+def report(peer: str, torch, triton, results: list, json_path) -> None:
+    """Prints the result document (and writes it to `json_path` when given)."""
+    doc = {
+        "peer": peer,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "device": torch.cuda.get_device_name(0),
+        "results": results,
+    }
+    text = json.dumps(doc, indent=1)
+    if json_path:
+        with open(json_path, "w") as f:
+            f.write(text)
+    print(text)
+
