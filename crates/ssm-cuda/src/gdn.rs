@@ -13,7 +13,7 @@ use ssm_tensor::Strided;
 use ssm_tensor::{DType, Planned, Run};
 
 use crate::compile::{KernelSource, KernelSpec, c_type};
-use crate::geometry::rows_and_threads;
+use crate::geometry::{row_defines, rows_and_threads};
 use crate::{CudaBackend, CudaError};
 
 fn addr_of(base: Option<u64>, offset: isize, dtype: DType) -> u64 {
@@ -389,14 +389,9 @@ impl RecurrentKey {
         } else {
             0
         };
+        defines.extend([("GATING_ONLY", "0".to_string()), ("KDIM", self.k.to_string())]);
+        defines.extend(row_defines(g.vec, g.tpr, g.vpt, g.rpt, g.threads));
         defines.extend([
-            ("GATING_ONLY", "0".to_string()),
-            ("KDIM", self.k.to_string()),
-            ("VEC", g.vec.to_string()),
-            ("TPR", g.tpr.to_string()),
-            ("VPT", g.vpt.to_string()),
-            ("RPT", g.rpt.to_string()),
-            ("NTHREADS", g.threads.to_string()),
             ("SIGMOID", f(F_SIGMOID)),
             ("HAS_BETA", f(F_BETA)),
             ("HAS_STATE", f(F_STATE)),

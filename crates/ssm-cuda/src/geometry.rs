@@ -23,3 +23,15 @@ pub(crate) fn rows_and_threads(mut rpt: usize, tpr: usize, rows: usize, rows_tot
     }
     (rpt, threads)
 }
+
+/// The kernel defines of a row geometry (`VEC`, `TPR`, `VPT`, `RPT`, `NTHREADS`), as both
+/// kernel families name them.
+pub(crate) fn row_defines(vec: u32, tpr: u32, vpt: u32, rpt: u32, threads: u32) -> [(&'static str, String); 5] {
+    [
+        ("VEC", vec.to_string()),
+        ("TPR", tpr.to_string()),
+        ("VPT", vpt.to_string()),
+        ("RPT", rpt.to_string()),
+        ("NTHREADS", threads.to_string()),
+    ]
+}

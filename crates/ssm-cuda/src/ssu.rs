@@ -8,7 +8,7 @@ use ssm_tensor::DType;
 use ssm_tensor::{Planned, Run};
 
 use crate::compile::{KernelSource, KernelSpec, c_type};
-use crate::geometry::{WAVE_THREADS, rows_and_threads};
+use crate::geometry::{WAVE_THREADS, row_defines, rows_and_threads};
 use crate::{CudaBackend, CudaError};
 
 /// Strides of a per-token tensor as the kernel reads them (`struct TokStrides` in ssu.cu).
@@ -306,13 +306,9 @@ impl SsuKey {
         let mut defines: Vec<(&'static str, String)> =
             TYPE_NAMES.iter().zip(self.types).map(|(&n, t)| (n, c_type(t).to_string())).collect();
         let g = self.geometry;
+        defines.push(("DSTATE", self.dstate.to_string()));
+        defines.extend(row_defines(g.vec, g.tpr, g.vpt, g.rpt, g.threads));
         defines.extend([
-            ("DSTATE", self.dstate.to_string()),
-            ("VEC", g.vec.to_string()),
-            ("TPR", g.tpr.to_string()),
-            ("VPT", g.vpt.to_string()),
-            ("RPT", g.rpt.to_string()),
-            ("NTHREADS", g.threads.to_string()),
             ("MINB", g.min_blocks.to_string()),
             ("STATE_CS", u8::from(g.streaming).to_string()),
             ("ROWSTORE", u8::from(g.row_store).to_string()),
