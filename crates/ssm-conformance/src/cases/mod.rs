@@ -4,6 +4,7 @@
 //! Seeds: [`base_seed`] reads `SSM_TEST_SEED` (tests print the seed they use, so a failure
 //! replays with `SSM_TEST_SEED=<seed>`).
 
+pub mod conv;
 pub mod ring;
 pub mod ssu;
 
