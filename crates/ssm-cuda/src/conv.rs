@@ -9,6 +9,7 @@ use ssm_conv::{Activation, CausalConv1dFnArgs, CausalConv1dUpdateArgs, ConvOp, C
 use ssm_tensor::{DType, Planned, Run, TensorMut, TensorRef};
 
 use crate::compile::{KernelSource, KernelSpec, c_type};
+use crate::geometry::grid_x;
 use crate::{CudaBackend, CudaError};
 
 /// The kernel's parameter block (`struct ConvParams` in conv.cu: same order, no padding).
@@ -354,12 +355,7 @@ impl CudaBackend {
         let key = call.key(true);
         let cblocks = p.dim.div_ceil(key.channels_per_block());
         let blocks = p.batch * cblocks;
-        if blocks == 0 {
-            return Ok(());
-        }
-        if blocks > i32::MAX as usize {
-            return Err(CudaError::Unsupported(format!("{blocks} blocks exceed the grid limit")));
-        }
+        let Some(grid) = grid_x(blocks)? else { return Ok(()) };
         let func = self.conv_function(&key)?;
         let (params, nz) = call.params(self.error_word_addr(), &key);
         // SAFETY: every address in `params` comes from a device view whose creator promised
@@ -368,15 +364,7 @@ impl CudaBackend {
         // valid index values lies inside those views, and the kernel checks every index value
         // read on the device (slots, columns, token starts, accepted counts) before using it.
         // The error word is owned by `self`.
-        unsafe {
-            self.launch_kernel(
-                &func,
-                (blocks as u32, 1, nz),
-                key.threads as u32,
-                &params,
-                "cuLaunchKernel(conv_kernel)",
-            )
-        }
+        unsafe { self.launch_kernel(&func, (grid, 1, nz), key.threads as u32, &params, "cuLaunchKernel(conv_kernel)") }
     }
 
     fn conv_function(&self, key: &ConvKey) -> Result<cudarc::driver::CudaFunction, CudaError> {

@@ -13,7 +13,7 @@ use ssm_tensor::Strided;
 use ssm_tensor::{DType, Planned, Run};
 
 use crate::compile::{KernelSource, KernelSpec, c_type};
-use crate::geometry::{row_defines, rows_and_threads};
+use crate::geometry::{grid_x, row_defines, rows_and_threads};
 use crate::{CudaBackend, CudaError};
 
 fn addr_of(base: Option<u64>, offset: isize, dtype: DType) -> u64 {
@@ -600,28 +600,19 @@ impl CudaBackend {
         let key = RecurrentKey::from_plan(plan, recurrent_types(plan), Some(a));
         let dim_tiles = d.v.div_ceil(key.geometry.dim_tile() as usize);
         let blocks = d.seqs * d.v_heads * dim_tiles;
-        if blocks == 0 || d.seqlen == 0 {
+        let Some(grid) = grid_x(blocks)? else { return Ok(()) };
+        if d.seqlen == 0 {
             return Ok(());
-        }
-        if blocks > i32::MAX as usize {
-            return Err(CudaError::Unsupported(format!("{blocks} blocks exceed the grid limit")));
         }
         let func = self.gdn_function(GdnKey::Recurrent(key))?;
         let params = self.recurrent_params(plan, a, dim_tiles);
+        let threads = key.geometry.threads;
         // SAFETY: every address in `params` comes from a device view whose creator promised
         // (TensorRef/TensorMut::from_device_ptr) that it is valid for the view's memory on this
         // device for the call; the plan checked that every element the kernel can reach for valid
         // index values lies inside those views, and the kernel checks every index value it reads
         // (cu_seqlens, slots, accepted counts) before using it. The error word is owned by `self`.
-        unsafe {
-            self.launch_kernel(
-                &func,
-                (blocks as u32, 1, 1),
-                key.geometry.threads,
-                &params,
-                "cuLaunchKernel(gdn_recurrent_kernel)",
-            )
-        }
+        unsafe { self.launch_kernel(&func, (grid, 1, 1), threads, &params, "cuLaunchKernel(gdn_recurrent_kernel)") }
     }
 
     fn gdn_function(&self, key: GdnKey) -> Result<cudarc::driver::CudaFunction, CudaError> {

@@ -35,3 +35,15 @@ pub(crate) fn row_defines(vec: u32, tpr: u32, vpt: u32, rpt: u32, threads: u32) 
         ("NTHREADS", threads.to_string()),
     ]
 }
+
+/// The grid's x extent for `blocks` blocks: `None` for an empty call (nothing to launch), an
+/// error past the grid limit this crate launches within (`i32::MAX`).
+pub(crate) fn grid_x(blocks: usize) -> Result<Option<u32>, crate::CudaError> {
+    match blocks {
+        0 => Ok(None),
+        b if b > i32::MAX as usize => {
+            Err(crate::CudaError::Unsupported(format!("{blocks} blocks exceed the grid limit")))
+        }
+        b => Ok(Some(b as u32)),
+    }
+}

@@ -8,7 +8,7 @@ use ssm_tensor::DType;
 use ssm_tensor::{Planned, Run};
 
 use crate::compile::{KernelSource, KernelSpec, c_type};
-use crate::geometry::{WAVE_THREADS, row_defines, rows_and_threads};
+use crate::geometry::{WAVE_THREADS, grid_x, row_defines, rows_and_threads};
 use crate::{CudaBackend, CudaError};
 
 /// Strides of a per-token tensor as the kernel reads them (`struct TokStrides` in ssu.cu).
@@ -539,12 +539,7 @@ impl Run<SelectiveStateUpdateArgs<'_>> for CudaBackend {
         );
         let dim_tiles = dims.dim.div_ceil(key.geometry.dim_tile() as usize);
         let blocks = dims.seqs * dims.heads * dim_tiles;
-        if blocks == 0 {
-            return Ok(());
-        }
-        if blocks > i32::MAX as usize {
-            return Err(CudaError::Unsupported(format!("{blocks} blocks exceed the grid limit")));
-        }
+        let Some(grid) = grid_x(blocks)? else { return Ok(()) };
         let func = self.ssu_function(&key)?;
         let params = self.ssu_params(plan, &args, dim_tiles);
         // SAFETY: every address in `params` comes from a device view whose creator promised
@@ -552,15 +547,7 @@ impl Run<SelectiveStateUpdateArgs<'_>> for CudaBackend {
         // device for the call; the plan checked that every element the kernel can reach for
         // valid index values lies inside those views, and the kernel checks index values read
         // on the device before using them. The error word is owned by `self`.
-        unsafe {
-            self.launch_kernel(
-                &func,
-                (blocks as u32, 1, 1),
-                key.geometry.threads,
-                &params,
-                "cuLaunchKernel(ssu_kernel)",
-            )
-        }
+        unsafe { self.launch_kernel(&func, (grid, 1, 1), key.geometry.threads, &params, "cuLaunchKernel(ssu_kernel)") }
     }
 }
 
