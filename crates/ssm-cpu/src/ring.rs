@@ -20,7 +20,7 @@ use ssm_ring::{
 };
 use ssm_tensor::{DType, Planned, Run, TensorMut};
 
-use crate::host::{host_opt, host_ref, host_shared, rd, rd_int, wr};
+use crate::host::{MambaInputs, host_opt, host_ref, host_shared, rd, rd_int, wr};
 use crate::lanes::{axpy, dot};
 use crate::shared::{Scratch, SharedBuf};
 use crate::simd::{LANES, PowTwo, Simd, SimdKernel, dispatch};
@@ -84,11 +84,7 @@ fn tracker_bytes<'t>(t: &'t mut TensorMut<'_>, arg: &'static str) -> Result<&'t 
 }
 
 struct Inputs<'a> {
-    x: &'a [u8],
-    dt: &'a [u8],
-    a: &'a [u8],
-    b: &'a [u8],
-    c: &'a [u8],
+    mamba: MambaInputs<'a>,
     d: Option<&'a [u8]>,
     z: Option<&'a [u8]>,
     dt_bias: Option<&'a [u8]>,
@@ -174,7 +170,7 @@ impl SimdKernel for Item<'_, '_> {
         let g = h / p.heads_per_group();
         let m = k + n; // history + new tokens
         let flush = m > p.window;
-        let a = rd(inp.a, ty[A], p.a.at([h, 0]));
+        let a = rd(inp.mamba.a, ty[A], p.a.at([h, 0]));
         let softplus = |v: f32| if v <= 20.0 { v.exp().ln_1p() } else { v };
         // No closure below may hold lane code: closures are compiled without the caller's
         // target features.
@@ -203,21 +199,21 @@ impl SimdKernel for Item<'_, '_> {
                     }
                 } else {
                     let t = tok0 + j - k;
-                    let mut v = rd(inp.dt, ty[DT], p.dt.at([seq, t, h, 0]));
+                    let mut v = rd(inp.mamba.dt, ty[DT], p.dt.at([seq, t, h, 0]));
                     if let (Some(bias), Some(bp)) = (inp.dt_bias, p.dt_bias) {
                         v += rd(bias, ty[BIAS], bp.at([h, 0]));
                     }
                     dts[j] = if p.dt_softplus { softplus(v) } else { v };
                     for (q, v) in xr[..pd].iter_mut().enumerate() {
-                        *v = rd(inp.x, ty[X], p.x.at([seq, t, h, q]));
+                        *v = rd(inp.mamba.x, ty[X], p.x.at([seq, t, h, q]));
                     }
                     for (q, v) in br[..nd].iter_mut().enumerate() {
-                        *v = rd(inp.b, ty[B], p.b.at([seq, t, g, q]));
+                        *v = rd(inp.mamba.b, ty[B], p.b.at([seq, t, g, q]));
                     }
                     let cr = &mut cs[(j - k) * nr..(j - k + 1) * nr];
                     cr.fill(0.0);
                     for (q, v) in cr[..nd].iter_mut().enumerate() {
-                        *v = rd(inp.c, ty[C], p.c.at([seq, t, g, q]));
+                        *v = rd(inp.mamba.c, ty[C], p.c.at([seq, t, g, q]));
                     }
                 }
             }
@@ -437,11 +433,7 @@ impl Run<CheckpointingSsuArgs<'_>> for CpuBackend {
             (host("prev_num_accepted_tokens", &args.prev_num_accepted_tokens)?, args.prev_num_accepted_tokens.dtype());
         let opt = |t: &Option<ssm_tensor::TensorRef<'_>>| t.as_ref().map(|t| t.dtype()).unwrap_or(DType::F32);
         let inp = Inputs {
-            x: host("x", &args.x)?,
-            dt: host("dt", &args.dt)?,
-            a: host("A", &args.a)?,
-            b: host("B", &args.b)?,
-            c: host("C", &args.c)?,
+            mamba: MambaInputs::new([&args.x, &args.dt, &args.a, &args.b, &args.c])?,
             d: args.d.as_ref().map(|t| host("D", t)).transpose()?,
             z: args.z.as_ref().map(|t| host("z", t)).transpose()?,
             dt_bias: args.dt_bias.as_ref().map(|t| host("dt_bias", t)).transpose()?,

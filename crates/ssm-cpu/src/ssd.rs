@@ -26,7 +26,7 @@
 use ssm_ssd::{MambaChunkScanCombinedVarlenArgs, ScratchLayout, SsdPlan, StateSource};
 use ssm_tensor::{DType, Planned, Run, Strided};
 
-use crate::host::{host_opt, host_ref, host_shared, rd, rd_int, rd_shared, wr};
+use crate::host::{MambaInputs, host_opt, host_ref, host_shared, rd, rd_int, rd_shared, wr};
 use crate::lanes::{axpy, dot};
 use crate::shared::{Scratch, SharedBuf};
 use crate::simd::{LANES, PowTwo, Simd, SimdKernel, dispatch};
@@ -34,11 +34,7 @@ use crate::{CpuBackend, CpuError, require_host};
 
 /// Host bytes and dtypes of every input, read by all stages.
 struct Inputs<'a> {
-    x: &'a [u8],
-    dt: &'a [u8],
-    a: &'a [u8],
-    b: &'a [u8],
-    c: &'a [u8],
+    mamba: MambaInputs<'a>,
     d: Option<(&'a [u8], DType)>,
     z: Option<&'a [u8]>,
     dt_bias: Option<(&'a [u8], DType)>,
@@ -162,13 +158,13 @@ fn chunk_state<S: Simd + PowTwo>(ctx: &Ctx<'_>, c: usize, h: usize, scratch: &mu
         )
     };
     // Stage 1: dt processing (bias, softplus, clamp), zero padding, A-scaled cumsum.
-    let a = rd(inp.a, inp.a_dtype, p.a.at([h]));
+    let a = rd(inp.mamba.a, inp.a_dtype, p.a.at([h]));
     let bias = inp.dt_bias.map(|(b, t)| rd(b, t, p.dt_bias.unwrap().at([h])));
     let (lo, hi) = p.dt_limit;
     let mut cum = 0.0f32;
     for i in 0..q_row {
         let v = if i < len {
-            let mut v = rd(inp.dt, p.io_dtypes.dt, p.dt.at([s + i, h, 0]));
+            let mut v = rd(inp.mamba.dt, p.io_dtypes.dt, p.dt.at([s + i, h, 0]));
             if let Some(b) = bias {
                 v += b;
             }
@@ -190,10 +186,10 @@ fn chunk_state<S: Simd + PowTwo>(ctx: &Ctx<'_>, c: usize, h: usize, scratch: &mu
     for i in 0..len {
         let w = (da_last - da[i]).min(0.0).exp() * dt_out[i];
         for (n, v) in wb.iter_mut().enumerate() {
-            *v = if n < p.dstate { rd(inp.b, p.io_dtypes.b, p.b.at([s + i, g, n])) * w } else { 0.0 };
+            *v = if n < p.dstate { rd(inp.mamba.b, p.io_dtypes.b, p.b.at([s + i, g, n])) * w } else { 0.0 };
         }
         for pp in 0..p.dim {
-            let xv = rd(inp.x, p.io_dtypes.x, p.x.at([s + i, h, pp]));
+            let xv = rd(inp.mamba.x, p.io_dtypes.x, p.x.at([s + i, h, pp]));
             axpy::<S>(&mut st[pp * nr..(pp + 1) * nr], xv, wb);
         }
     }
@@ -208,8 +204,8 @@ fn chunk_cb<S: Simd + PowTwo>(ctx: &Ctx<'_>, c: usize, g: usize, scratch: &mut S
     // SAFETY: the CB block of (c, g) belongs to this item.
     let cb = unsafe { ctx.ws(ctx.cb_off(c, g), p.chunk_size * q_row) };
     let (cs, bs) = scratch.take(2 * len * nr).split_at_mut(len * nr);
-    ctx.widen(ctx.inp.c, p.io_dtypes.c, p.c, s, len, g, p.dstate, nr, cs);
-    ctx.widen(ctx.inp.b, p.io_dtypes.b, p.b, s, len, g, p.dstate, nr, bs);
+    ctx.widen(ctx.inp.mamba.c, p.io_dtypes.c, p.c, s, len, g, p.dstate, nr, cs);
+    ctx.widen(ctx.inp.mamba.b, p.io_dtypes.b, p.b, s, len, g, p.dstate, nr, bs);
     for i in 0..len {
         let row = &mut cb[i * q_row..(i + 1) * q_row];
         let ci = &cs[i * nr..(i + 1) * nr];
@@ -403,8 +399,8 @@ impl SimdKernel for ScanItem<'_, '_> {
             let (cs, rest) = rest.split_at_mut(len * nr);
             let (ys, rest) = rest.split_at_mut(len * pr);
             let (wrow, sin_buf) = rest.split_at_mut(q_row);
-            ctx.widen(inp.x, p.io_dtypes.x, p.x, s, len, h, p.dim, pr, xs);
-            ctx.widen(inp.c, p.io_dtypes.c, p.c, s, len, g, p.dstate, nr, cs);
+            ctx.widen(inp.mamba.x, p.io_dtypes.x, p.x, s, len, h, p.dim, pr, xs);
+            ctx.widen(inp.mamba.c, p.io_dtypes.c, p.c, s, len, g, p.dstate, nr, cs);
             ys.fill(0.0);
             // Off-diagonal: the entering state seen through C, decayed to each token.
             if has_prev {
@@ -485,11 +481,7 @@ impl Run<MambaChunkScanCombinedVarlenArgs<'_>> for CpuBackend {
         let plan = &plan;
         let (host, opt) = (host_ref, host_opt);
         let inp = Inputs {
-            x: host("x", &args.x)?,
-            dt: host("dt", &args.dt)?,
-            a: host("A", &args.a)?,
-            b: host("B", &args.b)?,
-            c: host("C", &args.c)?,
+            mamba: MambaInputs::new([&args.x, &args.dt, &args.a, &args.b, &args.c])?,
             d: opt("D", &args.d)?,
             z: opt("z", &args.z)?.map(|(b, _)| b),
             dt_bias: opt("dt_bias", &args.dt_bias)?,
