@@ -7,11 +7,11 @@ use ssm_gdn::plan::{ChunkPlan, ChunkStart, StateView};
 use ssm_gdn::{CHUNK_SIZE, ChunkGatedDeltaRuleArgs, StateLayout};
 use ssm_tensor::{DType, Planned, Run, TensorRef};
 
-use super::{HeadOp, Io, normalize};
+use super::{Io, normalize};
 use crate::host::{host_opt, host_ref, rd};
 use crate::lanes::{axpy, dot, gather, round8, scal, scatter};
-use crate::shared::{Scratch, SharedBuf};
-use crate::simd::{LANES, Simd};
+use crate::shared::{ItemOp, Scratch, SharedBuf};
+use crate::simd::{LANES, PowTwo, Simd};
 use crate::{CpuBackend, CpuError, require_host};
 
 /// Offsets (in f32 elements) of one worker's chunked-prefill scratch.
@@ -132,9 +132,9 @@ struct ChunkCtx<'a> {
     layout: ChunkLayout,
 }
 
-impl HeadOp for ChunkCtx<'_> {
+impl ItemOp for ChunkCtx<'_> {
     #[inline(always)]
-    fn run_item<S: Simd>(&self, item: usize, scratch: &mut Scratch<'_>) {
+    fn run_item<S: Simd + PowTwo>(&self, item: usize, scratch: &mut Scratch<'_>) {
         chunk_item::<S>(self, item, scratch.take(self.layout.len))
     }
 }
@@ -394,7 +394,7 @@ impl Run<ChunkGatedDeltaRuleArgs<'_>> for CpuBackend {
             None => None,
         };
         let items = plan.dims.seqs * plan.dims.v_heads;
-        self.for_each_head(items, layout.len, given, &ctx);
+        self.for_each_item(items, layout.len, given, &ctx);
         Ok(())
     }
 }

@@ -29,11 +29,11 @@ mod tile;
 
 use ssm_tensor::{TensorMut, TensorRef};
 
+use crate::CpuError;
 use crate::host::{host_opt, host_ref, host_shared};
 use crate::lanes::{dot, round8, scal};
-use crate::shared::{Scratch, SharedBuf};
-use crate::simd::{PowTwo, Simd, SimdKernel, dispatch};
-use crate::{CpuBackend, CpuError};
+use crate::shared::SharedBuf;
+use crate::simd::Simd;
 
 /// The host memory every GDN state op reads (`q`, `k`, `v`, `cu_seqlens`) and writes (the state
 /// pool `initial_state`, `final_state`, `o`).
@@ -66,37 +66,6 @@ impl<'a> Io<'a> {
             final_state: final_state.map(|s| host_shared("final_state", s)).transpose()?,
             o: host_shared("o", o)?,
         })
-    }
-}
-
-/// The body of a GDN op for one (sequence, value head) item. Implementations mark `run_item`
-/// `#[inline(always)]` so that it compiles inside the dispatched, feature-enabled caller.
-trait HeadOp: Sync {
-    fn run_item<S: Simd>(&self, item: usize, scratch: &mut Scratch<'_>);
-}
-
-/// One (sequence, value head) item, run with the lanes [`dispatch`] picks.
-struct HeadItem<'c, 's, 't, C> {
-    ctx: &'c C,
-    item: usize,
-    scratch: &'s mut Scratch<'t>,
-}
-
-impl<C: HeadOp> SimdKernel for HeadItem<'_, '_, '_, C> {
-    type Output = ();
-    #[inline(always)]
-    fn run<S: Simd + PowTwo>(self) {
-        self.ctx.run_item::<S>(self.item, self.scratch)
-    }
-}
-
-impl CpuBackend {
-    /// Runs every one of `items` (sequence, value head) items of `op`, each with `per_item` f32
-    /// of scratch (from `given` when it is large enough).
-    fn for_each_head<C: HeadOp>(&self, items: usize, per_item: usize, given: Option<&mut [f32]>, op: &C) {
-        self.for_each_scratch(items, per_item, false, given, |item, scratch| {
-            dispatch(HeadItem { ctx: op, item, scratch })
-        });
     }
 }
 

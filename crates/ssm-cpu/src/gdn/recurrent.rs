@@ -10,11 +10,11 @@ use ssm_tensor::{DType, Planned, Run, TensorRef};
 
 use super::direct::{Dst, HeadRows, decode_kv_direct, decode_vk_direct, decode_vk_multi};
 use super::tile::{Block, load_tile, step_kv, step_vk, store_tile};
-use super::{HeadOp, Io, Token, normalize};
+use super::{Io, Token, normalize};
 use crate::host::{host_opt, host_ref, rd};
 use crate::lanes::{gather, round8, scatter};
-use crate::shared::{STACK_SCRATCH, Scratch};
-use crate::simd::{LANES, Simd, with_real};
+use crate::shared::{ItemOp, STACK_SCRATCH, Scratch};
+use crate::simd::{LANES, PowTwo, Simd, with_real};
 use crate::{CpuBackend, CpuError};
 
 /// f32 elements of the per-item state tile of the recurrent kernels (64 KiB).
@@ -41,9 +41,9 @@ struct RecCtx<'a> {
     na: Option<TensorRef<'a>>,
 }
 
-impl HeadOp for RecCtx<'_> {
+impl ItemOp for RecCtx<'_> {
     #[inline(always)]
-    fn run_item<S: Simd>(&self, item: usize, scratch: &mut Scratch<'_>) {
+    fn run_item<S: Simd + PowTwo>(&self, item: usize, scratch: &mut Scratch<'_>) {
         recurrent_item::<S>(self, item, scratch)
     }
 }
@@ -393,7 +393,7 @@ impl CpuBackend {
         host_opt("num_accepted_tokens", na)?;
         let ctx = RecCtx { plan, io, gates, ix: *ix, na: *na };
         let d = plan.dims;
-        self.for_each_head(d.seqs * d.v_heads, item_scratch(plan), None, &ctx);
+        self.for_each_item(d.seqs * d.v_heads, item_scratch(plan), None, &ctx);
         Ok(())
     }
 }
