@@ -32,6 +32,28 @@ pub(crate) fn host_shared(arg: &'static str, t: &mut TensorMut<'_>) -> Result<Sh
     Ok(SharedBuf::new(t.host_bytes_mut().ok_or(CpuError::NotHost { arg, device })?))
 }
 
+/// The host bytes of the inputs every Mamba op reads: `x`, `dt`, `A`, `B`, `C`.
+pub(crate) struct MambaInputs<'a> {
+    pub(crate) x: &'a [u8],
+    pub(crate) dt: &'a [u8],
+    pub(crate) a: &'a [u8],
+    pub(crate) b: &'a [u8],
+    pub(crate) c: &'a [u8],
+}
+
+impl<'a> MambaInputs<'a> {
+    /// The bytes of `[x, dt, A, B, C]`, or [`CpuError::NotHost`] naming the first that is not host memory.
+    pub(crate) fn new([x, dt, a, b, c]: [&TensorRef<'a>; 5]) -> Result<Self, CpuError> {
+        Ok(MambaInputs {
+            x: host_ref("x", x)?,
+            dt: host_ref("dt", dt)?,
+            a: host_ref("A", a)?,
+            b: host_ref("B", b)?,
+            c: host_ref("C", c)?,
+        })
+    }
+}
+
 /// Writes `v` (rounded to nearest even) as element `i` of a `dtype` buffer.
 ///
 /// # Safety

@@ -3,11 +3,10 @@
 //! run-time dtype. All are `#[inline(always)]` so that they compile inside the dispatched,
 //! feature-enabled kernel body (a call or a closure would lose the caller's target features).
 
-use half::{bf16, f16};
 use ssm_tensor::DType;
 
 use crate::shared::SharedBuf;
-use crate::simd::{LANES, Real, Simd};
+use crate::simd::{LANES, Real, Simd, with_real};
 
 /// `n` rounded up to whole lanes.
 #[inline(always)]
@@ -78,12 +77,7 @@ pub(crate) fn gather<S: Simd>(bytes: &[u8], dtype: DType, off: usize, stride: is
             *o = x.to_f32();
         }
     }
-    match dtype {
-        DType::F32 => run::<S, f32>(bytes, off, stride, out),
-        DType::BF16 => run::<S, bf16>(bytes, off, stride, out),
-        DType::F16 => run::<S, f16>(bytes, off, stride, out),
-        _ => unreachable!("plans admit float tensors only here"),
-    }
+    with_real!(dtype, R => run::<S, R>(bytes, off, stride, out))
 }
 
 /// Writes `vals[j]` (rounded to nearest even) to element `off + j·stride` of a `dtype` buffer:
@@ -118,15 +112,8 @@ pub(crate) unsafe fn scatter<S: Simd>(dst: SharedBuf<u8>, dtype: DType, off: usi
             *d = R::from_f32(*v);
         }
     }
-    // SAFETY: every arm forwards the caller's contract.
-    unsafe {
-        match dtype {
-            DType::F32 => run::<S, f32>(dst, off, stride, vals),
-            DType::BF16 => run::<S, bf16>(dst, off, stride, vals),
-            DType::F16 => run::<S, f16>(dst, off, stride, vals),
-            _ => unreachable!("plans admit float outputs only"),
-        }
-    }
+    // SAFETY: forwards the caller's contract.
+    unsafe { with_real!(dtype, R => run::<S, R>(dst, off, stride, vals)) }
 }
 
 /// Loads 8 elements at `p` as f32 lanes.

@@ -20,10 +20,10 @@ use ssm_ring::{
 };
 use ssm_tensor::{DType, Planned, Run, TensorMut};
 
-use crate::host::{host_opt, host_ref, host_shared, rd, rd_int, wr};
+use crate::host::{MambaInputs, host_opt, host_ref, host_shared, rd, rd_int, wr};
 use crate::lanes::{axpy, dot};
-use crate::shared::{Scratch, SharedBuf};
-use crate::simd::{LANES, PowTwo, Simd, SimdKernel, dispatch};
+use crate::shared::{ItemOp, Scratch, SharedBuf};
+use crate::simd::{LANES, PowTwo, Simd};
 use crate::{CpuBackend, CpuError, require_host};
 
 use ssm_tensor::elem::write_i64 as wr_int;
@@ -84,11 +84,7 @@ fn tracker_bytes<'t>(t: &'t mut TensorMut<'_>, arg: &'static str) -> Result<&'t 
 }
 
 struct Inputs<'a> {
-    x: &'a [u8],
-    dt: &'a [u8],
-    a: &'a [u8],
-    b: &'a [u8],
-    c: &'a [u8],
+    mamba: MambaInputs<'a>,
     d: Option<&'a [u8]>,
     z: Option<&'a [u8]>,
     dt_bias: Option<&'a [u8]>,
@@ -152,155 +148,156 @@ impl Ctx<'_> {
     }
 }
 
-struct Item<'a, 's> {
-    ctx: &'a Ctx<'a>,
-    row: [usize; 6],
-    h: usize,
-    scratch: &'a mut Scratch<'s>,
+impl ItemOp for Ctx<'_> {
+    /// Item `i`: head `i % heads` of sequence `i / heads` (nothing for a pad row or an empty sequence).
+    #[inline(always)]
+    fn run_item<S: Simd + PowTwo>(&self, i: usize, scratch: &mut Scratch<'_>) {
+        let heads = self.p.heads;
+        if let Some(row) = self.row(i / heads) {
+            ssu_item::<S>(self, row, i % heads, scratch)
+        }
+    }
 }
 
-impl SimdKernel for Item<'_, '_> {
-    type Output = ();
-    #[inline(always)]
-    fn run<S: Simd + PowTwo>(self) {
-        let Item { ctx, row, h, scratch } = self;
-        let [slot, seq, tok0, n, start, k] = row;
-        let p = ctx.p;
-        let inp = &ctx.inp;
-        let ty = &inp.dtypes;
-        let [state_t, xc_t, bc_t] = ctx.dtypes;
-        let (pd, nd, l) = (p.dim, p.dstate, p.ring_len);
-        let (pr, nr) = (pd.div_ceil(LANES) * LANES, nd.div_ceil(LANES) * LANES);
-        let g = h / p.heads_per_group();
-        let m = k + n; // history + new tokens
-        let flush = m > p.window;
-        let a = rd(inp.a, ty[A], p.a.at([h, 0]));
-        let softplus = |v: f32| if v <= 20.0 { v.exp().ln_1p() } else { v };
-        // No closure below may hold lane code: closures are compiled without the caller's
-        // target features.
-        {
-            let need = 2 * m + m * (pr + nr) + n * nr + n * pr + pd * nr;
-            let (dts, rest) = scratch.take(need).split_at_mut(m);
-            let (cum, rest) = rest.split_at_mut(m);
-            let (xs, rest) = rest.split_at_mut(m * pr);
-            let (bs, rest) = rest.split_at_mut(m * nr);
-            let (cs, rest) = rest.split_at_mut(n * nr);
-            let (ys, rest) = rest.split_at_mut(n * pr);
-            let srow = &mut rest[..pd * nr];
-            // Gather history (ring rows) and new tokens as padded f32 rows.
-            for j in 0..m {
-                let (xr, br) = (&mut xs[j * pr..(j + 1) * pr], &mut bs[j * nr..(j + 1) * nr]);
-                xr.fill(0.0);
-                br.fill(0.0);
-                if j < k {
-                    let r = (start + j) % l;
-                    // SAFETY: live ring rows are only read during this call (appends go to
-                    // rows k.. after the live window, see the module docs).
-                    unsafe {
-                        dts[j] = ctx.dt_cache.read(p.dt_cache.at([slot, h, r, 0]));
-                        load_row(ctx.x_cache, xc_t, p.x_cache.at([slot, h, r, 0]), &mut xr[..pd]);
-                        load_row(ctx.b_cache, bc_t, p.b_cache.at([slot, g, r, 0]), &mut br[..nd]);
-                    }
-                } else {
-                    let t = tok0 + j - k;
-                    let mut v = rd(inp.dt, ty[DT], p.dt.at([seq, t, h, 0]));
-                    if let (Some(bias), Some(bp)) = (inp.dt_bias, p.dt_bias) {
-                        v += rd(bias, ty[BIAS], bp.at([h, 0]));
-                    }
-                    dts[j] = if p.dt_softplus { softplus(v) } else { v };
-                    for (q, v) in xr[..pd].iter_mut().enumerate() {
-                        *v = rd(inp.x, ty[X], p.x.at([seq, t, h, q]));
-                    }
-                    for (q, v) in br[..nd].iter_mut().enumerate() {
-                        *v = rd(inp.b, ty[B], p.b.at([seq, t, g, q]));
-                    }
-                    let cr = &mut cs[(j - k) * nr..(j - k + 1) * nr];
-                    cr.fill(0.0);
-                    for (q, v) in cr[..nd].iter_mut().enumerate() {
-                        *v = rd(inp.c, ty[C], p.c.at([seq, t, g, q]));
-                    }
+/// Head `h` of the sequence whose [`Ctx::row`] is `row`.
+#[inline(always)]
+fn ssu_item<S: Simd + PowTwo>(ctx: &Ctx<'_>, row: [usize; 6], h: usize, scratch: &mut Scratch<'_>) {
+    let [slot, seq, tok0, n, start, k] = row;
+    let p = ctx.p;
+    let inp = &ctx.inp;
+    let ty = &inp.dtypes;
+    let [state_t, xc_t, bc_t] = ctx.dtypes;
+    let (pd, nd, l) = (p.dim, p.dstate, p.ring_len);
+    let (pr, nr) = (pd.div_ceil(LANES) * LANES, nd.div_ceil(LANES) * LANES);
+    let g = h / p.heads_per_group();
+    let m = k + n; // history + new tokens
+    let flush = m > p.window;
+    let a = rd(inp.mamba.a, ty[A], p.a.at([h, 0]));
+    let softplus = |v: f32| if v <= 20.0 { v.exp().ln_1p() } else { v };
+    // No closure below may hold lane code: closures are compiled without the caller's
+    // target features.
+    {
+        let need = 2 * m + m * (pr + nr) + n * nr + n * pr + pd * nr;
+        let (dts, rest) = scratch.take(need).split_at_mut(m);
+        let (cum, rest) = rest.split_at_mut(m);
+        let (xs, rest) = rest.split_at_mut(m * pr);
+        let (bs, rest) = rest.split_at_mut(m * nr);
+        let (cs, rest) = rest.split_at_mut(n * nr);
+        let (ys, rest) = rest.split_at_mut(n * pr);
+        let srow = &mut rest[..pd * nr];
+        // Gather history (ring rows) and new tokens as padded f32 rows.
+        for j in 0..m {
+            let (xr, br) = (&mut xs[j * pr..(j + 1) * pr], &mut bs[j * nr..(j + 1) * nr]);
+            xr.fill(0.0);
+            br.fill(0.0);
+            if j < k {
+                let r = (start + j) % l;
+                // SAFETY: live ring rows are only read during this call (appends go to
+                // rows k.. after the live window, see the module docs).
+                unsafe {
+                    dts[j] = ctx.dt_cache.read(p.dt_cache.at([slot, h, r, 0]));
+                    load_row(ctx.x_cache, xc_t, p.x_cache.at([slot, h, r, 0]), &mut xr[..pd]);
+                    load_row(ctx.b_cache, bc_t, p.b_cache.at([slot, g, r, 0]), &mut br[..nd]);
+                }
+            } else {
+                let t = tok0 + j - k;
+                let mut v = rd(inp.mamba.dt, ty[DT], p.dt.at([seq, t, h, 0]));
+                if let (Some(bias), Some(bp)) = (inp.dt_bias, p.dt_bias) {
+                    v += rd(bias, ty[BIAS], bp.at([h, 0]));
+                }
+                dts[j] = if p.dt_softplus { softplus(v) } else { v };
+                for (q, v) in xr[..pd].iter_mut().enumerate() {
+                    *v = rd(inp.mamba.x, ty[X], p.x.at([seq, t, h, q]));
+                }
+                for (q, v) in br[..nd].iter_mut().enumerate() {
+                    *v = rd(inp.mamba.b, ty[B], p.b.at([seq, t, g, q]));
+                }
+                let cr = &mut cs[(j - k) * nr..(j - k + 1) * nr];
+                cr.fill(0.0);
+                for (q, v) in cr[..nd].iter_mut().enumerate() {
+                    *v = rd(inp.mamba.c, ty[C], p.c.at([seq, t, g, q]));
                 }
             }
-            let mut acc = 0.0f32;
-            for j in 0..m {
-                acc += a * dts[j];
-                cum[j] = acc;
-            }
-            // The base state: the checkpoint, or S_k on a flush (stored).
+        }
+        let mut acc = 0.0f32;
+        for j in 0..m {
+            acc += a * dts[j];
+            cum[j] = acc;
+        }
+        // The base state: the checkpoint, or S_k on a flush (stored).
+        for q in 0..pd {
+            let r = &mut srow[q * nr..(q + 1) * nr];
+            r.fill(0.0);
+            // SAFETY: the plan checked the slot and the state layout (last stride 1), so
+            // the row's `dstate` elements are inside the state; this item owns (slot, h).
+            unsafe { load_row(ctx.state, state_t, p.state.at([slot, h, q, 0]), &mut r[..nd]) };
+        }
+        let (base_cum, first) = if flush && k > 0 {
+            let ck = cum[k - 1];
             for q in 0..pd {
                 let r = &mut srow[q * nr..(q + 1) * nr];
-                r.fill(0.0);
-                // SAFETY: the plan checked the slot and the state layout (last stride 1), so
-                // the row's `dstate` elements are inside the state; this item owns (slot, h).
-                unsafe { load_row(ctx.state, state_t, p.state.at([slot, h, q, 0]), &mut r[..nd]) };
-            }
-            let (base_cum, first) = if flush && k > 0 {
-                let ck = cum[k - 1];
-                for q in 0..pd {
-                    let r = &mut srow[q * nr..(q + 1) * nr];
-                    let decay = S::splat(ck.exp());
-                    for i in (0..nr).step_by(LANES) {
-                        S::load(&r[i..]).mul(decay).store(&mut r[i..]);
-                    }
-                    for j in 0..k {
-                        let w = (ck - cum[j]).exp() * dts[j] * xs[j * pr + q];
-                        axpy::<S>(r, w, &bs[j * nr..(j + 1) * nr]);
-                    }
+                let decay = S::splat(ck.exp());
+                for i in (0..nr).step_by(LANES) {
+                    S::load(&r[i..]).mul(decay).store(&mut r[i..]);
                 }
-                (ck, k)
-            } else {
-                (0.0, 0)
-            };
-            if flush {
-                for q in 0..pd {
-                    // SAFETY: as for the load above; the row is written by this item only.
-                    unsafe { store_row(ctx.state, state_t, p.state.at([slot, h, q, 0]), &srow[q * nr..q * nr + nd]) };
+                for j in 0..k {
+                    let w = (ck - cum[j]).exp() * dts[j] * xs[j * pr + q];
+                    axpy::<S>(r, w, &bs[j * nr..(j + 1) * nr]);
                 }
             }
-            // Outputs of the new tokens.
-            for t in 0..n {
-                let jt = k + t;
-                let ct = &cs[t * nr..(t + 1) * nr];
-                let yt = &mut ys[t * pr..(t + 1) * pr];
-                yt.fill(0.0);
-                let scale = (cum[jt] - base_cum).exp();
-                for q in 0..pd {
-                    yt[q] = scale * dot::<S>(&srow[q * nr..(q + 1) * nr], ct);
-                }
-                for j in first..=jt {
-                    let w = (cum[jt] - cum[j]).exp() * dts[j] * dot::<S>(ct, &bs[j * nr..(j + 1) * nr]);
-                    axpy::<S>(yt, w, &xs[j * pr..(j + 1) * pr]);
-                }
-                let tok = tok0 + t;
-                for q in 0..pd {
-                    let xv = xs[jt * pr + q];
-                    let mut y = yt[q];
-                    if let (Some(d), Some(dp)) = (inp.d, p.d) {
-                        y += rd(d, ty[D], dp.at([h, q])) * xv;
-                    }
-                    if let (Some(z), Some(zp)) = (inp.z, p.z) {
-                        let zv = rd(z, ty[Z], zp.at([seq, tok, h, q]));
-                        y *= zv / (1.0 + (-zv).exp());
-                    }
-                    // SAFETY: token `tok`, head h is written by this item only (plan-checked shape).
-                    unsafe { wr(ctx.out, ty[OUT], p.out.at([seq, tok, h, q]), y) };
-                }
+            (ck, k)
+        } else {
+            (0.0, 0)
+        };
+        if flush {
+            for q in 0..pd {
+                // SAFETY: as for the load above; the row is written by this item only.
+                unsafe { store_row(ctx.state, state_t, p.state.at([slot, h, q, 0]), &srow[q * nr..q * nr + nd]) };
             }
-            // Append the new tokens after the live window, on both branches.
-            for t in 0..n {
-                let r = (start + k + t) % l;
-                let j = k + t;
-                // SAFETY: ring row r of (slot, h) — and of (slot, g) for the group's first head —
-                // is written by this item only, and it is not a live row anyone reads.
-                unsafe {
-                    ctx.dt_cache.write(p.dt_cache.at([slot, h, r, 0]), dts[j]);
-                    for q in 0..pd {
-                        wr(ctx.x_cache, xc_t, p.x_cache.at([slot, h, r, q]), xs[j * pr + q]);
-                    }
-                    if h % p.heads_per_group() == 0 {
-                        for q in 0..nd {
-                            wr(ctx.b_cache, bc_t, p.b_cache.at([slot, g, r, q]), bs[j * nr + q]);
-                        }
+        }
+        // Outputs of the new tokens.
+        for t in 0..n {
+            let jt = k + t;
+            let ct = &cs[t * nr..(t + 1) * nr];
+            let yt = &mut ys[t * pr..(t + 1) * pr];
+            yt.fill(0.0);
+            let scale = (cum[jt] - base_cum).exp();
+            for q in 0..pd {
+                yt[q] = scale * dot::<S>(&srow[q * nr..(q + 1) * nr], ct);
+            }
+            for j in first..=jt {
+                let w = (cum[jt] - cum[j]).exp() * dts[j] * dot::<S>(ct, &bs[j * nr..(j + 1) * nr]);
+                axpy::<S>(yt, w, &xs[j * pr..(j + 1) * pr]);
+            }
+            let tok = tok0 + t;
+            for q in 0..pd {
+                let xv = xs[jt * pr + q];
+                let mut y = yt[q];
+                if let (Some(d), Some(dp)) = (inp.d, p.d) {
+                    y += rd(d, ty[D], dp.at([h, q])) * xv;
+                }
+                if let (Some(z), Some(zp)) = (inp.z, p.z) {
+                    let zv = rd(z, ty[Z], zp.at([seq, tok, h, q]));
+                    y *= zv / (1.0 + (-zv).exp());
+                }
+                // SAFETY: token `tok`, head h is written by this item only (plan-checked shape).
+                unsafe { wr(ctx.out, ty[OUT], p.out.at([seq, tok, h, q]), y) };
+            }
+        }
+        // Append the new tokens after the live window, on both branches.
+        for t in 0..n {
+            let r = (start + k + t) % l;
+            let j = k + t;
+            // SAFETY: ring row r of (slot, h) — and of (slot, g) for the group's first head —
+            // is written by this item only, and it is not a live row anyone reads.
+            unsafe {
+                ctx.dt_cache.write(p.dt_cache.at([slot, h, r, 0]), dts[j]);
+                for q in 0..pd {
+                    wr(ctx.x_cache, xc_t, p.x_cache.at([slot, h, r, q]), xs[j * pr + q]);
+                }
+                if h.is_multiple_of(p.heads_per_group()) {
+                    for q in 0..nd {
+                        wr(ctx.b_cache, bc_t, p.b_cache.at([slot, g, r, q]), bs[j * nr + q]);
                     }
                 }
             }
@@ -437,11 +434,7 @@ impl Run<CheckpointingSsuArgs<'_>> for CpuBackend {
             (host("prev_num_accepted_tokens", &args.prev_num_accepted_tokens)?, args.prev_num_accepted_tokens.dtype());
         let opt = |t: &Option<ssm_tensor::TensorRef<'_>>| t.as_ref().map(|t| t.dtype()).unwrap_or(DType::F32);
         let inp = Inputs {
-            x: host("x", &args.x)?,
-            dt: host("dt", &args.dt)?,
-            a: host("A", &args.a)?,
-            b: host("B", &args.b)?,
-            c: host("C", &args.c)?,
+            mamba: MambaInputs::new([&args.x, &args.dt, &args.a, &args.b, &args.c])?,
             d: args.d.as_ref().map(|t| host("D", t)).transpose()?,
             z: args.z.as_ref().map(|t| host("z", t)).transpose()?,
             dt_bias: args.dt_bias.as_ref().map(|t| host("dt_bias", t)).transpose()?,
@@ -465,13 +458,7 @@ impl Run<CheckpointingSsuArgs<'_>> for CpuBackend {
         let out = ptr("out", &mut args.out)?;
         let dt_cache = ptr("dt_cache", &mut args.dt_cache)?.cast::<f32>();
         let ctx = Ctx { p: plan, inp, sbi, cu, ring_start, prev_num, state, x_cache, b_cache, dt_cache, out, dtypes };
-        let ctx = &ctx;
-        let heads = plan.heads;
-        self.for_each_scratch(plan.batch * heads, item_scratch(plan), false, None, |i, scratch| {
-            if let Some(row) = ctx.row(i / heads) {
-                dispatch(Item { ctx, row, h: i % heads, scratch });
-            }
-        });
+        self.for_each_item(plan.batch * plan.heads, item_scratch(plan), None, &ctx);
         Ok(())
     }
 }

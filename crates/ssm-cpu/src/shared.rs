@@ -6,6 +6,7 @@ use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::CpuBackend;
+use crate::simd::{PowTwo, Simd, SimdKernel, dispatch};
 
 /// A raw view of a buffer that several work items write, each at elements no other item
 /// touches at the same time (the plan's disjointness: one item per (sequence, head) output row,
@@ -209,5 +210,35 @@ impl CpuBackend {
     /// Workers that [`Self::for_each_scratch`] gives a scratch region for `n` items.
     pub(crate) fn scratch_workers(&self, n: usize) -> usize {
         self.par().threads().min(n).max(1)
+    }
+}
+
+/// The body of an op for one work item (a (sequence, head) pair, a chunk, …). Implementations
+/// mark `run_item` `#[inline(always)]` so that it compiles inside the dispatched,
+/// feature-enabled caller.
+pub(crate) trait ItemOp: Sync {
+    fn run_item<S: Simd + PowTwo>(&self, item: usize, scratch: &mut Scratch<'_>);
+}
+
+/// One work item of an [`ItemOp`], run with the lanes [`dispatch`] picks.
+struct OpItem<'c, 's, 't, C> {
+    op: &'c C,
+    item: usize,
+    scratch: &'s mut Scratch<'t>,
+}
+
+impl<C: ItemOp> SimdKernel for OpItem<'_, '_, '_, C> {
+    type Output = ();
+    #[inline(always)]
+    fn run<S: Simd + PowTwo>(self) {
+        self.op.run_item::<S>(self.item, self.scratch)
+    }
+}
+
+impl CpuBackend {
+    /// Runs items `0..n` of `op` in parallel, each with `per_item` f32 of scratch (from `given`
+    /// when it is large enough; see [`CpuBackend::for_each_scratch`]).
+    pub(crate) fn for_each_item<C: ItemOp>(&self, n: usize, per_item: usize, given: Option<&mut [f32]>, op: &C) {
+        self.for_each_scratch(n, per_item, false, given, |item, scratch| dispatch(OpItem { op, item, scratch }));
     }
 }

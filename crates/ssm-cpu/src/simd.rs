@@ -101,6 +101,22 @@ pub trait Simd: Copy + Send + Sync + 'static {
 #[derive(Clone, Copy)]
 pub struct Portable(wide::f32x8);
 
+impl Portable {
+    /// Loads 8 elements of a 16-bit type, widened one by one (exact).
+    #[inline(always)]
+    fn load_half<R: Real>(s: &[R]) -> Self {
+        let s = &s[..8];
+        Portable(wide::f32x8::from(std::array::from_fn::<f32, 8, _>(|i| s[i].to_f32())))
+    }
+    /// Stores 8 lanes to a 16-bit type, each rounded to nearest even.
+    #[inline(always)]
+    fn store_half<R: Real>(self, s: &mut [R]) {
+        for (d, v) in s[..8].iter_mut().zip(self.0.to_array()) {
+            *d = R::from_f32(v);
+        }
+    }
+}
+
 impl Simd for Portable {
     #[inline(always)]
     fn splat(x: f32) -> Self {
@@ -117,27 +133,19 @@ impl Simd for Portable {
     }
     #[inline(always)]
     fn load_bf16(s: &[bf16]) -> Self {
-        let s = &s[..8];
-        Portable(wide::f32x8::from(std::array::from_fn::<f32, 8, _>(|i| s[i].to_f32())))
+        Portable::load_half(s)
     }
     #[inline(always)]
     fn store_bf16(self, s: &mut [bf16]) {
-        let a = self.0.to_array();
-        for (d, v) in s[..8].iter_mut().zip(a) {
-            *d = bf16::from_f32(v);
-        }
+        self.store_half(s)
     }
     #[inline(always)]
     fn load_f16(s: &[f16]) -> Self {
-        let s = &s[..8];
-        Portable(wide::f32x8::from(std::array::from_fn::<f32, 8, _>(|i| s[i].to_f32())))
+        Portable::load_half(s)
     }
     #[inline(always)]
     fn store_f16(self, s: &mut [f16]) {
-        let a = self.0.to_array();
-        for (d, v) in s[..8].iter_mut().zip(a) {
-            *d = f16::from_f32(v);
-        }
+        self.store_half(s)
     }
     #[inline(always)]
     fn add(self, b: Self) -> Self {
@@ -284,13 +292,7 @@ mod avx2 {
             // SAFETY: 16 bytes are in bounds (asserted). Round to nearest even:
             // bits + 0x7fff + lsb, then the high half; NaN keeps a quiet payload like `half`.
             unsafe {
-                let bits = _mm256_castps_si256(self.0);
-                let lsb = _mm256_and_si256(_mm256_srli_epi32::<16>(bits), _mm256_set1_epi32(1));
-                let rounded = _mm256_add_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(0x7fff)), lsb);
-                let nan = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_UNORD_Q>(self.0, self.0));
-                let quiet = _mm256_or_si256(bits, _mm256_set1_epi32(0x0040_0000));
-                let r = _mm256_blendv_epi8(rounded, quiet, nan);
-                let hi = _mm256_srli_epi32::<16>(r);
+                let hi = _mm256_srli_epi32::<16>(self.bf16_bits());
                 let packed = _mm256_packus_epi32(hi, hi);
                 let packed = _mm256_permute4x64_epi64::<0b1000>(packed);
                 _mm_storeu_si128(s.as_mut_ptr().cast(), _mm256_castsi256_si128(packed));
@@ -339,14 +341,9 @@ mod avx2 {
         #[inline(always)]
         fn round_bf16(self) -> Self {
             // SAFETY: see the module-wide note. The same rounding as `store_bf16`, kept in lanes:
-            // bits + 0x7fff + lsb with the low half cleared; NaN gets the quiet bit.
+            // the rounded bits with the low half cleared.
             unsafe {
-                let bits = _mm256_castps_si256(self.0);
-                let lsb = _mm256_and_si256(_mm256_srli_epi32::<16>(bits), _mm256_set1_epi32(1));
-                let rounded = _mm256_add_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(0x7fff)), lsb);
-                let nan = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_UNORD_Q>(self.0, self.0));
-                let quiet = _mm256_or_si256(bits, _mm256_set1_epi32(0x0040_0000));
-                let r = _mm256_blendv_epi8(rounded, quiet, nan);
+                let r = self.bf16_bits();
                 Avx2(_mm256_castsi256_ps(_mm256_and_si256(r, _mm256_set1_epi32(0xffff_0000u32 as i32))))
             }
         }
@@ -406,6 +403,21 @@ mod avx2 {
     }
 
     impl Avx2 {
+        /// Each lane's bits rounded to bf16 in the high half (round to nearest even: bits +
+        /// 0x7fff + lsb); NaN keeps a quiet payload like `half`. The low half is garbage.
+        #[inline(always)]
+        fn bf16_bits(self) -> __m256i {
+            // SAFETY: see the module-wide note.
+            unsafe {
+                let bits = _mm256_castps_si256(self.0);
+                let lsb = _mm256_and_si256(_mm256_srli_epi32::<16>(bits), _mm256_set1_epi32(1));
+                let rounded = _mm256_add_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(0x7fff)), lsb);
+                let nan = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_UNORD_Q>(self.0, self.0));
+                let quiet = _mm256_or_si256(bits, _mm256_set1_epi32(0x0040_0000));
+                _mm256_blendv_epi8(rounded, quiet, nan)
+            }
+        }
+
         /// Prefetch into all cache levels; never faults, even for an address past the tensor.
         #[inline(always)]
         pub fn prefetch_line<T>(p: *const T) {
@@ -507,6 +519,30 @@ pub trait Real: ssm_tensor::Element + Copy {
     /// `p` valid for 8 elements and aligned to their size (32 bytes for f32, 16 otherwise).
     unsafe fn stream<S: Simd>(v: S, p: *mut Self);
 }
+
+/// Runs `$body` with the type alias `$r` naming the element type of the run-time `dtype` (f32,
+/// bf16 or f16): one instantiation of a generic body per dtype, the match outside its loops. A
+/// macro because a closure cannot be generic over a type.
+macro_rules! with_real {
+    ($dtype:expr, $r:ident => $body:expr) => {
+        match $dtype {
+            ssm_tensor::DType::F32 => {
+                type $r = f32;
+                $body
+            }
+            ssm_tensor::DType::BF16 => {
+                type $r = half::bf16;
+                $body
+            }
+            ssm_tensor::DType::F16 => {
+                type $r = half::f16;
+                $body
+            }
+            _ => unreachable!("plans admit f32/bf16/f16 tensors only here"),
+        }
+    };
+}
+pub(crate) use with_real;
 
 impl Real for f32 {
     #[inline(always)]

@@ -26,19 +26,15 @@
 use ssm_ssd::{MambaChunkScanCombinedVarlenArgs, ScratchLayout, SsdPlan, StateSource};
 use ssm_tensor::{DType, Planned, Run, Strided};
 
-use crate::host::{host_opt, host_ref, host_shared, rd, rd_int, rd_shared, wr};
+use crate::host::{MambaInputs, host_opt, host_ref, host_shared, rd, rd_int, rd_shared, wr};
 use crate::lanes::{axpy, dot};
-use crate::shared::{Scratch, SharedBuf};
-use crate::simd::{LANES, PowTwo, Simd, SimdKernel, dispatch};
+use crate::shared::{ItemOp, Scratch, SharedBuf};
+use crate::simd::{LANES, PowTwo, Simd};
 use crate::{CpuBackend, CpuError, require_host};
 
 /// Host bytes and dtypes of every input, read by all stages.
 struct Inputs<'a> {
-    x: &'a [u8],
-    dt: &'a [u8],
-    a: &'a [u8],
-    b: &'a [u8],
-    c: &'a [u8],
+    mamba: MambaInputs<'a>,
     d: Option<(&'a [u8], DType)>,
     z: Option<&'a [u8]>,
     dt_bias: Option<(&'a [u8], DType)>,
@@ -122,27 +118,44 @@ impl Ctx<'_> {
     }
 }
 
-/// Stage 1 + 2 for (chunk, head), or stage 4 for (chunk, group).
-struct ChunkItem<'a, 's> {
-    ctx: &'a Ctx<'a>,
-    item: usize,
-    scratch: &'a mut Scratch<'s>,
+/// The passes of the prefill, in order, each over its own work items.
+#[derive(Clone, Copy)]
+enum Pass {
+    /// Stages 1, 2 and 4: [`chunk_item`].
+    Chunks,
+    /// Stage 3: [`pass_item`].
+    States,
+    /// Stage 5: [`scan_item`].
+    Scan,
+    /// The final states: [`final_item`].
+    Final,
 }
 
-impl SimdKernel for ChunkItem<'_, '_> {
-    type Output = ();
+/// One pass over the call's context.
+struct PassRun<'a> {
+    ctx: &'a Ctx<'a>,
+    pass: Pass,
+}
+
+impl ItemOp for PassRun<'_> {
     #[inline(always)]
-    fn run<S: Simd + PowTwo>(self) {
-        let ctx = self.ctx;
-        let p = ctx.p;
-        let per_chunk = p.heads + p.groups;
-        let (c, k) = (self.item / per_chunk, self.item % per_chunk);
-        if k < p.heads {
-            chunk_state::<S>(ctx, c, k, self.scratch)
-        } else {
-            chunk_cb::<S>(ctx, c, k - p.heads, self.scratch)
+    fn run_item<S: Simd + PowTwo>(&self, item: usize, scratch: &mut Scratch<'_>) {
+        match self.pass {
+            Pass::Chunks => chunk_item::<S>(self.ctx, item, scratch),
+            Pass::States => pass_item::<S>(self.ctx, item, scratch),
+            Pass::Scan => scan_item::<S>(self.ctx, item, scratch),
+            Pass::Final => final_item(self.ctx, item, scratch),
         }
     }
+}
+
+/// Stage 1 + 2 for (chunk, head), or stage 4 for (chunk, group).
+#[inline(always)]
+fn chunk_item<S: Simd + PowTwo>(ctx: &Ctx<'_>, item: usize, scratch: &mut Scratch<'_>) {
+    let p = ctx.p;
+    let per_chunk = p.heads + p.groups;
+    let (c, k) = (item / per_chunk, item % per_chunk);
+    if k < p.heads { chunk_state::<S>(ctx, c, k, scratch) } else { chunk_cb::<S>(ctx, c, k - p.heads, scratch) }
 }
 
 #[inline(always)]
@@ -162,13 +175,13 @@ fn chunk_state<S: Simd + PowTwo>(ctx: &Ctx<'_>, c: usize, h: usize, scratch: &mu
         )
     };
     // Stage 1: dt processing (bias, softplus, clamp), zero padding, A-scaled cumsum.
-    let a = rd(inp.a, inp.a_dtype, p.a.at([h]));
+    let a = rd(inp.mamba.a, inp.a_dtype, p.a.at([h]));
     let bias = inp.dt_bias.map(|(b, t)| rd(b, t, p.dt_bias.unwrap().at([h])));
     let (lo, hi) = p.dt_limit;
     let mut cum = 0.0f32;
     for i in 0..q_row {
         let v = if i < len {
-            let mut v = rd(inp.dt, p.io_dtypes.dt, p.dt.at([s + i, h, 0]));
+            let mut v = rd(inp.mamba.dt, p.io_dtypes.dt, p.dt.at([s + i, h, 0]));
             if let Some(b) = bias {
                 v += b;
             }
@@ -190,10 +203,10 @@ fn chunk_state<S: Simd + PowTwo>(ctx: &Ctx<'_>, c: usize, h: usize, scratch: &mu
     for i in 0..len {
         let w = (da_last - da[i]).min(0.0).exp() * dt_out[i];
         for (n, v) in wb.iter_mut().enumerate() {
-            *v = if n < p.dstate { rd(inp.b, p.io_dtypes.b, p.b.at([s + i, g, n])) * w } else { 0.0 };
+            *v = if n < p.dstate { rd(inp.mamba.b, p.io_dtypes.b, p.b.at([s + i, g, n])) * w } else { 0.0 };
         }
         for pp in 0..p.dim {
-            let xv = rd(inp.x, p.io_dtypes.x, p.x.at([s + i, h, pp]));
+            let xv = rd(inp.mamba.x, p.io_dtypes.x, p.x.at([s + i, h, pp]));
             axpy::<S>(&mut st[pp * nr..(pp + 1) * nr], xv, wb);
         }
     }
@@ -208,8 +221,8 @@ fn chunk_cb<S: Simd + PowTwo>(ctx: &Ctx<'_>, c: usize, g: usize, scratch: &mut S
     // SAFETY: the CB block of (c, g) belongs to this item.
     let cb = unsafe { ctx.ws(ctx.cb_off(c, g), p.chunk_size * q_row) };
     let (cs, bs) = scratch.take(2 * len * nr).split_at_mut(len * nr);
-    ctx.widen(ctx.inp.c, p.io_dtypes.c, p.c, s, len, g, p.dstate, nr, cs);
-    ctx.widen(ctx.inp.b, p.io_dtypes.b, p.b, s, len, g, p.dstate, nr, bs);
+    ctx.widen(ctx.inp.mamba.c, p.io_dtypes.c, p.c, s, len, g, p.dstate, nr, cs);
+    ctx.widen(ctx.inp.mamba.b, p.io_dtypes.b, p.b, s, len, g, p.dstate, nr, bs);
     for i in 0..len {
         let row = &mut cb[i * q_row..(i + 1) * q_row];
         let ci = &cs[i * nr..(i + 1) * nr];
@@ -221,54 +234,44 @@ fn chunk_cb<S: Simd + PowTwo>(ctx: &Ctx<'_>, c: usize, g: usize, scratch: &mut S
 }
 
 /// Stage 3 for (sequence, head).
-struct PassItem<'a, 's> {
-    ctx: &'a Ctx<'a>,
-    item: usize,
-    scratch: &'a mut Scratch<'s>,
-}
-
-impl SimdKernel for PassItem<'_, '_> {
-    type Output = ();
-    #[inline(always)]
-    fn run<S: Simd + PowTwo>(self) {
-        let ctx = self.ctx;
-        let p = ctx.p;
-        let nr = ctx.w.state_row;
-        let (b, h) = (self.item / p.heads, self.item % p.heads);
-        let last = ctx.last_chunk(b);
-        let per = p.dim * nr;
-        let sin = self.scratch.take(per);
-        {
-            if last < 0 {
-                // An empty sequence: its final state is written in the last pass.
-                return;
+#[inline(always)]
+fn pass_item<S: Simd + PowTwo>(ctx: &Ctx<'_>, item: usize, scratch: &mut Scratch<'_>) {
+    let p = ctx.p;
+    let nr = ctx.w.state_row;
+    let (b, h) = (item / p.heads, item % p.heads);
+    let last = ctx.last_chunk(b);
+    let per = p.dim * nr;
+    let sin = scratch.take(per);
+    {
+        if last < 0 {
+            // An empty sequence: its final state is written in the last pass.
+            return;
+        }
+        load_init(ctx, b, h, sin);
+        let last = last as usize;
+        let mut first = last;
+        while first > 0 && !ctx.opens(first) {
+            first -= 1;
+        }
+        for c in first..=last {
+            // SAFETY: the states blocks of this sequence's chunks, head h, belong to this item.
+            let st = unsafe { ctx.ws(ctx.state_off(c, h), per) };
+            let da_last = {
+                // SAFETY: dA_cumsum is only read in this stage.
+                let da = unsafe { ctx.ws(ctx.w.da_cumsum + ctx.dt_row_off(c, h), ctx.w.q_row) };
+                da[p.chunk_size - 1].exp()
+            };
+            let decay = S::splat(da_last);
+            for i in (0..per).step_by(LANES) {
+                let v = S::load(&sin[i..]).mul_add(decay, S::load(&st[i..]));
+                v.store(&mut st[i..]);
+                v.store(&mut sin[i..]);
             }
-            load_init(ctx, b, h, sin);
-            let last = last as usize;
-            let mut first = last;
-            while first > 0 && !ctx.opens(first) {
-                first -= 1;
-            }
-            for c in first..=last {
-                // SAFETY: the states blocks of this sequence's chunks, head h, belong to this item.
-                let st = unsafe { ctx.ws(ctx.state_off(c, h), per) };
-                let da_last = {
-                    // SAFETY: dA_cumsum is only read in this stage.
-                    let da = unsafe { ctx.ws(ctx.w.da_cumsum + ctx.dt_row_off(c, h), ctx.w.q_row) };
-                    da[p.chunk_size - 1].exp()
-                };
-                let decay = S::splat(da_last);
-                for i in (0..per).step_by(LANES) {
-                    let v = S::load(&sin[i..]).mul_add(decay, S::load(&st[i..]));
-                    v.store(&mut st[i..]);
-                    v.store(&mut sin[i..]);
-                }
-                if p.return_intermediate_states
-                    && let (Some(dst), Some(at)) = (ctx.states_out, p.varlen_states)
-                {
-                    // SAFETY: row `c`, head `h` of `varlen_states` is written by this item only.
-                    unsafe { store_state(ctx, dst, at, c, h, st) };
-                }
+            if p.return_intermediate_states
+                && let (Some(dst), Some(at)) = (ctx.states_out, p.varlen_states)
+            {
+                // SAFETY: row `c`, head `h` of `varlen_states` is written by this item only.
+                unsafe { store_state(ctx, dst, at, c, h, st) };
             }
         }
     }
@@ -276,45 +279,35 @@ impl SimdKernel for PassItem<'_, '_> {
 
 /// The last pass, for (sequence, head): the final state into `varlen_states[b, h]` (without
 /// intermediate states) and into `ssm_state[final_state_indices[b], h]`.
-struct FinalItem<'a, 's> {
-    ctx: &'a Ctx<'a>,
-    item: usize,
-    scratch: &'a mut Scratch<'s>,
-}
-
-impl SimdKernel for FinalItem<'_, '_> {
-    type Output = ();
-    #[inline(always)]
-    fn run<S: Simd + PowTwo>(self) {
-        let ctx = self.ctx;
-        let p = ctx.p;
-        let per = p.dim * ctx.w.state_row;
-        let (b, h) = (self.item / p.heads, self.item % p.heads);
-        let slot = p.final_slot(ctx.inp.final_idx, b);
-        let returned = ctx.states_out.zip(p.varlen_states).filter(|_| !p.return_intermediate_states);
-        let pooled = ctx.pool.zip(p.ssm_state).zip(slot);
-        if returned.is_none() && pooled.is_none() {
-            return;
-        }
-        let last = ctx.last_chunk(b);
-        let fin: &[f32] = if last < 0 {
-            // An empty sequence returns the state it entered with.
-            let sin = self.scratch.take(per);
-            load_init(ctx, b, h, sin);
-            sin
-        } else {
-            // SAFETY: stage 3 is done; the scratch is only read from here on.
-            unsafe { &*ctx.ws(ctx.state_off(last as usize, h), per) }
-        };
-        if let Some((dst, at)) = returned {
-            // SAFETY: row `b`, head `h` of `varlen_states` is written by this item only.
-            unsafe { store_state(ctx, dst, at, b, h, fin) };
-        }
-        if let Some(((dst, at), slot)) = pooled {
-            // SAFETY: slot `slot` is written by sequence `b` alone and read by no other sequence
-            // (the plan's aliasing rule); head `h` of it by this item only.
-            unsafe { store_state(ctx, dst, at, slot, h, fin) };
-        }
+#[inline(always)]
+fn final_item(ctx: &Ctx<'_>, item: usize, scratch: &mut Scratch<'_>) {
+    let p = ctx.p;
+    let per = p.dim * ctx.w.state_row;
+    let (b, h) = (item / p.heads, item % p.heads);
+    let slot = p.final_slot(ctx.inp.final_idx, b);
+    let returned = ctx.states_out.zip(p.varlen_states).filter(|_| !p.return_intermediate_states);
+    let pooled = ctx.pool.zip(p.ssm_state).zip(slot);
+    if returned.is_none() && pooled.is_none() {
+        return;
+    }
+    let last = ctx.last_chunk(b);
+    let fin: &[f32] = if last < 0 {
+        // An empty sequence returns the state it entered with.
+        let sin = scratch.take(per);
+        load_init(ctx, b, h, sin);
+        sin
+    } else {
+        // SAFETY: stage 3 is done; the scratch is only read from here on.
+        unsafe { &*ctx.ws(ctx.state_off(last as usize, h), per) }
+    };
+    if let Some((dst, at)) = returned {
+        // SAFETY: row `b`, head `h` of `varlen_states` is written by this item only.
+        unsafe { store_state(ctx, dst, at, b, h, fin) };
+    }
+    if let Some(((dst, at), slot)) = pooled {
+        // SAFETY: slot `slot` is written by sequence `b` alone and read by no other sequence
+        // (the plan's aliasing rule); head `h` of it by this item only.
+        unsafe { store_state(ctx, dst, at, slot, h, fin) };
     }
 }
 
@@ -367,95 +360,85 @@ unsafe fn store_state(ctx: &Ctx<'_>, dst: SharedBuf<u8>, at: Strided<4>, row: us
 }
 
 /// Stage 5 for (chunk, head).
-struct ScanItem<'a, 's> {
-    ctx: &'a Ctx<'a>,
-    item: usize,
-    scratch: &'a mut Scratch<'s>,
-}
-
-impl SimdKernel for ScanItem<'_, '_> {
-    type Output = ();
-    #[inline(always)]
-    fn run<S: Simd + PowTwo>(self) {
-        let ctx = self.ctx;
-        let p = ctx.p;
-        let inp = &ctx.inp;
-        let (q_row, nr) = (ctx.w.q_row, ctx.w.state_row);
-        let (c, h) = (self.item / p.heads, self.item % p.heads);
-        let g = h / p.heads_per_group();
-        let (s, e) = ctx.chunk(c);
-        let len = e - s;
-        let pr = p.dim.div_ceil(LANES) * LANES;
-        let per = p.dim * nr;
-        // SAFETY: stages 1–4 are done; this stage only reads the scratch.
-        let (dt_out, da, cb) = unsafe {
-            (
-                &*ctx.ws(ctx.w.dt_out + ctx.dt_row_off(c, h), q_row),
-                &*ctx.ws(ctx.w.da_cumsum + ctx.dt_row_off(c, h), q_row),
-                &*ctx.ws(ctx.cb_off(c, g), p.chunk_size * q_row),
-            )
-        };
-        let opens = ctx.opens(c);
-        let has_prev = !opens || p.initial_states.is_some() || p.initial_state_indices.is_some();
-        let buf = self.scratch.take(len * pr + len * nr + len * pr + q_row + per);
-        {
-            let (xs, rest) = buf.split_at_mut(len * pr);
-            let (cs, rest) = rest.split_at_mut(len * nr);
-            let (ys, rest) = rest.split_at_mut(len * pr);
-            let (wrow, sin_buf) = rest.split_at_mut(q_row);
-            ctx.widen(inp.x, p.io_dtypes.x, p.x, s, len, h, p.dim, pr, xs);
-            ctx.widen(inp.c, p.io_dtypes.c, p.c, s, len, g, p.dstate, nr, cs);
-            ys.fill(0.0);
-            // Off-diagonal: the entering state seen through C, decayed to each token.
-            if has_prev {
-                let sin: &[f32] = if opens {
-                    load_init(ctx, ctx.seq(c), h, sin_buf);
-                    sin_buf
-                } else {
-                    // SAFETY: read only in this stage.
-                    unsafe { &*ctx.ws(ctx.state_off(c - 1, h), per) }
-                };
-                for i in 0..len {
-                    let scale = da[i].exp();
-                    let ci = &cs[i * nr..(i + 1) * nr];
-                    let yi = &mut ys[i * pr..(i + 1) * pr];
-                    for pp in 0..p.dim {
-                        yi[pp] = scale * dot::<S>(&sin[pp * nr..(pp + 1) * nr], ci);
-                    }
-                }
-            }
-            // Diagonal block: causal CB weighted by the decay between tokens and dt.
+#[inline(always)]
+fn scan_item<S: Simd + PowTwo>(ctx: &Ctx<'_>, item: usize, scratch: &mut Scratch<'_>) {
+    let p = ctx.p;
+    let inp = &ctx.inp;
+    let (q_row, nr) = (ctx.w.q_row, ctx.w.state_row);
+    let (c, h) = (item / p.heads, item % p.heads);
+    let g = h / p.heads_per_group();
+    let (s, e) = ctx.chunk(c);
+    let len = e - s;
+    let pr = p.dim.div_ceil(LANES) * LANES;
+    let per = p.dim * nr;
+    // SAFETY: stages 1–4 are done; this stage only reads the scratch.
+    let (dt_out, da, cb) = unsafe {
+        (
+            &*ctx.ws(ctx.w.dt_out + ctx.dt_row_off(c, h), q_row),
+            &*ctx.ws(ctx.w.da_cumsum + ctx.dt_row_off(c, h), q_row),
+            &*ctx.ws(ctx.cb_off(c, g), p.chunk_size * q_row),
+        )
+    };
+    let opens = ctx.opens(c);
+    let has_prev = !opens || p.initial_states.is_some() || p.initial_state_indices.is_some();
+    let buf = scratch.take(len * pr + len * nr + len * pr + q_row + per);
+    {
+        let (xs, rest) = buf.split_at_mut(len * pr);
+        let (cs, rest) = rest.split_at_mut(len * nr);
+        let (ys, rest) = rest.split_at_mut(len * pr);
+        let (wrow, sin_buf) = rest.split_at_mut(q_row);
+        ctx.widen(inp.mamba.x, p.io_dtypes.x, p.x, s, len, h, p.dim, pr, xs);
+        ctx.widen(inp.mamba.c, p.io_dtypes.c, p.c, s, len, g, p.dstate, nr, cs);
+        ys.fill(0.0);
+        // Off-diagonal: the entering state seen through C, decayed to each token.
+        if has_prev {
+            let sin: &[f32] = if opens {
+                load_init(ctx, ctx.seq(c), h, sin_buf);
+                sin_buf
+            } else {
+                // SAFETY: read only in this stage.
+                unsafe { &*ctx.ws(ctx.state_off(c - 1, h), per) }
+            };
             for i in 0..len {
-                let dai = S::splat(da[i]);
-                let cbi = &cb[i * q_row..(i + 1) * q_row];
-                let upto = (i + 1).div_ceil(LANES) * LANES;
-                for j in (0..upto).step_by(LANES) {
-                    let dec = dai.sub(S::load(&da[j..])).min_(S::splat(0.0)).exp();
-                    dec.mul(S::load(&dt_out[j..])).mul(S::load(&cbi[j..])).store(&mut wrow[j..]);
-                }
+                let scale = da[i].exp();
+                let ci = &cs[i * nr..(i + 1) * nr];
                 let yi = &mut ys[i * pr..(i + 1) * pr];
-                for j in 0..=i {
-                    axpy::<S>(yi, wrow[j], &xs[j * pr..(j + 1) * pr]);
+                for pp in 0..p.dim {
+                    yi[pp] = scale * dot::<S>(&sin[pp * nr..(pp + 1) * nr], ci);
                 }
             }
-            let out = ctx.out.expect("stage 5 runs only with an output");
-            let out_dtype = p.io_dtypes.out.expect("output dtype");
-            let op = p.out.expect("output strides");
-            for i in 0..len {
-                for pp in 0..p.dim {
-                    let xv = xs[i * pr + pp];
-                    let mut y = ys[i * pr + pp];
-                    if let (Some((d, t)), Some(dp)) = (inp.d, p.d) {
-                        y += rd(d, t, dp.at([h, pp, 0])) * xv;
-                    }
-                    if let (Some(z), Some(zp)) = (inp.z, p.z) {
-                        let zv = rd(z, p.io_dtypes.z.unwrap(), zp.at([s + i, h, pp]));
-                        y *= zv / (1.0 + (-zv).exp());
-                    }
-                    // SAFETY: the plan checked `out`'s shape and that its elements do not overlap;
-                    // token s+i, head h is written by this (chunk, head) item only.
-                    unsafe { wr(out, out_dtype, op.at([s + i, h, pp]), y) };
+        }
+        // Diagonal block: causal CB weighted by the decay between tokens and dt.
+        for i in 0..len {
+            let dai = S::splat(da[i]);
+            let cbi = &cb[i * q_row..(i + 1) * q_row];
+            let upto = (i + 1).div_ceil(LANES) * LANES;
+            for j in (0..upto).step_by(LANES) {
+                let dec = dai.sub(S::load(&da[j..])).min_(S::splat(0.0)).exp();
+                dec.mul(S::load(&dt_out[j..])).mul(S::load(&cbi[j..])).store(&mut wrow[j..]);
+            }
+            let yi = &mut ys[i * pr..(i + 1) * pr];
+            for j in 0..=i {
+                axpy::<S>(yi, wrow[j], &xs[j * pr..(j + 1) * pr]);
+            }
+        }
+        let out = ctx.out.expect("stage 5 runs only with an output");
+        let out_dtype = p.io_dtypes.out.expect("output dtype");
+        let op = p.out.expect("output strides");
+        for i in 0..len {
+            for pp in 0..p.dim {
+                let xv = xs[i * pr + pp];
+                let mut y = ys[i * pr + pp];
+                if let (Some((d, t)), Some(dp)) = (inp.d, p.d) {
+                    y += rd(d, t, dp.at([h, pp, 0])) * xv;
                 }
+                if let (Some(z), Some(zp)) = (inp.z, p.z) {
+                    let zv = rd(z, p.io_dtypes.z.unwrap(), zp.at([s + i, h, pp]));
+                    y *= zv / (1.0 + (-zv).exp());
+                }
+                // SAFETY: the plan checked `out`'s shape and that its elements do not overlap;
+                // token s+i, head h is written by this (chunk, head) item only.
+                unsafe { wr(out, out_dtype, op.at([s + i, h, pp]), y) };
             }
         }
     }
@@ -483,23 +466,18 @@ impl Run<MambaChunkScanCombinedVarlenArgs<'_>> for CpuBackend {
     fn run(&self, call: Planned<MambaChunkScanCombinedVarlenArgs<'_>>) -> Result<(), CpuError> {
         let (mut args, plan) = call.into_parts();
         let plan = &plan;
-        let (host, opt) = (host_ref, host_opt);
         let inp = Inputs {
-            x: host("x", &args.x)?,
-            dt: host("dt", &args.dt)?,
-            a: host("A", &args.a)?,
-            b: host("B", &args.b)?,
-            c: host("C", &args.c)?,
-            d: opt("D", &args.d)?,
-            z: opt("z", &args.z)?.map(|(b, _)| b),
-            dt_bias: opt("dt_bias", &args.dt_bias)?,
-            init: opt("initial_states", &args.initial_states)?,
-            init_idx: opt("initial_state_indices", &args.initial_state_indices)?.map(|(b, _)| b),
-            has_init: opt("has_initial_state", &args.has_initial_state)?.map(|(b, _)| b),
-            final_idx: opt("final_state_indices", &args.final_state_indices)?.map(|(b, _)| b),
-            cu_chunk: (host("cu_chunk_seqlens", &args.cu_chunk_seqlens)?, args.cu_chunk_seqlens.dtype()),
-            seq_idx: (host("seq_idx", &args.seq_idx)?, args.seq_idx.dtype()),
-            last_chunk: (host("last_chunk_indices", &args.last_chunk_indices)?, args.last_chunk_indices.dtype()),
+            mamba: MambaInputs::new([&args.x, &args.dt, &args.a, &args.b, &args.c])?,
+            d: host_opt("D", &args.d)?,
+            z: host_opt("z", &args.z)?.map(|(b, _)| b),
+            dt_bias: host_opt("dt_bias", &args.dt_bias)?,
+            init: host_opt("initial_states", &args.initial_states)?,
+            init_idx: host_opt("initial_state_indices", &args.initial_state_indices)?.map(|(b, _)| b),
+            has_init: host_opt("has_initial_state", &args.has_initial_state)?.map(|(b, _)| b),
+            final_idx: host_opt("final_state_indices", &args.final_state_indices)?.map(|(b, _)| b),
+            cu_chunk: (host_ref("cu_chunk_seqlens", &args.cu_chunk_seqlens)?, args.cu_chunk_seqlens.dtype()),
+            seq_idx: (host_ref("seq_idx", &args.seq_idx)?, args.seq_idx.dtype()),
+            last_chunk: (host_ref("last_chunk_indices", &args.last_chunk_indices)?, args.last_chunk_indices.dtype()),
             a_dtype: args.a.dtype(),
         };
         let states_out = args.varlen_states.as_mut().map(|t| host_shared("varlen_states", t)).transpose()?;
@@ -527,25 +505,18 @@ impl Run<MambaChunkScanCombinedVarlenArgs<'_>> for CpuBackend {
         };
         let ctx = Ctx { p: plan, w, inp, ws: SharedBuf::new(ws), out, states_out, pool };
         let ctx = &ctx;
-        // Stages 1, 2 (per chunk and head) and 4 (per chunk and group).
         let per_item = item_scratch(plan, &w);
-        self.for_each_scratch(plan.nchunks * (plan.heads + plan.groups), per_item, false, None, |item, scratch| {
-            dispatch(ChunkItem { ctx, item, scratch })
-        });
+        let run = |pass, n| self.for_each_item(n, per_item, None, &PassRun { ctx, pass });
+        // Stages 1, 2 (per chunk and head) and 4 (per chunk and group).
+        run(Pass::Chunks, plan.nchunks * (plan.heads + plan.groups));
         // Stage 3 (per sequence and head).
-        self.for_each_scratch(plan.batch * plan.heads, per_item, false, None, |item, scratch| {
-            dispatch(PassItem { ctx, item, scratch })
-        });
+        run(Pass::States, plan.batch * plan.heads);
         // Stage 5 (per chunk and head).
         if ctx.out.is_some() {
-            self.for_each_scratch(plan.nchunks * plan.heads, per_item, false, None, |item, scratch| {
-                dispatch(ScanItem { ctx, item, scratch })
-            });
+            run(Pass::Scan, plan.nchunks * plan.heads);
         }
         // Final states (per sequence and head), after every read of an initial state.
-        self.for_each_scratch(plan.batch * plan.heads, per_item, false, None, |item, scratch| {
-            dispatch(FinalItem { ctx, item, scratch })
-        });
+        run(Pass::Final, plan.batch * plan.heads);
         Ok(())
     }
 }

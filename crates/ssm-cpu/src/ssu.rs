@@ -11,7 +11,7 @@ use ssm_ssu::philox::{round_f16_stochastic, sr_bits};
 use ssm_ssu::{ParamForm, Route, SelectiveStateUpdateArgs, SsuPlan, TokenStrides};
 use ssm_tensor::{DType, Planned, Run, TensorMut};
 
-use crate::host::{rd, rd_int, wr};
+use crate::host::{MambaInputs, rd, rd_int, wr};
 use crate::lanes::round8;
 use crate::shared::{Scratch, SharedBuf};
 use crate::simd::{LANES, PowTwo, Real, Simd, SimdKernel, dispatch};
@@ -21,11 +21,7 @@ use crate::{CpuBackend, CpuError, require_host};
 const PREFETCH_ROWS: usize = 4;
 
 struct Inputs<'a> {
-    x: &'a [u8],
-    dt: &'a [u8],
-    a: &'a [u8],
-    b: &'a [u8],
-    c: &'a [u8],
+    mamba: MambaInputs<'a>,
     d: Option<&'a [u8]>,
     dt_bias: Option<&'a [u8]>,
     z: Option<&'a [u8]>,
@@ -91,24 +87,13 @@ impl Run<SelectiveStateUpdateArgs<'_>> for CpuBackend {
         let (mut args, plan) = call.into_parts();
         let plan = &plan;
         require_host("state", args.state.device())?;
-        fn host<'t>(t: &ssm_tensor::TensorRef<'t>) -> Option<&'t [u8]> {
-            t.host_bytes()
-        }
         fn opt<'t>(t: &Option<ssm_tensor::TensorRef<'t>>) -> Option<&'t [u8]> {
             t.as_ref().and_then(|t| t.host_bytes())
         }
-        let (Some(x), Some(dt), Some(a), Some(b), Some(c)) =
-            (host(&args.x), host(&args.dt), host(&args.a), host(&args.b), host(&args.c))
-        else {
-            return Err(CpuError::NotHost { arg: "x", device: args.x.device() });
-        };
+        let mamba = MambaInputs::new([&args.x, &args.dt, &args.a, &args.b, &args.c])?;
         let sbi = opt(&args.state_batch_indices);
         let inp = Inputs {
-            x,
-            dt,
-            a,
-            b,
-            c,
+            mamba,
             d: opt(&args.d),
             dt_bias: opt(&args.dt_bias),
             z: opt(&args.z),
@@ -238,7 +223,7 @@ impl<'a> SeqCtx<'a> {
             spec_dsts: plan.spec && live,
             final_store: !plan.spec && live && !(table && plan.is_pad(dst_final)),
             tied: plan.form == ParamForm::Tied,
-            a_head: rd(inp.a, ty.a, plan.a.at([h, 0, 0])),
+            a_head: rd(inp.mamba.a, ty.a, plan.a.at([h, 0, 0])),
         })
     }
 
@@ -265,7 +250,7 @@ impl<'a> SeqCtx<'a> {
     #[inline(always)]
     fn dt_raw(&self, t: usize, p: usize) -> f32 {
         let (plan, inp, ty) = (self.plan, self.inp, &self.plan.dtypes);
-        let mut v = rd(inp.dt, ty.dt, plan.dt.at(self.tok(&plan.dt, t), self.h, p));
+        let mut v = rd(inp.mamba.dt, ty.dt, plan.dt.at(self.tok(&plan.dt, t), self.h, p));
         if let (Some(bias), Some(s)) = (inp.dt_bias, plan.dt_bias) {
             v += rd(bias, ty.dt_bias.unwrap(), s.at([self.h, p]));
         }
@@ -292,7 +277,7 @@ impl<'a> SeqCtx<'a> {
     #[inline(always)]
     fn x_of(&self, t: usize, p: usize) -> f32 {
         let plan = self.plan;
-        rd(self.inp.x, plan.dtypes.x, plan.x.at(self.tok(&plan.x, t), self.h, p))
+        rd(self.inp.mamba.x, plan.dtypes.x, plan.x.at(self.tok(&plan.x, t), self.h, p))
     }
 
     /// Writes `y` as `out` of (token `t`, row `p`).
@@ -356,7 +341,7 @@ fn fill_tokens(cx: &SeqCtx<'_>, bufs: &mut Bufs<'_>) {
         bufs.das[t] = (cx.a_head * dtv).exp();
         for n in 0..nv {
             let (bval, cval) = if n < n_st {
-                (rd(inp.b, ty.b, plan.b.at(bb, cx.g, n)), rd(inp.c, ty.c, plan.c.at(cb, cx.g, n)))
+                (rd(inp.mamba.b, ty.b, plan.b.at(bb, cx.g, n)), rd(inp.mamba.c, ty.c, plan.c.at(cb, cx.g, n)))
             } else {
                 (0.0, 0.0)
             };
@@ -527,7 +512,7 @@ fn channel_step<S: Simd + PowTwo>(cx: &SeqCtx<'_>, bufs: &mut Bufs<'_>, t: usize
     // `A = -exp(A_log)`), else element by element.
     let a0 = plan.a.at([h, p, 0]);
     let a_row: Option<&[f32]> = (ty.a == DType::F32 && plan.a.strides[2] == 1)
-        .then(|| bytemuck::try_cast_slice::<u8, f32>(inp.a).ok())
+        .then(|| bytemuck::try_cast_slice::<u8, f32>(inp.mamba.a).ok())
         .flatten()
         .map(|a| &a[a0..a0 + n_st]);
     for n in (0..nv).step_by(LANES) {
@@ -537,7 +522,7 @@ fn channel_step<S: Simd + PowTwo>(cx: &SeqCtx<'_>, bufs: &mut Bufs<'_>, t: usize
                 let mut av = [0.0f32; LANES];
                 for (k, a) in av.iter_mut().enumerate() {
                     if n + k < n_st {
-                        *a = rd(inp.a, ty.a, plan.a.at([h, p, n + k]));
+                        *a = rd(inp.mamba.a, ty.a, plan.a.at([h, p, n + k]));
                     }
                 }
                 S::load(&av)

@@ -5,13 +5,13 @@
 
 use ssm_gdn::plan::{ChunkPlan, ChunkStart, StateView};
 use ssm_gdn::{CHUNK_SIZE, ChunkGatedDeltaRuleArgs, StateLayout};
-use ssm_tensor::{Planned, Run, TensorRef};
+use ssm_tensor::{DType, Planned, Run, TensorRef};
 
-use super::normalize;
-use crate::host::{host_opt, host_ref, host_shared, rd};
+use super::{Io, normalize};
+use crate::host::{host_opt, host_ref, rd};
 use crate::lanes::{axpy, dot, gather, round8, scal, scatter};
-use crate::shared::{Scratch, SharedBuf};
-use crate::simd::{LANES, PowTwo, Simd, SimdKernel, dispatch};
+use crate::shared::{ItemOp, Scratch, SharedBuf};
+use crate::simd::{LANES, PowTwo, Simd};
 use crate::{CpuBackend, CpuError, require_host};
 
 /// Offsets (in f32 elements) of one worker's chunked-prefill scratch.
@@ -51,61 +51,54 @@ impl ChunkLayout {
     }
 }
 
-/// `out[i][..np] += alpha·Σ_{p<kd} a[i·lda + p]·b[p·ldb + ..np]` for `i < m`; `np` a multiple of 8.
-#[allow(clippy::too_many_arguments)]
-#[inline(always)]
-fn gemm<S: Simd>(
-    m: usize,
+/// The operands of `alpha·A·B` with `kd` inner terms: `A[i][p] = a[i·lda + p]`,
+/// `B[p][j] = b[p·ldb + j]`.
+#[derive(Clone, Copy)]
+struct Operands<'a> {
     kd: usize,
-    np: usize,
-    a: &[f32],
+    a: &'a [f32],
     lda: usize,
-    b: &[f32],
+    b: &'a [f32],
     ldb: usize,
-    out: &mut [f32],
-    ldo: usize,
     alpha: f32,
-) {
+}
+
+/// `out[i][..np] += alpha·Σ_{p<kd} A[i][p]·B[p][..np]` for `i < m`; `np` a multiple of 8.
+#[inline(always)]
+fn gemm<S: Simd>(m: usize, np: usize, ab: Operands<'_>, out: &mut [f32], ldo: usize) {
     let mut i = 0;
     while i + 2 <= m {
-        let mut c = 0;
-        while c + 4 * LANES <= np {
-            gemm_tile::<S, 2, 4>(i, c, kd, a, lda, b, ldb, out, ldo, alpha);
-            c += 4 * LANES;
-        }
-        while c < np {
-            gemm_tile::<S, 2, 1>(i, c, kd, a, lda, b, ldb, out, ldo, alpha);
-            c += LANES;
-        }
+        gemm_rows::<S, 2>(i, np, ab, out, ldo);
         i += 2;
     }
     if i < m {
-        let mut c = 0;
-        while c + 4 * LANES <= np {
-            gemm_tile::<S, 1, 4>(i, c, kd, a, lda, b, ldb, out, ldo, alpha);
-            c += 4 * LANES;
-        }
-        while c < np {
-            gemm_tile::<S, 1, 1>(i, c, kd, a, lda, b, ldb, out, ldo, alpha);
-            c += LANES;
-        }
+        gemm_rows::<S, 1>(i, np, ab, out, ldo);
     }
 }
 
-#[allow(clippy::too_many_arguments)]
+/// Rows `i..i + R` of [`gemm`]: four lane groups of columns at a time, then one.
+#[inline(always)]
+fn gemm_rows<S: Simd, const R: usize>(i: usize, np: usize, ab: Operands<'_>, out: &mut [f32], ldo: usize) {
+    let mut c = 0;
+    while c + 4 * LANES <= np {
+        gemm_tile::<S, R, 4>(i, c, ab, out, ldo);
+        c += 4 * LANES;
+    }
+    while c < np {
+        gemm_tile::<S, R, 1>(i, c, ab, out, ldo);
+        c += LANES;
+    }
+}
+
 #[inline(always)]
 fn gemm_tile<S: Simd, const R: usize, const G: usize>(
     i: usize,
     c: usize,
-    kd: usize,
-    a: &[f32],
-    lda: usize,
-    b: &[f32],
-    ldb: usize,
+    ab: Operands<'_>,
     out: &mut [f32],
     ldo: usize,
-    alpha: f32,
 ) {
+    let Operands { kd, a, lda, b, ldb, alpha } = ab;
     let mut acc = [[S::splat(0.0); G]; R];
     for p in 0..kd {
         let brow = &b[p * ldb + c..p * ldb + c + G * LANES];
@@ -131,94 +124,79 @@ fn gemm_tile<S: Simd, const R: usize, const G: usize>(
 
 struct ChunkCtx<'a> {
     plan: &'a ChunkPlan,
-    q: &'a [u8],
-    k: &'a [u8],
-    v: &'a [u8],
+    io: Io<'a>,
     g: &'a [u8],
     beta: &'a [u8],
-    cu: Option<TensorRef<'a>>,
     ix: Option<TensorRef<'a>>,
     has: Option<TensorRef<'a>>,
-    state: Option<SharedBuf<u8>>,
-    final_state: Option<SharedBuf<u8>>,
-    o: SharedBuf<u8>,
     layout: ChunkLayout,
 }
 
-struct ChunkItem<'c, 'a, 's, 't> {
-    ctx: &'c ChunkCtx<'a>,
-    item: usize,
-    scratch: &'s mut Scratch<'t>,
-}
-
-impl SimdKernel for ChunkItem<'_, '_, '_, '_> {
-    type Output = ();
+impl ItemOp for ChunkCtx<'_> {
     #[inline(always)]
-    fn run<S: Simd + PowTwo>(self) {
-        chunk_item::<S>(self.ctx, self.item, self.scratch.take(self.ctx.layout.len))
+    fn run_item<S: Simd + PowTwo>(&self, item: usize, scratch: &mut Scratch<'_>) {
+        chunk_item::<S>(self, item, scratch.take(self.layout.len))
     }
 }
 
-/// Element offset of entry (ki, vi) of a stored head and the stride between its `vi`s.
-fn head_entry(layout: StateLayout, kd: usize, vd: usize, ki: usize) -> (usize, isize) {
-    match layout {
-        StateLayout::VK => (ki, kd as isize),
-        StateLayout::KV => (ki * vd, 1),
-    }
-}
-
-/// Loads head `hv` of row `row` of a state tensor into the K-major f32 matrix `h` (`[kd][vp]`,
-/// zero-padded).
-///
-/// # Safety
-/// The head block must lie in `base` and be written by no other thread now.
-#[allow(clippy::too_many_arguments)]
-#[inline(always)]
-unsafe fn load_h<S: Simd>(
+/// Head `hv` of row `row` of a state tensor as stored: `kd·vd` elements of `dtype` from element
+/// `off` of `base`, V-major or K-major.
+#[derive(Clone, Copy)]
+struct StoredHead {
     base: SharedBuf<u8>,
-    sv: &StateView,
+    dtype: DType,
+    off: usize,
     layout: StateLayout,
-    row: usize,
-    hv: usize,
     kd: usize,
     vd: usize,
-    h: &mut [f32],
-) {
-    let vp = round8(vd);
-    let (off, size) = (sv.head(row, hv, kd * vd), sv.dtype.size());
-    // SAFETY: the head block (kd·vd elements from `off`) is in bounds and not written
-    // concurrently (caller's contract).
-    let bytes = unsafe { std::slice::from_raw_parts(base.elems::<u8>(off * size, kd * vd * size), kd * vd * size) };
-    for ki in 0..kd {
-        let (at, stride) = head_entry(layout, kd, vd, ki);
-        let hrow = &mut h[ki * vp..(ki + 1) * vp];
-        gather::<S>(bytes, sv.dtype, at, stride, &mut hrow[..vd]);
-        hrow[vd..].fill(0.0);
-    }
 }
 
-/// Stores the K-major f32 matrix `h` as head `hv` of row `row` of a state tensor.
-///
-/// # Safety
-/// The head block must lie in `base` and be accessed by no other thread now.
-#[allow(clippy::too_many_arguments)]
-#[inline(always)]
-unsafe fn store_h<S: Simd>(
-    base: SharedBuf<u8>,
-    sv: &StateView,
-    layout: StateLayout,
-    row: usize,
-    hv: usize,
-    kd: usize,
-    vd: usize,
-    h: &[f32],
-) {
-    let vp = round8(vd);
-    let off = sv.head(row, hv, kd * vd);
-    for ki in 0..kd {
-        let (at, stride) = head_entry(layout, kd, vd, ki);
-        // SAFETY: row ki of the head block is in bounds and owned by this item (caller's contract).
-        unsafe { scatter::<S>(base, sv.dtype, off + at, stride, &h[ki * vp..ki * vp + vd]) };
+impl StoredHead {
+    fn new(base: SharedBuf<u8>, sv: &StateView, p: &ChunkPlan, row: usize, hv: usize) -> Self {
+        let (kd, vd) = (p.dims.k, p.dims.v);
+        StoredHead { base, dtype: sv.dtype, off: sv.head(row, hv, kd * vd), layout: p.layout, kd, vd }
+    }
+
+    /// Element offset (within the head) of entry (ki, 0) and the stride between its `vi`s.
+    fn entry(self, ki: usize) -> (usize, isize) {
+        match self.layout {
+            StateLayout::VK => (ki, self.kd as isize),
+            StateLayout::KV => (ki * self.vd, 1),
+        }
+    }
+
+    /// Loads the head into the K-major f32 matrix `h` (`[kd][vp]`, zero-padded).
+    ///
+    /// # Safety
+    /// The head must lie in `base` and be written by no other thread now.
+    #[inline(always)]
+    unsafe fn load<S: Simd>(self, h: &mut [f32]) {
+        let (kd, vd, vp, size) = (self.kd, self.vd, round8(self.vd), self.dtype.size());
+        // SAFETY: the head block (kd·vd elements from `off`) is in bounds and not written
+        // concurrently (caller's contract).
+        let bytes = unsafe {
+            std::slice::from_raw_parts(self.base.elems::<u8>(self.off * size, kd * vd * size), kd * vd * size)
+        };
+        for ki in 0..kd {
+            let (at, stride) = self.entry(ki);
+            let hrow = &mut h[ki * vp..(ki + 1) * vp];
+            gather::<S>(bytes, self.dtype, at, stride, &mut hrow[..vd]);
+            hrow[vd..].fill(0.0);
+        }
+    }
+
+    /// Stores the K-major f32 matrix `h` as the head.
+    ///
+    /// # Safety
+    /// The head must lie in `base` and be accessed by no other thread now.
+    #[inline(always)]
+    unsafe fn store<S: Simd>(self, h: &[f32]) {
+        let vp = round8(self.vd);
+        for ki in 0..self.kd {
+            let (at, stride) = self.entry(ki);
+            // SAFETY: row ki of the head is in bounds and owned by this item (caller's contract).
+            unsafe { scatter::<S>(self.base, self.dtype, self.off + at, stride, &h[ki * vp..ki * vp + self.vd]) };
+        }
     }
 }
 
@@ -266,14 +244,14 @@ fn chunk_item<S: Simd>(ctx: &ChunkCtx<'_>, item: usize, ws: &mut [f32]) {
         ChunkStart::Zeros { row } => (None, row),
         ChunkStart::Row(r) => (Some(r), p.inplace.then_some(r)),
     };
-    let sp = p.span(ctx.cu.as_ref(), n);
+    let sp = p.span(ctx.io.cu.as_ref(), n);
     let mut m = ChunkBufs::split(&ctx.layout, ws);
     match read {
         Some(r) => {
             let sv = p.state.as_ref().expect("a row start implies initial_state");
             // SAFETY: head hv of row r is in bounds (plan) and written by no other sequence (plan's
             // slot-conflict check) nor by another item (other heads).
-            unsafe { load_h::<S>(ctx.state.unwrap(), sv, p.layout, r, hv, d.k, d.v, m.h) };
+            unsafe { StoredHead::new(ctx.io.state.unwrap(), sv, p, r, hv).load::<S>(m.h) };
         }
         None => m.h.fill(0.0),
     }
@@ -286,14 +264,14 @@ fn chunk_item<S: Simd>(ctx: &ChunkCtx<'_>, item: usize, ws: &mut [f32]) {
         chunk_state_update::<S>(ctx, cl, &mut m);
         c0 += cl;
     }
-    if let (Some(fs), Some(buf)) = (p.final_state.as_ref(), ctx.final_state) {
+    if let (Some(fs), Some(buf)) = (p.final_state.as_ref(), ctx.io.final_state) {
         // SAFETY: row n of `final_state` belongs to sequence n; head hv to this item.
-        unsafe { store_h::<S>(buf, fs, p.layout, n, hv, d.k, d.v, m.h) };
+        unsafe { StoredHead::new(buf, fs, p, n, hv).store::<S>(m.h) };
     }
     if let Some(r) = write {
         let sv = p.state.as_ref().expect("in-place writes imply initial_state");
         // SAFETY: row r is touched by this sequence only (plan); head hv by this item only.
-        unsafe { store_h::<S>(ctx.state.unwrap(), sv, p.layout, r, hv, d.k, d.v, m.h) };
+        unsafe { StoredHead::new(ctx.io.state.unwrap(), sv, p, r, hv).store::<S>(m.h) };
     }
 }
 
@@ -309,13 +287,13 @@ fn chunk_inputs<S: Simd>(ctx: &ChunkCtx<'_>, b: usize, t0: usize, cl: usize, hv:
     for i in 0..cl {
         let tt = t0 + i;
         let qi = &mut m.q[i * kp..(i + 1) * kp];
-        gather::<S>(ctx.q, q_dt, q_at.at([b, tt, h, 0]), q_at.strides[3], &mut qi[..kd]);
+        gather::<S>(ctx.io.q, q_dt, q_at.at([b, tt, h, 0]), q_at.strides[3], &mut qi[..kd]);
         normalize::<S>(qi, kd, p.l2norm, p.eps, p.scale);
         let ki = &mut m.k[i * kp..(i + 1) * kp];
-        gather::<S>(ctx.k, k_dt, k_at.at([b, tt, h, 0]), k_at.strides[3], &mut ki[..kd]);
+        gather::<S>(ctx.io.k, k_dt, k_at.at([b, tt, h, 0]), k_at.strides[3], &mut ki[..kd]);
         normalize::<S>(ki, kd, p.l2norm, p.eps, 1.0);
         let ui = &mut m.u[i * vp..(i + 1) * vp];
-        gather::<S>(ctx.v, v_dt, v_at.at([b, tt, hv, 0]), v_at.strides[3], &mut ui[..vd]);
+        gather::<S>(ctx.io.v, v_dt, v_at.at([b, tt, hv, 0]), v_at.strides[3], &mut ui[..vd]);
         ui[vd..].fill(0.0);
         acc += rd(ctx.g, g_dt, g_at.at([b, tt, hv]));
         m.gc[i] = acc;
@@ -353,7 +331,7 @@ fn chunk_solve<S: Simd>(ctx: &ChunkCtx<'_>, cl: usize, m: &mut ChunkBufs<'_>) {
             axpy::<S>(&mut wi[..kp], aij, &wj[j * kp..(j + 1) * kp]);
         }
     }
-    gemm::<S>(cl, kd, vp, m.w, kp, m.h, vp, m.u, vp, -1.0);
+    gemm::<S>(cl, vp, Operands { kd, a: m.w, lda: kp, b: m.h, ldb: vp, alpha: -1.0 }, m.u, vp);
 }
 
 /// `O = (e^{G_i} q_i)·H + P·V'`, scattered to `o`.
@@ -365,12 +343,12 @@ fn chunk_outputs<S: Simd>(ctx: &ChunkCtx<'_>, b: usize, t0: usize, cl: usize, hv
     for i in 0..cl {
         scal::<S>(&mut m.q[i * kp..(i + 1) * kp], m.gc[i].exp());
     }
-    gemm::<S>(cl, kd, vp, m.q, kp, m.h, vp, m.o, vp, 1.0);
-    gemm::<S>(cl, cl, vp, m.p, CHUNK_SIZE, m.u, vp, m.o, vp, 1.0);
+    gemm::<S>(cl, vp, Operands { kd, a: m.q, lda: kp, b: m.h, ldb: vp, alpha: 1.0 }, m.o, vp);
+    gemm::<S>(cl, vp, Operands { kd: cl, a: m.p, lda: CHUNK_SIZE, b: m.u, ldb: vp, alpha: 1.0 }, m.o, vp);
     for i in 0..cl {
         let at = o_at.at([b, t0 + i, hv, 0]);
         // SAFETY: the output row of (sequence, token t0 + i, head hv) belongs to this item.
-        unsafe { scatter::<S>(ctx.o, o_dt, at, o_at.strides[3], &m.o[i * vp..i * vp + vd]) };
+        unsafe { scatter::<S>(ctx.io.o, o_dt, at, o_at.strides[3], &m.o[i * vp..i * vp + vd]) };
     }
 }
 
@@ -386,7 +364,7 @@ fn chunk_state_update<S: Simd>(ctx: &ChunkCtx<'_>, cl: usize, m: &mut ChunkBufs<
             m.kdt[ki * cs + i] = m.k[i * kp + ki] * f;
         }
     }
-    gemm::<S>(kd, cl, vp, m.kdt, cs, m.u, vp, m.h, vp, 1.0);
+    gemm::<S>(kd, vp, Operands { kd: cl, a: m.kdt, lda: cs, b: m.u, ldb: vp, alpha: 1.0 }, m.h, vp);
 }
 
 impl Run<ChunkGatedDeltaRuleArgs<'_>> for CpuBackend {
@@ -394,23 +372,16 @@ impl Run<ChunkGatedDeltaRuleArgs<'_>> for CpuBackend {
     fn run(&self, call: Planned<ChunkGatedDeltaRuleArgs<'_>>) -> Result<(), CpuError> {
         let (mut a, plan) = call.into_parts();
         let plan = &plan;
-        host_opt("cu_seqlens", &a.cu_seqlens)?;
         host_opt("initial_state_indices", &a.initial_state_indices)?;
         host_opt("has_initial_state", &a.has_initial_state)?;
         let layout = ChunkLayout::new(plan.dims.k, plan.dims.v);
         let ctx = ChunkCtx {
             plan,
-            q: host_ref("q", &a.q)?,
-            k: host_ref("k", &a.k)?,
-            v: host_ref("v", &a.v)?,
+            io: Io::new([&a.q, &a.k, &a.v], &a.cu_seqlens, a.initial_state.as_mut(), a.final_state.as_mut(), &mut a.o)?,
             g: host_ref("g", &a.g)?,
             beta: host_ref("beta", &a.beta)?,
-            cu: a.cu_seqlens,
             ix: a.initial_state_indices,
             has: a.has_initial_state,
-            state: a.initial_state.as_mut().map(|s| host_shared("initial_state", s)).transpose()?,
-            final_state: a.final_state.as_mut().map(|s| host_shared("final_state", s)).transpose()?,
-            o: host_shared("o", &mut a.o)?,
             layout,
         };
         let given = match a.scratch.as_mut() {
@@ -423,9 +394,7 @@ impl Run<ChunkGatedDeltaRuleArgs<'_>> for CpuBackend {
             None => None,
         };
         let items = plan.dims.seqs * plan.dims.v_heads;
-        self.for_each_scratch(items, layout.len, false, given, |item, scratch| {
-            dispatch(ChunkItem { ctx: &ctx, item, scratch })
-        });
+        self.for_each_item(items, layout.len, given, &ctx);
         Ok(())
     }
 }

@@ -1,9 +1,67 @@
 //! The direct decode kernels of the recurrent ops: state rows stream from memory to memory
 //! (read once, updated in f32 in registers or L1, written once per destination), with no tile.
 
+use std::ops::Range;
+
+use super::Token;
 use crate::lanes::{ld, round8, st};
 use crate::shared::SharedBuf;
 use crate::simd::{LANES, Real, Simd};
+
+/// Prefetches `rows` of a head of `pitch`-element rows at `head`, every cache line of each: a
+/// hint that never faults, even for rows past the tensor.
+#[inline(always)]
+fn prefetch_rows<S: Simd, R>(head: *const R, rows: Range<usize>, pitch: usize) {
+    let row_bytes = pitch * std::mem::size_of::<R>();
+    for row in rows {
+        let line0 = head.wrapping_add(row * pitch).cast::<u8>();
+        for line in (0..row_bytes).step_by(64) {
+            S::prefetch(line0.wrapping_add(line));
+        }
+    }
+}
+
+/// The dot products with `k` of four rows of `kd` elements (a multiple of 8) from `rows`, as
+/// lane sums; with `COPY`, the rows are also stored, widened to f32, at `buf`.
+///
+/// # Safety
+/// `rows` must be valid for reading `4·kd` elements and `kp` for `kd`; with `COPY`, `buf` for
+/// writing `4·kd`, with no reference to them live.
+#[inline(always)]
+unsafe fn block_dots<S: Simd, R: Real, const COPY: bool>(
+    rows: *const R,
+    kd: usize,
+    kp: *const f32,
+    buf: *mut f32,
+) -> [S; 4] {
+    let mut a = [S::splat(0.0); 4];
+    let mut c = 0;
+    while c < kd {
+        // SAFETY: `c + 8 ≤ kd`: inside the four rows, `k` and (with `COPY`) `buf` (caller's contract).
+        unsafe {
+            let kk = ld::<S, f32>(kp.add(c));
+            for (j, aj) in a.iter_mut().enumerate() {
+                let x = ld::<S, R>(rows.add(j * kd + c));
+                if COPY {
+                    st::<S, f32>(x, buf.add(j * kd + c));
+                }
+                *aj = x.mul_add(kk, *aj);
+            }
+        }
+        c += LANES;
+    }
+    a
+}
+
+/// `u = β(v − e^g·Σa)` of a block of four rows (`v`, `beta` from the block's first row on), as lanes.
+#[inline(always)]
+fn block_u<S: Simd>(a: &[S; 4], v: &[f32], beta: &[f32], decay: f32) -> [S; 4] {
+    let mut u = [S::splat(0.0); 4];
+    for j in 0..4 {
+        u[j] = S::splat((v[j] - a[j].reduce_add() * decay) * beta[j]);
+    }
+    u
+}
 
 /// Four independent accumulators keep the FMA latency chain off the critical path.
 ///
@@ -47,6 +105,30 @@ pub(super) enum Dst {
     InPlace,
     /// Another head block: base pointer and element offset.
     Other(SharedBuf<u8>, usize),
+}
+
+/// The memory of one direct decode: `kd·vd` elements at `src`, written to `dst` (null for none;
+/// `src` itself in place).
+#[derive(Clone, Copy)]
+pub(super) struct HeadRows<R> {
+    src: *mut R,
+    dst: *mut R,
+    kd: usize,
+    vd: usize,
+}
+
+impl<R> HeadRows<R> {
+    /// From element `src_off` of `src`, to where `dst` says.
+    #[inline(always)]
+    pub(super) fn new(src: SharedBuf<u8>, src_off: usize, dst: Dst, [kd, vd]: [usize; 2]) -> Self {
+        let rows = src.elems::<R>(src_off, kd * vd);
+        let dst = match dst {
+            Dst::None => std::ptr::null_mut(),
+            Dst::InPlace => rows,
+            Dst::Other(base, off) => base.elems::<R>(off, kd * vd),
+        };
+        HeadRows { src: rows, dst, kd, vd }
+    }
 }
 
 /// Pass 2 of the direct decode on one row: `x = src·e^g + u·k`, stored to `dst` (unless null),
@@ -123,95 +205,86 @@ unsafe fn row_update<S: Simd, R: Real>(
 /// Rows `src + r·kd` (and `dst + r·kd` unless `dst` is null) for `r < 4·nblk` must be valid for
 /// `kd` elements and accessed by no other thread; `dst` may equal `src` and must not overlap it
 /// otherwise; `k`, `q` hold `kd`, `v`, `beta`, `out` hold `4·nblk` elements.
-#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 unsafe fn vk_blocks4<S: Simd, R: Real>(
     src: *const R,
     dst: *mut R,
     kd: usize,
     nblk: usize,
-    q: &[f32],
-    k: &[f32],
-    decay: f32,
-    v: &[f32],
-    beta: &[f32],
+    tok: Token<'_>,
     out: &mut [f32],
 ) {
     const AHEAD: usize = 4;
     let rows = 4 * nblk;
-    let (kp, qp) = (k[..kd].as_ptr(), q[..kd].as_ptr());
-    let row_bytes = kd * std::mem::size_of::<R>();
-    let dv = S::splat(decay);
+    let (kp, qp) = (tok.k[..kd].as_ptr(), tok.q[..kd].as_ptr());
+    let dv = S::splat(tok.decay);
     let write = !dst.is_null();
-    // The dot products of block 0.
-    let mut a = [S::splat(0.0); 4];
-    let mut c = 0;
-    while c < kd {
-        // SAFETY: `c + 8 ≤ kd`: inside rows 0..4 and `k` (caller's contract).
-        unsafe {
-            let kk = ld::<S, f32>(kp.add(c));
-            for (j, aj) in a.iter_mut().enumerate() {
-                *aj = ld::<S, R>(src.add(j * kd + c)).mul_add(kk, *aj);
-            }
-        }
-        c += LANES;
-    }
+    // SAFETY: rows 0..4 and `k` hold `kd` elements (caller's contract).
+    let mut a = unsafe { block_dots::<S, R, false>(src, kd, kp, std::ptr::null_mut()) };
     for b in 0..nblk {
         let r = 4 * b;
-        for ahead in r + AHEAD..(r + AHEAD + 4).min(rows) {
-            let line0 = src.wrapping_add(ahead * kd).cast::<u8>();
-            for line in (0..row_bytes).step_by(64) {
-                S::prefetch(line0.wrapping_add(line));
-            }
-        }
-        let mut u = [S::splat(0.0); 4];
-        for j in 0..4 {
-            u[j] = S::splat((v[r + j] - a[j].reduce_add() * decay) * beta[r + j]);
-        }
+        prefetch_rows::<S, R>(src, r + AHEAD..(r + AHEAD + 4).min(rows), kd);
+        let u = block_u::<S>(&a, &tok.v[r..], &tok.beta[r..], tok.decay);
         let blk = src.wrapping_add(r * kd);
         let wblk = if write { dst.wrapping_add(r * kd) } else { dst };
-        let next = blk.wrapping_add(4 * kd);
-        let mut o = [S::splat(0.0); 4];
-        a = [S::splat(0.0); 4];
-        let mut c = 0;
-        if b + 1 < nblk {
-            while c < kd {
-                // SAFETY: `c + 8 ≤ kd`: inside the rows of blocks b and b+1 (source and
-                // destination), `k` and `q`; each element of block b is read before it is
-                // written, and block b+1 is only read (caller's contract).
-                unsafe {
-                    let (kk, qq) = (ld::<S, f32>(kp.add(c)), ld::<S, f32>(qp.add(c)));
-                    for j in 0..4 {
-                        let x = ld::<S, R>(blk.add(j * kd + c)).mul_add(dv, u[j].mul(kk));
-                        if write {
-                            st::<S, R>(x, wblk.add(j * kd + c));
-                        }
-                        o[j] = x.mul_add(qq, o[j]);
-                        a[j] = ld::<S, R>(next.add(j * kd + c)).mul_add(kk, a[j]);
-                    }
-                }
-                c += LANES;
+        // SAFETY: rows of blocks b (and b+1 when it exists) are in bounds and owned by this item
+        // (caller's contract).
+        let o = unsafe {
+            if b + 1 < nblk {
+                block_pass::<S, R, true>(blk, wblk, kd, [kp, qp], dv, u, &mut a)
+            } else {
+                block_pass::<S, R, false>(blk, wblk, kd, [kp, qp], dv, u, &mut a)
             }
-        } else {
-            while c < kd {
-                // SAFETY: as above, block b only.
-                unsafe {
-                    let (kk, qq) = (ld::<S, f32>(kp.add(c)), ld::<S, f32>(qp.add(c)));
-                    for j in 0..4 {
-                        let x = ld::<S, R>(blk.add(j * kd + c)).mul_add(dv, u[j].mul(kk));
-                        if write {
-                            st::<S, R>(x, wblk.add(j * kd + c));
-                        }
-                        o[j] = x.mul_add(qq, o[j]);
-                    }
-                }
-                c += LANES;
-            }
-        }
+        };
         for j in 0..4 {
             out[r + j] = o[j].reduce_add();
         }
     }
+}
+
+/// The update of one block of four rows in [`vk_blocks4`]: `x = e^g·S + u kᵀ` stored to `wblk`
+/// (unless null), returns `o = Σ x·q` per row; with `NEXT`, `a` receives the dot products of the
+/// next block's rows with `k` (else `a` is zeroed).
+///
+/// # Safety
+/// Rows `blk + j·kd` and `wblk + j·kd` (unless null) for `j < 4`, and with `NEXT` the four rows
+/// after `blk`, must be valid for `kd` elements (a multiple of 8), `kp`, `qp` for `kd` f32, and
+/// be accessed by no other thread; `wblk` may equal `blk` and must not overlap it otherwise.
+#[inline(always)]
+unsafe fn block_pass<S: Simd, R: Real, const NEXT: bool>(
+    blk: *const R,
+    wblk: *mut R,
+    kd: usize,
+    [kp, qp]: [*const f32; 2],
+    dv: S,
+    u: [S; 4],
+    a: &mut [S; 4],
+) -> [S; 4] {
+    let write = !wblk.is_null();
+    let next = blk.wrapping_add(4 * kd);
+    let mut o = [S::splat(0.0); 4];
+    *a = [S::splat(0.0); 4];
+    let mut c = 0;
+    while c < kd {
+        // SAFETY: `c + 8 ≤ kd`: inside the rows of this block (source and destination), of the
+        // next one when `NEXT`, `k` and `q`; each element of this block is read before it is
+        // written, and the next block is only read (caller's contract).
+        unsafe {
+            let (kk, qq) = (ld::<S, f32>(kp.add(c)), ld::<S, f32>(qp.add(c)));
+            for j in 0..4 {
+                let x = ld::<S, R>(blk.add(j * kd + c)).mul_add(dv, u[j].mul(kk));
+                if write {
+                    st::<S, R>(x, wblk.add(j * kd + c));
+                }
+                o[j] = x.mul_add(qq, o[j]);
+                if NEXT {
+                    a[j] = ld::<S, R>(next.add(j * kd + c)).mul_add(kk, a[j]);
+                }
+            }
+        }
+        c += LANES;
+    }
+    o
 }
 
 /// Several tokens on a V-major head straight from memory (`kd` a multiple of 8, `vd` of 4):
@@ -245,7 +318,6 @@ pub(super) unsafe fn decode_vk_multi<S: Simd, R: Real>(
     let kp = round8(kd);
     let stride = 2 * kp + 2 * vd;
     let src = base.elems::<R>(src_off, vd * kd);
-    let row_bytes = kd * std::mem::size_of::<R>();
     let bp = buf[..4 * kd].as_mut_ptr();
     // Streaming stores need every 8-lane chunk aligned to its size: true when the pool and each
     // destination head start aligned and rows are whole multiples of 8 elements.
@@ -253,39 +325,19 @@ pub(super) unsafe fn decode_vk_multi<S: Simd, R: Real>(
     let aligned = dsts.iter().flatten().all(|&off| (base.elems::<R>(off, vd * kd) as usize).is_multiple_of(lane_bytes));
     let mut r0 = 0;
     while r0 < vd {
-        for ahead in r0 + AHEAD..(r0 + AHEAD + 4).min(vd) {
-            let line0 = src.wrapping_add(ahead * kd).cast::<u8>();
-            for line in (0..row_bytes).step_by(64) {
-                S::prefetch(line0.wrapping_add(line));
-            }
-        }
-        // Read the block once, with the dots for token 0.
+        prefetch_rows::<S, R>(src, r0 + AHEAD..(r0 + AHEAD + 4).min(vd), kd);
+        // Read the block once into `buf`, with the dots for token 0.
         let kp0 = toks[kp..kp + kd].as_ptr();
-        let mut a = [S::splat(0.0); 4];
-        let mut c = 0;
-        while c < kd {
-            // SAFETY: rows r0..r0+4 of the source head and `buf` hold `kd` elements each, `c + 8 ≤ kd`
-            // (caller's contract); the source is only read here.
-            unsafe {
-                let kk = ld::<S, f32>(kp0.add(c));
-                for (j, aj) in a.iter_mut().enumerate() {
-                    let x = ld::<S, R>(src.add((r0 + j) * kd + c));
-                    st::<S, f32>(x, bp.add(j * kd + c));
-                    *aj = x.mul_add(kk, *aj);
-                }
-            }
-            c += LANES;
-        }
+        // SAFETY: rows r0..r0+4 of the source head and `buf` hold `kd` elements each (caller's
+        // contract); the source is only read here.
+        let mut a = unsafe { block_dots::<S, R, true>(src.wrapping_add(r0 * kd), kd, kp0, bp) };
         for t in 0..nt {
             let tk = &toks[t * stride..(t + 1) * stride];
             let (qp, kt) = (tk[..kd].as_ptr(), tk[kp..kp + kd].as_ptr());
             let (vt, bt) = (&tk[2 * kp..2 * kp + vd], &tk[2 * kp + vd..2 * kp + 2 * vd]);
             let decay = decays[t];
             let dv = S::splat(decay);
-            let mut u = [S::splat(0.0); 4];
-            for j in 0..4 {
-                u[j] = S::splat((vt[r0 + j] - a[j].reduce_add() * decay) * bt[r0 + j]);
-            }
+            let u = block_u::<S>(&a, &vt[r0..], &bt[r0..], decay);
             let dst = dsts[t].map(|off| base.elems::<R>(off + r0 * kd, 4 * kd));
             // A destination other than the source head is write-only here: stream it (no read for
             // ownership of lines nobody reads), when its rows are aligned for that.
@@ -333,34 +385,17 @@ pub(super) unsafe fn decode_vk_multi<S: Simd, R: Real>(
 /// pipelined blocks of four when `kd` is a multiple of 8 ([`vk_blocks4`]), the rest one by one.
 ///
 /// # Safety
-/// `vd` rows of `kd` elements from element `src_off` of `src` (and from the `dst` offset) must lie
-/// in their buffers and be accessed by no other thread now; an `Other` destination must not
-/// overlap the source rows.
-#[allow(clippy::too_many_arguments)]
+/// `vd` rows of `kd` elements at `head.src` (and at `head.dst` unless null) must be valid and
+/// accessed by no other thread now; `head.dst` may equal `head.src` and must not overlap it
+/// otherwise.
 #[inline(always)]
-pub(super) unsafe fn decode_vk_direct<S: Simd, R: Real>(
-    src: SharedBuf<u8>,
-    src_off: usize,
-    dst: Dst,
-    kd: usize,
-    vd: usize,
-    q: &[f32],
-    k: &[f32],
-    decay: f32,
-    v: &[f32],
-    beta: &[f32],
-    out: &mut [f32],
-) {
-    let rows = src.elems::<R>(src_off, vd * kd);
-    let dst_rows = match dst {
-        Dst::None => std::ptr::null_mut(),
-        Dst::InPlace => rows,
-        Dst::Other(base, off) => base.elems::<R>(off, kd * vd),
-    };
+pub(super) unsafe fn decode_vk_direct<S: Simd, R: Real>(head: HeadRows<R>, tok: Token<'_>, out: &mut [f32]) {
+    let HeadRows { src: rows, dst: dst_rows, kd, vd } = head;
+    let Token { q, k, decay, v, beta } = tok;
     let nblk = if kd.is_multiple_of(LANES) { vd / 4 } else { 0 };
     if nblk > 0 {
         // SAFETY: rows 0..4·nblk are in bounds and owned by this item (caller's contract).
-        unsafe { vk_blocks4::<S, R>(rows, dst_rows, kd, nblk, q, k, decay, v, beta, out) };
+        unsafe { vk_blocks4::<S, R>(rows, dst_rows, kd, nblk, tok, out) };
     }
     for r in 4 * nblk..vd {
         let s = rows.wrapping_add(r * kd);
@@ -378,49 +413,30 @@ pub(super) unsafe fn decode_vk_direct<S: Simd, R: Real>(
 /// head once, four rows at a time, for both `p = Sᵀk` and `r = Sᵀq`; then `u = β(v − e^g·p)` and
 /// `o = e^g·r + (k·q)·u` (the output of the updated state without reading it again); pass 2
 /// (only when the state is written) re-reads the head from L2 and stores `e^g·S + k uᵀ`.
-/// `v` is overwritten with `u`, `r` is scratch, `out` receives `o`.
+/// `r` is scratch (`r`, then `u`), `out` receives `o`.
 ///
 /// # Safety
-/// `kd·vd` elements from element `src_off` of `src` (and from the `dst` offset) must lie in their
-/// buffers and be accessed by no other thread now; an `Other` destination must not overlap the
-/// source; `vd` is a multiple of 8; `q`, `k` hold `kd`, `v`, `beta`, `r`, `out` hold `vd` elements.
-#[allow(clippy::too_many_arguments)]
+/// `kd·vd` elements at `rows.src` (and at `rows.dst` unless null) must be valid and accessed by
+/// no other thread now; `rows.dst` may equal `rows.src` and must not overlap it otherwise; `vd` is
+/// a multiple of 8; `q`, `k` hold `kd`, `v`, `beta`, `r`, `out` hold `vd` elements.
 #[inline(always)]
 pub(super) unsafe fn decode_kv_direct<S: Simd, R: Real>(
-    src: SharedBuf<u8>,
-    src_off: usize,
-    dst: Dst,
-    kd: usize,
-    vd: usize,
-    q: &[f32],
-    k: &[f32],
-    decay: f32,
-    v: &mut [f32],
-    beta: &[f32],
+    rows: HeadRows<R>,
+    tok: Token<'_>,
     r: &mut [f32],
     out: &mut [f32],
 ) {
     const AHEAD: usize = 8;
-    let head = src.elems::<R>(src_off, kd * vd);
-    let dst_head = match dst {
-        Dst::None => std::ptr::null_mut(),
-        Dst::InPlace => head,
-        Dst::Other(base, off) => base.elems::<R>(off, kd * vd),
-    };
+    let HeadRows { src: head, dst: dst_head, kd, vd } = rows;
+    let Token { q, k, decay, v, beta } = tok;
     let (pp, rp) = (out[..vd].as_mut_ptr(), r[..vd].as_mut_ptr());
-    let row_bytes = vd * std::mem::size_of::<R>();
     out[..vd].fill(0.0);
     r[..vd].fill(0.0);
     let mut ki = 0;
     while ki < kd {
         // Four rows at a time (one load and store of each running sum per four rows), then one.
         let n = if ki + 4 <= kd { 4 } else { 1 };
-        for a in ki + AHEAD..(ki + AHEAD + n).min(kd) {
-            let ahead = head.wrapping_add(a * vd).cast::<u8>();
-            for line in (0..row_bytes).step_by(64) {
-                S::prefetch(ahead.wrapping_add(line));
-            }
-        }
+        prefetch_rows::<S, R>(head, ki + AHEAD..(ki + AHEAD + n).min(kd), vd);
         let row0 = head.wrapping_add(ki * vd);
         if n == 4 {
             let kk = [S::splat(k[ki]), S::splat(k[ki + 1]), S::splat(k[ki + 2]), S::splat(k[ki + 3])];
@@ -461,14 +477,14 @@ pub(super) unsafe fn decode_kv_direct<S: Simd, R: Real>(
     let mut c = 0;
     while c < vd {
         let u = S::load(&v[c..]).sub(S::load(&out[c..]).mul(dv)).mul(S::load(&beta[c..]));
-        u.store(&mut v[c..]);
         S::load(&r[c..]).mul(dv).add(kqv.mul(u)).store(&mut out[c..]);
+        u.store(&mut r[c..]);
         c += LANES;
     }
     if dst_head.is_null() {
         return;
     }
-    let up = v[..vd].as_ptr();
+    let up = r[..vd].as_ptr();
     // Pass 2 runs from L2 and leaves the memory idle: meanwhile prefetch the start of the block
     // that follows this head (the next value head of the same slot, usually this thread's next
     // item), two lines per row, a quarter of a head. A hint: never faults, harmless if unused.

@@ -27,8 +27,58 @@ mod gating;
 mod recurrent;
 mod tile;
 
+use ssm_tensor::{TensorMut, TensorRef};
+
+use crate::CpuError;
+use crate::host::{host_opt, host_ref, host_shared};
 use crate::lanes::{dot, round8, scal};
+use crate::shared::SharedBuf;
 use crate::simd::Simd;
+
+/// The host memory every GDN state op reads (`q`, `k`, `v`, `cu_seqlens`) and writes (the state
+/// pool `initial_state`, `final_state`, `o`).
+struct Io<'a> {
+    q: &'a [u8],
+    k: &'a [u8],
+    v: &'a [u8],
+    cu: Option<TensorRef<'a>>,
+    state: Option<SharedBuf<u8>>,
+    final_state: Option<SharedBuf<u8>>,
+    o: SharedBuf<u8>,
+}
+
+impl<'a> Io<'a> {
+    /// The tensors' host memory, or [`CpuError::NotHost`] naming the first that is not.
+    fn new(
+        [q, k, v]: [&TensorRef<'a>; 3],
+        cu_seqlens: &Option<TensorRef<'a>>,
+        initial_state: Option<&mut TensorMut<'_>>,
+        final_state: Option<&mut TensorMut<'_>>,
+        o: &mut TensorMut<'_>,
+    ) -> Result<Self, CpuError> {
+        host_opt("cu_seqlens", cu_seqlens)?;
+        Ok(Io {
+            q: host_ref("q", q)?,
+            k: host_ref("k", k)?,
+            v: host_ref("v", v)?,
+            cu: *cu_seqlens,
+            state: initial_state.map(|s| host_shared("initial_state", s)).transpose()?,
+            final_state: final_state.map(|s| host_shared("final_state", s)).transpose()?,
+            o: host_shared("o", o)?,
+        })
+    }
+}
+
+/// One token's inputs to a block of value rows: normalised `q` and `k` (zero-padded to whole
+/// lanes), the decay `e^g`, and `v` and `β` of the block's rows.
+#[derive(Clone, Copy)]
+struct Token<'a> {
+    q: &'a [f32],
+    k: &'a [f32],
+    decay: f32,
+    v: &'a [f32],
+    beta: &'a [f32],
+}
 
 /// L2-normalises (`x·rsqrt(Σx² + eps)`) the first `n` elements when `l2`, then scales them;
 /// zeroes `x[n..round8(n)]`.

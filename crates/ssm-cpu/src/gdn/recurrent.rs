@@ -3,19 +3,18 @@
 //! multi-token direct decode, the one-token direct decode (rows stream memory to memory), or
 //! the f32 tile — and runs the value rows of the head in blocks.
 
-use half::{bf16, f16};
 use ssm_gdn::plan::{Gates, RecurrentPlan, SeqSpan, StartState};
 use ssm_gdn::reference::{gate, sigmoid};
-use ssm_gdn::{FusedRecurrentGatedDeltaRuleArgs, FusedSigmoidGatingDeltaRuleUpdateArgs, StateLayout};
-use ssm_tensor::{DType, Planned, Run, TensorMut, TensorRef};
+use ssm_gdn::{DeltaRuleArgs, FusedRecurrentGatedDeltaRuleArgs, FusedSigmoidGatingDeltaRuleUpdateArgs, StateLayout};
+use ssm_tensor::{DType, Planned, Run, TensorRef};
 
-use super::direct::{Dst, decode_kv_direct, decode_vk_direct, decode_vk_multi};
-use super::normalize;
-use super::tile::{load_tile_dyn, step_kv, step_vk, store_tile_dyn};
-use crate::host::{host_opt, host_ref, host_shared, rd};
+use super::direct::{Dst, HeadRows, decode_kv_direct, decode_vk_direct, decode_vk_multi};
+use super::tile::{Block, load_tile, step_kv, step_vk, store_tile};
+use super::{Io, Token, normalize};
+use crate::host::{host_opt, host_ref, rd};
 use crate::lanes::{gather, round8, scatter};
-use crate::shared::{STACK_SCRATCH, Scratch, SharedBuf};
-use crate::simd::{LANES, PowTwo, Simd, SimdKernel, dispatch};
+use crate::shared::{ItemOp, STACK_SCRATCH, Scratch};
+use crate::simd::{LANES, PowTwo, Simd, with_real};
 use crate::{CpuBackend, CpuError};
 
 /// f32 elements of the per-item state tile of the recurrent kernels (64 KiB).
@@ -36,29 +35,16 @@ pub(super) enum GateBytes<'a> {
 /// What every item of one recurrent call reads and writes.
 struct RecCtx<'a> {
     plan: &'a RecurrentPlan,
-    q: &'a [u8],
-    k: &'a [u8],
-    v: &'a [u8],
+    io: Io<'a>,
     gates: GateBytes<'a>,
-    cu: Option<TensorRef<'a>>,
     ix: Option<TensorRef<'a>>,
     na: Option<TensorRef<'a>>,
-    state: Option<SharedBuf<u8>>,
-    final_state: Option<SharedBuf<u8>>,
-    o: SharedBuf<u8>,
 }
 
-struct RecItem<'c, 'a, 's, 't> {
-    ctx: &'c RecCtx<'a>,
-    item: usize,
-    scratch: &'s mut Scratch<'t>,
-}
-
-impl SimdKernel for RecItem<'_, '_, '_, '_> {
-    type Output = ();
+impl ItemOp for RecCtx<'_> {
     #[inline(always)]
-    fn run<S: Simd + PowTwo>(self) {
-        recurrent_item::<S>(self.ctx, self.item, self.scratch)
+    fn run_item<S: Simd + PowTwo>(&self, item: usize, scratch: &mut Scratch<'_>) {
+        recurrent_item::<S>(self, item, scratch)
     }
 }
 
@@ -121,27 +107,31 @@ fn token_gates<S: Simd>(ctx: &RecCtx<'_>, b: usize, t: usize, hv: usize, v0: usi
     }
 }
 
-/// The inputs of token `tt` for value rows `v0..v0 + v.len()` of head `hv` (key head `h`):
-/// normalised `q`, `k` (padded to `kp`), `v` and `β`; returns the decay `e^g`.
-#[allow(clippy::too_many_arguments)]
-#[inline(always)]
-fn token_inputs<S: Simd>(
-    ctx: &RecCtx<'_>,
-    b: usize,
-    tt: usize,
-    h: usize,
+/// One (sequence, value head) item of a recurrent call: sequence `n`, value head `hv`, where its
+/// tokens are and which state it starts from.
+#[derive(Clone, Copy)]
+struct Head<'c, 'a> {
+    ctx: &'c RecCtx<'a>,
+    n: usize,
     hv: usize,
-    v0: usize,
-    [q, k, v, beta]: [&mut [f32]; 4],
-) -> f32 {
+    sp: SeqSpan,
+    start: StartState,
+}
+
+/// The inputs of token `t` of the item for value rows `v0..v0 + v.len()`: normalised `q`, `k`
+/// (padded to `kp`), `v` and `β`; returns the decay `e^g`.
+#[inline(always)]
+fn token_inputs<S: Simd>(it: Head<'_, '_>, t: usize, v0: usize, [q, k, v, beta]: [&mut [f32]; 4]) -> f32 {
+    let Head { ctx, hv, sp, .. } = it;
     let p = ctx.plan;
     let kd = p.dims.k;
+    let (b, tt, h) = (sp.b, sp.t0 + t, hv / p.dims.group());
     let ((q_at, q_dtype), (k_at, k_dtype), (v_at, v_dtype)) = (p.q, p.k, p.v);
-    gather::<S>(ctx.q, q_dtype, q_at.at([b, tt, h, 0]), q_at.strides[3], &mut q[..kd]);
-    gather::<S>(ctx.k, k_dtype, k_at.at([b, tt, h, 0]), k_at.strides[3], &mut k[..kd]);
+    gather::<S>(ctx.io.q, q_dtype, q_at.at([b, tt, h, 0]), q_at.strides[3], &mut q[..kd]);
+    gather::<S>(ctx.io.k, k_dtype, k_at.at([b, tt, h, 0]), k_at.strides[3], &mut k[..kd]);
     normalize::<S>(q, kd, p.l2norm, p.eps, p.scale);
     normalize::<S>(k, kd, p.l2norm, p.eps, 1.0);
-    gather::<S>(ctx.v, v_dtype, v_at.at([b, tt, hv, v0]), v_at.strides[3], v);
+    gather::<S>(ctx.io.v, v_dtype, v_at.at([b, tt, hv, v0]), v_at.strides[3], v);
     token_gates::<S>(ctx, b, tt, hv, v0, beta).exp()
 }
 
@@ -150,14 +140,15 @@ fn recurrent_item<S: Simd>(ctx: &RecCtx<'_>, item: usize, scratch: &mut Scratch<
     let p = ctx.plan;
     let d = p.dims;
     let (n, hv) = (item / d.v_heads, item % d.v_heads);
-    let sp = p.span(ctx.cu.as_ref(), n);
+    let sp = p.span(ctx.io.cu.as_ref(), n);
     if sp.len == 0 {
         return;
     }
     let start = p.start(ctx.ix.as_ref(), ctx.na.as_ref(), n, &sp);
+    let it = Head { ctx, n, hv, sp, start };
     match start {
         StartState::Skip => return,
-        StartState::ZeroOutput => return zero_outputs::<S>(ctx, &sp, hv),
+        StartState::ZeroOutput => return zero_outputs::<S>(it),
         StartState::Zeros | StartState::Row(_) => {}
     }
     // Several tokens from a slot of a V-major pool, stored (if at all) back into the pool:
@@ -168,15 +159,15 @@ fn recurrent_item<S: Simd>(ctx: &RecCtx<'_>, item: usize, scratch: &mut Scratch<
         && sp.len <= MULTI_TOKENS
         && multi_scratch(p, sp.len) <= scratch.len()
     {
-        return recurrent_multi::<S>(ctx, n, hv, r, &sp, scratch);
+        return recurrent_multi::<S>(it, r, scratch);
     }
-    let direct = direct_target(ctx, n, hv, &sp, start);
-    run_blocks::<S>(ctx, n, hv, &sp, start, direct, scratch);
+    run_blocks::<S>(it, direct_target(it), scratch);
 }
 
 /// A sequence whose start state is a pad writes zeros to its outputs and nothing else.
 #[inline(always)]
-fn zero_outputs<S: Simd>(ctx: &RecCtx<'_>, sp: &SeqSpan, hv: usize) {
+fn zero_outputs<S: Simd>(it: Head<'_, '_>) {
+    let Head { ctx, hv, sp, .. } = it;
     let (o_at, o_dtype) = ctx.plan.o;
     let vd = ctx.plan.dims.v;
     let zeros = [0.0f32; 64];
@@ -186,23 +177,25 @@ fn zero_outputs<S: Simd>(ctx: &RecCtx<'_>, sp: &SeqSpan, hv: usize) {
             let nv = (vd - v0).min(zeros.len());
             let at = o_at.at([sp.b, sp.t0 + t, hv, v0]);
             // SAFETY: row (sequence, token t, head hv) of `o` belongs to this item.
-            unsafe { scatter::<S>(ctx.o, o_dtype, at, o_at.strides[3], &zeros[..nv]) };
+            unsafe { scatter::<S>(ctx.io.o, o_dtype, at, o_at.strides[3], &zeros[..nv]) };
             v0 += nv;
         }
     }
 }
 
-/// The direct path's source (dtype, element offset of the head) and destination: one token,
-/// read from a slot and written (if at all) to one place of the same dtype, so rows stream from
-/// memory to memory with no tile. The K-major direct path needs the whole head in one block
-/// (V a multiple of the lanes).
-fn direct_target(
-    ctx: &RecCtx<'_>,
-    n: usize,
-    hv: usize,
-    sp: &SeqSpan,
-    start: StartState,
-) -> Option<(DType, usize, Dst)> {
+/// The direct path's source (dtype, element offset of the head) and destination.
+#[derive(Clone, Copy)]
+struct Direct {
+    dtype: DType,
+    src_off: usize,
+    dst: Dst,
+}
+
+/// Where the direct path applies: one token, read from a slot and written (if at all) to one
+/// place of the same dtype, so rows stream from memory to memory with no tile. The K-major
+/// direct path needs the whole head in one block (V a multiple of the lanes).
+fn direct_target(it: Head<'_, '_>) -> Option<Direct> {
+    let Head { ctx, n, hv, sp, start } = it;
     let p = ctx.plan;
     let d = p.dims;
     let head = d.head_elems();
@@ -212,56 +205,30 @@ fn direct_target(
         return None;
     }
     let sv = p.state.expect("a row start implies a pool");
-    let src_off = sv.head(r, hv, head);
-    match (p.store_row(ctx.ix.as_ref(), n, sp, 0), p.final_row(sp, 0)) {
-        (Some(w), _) if w == r => Some((sv.dtype, src_off, Dst::InPlace)),
-        (Some(w), _) => Some((sv.dtype, src_off, Dst::Other(ctx.state.unwrap(), sv.head(w, hv, head)))),
+    let (dtype, src_off) = (sv.dtype, sv.head(r, hv, head));
+    let dst = match (p.store_row(ctx.ix.as_ref(), n, &sp, 0), p.final_row(&sp, 0)) {
+        (Some(w), _) if w == r => Dst::InPlace,
+        (Some(w), _) => Dst::Other(ctx.io.state.unwrap(), sv.head(w, hv, head)),
         (None, Some(f)) => {
             let fs = p.final_state.expect("final rows imply final_state");
-            (fs.dtype == sv.dtype)
-                .then(|| (sv.dtype, src_off, Dst::Other(ctx.final_state.unwrap(), fs.head(f, hv, head))))
+            if fs.dtype != sv.dtype {
+                return None;
+            }
+            Dst::Other(ctx.io.final_state.unwrap(), fs.head(f, hv, head))
         }
-        (None, None) => Some((sv.dtype, src_off, Dst::None)),
-    }
-}
-
-/// One block of value rows `v0..v0 + nv` of a head: where it lies in memory (element offset
-/// `moff` in the head, row pitch `ld`, `rows × cols`) and in the tile (row pitch `tp`).
-#[derive(Clone, Copy)]
-struct Block {
-    nv: usize,
-    moff: usize,
-    ld: usize,
-    rows: usize,
-    cols: usize,
-    tp: usize,
-}
-
-impl Block {
-    fn new(p: &RecurrentPlan, v0: usize, nv: usize) -> Self {
-        let (kd, vd) = (p.dims.k, p.dims.v);
-        match p.layout {
-            StateLayout::VK => Block { nv, moff: v0 * kd, ld: kd, rows: nv, cols: kd, tp: round8(kd) },
-            StateLayout::KV => Block { nv, moff: v0, ld: vd, rows: kd, cols: nv, tp: round8(nv) },
-        }
-    }
+        (None, None) => Dst::None,
+    };
+    Some(Direct { dtype, src_off, dst })
 }
 
 /// Runs every token of the sequence on each block of value rows in turn: through the tile
 /// (loaded from the start state, stored to each destination) or directly from memory.
 #[inline(always)]
-fn run_blocks<S: Simd>(
-    ctx: &RecCtx<'_>,
-    n: usize,
-    hv: usize,
-    sp: &SeqSpan,
-    start: StartState,
-    direct: Option<(DType, usize, Dst)>,
-    scratch: &mut Scratch<'_>,
-) {
+fn run_blocks<S: Simd>(it: Head<'_, '_>, direct: Option<Direct>, scratch: &mut Scratch<'_>) {
+    let Head { ctx, hv, sp, .. } = it;
     let p = ctx.plan;
     let d = p.dims;
-    let (h, kp) = (hv / d.group(), round8(d.k));
+    let kp = round8(d.k);
     let block = block_rows(p);
     let bp = round8(block);
     let (o_at, o_dtype) = p.o;
@@ -278,27 +245,26 @@ fn run_blocks<S: Simd>(
         let blk = Block::new(p, v0, block.min(d.v - v0));
         let (nv, cp) = (blk.nv, round8(blk.nv));
         if direct.is_none() {
-            load_block::<S>(ctx, hv, start, blk, tile);
+            load_block::<S>(it, blk, tile);
         }
         for t in 0..sp.len {
             vb[nv..cp].fill(0.0);
             betab[nv..cp].fill(0.0);
             let vecs = [&mut qb[..], &mut kb[..], &mut vb[..nv], &mut betab[..nv]];
-            let decay = token_inputs::<S>(ctx, sp.b, sp.t0 + t, h, hv, v0, vecs);
+            let decay = token_inputs::<S>(it, t, v0, vecs);
+            let tok = Token { q: qb, k: kb, decay, v: vb, beta: betab };
             match direct {
-                Some((dtype, src_off, dst)) => {
-                    step_direct::<S>(ctx, dtype, src_off, dst, blk, [qb, kb], decay, [vb, betab, rb, ob])
-                }
+                Some(direct) => step_direct::<S>(ctx, direct, blk, tok, [rb, ob]),
                 None => match p.layout {
-                    StateLayout::VK => step_vk::<S>(tile, nv, kp, qb, kb, decay, vb, betab, ob),
-                    StateLayout::KV => step_kv::<S>(tile, d.k, cp, qb, kb, decay, vb, betab, ob),
+                    StateLayout::VK => step_vk::<S>(tile, nv, kp, tok, ob),
+                    StateLayout::KV => step_kv::<S>(tile, d.k, cp, tok, ob),
                 },
             }
             let at = o_at.at([sp.b, sp.t0 + t, hv, v0]);
             // SAFETY: the output row of (sequence n, token t, head hv) belongs to this item.
-            unsafe { scatter::<S>(ctx.o, o_dtype, at, o_at.strides[3], &ob[..nv]) };
+            unsafe { scatter::<S>(ctx.io.o, o_dtype, at, o_at.strides[3], &ob[..nv]) };
             if direct.is_none() {
-                store_block::<S>(ctx, n, hv, sp, t, start, blk, tile);
+                store_block::<S>(it, t, blk, tile);
             }
         }
         v0 += nv;
@@ -307,74 +273,54 @@ fn run_blocks<S: Simd>(
 
 /// Loads a block of the start state into the tile (zeros for a zero start).
 #[inline(always)]
-fn load_block<S: Simd>(ctx: &RecCtx<'_>, hv: usize, start: StartState, blk: Block, tile: &mut [f32]) {
+fn load_block<S: Simd>(it: Head<'_, '_>, blk: Block, tile: &mut [f32]) {
+    let Head { ctx, hv, start, .. } = it;
     let p = ctx.plan;
-    let Block { moff, ld, rows, cols, tp, .. } = blk;
     match start {
         StartState::Row(r) => {
             let sv = p.state.as_ref().expect("a row start implies a pool");
-            let at = sv.head(r, hv, p.dims.head_elems()) + moff;
+            let at = sv.head(r, hv, p.dims.head_elems()) + blk.moff;
             // SAFETY: slot r's head hv rows of this block lie in the pool (plan); no other item
             // writes them now (slot conflicts are refused by the plan; other items own other heads).
-            unsafe { load_tile_dyn::<S>(sv.dtype, ctx.state.unwrap(), at, ld, rows, cols, tile, tp) };
+            unsafe { with_real!(sv.dtype, R => load_tile::<S, R>(ctx.io.state.unwrap(), at, blk, tile)) };
         }
-        _ => tile[..rows * tp].fill(0.0),
+        _ => tile[..blk.tile_len()].fill(0.0),
     }
 }
 
 /// Stores the tile after token `t` to the slot it is stored in (if any) and to `final_state`'s
 /// row of that token (if any).
-#[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn store_block<S: Simd>(
-    ctx: &RecCtx<'_>,
-    n: usize,
-    hv: usize,
-    sp: &SeqSpan,
-    t: usize,
-    start: StartState,
-    blk: Block,
-    tile: &[f32],
-) {
+fn store_block<S: Simd>(it: Head<'_, '_>, t: usize, blk: Block, tile: &[f32]) {
+    let Head { ctx, n, hv, sp, start } = it;
     let p = ctx.plan;
     let head = p.dims.head_elems();
-    let Block { moff, ld, rows, cols, tp, .. } = blk;
-    if let Some(r) = p.store_row(ctx.ix.as_ref(), n, sp, t) {
+    if let Some(r) = p.store_row(ctx.ix.as_ref(), n, &sp, t) {
         let sv = p.state.as_ref().expect("in-place stores imply a pool");
         // A slot other than the one this sequence started from is write-only here.
         let stream = !matches!(start, StartState::Row(s0) if s0 == r);
-        let at = sv.head(r, hv, head) + moff;
+        let at = sv.head(r, hv, head) + blk.moff;
         // SAFETY: slot r is written only by this sequence (plan), head hv and these value rows
         // only by this item.
-        unsafe { store_tile_dyn::<S>(sv.dtype, ctx.state.unwrap(), at, ld, rows, cols, tile, tp, stream) };
+        unsafe { with_real!(sv.dtype, R => store_tile::<S, R>(ctx.io.state.unwrap(), at, blk, tile, stream)) };
     }
-    if let Some(r) = p.final_row(sp, t) {
+    if let Some(r) = p.final_row(&sp, t) {
         let fs = p.final_state.as_ref().expect("final rows imply final_state");
-        let at = fs.head(r, hv, head) + moff;
+        let at = fs.head(r, hv, head) + blk.moff;
         // SAFETY: row r = bos + t of `final_state` belongs to this sequence's token t; head hv and
         // these value rows to this item.
-        unsafe { store_tile_dyn::<S>(fs.dtype, ctx.final_state.unwrap(), at, ld, rows, cols, tile, tp, true) };
+        unsafe { with_real!(fs.dtype, R => store_tile::<S, R>(ctx.io.final_state.unwrap(), at, blk, tile, true)) };
     }
 }
 
 /// One token of the direct path on one block, for the state's dtype and layout.
-#[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn step_direct<S: Simd>(
-    ctx: &RecCtx<'_>,
-    dtype: DType,
-    src_off: usize,
-    dst: Dst,
-    blk: Block,
-    [q, k]: [&[f32]; 2],
-    decay: f32,
-    [v, beta, r, o]: [&mut [f32]; 4],
-) {
+fn step_direct<S: Simd>(ctx: &RecCtx<'_>, direct: Direct, blk: Block, tok: Token<'_>, [r, o]: [&mut [f32]; 2]) {
     let p = ctx.plan;
     let (kd, vd, nv) = (p.dims.k, p.dims.v, blk.nv);
-    let src = ctx.state.unwrap();
-    let off = src_off + blk.moff;
-    let dst = match dst {
+    let src = ctx.io.state.unwrap();
+    let off = direct.src_off + blk.moff;
+    let dst = match direct.dst {
         Dst::Other(base, o) => Dst::Other(base, o + blk.moff),
         other => other,
     };
@@ -383,33 +329,21 @@ fn step_direct<S: Simd>(
     // one of them writes; other items own other heads. An `Other` destination is another slot or
     // `final_state`.
     unsafe {
-        match (p.layout, dtype) {
-            (StateLayout::VK, DType::F32) => decode_vk_direct::<S, f32>(src, off, dst, kd, nv, q, k, decay, v, beta, o),
-            (StateLayout::VK, DType::BF16) => {
-                decode_vk_direct::<S, bf16>(src, off, dst, kd, nv, q, k, decay, v, beta, o)
-            }
-            (StateLayout::VK, DType::F16) => decode_vk_direct::<S, f16>(src, off, dst, kd, nv, q, k, decay, v, beta, o),
-            (StateLayout::KV, DType::F32) => {
-                decode_kv_direct::<S, f32>(src, off, dst, kd, vd, q, k, decay, v, beta, r, o)
-            }
-            (StateLayout::KV, DType::BF16) => {
-                decode_kv_direct::<S, bf16>(src, off, dst, kd, vd, q, k, decay, v, beta, r, o)
-            }
-            (StateLayout::KV, DType::F16) => {
-                decode_kv_direct::<S, f16>(src, off, dst, kd, vd, q, k, decay, v, beta, r, o)
-            }
-            _ => unreachable!("the plan admits f32/bf16/f16 states only"),
-        }
+        with_real!(direct.dtype, R => match p.layout {
+            StateLayout::VK => decode_vk_direct::<S, R>(HeadRows::new(src, off, dst, [kd, nv]), tok, o),
+            StateLayout::KV => decode_kv_direct::<S, R>(HeadRows::new(src, off, dst, [kd, vd]), tok, r, o),
+        })
     }
 }
 
 /// [`decode_vk_multi`] for one (sequence, value head) item of at most [`MULTI_TOKENS`] tokens:
 /// gathers and normalises every token's q/k, v and gates, runs the rows, scatters the outputs.
 #[inline(always)]
-fn recurrent_multi<S: Simd>(ctx: &RecCtx<'_>, n: usize, hv: usize, r: usize, sp: &SeqSpan, scratch: &mut Scratch<'_>) {
+fn recurrent_multi<S: Simd>(it: Head<'_, '_>, r: usize, scratch: &mut Scratch<'_>) {
+    let Head { ctx, n, hv, sp, .. } = it;
     let p = ctx.plan;
     let d = p.dims;
-    let (kd, vd, nt, h) = (d.k, d.v, sp.len, hv / d.group());
+    let (kd, vd, nt) = (d.k, d.v, sp.len);
     let kp = round8(kd);
     let stride = 2 * kp + 2 * vd;
     let (o_at, o_dtype) = p.o;
@@ -424,68 +358,44 @@ fn recurrent_multi<S: Simd>(ctx: &RecCtx<'_>, n: usize, hv: usize, r: usize, sp:
         let (qb, rest) = tk.split_at_mut(kp);
         let (kb, rest) = rest.split_at_mut(kp);
         let (vb, betab) = rest.split_at_mut(vd);
-        decays[t] = token_inputs::<S>(ctx, sp.b, sp.t0 + t, h, hv, 0, [qb, kb, vb, betab]);
+        decays[t] = token_inputs::<S>(it, t, 0, [qb, kb, vb, betab]);
     }
     let mut dsts = [None; MULTI_TOKENS];
     for (t, dst) in dsts.iter_mut().enumerate().take(nt) {
-        *dst = p.store_row(ctx.ix.as_ref(), n, sp, t).map(|w| sv.head(w, hv, head));
+        *dst = p.store_row(ctx.ix.as_ref(), n, &sp, t).map(|w| sv.head(w, hv, head));
     }
-    let (base, src_off, dsts) = (ctx.state.unwrap(), sv.head(r, hv, head), &dsts[..nt]);
+    let (base, src_off, dsts) = (ctx.io.state.unwrap(), sv.head(r, hv, head), &dsts[..nt]);
     // SAFETY: the source head and every destination head of this (sequence, value head) are in
     // the pool (plan) and touched by this item only: the plan refuses slots shared between
     // sequences when one of them writes; other items own other heads.
     unsafe {
-        match sv.dtype {
-            DType::F32 => decode_vk_multi::<S, f32>(base, src_off, dsts, kd, vd, toks, decays, outs, rows),
-            DType::BF16 => decode_vk_multi::<S, bf16>(base, src_off, dsts, kd, vd, toks, decays, outs, rows),
-            DType::F16 => decode_vk_multi::<S, f16>(base, src_off, dsts, kd, vd, toks, decays, outs, rows),
-            _ => unreachable!("the plan admits f32/bf16/f16 states only"),
-        }
-    }
+        with_real!(sv.dtype, R => decode_vk_multi::<S, R>(base, src_off, dsts, kd, vd, toks, decays, outs, rows))
+    };
     for t in 0..nt {
         let at = o_at.at([sp.b, sp.t0 + t, hv, 0]);
         // SAFETY: the output row of (sequence n, token t, head hv) belongs to this item.
-        unsafe { scatter::<S>(ctx.o, o_dtype, at, o_at.strides[3], &outs[t * vd..(t + 1) * vd]) };
+        unsafe { scatter::<S>(ctx.io.o, o_dtype, at, o_at.strides[3], &outs[t * vd..(t + 1) * vd]) };
     }
-}
-
-/// The tensors of a recurrent call other than its gates.
-struct RecTensors<'r, 'a> {
-    q: &'r TensorRef<'a>,
-    k: &'r TensorRef<'a>,
-    v: &'r TensorRef<'a>,
-    /// `cu_seqlens`, `ssm_state_indices`, `num_accepted_tokens`.
-    idx: [&'r Option<TensorRef<'a>>; 3],
-    initial_state: Option<&'r mut TensorMut<'a>>,
-    final_state: Option<&'r mut TensorMut<'a>>,
-    o: &'r mut TensorMut<'a>,
 }
 
 impl CpuBackend {
     /// Runs every (sequence, value head) item, each with [`item_scratch`] f32 of scratch (on its
-    /// stack unless the dimensions are unusually large).
-    fn run_recurrent(&self, plan: &RecurrentPlan, gates: GateBytes<'_>, t: RecTensors<'_, '_>) -> Result<(), CpuError> {
-        let [cu, ix, na] = t.idx;
-        host_opt("cu_seqlens", cu)?;
+    /// stack unless the dimensions are unusually large). `idx`: `ssm_state_indices`,
+    /// `num_accepted_tokens`.
+    fn run_recurrent(
+        &self,
+        plan: &RecurrentPlan,
+        gates: GateBytes<'_>,
+        r: &mut DeltaRuleArgs<'_>,
+    ) -> Result<(), CpuError> {
+        let io =
+            Io::new([&r.q, &r.k, &r.v], &r.cu_seqlens, r.initial_state.as_mut(), r.final_state.as_mut(), &mut r.o)?;
+        let (ix, na) = (&r.ssm_state_indices, &r.num_accepted_tokens);
         host_opt("ssm_state_indices", ix)?;
         host_opt("num_accepted_tokens", na)?;
-        let ctx = RecCtx {
-            plan,
-            q: host_ref("q", t.q)?,
-            k: host_ref("k", t.k)?,
-            v: host_ref("v", t.v)?,
-            gates,
-            cu: *cu,
-            ix: *ix,
-            na: *na,
-            state: t.initial_state.map(|s| host_shared("initial_state", s)).transpose()?,
-            final_state: t.final_state.map(|s| host_shared("final_state", s)).transpose()?,
-            o: host_shared("o", t.o)?,
-        };
+        let ctx = RecCtx { plan, io, gates, ix: *ix, na: *na };
         let d = plan.dims;
-        self.for_each_scratch(d.seqs * d.v_heads, item_scratch(plan), false, None, |item, scratch| {
-            dispatch(RecItem { ctx: &ctx, item, scratch })
-        });
+        self.for_each_item(d.seqs * d.v_heads, item_scratch(plan), None, &ctx);
         Ok(())
     }
 }
@@ -495,16 +405,7 @@ impl Run<FusedRecurrentGatedDeltaRuleArgs<'_>> for CpuBackend {
     fn run(&self, call: Planned<FusedRecurrentGatedDeltaRuleArgs<'_>>) -> Result<(), CpuError> {
         let (mut a, plan) = call.into_parts();
         let gates = GateBytes::Given { g: host_ref("g", &a.g)?, beta: host_opt("beta", &a.beta)?.map(|(b, _)| b) };
-        let tensors = RecTensors {
-            q: &a.rule.q,
-            k: &a.rule.k,
-            v: &a.rule.v,
-            idx: [&a.rule.cu_seqlens, &a.rule.ssm_state_indices, &a.rule.num_accepted_tokens],
-            initial_state: a.rule.initial_state.as_mut(),
-            final_state: a.rule.final_state.as_mut(),
-            o: &mut a.rule.o,
-        };
-        self.run_recurrent(&plan, gates, tensors)
+        self.run_recurrent(&plan, gates, &mut a.rule)
     }
 }
 
@@ -518,15 +419,6 @@ impl Run<FusedSigmoidGatingDeltaRuleUpdateArgs<'_>> for CpuBackend {
             a: host_ref("a", &a.gates.a)?,
             b: host_ref("b", &a.gates.b)?,
         };
-        let tensors = RecTensors {
-            q: &a.rule.q,
-            k: &a.rule.k,
-            v: &a.rule.v,
-            idx: [&a.rule.cu_seqlens, &a.rule.ssm_state_indices, &a.rule.num_accepted_tokens],
-            initial_state: a.rule.initial_state.as_mut(),
-            final_state: a.rule.final_state.as_mut(),
-            o: &mut a.rule.o,
-        };
-        self.run_recurrent(&plan, gates, tensors)
+        self.run_recurrent(&plan, gates, &mut a.rule)
     }
 }

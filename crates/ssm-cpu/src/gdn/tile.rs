@@ -3,32 +3,53 @@
 //! destination. Used where the direct paths do not apply (several tokens with `final_state`,
 //! zero starts, K-major heads wider than a tile, mixed dtypes).
 
-use half::{bf16, f16};
-use ssm_tensor::DType;
+use ssm_gdn::StateLayout;
+use ssm_gdn::plan::RecurrentPlan;
 
-use crate::lanes::dot;
+use super::Token;
+use crate::lanes::{dot, round8};
 use crate::shared::SharedBuf;
 use crate::simd::{LANES, Real, Simd};
 
-/// Loads `rows × cols` elements (memory row pitch `ld`, from element `off`) into `tile` rows of
-/// pitch `tp >= round8(cols)`, widened to f32 and zero-padded.
-///
-/// # Safety
-/// The elements must lie in the buffer `base` and be written by no other thread now.
-#[inline(always)]
-unsafe fn load_tile<S: Simd, R: Real>(
-    base: SharedBuf<u8>,
-    off: usize,
+/// One block of value rows `v0..v0 + nv` of a head: where it lies in memory (element offset
+/// `moff` in the head, row pitch `ld`, `rows × cols`) and in the tile (row pitch `tp`).
+#[derive(Clone, Copy)]
+pub(super) struct Block {
+    pub(super) nv: usize,
+    pub(super) moff: usize,
     ld: usize,
     rows: usize,
     cols: usize,
-    tile: &mut [f32],
     tp: usize,
-) {
+}
+
+impl Block {
+    pub(super) fn new(p: &RecurrentPlan, v0: usize, nv: usize) -> Self {
+        let (kd, vd) = (p.dims.k, p.dims.v);
+        match p.layout {
+            StateLayout::VK => Block { nv, moff: v0 * kd, ld: kd, rows: nv, cols: kd, tp: round8(kd) },
+            StateLayout::KV => Block { nv, moff: v0, ld: vd, rows: kd, cols: nv, tp: round8(nv) },
+        }
+    }
+
+    /// The tile elements the block fills.
+    pub(super) fn tile_len(self) -> usize {
+        self.rows * self.tp
+    }
+}
+
+/// Loads the block (its first element at element `at` of `base`) into `tile`, widened to f32
+/// and zero-padded to the tile's row pitch.
+///
+/// # Safety
+/// The block's elements must lie in the buffer `base` and be written by no other thread now.
+#[inline(always)]
+pub(super) unsafe fn load_tile<S: Simd, R: Real>(base: SharedBuf<u8>, at: usize, blk: Block, tile: &mut [f32]) {
+    let Block { ld, rows, cols, tp, .. } = blk;
     let full = cols / LANES * LANES;
     for r in 0..rows {
         // SAFETY: row `r` spans `cols` elements inside the buffer, read-only here (caller's contract).
-        let src = unsafe { std::slice::from_raw_parts(base.elems::<R>(off + r * ld, cols), cols) };
+        let src = unsafe { std::slice::from_raw_parts(base.elems::<R>(at + r * ld, cols), cols) };
         let dst = &mut tile[r * tp..(r + 1) * tp];
         let mut c = 0;
         while c < full {
@@ -42,26 +63,25 @@ unsafe fn load_tile<S: Simd, R: Real>(
     }
 }
 
-/// Stores `rows × cols` tile elements back (rounding to nearest even); the inverse of [`load_tile`].
+/// Stores the tile back to the block at element `at` of `base` (rounding to nearest even); the
+/// inverse of [`load_tile`]. `stream`: the destination is write-only (streaming stores where aligned).
 ///
 /// # Safety
-/// The elements must lie in the buffer `base` and be accessed by no other thread now.
+/// The block's elements must lie in the buffer `base` and be accessed by no other thread now.
 #[inline(always)]
-unsafe fn store_tile<S: Simd, R: Real>(
+pub(super) unsafe fn store_tile<S: Simd, R: Real>(
     base: SharedBuf<u8>,
-    off: usize,
-    ld: usize,
-    rows: usize,
-    cols: usize,
+    at: usize,
+    blk: Block,
     tile: &[f32],
-    tp: usize,
     stream: bool,
 ) {
+    let Block { ld, rows, cols, tp, .. } = blk;
     let full = cols / LANES * LANES;
     let lane_bytes = LANES * std::mem::size_of::<R>();
     let mut streamed = false;
     for r in 0..rows {
-        let row = base.elems::<R>(off + r * ld, cols);
+        let row = base.elems::<R>(at + r * ld, cols);
         let src = &tile[r * tp..(r + 1) * tp];
         let mut c = 0;
         // A write-only destination: streaming stores (no read for ownership) where aligned.
@@ -89,73 +109,10 @@ unsafe fn store_tile<S: Simd, R: Real>(
     }
 }
 
-/// [`load_tile`] with the element type chosen at run time.
-///
-/// # Safety
-/// As [`load_tile`].
-#[inline(always)]
-pub(super) unsafe fn load_tile_dyn<S: Simd>(
-    dtype: DType,
-    base: SharedBuf<u8>,
-    off: usize,
-    ld: usize,
-    rows: usize,
-    cols: usize,
-    tile: &mut [f32],
-    tp: usize,
-) {
-    // SAFETY: forwarded contract.
-    unsafe {
-        match dtype {
-            DType::F32 => load_tile::<S, f32>(base, off, ld, rows, cols, tile, tp),
-            DType::BF16 => load_tile::<S, bf16>(base, off, ld, rows, cols, tile, tp),
-            DType::F16 => load_tile::<S, f16>(base, off, ld, rows, cols, tile, tp),
-            _ => unreachable!("the plan admits f32/bf16/f16 states only"),
-        }
-    }
-}
-
-/// [`store_tile`] with the element type chosen at run time.
-///
-/// # Safety
-/// As [`store_tile`].
-#[inline(always)]
-pub(super) unsafe fn store_tile_dyn<S: Simd>(
-    dtype: DType,
-    base: SharedBuf<u8>,
-    off: usize,
-    ld: usize,
-    rows: usize,
-    cols: usize,
-    tile: &[f32],
-    tp: usize,
-    stream: bool,
-) {
-    // SAFETY: forwarded contract.
-    unsafe {
-        match dtype {
-            DType::F32 => store_tile::<S, f32>(base, off, ld, rows, cols, tile, tp, stream),
-            DType::BF16 => store_tile::<S, bf16>(base, off, ld, rows, cols, tile, tp, stream),
-            DType::F16 => store_tile::<S, f16>(base, off, ld, rows, cols, tile, tp, stream),
-            _ => unreachable!("the plan admits f32/bf16/f16 states only"),
-        }
-    }
-}
-
 /// One token on a `[nv][kp]` tile of V-major rows: `S *= e^g; u = β(v − S k); S += u kᵀ; o = S q`.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-pub(super) fn step_vk<S: Simd>(
-    tile: &mut [f32],
-    nv: usize,
-    kp: usize,
-    q: &[f32],
-    k: &[f32],
-    decay: f32,
-    v: &[f32],
-    beta: &[f32],
-    out: &mut [f32],
-) {
+pub(super) fn step_vk<S: Simd>(tile: &mut [f32], nv: usize, kp: usize, tok: Token<'_>, out: &mut [f32]) {
+    let Token { q, k, decay, v, beta } = tok;
     let dv = S::splat(decay);
     for r in 0..nv {
         let row = &mut tile[r * kp..(r + 1) * kp];
@@ -183,19 +140,16 @@ pub(super) fn step_vk<S: Simd>(
 
 /// One token on `G` lane groups (columns `c..c+8G`) of a `[kd][cp]` K-major tile.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 fn step_kv_group<S: Simd, const G: usize>(
     tile: &mut [f32],
     kd: usize,
     cp: usize,
     c: usize,
-    q: &[f32],
-    k: &[f32],
-    dv: S,
-    v: &[f32],
-    beta: &[f32],
+    tok: Token<'_>,
     out: &mut [f32],
 ) {
+    let Token { q, k, decay, v, beta } = tok;
+    let dv = S::splat(decay);
     let mut acc = [S::splat(0.0); G];
     for ki in 0..kd {
         let kk = S::splat(k[ki]);
@@ -227,26 +181,14 @@ fn step_kv_group<S: Simd, const G: usize>(
 
 /// One token on a `[kd][cp]` tile of K-major rows (columns = value rows of `S`).
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-pub(super) fn step_kv<S: Simd>(
-    tile: &mut [f32],
-    kd: usize,
-    cp: usize,
-    q: &[f32],
-    k: &[f32],
-    decay: f32,
-    v: &[f32],
-    beta: &[f32],
-    out: &mut [f32],
-) {
-    let dv = S::splat(decay);
+pub(super) fn step_kv<S: Simd>(tile: &mut [f32], kd: usize, cp: usize, tok: Token<'_>, out: &mut [f32]) {
     let mut c = 0;
     while c + 4 * LANES <= cp {
-        step_kv_group::<S, 4>(tile, kd, cp, c, q, k, dv, v, beta, out);
+        step_kv_group::<S, 4>(tile, kd, cp, c, tok, out);
         c += 4 * LANES;
     }
     while c < cp {
-        step_kv_group::<S, 1>(tile, kd, cp, c, q, k, dv, v, beta, out);
+        step_kv_group::<S, 1>(tile, kd, cp, c, tok, out);
         c += LANES;
     }
 }
