@@ -49,6 +49,6 @@ pub use ssm_tensor::{Op, Planned, Run};
 ssm_tensor::op_family! {
     /// A backend of both causal conv1d ops.
     family ConvBackend, error ConvError;
-    CausalConv1dUpdateArgs => "causal_conv1d_update", ConvPlan, plan::plan_update;
-    CausalConv1dFnArgs => "causal_conv1d_fn", ConvPlan, plan::plan_fn;
+    CausalConv1dUpdateArgs => "causal_conv1d_update", ConvPlan, plan::plan_causal_conv1d_update;
+    CausalConv1dFnArgs => "causal_conv1d_fn", ConvPlan, plan::plan_causal_conv1d_fn;
 }

@@ -85,7 +85,7 @@ pub struct ConvSeq {
     pub state_len: usize,
 }
 
-/// Everything a backend needs, checked once by [`plan_update`] or [`plan_fn`]. Backends
+/// Everything a backend needs, checked once by [`plan_causal_conv1d_update`] or [`plan_causal_conv1d_fn`]. Backends
 /// trust it and never re-validate.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConvPlan {
@@ -401,7 +401,7 @@ fn check_shared(
 /// out of range (slots, prefix-caching columns, accepted counts) or in conflict. Only the
 /// table entries the call uses are checked (column 0 or the prefix-caching columns; the
 /// accepted count of pad and empty sequences is ignored).
-pub(crate) fn plan_update(args: &CausalConv1dUpdateArgs<'_>) -> Result<ConvPlan, ConvError> {
+pub(crate) fn plan_causal_conv1d_update(args: &CausalConv1dUpdateArgs<'_>) -> Result<ConvPlan, ConvError> {
     let x = &args.x;
     let dtype = check_float("x", x.dtype())?;
     let device = x.device();
@@ -609,9 +609,9 @@ pub(crate) fn plan_update(args: &CausalConv1dUpdateArgs<'_>) -> Result<ConvPlan,
 
 /// Checks every argument of `causal_conv1d_fn` and resolves the per-sequence work.
 ///
-/// Errors as [`plan_update`]; `has_initial_state` must be bool, `cache_indices` 1-D, and
+/// Errors as [`plan_causal_conv1d_update`]; `has_initial_state` must be bool, `cache_indices` 1-D, and
 /// slots of non-pad, non-empty sequences pairwise distinct.
-pub(crate) fn plan_fn(args: &CausalConv1dFnArgs<'_>) -> Result<ConvPlan, ConvError> {
+pub(crate) fn plan_causal_conv1d_fn(args: &CausalConv1dFnArgs<'_>) -> Result<ConvPlan, ConvError> {
     let x = &args.x;
     let dtype = check_float("x", x.dtype())?;
     let device = x.device();

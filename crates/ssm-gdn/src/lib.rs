@@ -56,8 +56,8 @@ pub trait ChunkScratch {
 ssm_tensor::op_family! {
     /// A backend of every gated-delta-rule op.
     family GdnBackend, error GdnError;
-    FusedGdnGatingArgs => "fused_gdn_gating", GatingPlan, plan::fused_gdn_gating;
-    FusedRecurrentGatedDeltaRuleArgs => "fused_recurrent_gated_delta_rule", RecurrentPlan, plan::fused_recurrent_gated_delta_rule;
-    FusedSigmoidGatingDeltaRuleUpdateArgs => "fused_sigmoid_gating_delta_rule_update", RecurrentPlan, plan::fused_sigmoid_gating_delta_rule_update;
-    ChunkGatedDeltaRuleArgs => "chunk_gated_delta_rule", ChunkPlan, plan::chunk_gated_delta_rule;
+    FusedGdnGatingArgs => "fused_gdn_gating", GatingPlan, plan::plan_fused_gdn_gating;
+    FusedRecurrentGatedDeltaRuleArgs => "fused_recurrent_gated_delta_rule", RecurrentPlan, plan::plan_fused_recurrent_gated_delta_rule;
+    FusedSigmoidGatingDeltaRuleUpdateArgs => "fused_sigmoid_gating_delta_rule_update", RecurrentPlan, plan::plan_fused_sigmoid_gating_delta_rule_update;
+    ChunkGatedDeltaRuleArgs => "chunk_gated_delta_rule", ChunkPlan, plan::plan_chunk_gated_delta_rule;
 }

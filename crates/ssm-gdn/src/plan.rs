@@ -121,7 +121,7 @@ pub struct GatingPlan {
 }
 
 /// Checks a [`FusedGdnGatingArgs`] call.
-pub(crate) fn fused_gdn_gating(args: &FusedGdnGatingArgs<'_>) -> Result<GatingPlan, GdnError> {
+pub(crate) fn plan_fused_gdn_gating(args: &FusedGdnGatingArgs<'_>) -> Result<GatingPlan, GdnError> {
     let dev = args.gates.a.device();
     float("A_log", args.gates.a_log.dtype())?;
     float("a", args.gates.a.dtype())?;
@@ -363,7 +363,7 @@ fn span(dims: &GdnDims, table: Option<&SlotTable>, t: Option<&TensorRef<'_>>, n:
 }
 
 /// Checks a [`FusedRecurrentGatedDeltaRuleArgs`] call.
-pub(crate) fn fused_recurrent_gated_delta_rule(
+pub(crate) fn plan_fused_recurrent_gated_delta_rule(
     args: &FusedRecurrentGatedDeltaRuleArgs<'_>,
 ) -> Result<RecurrentPlan, GdnError> {
     recurrent(&args.rule, |dims, dev| {
@@ -396,7 +396,7 @@ pub(crate) fn fused_recurrent_gated_delta_rule(
 }
 
 /// Checks a [`FusedSigmoidGatingDeltaRuleUpdateArgs`] call.
-pub(crate) fn fused_sigmoid_gating_delta_rule_update(
+pub(crate) fn plan_fused_sigmoid_gating_delta_rule_update(
     args: &FusedSigmoidGatingDeltaRuleUpdateArgs<'_>,
 ) -> Result<RecurrentPlan, GdnError> {
     recurrent(&args.rule, |dims, dev| {
@@ -795,7 +795,7 @@ impl ChunkPlan {
 }
 
 /// Checks a [`ChunkGatedDeltaRuleArgs`] call.
-pub(crate) fn chunk_gated_delta_rule(args: &ChunkGatedDeltaRuleArgs<'_>) -> Result<ChunkPlan, GdnError> {
+pub(crate) fn plan_chunk_gated_delta_rule(args: &ChunkGatedDeltaRuleArgs<'_>) -> Result<ChunkPlan, GdnError> {
     let (dims, dev) = qkvo(&args.q, &args.k, &args.v, &args.o, args.cu_seqlens.as_ref())?;
     let (b, t, hv) = (dims.batch, dims.seqlen, dims.v_heads);
     for (name, x) in [("g", &args.g), ("beta", &args.beta)] {

@@ -28,7 +28,7 @@ pub use ssm_tensor::{Op, Planned, Run};
 ssm_tensor::op_family! {
     /// A backend of every ReplaySSM op.
     family RingBackend, error RingError;
-    UpdateRingTrackersArgs => "update_replayssm_ring_trackers", TrackerPlan, plan::plan_update;
-    CommitRingTrackersArgs => "commit_replayssm_ring_trackers", TrackerPlan, plan::plan_commit;
+    UpdateRingTrackersArgs => "update_replayssm_ring_trackers", TrackerPlan, plan::plan_update_replayssm_ring_trackers;
+    CommitRingTrackersArgs => "commit_replayssm_ring_trackers", TrackerPlan, plan::plan_commit_replayssm_ring_trackers;
     CheckpointingSsuArgs => "checkpointing_ssu", CheckpointingSsuPlan, plan::plan_checkpointing_ssu;
 }

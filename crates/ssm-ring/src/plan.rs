@@ -170,7 +170,7 @@ fn window_values(logical_window: i64, ring_buffer_len: i64) -> Result<(), RingEr
 
 /// Checks `update_replayssm_ring_trackers` (and reset) arguments. Slot values are not errors:
 /// pads and out-of-range entries are skipped by every backend.
-pub(crate) fn plan_update(args: &UpdateRingTrackersArgs<'_>) -> Result<TrackerPlan, RingError> {
+pub(crate) fn plan_update_replayssm_ring_trackers(args: &UpdateRingTrackersArgs<'_>) -> Result<TrackerPlan, RingError> {
     let (tracker_dtype, num_states, trackers, device) = trackers_plan(&args.trackers)?;
     let (index, rows) = slot_column("state_batch_indices", &args.state_batch_indices)?;
     check_device("state_batch_indices", "ring_start", device, args.state_batch_indices.device())?;
@@ -199,7 +199,7 @@ pub(crate) fn plan_update(args: &UpdateRingTrackersArgs<'_>) -> Result<TrackerPl
 }
 
 /// Checks `commit_replayssm_ring_trackers` arguments.
-pub(crate) fn plan_commit(args: &CommitRingTrackersArgs<'_>) -> Result<TrackerPlan, RingError> {
+pub(crate) fn plan_commit_replayssm_ring_trackers(args: &CommitRingTrackersArgs<'_>) -> Result<TrackerPlan, RingError> {
     let (tracker_dtype, num_states, trackers, device) = trackers_plan(&args.trackers)?;
     let (index, rows) = slot_column("state_batch_indices", &args.state_batch_indices)?;
     check_device("state_batch_indices", "ring_start", device, args.state_batch_indices.device())?;

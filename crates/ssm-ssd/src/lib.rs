@@ -28,5 +28,5 @@ pub use ssm_tensor::{Op, Planned, Run};
 ssm_tensor::op_family! {
     /// A backend of the SSD prefill.
     family SsdBackend, error SsdError;
-    MambaChunkScanCombinedVarlenArgs => "mamba_chunk_scan_combined_varlen", SsdPlan, plan::plan;
+    MambaChunkScanCombinedVarlenArgs => "mamba_chunk_scan_combined_varlen", SsdPlan, plan::plan_mamba_chunk_scan_combined_varlen;
 }

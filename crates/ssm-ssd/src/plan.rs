@@ -281,7 +281,9 @@ fn state4(arg: &'static str, t: &TensorRef<'_>, want: &[usize; 4], row_name: &st
 /// Checks one call: shapes, dtypes, strides and devices of every tensor, and, for host
 /// metadata, every value (`cu_seqlens`, `cu_chunk_seqlens`, `seq_idx`, `last_chunk_indices`).
 /// Backends trust the returned plan; nothing is written when this fails.
-pub(crate) fn plan(args: &MambaChunkScanCombinedVarlenArgs<'_>) -> Result<SsdPlan, SsdError> {
+pub(crate) fn plan_mamba_chunk_scan_combined_varlen(
+    args: &MambaChunkScanCombinedVarlenArgs<'_>,
+) -> Result<SsdPlan, SsdError> {
     let device = args.x.device();
     let dev = |arg: &'static str, d: Device| {
         if d == device {

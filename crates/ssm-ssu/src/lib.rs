@@ -67,5 +67,5 @@ pub use ssm_tensor::{Op, Planned, Run};
 ssm_tensor::op_family! {
     /// A backend of the selective state update.
     family SsuBackend, error SsuError;
-    SelectiveStateUpdateArgs => "selective_state_update", SsuPlan, plan::plan;
+    SelectiveStateUpdateArgs => "selective_state_update", SsuPlan, plan::plan_selective_state_update;
 }

@@ -371,7 +371,7 @@ thread_local! {
 /// parameter form (tied by strides, as vLLM does), and, for host-resident index tensors,
 /// checks every index value the call will read. Errors name the argument and what was
 /// expected; nothing is written by a failed call.
-pub(crate) fn plan(args: &SelectiveStateUpdateArgs<'_>) -> Result<SsuPlan, SsuError> {
+pub(crate) fn plan_selective_state_update(args: &SelectiveStateUpdateArgs<'_>) -> Result<SsuPlan, SsuError> {
     let device = args.state.device();
     let check_dev = |arg: &'static str, d: Device| {
         if d != device {

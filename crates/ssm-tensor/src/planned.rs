@@ -119,8 +119,8 @@ pub struct Unsupported {
 /// ssm_tensor::op_family! {
 ///     /// A backend of both causal conv1d ops.
 ///     family ConvBackend, error ConvError;
-///     CausalConv1dUpdateArgs => "causal_conv1d_update", ConvPlan, plan::plan_update;
-///     CausalConv1dFnArgs => "causal_conv1d_fn", ConvPlan, plan::plan_fn;
+///     CausalConv1dUpdateArgs => "causal_conv1d_update", ConvPlan, plan::plan_causal_conv1d_update;
+///     CausalConv1dFnArgs => "causal_conv1d_fn", ConvPlan, plan::plan_causal_conv1d_fn;
 /// }
 /// ```
 #[macro_export]
