@@ -18,7 +18,7 @@
 //! ```
 //!
 //! or, for reports that should not panic (the `cargo xtask conformance` runner),
-//! [`run_all`] / [`run_cases`] → [`Report`]. The [`reference`] targets run the op crates'
+//! [`run_all`] / [`run_cases`] → [`Report`]. The [`reference`](mod@reference) targets run the op crates'
 //! references; the `cuda` feature adds [`cuda::Staged`], which copies host tensors onto a
 //! CUDA runtime's device and back. [`cases`] holds the random case generators of the
 //! backends' property tests.

@@ -85,8 +85,8 @@ pub struct ConvSeq {
     pub state_len: usize,
 }
 
-/// Everything a backend needs, checked once by [`plan_causal_conv1d_update`] or [`plan_causal_conv1d_fn`]. Backends
-/// trust it and never re-validate.
+/// Everything a backend needs, checked once by [`crate::plan`] (of a `causal_conv1d_update` or a
+/// `causal_conv1d_fn` call). Backends trust it and never re-validate.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConvPlan {
     /// The op.

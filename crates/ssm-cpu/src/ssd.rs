@@ -453,7 +453,7 @@ fn item_scratch(p: &SsdPlan, w: &ScratchLayout) -> usize {
 }
 
 impl CpuBackend {
-    /// Elements of f32 scratch [`SsdBackend::mamba_chunk_scan_combined_varlen`] needs for
+    /// Elements of f32 scratch a `mamba_chunk_scan_combined_varlen` call needs for
     /// `plan` (the size query; pass a buffer at least this long as `scratch` to avoid a
     /// per-call allocation).
     pub fn mamba_chunk_scan_combined_varlen_scratch_size(plan: &SsdPlan) -> usize {

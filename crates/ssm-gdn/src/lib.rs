@@ -14,8 +14,8 @@
 //! vLLM's CPU layout); the layout is an explicit argument ([`StateLayout`]).
 //!
 //! Every op has the same four pieces: borrowed `…Args` named as vLLM names them, a
-//! [`plan`] function per op that checks everything once before anything is written,
-//! the [`Run`] impls of each backend, and the scalar [`reference`] (f32 and f64).
+//! [`plan`](fn@plan) function per op that checks everything once before anything is written,
+//! the [`Run`] impls of each backend, and the scalar [`reference`](mod@reference) (f32 and f64).
 //!
 //! # Null slots (vLLM's `NULL_BLOCK_ID` rule)
 //! vLLM's recurrent GDN kernels have no `pad_slot_id` argument: any slot index `<= 0` is the

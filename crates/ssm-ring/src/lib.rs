@@ -6,7 +6,7 @@
 //! the ring's window is full (semantics/ssu.md §7, SEMANTICS.md "ReplaySSM").
 //!
 //! Ops, with the pieces every op family has (args, [`plan`], the backends' [`Run`] impls,
-//! [`reference`]):
+//! [`reference`](mod@reference)):
 //! - ring trackers, integer-exact as vLLM's Triton kernels define them:
 //!   `update_replayssm_ring_trackers` (advance after a decoded token, or reset when no
 //!   window is given), `reset_replayssm_ring_trackers`, `commit_replayssm_ring_trackers`

@@ -10,7 +10,7 @@
 //! anywhere.
 //!
 //! Pieces: [`MambaChunkScanCombinedVarlenArgs`] (args), [`plan`] (every check, once),
-//! [`SsdBackend`] (a backend's `Run` impl), [`reference`] (sequential recurrence, f32 and
+//! [`SsdBackend`] (a backend's `Run` impl), [`reference`](mod@reference) (sequential recurrence, f32 and
 //! f64), and [`compute_chunk_metadata`] (vLLM's metadata builder).
 
 mod args;

@@ -11,7 +11,7 @@
 //! - [`plan`]: every check, once, before anything is written; it returns the arguments
 //!   and their [`SsuPlan`] as one [`Planned`] call, the only thing a backend accepts
 //!   (`impl Run<SelectiveStateUpdateArgs> for …`);
-//! - [`reference`]: the kernel-faithful scalar implementation (f32, and an f64 variant).
+//! - [`reference`](mod@reference): the kernel-faithful scalar implementation (f32, and an f64 variant).
 //!
 //! A plan from one call cannot run with another call's arguments. A backend takes one
 //! [`Planned`] value, made only by [`plan`] from the arguments it keeps:
