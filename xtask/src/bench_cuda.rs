@@ -39,12 +39,40 @@ pub(crate) struct CudaBenchCommon {
     /// Bytes of each buffer of the copy-bandwidth measurement.
     #[arg(long, default_value_t = 2 << 30)]
     pub(crate) copy_bytes: usize,
+    /// State dtypes to time, in this order (e.g. `bf16` alone, to profile one configuration).
+    #[arg(long, value_delimiter = ',', default_value = "f32,bf16")]
+    pub(crate) states: Vec<StateDtype>,
+}
+
+/// A state dtype the CUDA benches time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum StateDtype {
+    /// f32 state.
+    F32,
+    /// bf16 state.
+    Bf16,
+}
+
+impl StateDtype {
+    fn dtype(self) -> DType {
+        match self {
+            StateDtype::F32 => DType::F32,
+            StateDtype::Bf16 => DType::BF16,
+        }
+    }
 }
 
 impl CudaBenchCommon {
     /// The defaults of the command line, with the peer (when given) and the JSON path.
     pub(crate) fn new(peer_vllm: Option<PathBuf>, json: Option<PathBuf>) -> Self {
-        CudaBenchCommon { peer_vllm, peer_script: None, python: "python3".into(), json, copy_bytes: 2 << 30 }
+        CudaBenchCommon {
+            peer_vllm,
+            peer_script: None,
+            python: "python3".into(),
+            json,
+            copy_bytes: 2 << 30,
+            states: vec![StateDtype::F32, StateDtype::Bf16],
+        }
     }
 }
 
@@ -290,7 +318,7 @@ impl<S: CudaBenchShape> Measured<S> {
 pub(crate) fn run(args: &CudaSsuBenchArgs) -> anyhow::Result<Value> {
     let mut shapes = Vec::new();
     for tokens in [1usize, 4] {
-        for state in [DType::F32, DType::BF16] {
+        for state in args.common.states.iter().map(|s| s.dtype()) {
             for &b in &args.batches {
                 shapes.push(SsuBenchShape::mamba2_2p7b(b, state, tokens));
             }
@@ -336,7 +364,7 @@ pub(crate) struct CudaGdnBenchArgs {
 pub(crate) fn gdn_shapes(args: &CudaGdnBenchArgs) -> Vec<GdnBenchShape> {
     let mut shapes = Vec::new();
     for op in [GdnBenchOp::SigmoidGating, GdnBenchOp::Recurrent] {
-        for state in [DType::F32, DType::BF16] {
+        for state in args.common.states.iter().map(|s| s.dtype()) {
             for &b in &args.batches {
                 shapes.push(GdnBenchShape::qwen3_next(op, b, state, 1));
             }
