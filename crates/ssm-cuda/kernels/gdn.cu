@@ -11,6 +11,7 @@
 //   ALOG_T DTB_T A_T B_T              in-kernel gates (SIGMOID=1)
 //   IX_T NACC_T CU_T                  int / i64
 //   KDIM VEC TPR VPT RPT NTHREADS     tile geometry
+//   MINB                              min resident blocks per SM (__launch_bounds__), 0 = none
 //   SIGMOID HAS_BETA HAS_STATE HAS_FINAL SLOTS(0 none, 1 1-D, 2 2-D) HAS_NACC VARLEN
 //   L2NORM LAYOUT_KV QK_VEC           0/1
 //
@@ -224,7 +225,13 @@ __device__ __forceinline__ void store_tile(T* base, const float (&s)[RPT][VPT][V
         }
 }
 
-extern "C" __global__ void __launch_bounds__(NTHREADS) gdn_recurrent_kernel(const RecurrentParams p) {
+#if MINB > 0
+#define GDN_BOUNDS __launch_bounds__(NTHREADS, MINB)
+#else
+#define GDN_BOUNDS __launch_bounds__(NTHREADS)
+#endif
+
+extern "C" __global__ void GDN_BOUNDS gdn_recurrent_kernel(const RecurrentParams p) {
 #if LAYOUT_KV
     const int lane = (threadIdx.x % 32) / LANE_STRIDE;
     const int row_group = (threadIdx.x / 32) * LANE_STRIDE + threadIdx.x % LANE_STRIDE;

@@ -13,7 +13,7 @@ use ssm_tensor::Strided;
 use ssm_tensor::{DType, Planned, Run};
 
 use crate::compile::{KernelSource, KernelSpec, c_type};
-use crate::geometry::{grid_x, row_defines, rows_and_threads};
+use crate::geometry::{grid_x, row_defines, rows_and_threads, tune_pairs_of};
 use crate::{CudaBackend, CudaError};
 
 fn addr_of(base: Option<u64>, offset: isize, dtype: DType) -> u64 {
@@ -200,6 +200,15 @@ pub struct GdnGeometry {
     pub rpt: u32,
     /// Threads per block.
     pub threads: u32,
+    /// Minimum resident blocks per SM asked of the compiler (`__launch_bounds__`); 0 = none.
+    /// `SSM_CUDA_GDN_TUNE="minb=N"` sets it, for tuning sweeps (unset in normal use).
+    pub min_blocks: u32,
+}
+
+/// `SSM_CUDA_GDN_TUNE`'s pairs, read once.
+fn gdn_tune_value(key: &str) -> Option<u32> {
+    static TUNE: std::sync::OnceLock<Vec<(String, u32)>> = std::sync::OnceLock::new();
+    TUNE.get_or_init(|| tune_pairs_of("SSM_CUDA_GDN_TUNE")).iter().find(|(k, _)| k == key).map(|&(_, v)| v)
 }
 
 impl GdnGeometry {
@@ -224,7 +233,14 @@ impl GdnGeometry {
         };
         let vpt = k.div_ceil(vec).max(1).div_ceil(tpr);
         let (rpt, threads) = rows_and_threads((4 / vpt).max(1), tpr, v, rows_total);
-        GdnGeometry { vec: vec as u32, tpr: tpr as u32, vpt: vpt as u32, rpt: rpt as u32, threads: threads as u32 }
+        GdnGeometry {
+            vec: vec as u32,
+            tpr: tpr as u32,
+            vpt: vpt as u32,
+            rpt: rpt as u32,
+            threads: threads as u32,
+            min_blocks: gdn_tune_value("minb").unwrap_or(0),
+        }
     }
 }
 
@@ -391,6 +407,7 @@ impl RecurrentKey {
         };
         defines.extend([("GATING_ONLY", "0".to_string()), ("KDIM", self.k.to_string())]);
         defines.extend(row_defines(g.vec, g.tpr, g.vpt, g.rpt, g.threads));
+        defines.push(("MINB", g.min_blocks.to_string()));
         defines.extend([
             ("SIGMOID", f(F_SIGMOID)),
             ("HAS_BETA", f(F_BETA)),

@@ -47,3 +47,17 @@ pub(crate) fn grid_x(blocks: usize) -> Result<Option<u32>, crate::CudaError> {
         b => Ok(Some(b as u32)),
     }
 }
+
+/// The `key=value` pairs of a tuning variable (`SSM_CUDA_SSU_TUNE`, `SSM_CUDA_GDN_TUNE`): comma
+/// separated, unsigned values; malformed pairs are ignored. For tuning sweeps on a GPU; unset in
+/// normal use.
+pub(crate) fn tune_pairs_of(var: &str) -> Vec<(String, u32)> {
+    std::env::var(var)
+        .unwrap_or_default()
+        .split(',')
+        .filter_map(|kv| {
+            let (k, v) = kv.split_once('=')?;
+            Some((k.trim().to_string(), v.trim().parse().ok()?))
+        })
+        .collect()
+}

@@ -8,7 +8,7 @@ use ssm_tensor::DType;
 use ssm_tensor::{Planned, Run};
 
 use crate::compile::{KernelSource, KernelSpec, c_type};
-use crate::geometry::{WAVE_THREADS, grid_x, row_defines, rows_and_threads};
+use crate::geometry::{WAVE_THREADS, grid_x, row_defines, rows_and_threads, tune_pairs_of};
 use crate::{CudaBackend, CudaError};
 
 /// Strides of a per-token tensor as the kernel reads them (`struct TokStrides` in ssu.cu).
@@ -181,16 +181,7 @@ impl SsuGeometry {
 /// Values that would break the tiling (threads not a multiple of 32 or below `tpr`) are ignored.
 fn tune_pairs() -> &'static [(String, u32)] {
     static TUNE: std::sync::OnceLock<Vec<(String, u32)>> = std::sync::OnceLock::new();
-    TUNE.get_or_init(|| {
-        std::env::var("SSM_CUDA_SSU_TUNE")
-            .unwrap_or_default()
-            .split(',')
-            .filter_map(|kv| {
-                let (k, v) = kv.split_once('=')?;
-                Some((k.trim().to_string(), v.trim().parse().ok()?))
-            })
-            .collect()
-    })
+    TUNE.get_or_init(|| tune_pairs_of("SSM_CUDA_SSU_TUNE"))
 }
 
 fn tune_value(key: &str) -> Option<u32> {
