@@ -233,13 +233,23 @@ impl GdnGeometry {
         };
         let vpt = k.div_ceil(vec).max(1).div_ceil(tpr);
         let (rpt, threads) = rows_and_threads((4 / vpt).max(1), tpr, v, rows_total);
+        // Registers, not bandwidth, capped the `[V,K]` vector route's occupancy (Nsight Compute on
+        // an H200, docs/PERF.md): 72 registers (f32) and 96 (bf16) allowed 7 and 5 blocks per SM.
+        // Asking for 8 and 6 (64 and 80 registers; the bf16 sigmoid specialisations then spill
+        // 20–52 bytes on sm_90 and are still faster) raised batch-256 decode from 0.79–0.82 to
+        // 0.88–0.90 of copy (f32) and from 0.59–0.63 to 0.71–0.76 (bf16).
+        let default_min_blocks = if layout == StateLayout::VK && vec > 1 && k <= 128 && threads == 128 {
+            if state.size() == 4 { 8 } else { 6 }
+        } else {
+            0
+        };
         GdnGeometry {
             vec: vec as u32,
             tpr: tpr as u32,
             vpt: vpt as u32,
             rpt: rpt as u32,
             threads: threads as u32,
-            min_blocks: gdn_tune_value("minb").unwrap_or(0),
+            min_blocks: gdn_tune_value("minb").unwrap_or(default_min_blocks),
         }
     }
 }
