@@ -5,7 +5,7 @@
 use ssm_gdn::{
     DeltaRuleArgs, FusedRecurrentGatedDeltaRuleArgs, FusedSigmoidGatingDeltaRuleUpdateArgs, GateInputs, StateLayout,
 };
-use ssm_tensor::{DType, HostTensor};
+use ssm_tensor::{DType, HostTensor, TensorRef};
 
 /// A small deterministic generator (SplitMix64): no dependency, same stream everywhere.
 #[derive(Debug, Clone)]
@@ -286,48 +286,37 @@ impl RecurrentCase {
 
     /// The `fused_recurrent_gated_delta_rule` call over these tensors.
     pub fn recurrent_args(&mut self) -> FusedRecurrentGatedDeltaRuleArgs<'_> {
-        FusedRecurrentGatedDeltaRuleArgs {
-            g: self.g.view(),
-            beta: Some(self.beta.view()),
-            rule: DeltaRuleArgs {
-                q: self.q.view(),
-                k: self.k.view(),
-                v: self.v.view(),
-                scale: None,
-                initial_state: self.state.as_mut().map(|s| s.view_mut()),
-                final_state: self.final_state.as_mut().map(|s| s.view_mut()),
-                cu_seqlens: self.cu.as_ref().map(|t| t.view()),
-                ssm_state_indices: self.ix.as_ref().map(|t| t.view()),
-                num_accepted_tokens: self.na.as_ref().map(|t| t.view()),
-                use_qk_l2norm_in_kernel: self.spec.l2norm,
-                eps: 1e-6,
-                state_layout: self.spec.layout,
-                o: self.o.view_mut(),
-            },
-        }
+        let (_, g, beta, rule) = self.parts(None);
+        FusedRecurrentGatedDeltaRuleArgs { g, beta: Some(beta), rule }
     }
 
     /// The `fused_sigmoid_gating_delta_rule_update` call over these tensors (its own `beta`
     /// scalars: softplus β 1, threshold 20).
     pub fn sigmoid_args(&mut self) -> FusedSigmoidGatingDeltaRuleUpdateArgs<'_> {
-        FusedSigmoidGatingDeltaRuleUpdateArgs {
-            gates: GateInputs::new(self.a_log.view(), self.a.view(), self.b.view(), self.dt_bias.view()),
-            rule: DeltaRuleArgs {
-                q: self.q.view(),
-                k: self.k.view(),
-                v: self.v.view(),
-                scale: Some(0.25),
-                initial_state: self.state.as_mut().map(|s| s.view_mut()),
-                final_state: self.final_state.as_mut().map(|s| s.view_mut()),
-                cu_seqlens: self.cu.as_ref().map(|t| t.view()),
-                ssm_state_indices: self.ix.as_ref().map(|t| t.view()),
-                num_accepted_tokens: self.na.as_ref().map(|t| t.view()),
-                use_qk_l2norm_in_kernel: self.spec.l2norm,
-                eps: 1e-6,
-                state_layout: self.spec.layout,
-                o: self.o.view_mut(),
-            },
-        }
+        let (gates, _, _, rule) = self.parts(Some(0.25));
+        FusedSigmoidGatingDeltaRuleUpdateArgs { gates, rule }
+    }
+
+    /// Views of both ops' inputs, borrowed field by field: the raw gates, the precomputed `g`
+    /// and `beta`, and the delta rule with `scale`.
+    fn parts(&mut self, scale: Option<f32>) -> (GateInputs<'_>, TensorRef<'_>, TensorRef<'_>, DeltaRuleArgs<'_>) {
+        let gates = GateInputs::new(self.a_log.view(), self.a.view(), self.b.view(), self.dt_bias.view());
+        let rule = DeltaRuleArgs {
+            q: self.q.view(),
+            k: self.k.view(),
+            v: self.v.view(),
+            scale,
+            initial_state: self.state.as_mut().map(|s| s.view_mut()),
+            final_state: self.final_state.as_mut().map(|s| s.view_mut()),
+            cu_seqlens: self.cu.as_ref().map(|t| t.view()),
+            ssm_state_indices: self.ix.as_ref().map(|t| t.view()),
+            num_accepted_tokens: self.na.as_ref().map(|t| t.view()),
+            use_qk_l2norm_in_kernel: self.spec.l2norm,
+            eps: 1e-6,
+            state_layout: self.spec.layout,
+            o: self.o.view_mut(),
+        };
+        (gates, self.g.view(), self.beta.view(), rule)
     }
 
     /// Slots of the pool a sequence of this call may write (every positive table entry, or
