@@ -103,16 +103,6 @@ pub enum ConvError {
         /// Conv width.
         width: usize,
     },
-    /// A written tensor's strides map two elements to the same memory.
-    #[error("`{arg}` must not overlap itself, got shape {shape:?} with strides {strides:?}")]
-    Overlapping {
-        /// Argument name.
-        arg: &'static str,
-        /// Its shape.
-        shape: Vec<usize>,
-        /// Its strides.
-        strides: Vec<isize>,
-    },
     /// Two sequences of one call would write the same slot, or one writes a slot another reads.
     #[error("`{arg}`: slot {slot} is written by sequence {writer} and also used by sequence {other}")]
     SlotConflict {

@@ -296,26 +296,6 @@ fn check_conflicts(arg: &'static str, seqs: &[ConvSeq]) -> Result<(), ConvError>
     }
 }
 
-/// Written tensors must map distinct elements to distinct memory (backends write them from
-/// several threads): sorted by |stride|, each axis must step past everything the smaller
-/// axes reach.
-fn check_no_overlap(arg: &'static str, shape: &[usize], strides: &[isize]) -> Result<(), ConvError> {
-    if shape.contains(&0) {
-        return Ok(());
-    }
-    let mut axes: Vec<(usize, usize)> =
-        shape.iter().zip(strides).filter(|(n, _)| **n > 1).map(|(&n, &s)| (s.unsigned_abs(), n)).collect();
-    axes.sort_unstable();
-    let mut reach = 0usize;
-    for (stride, n) in axes {
-        if stride <= reach {
-            return Err(ConvError::Overlapping { arg, shape: shape.to_vec(), strides: strides.to_vec() });
-        }
-        reach += (n - 1) * stride;
-    }
-    Ok(())
-}
-
 fn check_float(arg: &'static str, t: DType) -> Result<DType, ConvError> {
     if !t.is_float() {
         return Err(ConvError::from(ArgError::DType { arg, expected: FLOATS.into(), actual: t }));
@@ -382,12 +362,12 @@ fn check_shared(
     }
     check_dtype("out", out.dtype(), dtype)?;
     check_device("out", out.device(), device)?;
-    check_no_overlap("out", out.shape(), out.strides())?;
+    ArgError::check_written("out", out.layout())?;
     let (slots, state_len, state) =
         check_state(state_arg, cs.shape(), cs.strides(), cs.layout().offset(), layout, dim, width)?;
     check_dtype(state_arg, cs.dtype(), dtype)?;
     check_device(state_arg, cs.device(), device)?;
-    check_no_overlap(state_arg, cs.shape(), cs.strides())?;
+    ArgError::check_written(state_arg, cs.layout())?;
     let bias = check_bias(bias, dim, dtype, device)?;
     let weight = WeightStrides { offset: weight.layout().offset(), dim: weight.strides()[0], tap: weight.strides()[1] };
     Ok(SharedChecks { dtype, device, dim, width, slots, state_len, state, weight, bias })

@@ -341,24 +341,21 @@ impl CpuBackend {
                 }
                 TrackerMode::Advance { logical_window, ring_buffer_len } => {
                     let (prev, start) = (rd_int(pa, tt, ia), rd_int(rs, tt, ir));
-                    let must = prev + 1 > logical_window;
-                    wr_int(rs, tt, ir, if must { (start + prev).rem_euclid(ring_buffer_len) } else { start });
-                    wr_int(pa, tt, ia, if must { 1 } else { prev + 1 });
+                    let (start, prev) = ssm_ring::step::advance(start, prev, logical_window, ring_buffer_len);
+                    wr_int(rs, tt, ir, start);
+                    wr_int(pa, tt, ia, prev);
                 }
                 TrackerMode::Commit { logical_window, ring_buffer_len } => {
                     let (acc_b, acc_t, qsl_b, qsl_t) = extra.expect("commit plans carry accepted counts");
                     let (acc_s, qsl_s) = (plan.num_accepted_tokens.unwrap(), plan.query_start_loc.unwrap());
                     let (prev, start, prev_q) = (rd_int(pa, tt, ia), rd_int(rs, tt, ir), rd_int(pq, tt, iq));
                     let accepted = rd_int(acc_b, acc_t, acc_s.at([row]));
-                    let must = prev_q > 0 && prev + prev_q > logical_window;
-                    let next_prev = match (prev_q, must) {
-                        (0, _) => 0,
-                        (_, true) => accepted,
-                        (_, false) => prev + accepted,
-                    };
-                    let cur_q = rd_int(qsl_b, qsl_t, qsl_s.at([row + 1])) - rd_int(qsl_b, qsl_t, qsl_s.at([row]));
-                    wr_int(rs, tt, ir, if must { (start + prev).rem_euclid(ring_buffer_len) } else { start });
-                    wr_int(pa, tt, ia, next_prev);
+                    let cur_q =
+                        rd_int(qsl_b, qsl_t, qsl_s.at([row + 1])).wrapping_sub(rd_int(qsl_b, qsl_t, qsl_s.at([row])));
+                    let (start, prev, cur_q) =
+                        ssm_ring::step::commit(start, prev, prev_q, accepted, cur_q, logical_window, ring_buffer_len);
+                    wr_int(rs, tt, ir, start);
+                    wr_int(pa, tt, ia, prev);
                     wr_int(pq, tt, iq, cur_q);
                 }
             }

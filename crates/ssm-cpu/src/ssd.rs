@@ -92,7 +92,7 @@ impl Ctx<'_> {
         self.w.states + (c * self.p.heads + h) * self.p.dim * self.w.state_row
     }
     fn cb_off(&self, c: usize, g: usize) -> usize {
-        self.w.cb + (c * self.p.groups + g) * self.p.chunk_size * self.w.q_row
+        self.w.cb + (c * self.p.groups + g) * self.p.chunk_rows * self.w.q_row
     }
     /// Widens `rows` consecutive tokens of a `[T, i, j]` tensor at `(first, i)` into
     /// `dst` rows of `row` elements (zero tails).
@@ -219,7 +219,7 @@ fn chunk_cb<S: Simd + PowTwo>(ctx: &Ctx<'_>, c: usize, g: usize, scratch: &mut S
     let (s, e) = ctx.chunk(c);
     let len = e - s;
     // SAFETY: the CB block of (c, g) belongs to this item.
-    let cb = unsafe { ctx.ws(ctx.cb_off(c, g), p.chunk_size * q_row) };
+    let cb = unsafe { ctx.ws(ctx.cb_off(c, g), p.chunk_rows * q_row) };
     let (cs, bs) = scratch.take(2 * len * nr).split_at_mut(len * nr);
     ctx.widen(ctx.inp.mamba.c, p.io_dtypes.c, p.c, s, len, g, p.dstate, nr, cs);
     ctx.widen(ctx.inp.mamba.b, p.io_dtypes.b, p.b, s, len, g, p.dstate, nr, bs);
@@ -259,7 +259,7 @@ fn pass_item<S: Simd + PowTwo>(ctx: &Ctx<'_>, item: usize, scratch: &mut Scratch
             let da_last = {
                 // SAFETY: dA_cumsum is only read in this stage.
                 let da = unsafe { ctx.ws(ctx.w.da_cumsum + ctx.dt_row_off(c, h), ctx.w.q_row) };
-                da[p.chunk_size - 1].exp()
+                da[p.chunk_rows - 1].exp()
             };
             let decay = S::splat(da_last);
             for i in (0..per).step_by(LANES) {
@@ -376,7 +376,7 @@ fn scan_item<S: Simd + PowTwo>(ctx: &Ctx<'_>, item: usize, scratch: &mut Scratch
         (
             &*ctx.ws(ctx.w.dt_out + ctx.dt_row_off(c, h), q_row),
             &*ctx.ws(ctx.w.da_cumsum + ctx.dt_row_off(c, h), q_row),
-            &*ctx.ws(ctx.cb_off(c, g), p.chunk_size * q_row),
+            &*ctx.ws(ctx.cb_off(c, g), p.chunk_rows * q_row),
         )
     };
     let opens = ctx.opens(c);
@@ -447,7 +447,7 @@ fn scan_item<S: Simd + PowTwo>(ctx: &Ctx<'_>, item: usize, scratch: &mut Scratch
 /// f32 scratch of one item of any stage, from the plan's dimensions alone (the largest: stage 4's
 /// C and B rows of a chunk, or stage 5's x, C and output rows with a chunk row and a state).
 fn item_scratch(p: &SsdPlan, w: &ScratchLayout) -> usize {
-    let (len, nr, pr) = (p.chunk_size, w.state_row, p.dim.div_ceil(LANES) * LANES);
+    let (len, nr, pr) = (p.chunk_rows, w.state_row, p.dim.div_ceil(LANES) * LANES);
     let per = p.dim * nr;
     (2 * len * nr).max(len * pr + len * nr + len * pr + w.q_row + per)
 }

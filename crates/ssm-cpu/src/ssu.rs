@@ -197,7 +197,7 @@ impl<'a> SeqCtx<'a> {
             return None;
         }
         let col = match (inp.nacc, plan.num_accepted_tokens) {
-            (Some(n), Some(s)) => (rd_int(n, ty.num_accepted_tokens.unwrap(), s.at([b])) - 1).max(0) as usize,
+            (Some(n), Some(s)) => ssm_ssu::start_column(rd_int(n, ty.num_accepted_tokens.unwrap(), s.at([b]))),
             _ => 0,
         };
         let (src, dst_final) = match (inp.sbi, plan.state_batch_indices, plan.dst_state_batch_indices) {

@@ -315,7 +315,7 @@ extern "C" __global__ void SSU_BOUNDS ssu_kernel(const SsuParams p) {
     }
 #else
 #if SPEC
-    const i64 col0 = accepted - 1 > 0 ? accepted - 1 : 0;
+    const i64 col0 = accepted > 1 ? accepted - 1 : 0;  // no overflow at INT64_MIN
     if (col0 >= p.sbi_width || len > p.dst_width) {
         raise_error(p, ERR_ACCEPTED);
         return;

@@ -19,6 +19,7 @@ mod args;
 mod error;
 mod plan;
 pub mod reference;
+pub mod step;
 
 pub use args::{CheckpointingSsuArgs, CommitRingTrackersArgs, RingTrackers, UpdateRingTrackersArgs};
 pub use error::RingError;

@@ -23,9 +23,7 @@ pub fn update_replayssm_ring_trackers(call: Planned<UpdateRingTrackersArgs<'_>>)
             TrackerMode::Advance { logical_window, ring_buffer_len } => {
                 let prev = tr.prev_num_accepted.as_ref().elem_i64(pa.at([s]));
                 let start = tr.ring_start.as_ref().elem_i64(rs.at([s]));
-                let must = prev + 1 > logical_window;
-                let next_start = if must { (start + prev).rem_euclid(ring_buffer_len) } else { start };
-                let next_prev = if must { 1 } else { prev + 1 };
+                let (next_start, next_prev) = crate::step::advance(start, prev, logical_window, ring_buffer_len);
                 tr.ring_start.set_i64(rs.at([s]), next_start);
                 tr.prev_num_accepted.set_i64(pa.at([s]), next_prev);
             }
@@ -57,16 +55,10 @@ pub fn commit_replayssm_ring_trackers(call: Planned<CommitRingTrackersArgs<'_>>)
         let start = tr.ring_start.as_ref().elem_i64(rs.at([s]));
         let prev_q = tr.prev_query_len.as_ref().elem_i64(pq.at([s]));
         let accepted = args.num_accepted_tokens.elem_i64(acc.at([row]));
-        let must = prev_q > 0 && prev + prev_q > logical_window;
-        let next_start = if must { (start + prev).rem_euclid(ring_buffer_len) } else { start };
-        let next_prev = if prev_q == 0 {
-            0
-        } else if must {
-            accepted
-        } else {
-            prev + accepted
-        };
-        let cur_q = args.query_start_loc.elem_i64(qsl.at([row + 1])) - args.query_start_loc.elem_i64(qsl.at([row]));
+        let cur_q =
+            args.query_start_loc.elem_i64(qsl.at([row + 1])).wrapping_sub(args.query_start_loc.elem_i64(qsl.at([row])));
+        let (next_start, next_prev, cur_q) =
+            crate::step::commit(start, prev, prev_q, accepted, cur_q, logical_window, ring_buffer_len);
         tr.ring_start.set_i64(rs.at([s]), next_start);
         tr.prev_num_accepted.set_i64(pa.at([s]), next_prev);
         tr.prev_query_len.set_i64(pq.at([s]), cur_q);

@@ -20,6 +20,13 @@ pub struct SsdPlan {
     pub groups: usize,
     /// `Q`.
     pub chunk_size: usize,
+    /// Rows of a chunk the scratch holds: the longest chunk of host-resident
+    /// `cu_chunk_seqlens`, else `chunk_size`. Rows past a chunk's end are inert padding, so a
+    /// backend may size and index every per-chunk row by this instead of `chunk_size` (a
+    /// huge `chunk_size` over short chunks then costs nothing).
+    pub chunk_rows: usize,
+    /// The scratch layout, computed (with checked arithmetic) once by the plan.
+    pub scratch_layout: ScratchLayout,
     /// Chunks.
     pub nchunks: usize,
     /// Sequences.
@@ -111,7 +118,7 @@ pub struct IoDtypes {
 /// eight-lane loops without tails.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ScratchLayout {
-    /// Row length of `dt_out`, `dA_cumsum` and `CB` rows: `chunk_size` rounded up to 8.
+    /// Row length of `dt_out`, `dA_cumsum` and `CB` rows: `chunk_rows` rounded up to 8.
     pub q_row: usize,
     /// Row length of a state row: `dstate` rounded up to 8.
     pub state_row: usize,
@@ -121,7 +128,7 @@ pub struct ScratchLayout {
     pub da_cumsum: usize,
     /// `states` `[nchunks, H, P, state_row]`: stage 2 chunk states, end states after stage 3.
     pub states: usize,
-    /// `CB` `[nchunks, G, chunk_size, q_row]`.
+    /// `CB` `[nchunks, G, chunk_rows, q_row]`.
     pub cb: usize,
     /// Total elements.
     pub len: usize,
@@ -135,15 +142,7 @@ impl SsdPlan {
 
     /// The f32 scratch a chunked backend needs (the size query).
     pub fn scratch(&self) -> ScratchLayout {
-        let (c, h, q) = (self.nchunks, self.heads, self.chunk_size);
-        let q_row = q.div_ceil(8) * 8;
-        let state_row = self.dstate.div_ceil(8) * 8;
-        let dt_out = 0;
-        let da_cumsum = c * h * q_row;
-        let states = 2 * c * h * q_row;
-        let cb = states + c * h * self.dim * state_row;
-        let len = cb + c * self.groups * q * q_row;
-        ScratchLayout { q_row, state_row, dt_out, da_cumsum, states, cb, len }
+        self.scratch_layout
     }
 
     /// Elements of f32 scratch a chunked backend needs.
@@ -364,14 +363,7 @@ pub(crate) fn plan_mamba_chunk_scan_combined_varlen(
         Some(o) => {
             let r = o.as_ref();
             let s = shaped("out", &r, &thp, &[tokens, heads, dim], true)?;
-            if tokens * heads > 1 && (s.strides[0] == 0 || s.strides[1] == 0) {
-                return Err(SsdError::from(ArgError::Strides {
-                    arg: "out",
-                    what: "written, so its elements must not overlap (no stride 0)",
-                    shape: r.shape().to_vec(),
-                    strides: r.strides().to_vec(),
-                }));
-            }
+            ArgError::check_written("out", r.layout())?;
             Some(s)
         }
         None => None,
@@ -457,7 +449,9 @@ pub(crate) fn plan_mamba_chunk_scan_combined_varlen(
             }
             let (rows, row_name) =
                 if args.return_intermediate_states { (nchunks, "nchunks") } else { (batch, "batch") };
-            Some(state4("varlen_states", &vs, &[rows, heads, dim, dstate], row_name)?)
+            let s = state4("varlen_states", &vs, &[rows, heads, dim, dstate], row_name)?;
+            ArgError::check_written("varlen_states", vs.layout())?;
+            Some(s)
         }
         None => None,
     };
@@ -473,13 +467,7 @@ pub(crate) fn plan_mamba_chunk_scan_combined_varlen(
             }
             let slots = if pool.rank() == 4 { pool.shape()[0] } else { 0 };
             let s = state4("ssm_state", &pool, &[slots, heads, dim, dstate], "slots")?;
-            if slots > 1 && s.strides[0] == 0 || heads > 1 && s.strides[1] == 0 || dim > 1 && s.strides[2] == 0 {
-                return Err(SsdError::from(ArgError::Overlapping {
-                    arg: "ssm_state",
-                    shape: pool.shape().to_vec(),
-                    strides: pool.strides().to_vec(),
-                }));
-            }
+            ArgError::check_written("ssm_state", pool.layout())?;
             (Some(s), slots)
         }
         None => (None, 0),
@@ -530,7 +518,20 @@ pub(crate) fn plan_mamba_chunk_scan_combined_varlen(
         dt_limit: args.dt_limit,
         return_intermediate_states: args.return_intermediate_states,
         scratch_offset: None,
+        chunk_rows: args.chunk_size,
+        scratch_layout: ScratchLayout { q_row: 0, state_row: 0, dt_out: 0, da_cumsum: 0, states: 0, cb: 0, len: 0 },
     };
+    if let Some(longest) = check_metadata(&plan, args)? {
+        plan.chunk_rows = longest.max(1);
+    }
+    plan.scratch_layout = scratch_layout(&plan).ok_or_else(|| {
+        SsdError::from(ArgError::Overflow {
+            arg: "chunk_size",
+            what: "the scratch (chunks × heads × chunk rows × …)",
+            shape: args.x.shape().to_vec(),
+            strides: args.x.strides().to_vec(),
+        })
+    })?;
     if let Some(w) = &args.scratch {
         let needed = plan.scratch_len();
         let ok = w.dtype() == DType::F32
@@ -542,7 +543,6 @@ pub(crate) fn plan_mamba_chunk_scan_combined_varlen(
         }
         plan.scratch_offset = Some(w.layout().offset());
     }
-    check_metadata(&plan, args)?;
     check_slots(&plan, args)?;
     Ok(plan)
 }
@@ -632,7 +632,9 @@ fn check_slots(p: &SsdPlan, args: &MambaChunkScanCombinedVarlenArgs<'_>) -> Resu
             Slot::OutOfRange => Err(SsdError::SlotOutOfRange { arg, seq: b, value, slots: p.slots, pad: pad() }),
         }
     };
-    let mut uses = Vec::with_capacity(2 * p.batch);
+    // Grown as sequences are read, not reserved from `batch` (a broadcast `cu_seqlens` can
+    // describe more sequences than memory holds).
+    let mut uses = Vec::new();
     for b in 0..p.batch {
         if let (Some(t), Some(Some(bytes))) = (p.initial_state_indices, init) {
             let reads = match (p.has_initial_state, has) {
@@ -664,14 +666,29 @@ fn check_slots(p: &SsdPlan, args: &MambaChunkScanCombinedVarlenArgs<'_>) -> Resu
     }
 }
 
-/// Value checks of host-resident chunk metadata (skipped for device tensors).
-fn check_metadata(p: &SsdPlan, args: &MambaChunkScanCombinedVarlenArgs<'_>) -> Result<(), SsdError> {
+/// The scratch layout of a call, or `None` when its size overflows.
+fn scratch_layout(p: &SsdPlan) -> Option<ScratchLayout> {
+    let (c, h, q) = (p.nchunks, p.heads, p.chunk_rows);
+    let q_row = q.checked_next_multiple_of(8)?;
+    let state_row = p.dstate.checked_next_multiple_of(8)?;
+    let dt_out = 0;
+    let da_cumsum = c.checked_mul(h)?.checked_mul(q_row)?;
+    let states = da_cumsum.checked_mul(2)?;
+    let cb = states.checked_add(c.checked_mul(h)?.checked_mul(p.dim)?.checked_mul(state_row)?)?;
+    let len = cb.checked_add(c.checked_mul(p.groups)?.checked_mul(q)?.checked_mul(q_row)?)?;
+    Some(ScratchLayout { q_row, state_row, dt_out, da_cumsum, states, cb, len })
+}
+
+/// Value checks of host-resident chunk metadata (skipped for device tensors); returns the
+/// longest chunk, or `None` when the metadata lives on a device.
+fn check_metadata(p: &SsdPlan, args: &MambaChunkScanCombinedVarlenArgs<'_>) -> Result<Option<usize>, SsdError> {
     let host = [&args.cu_seqlens, &args.cu_chunk_seqlens, &args.seq_idx, &args.last_chunk_indices]
         .iter()
         .all(|t| t.host_bytes().is_some());
     if !host {
-        return Ok(());
+        return Ok(None);
     }
+    let mut longest = 0usize;
     let total = p.tokens as i64;
     let cs = |i: usize| args.cu_seqlens.elem_i64(p.cu_seqlens.at([i]));
     let cc = |i: usize| args.cu_chunk_seqlens.elem_i64(p.cu_chunk_seqlens.at([i]));
@@ -702,6 +719,9 @@ fn check_metadata(p: &SsdPlan, args: &MambaChunkScanCombinedVarlenArgs<'_>) -> R
                 prev,
                 tokens: p.tokens,
             });
+        }
+        if i > 0 {
+            longest = longest.max((v - prev) as usize);
         }
         if i > 0 && v - prev > p.chunk_size as i64 {
             return Err(SsdError::ChunkTooLong {
@@ -741,5 +761,5 @@ fn check_metadata(p: &SsdPlan, args: &MambaChunkScanCombinedVarlenArgs<'_>) -> R
             return Err(SsdError::LastChunkIndex { seq: b, expected: last, actual: got });
         }
     }
-    Ok(())
+    Ok(Some(longest))
 }

@@ -11,6 +11,11 @@ pub struct StochasticRounding {
 }
 
 impl StochasticRounding {
+    /// The most Philox rounds a call may ask for. Each round is work per state element, so an
+    /// unbounded count would let one argument stall the call; Philox4x32 is specified with 10
+    /// (Triton's default) and 7 already passes BigCrush.
+    pub const MAX_ROUNDS: u32 = 64;
+
     /// The number of Philox rounds actually run.
     pub fn rounds(&self) -> u32 {
         if self.philox_rounds == 0 { 10 } else { self.philox_rounds }

@@ -100,6 +100,12 @@ pub enum SsuError {
         /// The state's dtype.
         actual: DType,
     },
+    /// More Philox rounds than [`StochasticRounding::MAX_ROUNDS`](crate::StochasticRounding::MAX_ROUNDS).
+    #[error("`philox_rounds` must be at most {max} (0 = the default of 10), got {rounds}", max = crate::StochasticRounding::MAX_ROUNDS)]
+    PhiloxRounds {
+        /// The rounds asked for.
+        rounds: u32,
+    },
     /// An unknown SSU algorithm name.
     #[error("unknown SSU algorithm `{name}`; expected one of auto, simple, vertical, horizontal")]
     UnknownAlgorithm {

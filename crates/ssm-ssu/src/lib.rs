@@ -61,7 +61,9 @@ pub mod reference;
 
 pub use args::{SelectiveStateUpdateArgs, StochasticRounding};
 pub use error::SsuError;
-pub use plan::{IndexTable, ParamForm, Route, SsuAlgorithm, SsuDims, SsuDtypes, SsuPlan, Strided, TokenStrides};
+pub use plan::{
+    IndexTable, ParamForm, Route, SsuAlgorithm, SsuDims, SsuDtypes, SsuPlan, Strided, TokenStrides, start_column,
+};
 pub use ssm_tensor::{Op, Planned, Run};
 
 ssm_tensor::op_family! {

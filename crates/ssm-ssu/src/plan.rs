@@ -346,6 +346,13 @@ fn written_disjoint(
     Ok(())
 }
 
+/// The table column a speculative sequence starts from: `max(num_accepted − 1, 0)` (vLLM's
+/// rule), without overflow for any `num_accepted`.
+#[inline]
+pub fn start_column(num_accepted: i64) -> usize {
+    usize::try_from(num_accepted.saturating_sub(1)).unwrap_or(0)
+}
+
 /// Reads an integer from a host index tensor through its layout.
 struct HostInts<'a> {
     bytes: &'a [u8],
@@ -422,9 +429,11 @@ pub(crate) fn plan_selective_state_update(args: &SelectiveStateUpdateArgs<'_>) -
         }
     }
     if let Some(sr) = args.stochastic_rounding {
-        let _ = sr;
         if args.state.dtype() != DType::F16 {
             return Err(SsuError::StochasticRoundingDtype { actual: args.state.dtype() });
+        }
+        if sr.rounds() > StochasticRounding::MAX_ROUNDS {
+            return Err(SsuError::PhiloxRounds { rounds: sr.philox_rounds });
         }
     }
 
@@ -746,7 +755,7 @@ fn check_host_indices(plan: &mut SsuPlan, args: &SelectiveStateUpdateArgs<'_>) -
                 continue;
             }
             let col = match (&nacc, plan.num_accepted_tokens) {
-                (Some(n), Some(s)) => (n.get(s.at([b])) - 1).max(0) as usize,
+                (Some(n), Some(s)) => start_column(n.get(s.at([b]))),
                 _ => 0,
             };
             if col >= sbi.width {

@@ -145,7 +145,7 @@ fn run<F: Acc>(plan: &SsuPlan, mut args: SelectiveStateUpdateArgs<'_>) -> Result
             continue;
         }
         let col = match (nacc, plan.num_accepted_tokens) {
-            (Some(n), Some(st)) => (read_int(n, ty.num_accepted_tokens.unwrap(), st.at([b])) - 1).max(0) as usize,
+            (Some(n), Some(st)) => crate::start_column(read_int(n, ty.num_accepted_tokens.unwrap(), st.at([b]))),
             _ => 0,
         };
         let (src, dst_final) = match (sbi, plan.state_batch_indices) {

@@ -112,3 +112,15 @@ pub enum ArgError {
         strides: Vec<isize>,
     },
 }
+
+impl ArgError {
+    /// [`ArgError::Overlapping`] unless the written argument `arg` is disjoint
+    /// ([`Layout::is_disjoint`](crate::Layout::is_disjoint)): the one overlap rule of every plan.
+    pub fn check_written(arg: &'static str, layout: &crate::Layout) -> Result<(), ArgError> {
+        if layout.is_disjoint() {
+            Ok(())
+        } else {
+            Err(ArgError::Overlapping { arg, shape: layout.shape().to_vec(), strides: layout.strides().to_vec() })
+        }
+    }
+}

@@ -9,6 +9,19 @@ pub enum TensorError {
         /// The rank asked for.
         rank: usize,
     },
+    /// The element count, or the span of element indices the view reaches, does not fit in
+    /// the address space (`isize`), so no memory could hold the view.
+    #[error(
+        "view of shape {shape:?} with strides {strides:?} at offset {offset} spans more elements than an address can"
+    )]
+    TooLarge {
+        /// Shape of the view.
+        shape: Vec<usize>,
+        /// Strides of the view.
+        strides: Vec<isize>,
+        /// Element offset of the view.
+        offset: usize,
+    },
     /// `shape` and `strides` have different lengths.
     #[error("shape has {shape} dimensions but strides has {strides}")]
     StrideRank {

@@ -1,4 +1,4 @@
-use crate::{DType, TensorMut, TensorRef};
+use crate::{DType, TensorError, TensorMut, TensorRef};
 
 /// 64 bytes, 64-byte aligned: the storage unit of [`HostTensor`]. Buffers start on a cache
 /// line, as a serving stack's allocator gives them (PyTorch aligns to 64), so kernels can use
@@ -14,6 +14,10 @@ unsafe impl bytemuck::Zeroable for Line {}
 unsafe impl bytemuck::Pod for Line {}
 
 /// An owned host tensor (64-byte aligned storage) that hands out views.
+///
+/// Its shape describes its bytes (checked when it is built: rank, element count, length), so
+/// [`HostTensor::view`] and [`HostTensor::view_mut`] succeed unless `dtype` or `shape` were
+/// later edited to no longer describe them (they panic then).
 #[derive(Debug, Clone, PartialEq)]
 pub struct HostTensor {
     /// Element type.
@@ -25,16 +29,39 @@ pub struct HostTensor {
 }
 
 impl HostTensor {
-    /// A tensor from little-endian bytes.
-    pub fn from_bytes(dtype: DType, shape: Vec<usize>, bytes: &[u8]) -> Self {
+    /// A tensor from little-endian bytes, or the [`TensorError`] that a view of `shape`
+    /// over them would meet (rank above [`crate::MAX_RANK`], an element count that overflows,
+    /// fewer bytes than the shape needs, a length that is not a whole number of elements).
+    pub fn try_from_bytes(dtype: DType, shape: Vec<usize>, bytes: &[u8]) -> Result<Self, TensorError> {
         let mut words = vec![Line([0; 64]); bytes.len().div_ceil(64)];
         bytemuck::cast_slice_mut::<Line, u8>(&mut words)[..bytes.len()].copy_from_slice(bytes);
-        HostTensor { dtype, shape, words, len: bytes.len() }
+        let t = HostTensor { dtype, shape, words, len: bytes.len() };
+        TensorRef::from_bytes(t.bytes(), t.dtype, &t.shape)?;
+        Ok(t)
+    }
+
+    /// A tensor from little-endian bytes.
+    ///
+    /// # Panics
+    /// Where [`HostTensor::try_from_bytes`] returns an error.
+    pub fn from_bytes(dtype: DType, shape: Vec<usize>, bytes: &[u8]) -> Self {
+        Self::try_from_bytes(dtype, shape, bytes).unwrap_or_else(|e| panic!("HostTensor::from_bytes: {e}"))
+    }
+
+    /// Elements of `shape`.
+    ///
+    /// # Panics
+    /// If `shape` has too many dimensions or its element count overflows.
+    fn numel_of(shape: &[usize]) -> usize {
+        crate::Layout::contiguous(shape).unwrap_or_else(|e| panic!("HostTensor of shape {shape:?}: {e}")).numel()
     }
 
     /// A tensor of `shape` filled with `value` (floats).
+    ///
+    /// # Panics
+    /// If `shape` has too many dimensions or its element count overflows.
     pub fn filled(dtype: DType, shape: Vec<usize>, value: f32) -> Self {
-        let n: usize = shape.iter().product();
+        let n = Self::numel_of(&shape);
         let mut bytes = vec![0u8; n * dtype.size()];
         if dtype.is_float() {
             (0..n).for_each(|i| crate::elem::write_f32(&mut bytes, dtype, i, value));
@@ -44,7 +71,7 @@ impl HostTensor {
 
     /// A float tensor from f32 values, rounded to nearest even in `dtype` (F32, F16 or BF16).
     pub fn from_f32(dtype: DType, shape: Vec<usize>, values: &[f32]) -> Self {
-        assert_eq!(values.len(), shape.iter().product::<usize>(), "values must fill the shape");
+        assert_eq!(values.len(), Self::numel_of(&shape), "values must fill the shape");
         assert!(dtype.is_float(), "from_f32 makes float tensors, not {dtype}");
         let mut bytes = vec![0u8; values.len() * dtype.size()];
         for (i, &v) in values.iter().enumerate() {
@@ -55,7 +82,7 @@ impl HostTensor {
 
     /// An integer tensor (I32 or I64) from i64 values, or a Bool tensor (nonzero = true).
     pub fn from_i64(dtype: DType, shape: Vec<usize>, values: &[i64]) -> Self {
-        assert_eq!(values.len(), shape.iter().product::<usize>(), "values must fill the shape");
+        assert_eq!(values.len(), Self::numel_of(&shape), "values must fill the shape");
         let bytes: Vec<u8> = match dtype {
             DType::I32 => values.iter().flat_map(|&v| (v as i32).to_le_bytes()).collect(),
             DType::I64 => values.iter().flat_map(|&v| v.to_le_bytes()).collect(),
@@ -78,13 +105,13 @@ impl HostTensor {
 
     /// A contiguous read-only view.
     pub fn view(&self) -> TensorRef<'_> {
-        TensorRef::from_bytes(self.bytes(), self.dtype, &self.shape).expect("a HostTensor is consistent")
+        TensorRef::from_bytes(self.bytes(), self.dtype, &self.shape).expect("a HostTensor's shape describes its bytes")
     }
 
     /// A contiguous writable view.
     pub fn view_mut(&mut self) -> TensorMut<'_> {
         let (dtype, shape) = (self.dtype, self.shape.clone());
-        TensorMut::from_bytes(self.bytes_mut(), dtype, &shape).expect("a HostTensor is consistent")
+        TensorMut::from_bytes(self.bytes_mut(), dtype, &shape).expect("a HostTensor's shape describes its bytes")
     }
 
     /// `[.., a, b]` → `[.., b, a]` as a contiguous copy, element-exact (states handed over in
