@@ -16,13 +16,13 @@ use std::time::{Duration, Instant};
 
 use rand::{Rng, RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use ssm_conformance::TargetError;
 use ssm_conformance::reference::{Arithmetic, Reference};
-use ssm_conformance::{Target, TargetError};
 use ssm_dispatch::{Config, Runtime};
 use ssm_tensor::elem;
 
 use crate::mutate::mutate_tensor;
-use crate::ops::{self, FuzzOp};
+use crate::ops::FuzzOp;
 use crate::spec::{Buffers, TensorSpec, Views};
 
 /// What a fuzz run does.
@@ -260,8 +260,6 @@ pub struct Fuzzer {
     rt: Runtime,
     reference: Reference,
     report: Mutex<FuzzReport>,
-    /// The golden vector (and variant) being fuzzed as a template.
-    vector: Mutex<String>,
 }
 
 fn mix(mut h: u64, parts: &[&[u8]]) -> u64 {
@@ -282,13 +280,7 @@ impl Fuzzer {
     pub fn new(config: FuzzConfig) -> Self {
         install_guards(Duration::from_secs(config.hang_seconds));
         let rt = Runtime::new(&Config::cpu(Some(config.threads))).expect("a CPU runtime");
-        Fuzzer {
-            config,
-            rt,
-            reference: Reference(Arithmetic::F32),
-            report: Mutex::new(FuzzReport::default()),
-            vector: Mutex::new(String::new()),
-        }
+        Fuzzer { config, rt, reference: Reference(Arithmetic::F32), report: Mutex::new(FuzzReport::default()) }
     }
 
     fn wants(&self, op: &str) -> bool {
@@ -421,21 +413,10 @@ impl Fuzzer {
     /// Fuzzes every golden vector's call and `random_templates` random cases per generator.
     pub fn run(self) -> FuzzReport {
         let start = Instant::now();
-        let target = Templates(&self);
-        for case in ssm_conformance::shared_cases() {
-            for &variant in ssm_conformance::Variant::of(&case.op) {
-                *self.vector.lock().unwrap_or_else(|e| e.into_inner()) = format!("{}:{variant:?}", case.name);
-                let _ = ssm_conformance::run_case_variant(&target, case, variant);
-            }
-        }
-        crate::random::fuzz_random(&self);
+        crate::templates::for_each_template(&self, self.config.seed, self.config.random_templates);
         let mut report = self.report.into_inner().unwrap_or_else(|e| e.into_inner());
         report.elapsed = start.elapsed();
         report
-    }
-
-    pub(crate) fn config(&self) -> &FuzzConfig {
-        &self.config
     }
 }
 
@@ -447,34 +428,8 @@ enum Outcome {
     Failed(Failure),
 }
 
-/// The conformance harness hands each golden vector's call, in each variant, to this target,
-/// which fuzzes it as a template.
-struct Templates<'f>(&'f Fuzzer);
-
-macro_rules! templates {
-    ($($method:ident: $op:ty => $args:ty),* $(,)?) => {
-        impl Target for Templates<'_> {
-            fn label(&self) -> String {
-                "fuzz".into()
-            }
-            $(fn $method(&self, args: $args) -> Result<(), TargetError> {
-                let label = self.0.vector.lock().unwrap_or_else(|e| e.into_inner()).clone();
-                self.0.fuzz::<$op>(&label, &args);
-                Err(TargetError::unsupported())
-            })*
-        }
-    };
-}
-
-templates! {
-    selective_state_update: ops::Ssu => ssm_ssu::SelectiveStateUpdateArgs<'_>,
-    causal_conv1d_update: ops::ConvUpdate => ssm_conv::CausalConv1dUpdateArgs<'_>,
-    causal_conv1d_fn: ops::ConvFn => ssm_conv::CausalConv1dFnArgs<'_>,
-    mamba_chunk_scan_combined_varlen: ops::Ssd => ssm_ssd::MambaChunkScanCombinedVarlenArgs<'_>,
-    update_replayssm_ring_trackers: ops::RingUpdate => ssm_ring::UpdateRingTrackersArgs<'_>,
-    commit_replayssm_ring_trackers: ops::RingCommit => ssm_ring::CommitRingTrackersArgs<'_>,
-    fused_gdn_gating: ops::GdnGating => ssm_gdn::FusedGdnGatingArgs<'_>,
-    fused_recurrent_gated_delta_rule: ops::GdnRecurrent => ssm_gdn::FusedRecurrentGatedDeltaRuleArgs<'_>,
-    fused_sigmoid_gating_delta_rule_update: ops::GdnSigmoid => ssm_gdn::FusedSigmoidGatingDeltaRuleUpdateArgs<'_>,
-    chunk_gated_delta_rule: ops::GdnChunk => ssm_gdn::ChunkGatedDeltaRuleArgs<'_>,
+impl crate::templates::Sink for Fuzzer {
+    fn take<O: FuzzOp>(&self, label: &str, template: &O::At<'_>) {
+        self.fuzz::<O>(label, template);
+    }
 }

@@ -1,4 +1,6 @@
-//! A seeded fuzz harness over the public facade, on the stable toolchain.
+//! Reliability checks over the public facade, on the stable toolchain: a seeded fuzz harness
+//! ([`Fuzzer`]), and the template calls ([`templates`]) that the determinism and concurrency
+//! tests replay.
 //!
 //! Every op's template calls (each golden vector's arguments in each variant, and random cases
 //! from `ssm_conformance`'s generators) are mutated the way a caller's bug would change them
@@ -17,8 +19,8 @@
 mod driver;
 mod mutate;
 pub mod ops;
-mod random;
 pub mod scalar;
 pub mod spec;
+pub mod templates;
 
 pub use driver::{Failure, FuzzConfig, FuzzReport, Fuzzer, OpCounts};

@@ -1,0 +1,98 @@
+//! The template calls every check starts from: each golden vector's arguments in each variant
+//! (as the conformance harness maps them), and random cases from the property tests'
+//! generators (odd sizes, pads, aliasing tables, speculative routes).
+
+use std::sync::Mutex;
+
+use ssm_conformance::cases::{conv, ssu};
+use ssm_conformance::gdn_random::{RecurrentCase, RecurrentSpec};
+use ssm_conformance::{Target, TargetError};
+
+use crate::ops::{self, FuzzOp};
+
+/// Something that takes template calls: the fuzzer, or a recorder of results.
+pub trait Sink: Sync {
+    /// Takes one template call, labelled `label` (`<vector>:<variant>` or `<generator><i>`).
+    fn take<O: FuzzOp>(&self, label: &str, template: &O::At<'_>);
+}
+
+/// Hands every template to `sink`: every golden vector in every variant, then `random` cases
+/// of each generator drawn from `seed`.
+pub fn for_each_template(sink: &impl Sink, seed: u64, random: usize) {
+    let target = Templates { sink, label: Mutex::new(String::new()) };
+    for case in ssm_conformance::shared_cases() {
+        for &variant in ssm_conformance::Variant::of(&case.op) {
+            *target.label.lock().unwrap_or_else(|e| e.into_inner()) = format!("{}:{variant:?}", case.name);
+            let _ = ssm_conformance::run_case_variant(&target, case, variant);
+        }
+    }
+    let mut rng = <rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(seed);
+    for i in 0..random {
+        let s = seed.wrapping_add(i as u64);
+        let mut case = ssu::Case::build(ssu::Spec::draw(&mut rng, i), s);
+        sink.take::<ops::Ssu>(&format!("ssu-random{i}"), &case.args());
+
+        let dtype = conv::FLOATS[i % 3];
+        let mode = conv::MODES[i % conv::MODES.len()];
+        let mut case = conv::Case::random(dtype, mode, s);
+        if mode == conv::Mode::Prefill {
+            sink.take::<ops::ConvFn>(&format!("conv-random{i}"), &case.fn_args());
+        } else {
+            sink.take::<ops::ConvUpdate>(&format!("conv-random{i}"), &case.update_args());
+        }
+
+        let mut case = RecurrentCase::random(RecurrentSpec::matrix(i), s);
+        sink.take::<ops::GdnRecurrent>(&format!("gdn-random{i}"), &case.recurrent_args());
+        let mut case = RecurrentCase::random(RecurrentSpec::matrix(i), s);
+        sink.take::<ops::GdnSigmoid>(&format!("gdn-random{i}"), &case.sigmoid_args());
+    }
+}
+
+/// The conformance harness hands each golden vector's call, in each variant, to this target,
+/// which passes it on as a template (and answers "unsupported", so nothing else runs).
+struct Templates<'s, S> {
+    sink: &'s S,
+    label: Mutex<String>,
+}
+
+macro_rules! templates {
+    ($($method:ident: $op:ty => $args:ty),* $(,)?) => {
+        impl<S: Sink> Target for Templates<'_, S> {
+            fn label(&self) -> String {
+                "templates".into()
+            }
+            $(fn $method(&self, args: $args) -> Result<(), TargetError> {
+                let label = self.label.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                self.sink.take::<$op>(&label, &args);
+                Err(TargetError::unsupported())
+            })*
+        }
+    };
+}
+
+templates! {
+    selective_state_update: ops::Ssu => ssm_ssu::SelectiveStateUpdateArgs<'_>,
+    causal_conv1d_update: ops::ConvUpdate => ssm_conv::CausalConv1dUpdateArgs<'_>,
+    causal_conv1d_fn: ops::ConvFn => ssm_conv::CausalConv1dFnArgs<'_>,
+    mamba_chunk_scan_combined_varlen: ops::Ssd => ssm_ssd::MambaChunkScanCombinedVarlenArgs<'_>,
+    update_replayssm_ring_trackers: ops::RingUpdate => ssm_ring::UpdateRingTrackersArgs<'_>,
+    commit_replayssm_ring_trackers: ops::RingCommit => ssm_ring::CommitRingTrackersArgs<'_>,
+    fused_gdn_gating: ops::GdnGating => ssm_gdn::FusedGdnGatingArgs<'_>,
+    fused_recurrent_gated_delta_rule: ops::GdnRecurrent => ssm_gdn::FusedRecurrentGatedDeltaRuleArgs<'_>,
+    fused_sigmoid_gating_delta_rule_update: ops::GdnSigmoid => ssm_gdn::FusedSigmoidGatingDeltaRuleUpdateArgs<'_>,
+    chunk_gated_delta_rule: ops::GdnChunk => ssm_gdn::ChunkGatedDeltaRuleArgs<'_>,
+}
+
+/// Runs `template` once on `rt` over fresh copies of its memory and returns every argument's
+/// memory afterwards (or the refusal's message).
+pub fn run_copy<O: FuzzOp>(rt: &ssm_dispatch::Runtime, template: &O::At<'_>) -> Result<crate::spec::Buffers, String> {
+    let specs = O::specs(template);
+    let mut bufs = crate::spec::Buffers::new(&specs);
+    {
+        let mut views = crate::spec::Views::new(&specs, &mut bufs).map_err(|(n, e)| format!("{n}: {e}"))?;
+        let args = O::respin(template, &mut views);
+        views.finish();
+        O::run(rt, args)?;
+    }
+    Ok(bufs)
+}
