@@ -201,10 +201,12 @@ impl<'a> SeqCtx<'a> {
             _ => 0,
         };
         let (src, dst_final) = match (inp.sbi, plan.state_batch_indices, plan.dst_state_batch_indices) {
-            (Some(t), Some(tab), Some(dtab)) => (
-                rd_int(t, tab.dtype, tab.strides.at([b, col])),
-                rd_int(inp.dst.unwrap(), dtab.dtype, dtab.strides.at([b, col])),
-            ),
+            (Some(t), Some(tab), Some(dtab)) => {
+                let src = rd_int(t, tab.dtype, tab.strides.at([b, col]));
+                // A speculative call stores each token to `dst[b, t]` and has no final store: its
+                // `dst[b, col]` may lie past a table the plan sized for the tokens only.
+                (src, if plan.spec { src } else { rd_int(inp.dst.unwrap(), dtab.dtype, dtab.strides.at([b, col])) })
+            }
             _ => (b as i64, b as i64),
         };
         let table = plan.state_batch_indices.is_some();

@@ -51,7 +51,8 @@ impl FuzzConfig {
     /// The defaults, overridden by `SSM_FUZZ_SEED`, `SSM_FUZZ_ITERATIONS`,
     /// `SSM_FUZZ_TEMPLATES`, `SSM_FUZZ_THREADS`, `SSM_FUZZ_OP`, `SSM_FUZZ_ONLY`,
     /// `SSM_FUZZ_HANG_S` and `SSM_FUZZ_MAX_ELEMENTS` (`SSM_FUZZ_VERBOSE` prints each case before it runs: the last line
-    /// names the case that aborted a process).
+    /// names the case that aborted a process; `SSM_FUZZ_BACKTRACE` adds a backtrace to each
+    /// caught panic).
     ///
     /// # Panics
     /// If one of them is set but does not parse.
@@ -152,7 +153,13 @@ fn install_guards(hang: Duration) {
         std::panic::set_hook(Box::new(move |info| {
             if FUZZING.load(Ordering::SeqCst) {
                 let mut last = LAST_PANIC.lock().unwrap_or_else(|e| e.into_inner());
-                last.get_or_insert_with(|| info.to_string());
+                last.get_or_insert_with(|| {
+                    if std::env::var_os("SSM_FUZZ_BACKTRACE").is_some() {
+                        format!("{info}\n{}", std::backtrace::Backtrace::force_capture())
+                    } else {
+                        info.to_string()
+                    }
+                });
             } else {
                 previous(info);
             }

@@ -17,6 +17,7 @@
 //! ```
 
 mod driver;
+pub mod invariance;
 mod mutate;
 pub mod ops;
 pub mod scalar;

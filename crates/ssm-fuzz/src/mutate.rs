@@ -58,7 +58,7 @@ fn reached_element(spec: &TensorSpec, rng: &mut dyn RngCore) -> Option<usize> {
     }
     let mut off = spec.offset as i128;
     for (&n, &s) in spec.shape.iter().zip(&spec.strides) {
-        off += rng.random_range(0..n) as i128 * s as i128;
+        off = off.saturating_add((rng.random_range(0..n) as i128).saturating_mul(s as i128));
     }
     (0..spec.memory_len() as i128).contains(&off).then_some(off as usize)
 }
@@ -119,9 +119,9 @@ fn mutate_inner(specs: &mut [TensorSpec], rng: &mut dyn RngCore, nonfinite: &mut
             let n = s.shape[d];
             let new = match rng.random_range(0..6) {
                 0 => 0,
-                1 => n + 1,
+                1 => n.saturating_add(1),
                 2 => n.saturating_sub(1),
-                3 => n * 2,
+                3 => n.saturating_mul(2),
                 4 => 1,
                 _ => edge_usize(rng),
             };
@@ -164,7 +164,7 @@ fn mutate_inner(specs: &mut [TensorSpec], rng: &mut dyn RngCore, nonfinite: &mut
         }
         9 => {
             s.offset = match rng.random_range(0..4) {
-                0 => s.offset + 1,
+                0 => s.offset.saturating_add(1),
                 1 => s.memory_len(),
                 _ => edge_usize(rng),
             };

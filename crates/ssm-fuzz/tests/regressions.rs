@@ -179,3 +179,39 @@ fn a_zero_dstate_is_planned_not_crashed() {
         assert!(r.is_ok(), "dense={dense}: panicked");
     }
 }
+
+/// A speculative `dst_state_batch_indices` only as wide as the tokens, with an accepted count
+/// past that width: the plan accepted it (the column is read only from the source table) and
+/// the CPU backend and the reference read `dst[b, accepted - 1]` past the table.
+#[test]
+fn a_speculative_dst_table_as_wide_as_the_tokens_suffices() {
+    use ssm_conformance::cases::ssu::{Case, Spec, Tokens};
+    let spec = Spec {
+        tokens: Tokens::Dense { seqs: 2, steps: 1 },
+        spec_width: Some(3),
+        table_2d: true,
+        separate_dst: true,
+        pad_rows: false,
+        ..Spec::mamba2(2, DType::F32)
+    };
+    let mut case = Case::build(spec, 5);
+    case.num_accepted_tokens = Some(HostTensor::from_i64(DType::I32, vec![2], &[3, 3]));
+    let mut reference = case.clone();
+    fn narrow(t: TensorRef<'_>) -> TensorRef<'_> {
+        let (s, o) = (t.strides().to_vec(), t.layout().offset());
+        t.with_layout(&[2, 1], &s, o).unwrap()
+    }
+    let mut args = case.args();
+    args.dst_state_batch_indices = args.dst_state_batch_indices.map(narrow);
+    rt().selective_state_update(args).unwrap();
+    let mut args = reference.args();
+    args.dst_state_batch_indices = args.dst_state_batch_indices.map(narrow);
+    ssm_tensor::Run::run(&ssm_ssu::reference::Reference, ssm_tensor::Planned::new(args).unwrap()).unwrap();
+    let close = case
+        .out
+        .to_f64_vec()
+        .iter()
+        .zip(reference.out.to_f64_vec())
+        .all(|(a, b)| (a - b).abs() <= 1e-2 * (1.0 + b.abs()));
+    assert!(close, "CPU and reference agree");
+}

@@ -151,10 +151,9 @@ fn run<F: Acc>(plan: &SsuPlan, mut args: SelectiveStateUpdateArgs<'_>) -> Result
         let (src, dst_final) = match (sbi, plan.state_batch_indices) {
             (Some(t), Some(tab)) => {
                 let dtab = plan.dst_state_batch_indices.unwrap();
-                (
-                    read_int(t, tab.dtype, tab.strides.at([b, col])),
-                    read_int(dst.unwrap(), dtab.dtype, dtab.strides.at([b, col])),
-                )
+                let src = read_int(t, tab.dtype, tab.strides.at([b, col]));
+                // Speculative calls store per token (`dst[b, t]`) and never read `dst[b, col]`.
+                (src, if plan.spec { src } else { read_int(dst.unwrap(), dtab.dtype, dtab.strides.at([b, col])) })
             }
             _ => (b as i64, b as i64),
         };

@@ -1,0 +1,155 @@
+//! Batch invariance: a sequence's outputs and states must be bit-identical whether it runs
+//! alone or at any position of a large batch. [`alone_vs_batch`] runs a template batch once,
+//! then each chosen sequence alone (the same memory, seen through views narrowed to that
+//! sequence), and compares the bits.
+
+use ssm_tensor::elem;
+
+use crate::ops::FuzzOp;
+use crate::spec::{Buffers, TensorSpec, Views};
+
+/// Runs `template` over `specs` (its own tensor arguments, possibly re-viewed) on `rt`, from
+/// `init`; returns the memory afterwards, or the refusal.
+pub fn run_specs<O: FuzzOp>(
+    rt: &ssm_dispatch::Runtime,
+    template: &O::At<'_>,
+    specs: &[TensorSpec],
+    init: &Buffers,
+) -> Result<Buffers, String> {
+    let mut bufs = init.clone();
+    {
+        let mut views = Views::new(specs, &mut bufs).map_err(|(n, e)| format!("{n}: {e}"))?;
+        let args = O::respin(template, &mut views);
+        views.finish();
+        O::run(rt, args)?;
+    }
+    Ok(bufs)
+}
+
+/// How a batch is split into sequences.
+#[derive(Debug, Clone, Copy)]
+pub struct Batch<'a> {
+    /// Sequences.
+    pub seqs: usize,
+    /// The packed-token offsets argument (`cu_seqlens`), if the batch is packed.
+    pub cu_seqlens: Option<&'a str>,
+    /// Arguments addressed by slot (state pools): never narrowed.
+    pub pools: &'a [&'a str],
+}
+
+fn read(spec: &TensorSpec, i: usize) -> i64 {
+    let at = spec.offset as isize + i as isize * spec.strides[0];
+    elem::read_i64(&spec.memory, spec.dtype, at as usize)
+}
+
+fn narrow(spec: &mut TensorSpec, axis: usize, start: usize, len: usize) {
+    spec.offset = (spec.offset as isize + start as isize * spec.strides[axis]) as usize;
+    spec.shape[axis] = len;
+}
+
+/// The arguments of sequence `i` alone: per-token arguments narrowed to its tokens (the axis
+/// of extent "total tokens" when packed), per-sequence arguments to its row, the offsets
+/// replaced by `[0, len]`; pools and per-head parameters as they are.
+pub fn alone(specs: &[TensorSpec], batch: Batch<'_>, i: usize) -> Vec<TensorSpec> {
+    let cu = batch.cu_seqlens.map(|name| specs.iter().find(|s| s.name == name).expect("the offsets argument"));
+    let (start, len, tokens) = match cu {
+        Some(c) => {
+            let (s, e) = (read(c, i) as usize, read(c, i + 1) as usize);
+            (s, e - s, read(c, batch.seqs) as usize)
+        }
+        None => (i, 1, usize::MAX),
+    };
+    specs
+        .iter()
+        .map(|s| {
+            let mut s = s.clone();
+            if !s.present || batch.pools.contains(&s.name) || s.shape.is_empty() {
+                return s;
+            }
+            if Some(s.name) == batch.cu_seqlens {
+                let mut memory = vec![0; 2 * s.dtype.size()];
+                elem::write_i64(&mut memory, s.dtype, 1, len as i64);
+                return TensorSpec { shape: vec![2], strides: vec![1], offset: 0, memory, ..s };
+            }
+            if let Some(axis) = s.shape.iter().position(|&d| d == tokens) {
+                narrow(&mut s, axis, start, len);
+            } else if s.shape[0] == batch.seqs {
+                narrow(&mut s, 0, i, 1);
+            }
+            s
+        })
+        .collect()
+}
+
+/// Element indices a view reaches.
+fn reached(spec: &TensorSpec) -> Vec<usize> {
+    let mut out = Vec::new();
+    let n: usize = spec.shape.iter().product();
+    for flat in 0..n {
+        let (mut rem, mut off) = (flat, spec.offset as isize);
+        for d in (0..spec.shape.len()).rev() {
+            off += (rem % spec.shape[d]) as isize * spec.strides[d];
+            rem /= spec.shape[d];
+        }
+        out.push(off as usize);
+    }
+    out
+}
+
+/// Runs the batch, then each sequence of `positions` alone; `Err` names the first bit that
+/// differs: an element the lone call wrote that the batch call left different, or an element
+/// of a lone sequence's written outputs that differs. `Ok` counts the elements the lone calls
+/// wrote (all compared), so that a caller can tell the check was not vacuous.
+pub fn alone_vs_batch<O: FuzzOp>(
+    rt: &ssm_dispatch::Runtime,
+    template: &O::At<'_>,
+    batch: Batch<'_>,
+    positions: &[usize],
+) -> Result<usize, String> {
+    let specs = O::specs(template);
+    let init = Buffers::new(&specs);
+    let all = run_specs::<O>(rt, template, &specs, &init).map_err(|e| format!("batch refused: {e}"))?;
+    let mut written_total = 0usize;
+    for &i in positions {
+        let lone = alone(&specs, batch, i);
+        let got = run_specs::<O>(rt, template, &lone, &Buffers::new(&lone))
+            .map_err(|e| format!("sequence {i} alone refused: {e}"))?;
+        for (k, s) in lone.iter().enumerate() {
+            if Some(s.name) == batch.cu_seqlens {
+                continue;
+            }
+            let es = s.dtype.size();
+            let (a, g, z) = (all.0[k].bytes(), got.0[k].bytes(), init.0[k].bytes());
+            let differs = |e: usize| a[e * es..(e + 1) * es] != g[e * es..(e + 1) * es];
+            let written = |e: usize| g[e * es..(e + 1) * es] != z[e * es..(e + 1) * es];
+            // Unchanged blocks are skipped whole (pools are large and mostly untouched).
+            const BLOCK: usize = 4096;
+            let bad = (0..s.memory_len().div_ceil(BLOCK))
+                .filter(|&blk| {
+                    let r = blk * BLOCK * es..((blk + 1) * BLOCK).min(s.memory_len()) * es;
+                    g[r.clone()] != z[r]
+                })
+                .flat_map(|blk| blk * BLOCK..((blk + 1) * BLOCK).min(s.memory_len()))
+                .inspect(|&e| written_total += usize::from(written(e)))
+                .find(|&e| written(e) && differs(e))
+                .or_else(|| {
+                    if s.present && s.writable && !batch.pools.contains(&s.name) {
+                        reached(s).into_iter().find(|&e| differs(e))
+                    } else {
+                        None
+                    }
+                });
+            if let Some(e) = bad {
+                let v = |m: &[u8]| {
+                    if s.dtype.is_float() {
+                        elem::read_f64(m, s.dtype, e).to_string()
+                    } else {
+                        elem::read_i64(m, s.dtype, e).to_string()
+                    }
+                };
+                return Err(format!("sequence {i}: {}[{e}] alone {} vs in the batch {}", s.name, v(g), v(a)));
+            }
+        }
+    }
+    Ok(written_total)
+}
