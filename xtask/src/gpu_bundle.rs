@@ -151,7 +151,8 @@ fn collect_binaries(root: &Path, bin: &Path) -> anyhow::Result<()> {
     }
     let gpu: Vec<&str> = tests
         .iter()
-        .filter(|e| GPU_TEST_PACKAGES.iter().any(|(p, _)| *p == e.package))
+        // The GPU packages' tests, and any package's `tests/gpu_*.rs` (ssm-fuzz's reliability tests).
+        .filter(|e| GPU_TEST_PACKAGES.iter().any(|(p, _)| *p == e.package) || e.name.contains("-gpu_"))
         .map(|e| e.name.as_str())
         .collect();
     std::fs::write(bin.join("gpu-tests.txt"), gpu.join("\n") + "\n")?;

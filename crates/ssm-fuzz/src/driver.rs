@@ -378,7 +378,7 @@ impl Fuzzer {
             views.finish();
             loose |= scalars(&mut args, &mut mutations);
             let label = format!("{} {case} [{}]", O::NAME, mutations.join("; "));
-            guarded(&label, || O::run(&self.rt, args))
+            guarded(&label, || O::run(&self.rt, args).map_err(|e| e.to_string()))
         };
         match ran {
             Err(panic) => fail(mutations, format!("runtime panicked: {panic}")),
@@ -402,7 +402,7 @@ impl Fuzzer {
                     let mut args = O::respin(template, &mut views);
                     views.finish();
                     scalars(&mut args, &mut Vec::new());
-                    guarded(case, || O::reference(&self.reference, args))
+                    guarded(case, || O::run(&self.reference, args))
                 };
                 match reference {
                     Err(panic) => fail(mutations, format!("reference panicked: {panic}")),

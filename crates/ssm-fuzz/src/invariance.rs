@@ -8,10 +8,10 @@ use ssm_tensor::elem;
 use crate::ops::FuzzOp;
 use crate::spec::{Buffers, TensorSpec, Views};
 
-/// Runs `template` over `specs` (its own tensor arguments, possibly re-viewed) on `rt`, from
+/// Runs `template` over `specs` (its own tensor arguments, possibly re-viewed) on `target`, from
 /// `init`; returns the memory afterwards, or the refusal.
 pub fn run_specs<O: FuzzOp>(
-    rt: &ssm_dispatch::Runtime,
+    target: &dyn ssm_conformance::Target,
     template: &O::At<'_>,
     specs: &[TensorSpec],
     init: &Buffers,
@@ -21,7 +21,7 @@ pub fn run_specs<O: FuzzOp>(
         let mut views = Views::new(specs, &mut bufs).map_err(|(n, e)| format!("{n}: {e}"))?;
         let args = O::respin(template, &mut views);
         views.finish();
-        O::run(rt, args)?;
+        O::run(target, args).map_err(|e| e.to_string())?;
     }
     Ok(bufs)
 }
@@ -101,18 +101,18 @@ fn reached(spec: &TensorSpec) -> Vec<usize> {
 /// of a lone sequence's written outputs that differs. `Ok` counts the elements the lone calls
 /// wrote (all compared), so that a caller can tell the check was not vacuous.
 pub fn alone_vs_batch<O: FuzzOp>(
-    rt: &ssm_dispatch::Runtime,
+    target: &dyn ssm_conformance::Target,
     template: &O::At<'_>,
     batch: Batch<'_>,
     positions: &[usize],
 ) -> Result<usize, String> {
     let specs = O::specs(template);
     let init = Buffers::new(&specs);
-    let all = run_specs::<O>(rt, template, &specs, &init).map_err(|e| format!("batch refused: {e}"))?;
+    let all = run_specs::<O>(target, template, &specs, &init).map_err(|e| format!("batch refused: {e}"))?;
     let mut written_total = 0usize;
     for &i in positions {
         let lone = alone(&specs, batch, i);
-        let got = run_specs::<O>(rt, template, &lone, &Buffers::new(&lone))
+        let got = run_specs::<O>(target, template, &lone, &Buffers::new(&lone))
             .map_err(|e| format!("sequence {i} alone refused: {e}"))?;
         for (k, s) in lone.iter().enumerate() {
             if Some(s.name) == batch.cu_seqlens {

@@ -2,8 +2,7 @@
 //! (scalars copied from a template), its scalar fields, and how the runtime and the reference
 //! run it.
 
-use ssm_conformance::{Target, TargetError, reference::Reference};
-use ssm_dispatch::Runtime;
+use ssm_conformance::{Target, TargetError};
 use ssm_tensor::{TensorMut, TensorRef};
 
 use crate::scalar::Scalar;
@@ -21,10 +20,9 @@ pub trait FuzzOp {
     fn respin<'s, 'x: 's>(template: &'s Self::At<'x>, v: &mut Views<'s>) -> Self::At<'s>;
     /// Every non-tensor field.
     fn scalars<'t>(a: &'t mut Self::At<'_>) -> Vec<(&'static str, &'t mut dyn Scalar)>;
-    /// Runs the call on the runtime; a refusal as its message.
-    fn run(rt: &Runtime, a: Self::At<'_>) -> Result<(), String>;
-    /// Runs the call on the reference.
-    fn reference(r: &Reference, a: Self::At<'_>) -> Result<(), TargetError>;
+    /// Runs the call on a target (a runtime, a staging runtime, a reference); a refusal or
+    /// failure as its message.
+    fn run(t: &dyn Target, a: Self::At<'_>) -> Result<(), TargetError>;
 }
 
 fn ro(name: &'static str, t: &TensorRef<'_>) -> TensorSpec {
@@ -89,11 +87,8 @@ impl FuzzOp for Ssu {
             ("stochastic_rounding", &mut a.stochastic_rounding),
         ]
     }
-    fn run(rt: &Runtime, a: Self::At<'_>) -> Result<(), String> {
-        rt.selective_state_update(a).map_err(|e| e.to_string())
-    }
-    fn reference(r: &Reference, a: Self::At<'_>) -> Result<(), TargetError> {
-        r.selective_state_update(a)
+    fn run(t: &dyn Target, a: Self::At<'_>) -> Result<(), TargetError> {
+        t.selective_state_update(a)
     }
 }
 
@@ -138,11 +133,8 @@ impl FuzzOp for ConvUpdate {
             ("pad_slot_id", &mut a.pad_slot_id),
         ]
     }
-    fn run(rt: &Runtime, a: Self::At<'_>) -> Result<(), String> {
-        rt.causal_conv1d_update(a).map_err(|e| e.to_string())
-    }
-    fn reference(r: &Reference, a: Self::At<'_>) -> Result<(), TargetError> {
-        r.causal_conv1d_update(a)
+    fn run(t: &dyn Target, a: Self::At<'_>) -> Result<(), TargetError> {
+        t.causal_conv1d_update(a)
     }
 }
 
@@ -183,11 +175,8 @@ impl FuzzOp for ConvFn {
             ("pad_slot_id", &mut a.pad_slot_id),
         ]
     }
-    fn run(rt: &Runtime, a: Self::At<'_>) -> Result<(), String> {
-        rt.causal_conv1d_fn(a).map_err(|e| e.to_string())
-    }
-    fn reference(r: &Reference, a: Self::At<'_>) -> Result<(), TargetError> {
-        r.causal_conv1d_fn(a)
+    fn run(t: &dyn Target, a: Self::At<'_>) -> Result<(), TargetError> {
+        t.causal_conv1d_fn(a)
     }
 }
 
@@ -255,11 +244,8 @@ impl FuzzOp for Ssd {
             ("state_dtype", &mut a.state_dtype),
         ]
     }
-    fn run(rt: &Runtime, a: Self::At<'_>) -> Result<(), String> {
-        rt.mamba_chunk_scan_combined_varlen(a).map_err(|e| e.to_string())
-    }
-    fn reference(r: &Reference, a: Self::At<'_>) -> Result<(), TargetError> {
-        r.mamba_chunk_scan_combined_varlen(a)
+    fn run(t: &dyn Target, a: Self::At<'_>) -> Result<(), TargetError> {
+        t.mamba_chunk_scan_combined_varlen(a)
     }
 }
 
@@ -303,11 +289,8 @@ impl FuzzOp for RingUpdate {
             ("pad_slot_id", &mut a.pad_slot_id),
         ]
     }
-    fn run(rt: &Runtime, a: Self::At<'_>) -> Result<(), String> {
-        rt.update_replayssm_ring_trackers(a).map_err(|e| e.to_string())
-    }
-    fn reference(r: &Reference, a: Self::At<'_>) -> Result<(), TargetError> {
-        r.update_replayssm_ring_trackers(a)
+    fn run(t: &dyn Target, a: Self::At<'_>) -> Result<(), TargetError> {
+        t.update_replayssm_ring_trackers(a)
     }
 }
 
@@ -339,11 +322,8 @@ impl FuzzOp for RingCommit {
             ("pad_slot_id", &mut a.pad_slot_id),
         ]
     }
-    fn run(rt: &Runtime, a: Self::At<'_>) -> Result<(), String> {
-        rt.commit_replayssm_ring_trackers(a).map_err(|e| e.to_string())
-    }
-    fn reference(r: &Reference, a: Self::At<'_>) -> Result<(), TargetError> {
-        r.commit_replayssm_ring_trackers(a)
+    fn run(t: &dyn Target, a: Self::At<'_>) -> Result<(), TargetError> {
+        t.commit_replayssm_ring_trackers(a)
     }
 }
 
@@ -420,11 +400,8 @@ impl FuzzOp for GdnGating {
     fn scalars<'t>(a: &'t mut Self::At<'_>) -> Vec<(&'static str, &'t mut dyn Scalar)> {
         gate_scalars(&mut a.gates).into_iter().collect()
     }
-    fn run(rt: &Runtime, a: Self::At<'_>) -> Result<(), String> {
-        rt.fused_gdn_gating(a).map_err(|e| e.to_string())
-    }
-    fn reference(r: &Reference, a: Self::At<'_>) -> Result<(), TargetError> {
-        r.fused_gdn_gating(a)
+    fn run(t: &dyn Target, a: Self::At<'_>) -> Result<(), TargetError> {
+        t.fused_gdn_gating(a)
     }
 }
 
@@ -444,11 +421,8 @@ impl FuzzOp for GdnRecurrent {
     fn scalars<'t>(a: &'t mut Self::At<'_>) -> Vec<(&'static str, &'t mut dyn Scalar)> {
         rule_scalars(&mut a.rule).into_iter().collect()
     }
-    fn run(rt: &Runtime, a: Self::At<'_>) -> Result<(), String> {
-        rt.fused_recurrent_gated_delta_rule(a).map_err(|e| e.to_string())
-    }
-    fn reference(r: &Reference, a: Self::At<'_>) -> Result<(), TargetError> {
-        r.fused_recurrent_gated_delta_rule(a)
+    fn run(t: &dyn Target, a: Self::At<'_>) -> Result<(), TargetError> {
+        t.fused_recurrent_gated_delta_rule(a)
     }
 }
 
@@ -473,11 +447,8 @@ impl FuzzOp for GdnSigmoid {
         s.extend(rule_scalars(&mut a.rule));
         s
     }
-    fn run(rt: &Runtime, a: Self::At<'_>) -> Result<(), String> {
-        rt.fused_sigmoid_gating_delta_rule_update(a).map_err(|e| e.to_string())
-    }
-    fn reference(r: &Reference, a: Self::At<'_>) -> Result<(), TargetError> {
-        r.fused_sigmoid_gating_delta_rule_update(a)
+    fn run(t: &dyn Target, a: Self::At<'_>) -> Result<(), TargetError> {
+        t.fused_sigmoid_gating_delta_rule_update(a)
     }
 }
 
@@ -529,10 +500,7 @@ impl FuzzOp for GdnChunk {
             ("state_layout", &mut a.state_layout),
         ]
     }
-    fn run(rt: &Runtime, a: Self::At<'_>) -> Result<(), String> {
-        rt.chunk_gated_delta_rule(a).map_err(|e| e.to_string())
-    }
-    fn reference(r: &Reference, a: Self::At<'_>) -> Result<(), TargetError> {
-        r.chunk_gated_delta_rule(a)
+    fn run(t: &dyn Target, a: Self::At<'_>) -> Result<(), TargetError> {
+        t.chunk_gated_delta_rule(a)
     }
 }

@@ -83,16 +83,61 @@ templates! {
     chunk_gated_delta_rule: ops::GdnChunk => ssm_gdn::ChunkGatedDeltaRuleArgs<'_>,
 }
 
-/// Runs `template` once on `rt` over fresh copies of its memory and returns every argument's
-/// memory afterwards (or the refusal's message).
-pub fn run_copy<O: FuzzOp>(rt: &ssm_dispatch::Runtime, template: &O::At<'_>) -> Result<crate::spec::Buffers, String> {
+/// Runs `template` once on `target` over fresh copies of its memory and returns every
+/// argument's memory afterwards (or the refusal's message).
+pub fn run_copy<O: FuzzOp>(target: &dyn Target, template: &O::At<'_>) -> Result<crate::spec::Buffers, String> {
     let specs = O::specs(template);
     let mut bufs = crate::spec::Buffers::new(&specs);
     {
         let mut views = crate::spec::Views::new(&specs, &mut bufs).map_err(|(n, e)| format!("{n}: {e}"))?;
         let args = O::respin(template, &mut views);
         views.finish();
-        O::run(rt, args)?;
+        O::run(target, args).map_err(|e| e.to_string())?;
     }
     Ok(bufs)
+}
+
+/// Each template's result on a target, by `<op> <label>`, sorted.
+pub type Results = Vec<(String, Result<crate::spec::Buffers, String>)>;
+
+/// Runs every template (or, with `share = (k, n)`, every `n`-th from the `k`-th) on `target`
+/// over fresh memory and keeps the results: the record that determinism and concurrency
+/// checks compare.
+pub fn record(target: &(dyn Target + Sync), seed: u64, random: usize, share: (usize, usize)) -> Results {
+    struct Recorder<'r> {
+        target: &'r (dyn Target + Sync),
+        share: (usize, usize),
+        seen: std::sync::atomic::AtomicUsize,
+        results: Mutex<Results>,
+    }
+    impl Sink for Recorder<'_> {
+        fn take<O: FuzzOp>(&self, label: &str, template: &O::At<'_>) {
+            let i = self.seen.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if i % self.share.1 == self.share.0 {
+                let r = run_copy::<O>(self.target, template);
+                self.results.lock().unwrap_or_else(|e| e.into_inner()).push((format!("{} {label}", O::NAME), r));
+            }
+        }
+    }
+    let rec = Recorder { target, share, seen: Default::default(), results: Mutex::new(Vec::new()) };
+    for_each_template(&rec, seed, random);
+    let mut r = rec.results.into_inner().unwrap_or_else(|e| e.into_inner());
+    r.sort_by(|a, b| a.0.cmp(&b.0));
+    r
+}
+
+/// The calls whose results differ (bit for bit) between two records of the same templates.
+///
+/// # Panics
+/// If the records are not of the same calls.
+pub fn differing(want: &Results, got: &Results) -> Vec<String> {
+    assert_eq!(want.len(), got.len(), "records of different template sets");
+    want.iter()
+        .zip(got)
+        .filter(|((n, w), (n2, g))| {
+            assert_eq!(n, n2, "records of different template sets");
+            w != g
+        })
+        .map(|(w, _)| w.0.clone())
+        .collect()
 }

@@ -13,7 +13,12 @@ const N: usize = 256;
 const POSITIONS: [usize; 6] = [0, 1, 77, 128, 200, 255];
 
 /// Runs the check and requires the lone calls to have written something.
-fn check<O: ssm_fuzz::ops::FuzzOp>(rt: &Runtime, what: &str, template: &O::At<'_>, batch: Batch<'_>) {
+fn check<O: ssm_fuzz::ops::FuzzOp>(
+    rt: &dyn ssm_conformance::Target,
+    what: &str,
+    template: &O::At<'_>,
+    batch: Batch<'_>,
+) {
     match alone_vs_batch::<O>(rt, template, batch, &POSITIONS) {
         Ok(written) => {
             assert!(written > 1000, "{what}: the lone calls wrote only {written} elements");

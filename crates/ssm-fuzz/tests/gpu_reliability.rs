@@ -1,0 +1,103 @@
+//! Reliability on the GPU (the `cuda` feature; skipped without a GPU unless
+//! `SSM_REQUIRE_GPU=1`), staged through CUDA runtimes (`ssm_conformance::cuda::Staged`):
+//! - batch invariance: a sequence alone and at any position of a batch of 256 gives the same
+//!   bits, for SSU decode/speculative and both GDN recurrences;
+//! - determinism: every template call gives the same bits from run to run;
+//! - concurrency: two runtimes on device 0, driven from two threads at once, give the bits of
+//!   one runtime driven serially.
+#![cfg(feature = "cuda")]
+
+use ssm_conformance::cases::ssu::{Case, Spec, Tokens};
+use ssm_conformance::cuda::Staged;
+use ssm_conformance::gdn_random::{RecurrentCase, RecurrentSpec};
+use ssm_cuda::{Availability, probe};
+use ssm_dispatch::{BackendKind, Config, Runtime};
+use ssm_fuzz::invariance::{Batch, alone_vs_batch};
+use ssm_fuzz::ops::{self, FuzzOp};
+use ssm_fuzz::templates::{Results, differing, record};
+use ssm_tensor::DType;
+
+/// A staged CUDA runtime, or `None` (printing why) where there is no GPU.
+fn cuda(test: &str) -> Option<Staged> {
+    let require = std::env::var("SSM_REQUIRE_GPU").is_ok_and(|v| v == "1");
+    let ready = matches!(probe(), Availability::Ready { .. }) && ssm_cuda::nvrtc_available();
+    if !ready {
+        assert!(!require, "{test}: SSM_REQUIRE_GPU=1 but no GPU: {}", probe());
+        eprintln!("skipping {test}: {}", probe());
+        return None;
+    }
+    let rt = Runtime::new(&Config { backend: BackendKind::Cuda, ..Config::default() }).expect("CUDA runtime");
+    Some(Staged::new(rt, "cuda"))
+}
+
+const N: usize = 256;
+const POSITIONS: [usize; 6] = [0, 1, 77, 128, 200, 255];
+
+fn check<O: FuzzOp>(t: &Staged, what: &str, template: &O::At<'_>, batch: Batch<'_>) {
+    match alone_vs_batch::<O>(t, template, batch, &POSITIONS) {
+        Ok(written) => {
+            assert!(written > 1000, "{what}: the lone calls wrote only {written} elements");
+            eprintln!("{what}: {written} elements written alone, bit-identical in the batch");
+        }
+        Err(e) => panic!("{what}: {e}"),
+    }
+}
+
+#[test]
+fn cuda_decode_and_speculative_are_batch_invariant() {
+    let Some(t) = cuda("cuda_decode_and_speculative_are_batch_invariant") else { return };
+    for state in [DType::F32, DType::BF16] {
+        let batch = Batch { seqs: N, cu_seqlens: None, pools: &["state"] };
+        let mut case = Case::build(Spec::mamba2(N, state), 1);
+        check::<ops::Ssu>(&t, &format!("ssu {state} decode"), &case.args(), batch);
+        let spec = Spec {
+            tokens: Tokens::Dense { seqs: N, steps: 3 },
+            spec_width: Some(3),
+            table_2d: true,
+            ..Spec::mamba2(N, state)
+        };
+        let mut case = Case::build(spec, 2);
+        check::<ops::Ssu>(&t, &format!("ssu {state} speculative"), &case.args(), batch);
+
+        let batch = Batch { seqs: N, cu_seqlens: Some("rule.cu_seqlens"), pools: &["rule.initial_state"] };
+        let mut case = RecurrentCase::random(RecurrentSpec::decode(N, state), 3);
+        check::<ops::GdnSigmoid>(&t, &format!("gdn {state} sigmoid decode"), &case.sigmoid_args(), batch);
+        let spec = RecurrentSpec { max_len: 3, table: 2, columns: 4, ..RecurrentSpec::decode(N, state) };
+        let mut case = RecurrentCase::random(spec, 4);
+        check::<ops::GdnRecurrent>(&t, &format!("gdn {state} speculative"), &case.recurrent_args(), batch);
+    }
+}
+
+const SEED: u64 = 0xd37e;
+const RANDOM: usize = 12;
+
+fn ran(r: &Results) -> usize {
+    r.iter().filter(|(_, r)| r.is_ok()).count()
+}
+
+#[test]
+fn cuda_results_are_bit_identical_run_to_run() {
+    let Some(t) = cuda("cuda_results_are_bit_identical_run_to_run") else { return };
+    let first = record(&t, SEED, RANDOM, (0, 1));
+    assert!(ran(&first) > 50, "only {} calls ran", ran(&first));
+    let second = record(&t, SEED, RANDOM, (0, 1));
+    let d = differing(&first, &second);
+    assert!(d.is_empty(), "{} of {} calls differ between runs: {d:#?}", d.len(), first.len());
+    eprintln!("{} calls ({} ran on the GPU or were refused there), bit-identical run to run", first.len(), ran(&first));
+}
+
+#[test]
+fn two_runtimes_on_one_device_from_two_threads_match_one_serial_runtime() {
+    let Some(serial_rt) = cuda("two_runtimes_on_one_device_from_two_threads") else { return };
+    let serial = record(&serial_rt, SEED, RANDOM, (0, 1));
+    let (a, b) = (cuda("runtime a").unwrap(), cuda("runtime b").unwrap());
+    let mut both: Results = std::thread::scope(|s| {
+        let ha = s.spawn(|| record(&a, SEED, RANDOM, (0, 2)));
+        let hb = s.spawn(|| record(&b, SEED, RANDOM, (1, 2)));
+        [ha.join().unwrap(), hb.join().unwrap()].concat()
+    });
+    both.sort_by(|x, y| x.0.cmp(&y.0));
+    let d = differing(&serial, &both);
+    assert!(d.is_empty(), "{} of {} calls differ: {d:#?}", d.len(), serial.len());
+    eprintln!("{} calls on two runtimes from two threads, bit-identical to one serial runtime", serial.len());
+}
