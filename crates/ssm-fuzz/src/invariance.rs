@@ -26,8 +26,12 @@ pub fn run_specs<O: FuzzOp>(
     Ok(bufs)
 }
 
+/// Rewrites a lone sequence's arguments beyond the generic narrowing (e.g. SSD's chunk
+/// metadata): `(arguments of sequence i alone, i)`.
+pub type Fixup<'a> = &'a dyn Fn(&mut [TensorSpec], usize);
+
 /// How a batch is split into sequences.
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone, Copy)]
 pub struct Batch<'a> {
     /// Sequences.
     pub seqs: usize,
@@ -35,6 +39,8 @@ pub struct Batch<'a> {
     pub cu_seqlens: Option<&'a str>,
     /// Arguments addressed by slot (state pools): never narrowed.
     pub pools: &'a [&'a str],
+    /// Applied after the generic narrowing.
+    pub fixup: Option<Fixup<'a>>,
 }
 
 fn read(spec: &TensorSpec, i: usize) -> i64 {
@@ -51,6 +57,14 @@ fn narrow(spec: &mut TensorSpec, axis: usize, start: usize, len: usize) {
 /// of extent "total tokens" when packed), per-sequence arguments to its row, the offsets
 /// replaced by `[0, len]`; pools and per-head parameters as they are.
 pub fn alone(specs: &[TensorSpec], batch: Batch<'_>, i: usize) -> Vec<TensorSpec> {
+    let mut lone = narrowed(specs, batch, i);
+    if let Some(f) = batch.fixup {
+        f(&mut lone, i);
+    }
+    lone
+}
+
+fn narrowed(specs: &[TensorSpec], batch: Batch<'_>, i: usize) -> Vec<TensorSpec> {
     let cu = batch.cu_seqlens.map(|name| specs.iter().find(|s| s.name == name).expect("the offsets argument"));
     let (start, len, tokens) = match cu {
         Some(c) => {
@@ -79,6 +93,22 @@ pub fn alone(specs: &[TensorSpec], batch: Batch<'_>, i: usize) -> Vec<TensorSpec
             s
         })
         .collect()
+}
+
+/// Replaces argument `name` of `specs` by a contiguous 1-D tensor of `values` (its dtype kept).
+///
+/// # Panics
+/// If there is no such argument.
+pub fn set_values(specs: &mut [TensorSpec], name: &str, values: &[i64]) {
+    let s = specs.iter_mut().find(|s| s.name == name).unwrap_or_else(|| panic!("no argument {name}"));
+    let mut memory = vec![0; values.len() * s.dtype.size()];
+    for (k, &v) in values.iter().enumerate() {
+        elem::write_i64(&mut memory, s.dtype, k, v);
+    }
+    s.shape = vec![values.len()];
+    s.strides = vec![1];
+    s.offset = 0;
+    s.memory = memory;
 }
 
 /// Element indices a view reaches.
@@ -115,7 +145,8 @@ pub fn alone_vs_batch<O: FuzzOp>(
         let got = run_specs::<O>(target, template, &lone, &Buffers::new(&lone))
             .map_err(|e| format!("sequence {i} alone refused: {e}"))?;
         for (k, s) in lone.iter().enumerate() {
-            if Some(s.name) == batch.cu_seqlens {
+            // Arguments given new memory (offsets, metadata) are inputs; they are not compared.
+            if s.memory.len() != specs[k].memory.len() || s.dtype != specs[k].dtype {
                 continue;
             }
             let es = s.dtype.size();

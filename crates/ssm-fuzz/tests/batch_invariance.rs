@@ -1,11 +1,11 @@
 //! Batch invariance on the CPU backend (vLLM#48613): a sequence's output and states are
 //! bit-identical alone and at any position of a batch of 256, for decode and speculative
-//! decode (SSU, both GDN recurrences).
+//! decode (SSU, both GDN recurrences) and chunked prefill (SSD, GDN).
 
 use ssm_conformance::cases::ssu::{Case, Spec, Tokens};
 use ssm_conformance::gdn_random::{RecurrentCase, RecurrentSpec};
 use ssm_dispatch::{Config, Runtime};
-use ssm_fuzz::invariance::{Batch, alone_vs_batch};
+use ssm_fuzz::invariance::{Batch, alone_vs_batch, set_values};
 use ssm_fuzz::ops;
 use ssm_tensor::DType;
 
@@ -37,7 +37,7 @@ fn ssu_decode_and_speculative_are_batch_invariant() {
     let rt = rt();
     for state in [DType::F32, DType::BF16] {
         let mut case = Case::build(Spec::mamba2(N, state), 1);
-        let batch = Batch { seqs: N, cu_seqlens: None, pools: &["state"] };
+        let batch = Batch { seqs: N, cu_seqlens: None, pools: &["state"], fixup: None };
         check::<ops::Ssu>(&rt, &format!("ssu {state} decode"), &case.args(), batch);
 
         let spec = Spec {
@@ -54,7 +54,7 @@ fn ssu_decode_and_speculative_are_batch_invariant() {
 #[test]
 fn gdn_decode_and_speculative_are_batch_invariant() {
     let rt = rt();
-    let batch = Batch { seqs: N, cu_seqlens: Some("rule.cu_seqlens"), pools: &["rule.initial_state"] };
+    let batch = Batch { seqs: N, cu_seqlens: Some("rule.cu_seqlens"), pools: &["rule.initial_state"], fixup: None };
     for state in [DType::F32, DType::BF16] {
         let mut case = RecurrentCase::random(RecurrentSpec::decode(N, state), 3);
         check::<ops::GdnSigmoid>(&rt, &format!("gdn {state} sigmoid decode"), &case.sigmoid_args(), batch);
@@ -62,4 +62,122 @@ fn gdn_decode_and_speculative_are_batch_invariant() {
         let mut case = RecurrentCase::random(spec, 4);
         check::<ops::GdnRecurrent>(&rt, &format!("gdn {state} speculative"), &case.recurrent_args(), batch);
     }
+}
+
+/// Deterministic values in `[-scale, scale)`.
+fn vals(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            ((x >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
+        })
+        .collect()
+}
+
+fn r<'a>(d: &'a [f32], s: &[usize]) -> ssm_tensor::TensorRef<'a> {
+    ssm_tensor::TensorRef::from_slice(d, s).unwrap()
+}
+
+fn ri(d: &[i32]) -> ssm_tensor::TensorRef<'_> {
+    ssm_tensor::TensorRef::from_slice(d, &[d.len()]).unwrap()
+}
+
+fn offsets(lens: &[usize]) -> Vec<i32> {
+    std::iter::once(0)
+        .chain(lens.iter().scan(0, |acc, &l| {
+            *acc += l as i32;
+            Some(*acc)
+        }))
+        .collect()
+}
+
+/// A packed prefill of 256 sequences of 1–40 tokens through `chunk_gated_delta_rule`
+/// (Qwen3-Next's prefill: pool states read and written in place through a slot table, l2norm).
+#[test]
+fn gdn_chunked_prefill_is_batch_invariant() {
+    use ssm_gdn::ChunkGatedDeltaRuleArgs;
+    use ssm_tensor::{TensorMut, TensorRef};
+    let rt = rt();
+    let (hv, k, v) = (2, 16, 16);
+    let lens: Vec<usize> = (0..N).map(|i| 1 + i * 37 % 40).collect();
+    let t: usize = lens.iter().sum();
+    let cu = offsets(&lens);
+    let slots = N + 5;
+    let idx: Vec<i32> = (0..N as i32).map(|i| (i * 7 + 3) % slots as i32).collect();
+    let (q, kk, vv) = (vals(t * k, 1, 1.0), vals(t * k, 2, 1.0), vals(t * hv * v, 3, 1.0));
+    let g: Vec<f32> = vals(t * hv, 4, 0.1).iter().map(|x| x - 0.1).collect();
+    let beta: Vec<f32> = vals(t * hv, 5, 0.4).iter().map(|x| x + 0.5).collect();
+    let mut pool = vals(slots * hv * v * k, 6, 0.5);
+    let mut o = vec![f32::NAN; t * hv * v];
+    let args = ChunkGatedDeltaRuleArgs {
+        initial_state: Some(TensorMut::from_slice(&mut pool, &[slots, hv, v, k]).unwrap()),
+        initial_state_indices: Some(TensorRef::from_slice(&idx, &[N]).unwrap()),
+        inplace_final_state: true,
+        cu_seqlens: Some(TensorRef::from_slice(&cu, &[N + 1]).unwrap()),
+        use_qk_l2norm_in_kernel: true,
+        ..ChunkGatedDeltaRuleArgs::new(
+            r(&q, &[1, t, 1, k]),
+            r(&kk, &[1, t, 1, k]),
+            r(&vv, &[1, t, hv, v]),
+            r(&g, &[1, t, hv]),
+            r(&beta, &[1, t, hv]),
+            TensorMut::from_slice(&mut o, &[1, t, hv, v]).unwrap(),
+        )
+    };
+    let batch = Batch { seqs: N, cu_seqlens: Some("cu_seqlens"), pools: &["initial_state"], fixup: None };
+    check::<ops::GdnChunk>(&rt, "gdn chunked prefill", &args, batch);
+}
+
+/// A packed SSD prefill of 256 sequences of 1–70 tokens, some resumed mid-chunk (vLLM's chunk
+/// metadata, chunk 16), states read from and written to a pool through slot tables.
+#[test]
+fn ssd_chunked_prefill_is_batch_invariant() {
+    use ssm_ssd::{MambaChunkScanCombinedVarlenArgs as Args, compute_chunk_metadata};
+    use ssm_tensor::{TensorMut, TensorRef};
+    let rt = rt();
+    let (h, p, n, chunk) = (2, 8, 8, 16);
+    let lens: Vec<usize> = (0..N).map(|i| 1 + i * 29 % 70).collect();
+    let computed: Vec<i64> = (0..N).map(|i| (i * 13 % 50) as i64).collect();
+    let t: usize = lens.iter().sum();
+    let cu = offsets(&lens);
+    let cu64: Vec<i64> = cu.iter().map(|&v| v as i64).collect();
+    let meta = compute_chunk_metadata(&cu64, &computed, chunk);
+    let slots = N + 3;
+    let idx: Vec<i32> = (0..N as i32).map(|i| (i * 5 + 1) % slots as i32).collect();
+    let has: Vec<u8> = computed.iter().map(|&c| u8::from(c > 0)).collect();
+    let (x, b, c) = (vals(t * h * p, 11, 1.0), vals(t * n, 12, 1.0), vals(t * n, 13, 1.0));
+    let dt = vals(t * h, 14, 1.0);
+    let a = [-0.7f32, -1.3];
+    let mut pool = vals(slots * h * p * n, 15, 0.5);
+    let mut out = vec![f32::NAN; t * h * p];
+    let args = Args {
+        out: Some(TensorMut::from_slice(&mut out, &[t, h, p]).unwrap()),
+        ssm_state: Some(TensorMut::from_slice(&mut pool, &[slots, h, p, n]).unwrap()),
+        initial_state_indices: Some(ri(&idx)),
+        has_initial_state: Some(TensorRef::from_slice(&has, &[N]).unwrap()),
+        final_state_indices: Some(ri(&idx)),
+        dt_softplus: true,
+        ..Args::new(
+            r(&x, &[t, h, p]),
+            r(&dt, &[t, h]),
+            r(&a, &[h]),
+            r(&b, &[t, 1, n]),
+            r(&c, &[t, 1, n]),
+            chunk,
+            [ri(&cu), ri(&meta.cu_chunk_seqlens), ri(&meta.last_chunk_indices), ri(&meta.seq_idx)],
+        )
+    };
+    // Alone, a sequence gets its own chunk metadata (the same chunks, re-based).
+    let fixup = |lone: &mut [ssm_fuzz::spec::TensorSpec], i: usize| {
+        let m = compute_chunk_metadata(&[0, lens[i] as i64], &[computed[i]], chunk);
+        let wide = |v: &[i32]| v.iter().map(|&x| x as i64).collect::<Vec<_>>();
+        set_values(lone, "cu_chunk_seqlens", &wide(&m.cu_chunk_seqlens));
+        set_values(lone, "seq_idx", &wide(&m.seq_idx));
+        set_values(lone, "last_chunk_indices", &wide(&m.last_chunk_indices));
+    };
+    let batch = Batch { seqs: N, cu_seqlens: Some("cu_seqlens"), pools: &["ssm_state"], fixup: Some(&fixup) };
+    check::<ops::Ssd>(&rt, "ssd chunked prefill", &args, batch);
 }

@@ -47,7 +47,7 @@ fn check<O: FuzzOp>(t: &Staged, what: &str, template: &O::At<'_>, batch: Batch<'
 fn cuda_decode_and_speculative_are_batch_invariant() {
     let Some(t) = cuda("cuda_decode_and_speculative_are_batch_invariant") else { return };
     for state in [DType::F32, DType::BF16] {
-        let batch = Batch { seqs: N, cu_seqlens: None, pools: &["state"] };
+        let batch = Batch { seqs: N, cu_seqlens: None, pools: &["state"], fixup: None };
         let mut case = Case::build(Spec::mamba2(N, state), 1);
         check::<ops::Ssu>(&t, &format!("ssu {state} decode"), &case.args(), batch);
         let spec = Spec {
@@ -59,7 +59,7 @@ fn cuda_decode_and_speculative_are_batch_invariant() {
         let mut case = Case::build(spec, 2);
         check::<ops::Ssu>(&t, &format!("ssu {state} speculative"), &case.args(), batch);
 
-        let batch = Batch { seqs: N, cu_seqlens: Some("rule.cu_seqlens"), pools: &["rule.initial_state"] };
+        let batch = Batch { seqs: N, cu_seqlens: Some("rule.cu_seqlens"), pools: &["rule.initial_state"], fixup: None };
         let mut case = RecurrentCase::random(RecurrentSpec::decode(N, state), 3);
         check::<ops::GdnSigmoid>(&t, &format!("gdn {state} sigmoid decode"), &case.sigmoid_args(), batch);
         let spec = RecurrentSpec { max_len: 3, table: 2, columns: 4, ..RecurrentSpec::decode(N, state) };
