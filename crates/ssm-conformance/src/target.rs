@@ -105,6 +105,15 @@ pub trait Target {
     fn chunk_gated_delta_rule(&self, _args: ssm_gdn::ChunkGatedDeltaRuleArgs<'_>) -> Result<(), TargetError> {
         Err(TargetError::unsupported())
     }
+    /// Runs the GDN layer core on host tensors (no golden vectors: the fuzz harness and the
+    /// reliability tests call it).
+    fn gdn_attention_core(&self, _args: ssm_dispatch::GdnAttentionCoreArgs<'_>) -> Result<(), TargetError> {
+        Err(TargetError::unsupported())
+    }
+    /// Runs the Mamba2 layer core on host tensors (as [`Target::gdn_attention_core`]).
+    fn mamba2_mixer_core(&self, _args: ssm_dispatch::Mamba2MixerCoreArgs<'_>) -> Result<(), TargetError> {
+        Err(TargetError::unsupported())
+    }
 }
 
 /// The runtime runs host tensors as given (a CPU runtime; see [`crate::cuda`] for staging onto a
@@ -152,6 +161,12 @@ impl Target for ssm_dispatch::Runtime {
     fn chunk_gated_delta_rule(&self, args: ssm_gdn::ChunkGatedDeltaRuleArgs<'_>) -> Result<(), TargetError> {
         ssm_dispatch::Runtime::chunk_gated_delta_rule(self, args).map_err(TargetError::from)
     }
+    fn gdn_attention_core(&self, args: ssm_dispatch::GdnAttentionCoreArgs<'_>) -> Result<(), TargetError> {
+        ssm_dispatch::Runtime::gdn_attention_core(self, args).map_err(TargetError::from)
+    }
+    fn mamba2_mixer_core(&self, args: ssm_dispatch::Mamba2MixerCoreArgs<'_>) -> Result<(), TargetError> {
+        ssm_dispatch::Runtime::mamba2_mixer_core(self, args).map_err(TargetError::from)
+    }
 }
 
 /// A target under another name in reports (e.g. a runtime as `cpu-1t`).
@@ -172,6 +187,8 @@ macro_rules! non_ssu_ops {
             fused_recurrent_gated_delta_rule: ssm_gdn::FusedRecurrentGatedDeltaRuleArgs<'_>,
             fused_sigmoid_gating_delta_rule_update: ssm_gdn::FusedSigmoidGatingDeltaRuleUpdateArgs<'_>,
             chunk_gated_delta_rule: ssm_gdn::ChunkGatedDeltaRuleArgs<'_>,
+            gdn_attention_core: ssm_dispatch::GdnAttentionCoreArgs<'_>,
+            mamba2_mixer_core: ssm_dispatch::Mamba2MixerCoreArgs<'_>,
         }
     };
 }

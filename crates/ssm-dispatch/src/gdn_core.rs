@@ -246,6 +246,10 @@ fn gather_rows(t: &TensorRef<'_>, rows: &[usize], arg: &'static str) -> Result<H
     product(arg, &[rows.len(), cols, es])?;
     let bytes = t.host_bytes().unwrap_or_default();
     let mut out = HostTensor::filled(t.dtype(), vec![rows.len(), cols], 0.0);
+    if cols == 0 {
+        // Nothing to copy (and no element `[r, 0]` to address): the op's plan judges the shape.
+        return Ok(out);
+    }
     for (i, &r) in rows.iter().enumerate() {
         let src = t.layout().index(&[r, 0]) * es;
         out.bytes_mut()[i * cols * es..(i + 1) * cols * es].copy_from_slice(&bytes[src..src + cols * es]);

@@ -322,7 +322,8 @@ impl Runtime {
                     None => Ok(i),
                 }
             };
-            if table.host_bytes().is_none() || table.rank() == 0 || table.shape()[0] < nd {
+            let table_form = table.rank() == 1 || (table.rank() == 2 && table.shape()[1] >= 1);
+            if table.host_bytes().is_none() || !table_form || table.shape()[0] < nd {
                 return Err(core_err(
                     "state_indices_tensor_d",
                     format!("must be a host [{nd}] or [{nd}, 1 + num_spec] table, got {:?}", table.shape()),

@@ -103,6 +103,9 @@ pub struct OpCounts {
     pub refused: usize,
     /// Calls that ran and matched the reference.
     pub matched: usize,
+    /// Calls that ran, of an op without a reference (the layer cores): nothing outside the
+    /// call's buffers is checked for them, only that they did not panic or hang.
+    pub unchecked: usize,
     /// Calls not run: their views describe more than `max_logical_elements`.
     pub huge: usize,
     /// Calls that failed.
@@ -127,8 +130,8 @@ impl FuzzReport {
         let mut total = OpCounts::default();
         for (op, c) in &self.per_op {
             s += &format!(
-                "{op:<40} {:>7} cases: {:>6} view refused, {:>6} refused, {:>6} matched, {:>4} huge, {:>4} failed\n",
-                c.cases, c.view_refused, c.refused, c.matched, c.huge, c.failed
+                "{op:<40} {:>7} cases: {:>6} view refused, {:>6} refused, {:>6} matched, {:>6} ran unchecked, {:>4} huge, {:>4} failed\n",
+                c.cases, c.view_refused, c.refused, c.matched, c.unchecked, c.huge, c.failed
             );
             total.cases += c.cases;
             total.failed += c.failed;
@@ -313,6 +316,7 @@ impl Fuzzer {
                 Outcome::ViewRefused => counts.view_refused += 1,
                 Outcome::Refused => counts.refused += 1,
                 Outcome::Matched => counts.matched += 1,
+                Outcome::Unchecked => counts.unchecked += 1,
                 Outcome::Huge => counts.huge += 1,
                 Outcome::Failed(f) => {
                     counts.failed += 1;
@@ -406,7 +410,7 @@ impl Fuzzer {
                 };
                 match reference {
                     Err(panic) => fail(mutations, format!("reference panicked: {panic}")),
-                    Ok(Err(TargetError::Unsupported(_))) => Outcome::Matched,
+                    Ok(Err(TargetError::Unsupported(_))) => Outcome::Unchecked,
                     Ok(Err(e)) => fail(mutations, format!("the runtime ran a call the reference refused: {e}")),
                     Ok(Ok(())) => match first_difference(&specs, &before, &got, &want, loose) {
                         None => Outcome::Matched,
@@ -428,6 +432,7 @@ impl Fuzzer {
 }
 
 enum Outcome {
+    Unchecked,
     Huge,
     ViewRefused,
     Refused,

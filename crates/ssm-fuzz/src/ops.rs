@@ -504,3 +504,157 @@ impl FuzzOp for GdnChunk {
         t.chunk_gated_delta_rule(a)
     }
 }
+
+/// The GDN layer core (`gdn_attention_core`).
+pub struct GdnCore;
+impl FuzzOp for GdnCore {
+    const NAME: &'static str = "gdn_attention_core";
+    type At<'s> = ssm_dispatch::GdnAttentionCoreArgs<'s>;
+    fn specs(a: &Self::At<'_>) -> Vec<TensorSpec> {
+        let m = &a.metadata;
+        vec![
+            ro("mixed_qkv", &a.mixed_qkv),
+            ro("b", &a.b),
+            ro("a", &a.a),
+            ro("conv_weight", &a.conv_weight),
+            opt("conv_bias", &a.conv_bias),
+            rw("conv_state", &a.conv_state),
+            rw("ssm_state", &a.ssm_state),
+            ro("A_log", &a.a_log),
+            ro("dt_bias", &a.dt_bias),
+            rw("core_attn_out", &a.core_attn_out),
+            opt("metadata.has_initial_state", &m.has_initial_state),
+            opt("metadata.spec_query_start_loc", &m.spec_query_start_loc),
+            opt("metadata.non_spec_query_start_loc", &m.non_spec_query_start_loc),
+            opt("metadata.spec_state_indices_tensor", &m.spec_state_indices_tensor),
+            opt("metadata.non_spec_state_indices_tensor", &m.non_spec_state_indices_tensor),
+            opt("metadata.spec_token_indx", &m.spec_token_indx),
+            opt("metadata.non_spec_token_indx", &m.non_spec_token_indx),
+            opt("metadata.num_accepted_tokens", &m.num_accepted_tokens),
+        ]
+    }
+    fn respin<'s, 'x: 's>(t: &'s Self::At<'x>, v: &mut Views<'s>) -> Self::At<'s> {
+        ssm_dispatch::GdnAttentionCoreArgs {
+            mixed_qkv: v.r("mixed_qkv"),
+            b: v.r("b"),
+            a: v.r("a"),
+            conv_weight: v.r("conv_weight"),
+            conv_bias: v.opt_r("conv_bias"),
+            conv_state: v.m("conv_state"),
+            ssm_state: v.m("ssm_state"),
+            a_log: v.r("A_log"),
+            dt_bias: v.r("dt_bias"),
+            core_attn_out: v.m("core_attn_out"),
+            metadata: ssm_dispatch::GdnAttentionMetadata {
+                has_initial_state: v.opt_r("metadata.has_initial_state"),
+                spec_query_start_loc: v.opt_r("metadata.spec_query_start_loc"),
+                non_spec_query_start_loc: v.opt_r("metadata.non_spec_query_start_loc"),
+                spec_state_indices_tensor: v.opt_r("metadata.spec_state_indices_tensor"),
+                non_spec_state_indices_tensor: v.opt_r("metadata.non_spec_state_indices_tensor"),
+                spec_token_indx: v.opt_r("metadata.spec_token_indx"),
+                non_spec_token_indx: v.opt_r("metadata.non_spec_token_indx"),
+                num_accepted_tokens: v.opt_r("metadata.num_accepted_tokens"),
+                ..t.metadata
+            },
+            ..*t
+        }
+    }
+    fn scalars<'t>(a: &'t mut Self::At<'_>) -> Vec<(&'static str, &'t mut dyn Scalar)> {
+        let m = &mut a.metadata;
+        vec![
+            ("activation", &mut a.activation),
+            ("conv_state_layout", &mut a.conv_state_layout),
+            ("ssm_state_layout", &mut a.ssm_state_layout),
+            ("num_k_heads", &mut a.num_k_heads),
+            ("pad_slot_id", &mut a.pad_slot_id),
+            ("metadata.num_prefills", &mut m.num_prefills),
+            ("metadata.num_prefill_tokens", &mut m.num_prefill_tokens),
+            ("metadata.num_decodes", &mut m.num_decodes),
+            ("metadata.num_decode_tokens", &mut m.num_decode_tokens),
+            ("metadata.num_spec_decodes", &mut m.num_spec_decodes),
+            ("metadata.num_spec_decode_tokens", &mut m.num_spec_decode_tokens),
+            ("metadata.num_actual_tokens", &mut m.num_actual_tokens),
+        ]
+    }
+    fn run(t: &dyn Target, a: Self::At<'_>) -> Result<(), TargetError> {
+        t.gdn_attention_core(a)
+    }
+}
+
+/// The Mamba2 layer core (`mamba2_mixer_core`).
+pub struct Mamba2Core;
+impl FuzzOp for Mamba2Core {
+    const NAME: &'static str = "mamba2_mixer_core";
+    type At<'s> = ssm_dispatch::Mamba2MixerCoreArgs<'s>;
+    fn specs(a: &Self::At<'_>) -> Vec<TensorSpec> {
+        let m = &a.metadata;
+        vec![
+            ro("xbc", &a.xbc),
+            ro("dt", &a.dt),
+            ro("conv_weight", &a.conv_weight),
+            opt("conv_bias", &a.conv_bias),
+            rw("conv_state", &a.conv_state),
+            rw("ssm_state", &a.ssm_state),
+            ro("A", &a.a),
+            opt("D", &a.d),
+            opt("dt_bias", &a.dt_bias),
+            opt_rw("conv_out", &a.conv_out),
+            rw("out", &a.out),
+            opt("metadata.query_start_loc_p", &m.query_start_loc_p),
+            opt("metadata.has_initial_states_p", &m.has_initial_states_p),
+            opt("metadata.seq_idx_p", &m.seq_idx_p),
+            opt("metadata.cu_chunk_seqlen_p", &m.cu_chunk_seqlen_p),
+            opt("metadata.last_chunk_indices_p", &m.last_chunk_indices_p),
+            opt("metadata.state_indices_tensor_p", &m.state_indices_tensor_p),
+            opt("metadata.state_indices_tensor_d", &m.state_indices_tensor_d),
+            opt("metadata.query_start_loc_d", &m.query_start_loc_d),
+            opt("metadata.num_accepted_tokens", &m.num_accepted_tokens),
+        ]
+    }
+    fn respin<'s, 'x: 's>(t: &'s Self::At<'x>, v: &mut Views<'s>) -> Self::At<'s> {
+        ssm_dispatch::Mamba2MixerCoreArgs {
+            xbc: v.r("xbc"),
+            dt: v.r("dt"),
+            conv_weight: v.r("conv_weight"),
+            conv_bias: v.opt_r("conv_bias"),
+            conv_state: v.m("conv_state"),
+            ssm_state: v.m("ssm_state"),
+            a: v.r("A"),
+            d: v.opt_r("D"),
+            dt_bias: v.opt_r("dt_bias"),
+            conv_out: v.opt_m("conv_out"),
+            out: v.m("out"),
+            metadata: ssm_dispatch::Mamba2AttentionMetadata {
+                query_start_loc_p: v.opt_r("metadata.query_start_loc_p"),
+                has_initial_states_p: v.opt_r("metadata.has_initial_states_p"),
+                seq_idx_p: v.opt_r("metadata.seq_idx_p"),
+                cu_chunk_seqlen_p: v.opt_r("metadata.cu_chunk_seqlen_p"),
+                last_chunk_indices_p: v.opt_r("metadata.last_chunk_indices_p"),
+                state_indices_tensor_p: v.opt_r("metadata.state_indices_tensor_p"),
+                state_indices_tensor_d: v.opt_r("metadata.state_indices_tensor_d"),
+                query_start_loc_d: v.opt_r("metadata.query_start_loc_d"),
+                num_accepted_tokens: v.opt_r("metadata.num_accepted_tokens"),
+                ..t.metadata
+            },
+            ..*t
+        }
+    }
+    fn scalars<'t>(a: &'t mut Self::At<'_>) -> Vec<(&'static str, &'t mut dyn Scalar)> {
+        let m = &mut a.metadata;
+        vec![
+            ("activation", &mut a.activation),
+            ("conv_state_layout", &mut a.conv_state_layout),
+            ("num_groups", &mut a.num_groups),
+            ("pad_slot_id", &mut a.pad_slot_id),
+            ("metadata.num_prefills", &mut m.num_prefills),
+            ("metadata.num_prefill_tokens", &mut m.num_prefill_tokens),
+            ("metadata.num_decodes", &mut m.num_decodes),
+            ("metadata.num_decode_tokens", &mut m.num_decode_tokens),
+            ("metadata.prep_initial_states", &mut m.prep_initial_states),
+            ("metadata.chunk_size", &mut m.chunk_size),
+        ]
+    }
+    fn run(t: &dyn Target, a: Self::At<'_>) -> Result<(), TargetError> {
+        t.mamba2_mixer_core(a)
+    }
+}

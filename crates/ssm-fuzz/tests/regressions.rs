@@ -215,3 +215,33 @@ fn a_speculative_dst_table_as_wide_as_the_tokens_suffices() {
         .all(|(a, b)| (a - b).abs() <= 1e-2 * (1.0 + b.abs()));
     assert!(close, "CPU and reference agree");
 }
+
+/// The GDN core gathered the rows of an `a` with no columns through `Layout::index([r, 0])`
+/// before any plan saw its shape (a debug-assertion panic; an address past the view in
+/// release). It now leaves the shape to the gating op's plan, which refuses it.
+#[test]
+fn gdn_core_with_an_empty_gate_is_refused() {
+    let mut case = ssm_fuzz::cores::GdnCoreCase::new(3);
+    let mut args = case.args();
+    let t = args.a.shape()[0];
+    let mem = [0f32; 0];
+    args.a = TensorRef::from_slice(&mem, &[t, 0]).unwrap();
+    let err = rt().gdn_attention_core(args).unwrap_err().to_string();
+    assert!(err.contains('a'), "{err}");
+}
+
+/// The Mamba2 core read `state_indices_tensor_d` at `[i, 0]` or `[i]` whatever its rank, and at
+/// column 0 of a table without columns.
+#[test]
+fn mamba2_core_decode_tables_of_other_ranks_are_refused() {
+    let shapes: [&[usize]; 3] = [&[3, 0], &[3, 1, 1], &[1, 3, 3]];
+    for shape in shapes {
+        let mut case = ssm_fuzz::cores::Mamba2CoreCase::new(4);
+        let mut args = case.args();
+        let mem = [0i32; 9];
+        let n: usize = shape.iter().product();
+        args.metadata.state_indices_tensor_d = Some(TensorRef::from_slice(&mem[..n], shape).unwrap());
+        let err = rt().mamba2_mixer_core(args).unwrap_err().to_string();
+        assert!(err.contains("state_indices_tensor_d"), "{shape:?}: {err}");
+    }
+}
