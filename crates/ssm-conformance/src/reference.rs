@@ -92,6 +92,15 @@ impl Target for Reference {
         let call = Planned::new(args).map_err(failed)?;
         self.gdn().run(call).map_err(failed)
     }
+
+    fn checkpointing_ssu(&self, args: ssm_ring::CheckpointingSsuArgs<'_>) -> Result<(), TargetError> {
+        let call = Planned::new(args).map_err(failed)?;
+        match self.0 {
+            Arithmetic::F32 => ssm_ring::reference::checkpointing_ssu(call),
+            Arithmetic::F64 => ssm_ring::reference::checkpointing_ssu_f64(call),
+        }
+        Ok(())
+    }
 }
 
 impl Reference {

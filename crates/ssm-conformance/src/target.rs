@@ -105,6 +105,11 @@ pub trait Target {
     fn chunk_gated_delta_rule(&self, _args: ssm_gdn::ChunkGatedDeltaRuleArgs<'_>) -> Result<(), TargetError> {
         Err(TargetError::unsupported())
     }
+    /// Runs `checkpointing_ssu` (ReplaySSM's replaying SSU) on host tensors (no golden vectors:
+    /// the fuzz harness calls it).
+    fn checkpointing_ssu(&self, _args: ssm_ring::CheckpointingSsuArgs<'_>) -> Result<(), TargetError> {
+        Err(TargetError::unsupported())
+    }
     /// Runs the GDN layer core on host tensors (no golden vectors: the fuzz harness and the
     /// reliability tests call it).
     fn gdn_attention_core(&self, _args: ssm_dispatch::GdnAttentionCoreArgs<'_>) -> Result<(), TargetError> {
@@ -161,6 +166,9 @@ impl Target for ssm_dispatch::Runtime {
     fn chunk_gated_delta_rule(&self, args: ssm_gdn::ChunkGatedDeltaRuleArgs<'_>) -> Result<(), TargetError> {
         ssm_dispatch::Runtime::chunk_gated_delta_rule(self, args).map_err(TargetError::from)
     }
+    fn checkpointing_ssu(&self, args: ssm_ring::CheckpointingSsuArgs<'_>) -> Result<(), TargetError> {
+        ssm_dispatch::Runtime::checkpointing_ssu(self, args).map_err(TargetError::from)
+    }
     fn gdn_attention_core(&self, args: ssm_dispatch::GdnAttentionCoreArgs<'_>) -> Result<(), TargetError> {
         ssm_dispatch::Runtime::gdn_attention_core(self, args).map_err(TargetError::from)
     }
@@ -187,6 +195,7 @@ macro_rules! non_ssu_ops {
             fused_recurrent_gated_delta_rule: ssm_gdn::FusedRecurrentGatedDeltaRuleArgs<'_>,
             fused_sigmoid_gating_delta_rule_update: ssm_gdn::FusedSigmoidGatingDeltaRuleUpdateArgs<'_>,
             chunk_gated_delta_rule: ssm_gdn::ChunkGatedDeltaRuleArgs<'_>,
+            checkpointing_ssu: ssm_ring::CheckpointingSsuArgs<'_>,
             gdn_attention_core: ssm_dispatch::GdnAttentionCoreArgs<'_>,
             mamba2_mixer_core: ssm_dispatch::Mamba2MixerCoreArgs<'_>,
         }

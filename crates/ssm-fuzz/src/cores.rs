@@ -1,6 +1,6 @@
-//! Template calls of the two layer cores: mixed batches (speculative sequences, decodes with a
+//! Template calls of the ops without golden vectors. The two layer cores: mixed batches (speculative sequences, decodes with a
 //! padded row, prefills with and without initial state), as the cores' own tests in
-//! `ssm-dispatch` build them.
+//! `ssm-dispatch` build them; and `checkpointing_ssu` over rings with history.
 
 use ssm_conv::{Activation, ConvStateLayout};
 use ssm_dispatch::{GdnAttentionCoreArgs, GdnAttentionMetadata, Mamba2AttentionMetadata, Mamba2MixerCoreArgs};
@@ -228,6 +228,81 @@ impl Mamba2CoreCase {
             },
             conv_out: None,
             out: self.out.view_mut(),
+        }
+    }
+}
+
+/// A ReplaySSM step: 3 packed sequences of 1–3 new tokens over rings of 8 with history
+/// (`prev_num_accepted_tokens` 0–4, ring starts anywhere), one on the pad slot.
+pub struct CheckpointCase {
+    state: HostTensor,
+    x_cache: HostTensor,
+    b_cache: HostTensor,
+    dt_cache: HostTensor,
+    ring_start: HostTensor,
+    prev: HostTensor,
+    x: HostTensor,
+    dt: HostTensor,
+    a: HostTensor,
+    b: HostTensor,
+    c: HostTensor,
+    out: HostTensor,
+    d: HostTensor,
+    dt_bias: HostTensor,
+    slots: HostTensor,
+    cu: HostTensor,
+}
+
+impl CheckpointCase {
+    /// The case, values from `seed`.
+    pub fn new(seed: u64) -> Self {
+        let (cache, h, g, p, n, l) = (6, 2, 1, 8, 8, 8);
+        let lens = [1 + seed as usize % 3, 2, 3];
+        let rows: usize = lens.iter().sum();
+        let s = seed.wrapping_mul(16);
+        CheckpointCase {
+            state: t(&[cache, h, p, n], s + 1, 0.5, 0.0),
+            x_cache: t(&[cache, h, l, p], s + 2, 1.0, 0.0),
+            b_cache: t(&[cache, g, l, n], s + 3, 1.0, 0.0),
+            dt_cache: t(&[cache, h, l], s + 4, 0.5, 0.5),
+            ring_start: HostTensor::from_i64(DType::I64, vec![cache], &[0, 7, 1, 6, 0, 3]),
+            prev: HostTensor::from_i64(DType::I64, vec![cache], &[0, 2, 4, 1, 3, 0]),
+            x: t(&[rows, h, p], s + 5, 1.0, 0.0),
+            dt: t(&[rows, h], s + 6, 1.0, 0.0),
+            a: t(&[h], s + 7, 0.5, -1.0),
+            b: t(&[rows, g, n], s + 8, 1.0, 0.0),
+            c: t(&[rows, g, n], s + 9, 1.0, 0.0),
+            out: HostTensor::filled(DType::F32, vec![rows, h, p], f32::NAN),
+            d: t(&[h], s + 10, 1.0, 0.0),
+            dt_bias: t(&[h], s + 11, 0.3, -1.0),
+            slots: ints(&[2, 0, 4]),
+            cu: ints(&[0, lens[0] as i64, (lens[0] + lens[1]) as i64, rows as i64]),
+        }
+    }
+
+    /// The call over the case's tensors.
+    pub fn args(&mut self) -> ssm_ring::CheckpointingSsuArgs<'_> {
+        ssm_ring::CheckpointingSsuArgs {
+            state: self.state.view_mut(),
+            x_cache: self.x_cache.view_mut(),
+            b_cache: self.b_cache.view_mut(),
+            dt_cache: self.dt_cache.view_mut(),
+            ring_start: self.ring_start.view(),
+            prev_num_accepted_tokens: self.prev.view(),
+            x: self.x.view(),
+            dt: self.dt.view(),
+            a: self.a.view(),
+            b: self.b.view(),
+            c: self.c.view(),
+            out: self.out.view_mut(),
+            d: Some(self.d.view()),
+            z: None,
+            dt_bias: Some(self.dt_bias.view()),
+            dt_softplus: true,
+            state_batch_indices: Some(self.slots.view()),
+            pad_slot_id: Some(0),
+            cu_seqlens: Some(self.cu.view()),
+            max_seqlen: Some(3),
         }
     }
 }

@@ -283,13 +283,15 @@ fn mix(mut h: u64, parts: &[&[u8]]) -> u64 {
 }
 
 impl Fuzzer {
-    /// A fuzzer over a CPU runtime with `config.threads` threads.
+    /// A fuzzer over a CPU runtime with `config.threads` threads and ReplaySSM enabled.
     ///
     /// # Panics
     /// If the CPU runtime cannot start.
     pub fn new(config: FuzzConfig) -> Self {
         install_guards(Duration::from_secs(config.hang_seconds));
-        let rt = Runtime::new(&Config::cpu(Some(config.threads))).expect("a CPU runtime");
+        // ReplaySSM on, so that `checkpointing_ssu` runs (it changes nothing for the other ops).
+        let cfg = Config { replayssm: true, ..Config::cpu(Some(config.threads)) };
+        let rt = Runtime::new(&cfg).expect("a CPU runtime");
         Fuzzer { config, rt, reference: Reference(Arithmetic::F32), report: Mutex::new(FuzzReport::default()) }
     }
 

@@ -658,3 +658,63 @@ impl FuzzOp for Mamba2Core {
         t.mamba2_mixer_core(a)
     }
 }
+
+/// `checkpointing_ssu` (ReplaySSM's replaying SSU).
+pub struct Checkpoint;
+impl FuzzOp for Checkpoint {
+    const NAME: &'static str = "checkpointing_ssu";
+    type At<'s> = ssm_ring::CheckpointingSsuArgs<'s>;
+    fn specs(a: &Self::At<'_>) -> Vec<TensorSpec> {
+        vec![
+            rw("state", &a.state),
+            rw("x_cache", &a.x_cache),
+            rw("B_cache", &a.b_cache),
+            rw("dt_cache", &a.dt_cache),
+            ro("ring_start", &a.ring_start),
+            ro("prev_num_accepted_tokens", &a.prev_num_accepted_tokens),
+            ro("x", &a.x),
+            ro("dt", &a.dt),
+            ro("A", &a.a),
+            ro("B", &a.b),
+            ro("C", &a.c),
+            rw("out", &a.out),
+            opt("D", &a.d),
+            opt("z", &a.z),
+            opt("dt_bias", &a.dt_bias),
+            opt("state_batch_indices", &a.state_batch_indices),
+            opt("cu_seqlens", &a.cu_seqlens),
+        ]
+    }
+    fn respin<'s, 'x: 's>(t: &'s Self::At<'x>, v: &mut Views<'s>) -> Self::At<'s> {
+        ssm_ring::CheckpointingSsuArgs {
+            state: v.m("state"),
+            x_cache: v.m("x_cache"),
+            b_cache: v.m("B_cache"),
+            dt_cache: v.m("dt_cache"),
+            ring_start: v.r("ring_start"),
+            prev_num_accepted_tokens: v.r("prev_num_accepted_tokens"),
+            x: v.r("x"),
+            dt: v.r("dt"),
+            a: v.r("A"),
+            b: v.r("B"),
+            c: v.r("C"),
+            out: v.m("out"),
+            d: v.opt_r("D"),
+            z: v.opt_r("z"),
+            dt_bias: v.opt_r("dt_bias"),
+            state_batch_indices: v.opt_r("state_batch_indices"),
+            cu_seqlens: v.opt_r("cu_seqlens"),
+            ..*t
+        }
+    }
+    fn scalars<'t>(a: &'t mut Self::At<'_>) -> Vec<(&'static str, &'t mut dyn Scalar)> {
+        vec![
+            ("dt_softplus", &mut a.dt_softplus),
+            ("pad_slot_id", &mut a.pad_slot_id),
+            ("max_seqlen", &mut a.max_seqlen),
+        ]
+    }
+    fn run(t: &dyn Target, a: Self::At<'_>) -> Result<(), TargetError> {
+        t.checkpointing_ssu(a)
+    }
+}

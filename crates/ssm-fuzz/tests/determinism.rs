@@ -12,7 +12,7 @@ const SEED: u64 = 0xd37e;
 const RANDOM: usize = 12;
 
 fn cpu(threads: usize) -> Runtime {
-    Runtime::new(&Config::cpu(Some(threads))).unwrap()
+    Runtime::new(&Config { replayssm: true, ..Config::cpu(Some(threads)) }).unwrap()
 }
 
 fn assert_same(what: &str, want: &Results, got: &Results) {

@@ -245,3 +245,44 @@ fn mamba2_core_decode_tables_of_other_ranks_are_refused() {
         assert!(err.contains("state_indices_tensor_d"), "{shape:?}: {err}");
     }
 }
+
+/// `checkpointing_ssu` with `max_seqlen = usize::MAX`: the window check `T <= L - T` ran on
+/// `T as i64 = -1` and passed; the CPU backend then overflowed sizing its scratch.
+#[test]
+fn a_huge_max_seqlen_is_refused_by_the_window_check() {
+    let rt = Runtime::new(&Config { replayssm: true, ..Config::cpu(Some(1)) }).unwrap();
+    let mut case = ssm_fuzz::cores::CheckpointCase::new(2);
+    let mut args = case.args();
+    rt.checkpointing_ssu(case_clone_args(&mut args)).unwrap();
+    args.max_seqlen = Some(usize::MAX);
+    let err = rt.checkpointing_ssu(args).unwrap_err().to_string();
+    assert!(err.contains("T must be <= W"), "{err}");
+}
+
+/// The template call itself runs (so the refusal above is the window check's).
+fn case_clone_args<'a>(args: &'a mut ssm_ring::CheckpointingSsuArgs<'_>) -> ssm_ring::CheckpointingSsuArgs<'a> {
+    ssm_ring::CheckpointingSsuArgs {
+        state: args.state.reborrow(),
+        x_cache: args.x_cache.reborrow(),
+        b_cache: args.b_cache.reborrow(),
+        dt_cache: args.dt_cache.reborrow(),
+        out: args.out.reborrow(),
+        ..*args
+    }
+}
+
+/// `checkpointing_ssu` accepted written caches whose elements overlap (a stride-0 ring axis of
+/// `B_cache`, heads and ring rows of `dt_cache` sharing memory); the result then depended on
+/// the order of the writes.
+#[test]
+fn overlapping_replayssm_caches_are_refused() {
+    let rt = Runtime::new(&Config { replayssm: true, ..Config::cpu(Some(1)) }).unwrap();
+    let mut case = ssm_fuzz::cores::CheckpointCase::new(2);
+    let mut args = case.args();
+    let (shape, mut strides, off) =
+        (args.b_cache.shape().to_vec(), args.b_cache.strides().to_vec(), args.b_cache.layout().offset());
+    strides[2] = 0;
+    args.b_cache = args.b_cache.with_layout(&shape, &strides, off).unwrap();
+    let err = rt.checkpointing_ssu(args).unwrap_err().to_string();
+    assert!(err.contains("B_cache") && err.contains("overlap"), "{err}");
+}

@@ -504,6 +504,16 @@ pub(crate) fn plan_checkpointing_ssu(args: &CheckpointingSsuArgs<'_>) -> Result<
         check_float(arg, d)?;
     }
     check_float("out", args.out.dtype())?;
+    // Every written pool and the output must be disjoint (backends fill them from many threads).
+    for (arg, layout) in [
+        ("state", args.state.layout()),
+        ("x_cache", args.x_cache.layout()),
+        ("B_cache", args.b_cache.layout()),
+        ("dt_cache", args.dt_cache.layout()),
+        ("out", args.out.layout()),
+    ] {
+        ArgError::check_written(arg, layout)?;
+    }
     if let Some(z) = &args.z {
         check_float("z", z.dtype())?;
     }
@@ -619,8 +629,10 @@ pub(crate) fn plan_checkpointing_ssu(args: &CheckpointingSsuArgs<'_>) -> Result<
     if args.max_seqlen.is_some() && form != TokenForm::Varlen {
         return Err(RingError::from(ArgError::Requires { arg: "max_seqlen", needs: "`cu_seqlens`" }));
     }
-    let window = ring_len as i64 - tokens as i64;
-    if (tokens as i64) > window {
+    // T <= W = L - T, i.e. 2T <= L: compared without arithmetic that a huge `max_seqlen`
+    // could wrap.
+    let window = (ring_len as i64).saturating_sub(i64::try_from(tokens).unwrap_or(i64::MAX));
+    if tokens > ring_len / 2 {
         return Err(RingError::RingTooShort { ring_len, tokens, window });
     }
     let index = match &args.state_batch_indices {
