@@ -4,7 +4,8 @@
 //!   bits, for SSU decode/speculative and both GDN recurrences;
 //! - determinism: every template call gives the same bits from run to run;
 //! - concurrency: two runtimes on device 0, driven from two threads at once, give the bits of
-//!   one runtime driven serially.
+//!   one runtime driven serially;
+//! - a backend on a borrowed stream gives the bits of one on its own stream.
 #![cfg(feature = "cuda")]
 
 use ssm_conformance::cases::ssu::{Case, Spec, Tokens};
@@ -104,4 +105,34 @@ fn two_runtimes_on_one_device_from_two_threads_match_one_serial_runtime() {
     let d = differing(&serial, &both);
     assert!(d.is_empty(), "{} of {} calls differ: {d:#?}", d.len(), serial.len());
     eprintln!("{} calls on two runtimes from two threads, bit-identical to one serial runtime", serial.len());
+}
+
+/// A backend on a stream someone else owns (an engine's, e.g. PyTorch's current stream) gives
+/// the bits of a backend on its own stream, for the SSU and the GDN recurrence.
+#[test]
+fn a_backend_on_a_borrowed_stream_matches_one_on_its_own() {
+    use ssm_cuda::CudaBackend;
+    use ssm_cuda::testing::{DeviceGdnRecurrentArgs, DeviceSsuArgs, run_staged};
+    if cuda("a_backend_on_a_borrowed_stream").is_none() {
+        return;
+    }
+    let own = CudaBackend::new(0).expect("backend");
+    let owner = CudaBackend::new(0).expect("the stream's owner");
+    // SAFETY: the stream belongs to `owner`'s context (device 0's primary context), which
+    // outlives `borrowed` (dropped first, at the end of this scope, in reverse order).
+    let borrowed = unsafe { CudaBackend::with_borrowed_stream(0, owner.stream().cu_stream()) }.expect("borrowed");
+    for state in [DType::F32, DType::BF16] {
+        let base = Case::build(Spec::mamba2(64, state), 21);
+        let (mut a, mut b) = (base.clone(), base.clone());
+        run_staged::<DeviceSsuArgs>(&own, a.args()).expect("own stream");
+        run_staged::<DeviceSsuArgs>(&borrowed, b.args()).expect("borrowed stream");
+        assert!(a.out == b.out && a.state == b.state, "ssu {state}: borrowed stream differs");
+
+        let base = RecurrentCase::random(RecurrentSpec::decode(64, state), 22);
+        let (mut a, mut b) = (base.clone(), base.clone());
+        run_staged::<DeviceGdnRecurrentArgs>(&own, a.recurrent_args()).expect("own stream");
+        run_staged::<DeviceGdnRecurrentArgs>(&borrowed, b.recurrent_args()).expect("borrowed stream");
+        assert!(a.o == b.o && a.state == b.state, "gdn {state}: borrowed stream differs");
+    }
+    eprintln!("SSU and GDN on a borrowed stream: bit-identical to a backend's own stream");
 }
