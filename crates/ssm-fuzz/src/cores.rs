@@ -7,7 +7,8 @@ use ssm_dispatch::{GdnAttentionCoreArgs, GdnAttentionMetadata, Mamba2AttentionMe
 use ssm_gdn::StateLayout;
 use ssm_tensor::{DType, HostTensor};
 
-fn values(n: usize, seed: u64, scale: f32, offset: f32) -> Vec<f32> {
+/// `n` deterministic values in `[offset - scale, offset + scale)` (xorshift from `seed`).
+pub fn values(n: usize, seed: u64, scale: f32, offset: f32) -> Vec<f32> {
     let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
     (0..n)
         .map(|_| {

@@ -184,3 +184,25 @@ pub fn alone_vs_batch<O: FuzzOp>(
     }
     Ok(written_total)
 }
+
+/// [`alone_vs_batch`] as a test assertion: panics, naming `what`, unless every position is
+/// bit-identical and the lone calls wrote more than 1000 elements (the check is not vacuous);
+/// prints the count.
+///
+/// # Panics
+/// As described.
+pub fn assert_batch_invariant<O: FuzzOp>(
+    target: &dyn ssm_conformance::Target,
+    what: &str,
+    template: &O::At<'_>,
+    batch: Batch<'_>,
+    positions: &[usize],
+) {
+    match alone_vs_batch::<O>(target, template, batch, positions) {
+        Ok(written) => {
+            assert!(written > 1000, "{what}: the lone calls wrote only {written} elements");
+            eprintln!("{what}: {written} elements written alone, bit-identical in the batch");
+        }
+        Err(e) => panic!("{what}: {e}"),
+    }
+}

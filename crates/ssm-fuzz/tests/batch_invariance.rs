@@ -5,28 +5,13 @@
 use ssm_conformance::cases::ssu::{Case, Spec, Tokens};
 use ssm_conformance::gdn_random::{RecurrentCase, RecurrentSpec};
 use ssm_dispatch::{Config, Runtime};
-use ssm_fuzz::invariance::{Batch, alone_vs_batch, set_values};
+use ssm_fuzz::cores::values;
+use ssm_fuzz::invariance::{Batch, assert_batch_invariant, set_values};
 use ssm_fuzz::ops;
 use ssm_tensor::DType;
 
 const N: usize = 256;
 const POSITIONS: [usize; 6] = [0, 1, 77, 128, 200, 255];
-
-/// Runs the check and requires the lone calls to have written something.
-fn check<O: ssm_fuzz::ops::FuzzOp>(
-    rt: &dyn ssm_conformance::Target,
-    what: &str,
-    template: &O::At<'_>,
-    batch: Batch<'_>,
-) {
-    match alone_vs_batch::<O>(rt, template, batch, &POSITIONS) {
-        Ok(written) => {
-            assert!(written > 1000, "{what}: the lone calls wrote only {written} elements");
-            eprintln!("{what}: {written} elements written alone, bit-identical in the batch");
-        }
-        Err(e) => panic!("{what}: {e}"),
-    }
-}
 
 fn rt() -> Runtime {
     Runtime::new(&Config::cpu(Some(2))).unwrap()
@@ -38,7 +23,7 @@ fn ssu_decode_and_speculative_are_batch_invariant() {
     for state in [DType::F32, DType::BF16] {
         let mut case = Case::build(Spec::mamba2(N, state), 1);
         let batch = Batch { seqs: N, cu_seqlens: None, pools: &["state"], fixup: None };
-        check::<ops::Ssu>(&rt, &format!("ssu {state} decode"), &case.args(), batch);
+        assert_batch_invariant::<ops::Ssu>(&rt, &format!("ssu {state} decode"), &case.args(), batch, &POSITIONS);
 
         let spec = Spec {
             tokens: Tokens::Dense { seqs: N, steps: 3 },
@@ -47,7 +32,7 @@ fn ssu_decode_and_speculative_are_batch_invariant() {
             ..Spec::mamba2(N, state)
         };
         let mut case = Case::build(spec, 2);
-        check::<ops::Ssu>(&rt, &format!("ssu {state} speculative"), &case.args(), batch);
+        assert_batch_invariant::<ops::Ssu>(&rt, &format!("ssu {state} speculative"), &case.args(), batch, &POSITIONS);
     }
 }
 
@@ -57,24 +42,23 @@ fn gdn_decode_and_speculative_are_batch_invariant() {
     let batch = Batch { seqs: N, cu_seqlens: Some("rule.cu_seqlens"), pools: &["rule.initial_state"], fixup: None };
     for state in [DType::F32, DType::BF16] {
         let mut case = RecurrentCase::random(RecurrentSpec::decode(N, state), 3);
-        check::<ops::GdnSigmoid>(&rt, &format!("gdn {state} sigmoid decode"), &case.sigmoid_args(), batch);
+        assert_batch_invariant::<ops::GdnSigmoid>(
+            &rt,
+            &format!("gdn {state} sigmoid decode"),
+            &case.sigmoid_args(),
+            batch,
+            &POSITIONS,
+        );
         let spec = RecurrentSpec { max_len: 3, table: 2, columns: 4, ..RecurrentSpec::decode(N, state) };
         let mut case = RecurrentCase::random(spec, 4);
-        check::<ops::GdnRecurrent>(&rt, &format!("gdn {state} speculative"), &case.recurrent_args(), batch);
+        assert_batch_invariant::<ops::GdnRecurrent>(
+            &rt,
+            &format!("gdn {state} speculative"),
+            &case.recurrent_args(),
+            batch,
+            &POSITIONS,
+        );
     }
-}
-
-/// Deterministic values in `[-scale, scale)`.
-fn vals(n: usize, seed: u64, scale: f32) -> Vec<f32> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            ((x >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
-        })
-        .collect()
 }
 
 fn r<'a>(d: &'a [f32], s: &[usize]) -> ssm_tensor::TensorRef<'a> {
@@ -107,10 +91,10 @@ fn gdn_chunked_prefill_is_batch_invariant() {
     let cu = offsets(&lens);
     let slots = N + 5;
     let idx: Vec<i32> = (0..N as i32).map(|i| (i * 7 + 3) % slots as i32).collect();
-    let (q, kk, vv) = (vals(t * k, 1, 1.0), vals(t * k, 2, 1.0), vals(t * hv * v, 3, 1.0));
-    let g: Vec<f32> = vals(t * hv, 4, 0.1).iter().map(|x| x - 0.1).collect();
-    let beta: Vec<f32> = vals(t * hv, 5, 0.4).iter().map(|x| x + 0.5).collect();
-    let mut pool = vals(slots * hv * v * k, 6, 0.5);
+    let (q, kk, vv) = (values(t * k, 1, 1.0, 0.0), values(t * k, 2, 1.0, 0.0), values(t * hv * v, 3, 1.0, 0.0));
+    let g: Vec<f32> = values(t * hv, 4, 0.1, 0.0).iter().map(|x| x - 0.1).collect();
+    let beta: Vec<f32> = values(t * hv, 5, 0.4, 0.0).iter().map(|x| x + 0.5).collect();
+    let mut pool = values(slots * hv * v * k, 6, 0.5, 0.0);
     let mut o = vec![f32::NAN; t * hv * v];
     let args = ChunkGatedDeltaRuleArgs {
         initial_state: Some(TensorMut::from_slice(&mut pool, &[slots, hv, v, k]).unwrap()),
@@ -128,7 +112,7 @@ fn gdn_chunked_prefill_is_batch_invariant() {
         )
     };
     let batch = Batch { seqs: N, cu_seqlens: Some("cu_seqlens"), pools: &["initial_state"], fixup: None };
-    check::<ops::GdnChunk>(&rt, "gdn chunked prefill", &args, batch);
+    assert_batch_invariant::<ops::GdnChunk>(&rt, "gdn chunked prefill", &args, batch, &POSITIONS);
 }
 
 /// A packed SSD prefill of 256 sequences of 1–70 tokens, some resumed mid-chunk (vLLM's chunk
@@ -148,10 +132,10 @@ fn ssd_chunked_prefill_is_batch_invariant() {
     let slots = N + 3;
     let idx: Vec<i32> = (0..N as i32).map(|i| (i * 5 + 1) % slots as i32).collect();
     let has: Vec<u8> = computed.iter().map(|&c| u8::from(c > 0)).collect();
-    let (x, b, c) = (vals(t * h * p, 11, 1.0), vals(t * n, 12, 1.0), vals(t * n, 13, 1.0));
-    let dt = vals(t * h, 14, 1.0);
+    let (x, b, c) = (values(t * h * p, 11, 1.0, 0.0), values(t * n, 12, 1.0, 0.0), values(t * n, 13, 1.0, 0.0));
+    let dt = values(t * h, 14, 1.0, 0.0);
     let a = [-0.7f32, -1.3];
-    let mut pool = vals(slots * h * p * n, 15, 0.5);
+    let mut pool = values(slots * h * p * n, 15, 0.5, 0.0);
     let mut out = vec![f32::NAN; t * h * p];
     let args = Args {
         out: Some(TensorMut::from_slice(&mut out, &[t, h, p]).unwrap()),
@@ -179,5 +163,5 @@ fn ssd_chunked_prefill_is_batch_invariant() {
         set_values(lone, "last_chunk_indices", &wide(&m.last_chunk_indices));
     };
     let batch = Batch { seqs: N, cu_seqlens: Some("cu_seqlens"), pools: &["ssm_state"], fixup: Some(&fixup) };
-    check::<ops::Ssd>(&rt, "ssd chunked prefill", &args, batch);
+    assert_batch_invariant::<ops::Ssd>(&rt, "ssd chunked prefill", &args, batch, &POSITIONS);
 }

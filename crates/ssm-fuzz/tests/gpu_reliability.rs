@@ -13,8 +13,8 @@ use ssm_conformance::cuda::Staged;
 use ssm_conformance::gdn_random::{RecurrentCase, RecurrentSpec};
 use ssm_cuda::{Availability, probe};
 use ssm_dispatch::{BackendKind, Config, Runtime};
-use ssm_fuzz::invariance::{Batch, alone_vs_batch};
-use ssm_fuzz::ops::{self, FuzzOp};
+use ssm_fuzz::invariance::{Batch, assert_batch_invariant};
+use ssm_fuzz::ops;
 use ssm_fuzz::templates::{Results, differing, record};
 use ssm_tensor::DType;
 
@@ -34,23 +34,13 @@ fn cuda(test: &str) -> Option<Staged> {
 const N: usize = 256;
 const POSITIONS: [usize; 6] = [0, 1, 77, 128, 200, 255];
 
-fn check<O: FuzzOp>(t: &Staged, what: &str, template: &O::At<'_>, batch: Batch<'_>) {
-    match alone_vs_batch::<O>(t, template, batch, &POSITIONS) {
-        Ok(written) => {
-            assert!(written > 1000, "{what}: the lone calls wrote only {written} elements");
-            eprintln!("{what}: {written} elements written alone, bit-identical in the batch");
-        }
-        Err(e) => panic!("{what}: {e}"),
-    }
-}
-
 #[test]
 fn cuda_decode_and_speculative_are_batch_invariant() {
     let Some(t) = cuda("cuda_decode_and_speculative_are_batch_invariant") else { return };
     for state in [DType::F32, DType::BF16] {
         let batch = Batch { seqs: N, cu_seqlens: None, pools: &["state"], fixup: None };
         let mut case = Case::build(Spec::mamba2(N, state), 1);
-        check::<ops::Ssu>(&t, &format!("ssu {state} decode"), &case.args(), batch);
+        assert_batch_invariant::<ops::Ssu>(&t, &format!("ssu {state} decode"), &case.args(), batch, &POSITIONS);
         let spec = Spec {
             tokens: Tokens::Dense { seqs: N, steps: 3 },
             spec_width: Some(3),
@@ -58,14 +48,26 @@ fn cuda_decode_and_speculative_are_batch_invariant() {
             ..Spec::mamba2(N, state)
         };
         let mut case = Case::build(spec, 2);
-        check::<ops::Ssu>(&t, &format!("ssu {state} speculative"), &case.args(), batch);
+        assert_batch_invariant::<ops::Ssu>(&t, &format!("ssu {state} speculative"), &case.args(), batch, &POSITIONS);
 
         let batch = Batch { seqs: N, cu_seqlens: Some("rule.cu_seqlens"), pools: &["rule.initial_state"], fixup: None };
         let mut case = RecurrentCase::random(RecurrentSpec::decode(N, state), 3);
-        check::<ops::GdnSigmoid>(&t, &format!("gdn {state} sigmoid decode"), &case.sigmoid_args(), batch);
+        assert_batch_invariant::<ops::GdnSigmoid>(
+            &t,
+            &format!("gdn {state} sigmoid decode"),
+            &case.sigmoid_args(),
+            batch,
+            &POSITIONS,
+        );
         let spec = RecurrentSpec { max_len: 3, table: 2, columns: 4, ..RecurrentSpec::decode(N, state) };
         let mut case = RecurrentCase::random(spec, 4);
-        check::<ops::GdnRecurrent>(&t, &format!("gdn {state} speculative"), &case.recurrent_args(), batch);
+        assert_batch_invariant::<ops::GdnRecurrent>(
+            &t,
+            &format!("gdn {state} speculative"),
+            &case.recurrent_args(),
+            batch,
+            &POSITIONS,
+        );
     }
 }
 
