@@ -206,3 +206,47 @@ pub fn assert_batch_invariant<O: FuzzOp>(
         Err(e) => panic!("{what}: {e}"),
     }
 }
+
+/// Positions of the lone sequences in the decode routes' batches of 256.
+pub const POSITIONS: [usize; 6] = [0, 1, 77, 128, 200, 255];
+
+/// The SSU decode and 3-token speculative routes (f32 and bf16 state) on `target`, each over a
+/// random batch of 256 from `ssm_conformance::cases::ssu` ([`assert_batch_invariant`]): the
+/// one check the CPU and the GPU tests run.
+pub fn assert_ssu_routes_batch_invariant(target: &dyn ssm_conformance::Target) {
+    use ssm_conformance::cases::ssu::{Case, Spec, Tokens};
+    const N: usize = 256;
+    let batch = Batch { seqs: N, cu_seqlens: None, pools: &["state"], fixup: None };
+    for state in [ssm_tensor::DType::F32, ssm_tensor::DType::BF16] {
+        let mut case = Case::build(Spec::mamba2(N, state), 1);
+        assert_batch_invariant::<crate::ops::Ssu>(
+            target,
+            &format!("ssu {state} decode"),
+            &case.args(),
+            batch,
+            &POSITIONS,
+        );
+        let tokens = Tokens::Dense { seqs: N, steps: 3 };
+        let spec = Spec { tokens, spec_width: Some(3), table_2d: true, ..Spec::mamba2(N, state) };
+        let mut case = Case::build(spec, 2);
+        let what = format!("ssu {state} speculative");
+        assert_batch_invariant::<crate::ops::Ssu>(target, &what, &case.args(), batch, &POSITIONS);
+    }
+}
+
+/// The GDN sigmoid-gated decode and the 3-token speculative recurrence (f32 and bf16 state) on
+/// `target`, each over a random packed batch of 256 from `ssm_conformance::gdn_random`.
+pub fn assert_gdn_routes_batch_invariant(target: &dyn ssm_conformance::Target) {
+    use ssm_conformance::gdn_random::{RecurrentCase, RecurrentSpec};
+    const N: usize = 256;
+    let batch = Batch { seqs: N, cu_seqlens: Some("rule.cu_seqlens"), pools: &["rule.initial_state"], fixup: None };
+    for state in [ssm_tensor::DType::F32, ssm_tensor::DType::BF16] {
+        let mut case = RecurrentCase::random(RecurrentSpec::decode(N, state), 3);
+        let what = format!("gdn {state} sigmoid decode");
+        assert_batch_invariant::<crate::ops::GdnSigmoid>(target, &what, &case.sigmoid_args(), batch, &POSITIONS);
+        let spec = RecurrentSpec { max_len: 3, table: 2, columns: 4, ..RecurrentSpec::decode(N, state) };
+        let mut case = RecurrentCase::random(spec, 4);
+        let what = format!("gdn {state} speculative");
+        assert_batch_invariant::<crate::ops::GdnRecurrent>(target, &what, &case.recurrent_args(), batch, &POSITIONS);
+    }
+}

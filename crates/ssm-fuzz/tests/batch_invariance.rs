@@ -2,16 +2,15 @@
 //! bit-identical alone and at any position of a batch of 256, for decode and speculative
 //! decode (SSU, both GDN recurrences) and chunked prefill (SSD, GDN).
 
-use ssm_conformance::cases::ssu::{Case, Spec, Tokens};
-use ssm_conformance::gdn_random::{RecurrentCase, RecurrentSpec};
 use ssm_dispatch::{Config, Runtime};
 use ssm_fuzz::cores::values;
-use ssm_fuzz::invariance::{Batch, assert_batch_invariant, set_values};
+use ssm_fuzz::invariance::{
+    Batch, POSITIONS, assert_batch_invariant, assert_gdn_routes_batch_invariant, assert_ssu_routes_batch_invariant,
+    set_values,
+};
 use ssm_fuzz::ops;
-use ssm_tensor::DType;
 
 const N: usize = 256;
-const POSITIONS: [usize; 6] = [0, 1, 77, 128, 200, 255];
 
 fn rt() -> Runtime {
     Runtime::new(&Config::cpu(Some(2))).unwrap()
@@ -19,46 +18,12 @@ fn rt() -> Runtime {
 
 #[test]
 fn ssu_decode_and_speculative_are_batch_invariant() {
-    let rt = rt();
-    for state in [DType::F32, DType::BF16] {
-        let mut case = Case::build(Spec::mamba2(N, state), 1);
-        let batch = Batch { seqs: N, cu_seqlens: None, pools: &["state"], fixup: None };
-        assert_batch_invariant::<ops::Ssu>(&rt, &format!("ssu {state} decode"), &case.args(), batch, &POSITIONS);
-
-        let spec = Spec {
-            tokens: Tokens::Dense { seqs: N, steps: 3 },
-            spec_width: Some(3),
-            table_2d: true,
-            ..Spec::mamba2(N, state)
-        };
-        let mut case = Case::build(spec, 2);
-        assert_batch_invariant::<ops::Ssu>(&rt, &format!("ssu {state} speculative"), &case.args(), batch, &POSITIONS);
-    }
+    assert_ssu_routes_batch_invariant(&rt());
 }
 
 #[test]
 fn gdn_decode_and_speculative_are_batch_invariant() {
-    let rt = rt();
-    let batch = Batch { seqs: N, cu_seqlens: Some("rule.cu_seqlens"), pools: &["rule.initial_state"], fixup: None };
-    for state in [DType::F32, DType::BF16] {
-        let mut case = RecurrentCase::random(RecurrentSpec::decode(N, state), 3);
-        assert_batch_invariant::<ops::GdnSigmoid>(
-            &rt,
-            &format!("gdn {state} sigmoid decode"),
-            &case.sigmoid_args(),
-            batch,
-            &POSITIONS,
-        );
-        let spec = RecurrentSpec { max_len: 3, table: 2, columns: 4, ..RecurrentSpec::decode(N, state) };
-        let mut case = RecurrentCase::random(spec, 4);
-        assert_batch_invariant::<ops::GdnRecurrent>(
-            &rt,
-            &format!("gdn {state} speculative"),
-            &case.recurrent_args(),
-            batch,
-            &POSITIONS,
-        );
-    }
+    assert_gdn_routes_batch_invariant(&rt());
 }
 
 fn r<'a>(d: &'a [f32], s: &[usize]) -> ssm_tensor::TensorRef<'a> {

@@ -8,13 +8,12 @@
 //! - a backend on a borrowed stream gives the bits of one on its own stream.
 #![cfg(feature = "cuda")]
 
-use ssm_conformance::cases::ssu::{Case, Spec, Tokens};
+use ssm_conformance::cases::ssu::{Case, Spec};
 use ssm_conformance::cuda::Staged;
 use ssm_conformance::gdn_random::{RecurrentCase, RecurrentSpec};
 use ssm_cuda::{Availability, probe};
 use ssm_dispatch::{BackendKind, Config, Runtime};
-use ssm_fuzz::invariance::{Batch, assert_batch_invariant};
-use ssm_fuzz::ops;
+use ssm_fuzz::invariance::{assert_gdn_routes_batch_invariant, assert_ssu_routes_batch_invariant};
 use ssm_fuzz::templates::{Results, differing, record};
 use ssm_tensor::DType;
 
@@ -31,44 +30,11 @@ fn cuda(test: &str) -> Option<Staged> {
     Some(Staged::new(rt, "cuda"))
 }
 
-const N: usize = 256;
-const POSITIONS: [usize; 6] = [0, 1, 77, 128, 200, 255];
-
 #[test]
 fn cuda_decode_and_speculative_are_batch_invariant() {
     let Some(t) = cuda("cuda_decode_and_speculative_are_batch_invariant") else { return };
-    for state in [DType::F32, DType::BF16] {
-        let batch = Batch { seqs: N, cu_seqlens: None, pools: &["state"], fixup: None };
-        let mut case = Case::build(Spec::mamba2(N, state), 1);
-        assert_batch_invariant::<ops::Ssu>(&t, &format!("ssu {state} decode"), &case.args(), batch, &POSITIONS);
-        let spec = Spec {
-            tokens: Tokens::Dense { seqs: N, steps: 3 },
-            spec_width: Some(3),
-            table_2d: true,
-            ..Spec::mamba2(N, state)
-        };
-        let mut case = Case::build(spec, 2);
-        assert_batch_invariant::<ops::Ssu>(&t, &format!("ssu {state} speculative"), &case.args(), batch, &POSITIONS);
-
-        let batch = Batch { seqs: N, cu_seqlens: Some("rule.cu_seqlens"), pools: &["rule.initial_state"], fixup: None };
-        let mut case = RecurrentCase::random(RecurrentSpec::decode(N, state), 3);
-        assert_batch_invariant::<ops::GdnSigmoid>(
-            &t,
-            &format!("gdn {state} sigmoid decode"),
-            &case.sigmoid_args(),
-            batch,
-            &POSITIONS,
-        );
-        let spec = RecurrentSpec { max_len: 3, table: 2, columns: 4, ..RecurrentSpec::decode(N, state) };
-        let mut case = RecurrentCase::random(spec, 4);
-        assert_batch_invariant::<ops::GdnRecurrent>(
-            &t,
-            &format!("gdn {state} speculative"),
-            &case.recurrent_args(),
-            batch,
-            &POSITIONS,
-        );
-    }
+    assert_ssu_routes_batch_invariant(&t);
+    assert_gdn_routes_batch_invariant(&t);
 }
 
 const SEED: u64 = 0xd37e;
