@@ -24,6 +24,10 @@ pub(crate) struct BuildKernelsArgs {
     /// Only the kernels whose label contains this text (e.g. `conv`, `one-token`).
     #[arg(long)]
     pub(crate) only: Option<String>,
+    /// Also write each cubin to this folder (`<arch>-<label>.cubin`), e.g. for
+    /// `cuobjdump -sass` (the `nvidia-cuda-cuobjdump` wheel provides one without a toolkit).
+    #[arg(long)]
+    pub(crate) cubin_dir: Option<std::path::PathBuf>,
 }
 
 pub(crate) fn run(args: &BuildKernelsArgs) -> anyhow::Result<()> {
@@ -52,7 +56,16 @@ pub(crate) fn run(args: &BuildKernelsArgs) -> anyhow::Result<()> {
         for (label, spec) in &kernels {
             let t0 = Instant::now();
             match compile_with_report(spec, arch) {
-                Ok((bytes, u)) => {
+                Ok((cubin, u)) => {
+                    if let Some(dir) = &args.cubin_dir {
+                        let name: String = label
+                            .chars()
+                            .map(|c| if c.is_ascii_alphanumeric() || c == '=' { c } else { '_' })
+                            .collect();
+                        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+                        let path = dir.join(format!("{}-{name}.cubin", arch.sm()));
+                        std::fs::write(&path, &cubin).with_context(|| format!("writing {}", path.display()))?;
+                    }
                     if u.spill_stores + u.spill_loads > 0 {
                         spilling += 1;
                     }
@@ -65,7 +78,7 @@ pub(crate) fn run(args: &BuildKernelsArgs) -> anyhow::Result<()> {
                         u.spill_stores,
                         u.spill_loads,
                         u.shared_bytes,
-                        bytes,
+                        cubin.len(),
                         t0.elapsed().as_millis()
                     );
                 }

@@ -55,6 +55,9 @@ template <> struct FromF32<bf16_t> {
 };
 template <typename T> __device__ __forceinline__ T from_f32(float v) { return FromF32<T>::cvt(v); }
 
+// n / d for n < 2^31, with (m, l) = fast_div(d) of crates/ssm-cuda/src/geometry.rs.
+__device__ __forceinline__ u32 fast_div(u32 n, u32 m, u32 l) { return (__umulhi(n, m) + n) >> l; }
+
 __device__ __forceinline__ i64 load_index(const int* p) { return (i64)*p; }
 __device__ __forceinline__ i64 load_index(const i64* p) { return *p; }
 
@@ -139,18 +142,21 @@ template <int N, typename T, bool STREAMING = false> __device__ __forceinline__ 
     }
 }
 
+// VEC = 16 / sizeof(T) f32 values as one 16-byte vector of T (round to nearest even).
+template <typename T> __device__ __forceinline__ uint4 pack_vec(const float* in) {
+    if constexpr (sizeof(T) == 2) {
+        return make_uint4(pack2<T>(in[0], in[1]), pack2<T>(in[2], in[3]), pack2<T>(in[4], in[5]), pack2<T>(in[6], in[7]));
+    } else {
+        static_assert(sizeof(T) == 4, "pack_vec: 2- or 4-byte elements");
+        return make_uint4(__float_as_uint(in[0]), __float_as_uint(in[1]), __float_as_uint(in[2]), __float_as_uint(in[3]));
+    }
+}
+
 // Stores N elements from f32 (round to nearest even). STREAMING: 16-byte accesses use the
 // evict-first cache hint (`st.global.cs`); the state is written once and not read again.
 template <int N, typename T, bool STREAMING = false> __device__ __forceinline__ void store_vec(T* p, const float* in) {
     if constexpr (N * sizeof(T) == 16) {
-        uint4 u;
-        if constexpr (sizeof(T) == 2) {
-            u = make_uint4(pack2<T>(in[0], in[1]), pack2<T>(in[2], in[3]), pack2<T>(in[4], in[5]), pack2<T>(in[6], in[7]));
-        } else {
-            T* e = reinterpret_cast<T*>(&u);
-#pragma unroll
-            for (int i = 0; i < N; ++i) e[i] = from_f32<T>(in[i]);
-        }
+        const uint4 u = pack_vec<T>(in);
         if constexpr (STREAMING) {
             __stcs(reinterpret_cast<uint4*>(p), u);
         } else {

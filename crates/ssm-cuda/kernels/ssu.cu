@@ -6,8 +6,9 @@
 //   DSTATE VEC TPR VPT RPT NTHREADS MINB STATE_CS ROWSTORE   tile geometry (MINB: min blocks/SM,
 //       0 = none; STATE_CS: streaming cache hints on the state; ROWSTORE: one-token final state
 //       stored row by row as soon as computed)
-//   HAS_Z HAS_D HAS_DT_BIAS DT_SOFTPLUS TIED HAS_SBI HAS_PAD VARLEN DENSE SPEC STOCH_ROUND BC_VEC   0/1
-//   (BC_VEC: B and C are contiguous along dstate and VEC-element aligned: vector loads)
+//   HAS_Z HAS_D HAS_DT_BIAS DT_SOFTPLUS TIED HAS_SBI HAS_PAD VARLEN DENSE SPEC STOCH_ROUND BC_VEC RAW   0/1
+//   (BC_VEC: B and C are contiguous along dstate and VEC-element aligned: vector loads;
+//   RAW: one-token route with 16-byte state vectors, the tile held in its storage form)
 //
 // One block owns one (sequence, head, tile of DIM_TILE = (NTHREADS / TPR) * RPT rows).
 // TPR lanes share one row of the state; each lane holds VPT vectors of VEC elements of a
@@ -39,7 +40,8 @@ struct SsuParams {
     i64 sbi_seq, sbi_col, dst_seq, dst_col, nacc_s, cu_s;
     i64 slots, rows, pad, sbi_width, dst_width;
     u64 seed;
-    int nseq, heads, dim, heads_per_group, steps, philox_rounds, dim_tiles, reserved;
+    int nseq, heads, dim, heads_per_group, steps, philox_rounds, dim_tiles;
+    u32 tiles_l, tiles_m, heads_m, heads_l, reserved;  // fast_div constants of dim_tiles and heads
 };
 
 #define ROW_GROUPS (NTHREADS / TPR)
@@ -215,6 +217,134 @@ __device__ __forceinline__ void load_token(const SsuParams& p, TokIn& in, i64 se
     }
 }
 
+// The per-head parameters of one (head, row tile) a lane needs: A (tied: one per head), dt_bias
+// and D for its rows.
+struct HeadIn {
+#if TIED
+    float a;
+#if HAS_DT_BIAS
+    float dtb;
+#endif
+#elif HAS_DT_BIAS
+    float dtb[RPT];
+#endif
+#if HAS_D
+    float d[RPT];
+#endif
+};
+
+__device__ __forceinline__ void load_head(const SsuParams& p, HeadIn& hi, int h, const int (&prow)[RPT]) {
+#if TIED
+    hi.a = to_f32(ld_ro(reinterpret_cast<const A_T*>(p.a) + (i64)h * p.a_head));
+#if HAS_DT_BIAS
+    hi.dtb = to_f32(ld_ro(reinterpret_cast<const DTB_T*>(p.dt_bias) + (i64)h * p.dtb_head));
+#endif
+#elif HAS_DT_BIAS
+#pragma unroll
+    for (int r = 0; r < RPT; ++r)
+        hi.dtb[r] = prow[r] < p.dim ? to_f32(ld_ro(reinterpret_cast<const DTB_T*>(p.dt_bias) + (i64)h * p.dtb_head + (i64)prow[r] * p.dtb_dim)) : 0.f;
+#endif
+#if HAS_D
+#pragma unroll
+    for (int r = 0; r < RPT; ++r)
+        hi.d[r] = prow[r] < p.dim ? to_f32(ld_ro(reinterpret_cast<const D_T*>(p.d) + (i64)h * p.d_head + (i64)prow[r] * p.d_dim)) : 0.f;
+#endif
+}
+
+// Turns a token's raw dt into the step (dt_bias, softplus) in place; the tied form also scales
+// B by dt (B·dt, rounded as the reference rounds it) and returns dA = exp(A·dt), shared by every
+// row (vLLM's TIE_HDIM). The per-channel form returns 1 (its dA is per element).
+__device__ __forceinline__ float prepare_token(TokIn& in, const HeadIn& hi) {
+#if TIED
+#if HAS_DT_BIAS
+    in.dt += hi.dtb;
+#endif
+#if DT_SOFTPLUS
+    in.dt = softplus_thr(in.dt);
+#endif
+#pragma unroll
+    for (int v = 0; v < VPT; ++v)
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) in.b[v][e] = __fmul_rn(in.b[v][e], in.dt);
+    return expf(hi.a * in.dt);
+#else
+#pragma unroll
+    for (int r = 0; r < RPT; ++r) {
+#if HAS_DT_BIAS
+        in.dt[r] += hi.dtb[r];
+#endif
+#if DT_SOFTPLUS
+        in.dt[r] = softplus_thr(in.dt[r]);
+#endif
+    }
+    (void)hi;
+    return 1.f;
+#endif
+}
+
+// Row r of the lane by one prepared token (semantics/ssu.md §3.2): the update is one FMA (exact
+// when dA = 1), dB·x rounded as the reference rounds it; returns this lane's part of C·s, from
+// the un-rounded f32 state.
+__device__ __forceinline__ float update_row(const SsuParams& p, float (&s)[VPT][VEC], const TokIn& in, float dA, int r,
+                                            int prow, int h, int lane) {
+    float acc = 0.f;
+#pragma unroll
+    for (int v = 0; v < VPT; ++v) {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+#if TIED
+            (void)p, (void)prow, (void)h, (void)lane;
+            const float dbx = __fmul_rn(in.b[v][e], in.x[r]);
+            const float da = dA;
+#else
+            (void)dA;
+            const int n = (lane + v * TPR) * VEC + e;
+            const bool ok = n < DSTATE && prow < p.dim;
+            const A_T* a = reinterpret_cast<const A_T*>(p.a) + (i64)h * p.a_head;
+            const float av = ok ? to_f32(ld_ro(a + (i64)prow * p.a_dim + (i64)n * p.a_n)) : 0.f;
+            const float da = expf(av * in.dt[r]);
+            const float dbx = __fmul_rn(__fmul_rn(in.b[v][e], in.dt[r]), in.x[r]);
+#endif
+            s[v][e] = fmaf(s[v][e], da, dbx);
+            acc = fmaf(s[v][e], in.c[v][e], acc);
+        }
+    }
+    return acc;
+}
+
+// The sum of `acc` over the TPR lanes of one row.
+__device__ __forceinline__ float row_sum(float acc) {
+#pragma unroll
+    for (int o = TPR / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o, TPR);
+    return acc;
+}
+
+// out = (y + D·x) · silu(z) for the lane's rows, written by lane 0 of each row.
+__device__ __forceinline__ void write_out(const SsuParams& p, const float (&y)[RPT], const TokIn& in, const HeadIn& hi,
+                                          const int (&prow)[RPT], int lane, i64 seq, i64 bos, int t, int h) {
+    if (lane != 0) return;
+#pragma unroll
+    for (int r = 0; r < RPT; ++r) {
+        if (prow[r] >= p.dim) continue;
+        float out = y[r];
+#if HAS_D
+        out += in.x[r] * hi.d[r];
+#else
+        (void)hi;
+#endif
+#if HAS_Z
+        out = out * in.z[r] * (1.f / (1.f + expf(-in.z[r])));
+#endif
+        reinterpret_cast<OUT_T*>(p.out)[tok_base(p.outs, seq, bos, t) + (i64)h * p.outs.head + (i64)prow[r] * p.outs.dim] =
+            from_f32<OUT_T>(out);
+    }
+}
+
+__device__ __forceinline__ void lane_rows(int (&prow)[RPT], int tile, int row_group) {
+#pragma unroll
+    for (int r = 0; r < RPT; ++r) prow[r] = tile * DIM_TILE + r * ROW_GROUPS + row_group;
+}
+
 #if MINB > 0
 #define SSU_BOUNDS __launch_bounds__(NTHREADS, MINB)
 #else
@@ -224,11 +354,14 @@ __device__ __forceinline__ void load_token(const SsuParams& p, TokIn& in, i64 se
 extern "C" __global__ void SSU_BOUNDS ssu_kernel(const SsuParams p) {
     const int lane = threadIdx.x % TPR;
     const int row_group = threadIdx.x / TPR;
-    i64 bid = blockIdx.x;
-    const int tile = (int)(bid % p.dim_tiles);
-    bid /= p.dim_tiles;
-    const int h = (int)(bid % p.heads);
-    const i64 seq = bid / p.heads;
+    // Block = (seq · heads + h) · dim_tiles + tile: neighbouring blocks share a slot (contiguous
+    // memory). Divided by multiply-high (fast_div), not by a division routine.
+    const u32 bid = blockIdx.x;
+    const u32 ht = fast_div(bid, p.tiles_m, p.tiles_l);
+    const int tile = (int)(bid - ht * (u32)p.dim_tiles);
+    const u32 sq = fast_div(ht, p.heads_m, p.heads_l);
+    const int h = (int)(ht - sq * (u32)p.heads);
+    const i64 seq = sq;
     const int g = h / p.heads_per_group;
 
     // ---- index loads: every one is issued before any is used, so that a block waits for
@@ -272,8 +405,7 @@ extern "C" __global__ void SSU_BOUNDS ssu_kernel(const SsuParams p) {
     // Rows of this lane and the per-head parameters: loaded now, before the slot index is
     // back (they do not depend on it).
     int prow[RPT];
-#pragma unroll
-    for (int r = 0; r < RPT; ++r) prow[r] = tile * DIM_TILE + r * ROW_GROUPS + row_group;
+    lane_rows(prow, tile, row_group);
     // One-token route: the token's inputs are loaded now, before the slot index is back.
     // (Multi-token routes load each token at the top of its iteration: holding token 0 across
     // the state load costs them more registers than it saves.)
@@ -281,24 +413,8 @@ extern "C" __global__ void SSU_BOUNDS ssu_kernel(const SsuParams p) {
 #if !VARLEN && !DENSE
     load_token(p, cur, seq, bos, 0, h, g, prow, lane);
 #endif
-    const A_T* a = reinterpret_cast<const A_T*>(p.a) + (i64)h * p.a_head;
-#if TIED
-    const float a_head = to_f32(ld_ro(a));
-#if HAS_DT_BIAS
-    const float dtb_head = to_f32(ld_ro(reinterpret_cast<const DTB_T*>(p.dt_bias) + (i64)h * p.dtb_head));
-#endif
-#elif HAS_DT_BIAS
-    float dtb[RPT];
-#pragma unroll
-    for (int r = 0; r < RPT; ++r)
-        dtb[r] = prow[r] < p.dim ? to_f32(ld_ro(reinterpret_cast<const DTB_T*>(p.dt_bias) + (i64)h * p.dtb_head + (i64)prow[r] * p.dtb_dim)) : 0.f;
-#endif
-#if HAS_D
-    float dd[RPT];
-#pragma unroll
-    for (int r = 0; r < RPT; ++r)
-        dd[r] = prow[r] < p.dim ? to_f32(ld_ro(reinterpret_cast<const D_T*>(p.d) + (i64)h * p.d_head + (i64)prow[r] * p.d_dim)) : 0.f;
-#endif
+    HeadIn hi;
+    load_head(p, hi, h, prow);
 
     // ---- slots ----
     i64 src = seq;
@@ -333,7 +449,24 @@ extern "C" __global__ void SSU_BOUNDS ssu_kernel(const SsuParams p) {
 #endif
 
     // ---- load the state tile (all loads issued before any use) ----
-    const STATE_T* state = reinterpret_cast<const STATE_T*>(p.state);
+    const STATE_T* state = reinterpret_cast<const STATE_T*>(p.state) + src * p.st_slot + (i64)h * p.st_head;
+#if RAW
+    // One token: the tile stays in its storage form (16 bytes per vector; half the registers
+    // of f32 for a 16-bit state) and is widened one row at a time.
+    uint4 raw[RPT][VPT];
+#pragma unroll
+    for (int r = 0; r < RPT; ++r) {
+#pragma unroll
+        for (int v = 0; v < VPT; ++v) {
+            const int vi = lane + v * TPR;
+            raw[r][v] = make_uint4(0u, 0u, 0u, 0u);  // zero bits: 0.0 in every float format
+            if (live && prow[r] < p.dim && vi < NVEC) {
+                const uint4* q = reinterpret_cast<const uint4*>(state + (i64)prow[r] * p.st_dim + vi * VEC);
+                raw[r][v] = STATE_CS ? __ldcs(q) : *q;
+            }
+        }
+    }
+#else
     float s[RPT][VPT][VEC];
 #pragma unroll
     for (int r = 0; r < RPT; ++r) {
@@ -341,13 +474,14 @@ extern "C" __global__ void SSU_BOUNDS ssu_kernel(const SsuParams p) {
         for (int v = 0; v < VPT; ++v) {
             const int vi = lane + v * TPR;
             if (live && prow[r] < p.dim && vi < NVEC) {
-                load_vec<VEC, STATE_T, STATE_CS>(state + src * p.st_slot + (i64)h * p.st_head + (i64)prow[r] * p.st_dim + vi * VEC, s[r][v]);
+                load_vec<VEC, STATE_T, STATE_CS>(state + (i64)prow[r] * p.st_dim + vi * VEC, s[r][v]);
             } else {
 #pragma unroll
                 for (int e = 0; e < VEC; ++e) s[r][v][e] = 0.f;
             }
         }
     }
+#endif
 
 #if HAS_SBI
     // Destinations are checked while the state loads are in flight; an invalid one still
@@ -383,81 +517,35 @@ extern "C" __global__ void SSU_BOUNDS ssu_kernel(const SsuParams p) {
 #else
         load_token(p, cur, seq, bos, t, h, g, prow, lane);
 #endif
-        float xv[RPT];
-#pragma unroll
-        for (int r = 0; r < RPT; ++r) xv[r] = cur.x[r];
-#if HAS_Z
-        float zv[RPT];
-#pragma unroll
-        for (int r = 0; r < RPT; ++r) zv[r] = cur.z[r];
-#endif
-#if TIED
-        // vLLM's TIE_HDIM: one dt per head, so dA and B·dt are shared by every row.
-        float dth = cur.dt;
-#if HAS_DT_BIAS
-        dth += dtb_head;
-#endif
-#if DT_SOFTPLUS
-        dth = softplus_thr(dth);
-#endif
-        const float dA = expf(a_head * dth);
-#else
-        float dtv[RPT];
-#pragma unroll
-        for (int r = 0; r < RPT; ++r) {
-            dtv[r] = cur.dt[r];
-#if HAS_DT_BIAS
-            dtv[r] += dtb[r];
-#endif
-#if DT_SOFTPLUS
-            dtv[r] = softplus_thr(dtv[r]);
-#endif
-        }
-#endif
-        float bv[VPT][VEC], cv[VPT][VEC];
-#pragma unroll
-        for (int v = 0; v < VPT; ++v) {
-#pragma unroll
-            for (int e = 0; e < VEC; ++e) {
-#if TIED
-                bv[v][e] = __fmul_rn(cur.b[v][e], dth);  // B·dt, rounded as the reference
-#else
-                bv[v][e] = cur.b[v][e];
-#endif
-                cv[v][e] = cur.c[v][e];
-            }
-        }
-
-        // Recurrence and output (semantics/ssu.md §3.2): y uses the un-rounded f32 state.
-        // dB·x is rounded as the reference rounds it; the update is one FMA (exact when dA = 1).
+        const float dA = prepare_token(cur, hi);
         float y[RPT];
 #pragma unroll
         for (int r = 0; r < RPT; ++r) {
-            float acc = 0.f;
+#if RAW
+            float row[VPT][VEC];
 #pragma unroll
             for (int v = 0; v < VPT; ++v) {
+                const STATE_T* e = reinterpret_cast<const STATE_T*>(&raw[r][v]);
 #pragma unroll
-                for (int e = 0; e < VEC; ++e) {
-#if TIED
-                    const float dbx = __fmul_rn(bv[v][e], xv[r]);
-#else
-                    const int n = (lane + v * TPR) * VEC + e;
-                    const bool ok = n < DSTATE && prow[r] < p.dim;
-                    const float av = ok ? to_f32(ld_ro(a + (i64)prow[r] * p.a_dim + (i64)n * p.a_n)) : 0.f;
-                    const float dA = expf(av * dtv[r]);
-                    const float dbx = __fmul_rn(__fmul_rn(bv[v][e], dtv[r]), xv[r]);
-#endif
-                    s[r][v][e] = fmaf(s[r][v][e], dA, dbx);
-                    acc = fmaf(s[r][v][e], cv[v][e], acc);
-                }
+                for (int i = 0; i < VEC; ++i) row[v][i] = to_f32(e[i]);
             }
+            const float acc = update_row(p, row, cur, dA, r, prow[r], h, lane);
+#if ROWSTORE || STOCH_ROUND
+            // This row's final state is known; store it now.
+            if (store_final) store_final_row(p, row, prow[r], lane, h, src, dst);
+#else
+            // Rounded once, as the final store rounds it; stored with the other rows below.
+#pragma unroll
+            for (int v = 0; v < VPT; ++v) raw[r][v] = pack_vec<STATE_T>(row[v]);
+#endif
+#else
+            const float acc = update_row(p, s[r], cur, dA, r, prow[r], h, lane);
 #if !SPEC && !VARLEN && !DENSE && ROWSTORE
             // One token: this row's final state is known; store it now (ROWSTORE).
             if (store_final) store_final_row(p, s[r], prow[r], lane, h, src, dst);
 #endif
-#pragma unroll
-            for (int o = TPR / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o, TPR);
-            y[r] = acc;
+#endif
+            y[r] = row_sum(acc);
         }
 
 #if SPEC
@@ -478,25 +566,29 @@ extern "C" __global__ void SSU_BOUNDS ssu_kernel(const SsuParams p) {
             }
         }
 #endif
-
-        if (lane == 0) {
-#pragma unroll
-            for (int r = 0; r < RPT; ++r) {
-                if (prow[r] >= p.dim) continue;
-                float out = y[r];
-#if HAS_D
-                out += xv[r] * dd[r];
-#endif
-#if HAS_Z
-                out = out * zv[r] * (1.f / (1.f + expf(-zv[r])));
-#endif
-                reinterpret_cast<OUT_T*>(p.out)[tok_base(p.outs, seq, bos, t) + (i64)h * p.outs.head + (i64)prow[r] * p.outs.dim] =
-                    from_f32<OUT_T>(out);
-            }
-        }
+        write_out(p, y, cur, hi, prow, lane, seq, bos, t, h);
     }
 
-#if !SPEC && (VARLEN || DENSE || !ROWSTORE)
+#if RAW && !ROWSTORE && !STOCH_ROUND
+    // Final state (one token): the rows packed above, to the destination slot.
+    if (store_final) {
+        STATE_T* out_state = reinterpret_cast<STATE_T*>(p.state) + dst * p.st_slot + (i64)h * p.st_head;
+#pragma unroll
+        for (int r = 0; r < RPT; ++r)
+#pragma unroll
+            for (int v = 0; v < VPT; ++v) {
+                const int vi = lane + v * TPR;
+                if (prow[r] < p.dim && vi < NVEC) {
+                    uint4* q = reinterpret_cast<uint4*>(out_state + (i64)prow[r] * p.st_dim + vi * VEC);
+                    if (STATE_CS) {
+                        __stcs(q, raw[r][v]);
+                    } else {
+                        *q = raw[r][v];
+                    }
+                }
+            }
+    }
+#elif !RAW && !SPEC && (VARLEN || DENSE || !ROWSTORE)
     // Final state (non-speculative): to the destination slot.
     if (store_final) {
 #pragma unroll

@@ -307,12 +307,13 @@ impl ResourceUsage {
 }
 
 /// Compiles `spec` for `arch` without any cache and with ptxas' resource report: for
-/// `cargo xtask build-kernels` (no GPU needed). Returns the cubin size and the resources.
-pub fn compile_with_report(spec: &KernelSpec, arch: Arch) -> Result<(usize, ResourceUsage), CudaError> {
+/// `cargo xtask build-kernels` (no GPU needed). Returns the cubin and the resources.
+pub fn compile_with_report(spec: &KernelSpec, arch: Arch) -> Result<(Vec<u8>, ResourceUsage), CudaError> {
     let mut options = spec.options(arch);
     options.push("--ptxas-options=-v".to_string());
     let c = compile_cubin(&spec.source.text(), spec.source.file(), &options, &spec.to_string())?;
-    Ok((c.cubin.len(), ResourceUsage::from_ptxas_log(&c.log)))
+    let usage = ResourceUsage::from_ptxas_log(&c.log);
+    Ok((c.cubin, usage))
 }
 
 /// Writes `bytes` to `path` through a temporary file and a rename; failures are logged only.

@@ -36,6 +36,17 @@ pub(crate) fn row_defines(vec: u32, tpr: u32, vpt: u32, rpt: u32, threads: u32) 
     ]
 }
 
+/// The constants of an exact division by `d` in a kernel (`fast_div` in kernels/common.cuh):
+/// `(m, l)` with l = ⌈log2 d⌉ and m = ⌊2³² (2ˡ − d) / d⌋ + 1, so that n / d =
+/// (umulhi(n, m) + n) >> l for every n < 2³¹ (Granlund–Montgomery): one multiply-high, an add
+/// and a shift instead of a division. `d` is clamped to 1..2³¹.
+pub(crate) fn fast_div(d: usize) -> (u32, u32) {
+    let d = d.clamp(1, 1 << 31) as u64;
+    let l = 64 - (d - 1).leading_zeros();
+    let m = ((1u64 << 32) * ((1u64 << l) - d)) / d + 1;
+    (m as u32, l)
+}
+
 /// The grid's x extent for `blocks` blocks: `None` for an empty call (nothing to launch), an
 /// error past the grid limit this crate launches within (`i32::MAX`).
 pub(crate) fn grid_x(blocks: usize) -> Result<Option<u32>, crate::CudaError> {
@@ -60,4 +71,35 @@ pub(crate) fn tune_pairs_of(var: &str) -> Vec<(String, u32)> {
             Some((k.trim().to_string(), v.trim().parse().ok()?))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn divide(n: u32, (m, l): (u32, u32)) -> u32 {
+        let hi = ((n as u64 * m as u64) >> 32) as u32;
+        (hi + n) >> l
+    }
+
+    #[test]
+    fn fast_div_is_exact_below_2_pow_31() {
+        let mut rng = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        let divisors = (1..=300usize).chain([511, 512, 513, 65535, 65536, 1 << 20, (1 << 31) - 1, 1 << 31]);
+        for d in divisors {
+            let c = fast_div(d);
+            let ns = (0..200u32)
+                .chain([(1 << 31) - 1, (1 << 31) - 2, d as u32 - 1, d as u32])
+                .chain((0..200).map(|_| (next() % (1 << 31)) as u32));
+            for n in ns.filter(|&n| n < 1 << 31) {
+                assert_eq!(divide(n, c), n / d as u32, "{n} / {d}");
+            }
+        }
+    }
 }

@@ -8,7 +8,7 @@ use ssm_tensor::DType;
 use ssm_tensor::{Planned, Run};
 
 use crate::compile::{KernelSource, KernelSpec, c_type};
-use crate::geometry::{WAVE_THREADS, grid_x, row_defines, rows_and_threads, tune_pairs_of};
+use crate::geometry::{WAVE_THREADS, fast_div, grid_x, row_defines, rows_and_threads, tune_pairs_of};
 use crate::{CudaBackend, CudaError};
 
 /// Strides of a per-token tensor as the kernel reads them (`struct TokStrides` in ssu.cu).
@@ -82,12 +82,37 @@ pub(crate) struct SsuParams {
     steps: i32,
     philox_rounds: i32,
     dim_tiles: i32,
-    reserved: i32,
+    tiles_l: u32,
+    tiles_m: u32,
+    heads_m: u32,
+    heads_l: u32,
+    reserved: u32,
 }
 
 // SAFETY: `SsuParams` is `#[repr(C)]`, plain old data (Pod: no padding, no pointers the
 // driver would follow except as integers) and its layout equals `struct SsuParams` in ssu.cu.
 unsafe impl DeviceRepr for SsuParams {}
+
+/// How a call walks its tokens, as far as the kernel geometry is concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Walk {
+    /// One token per sequence, the final state stored once.
+    Decode,
+    /// One token per sequence, speculative (the state stored through a 2-D table).
+    SpecDecode,
+    /// Several tokens per sequence (varlen or dense).
+    MultiToken,
+}
+
+impl Walk {
+    fn of(multi_token: bool, spec: bool) -> Self {
+        match (multi_token, spec) {
+            (true, _) => Walk::MultiToken,
+            (false, true) => Walk::SpecDecode,
+            (false, false) => Walk::Decode,
+        }
+    }
+}
 
 /// Tile geometry of one specialisation (see the header of `kernels/ssu.cu`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -120,15 +145,17 @@ impl SsuGeometry {
     /// `vectorized`: whether every state row start is 16-byte aligned.
     /// `rows_total`: sequences × heads × dim of the call; small calls get fewer rows per lane
     /// (more, shorter-lived threads: latency rather than bandwidth bounds them).
+    /// `walk`: how the call walks its tokens.
     pub fn choose(
         state: DType,
         dstate: usize,
         dim: usize,
         vectorized: bool,
         tied: bool,
-        multi_token: bool,
+        walk: Walk,
         rows_total: usize,
     ) -> Self {
+        let multi_token = walk == Walk::MultiToken;
         let per16 = 16 / state.size();
         let mut vec = if vectorized && dstate.is_multiple_of(per16) { per16 } else { 1 };
         // Tuning sweeps may ask for narrower state accesses (a power of two below 16 bytes).
@@ -149,6 +176,24 @@ impl SsuGeometry {
             rpt = rpt.min(2);
         }
         let (mut rpt, threads) = rows_and_threads(rpt, tpr, dim, rows_total);
+        // `want` rows per lane, fewer where one block would cover more than `dim` rows.
+        let fit = |mut want: usize| {
+            while want > 1 && (threads / tpr) * want / 2 >= dim.max(1) {
+                want /= 2;
+            }
+            want
+        };
+        let big = |per_lane: usize| rows_total * tpr / per_lane >= 2 * WAVE_THREADS;
+        // Measured on an H200 (docs/PERF.md, SSM_CUDA_SSU_TUNE sweeps):
+        // - decode with a 16-bit state held in storage form (`RAW`): eight rows per lane halve
+        //   the per-thread overhead per byte; small calls want two (more, shorter blocks);
+        // - multi-token routes of small calls: each lane's work is long already, so fewer than
+        //   four rows per lane (two for the smallest calls) only cost more blocks.
+        if walk == Walk::Decode && state.size() == 2 && vec * 2 == 16 && tied {
+            rpt = fit(if big(8) { 8 } else { 2 });
+        } else if multi_token && tied && vpt == 1 {
+            rpt = rpt.max(fit(if rows_total * tpr / 4 >= WAVE_THREADS / 2 { 4 } else { 2 }));
+        }
         // Multi-token routes (measured on an H200, docs/PERF.md): a 4-byte state wants eight rows
         // per lane with registers capped for six resident blocks; a 16-bit state four rows with
         // the cap for eight blocks.
@@ -257,7 +302,7 @@ impl SsuKey {
             plan.dims.dim,
             vectorized,
             tied,
-            plan.route != Route::OneToken,
+            Walk::of(plan.route != Route::OneToken, plan.spec),
             plan.dims.seqs * plan.dims.heads * plan.dims.dim,
         );
         let vec = geometry.vec as usize;
@@ -304,6 +349,10 @@ impl SsuKey {
             ("STATE_CS", u8::from(g.streaming).to_string()),
             ("ROWSTORE", u8::from(g.row_store).to_string()),
         ]);
+        // One token, not speculative, 16-byte state vectors: the tile is held in storage form.
+        let one_token = self.flags & (F_VARLEN | F_DENSE | F_SPEC) == 0;
+        let raw = one_token && g.vec as usize * self.types[0].size() == 16;
+        defines.push(("RAW", u8::from(raw).to_string()));
         for (name, f) in [
             ("HAS_Z", F_Z),
             ("HAS_D", F_D),
@@ -343,7 +392,7 @@ pub fn ssu_catalogue() -> Vec<(String, KernelSpec)> {
                 dim,
                 vectorized,
                 tied,
-                flags & (F_VARLEN | F_DENSE) != 0,
+                Walk::of(flags & (F_VARLEN | F_DENSE) != 0, flags & F_SPEC != 0),
                 64 * 80 * dim,
             ),
             flags: if vectorized { flags | F_BC_VEC } else { flags },
@@ -425,6 +474,8 @@ impl CudaBackend {
         let zero = TokStridesC::default();
         let sbi = plan.state_batch_indices;
         let dst = plan.dst_state_batch_indices;
+        let (tiles_m, tiles_l) = fast_div(dim_tiles);
+        let (heads_m, heads_l) = fast_div(plan.dims.heads);
         let ptr_or_dst = args.dst_state_batch_indices.as_ref().or(args.state_batch_indices.as_ref());
         SsuParams {
             state: addr_of(args.state.device_addr(), plan.state.offset, t.state),
@@ -501,6 +552,10 @@ impl CudaBackend {
             },
             philox_rounds: plan.stochastic_rounding.map_or(0, |s| s.rounds() as i32),
             dim_tiles: dim_tiles as i32,
+            tiles_l,
+            tiles_m,
+            heads_m,
+            heads_l,
             reserved: 0,
         }
     }
@@ -548,34 +603,45 @@ mod tests {
 
     #[test]
     fn params_have_no_padding_and_match_the_kernel_layout() {
-        // 15 addresses, 3 state strides, 6 × 4 token strides, 3 + 4 + 6 + 5 scalars, seed, 8 ints.
-        let expected = 15 * 8 + 3 * 8 + 6 * 32 + (3 + 4 + 6 + 5) * 8 + 8 + 8 * 4;
+        // 15 addresses, 3 state strides, 6 × 4 token strides, 3 + 4 + 6 + 5 scalars, seed, 12 ints.
+        let expected = 15 * 8 + 3 * 8 + 6 * 32 + (3 + 4 + 6 + 5) * 8 + 8 + 12 * 4;
         assert_eq!(std::mem::size_of::<SsuParams>(), expected);
         assert_eq!(std::mem::align_of::<SsuParams>(), 8);
     }
 
     #[test]
     fn geometry_covers_dstate_with_16_byte_vectors() {
-        let g = SsuGeometry::choose(DType::F32, 128, 64, true, true, false, 1 << 24);
+        let g = SsuGeometry::choose(DType::F32, 128, 64, true, true, Walk::Decode, 1 << 24);
         assert_eq!((g.vec, g.tpr, g.vpt, g.rpt, g.threads), (4, 32, 1, 4, 128));
         assert_eq!(g.dim_tile(), 16);
-        let g = SsuGeometry::choose(DType::BF16, 128, 64, true, true, false, 1 << 24);
-        assert_eq!((g.vec, g.tpr, g.vpt, g.rpt), (8, 16, 1, 4));
-        assert_eq!(g.dim_tile(), 32);
-        let g = SsuGeometry::choose(DType::F32, 256, 64, true, true, false, 1 << 24);
+        // A 16-bit state's decode holds eight rows per lane in storage form: one block per head.
+        let g = SsuGeometry::choose(DType::BF16, 128, 64, true, true, Walk::Decode, 1 << 24);
+        assert_eq!((g.vec, g.tpr, g.vpt, g.rpt), (8, 16, 1, 8));
+        assert_eq!(g.dim_tile(), 64);
+        for walk in [Walk::SpecDecode, Walk::MultiToken] {
+            let g = SsuGeometry::choose(DType::BF16, 128, 64, true, true, walk, 1 << 24);
+            assert_eq!((g.vec, g.tpr, g.vpt, g.rpt), (8, 16, 1, 4), "{walk:?}");
+        }
+        let g = SsuGeometry::choose(DType::F32, 256, 64, true, true, Walk::Decode, 1 << 24);
         assert_eq!((g.vec, g.tpr, g.vpt, g.rpt), (4, 32, 2, 2));
         // Unaligned or odd dstate: scalar accesses, every column still covered.
         for (ds, dim) in [(7, 5), (1, 1), (0, 3), (16, 3), (300, 2)] {
-            let g = SsuGeometry::choose(DType::F16, ds, dim, false, false, true, 1 << 24);
+            let g = SsuGeometry::choose(DType::F16, ds, dim, false, false, Walk::MultiToken, 1 << 24);
             assert_eq!(g.vec, 1);
             assert!((g.tpr * g.vpt) as usize >= ds, "{ds}");
             assert!(g.tpr.is_power_of_two() && g.tpr <= 32 && g.threads.is_multiple_of(32) && g.threads >= g.tpr);
         }
         // Small calls (batch 1 of Mamba2-2.7B: 80 heads × 64 rows) get one row per lane.
-        let g = SsuGeometry::choose(DType::F32, 128, 64, true, true, false, 80 * 64);
+        let g = SsuGeometry::choose(DType::F32, 128, 64, true, true, Walk::Decode, 80 * 64);
         assert_eq!((g.rpt, g.dim_tile()), (1, 4));
+        // Batch 8 (80 heads × 64 rows each): a 16-bit decode takes two rows per lane, a
+        // multi-token route keeps four.
+        let g = SsuGeometry::choose(DType::BF16, 128, 64, true, true, Walk::Decode, 8 * 80 * 64);
+        assert_eq!(g.rpt, 2);
+        let g = SsuGeometry::choose(DType::F32, 128, 64, true, true, Walk::MultiToken, 8 * 80 * 64);
+        assert_eq!(g.rpt, 4);
         // Small heads do not waste most of the block.
-        let g = SsuGeometry::choose(DType::BF16, 16, 4, true, true, false, 1 << 24);
+        let g = SsuGeometry::choose(DType::BF16, 16, 4, true, true, Walk::Decode, 1 << 24);
         assert!(g.dim_tile() < 64, "{g:?}");
     }
 }
