@@ -123,19 +123,36 @@ template <> __device__ __forceinline__ u32 pack2<f16_t>(float lo, float hi) {
 #endif
 }
 
+// One 16-byte vector of T (16 / sizeof(T) elements) widened to f32.
+template <typename T> __device__ __forceinline__ void unpack_vec(const uint4& u, float* out) {
+    const T* e = reinterpret_cast<const T*>(&u);
+#pragma unroll
+    for (int i = 0; i < (int)(16 / sizeof(T)); ++i) out[i] = to_f32(e[i]);
+}
+
+// One 16-byte load (the caller guarantees the alignment); STREAMING: evict-first (`ld.global.cs`).
+template <bool STREAMING> __device__ __forceinline__ uint4 load16(const void* p) {
+    if constexpr (STREAMING) {
+        return __ldcs(reinterpret_cast<const uint4*>(p));
+    } else {
+        return *reinterpret_cast<const uint4*>(p);
+    }
+}
+
+// One 16-byte store (the caller guarantees the alignment); STREAMING: evict-first (`st.global.cs`).
+template <bool STREAMING> __device__ __forceinline__ void store16(void* p, const uint4& u) {
+    if constexpr (STREAMING) {
+        __stcs(reinterpret_cast<uint4*>(p), u);
+    } else {
+        *reinterpret_cast<uint4*>(p) = u;
+    }
+}
+
 // N consecutive elements starting at `p` as f32. With N * sizeof(T) == 16 the caller
 // guarantees 16-byte alignment and one 128-bit load is issued.
 template <int N, typename T, bool STREAMING = false> __device__ __forceinline__ void load_vec(const T* p, float* out) {
     if constexpr (N * sizeof(T) == 16) {
-        uint4 u;
-        if constexpr (STREAMING) {
-            u = __ldcs(reinterpret_cast<const uint4*>(p));
-        } else {
-            u = *reinterpret_cast<const uint4*>(p);
-        }
-        const T* e = reinterpret_cast<const T*>(&u);
-#pragma unroll
-        for (int i = 0; i < N; ++i) out[i] = to_f32(e[i]);
+        unpack_vec<T>(load16<STREAMING>(p), out);
     } else {
 #pragma unroll
         for (int i = 0; i < N; ++i) out[i] = to_f32(p[i]);
@@ -156,12 +173,7 @@ template <typename T> __device__ __forceinline__ uint4 pack_vec(const float* in)
 // evict-first cache hint (`st.global.cs`); the state is written once and not read again.
 template <int N, typename T, bool STREAMING = false> __device__ __forceinline__ void store_vec(T* p, const float* in) {
     if constexpr (N * sizeof(T) == 16) {
-        const uint4 u = pack_vec<T>(in);
-        if constexpr (STREAMING) {
-            __stcs(reinterpret_cast<uint4*>(p), u);
-        } else {
-            *reinterpret_cast<uint4*>(p) = u;
-        }
+        store16<STREAMING>(p, pack_vec<T>(in));
     } else {
 #pragma unroll
         for (int i = 0; i < N; ++i) p[i] = from_f32<T>(in[i]);

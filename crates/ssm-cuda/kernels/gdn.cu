@@ -13,7 +13,9 @@
 //   KDIM VEC TPR VPT RPT NTHREADS     tile geometry
 //   MINB                              min resident blocks per SM (__launch_bounds__), 0 = none
 //   SIGMOID HAS_BETA HAS_STATE HAS_FINAL SLOTS(0 none, 1 1-D, 2 2-D) HAS_NACC VARLEN
-//   L2NORM LAYOUT_KV QK_VEC           0/1
+//   L2NORM LAYOUT_KV QK_VEC RAW       0/1 (RAW: one token per sequence, state in place through
+//                                     a 1-D table or none, [V,K] 16-byte vectors: the tile is
+//                                     held in its storage form and rounded once)
 //
 // One block owns one (sequence, value head, tile of DIM_TILE = (NTHREADS / TPR) * RPT rows of
 // V). TPR lanes share one state row S[v][0..K); each lane holds VPT vectors of VEC elements of
@@ -81,6 +83,7 @@ struct RecurrentParams {
     i64 ix_cols, seqlen;
     int seqs, heads, v_heads, vdim, group, dim_tiles;
     float scale, eps, softplus_beta, threshold;
+    u32 tiles_m, tiles_l, heads_m, heads_l;  // fast_div constants of dim_tiles and v_heads
 };
 
 #define ROW_GROUPS (NTHREADS / TPR)
@@ -239,11 +242,13 @@ extern "C" __global__ void GDN_BOUNDS gdn_recurrent_kernel(const RecurrentParams
     const int lane = threadIdx.x % TPR;
     const int row_group = threadIdx.x / TPR;
 #endif
-    i64 bid = blockIdx.x;
-    const int tile = (int)(bid % p.dim_tiles);
-    bid /= p.dim_tiles;
-    const int hv = (int)(bid % p.v_heads);
-    const i64 seq = bid / p.v_heads;
+    // Block = (seq · v_heads + hv) · dim_tiles + tile, split by multiply-high (fast_div).
+    const u32 bid = blockIdx.x;
+    const u32 ht = fast_div(bid, p.tiles_m, p.tiles_l);
+    const int tile = (int)(bid - ht * (u32)p.dim_tiles);
+    const u32 sq = fast_div(ht, p.heads_m, p.heads_l);
+    const int hv = (int)(ht - sq * (u32)p.v_heads);
+    const i64 seq = sq;
     const int h = hv / p.group;
 
     // ---- index loads, all issued before any is used ----
@@ -320,8 +325,22 @@ extern "C" __global__ void GDN_BOUNDS gdn_recurrent_kernel(const RecurrentParams
 #endif
 #endif
 
-    float s[RPT][VPT][VEC];
     const i64 head_elems = (i64)KDIM * p.vdim;
+#if RAW
+    // One token, in place, 16-byte state vectors: the tile stays in its storage form (half the
+    // registers of f32 for a 16-bit state), widened one row at a time, rounded once.
+    uint4 raw[RPT][VPT];
+    const STATE_T* sbase = reinterpret_cast<const STATE_T*>(p.state) + src * p.state_row + hv * head_elems;
+#pragma unroll
+    for (int r = 0; r < RPT; ++r)
+#pragma unroll
+        for (int w = 0; w < VPT; ++w) {
+            const int vi = lane + w * TPR;
+            raw[r][w] = make_uint4(0u, 0u, 0u, 0u);  // zero bits: 0.0 in every float format
+            if (from_state && prow[r] < p.vdim && vi < NVEC) raw[r][w] = load16<false>(sbase + elem(prow[r], vi * VEC, p.vdim));
+        }
+#else
+    float s[RPT][VPT][VEC];
     if (from_state) {
         load_tile(reinterpret_cast<const STATE_T*>(p.state) + src * p.state_row + hv * head_elems, s, prow, lane, p.vdim);
     } else {
@@ -332,6 +351,7 @@ extern "C" __global__ void GDN_BOUNDS gdn_recurrent_kernel(const RecurrentParams
 #pragma unroll
                 for (int e = 0; e < VEC; ++e) s[r][w][e] = 0.f;
     }
+#endif
 
 #if HAS_STATE && !HAS_FINAL && SLOTS == 2
     // Destination columns are checked while the state loads are in flight; a bad one skips
@@ -394,14 +414,21 @@ extern "C" __global__ void GDN_BOUNDS gdn_recurrent_kernel(const RecurrentParams
         float y[RPT];
 #pragma unroll
         for (int r = 0; r < RPT; ++r) {
+#if RAW
+            float row[VPT][VEC];
+#pragma unroll
+            for (int w = 0; w < VPT; ++w) unpack_vec<STATE_T>(raw[r][w], row[w]);
+#else
+            float (&row)[VPT][VEC] = s[r];
+#endif
             // S *= exp(g); u = β(v − S k); S += u kᵀ; o = S q (semantics/gdn_conv.md §1.1).
             float pred = 0.f;
 #pragma unroll
             for (int w = 0; w < VPT; ++w)
 #pragma unroll
                 for (int e = 0; e < VEC; ++e) {
-                    s[r][w][e] *= decay;
-                    pred += s[r][w][e] * cur.k[w][e];
+                    row[w][e] *= decay;
+                    pred += row[w][e] * cur.k[w][e];
                 }
             pred = row_sum(pred);
             const float u = (cur.v[r] - pred) * cur.beta[r];
@@ -410,10 +437,14 @@ extern "C" __global__ void GDN_BOUNDS gdn_recurrent_kernel(const RecurrentParams
             for (int w = 0; w < VPT; ++w)
 #pragma unroll
                 for (int e = 0; e < VEC; ++e) {
-                    s[r][w][e] += u * cur.k[w][e];
-                    acc += s[r][w][e] * cur.q[w][e];
+                    row[w][e] += u * cur.k[w][e];
+                    acc += row[w][e] * cur.q[w][e];
                 }
             y[r] = row_sum(acc);
+#if RAW
+#pragma unroll
+            for (int w = 0; w < VPT; ++w) raw[r][w] = pack_vec<STATE_T>(row[w]);
+#endif
         }
         if (lane == 0) {
 #pragma unroll
@@ -433,7 +464,17 @@ extern "C" __global__ void GDN_BOUNDS gdn_recurrent_kernel(const RecurrentParams
         }
 #endif
     }
-#if !HAS_FINAL && HAS_STATE && SLOTS != 2
+#if RAW
+    // In place, once: the rows packed above, to the slot read (1-D table) or row bos (no table).
+    STATE_T* obase = reinterpret_cast<STATE_T*>(p.state) + src * p.state_row + hv * head_elems;
+#pragma unroll
+    for (int r = 0; r < RPT; ++r)
+#pragma unroll
+        for (int w = 0; w < VPT; ++w) {
+            const int vi = lane + w * TPR;
+            if (prow[r] < p.vdim && vi < NVEC) store16<false>(obase + elem(prow[r], vi * VEC, p.vdim), raw[r][w]);
+        }
+#elif !HAS_FINAL && HAS_STATE && SLOTS != 2
     // In place, once: to the slot read (1-D table) or row bos (no table).
     store_tile(reinterpret_cast<STATE_T*>(p.state) + src * p.state_row + hv * head_elems, s, prow, lane, p.vdim);
 #endif

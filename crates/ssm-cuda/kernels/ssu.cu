@@ -460,10 +460,7 @@ extern "C" __global__ void SSU_BOUNDS ssu_kernel(const SsuParams p) {
         for (int v = 0; v < VPT; ++v) {
             const int vi = lane + v * TPR;
             raw[r][v] = make_uint4(0u, 0u, 0u, 0u);  // zero bits: 0.0 in every float format
-            if (live && prow[r] < p.dim && vi < NVEC) {
-                const uint4* q = reinterpret_cast<const uint4*>(state + (i64)prow[r] * p.st_dim + vi * VEC);
-                raw[r][v] = STATE_CS ? __ldcs(q) : *q;
-            }
+            if (live && prow[r] < p.dim && vi < NVEC) raw[r][v] = load16<STATE_CS>(state + (i64)prow[r] * p.st_dim + vi * VEC);
         }
     }
 #else
@@ -524,11 +521,7 @@ extern "C" __global__ void SSU_BOUNDS ssu_kernel(const SsuParams p) {
 #if RAW
             float row[VPT][VEC];
 #pragma unroll
-            for (int v = 0; v < VPT; ++v) {
-                const STATE_T* e = reinterpret_cast<const STATE_T*>(&raw[r][v]);
-#pragma unroll
-                for (int i = 0; i < VEC; ++i) row[v][i] = to_f32(e[i]);
-            }
+            for (int v = 0; v < VPT; ++v) unpack_vec<STATE_T>(raw[r][v], row[v]);
             const float acc = update_row(p, row, cur, dA, r, prow[r], h, lane);
 #if ROWSTORE || STOCH_ROUND
             // This row's final state is known; store it now.
@@ -578,14 +571,7 @@ extern "C" __global__ void SSU_BOUNDS ssu_kernel(const SsuParams p) {
 #pragma unroll
             for (int v = 0; v < VPT; ++v) {
                 const int vi = lane + v * TPR;
-                if (prow[r] < p.dim && vi < NVEC) {
-                    uint4* q = reinterpret_cast<uint4*>(out_state + (i64)prow[r] * p.st_dim + vi * VEC);
-                    if (STATE_CS) {
-                        __stcs(q, raw[r][v]);
-                    } else {
-                        *q = raw[r][v];
-                    }
-                }
+                if (prow[r] < p.dim && vi < NVEC) store16<STATE_CS>(out_state + (i64)prow[r] * p.st_dim + vi * VEC, raw[r][v]);
             }
     }
 #elif !RAW && !SPEC && (VARLEN || DENSE || !ROWSTORE)

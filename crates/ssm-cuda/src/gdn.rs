@@ -13,7 +13,7 @@ use ssm_tensor::Strided;
 use ssm_tensor::{DType, Planned, Run};
 
 use crate::compile::{KernelSource, KernelSpec, c_type};
-use crate::geometry::{grid_x, row_defines, rows_and_threads, tune_pairs_of};
+use crate::geometry::{WAVE_THREADS, fast_div, grid_x, row_defines, rows_and_threads, tune_pairs_of};
 use crate::{CudaBackend, CudaError};
 
 fn addr_of(base: Option<u64>, offset: isize, dtype: DType) -> u64 {
@@ -181,6 +181,10 @@ pub(crate) struct RecurrentParams {
     eps: f32,
     softplus_beta: f32,
     threshold: f32,
+    tiles_m: u32,
+    tiles_l: u32,
+    heads_m: u32,
+    heads_l: u32,
 }
 
 // SAFETY: `RecurrentParams` is `#[repr(C)]` plain old data whose layout equals
@@ -201,8 +205,12 @@ pub struct GdnGeometry {
     /// Threads per block.
     pub threads: u32,
     /// Minimum resident blocks per SM asked of the compiler (`__launch_bounds__`); 0 = none.
-    /// `SSM_CUDA_GDN_TUNE="minb=N"` sets it, for tuning sweeps (unset in normal use).
+    /// `SSM_CUDA_GDN_TUNE="minb=N,rpt=M"` sets it and the rows per lane, for tuning sweeps
+    /// (unset in normal use).
     pub min_blocks: u32,
+    /// One token per sequence, state updated in place, `[V,K]` with 16-byte vectors: the tile is
+    /// held in its storage form (`RAW`).
+    pub raw: bool,
 }
 
 /// `SSM_CUDA_GDN_TUNE`'s pairs, read once.
@@ -220,7 +228,16 @@ impl GdnGeometry {
     /// The geometry for a `state` dtype, `head_k_dim` `k`, `head_v_dim` `v` and `layout`.
     /// `vectorized`: whether every state row start is 16-byte aligned. `rows_total`: sequences ×
     /// value heads × V of the call (small calls get one row per lane: more, shorter threads).
-    pub fn choose(state: DType, k: usize, v: usize, layout: StateLayout, vectorized: bool, rows_total: usize) -> Self {
+    /// `one_token_in_place`: one token per sequence, the state read and written in place once.
+    pub fn choose(
+        state: DType,
+        k: usize,
+        v: usize,
+        layout: StateLayout,
+        vectorized: bool,
+        one_token_in_place: bool,
+        rows_total: usize,
+    ) -> Self {
         let (vec, tpr) = match layout {
             StateLayout::VK => {
                 let per16 = 16 / state.size();
@@ -232,7 +249,30 @@ impl GdnGeometry {
             StateLayout::KV => (1, k.max(1).next_power_of_two().min(if k > 256 { 32 } else { 8 })),
         };
         let vpt = k.div_ceil(vec).max(1).div_ceil(tpr);
-        let (rpt, threads) = rows_and_threads((4 / vpt).max(1), tpr, v, rows_total);
+        let (mut rpt, threads) = rows_and_threads((4 / vpt).max(1), tpr, v, rows_total);
+        let raw = one_token_in_place && layout == StateLayout::VK && vec * state.size() == 16 && vpt == 1 && k <= 128;
+        // Measured on an H200 (docs/PERF.md, SSM_CUDA_GDN_TUNE sweeps), one token in place:
+        // - a 16-bit tile in storage form: eight rows per lane from one wave of threads up (two for
+        //   smaller calls), registers capped for six blocks per SM;
+        // - an f32 tile: four rows per lane at every size (one or two rows at batch 8 left it at
+        //   0.37–0.44 of copy, four reached 0.68).
+        let raw16 = raw && state.size() == 2;
+        if raw {
+            rpt = if !raw16 {
+                4
+            } else if rows_total * tpr / 8 >= WAVE_THREADS {
+                8
+            } else {
+                2
+            };
+            while rpt > 1 && (threads / tpr) * rpt / 2 >= v.max(1) {
+                rpt /= 2;
+            }
+        }
+        // Tuning sweeps (`SSM_CUDA_GDN_TUNE="rpt=N"`) may set the rows per lane.
+        if let Some(r) = gdn_tune_value("rpt").filter(|&r| r >= 1) {
+            rpt = r as usize;
+        }
         // Registers, not bandwidth, capped the `[V,K]` vector route's occupancy (Nsight Compute on
         // an H200, docs/PERF.md): 72 registers (f32) and 96 (bf16) allowed 7 and 5 blocks per SM.
         // Asking for 8 and 6 (64 and 80 registers; the bf16 sigmoid specialisations then spill
@@ -250,6 +290,7 @@ impl GdnGeometry {
             rpt: rpt as u32,
             threads: threads as u32,
             min_blocks: gdn_tune_value("minb").unwrap_or(default_min_blocks),
+            raw,
         }
     }
 }
@@ -370,6 +411,11 @@ impl RecurrentKey {
             d.v,
             plan.layout,
             vectorized,
+            plan.cu_seqlens.is_none()
+                && d.seqlen == 1
+                && plan.state.is_some()
+                && plan.final_state.is_none()
+                && !matches!(plan.slots, StateSlots::TwoD(..)),
             d.seqs * d.v_heads * d.v,
         );
         let mut flags = 0u16;
@@ -429,6 +475,7 @@ impl RecurrentKey {
             ("L2NORM", f(F_L2NORM)),
             ("LAYOUT_KV", f(F_KV)),
             ("QK_VEC", f(F_QK_VEC)),
+            ("RAW", u8::from(g.raw).to_string()),
         ]);
         KernelSpec { source: KernelSource::Gdn, entry: "gdn_recurrent_kernel", defines }
     }
@@ -485,7 +532,9 @@ pub fn gdn_catalogue() -> Vec<(String, KernelSpec)> {
         let (g, beta, al, dtb, a, b) =
             if sig { (F32, F32, F32, F32, BF16, BF16) } else { (F32, F32, F32, F32, F32, F32) };
         let mut flags = flags | if layout == StateLayout::KV { F_KV } else { 0 };
-        let geometry = GdnGeometry::choose(state, k, v, layout, vectorized, 64 * 32 * v);
+        // Decode entries are one token per sequence; in place unless varlen, per-token or 2-D.
+        let in_place = flags & F_STATE != 0 && flags & (F_VARLEN | F_FINAL | F_SLOTS_2D) == 0;
+        let geometry = GdnGeometry::choose(state, k, v, layout, vectorized, in_place, 64 * 32 * v);
         if geometry.vec > 1 {
             flags |= F_QK_VEC;
         }
@@ -563,6 +612,10 @@ impl CudaBackend {
             vdim: plan.dims.v as i32,
             group: plan.dims.group() as i32,
             dim_tiles: dim_tiles as i32,
+            tiles_m: fast_div(dim_tiles).0,
+            tiles_l: fast_div(dim_tiles).1,
+            heads_m: fast_div(plan.dims.v_heads).0,
+            heads_l: fast_div(plan.dims.v_heads).1,
             scale: plan.scale,
             eps: plan.eps,
             ..RecurrentParams::default()
@@ -698,8 +751,8 @@ mod tests {
 
     #[test]
     fn params_have_no_padding_and_match_the_kernel_layout() {
-        // 16 addresses, 8 × 4 token strides, 11 scalars, 6 ints, 4 floats.
-        assert_eq!(std::mem::size_of::<RecurrentParams>(), 16 * 8 + 8 * 32 + 11 * 8 + 6 * 4 + 4 * 4);
+        // 16 addresses, 8 × 4 token strides, 11 scalars, 6 ints, 4 floats, 4 fast_div constants.
+        assert_eq!(std::mem::size_of::<RecurrentParams>(), 16 * 8 + 8 * 32 + 11 * 8 + 6 * 4 + 4 * 4 + 4 * 4);
         assert_eq!(std::mem::align_of::<RecurrentParams>(), 8);
         // 6 addresses, 11 i64, 4 × 4 bytes.
         assert_eq!(std::mem::size_of::<GatingParams>(), 6 * 8 + 11 * 8 + 16);
@@ -707,16 +760,23 @@ mod tests {
 
     #[test]
     fn geometry_covers_k_and_tiles_v() {
-        let g = GdnGeometry::choose(DType::F32, 128, 128, StateLayout::VK, true, 1 << 24);
+        let g = GdnGeometry::choose(DType::F32, 128, 128, StateLayout::VK, true, true, 1 << 24);
         assert_eq!((g.vec, g.tpr, g.vpt, g.rpt, g.threads), (4, 32, 1, 4, 128));
-        let g = GdnGeometry::choose(DType::BF16, 128, 128, StateLayout::VK, true, 1 << 24);
-        assert_eq!((g.vec, g.tpr, g.vpt), (8, 16, 1));
-        let g = GdnGeometry::choose(DType::F32, 128, 128, StateLayout::KV, true, 1 << 24);
+        let g = GdnGeometry::choose(DType::BF16, 128, 128, StateLayout::VK, true, false, 1 << 24);
+        assert_eq!((g.vec, g.tpr, g.vpt, g.rpt, g.raw), (8, 16, 1, 4, false));
+        // One token in place: a 16-bit tile in storage form, eight rows per lane (two for small calls).
+        let g = GdnGeometry::choose(DType::BF16, 128, 128, StateLayout::VK, true, true, 1 << 24);
+        assert_eq!((g.vec, g.tpr, g.vpt, g.rpt, g.raw, g.dim_tile()), (8, 16, 1, 8, true, 64));
+        let g = GdnGeometry::choose(DType::BF16, 128, 128, StateLayout::VK, true, true, 8 * 32 * 128);
+        assert_eq!((g.rpt, g.raw), (2, true));
+        let g = GdnGeometry::choose(DType::F32, 128, 128, StateLayout::VK, true, true, 8 * 32 * 128);
+        assert_eq!((g.rpt, g.raw), (4, true));
+        let g = GdnGeometry::choose(DType::F32, 128, 128, StateLayout::KV, true, true, 1 << 24);
         assert_eq!((g.vec, g.tpr, g.vpt), (1, 8, 16));
         for (k, v) in [(1, 1), (7, 5), (60, 100), (100, 3), (1024, 7), (300, 2)] {
             for layout in [StateLayout::VK, StateLayout::KV] {
                 for vectorized in [false, true] {
-                    let g = GdnGeometry::choose(DType::F32, k, v, layout, vectorized, 1 << 20);
+                    let g = GdnGeometry::choose(DType::F32, k, v, layout, vectorized, true, 1 << 20);
                     assert!((g.vec * g.tpr * g.vpt) as usize >= k, "{k} {v} {g:?}");
                     assert!(g.tpr.is_power_of_two() && g.tpr <= 32 && g.threads.is_multiple_of(32));
                     assert!(g.threads >= g.tpr);
