@@ -52,3 +52,8 @@ ssm_tensor::op_family! {
     CausalConv1dUpdateArgs => "causal_conv1d_update", ConvPlan, plan::plan_causal_conv1d_update;
     CausalConv1dFnArgs => "causal_conv1d_fn", ConvPlan, plan::plan_causal_conv1d_fn;
 }
+
+/// The crate README's example runs as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

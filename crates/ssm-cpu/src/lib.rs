@@ -121,3 +121,8 @@ pub(crate) fn require_host(arg: &'static str, device: ssm_tensor::Device) -> Res
         d => Err(CpuError::NotHost { arg, device: d }),
     }
 }
+
+/// The crate README's example runs as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

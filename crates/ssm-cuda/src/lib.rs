@@ -334,3 +334,8 @@ impl CudaBackend {
             .map_err(CudaError::driver("cuMemcpyDtoDAsync"))
     }
 }
+
+/// The crate README's example runs as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

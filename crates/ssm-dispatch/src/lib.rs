@@ -143,7 +143,12 @@ impl Runtime {
     }
 }
 
-/// The README's examples compile and run as doctests.
-#[doc = include_str!("../../../README.md")]
+/// The workspace README's examples compile and run as doctests.
 #[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
 pub struct ReadmeDoctests;
+
+/// The crate README's example runs as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct CrateReadmeDoctests;

@@ -61,3 +61,8 @@ ssm_tensor::op_family! {
     FusedSigmoidGatingDeltaRuleUpdateArgs => "fused_sigmoid_gating_delta_rule_update", RecurrentPlan, plan::plan_fused_sigmoid_gating_delta_rule_update;
     ChunkGatedDeltaRuleArgs => "chunk_gated_delta_rule", ChunkPlan, plan::plan_chunk_gated_delta_rule;
 }
+
+/// The crate README's example runs as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -33,3 +33,8 @@ ssm_tensor::op_family! {
     CommitRingTrackersArgs => "commit_replayssm_ring_trackers", TrackerPlan, plan::plan_commit_replayssm_ring_trackers;
     CheckpointingSsuArgs => "checkpointing_ssu", CheckpointingSsuPlan, plan::plan_checkpointing_ssu;
 }
+
+/// The crate README's example runs as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -30,3 +30,8 @@ ssm_tensor::op_family! {
     family SsdBackend, error SsdError;
     MambaChunkScanCombinedVarlenArgs => "mamba_chunk_scan_combined_varlen", SsdPlan, plan::plan_mamba_chunk_scan_combined_varlen;
 }
+
+/// The crate README's example runs as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

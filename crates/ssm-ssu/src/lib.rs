@@ -71,3 +71,8 @@ ssm_tensor::op_family! {
     family SsuBackend, error SsuError;
     SelectiveStateUpdateArgs => "selective_state_update", SsuPlan, plan::plan_selective_state_update;
 }
+
+/// The crate README's example runs as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -44,3 +44,8 @@ pub use strided::Strided;
 pub use view::{Device, TensorMut, TensorRef};
 
 pub use half::{bf16, f16};
+
+/// The crate README's example runs as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
