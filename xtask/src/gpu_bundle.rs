@@ -142,7 +142,24 @@ fn collect_binaries(root: &Path, bin: &Path) -> anyhow::Result<()> {
     if xtask.is_empty() {
         bail!("the xtask binary was not among cargo's artifacts");
     }
-    for exe in tests.iter().chain(&xtask) {
+    // The facade's examples (the CUDA one among them), run by `run.sh examples`.
+    let example_args: Vec<String> = ["build", "--release", "-p", "ssm-dispatch", "--features", "cuda", "--examples"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let examples: Vec<Executable> = cargo_executables(root, &example_args, |m| {
+        m["target"]["kind"].as_array().is_some_and(|k| k.iter().any(|v| v == "example"))
+    })?
+    .into_iter()
+    .map(|e| {
+        let name = e.name.replacen("test-ssm-dispatch-", "example-", 1);
+        Executable { name, ..e }
+    })
+    .collect();
+    if examples.is_empty() {
+        bail!("no example among cargo's artifacts");
+    }
+    for exe in tests.iter().chain(&xtask).chain(&examples) {
         let to = bin.join(&exe.name);
         std::fs::copy(&exe.path, &to).with_context(|| format!("copying {}", exe.path.display()))?;
         // Debug info is most of a release test binary; the bundle must stay small.
@@ -222,14 +239,14 @@ pub(crate) fn run(args: &GpuBundleArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The bundle's entry point. Stages run in the order given: `tests`, `sanitize`, `bench`
-/// (default: all three, in that order). Logs go to `$OUT` when set (the GPU machine's
+/// The bundle's entry point. Stages run in the order given: `tests`, `conformance`,
+/// `examples`, `sanitize`, `bench` (default: all five, in that order). Logs go to `$OUT` when set (the GPU machine's
 /// result folder), else `DIR/out`; `summary.txt` collects one line per binary and step, and
 /// the exit status is nonzero when any of them failed.
 const RUN_SH: &str = r#"#!/usr/bin/env bash
 # The test suite of ssm-kernels, for a machine with a CUDA driver and NVRTC but no Rust.
 # Runs from wherever the bundle is unpacked: snapshots, vectors and kernels are carried.
-#   bash run.sh [tests] [conformance] [sanitize] [bench]   (default: all four)
+#   bash run.sh [tests] [conformance] [examples] [sanitize] [bench]   (default: all five)
 #   PEER_VLLM=/path/to/extracted/vllm  bash run.sh bench   # adds vLLM's Triton peer
 #   SSM_SANITIZE_BINS="test-ssm-cuda-gpu_ssu" bash run.sh sanitize   # a subset of gpu-tests.txt
 #   SSM_REQUIRE_GPU=0 bash run.sh tests         # without a GPU: the GPU tests skip, printing why
@@ -267,6 +284,16 @@ is_gpu_test() { local g; for g in "${gpu_tests[@]}"; do [ "$g" = "$1" ] && retur
 status=0
 failed=()
 note() { echo "$1" | tee -a "$out/summary.txt"; }
+
+run_examples() {
+    # The facade's examples (bin/example-*): each must exit 0; its last line goes to the summary.
+    local e name r
+    for e in "$bin"/example-*; do
+        name="$(basename "$e")"
+        if (cd "$out" && "$e") >"$out/$name.log" 2>&1; then r=ok; else r=FAILED; status=1; failed+=("$name"); fi
+        note "$name: $r ($(grep -v '^$' "$out/$name.log" | tail -n1))"
+    done
+}
 
 run_tests() {
     local t name r skips
@@ -333,12 +360,13 @@ run_bench() {
     done
 }
 
-for stage in ${*:-tests conformance sanitize bench}; do
+for stage in ${*:-tests conformance examples sanitize bench}; do
     case "$stage" in
         tests) run_tests ;;
         conformance) run_conformance ;;
         sanitize) run_sanitize ;;
         bench) run_bench ;;
+        examples) run_examples ;;
         *) echo "unknown stage $stage" >&2; status=2; failed+=("stage:$stage") ;;
     esac
 done

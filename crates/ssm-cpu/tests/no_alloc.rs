@@ -2,7 +2,8 @@
 //! and on the pool, once warm (thread-local scratch sized by the first call).
 
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use ssm_cpu::{CpuBackend, Par};
 use ssm_ssu::SelectiveStateUpdateArgs;
@@ -10,11 +11,24 @@ use ssm_tensor::{DType, HostTensor, Run};
 
 struct Counting;
 static ALLOCS: AtomicUsize = AtomicUsize::new(0);
+/// Count the allocations of every thread (the pooled case: the work runs on pool threads).
+static ALL_THREADS: AtomicBool = AtomicBool::new(false);
+thread_local! {
+    /// Count this thread's allocations (the one-thread case: other threads of the test process,
+    /// such as the harness's, may allocate at any time and are not the step's).
+    static THIS_THREAD: Cell<bool> = const { Cell::new(false) };
+}
+
+fn count() {
+    if ALL_THREADS.load(Ordering::Relaxed) || THIS_THREAD.try_with(Cell::get).unwrap_or(false) {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+    }
+}
 
 // SAFETY: delegates every call to the system allocator unchanged; only counts.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        count();
         // SAFETY: same contract as the caller's.
         unsafe { System.alloc(layout) }
     }
@@ -23,7 +37,7 @@ unsafe impl GlobalAlloc for Counting {
         unsafe { System.dealloc(ptr, layout) }
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        count();
         // SAFETY: same contract as the caller's.
         unsafe { System.realloc(ptr, layout, new_size) }
     }
@@ -53,6 +67,8 @@ fn decode_steps_do_not_allocate() {
     let mut out = HostTensor::filled(DType::BF16, vec![batch, heads, dim], 0.0);
     for par in [Par::Seq, Par::Rayon(2.try_into().unwrap())] {
         let cpu = CpuBackend::new(par).unwrap();
+        THIS_THREAD.with(|c| c.set(par == Par::Seq));
+        ALL_THREADS.store(par != Par::Seq, Ordering::SeqCst);
         let mut step = |_count: bool| -> usize {
             let args = SelectiveStateUpdateArgs {
                 state: state.view_mut(),

@@ -150,7 +150,7 @@ impl Backends {
     }
 }
 
-fn cpu(config: &Config) -> Result<CpuBackend, Error> {
+pub(crate) fn cpu(config: &Config) -> Result<CpuBackend, Error> {
     let par = match config.cpu_threads {
         None => Par::all_cores(),
         Some(0) | Some(1) => Par::Seq,

@@ -61,7 +61,27 @@ impl Runtime {
     /// or without a ready device; ReplaySSM on `cuda` (no kernel there yet); a CPU thread pool
     /// that would not start.
     pub fn new(config: &Config) -> Result<Self, Error> {
-        let backends = Backends::start(config)?;
+        Self::with_backends(Backends::start(config)?, config)
+    }
+
+    /// A runtime whose device calls run on `cuda`, a backend the engine built, e.g. on its own
+    /// stream with [`CudaBackend::with_borrowed_stream`], so that the ops are ordered with the
+    /// engine's other work and can be captured with it in one CUDA graph. `config.backend`
+    /// says whether host tensors run too: `cuda` starts no CPU backend, `auto` and `cpu` start
+    /// one. `config.cuda_device` is not used (the backend names its device).
+    ///
+    /// Errors: as [`Runtime::new`].
+    #[cfg(feature = "cuda")]
+    pub fn with_cuda_backend(config: &Config, cuda: CudaBackend) -> Result<Self, Error> {
+        let cpu = match config.backend {
+            BackendKind::Cuda => None,
+            BackendKind::Auto | BackendKind::Cpu => Some(backend::cpu(config)?),
+        };
+        Self::with_backends(Backends { cpu, cuda: Some(cuda) }, config)
+    }
+
+    /// Checks `config` against the started backends.
+    fn with_backends(backends: Backends, config: &Config) -> Result<Self, Error> {
         if backends.cpu.is_some() {
             config.check_ssu_algorithm(BackendKind::Cpu)?;
         }
