@@ -85,11 +85,28 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let conv_out = stream.alloc_zeros::<bf16>(BATCH * CONV_DIM)?;
     let out = stream.alloc_zeros::<bf16>(BATCH * HEADS * DIM)?;
 
+    // Every address is taken now, before any capture: taking one makes cudarc order the
+    // stream after the buffer's last use, which a capture must not record.
+    let (xbc_a, conv_state_a, conv_w_a, slots_a, conv_out_a) = (
+        addr(&xbc, &stream),
+        addr(&conv_state, &stream),
+        addr(&conv_w, &stream),
+        addr(&slots, &stream),
+        addr(&conv_out, &stream),
+    );
+    let (ssm_state_a, dt_a, a_a, d_a, dt_bias_a, out_a) = (
+        addr(&ssm_state, &stream),
+        addr(&dt, &stream),
+        addr(&a, &stream),
+        addr(&d, &stream),
+        addr(&dt_bias, &stream),
+        addr(&out, &stream),
+    );
     let (c, h, p, n) = (CONV_DIM as isize, HEADS as isize, DIM as isize, DSTATE as isize);
     let conv_args = || CausalConv1dUpdateArgs {
-        x: view(addr(&xbc, &stream), BATCH * CONV_DIM, DType::BF16, dev, &[BATCH, CONV_DIM], &[c, 1]),
+        x: view(xbc_a, BATCH * CONV_DIM, DType::BF16, dev, &[BATCH, CONV_DIM], &[c, 1]),
         conv_state: view_mut(
-            addr(&conv_state, &stream),
+            conv_state_a,
             SLOTS * (WIDTH - 1) * CONV_DIM,
             DType::BF16,
             dev,
@@ -97,29 +114,22 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             &[3 * c, c, 1],
         ),
         conv_state_layout: ConvStateLayout::StateLenDim,
-        weight: view(
-            addr(&conv_w, &stream),
-            CONV_DIM * WIDTH,
-            DType::BF16,
-            dev,
-            &[CONV_DIM, WIDTH],
-            &[WIDTH as isize, 1],
-        ),
+        weight: view(conv_w_a, CONV_DIM * WIDTH, DType::BF16, dev, &[CONV_DIM, WIDTH], &[WIDTH as isize, 1]),
         bias: None,
         activation: Activation::Silu,
-        conv_state_indices: Some(view(addr(&slots, &stream), BATCH, DType::I64, dev, &[BATCH], &[1])),
+        conv_state_indices: Some(view(slots_a, BATCH, DType::I64, dev, &[BATCH], &[1])),
         num_accepted_tokens: None,
         query_start_loc: None,
         pad_slot_id: Some(PAD),
         block_idx_last_scheduled_token: None,
         initial_state_idx: None,
-        out: view_mut(addr(&conv_out, &stream), BATCH * CONV_DIM, DType::BF16, dev, &[BATCH, CONV_DIM], &[c, 1]),
+        out: view_mut(conv_out_a, BATCH * CONV_DIM, DType::BF16, dev, &[BATCH, CONV_DIM], &[c, 1]),
     };
-    let co = addr(&conv_out, &stream);
+    let co = conv_out_a;
     let (bo, coff) = (HEADS * DIM, HEADS * DIM + DSTATE);
     let ssu_args = || SelectiveStateUpdateArgs {
         state: view_mut(
-            addr(&ssm_state, &stream),
+            ssm_state_a,
             SLOTS * HEADS * DIM * DSTATE,
             DType::F32,
             dev,
@@ -128,18 +138,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ),
         // x, B and C: column ranges of the conv output (strided views, no copies).
         x: view(co, BATCH * CONV_DIM, DType::BF16, dev, &[BATCH, HEADS, DIM], &[c, p, 1]),
-        dt: view(addr(&dt, &stream), BATCH * HEADS, DType::BF16, dev, &[BATCH, HEADS, DIM], &[h, 1, 0]),
-        a: view(addr(&a, &stream), HEADS, DType::F32, dev, &[HEADS, DIM, DSTATE], &[1, 0, 0]),
+        dt: view(dt_a, BATCH * HEADS, DType::BF16, dev, &[BATCH, HEADS, DIM], &[h, 1, 0]),
+        a: view(a_a, HEADS, DType::F32, dev, &[HEADS, DIM, DSTATE], &[1, 0, 0]),
         b: view(co + 2 * bo as u64, BATCH * CONV_DIM - bo, DType::BF16, dev, &[BATCH, 1, DSTATE], &[c, n, 1]),
         c: view(co + 2 * coff as u64, BATCH * CONV_DIM - coff, DType::BF16, dev, &[BATCH, 1, DSTATE], &[c, n, 1]),
-        d: Some(view(addr(&d, &stream), HEADS, DType::F32, dev, &[HEADS, DIM], &[1, 0])),
-        dt_bias: Some(view(addr(&dt_bias, &stream), HEADS, DType::F32, dev, &[HEADS, DIM], &[1, 0])),
+        d: Some(view(d_a, HEADS, DType::F32, dev, &[HEADS, DIM], &[1, 0])),
+        dt_bias: Some(view(dt_bias_a, HEADS, DType::F32, dev, &[HEADS, DIM], &[1, 0])),
         z: None,
         dt_softplus: true,
-        state_batch_indices: Some(view(addr(&slots, &stream), BATCH, DType::I64, dev, &[BATCH], &[1])),
+        state_batch_indices: Some(view(slots_a, BATCH, DType::I64, dev, &[BATCH], &[1])),
         dst_state_batch_indices: None,
         pad_slot_id: Some(PAD),
-        out: view_mut(addr(&out, &stream), BATCH * HEADS * DIM, DType::BF16, dev, &[BATCH, HEADS, DIM], &[h * p, p, 1]),
+        out: view_mut(out_a, BATCH * HEADS * DIM, DType::BF16, dev, &[BATCH, HEADS, DIM], &[h * p, p, 1]),
         num_accepted_tokens: None,
         cu_seqlens: None,
         stochastic_rounding: None,
