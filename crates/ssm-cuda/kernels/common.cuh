@@ -58,6 +58,22 @@ template <typename T> __device__ __forceinline__ T from_f32(float v) { return Fr
 // n / d for n < 2^31, with (m, l) = fast_div(d) of crates/ssm-cuda/src/geometry.rs.
 __device__ __forceinline__ u32 fast_div(u32 n, u32 m, u32 l) { return (__umulhi(n, m) + n) >> l; }
 
+// The fast_div constants of a grid of sequences × heads × row tiles, tile fastest (neighbouring
+// blocks share a state slot: contiguous memory). Mirrored by `BlockSplit` in
+// crates/ssm-cuda/src/geometry.rs.
+struct BlockSplit {
+    u32 tiles, tiles_m, tiles_l, heads, heads_m, heads_l;
+};
+
+// Block `bid`'s (sequence, head, row tile), by multiply-high rather than a division routine.
+__device__ __forceinline__ void split_block(const BlockSplit& b, u32 bid, i64& seq, int& head, int& tile) {
+    const u32 ht = fast_div(bid, b.tiles_m, b.tiles_l);
+    tile = (int)(bid - ht * b.tiles);
+    const u32 sq = fast_div(ht, b.heads_m, b.heads_l);
+    head = (int)(ht - sq * b.heads);
+    seq = sq;
+}
+
 __device__ __forceinline__ i64 load_index(const int* p) { return (i64)*p; }
 __device__ __forceinline__ i64 load_index(const i64* p) { return *p; }
 

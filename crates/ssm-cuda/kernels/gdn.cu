@@ -81,9 +81,9 @@ struct RecurrentParams {
     i64 state_row, state_rows, final_row;
     i64 ix_seq, ix_col, nacc_s, cu_s;
     i64 ix_cols, seqlen;
-    int seqs, heads, v_heads, vdim, group, dim_tiles;
+    int seqs, heads, v_heads, vdim, group, reserved;
     float scale, eps, softplus_beta, threshold;
-    u32 tiles_m, tiles_l, heads_m, heads_l;  // fast_div constants of dim_tiles and v_heads
+    BlockSplit split;  // grid = sequences × value heads × row tiles
 };
 
 #define ROW_GROUPS (NTHREADS / TPR)
@@ -242,13 +242,9 @@ extern "C" __global__ void GDN_BOUNDS gdn_recurrent_kernel(const RecurrentParams
     const int lane = threadIdx.x % TPR;
     const int row_group = threadIdx.x / TPR;
 #endif
-    // Block = (seq · v_heads + hv) · dim_tiles + tile, split by multiply-high (fast_div).
-    const u32 bid = blockIdx.x;
-    const u32 ht = fast_div(bid, p.tiles_m, p.tiles_l);
-    const int tile = (int)(bid - ht * (u32)p.dim_tiles);
-    const u32 sq = fast_div(ht, p.heads_m, p.heads_l);
-    const int hv = (int)(ht - sq * (u32)p.v_heads);
-    const i64 seq = sq;
+    i64 seq;
+    int hv, tile;
+    split_block(p.split, blockIdx.x, seq, hv, tile);
     const int h = hv / p.group;
 
     // ---- index loads, all issued before any is used ----

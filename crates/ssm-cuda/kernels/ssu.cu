@@ -40,8 +40,8 @@ struct SsuParams {
     i64 sbi_seq, sbi_col, dst_seq, dst_col, nacc_s, cu_s;
     i64 slots, rows, pad, sbi_width, dst_width;
     u64 seed;
-    int nseq, heads, dim, heads_per_group, steps, philox_rounds, dim_tiles;
-    u32 tiles_l, tiles_m, heads_m, heads_l, reserved;  // fast_div constants of dim_tiles and heads
+    int nseq, heads, dim, heads_per_group, steps, philox_rounds;
+    BlockSplit split;  // grid = sequences × heads × row tiles
 };
 
 #define ROW_GROUPS (NTHREADS / TPR)
@@ -354,14 +354,9 @@ __device__ __forceinline__ void lane_rows(int (&prow)[RPT], int tile, int row_gr
 extern "C" __global__ void SSU_BOUNDS ssu_kernel(const SsuParams p) {
     const int lane = threadIdx.x % TPR;
     const int row_group = threadIdx.x / TPR;
-    // Block = (seq · heads + h) · dim_tiles + tile: neighbouring blocks share a slot (contiguous
-    // memory). Divided by multiply-high (fast_div), not by a division routine.
-    const u32 bid = blockIdx.x;
-    const u32 ht = fast_div(bid, p.tiles_m, p.tiles_l);
-    const int tile = (int)(bid - ht * (u32)p.dim_tiles);
-    const u32 sq = fast_div(ht, p.heads_m, p.heads_l);
-    const int h = (int)(ht - sq * (u32)p.heads);
-    const i64 seq = sq;
+    i64 seq;
+    int h, tile;
+    split_block(p.split, blockIdx.x, seq, h, tile);
     const int g = h / p.heads_per_group;
 
     // ---- index loads: every one is issued before any is used, so that a block waits for

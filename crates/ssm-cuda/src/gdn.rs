@@ -13,7 +13,7 @@ use ssm_tensor::Strided;
 use ssm_tensor::{DType, Planned, Run};
 
 use crate::compile::{KernelSource, KernelSpec, c_type};
-use crate::geometry::{WAVE_THREADS, fast_div, grid_x, row_defines, rows_and_threads, tune_pairs_of};
+use crate::geometry::{BlockSplit, WAVE_THREADS, fit_rows, grid_x, row_defines, rows_and_threads, tune_pairs_of};
 use crate::{CudaBackend, CudaError};
 
 fn addr_of(base: Option<u64>, offset: isize, dtype: DType) -> u64 {
@@ -176,15 +176,12 @@ pub(crate) struct RecurrentParams {
     v_heads: i32,
     vdim: i32,
     group: i32,
-    dim_tiles: i32,
+    reserved: i32,
     scale: f32,
     eps: f32,
     softplus_beta: f32,
     threshold: f32,
-    tiles_m: u32,
-    tiles_l: u32,
-    heads_m: u32,
-    heads_l: u32,
+    split: BlockSplit,
 }
 
 // SAFETY: `RecurrentParams` is `#[repr(C)]` plain old data whose layout equals
@@ -258,16 +255,14 @@ impl GdnGeometry {
         //   0.37–0.44 of copy, four reached 0.68).
         let raw16 = raw && state.size() == 2;
         if raw {
-            rpt = if !raw16 {
+            let want = if !raw16 {
                 4
             } else if rows_total * tpr / 8 >= WAVE_THREADS {
                 8
             } else {
                 2
             };
-            while rpt > 1 && (threads / tpr) * rpt / 2 >= v.max(1) {
-                rpt /= 2;
-            }
+            rpt = fit_rows(want, tpr, threads, v);
         }
         // Tuning sweeps (`SSM_CUDA_GDN_TUNE="rpt=N"`) may set the rows per lane.
         if let Some(r) = gdn_tune_value("rpt").filter(|&r| r >= 1) {
@@ -611,11 +606,7 @@ impl CudaBackend {
             v_heads: plan.dims.v_heads as i32,
             vdim: plan.dims.v as i32,
             group: plan.dims.group() as i32,
-            dim_tiles: dim_tiles as i32,
-            tiles_m: fast_div(dim_tiles).0,
-            tiles_l: fast_div(dim_tiles).1,
-            heads_m: fast_div(plan.dims.v_heads).0,
-            heads_l: fast_div(plan.dims.v_heads).1,
+            split: BlockSplit::new(dim_tiles, plan.dims.v_heads),
             scale: plan.scale,
             eps: plan.eps,
             ..RecurrentParams::default()
@@ -751,8 +742,8 @@ mod tests {
 
     #[test]
     fn params_have_no_padding_and_match_the_kernel_layout() {
-        // 16 addresses, 8 × 4 token strides, 11 scalars, 6 ints, 4 floats, 4 fast_div constants.
-        assert_eq!(std::mem::size_of::<RecurrentParams>(), 16 * 8 + 8 * 32 + 11 * 8 + 6 * 4 + 4 * 4 + 4 * 4);
+        // 16 addresses, 8 × 4 token strides, 11 scalars, 6 ints, 4 floats, the block split (6 × u32).
+        assert_eq!(std::mem::size_of::<RecurrentParams>(), 16 * 8 + 8 * 32 + 11 * 8 + 6 * 4 + 4 * 4 + 6 * 4);
         assert_eq!(std::mem::align_of::<RecurrentParams>(), 8);
         // 6 addresses, 11 i64, 4 × 4 bytes.
         assert_eq!(std::mem::size_of::<GatingParams>(), 6 * 8 + 11 * 8 + 16);

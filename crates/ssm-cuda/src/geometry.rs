@@ -15,13 +15,20 @@ pub(crate) fn rows_and_threads(mut rpt: usize, tpr: usize, rows: usize, rows_tot
     }
     let mut threads = 128usize;
     let rows = rows.max(1);
-    while rpt > 1 && (threads / tpr) * rpt / 2 >= rows {
-        rpt /= 2;
-    }
+    rpt = fit_rows(rpt, tpr, threads, rows);
     while threads > 32 && (threads / tpr / 2) * rpt >= rows && threads / 2 >= tpr {
         threads /= 2;
     }
     (rpt, threads)
+}
+
+/// `want` rows per lane, halved while a block of `threads` lanes (`tpr` per row) would still
+/// cover all `rows` of a head with half as many.
+pub(crate) fn fit_rows(mut want: usize, tpr: usize, threads: usize, rows: usize) -> usize {
+    while want > 1 && (threads / tpr) * want / 2 >= rows.max(1) {
+        want /= 2;
+    }
+    want
 }
 
 /// The kernel defines of a row geometry (`VEC`, `TPR`, `VPT`, `RPT`, `NTHREADS`), as both
@@ -45,6 +52,29 @@ pub(crate) fn fast_div(d: usize) -> (u32, u32) {
     let l = 64 - (d - 1).leading_zeros();
     let m = ((1u64 << 32) * ((1u64 << l) - d)) / d + 1;
     (m as u32, l)
+}
+
+/// The constants a kernel splits its block index with (`BlockSplit` and `split_block` in
+/// kernels/common.cuh): a grid of sequences × heads × row tiles, tile fastest, so that
+/// neighbouring blocks share a state slot. Same field order as the CUDA struct.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+pub(crate) struct BlockSplit {
+    tiles: u32,
+    tiles_m: u32,
+    tiles_l: u32,
+    heads: u32,
+    heads_m: u32,
+    heads_l: u32,
+}
+
+impl BlockSplit {
+    /// The split of a grid with `tiles` row tiles per head and `heads` heads per sequence (both
+    /// below 2³¹: the launch checked the grid against `i32::MAX` blocks).
+    pub(crate) fn new(tiles: usize, heads: usize) -> Self {
+        let ((tiles_m, tiles_l), (heads_m, heads_l)) = (fast_div(tiles), fast_div(heads));
+        BlockSplit { tiles: tiles as u32, tiles_m, tiles_l, heads: heads as u32, heads_m, heads_l }
+    }
 }
 
 /// The grid's x extent for `blocks` blocks: `None` for an empty call (nothing to launch), an

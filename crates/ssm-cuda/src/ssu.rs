@@ -8,7 +8,7 @@ use ssm_tensor::DType;
 use ssm_tensor::{Planned, Run};
 
 use crate::compile::{KernelSource, KernelSpec, c_type};
-use crate::geometry::{WAVE_THREADS, fast_div, grid_x, row_defines, rows_and_threads, tune_pairs_of};
+use crate::geometry::{BlockSplit, WAVE_THREADS, fit_rows, grid_x, row_defines, rows_and_threads, tune_pairs_of};
 use crate::{CudaBackend, CudaError};
 
 /// Strides of a per-token tensor as the kernel reads them (`struct TokStrides` in ssu.cu).
@@ -81,12 +81,7 @@ pub(crate) struct SsuParams {
     heads_per_group: i32,
     steps: i32,
     philox_rounds: i32,
-    dim_tiles: i32,
-    tiles_l: u32,
-    tiles_m: u32,
-    heads_m: u32,
-    heads_l: u32,
-    reserved: u32,
+    split: BlockSplit,
 }
 
 // SAFETY: `SsuParams` is `#[repr(C)]`, plain old data (Pod: no padding, no pointers the
@@ -176,13 +171,7 @@ impl SsuGeometry {
             rpt = rpt.min(2);
         }
         let (mut rpt, threads) = rows_and_threads(rpt, tpr, dim, rows_total);
-        // `want` rows per lane, fewer where one block would cover more than `dim` rows.
-        let fit = |mut want: usize| {
-            while want > 1 && (threads / tpr) * want / 2 >= dim.max(1) {
-                want /= 2;
-            }
-            want
-        };
+        let fit = |want: usize| fit_rows(want, tpr, threads, dim);
         let big = |per_lane: usize| rows_total * tpr / per_lane >= 2 * WAVE_THREADS;
         // Measured on an H200 (docs/PERF.md, SSM_CUDA_SSU_TUNE sweeps):
         // - decode with a 16-bit state held in storage form (`RAW`): eight rows per lane halve
@@ -474,8 +463,6 @@ impl CudaBackend {
         let zero = TokStridesC::default();
         let sbi = plan.state_batch_indices;
         let dst = plan.dst_state_batch_indices;
-        let (tiles_m, tiles_l) = fast_div(dim_tiles);
-        let (heads_m, heads_l) = fast_div(plan.dims.heads);
         let ptr_or_dst = args.dst_state_batch_indices.as_ref().or(args.state_batch_indices.as_ref());
         SsuParams {
             state: addr_of(args.state.device_addr(), plan.state.offset, t.state),
@@ -551,12 +538,7 @@ impl CudaBackend {
                 _ => 1,
             },
             philox_rounds: plan.stochastic_rounding.map_or(0, |s| s.rounds() as i32),
-            dim_tiles: dim_tiles as i32,
-            tiles_l,
-            tiles_m,
-            heads_m,
-            heads_l,
-            reserved: 0,
+            split: BlockSplit::new(dim_tiles, plan.dims.heads),
         }
     }
 }
@@ -603,8 +585,9 @@ mod tests {
 
     #[test]
     fn params_have_no_padding_and_match_the_kernel_layout() {
-        // 15 addresses, 3 state strides, 6 × 4 token strides, 3 + 4 + 6 + 5 scalars, seed, 12 ints.
-        let expected = 15 * 8 + 3 * 8 + 6 * 32 + (3 + 4 + 6 + 5) * 8 + 8 + 12 * 4;
+        // 15 addresses, 3 state strides, 6 × 4 token strides, 3 + 4 + 6 + 5 scalars, seed, 6 ints,
+        // the block split (6 × u32).
+        let expected = 15 * 8 + 3 * 8 + 6 * 32 + (3 + 4 + 6 + 5) * 8 + 8 + 6 * 4 + 6 * 4;
         assert_eq!(std::mem::size_of::<SsuParams>(), expected);
         assert_eq!(std::mem::align_of::<SsuParams>(), 8);
     }
