@@ -13,7 +13,7 @@ use ssm_tensor::Strided;
 use ssm_tensor::{DType, Planned, Run};
 
 use crate::compile::{KernelSource, KernelSpec, c_type};
-use crate::geometry::{BlockSplit, WAVE_THREADS, fit_rows, grid_x, row_defines, rows_and_threads, tune_pairs_of};
+use crate::geometry::{BlockSplit, RowGeometry, WAVE_THREADS, fit_rows, grid_x, rows_and_threads, tune_pairs_of};
 use crate::{CudaBackend, CudaError};
 
 fn addr_of(base: Option<u64>, offset: isize, dtype: DType) -> u64 {
@@ -191,20 +191,10 @@ unsafe impl DeviceRepr for RecurrentParams {}
 /// Tile geometry of one recurrent specialisation (see the header of `kernels/gdn.cu`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct GdnGeometry {
-    /// State elements per vector access along K (16 bytes for `[V,K]` when aligned, else 1).
-    pub vec: u32,
-    /// Lanes sharing one state row (a power of two ≤ 32).
-    pub tpr: u32,
-    /// Vectors per lane and row.
-    pub vpt: u32,
-    /// Rows (of V) per lane.
-    pub rpt: u32,
-    /// Threads per block.
-    pub threads: u32,
-    /// Minimum resident blocks per SM asked of the compiler (`__launch_bounds__`); 0 = none.
-    /// `SSM_CUDA_GDN_TUNE="minb=N,rpt=M"` sets it and the rows per lane, for tuning sweeps
-    /// (unset in normal use).
-    pub min_blocks: u32,
+    /// Vector width along K, lanes per row, rows of V per lane, threads and the register cap
+    /// (`SSM_CUDA_GDN_TUNE="minb=N,rpt=M"` sets the last two, for tuning sweeps; unset in normal
+    /// use).
+    pub row: RowGeometry,
     /// One token per sequence, state updated in place, `[V,K]` with 16-byte vectors: the tile is
     /// held in its storage form (`RAW`).
     pub raw: bool,
@@ -217,11 +207,6 @@ fn gdn_tune_value(key: &str) -> Option<u32> {
 }
 
 impl GdnGeometry {
-    /// Rows of V one block covers.
-    pub fn dim_tile(&self) -> u32 {
-        self.threads / self.tpr * self.rpt
-    }
-
     /// The geometry for a `state` dtype, `head_k_dim` `k`, `head_v_dim` `v` and `layout`.
     /// `vectorized`: whether every state row start is 16-byte aligned. `rows_total`: sequences ×
     /// value heads × V of the call (small calls get one row per lane: more, shorter threads).
@@ -279,12 +264,14 @@ impl GdnGeometry {
             0
         };
         GdnGeometry {
-            vec: vec as u32,
-            tpr: tpr as u32,
-            vpt: vpt as u32,
-            rpt: rpt as u32,
-            threads: threads as u32,
-            min_blocks: gdn_tune_value("minb").unwrap_or(default_min_blocks),
+            row: RowGeometry {
+                vec: vec as u32,
+                tpr: tpr as u32,
+                vpt: vpt as u32,
+                rpt: rpt as u32,
+                threads: threads as u32,
+                min_blocks: gdn_tune_value("minb").unwrap_or(default_min_blocks),
+            },
             raw,
         }
     }
@@ -431,7 +418,7 @@ impl RecurrentKey {
         set(plan.cu_seqlens.is_some(), F_VARLEN);
         set(plan.l2norm, F_L2NORM);
         set(plan.layout == StateLayout::KV, F_KV);
-        let vec = geometry.vec as usize;
+        let vec = geometry.row.vec as usize;
         set(
             vec > 1 && qk_aligned(&plan.q.0, plan.q.1, a.q, vec, d.k) && qk_aligned(&plan.k.0, plan.k.1, a.k, vec, d.k),
             F_QK_VEC,
@@ -457,8 +444,7 @@ impl RecurrentKey {
             0
         };
         defines.extend([("GATING_ONLY", "0".to_string()), ("KDIM", self.k.to_string())]);
-        defines.extend(row_defines(g.vec, g.tpr, g.vpt, g.rpt, g.threads));
-        defines.push(("MINB", g.min_blocks.to_string()));
+        defines.extend(g.row.defines());
         defines.extend([
             ("SIGMOID", f(F_SIGMOID)),
             ("HAS_BETA", f(F_BETA)),
@@ -530,7 +516,7 @@ pub fn gdn_catalogue() -> Vec<(String, KernelSpec)> {
         // Decode entries are one token per sequence; in place unless varlen, per-token or 2-D.
         let in_place = flags & F_STATE != 0 && flags & (F_VARLEN | F_FINAL | F_SLOTS_2D) == 0;
         let geometry = GdnGeometry::choose(state, k, v, layout, vectorized, in_place, 64 * 32 * v);
-        if geometry.vec > 1 {
+        if geometry.row.vec > 1 {
             flags |= F_QK_VEC;
         }
         RecurrentKey {
@@ -669,7 +655,7 @@ impl CudaBackend {
             }
         }
         let key = RecurrentKey::from_plan(plan, recurrent_types(plan), Some(a));
-        let dim_tiles = d.v.div_ceil(key.geometry.dim_tile() as usize);
+        let dim_tiles = d.v.div_ceil(key.geometry.row.dim_tile() as usize);
         let blocks = d.seqs * d.v_heads * dim_tiles;
         let Some(grid) = grid_x(blocks)? else { return Ok(()) };
         if d.seqlen == 0 {
@@ -677,7 +663,7 @@ impl CudaBackend {
         }
         let func = self.gdn_function(GdnKey::Recurrent(key))?;
         let params = self.recurrent_params(plan, a, dim_tiles);
-        let threads = key.geometry.threads;
+        let threads = key.geometry.row.threads;
         // SAFETY: every address in `params` comes from a device view whose creator promised
         // (TensorRef/TensorMut::from_device_ptr) that it is valid for the view's memory on this
         // device for the call; the plan checked that every element the kernel can reach for valid
@@ -752,25 +738,25 @@ mod tests {
     #[test]
     fn geometry_covers_k_and_tiles_v() {
         let g = GdnGeometry::choose(DType::F32, 128, 128, StateLayout::VK, true, true, 1 << 24);
-        assert_eq!((g.vec, g.tpr, g.vpt, g.rpt, g.threads), (4, 32, 1, 4, 128));
+        assert_eq!((g.row.vec, g.row.tpr, g.row.vpt, g.row.rpt, g.row.threads), (4, 32, 1, 4, 128));
         let g = GdnGeometry::choose(DType::BF16, 128, 128, StateLayout::VK, true, false, 1 << 24);
-        assert_eq!((g.vec, g.tpr, g.vpt, g.rpt, g.raw), (8, 16, 1, 4, false));
+        assert_eq!((g.row.vec, g.row.tpr, g.row.vpt, g.row.rpt, g.raw), (8, 16, 1, 4, false));
         // One token in place: a 16-bit tile in storage form, eight rows per lane (two for small calls).
         let g = GdnGeometry::choose(DType::BF16, 128, 128, StateLayout::VK, true, true, 1 << 24);
-        assert_eq!((g.vec, g.tpr, g.vpt, g.rpt, g.raw, g.dim_tile()), (8, 16, 1, 8, true, 64));
+        assert_eq!((g.row.vec, g.row.tpr, g.row.vpt, g.row.rpt, g.raw, g.row.dim_tile()), (8, 16, 1, 8, true, 64));
         let g = GdnGeometry::choose(DType::BF16, 128, 128, StateLayout::VK, true, true, 8 * 32 * 128);
-        assert_eq!((g.rpt, g.raw), (2, true));
+        assert_eq!((g.row.rpt, g.raw), (2, true));
         let g = GdnGeometry::choose(DType::F32, 128, 128, StateLayout::VK, true, true, 8 * 32 * 128);
-        assert_eq!((g.rpt, g.raw), (4, true));
+        assert_eq!((g.row.rpt, g.raw), (4, true));
         let g = GdnGeometry::choose(DType::F32, 128, 128, StateLayout::KV, true, true, 1 << 24);
-        assert_eq!((g.vec, g.tpr, g.vpt), (1, 8, 16));
+        assert_eq!((g.row.vec, g.row.tpr, g.row.vpt), (1, 8, 16));
         for (k, v) in [(1, 1), (7, 5), (60, 100), (100, 3), (1024, 7), (300, 2)] {
             for layout in [StateLayout::VK, StateLayout::KV] {
                 for vectorized in [false, true] {
                     let g = GdnGeometry::choose(DType::F32, k, v, layout, vectorized, true, 1 << 20);
-                    assert!((g.vec * g.tpr * g.vpt) as usize >= k, "{k} {v} {g:?}");
-                    assert!(g.tpr.is_power_of_two() && g.tpr <= 32 && g.threads.is_multiple_of(32));
-                    assert!(g.threads >= g.tpr);
+                    assert!((g.row.vec * g.row.tpr * g.row.vpt) as usize >= k, "{k} {v} {g:?}");
+                    assert!(g.row.tpr.is_power_of_two() && g.row.tpr <= 32 && g.row.threads.is_multiple_of(32));
+                    assert!(g.row.threads >= g.row.tpr);
                 }
             }
         }

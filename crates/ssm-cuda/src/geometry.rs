@@ -31,16 +31,43 @@ pub(crate) fn fit_rows(mut want: usize, tpr: usize, threads: usize, rows: usize)
     want
 }
 
-/// The kernel defines of a row geometry (`VEC`, `TPR`, `VPT`, `RPT`, `NTHREADS`), as both
-/// kernel families name them.
-pub(crate) fn row_defines(vec: u32, tpr: u32, vpt: u32, rpt: u32, threads: u32) -> [(&'static str, String); 5] {
-    [
-        ("VEC", vec.to_string()),
-        ("TPR", tpr.to_string()),
-        ("VPT", vpt.to_string()),
-        ("RPT", rpt.to_string()),
-        ("NTHREADS", threads.to_string()),
-    ]
+/// The row geometry the SSU and GDN kernels share: each state row is read by `tpr` lanes, each
+/// lane holds `vpt` vectors of `vec` elements of a row for `rpt` rows, a block holds `threads`
+/// lanes (see the headers of `kernels/ssu.cu` and `kernels/gdn.cu`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RowGeometry {
+    /// State elements per vector access (16 bytes, or 1 when the state rows are not 16-byte aligned).
+    pub vec: u32,
+    /// Lanes sharing one state row (a power of two ≤ 32).
+    pub tpr: u32,
+    /// Vectors per lane and row.
+    pub vpt: u32,
+    /// Rows per lane.
+    pub rpt: u32,
+    /// Threads per block.
+    pub threads: u32,
+    /// Minimum resident blocks per SM asked of the compiler (`__launch_bounds__`); 0 = none.
+    pub min_blocks: u32,
+}
+
+impl RowGeometry {
+    /// Rows one block covers.
+    pub fn dim_tile(&self) -> u32 {
+        self.threads / self.tpr * self.rpt
+    }
+
+    /// The kernel defines (`VEC`, `TPR`, `VPT`, `RPT`, `NTHREADS`, `MINB`), as both kernel
+    /// families name them.
+    pub(crate) fn defines(&self) -> [(&'static str, String); 6] {
+        [
+            ("VEC", self.vec.to_string()),
+            ("TPR", self.tpr.to_string()),
+            ("VPT", self.vpt.to_string()),
+            ("RPT", self.rpt.to_string()),
+            ("NTHREADS", self.threads.to_string()),
+            ("MINB", self.min_blocks.to_string()),
+        ]
+    }
 }
 
 /// The constants of an exact division by `d` in a kernel (`fast_div` in kernels/common.cuh):

@@ -38,6 +38,7 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr
 
 pub use compile::{Arch, Compiler, KernelSource, KernelSpec};
 pub use error::{CudaError, DeviceErrors};
+pub use geometry::RowGeometry;
 pub use nvrtc::{nvrtc_available, nvrtc_version};
 pub use ssu::ssu_kernel_spec;
 

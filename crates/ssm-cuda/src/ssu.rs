@@ -8,7 +8,7 @@ use ssm_tensor::DType;
 use ssm_tensor::{Planned, Run};
 
 use crate::compile::{KernelSource, KernelSpec, c_type};
-use crate::geometry::{BlockSplit, WAVE_THREADS, fit_rows, grid_x, row_defines, rows_and_threads, tune_pairs_of};
+use crate::geometry::{BlockSplit, RowGeometry, WAVE_THREADS, fit_rows, grid_x, rows_and_threads, tune_pairs_of};
 use crate::{CudaBackend, CudaError};
 
 /// Strides of a per-token tensor as the kernel reads them (`struct TokStrides` in ssu.cu).
@@ -112,18 +112,8 @@ impl Walk {
 /// Tile geometry of one specialisation (see the header of `kernels/ssu.cu`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct SsuGeometry {
-    /// State elements per vector access (16 bytes, or 1 when the state is not 16-byte aligned).
-    pub vec: u32,
-    /// Lanes sharing one state row (a power of two ≤ 32).
-    pub tpr: u32,
-    /// Vectors per lane and row.
-    pub vpt: u32,
-    /// Rows per lane.
-    pub rpt: u32,
-    /// Threads per block.
-    pub threads: u32,
-    /// Minimum resident blocks per SM asked of the compiler (`__launch_bounds__`); 0 = none.
-    pub min_blocks: u32,
+    /// Vector width, lanes per row, rows per lane, threads and the register cap.
+    pub row: RowGeometry,
     /// Streaming (evict-first) cache hints on the state's loads and stores.
     pub streaming: bool,
     /// One-token route: store each row's final state as soon as it is computed.
@@ -131,11 +121,6 @@ pub struct SsuGeometry {
 }
 
 impl SsuGeometry {
-    /// Rows of `dim` one block covers.
-    pub fn dim_tile(&self) -> u32 {
-        self.threads / self.tpr * self.rpt
-    }
-
     /// The geometry for a state of `state` dtype with `dstate` columns, `dim` rows per head.
     /// `vectorized`: whether every state row start is 16-byte aligned.
     /// `rows_total`: sequences × heads × dim of the call; small calls get fewer rows per lane
@@ -194,12 +179,14 @@ impl SsuGeometry {
             min_blocks = if state.size() == 4 { 6 } else { 8 };
         }
         let g = SsuGeometry {
-            vec: vec as u32,
-            tpr: tpr as u32,
-            vpt: vpt as u32,
-            rpt: rpt as u32,
-            threads: threads as u32,
-            min_blocks,
+            row: RowGeometry {
+                vec: vec as u32,
+                tpr: tpr as u32,
+                vpt: vpt as u32,
+                rpt: rpt as u32,
+                threads: threads as u32,
+                min_blocks,
+            },
             // Evict-first hints on the state (read once, written once) measured better on an H200.
             streaming: true,
             row_store: false,
@@ -225,9 +212,9 @@ fn tune_value(key: &str) -> Option<u32> {
 fn tuning_override(mut g: SsuGeometry) -> SsuGeometry {
     for (k, v) in tune_pairs() {
         match (k.as_str(), *v) {
-            ("rpt", v) if v >= 1 => g.rpt = v,
-            ("threads", v) if v.is_multiple_of(32) && v >= g.tpr && v <= 1024 => g.threads = v,
-            ("minb", v) => g.min_blocks = v,
+            ("rpt", v) if v >= 1 => g.row.rpt = v,
+            ("threads", v) if v.is_multiple_of(32) && v >= g.row.tpr && v <= 1024 => g.row.threads = v,
+            ("minb", v) => g.row.min_blocks = v,
             ("cs", v) => g.streaming = v != 0,
             ("rowstore", v) => g.row_store = v != 0,
             _ => {}
@@ -294,7 +281,7 @@ impl SsuKey {
             Walk::of(plan.route != Route::OneToken, plan.spec),
             plan.dims.seqs * plan.dims.heads * plan.dims.dim,
         );
-        let vec = geometry.vec as usize;
+        let vec = geometry.row.vec as usize;
         set(
             bc_aligned(&plan.b, t.b, ba, vec, plan.dims.dstate) && bc_aligned(&plan.c, t.c, ca, vec, plan.dims.dstate),
             F_BC_VEC,
@@ -332,15 +319,12 @@ impl SsuKey {
             TYPE_NAMES.iter().zip(self.types).map(|(&n, t)| (n, c_type(t).to_string())).collect();
         let g = self.geometry;
         defines.push(("DSTATE", self.dstate.to_string()));
-        defines.extend(row_defines(g.vec, g.tpr, g.vpt, g.rpt, g.threads));
-        defines.extend([
-            ("MINB", g.min_blocks.to_string()),
-            ("STATE_CS", u8::from(g.streaming).to_string()),
-            ("ROWSTORE", u8::from(g.row_store).to_string()),
-        ]);
+        defines.extend(g.row.defines());
+        defines
+            .extend([("STATE_CS", u8::from(g.streaming).to_string()), ("ROWSTORE", u8::from(g.row_store).to_string())]);
         // One token, not speculative, 16-byte state vectors: the tile is held in storage form.
         let one_token = self.flags & (F_VARLEN | F_DENSE | F_SPEC) == 0;
-        let raw = one_token && g.vec as usize * self.types[0].size() == 16;
+        let raw = one_token && g.row.vec as usize * self.types[0].size() == 16;
         defines.push(("RAW", u8::from(raw).to_string()));
         for (name, f) in [
             ("HAS_Z", F_Z),
@@ -565,7 +549,7 @@ impl Run<SelectiveStateUpdateArgs<'_>> for CudaBackend {
             plan,
             Some((addr(args.state.device_addr()), addr(args.b.device_addr()), addr(args.c.device_addr()))),
         );
-        let dim_tiles = dims.dim.div_ceil(key.geometry.dim_tile() as usize);
+        let dim_tiles = dims.dim.div_ceil(key.geometry.row.dim_tile() as usize);
         let blocks = dims.seqs * dims.heads * dim_tiles;
         let Some(grid) = grid_x(blocks)? else { return Ok(()) };
         let func = self.ssu_function(&key)?;
@@ -575,7 +559,9 @@ impl Run<SelectiveStateUpdateArgs<'_>> for CudaBackend {
         // device for the call; the plan checked that every element the kernel can reach for
         // valid index values lies inside those views, and the kernel checks index values read
         // on the device before using them. The error word is owned by `self`.
-        unsafe { self.launch_kernel(&func, (grid, 1, 1), key.geometry.threads, &params, "cuLaunchKernel(ssu_kernel)") }
+        unsafe {
+            self.launch_kernel(&func, (grid, 1, 1), key.geometry.row.threads, &params, "cuLaunchKernel(ssu_kernel)")
+        }
     }
 }
 
@@ -595,36 +581,41 @@ mod tests {
     #[test]
     fn geometry_covers_dstate_with_16_byte_vectors() {
         let g = SsuGeometry::choose(DType::F32, 128, 64, true, true, Walk::Decode, 1 << 24);
-        assert_eq!((g.vec, g.tpr, g.vpt, g.rpt, g.threads), (4, 32, 1, 4, 128));
-        assert_eq!(g.dim_tile(), 16);
+        assert_eq!((g.row.vec, g.row.tpr, g.row.vpt, g.row.rpt, g.row.threads), (4, 32, 1, 4, 128));
+        assert_eq!(g.row.dim_tile(), 16);
         // A 16-bit state's decode holds eight rows per lane in storage form: one block per head.
         let g = SsuGeometry::choose(DType::BF16, 128, 64, true, true, Walk::Decode, 1 << 24);
-        assert_eq!((g.vec, g.tpr, g.vpt, g.rpt), (8, 16, 1, 8));
-        assert_eq!(g.dim_tile(), 64);
+        assert_eq!((g.row.vec, g.row.tpr, g.row.vpt, g.row.rpt), (8, 16, 1, 8));
+        assert_eq!(g.row.dim_tile(), 64);
         for walk in [Walk::SpecDecode, Walk::MultiToken] {
             let g = SsuGeometry::choose(DType::BF16, 128, 64, true, true, walk, 1 << 24);
-            assert_eq!((g.vec, g.tpr, g.vpt, g.rpt), (8, 16, 1, 4), "{walk:?}");
+            assert_eq!((g.row.vec, g.row.tpr, g.row.vpt, g.row.rpt), (8, 16, 1, 4), "{walk:?}");
         }
         let g = SsuGeometry::choose(DType::F32, 256, 64, true, true, Walk::Decode, 1 << 24);
-        assert_eq!((g.vec, g.tpr, g.vpt, g.rpt), (4, 32, 2, 2));
+        assert_eq!((g.row.vec, g.row.tpr, g.row.vpt, g.row.rpt), (4, 32, 2, 2));
         // Unaligned or odd dstate: scalar accesses, every column still covered.
         for (ds, dim) in [(7, 5), (1, 1), (0, 3), (16, 3), (300, 2)] {
             let g = SsuGeometry::choose(DType::F16, ds, dim, false, false, Walk::MultiToken, 1 << 24);
-            assert_eq!(g.vec, 1);
-            assert!((g.tpr * g.vpt) as usize >= ds, "{ds}");
-            assert!(g.tpr.is_power_of_two() && g.tpr <= 32 && g.threads.is_multiple_of(32) && g.threads >= g.tpr);
+            assert_eq!(g.row.vec, 1);
+            assert!((g.row.tpr * g.row.vpt) as usize >= ds, "{ds}");
+            assert!(
+                g.row.tpr.is_power_of_two()
+                    && g.row.tpr <= 32
+                    && g.row.threads.is_multiple_of(32)
+                    && g.row.threads >= g.row.tpr
+            );
         }
         // Small calls (batch 1 of Mamba2-2.7B: 80 heads × 64 rows) get one row per lane.
         let g = SsuGeometry::choose(DType::F32, 128, 64, true, true, Walk::Decode, 80 * 64);
-        assert_eq!((g.rpt, g.dim_tile()), (1, 4));
+        assert_eq!((g.row.rpt, g.row.dim_tile()), (1, 4));
         // Batch 8 (80 heads × 64 rows each): a 16-bit decode takes two rows per lane, a
         // multi-token route keeps four.
         let g = SsuGeometry::choose(DType::BF16, 128, 64, true, true, Walk::Decode, 8 * 80 * 64);
-        assert_eq!(g.rpt, 2);
+        assert_eq!(g.row.rpt, 2);
         let g = SsuGeometry::choose(DType::F32, 128, 64, true, true, Walk::MultiToken, 8 * 80 * 64);
-        assert_eq!(g.rpt, 4);
+        assert_eq!(g.row.rpt, 4);
         // Small heads do not waste most of the block.
         let g = SsuGeometry::choose(DType::BF16, 16, 4, true, true, Walk::Decode, 1 << 24);
-        assert!(g.dim_tile() < 64, "{g:?}");
+        assert!(g.row.dim_tile() < 64, "{g:?}");
     }
 }
