@@ -13,7 +13,7 @@ use ssm_tensor::Strided;
 use ssm_tensor::{DType, Planned, Run};
 
 use crate::compile::{KernelSource, KernelSpec, c_type};
-use crate::geometry::{BlockSplit, RowGeometry, WAVE_THREADS, fit_rows, grid_x, rows_and_threads, tune_pairs_of};
+use crate::geometry::{BlockSplit, RowGeometry, fit_rows, grid_x, raw16_rows, rows_and_threads, tune_pairs_of};
 use crate::{CudaBackend, CudaError};
 
 fn addr_of(base: Option<u64>, offset: isize, dtype: DType) -> u64 {
@@ -234,20 +234,16 @@ impl GdnGeometry {
         let (mut rpt, threads) = rows_and_threads((4 / vpt).max(1), tpr, v, rows_total);
         let raw = one_token_in_place && layout == StateLayout::VK && vec * state.size() == 16 && vpt == 1 && k <= 128;
         // Measured on an H200 (docs/PERF.md, SSM_CUDA_GDN_TUNE sweeps), one token in place:
-        // - a 16-bit tile in storage form: eight rows per lane from one wave of threads up (two for
-        //   smaller calls), registers capped for six blocks per SM;
+        // - a 16-bit tile in storage form: `raw16_rows`, from one wave (registers capped for six
+        //   blocks per SM below);
         // - an f32 tile: four rows per lane at every size (one or two rows at batch 8 left it at
         //   0.37–0.44 of copy, four reached 0.68).
-        let raw16 = raw && state.size() == 2;
         if raw {
-            let want = if !raw16 {
-                4
-            } else if rows_total * tpr / 8 >= WAVE_THREADS {
-                8
+            rpt = if state.size() == 2 {
+                raw16_rows(rows_total, tpr, threads, v, 1)
             } else {
-                2
+                fit_rows(4, tpr, threads, v)
             };
-            rpt = fit_rows(want, tpr, threads, v);
         }
         // Tuning sweeps (`SSM_CUDA_GDN_TUNE="rpt=N"`) may set the rows per lane.
         if let Some(r) = gdn_tune_value("rpt").filter(|&r| r >= 1) {
@@ -264,14 +260,7 @@ impl GdnGeometry {
             0
         };
         GdnGeometry {
-            row: RowGeometry {
-                vec: vec as u32,
-                tpr: tpr as u32,
-                vpt: vpt as u32,
-                rpt: rpt as u32,
-                threads: threads as u32,
-                min_blocks: gdn_tune_value("minb").unwrap_or(default_min_blocks),
-            },
+            row: RowGeometry::new(vec, tpr, vpt, rpt, threads, gdn_tune_value("minb").unwrap_or(default_min_blocks)),
             raw,
         }
     }

@@ -22,6 +22,15 @@ pub(crate) fn rows_and_threads(mut rpt: usize, tpr: usize, rows: usize, rows_tot
     (rpt, threads)
 }
 
+/// Rows per lane for a 16-bit tile held in its storage form (`RAW`), as measured on an H200
+/// (docs/PERF.md): eight rows per lane halve the per-thread overhead per byte once the call fills
+/// `waves` waves of threads at eight rows per lane; smaller calls take two (more, shorter
+/// blocks). Fitted to the `rows` of one head.
+pub(crate) fn raw16_rows(rows_total: usize, tpr: usize, threads: usize, rows: usize, waves: usize) -> usize {
+    let want = if rows_total * tpr / 8 >= waves * WAVE_THREADS { 8 } else { 2 };
+    fit_rows(want, tpr, threads, rows)
+}
+
 /// `want` rows per lane, halved while a block of `threads` lanes (`tpr` per row) would still
 /// cover all `rows` of a head with half as many.
 pub(crate) fn fit_rows(mut want: usize, tpr: usize, threads: usize, rows: usize) -> usize {
@@ -51,6 +60,18 @@ pub struct RowGeometry {
 }
 
 impl RowGeometry {
+    /// A geometry from the sizes the choosers compute (each far below `u32::MAX`).
+    pub(crate) fn new(vec: usize, tpr: usize, vpt: usize, rpt: usize, threads: usize, min_blocks: u32) -> Self {
+        RowGeometry {
+            vec: vec as u32,
+            tpr: tpr as u32,
+            vpt: vpt as u32,
+            rpt: rpt as u32,
+            threads: threads as u32,
+            min_blocks,
+        }
+    }
+
     /// Rows one block covers.
     pub fn dim_tile(&self) -> u32 {
         self.threads / self.tpr * self.rpt

@@ -8,7 +8,9 @@ use ssm_tensor::DType;
 use ssm_tensor::{Planned, Run};
 
 use crate::compile::{KernelSource, KernelSpec, c_type};
-use crate::geometry::{BlockSplit, RowGeometry, WAVE_THREADS, fit_rows, grid_x, rows_and_threads, tune_pairs_of};
+use crate::geometry::{
+    BlockSplit, RowGeometry, WAVE_THREADS, fit_rows, grid_x, raw16_rows, rows_and_threads, tune_pairs_of,
+};
 use crate::{CudaBackend, CudaError};
 
 /// Strides of a per-token tensor as the kernel reads them (`struct TokStrides` in ssu.cu).
@@ -156,17 +158,15 @@ impl SsuGeometry {
             rpt = rpt.min(2);
         }
         let (mut rpt, threads) = rows_and_threads(rpt, tpr, dim, rows_total);
-        let fit = |want: usize| fit_rows(want, tpr, threads, dim);
-        let big = |per_lane: usize| rows_total * tpr / per_lane >= 2 * WAVE_THREADS;
         // Measured on an H200 (docs/PERF.md, SSM_CUDA_SSU_TUNE sweeps):
-        // - decode with a 16-bit state held in storage form (`RAW`): eight rows per lane halve
-        //   the per-thread overhead per byte; small calls want two (more, shorter blocks);
+        // - decode with a 16-bit state held in storage form (`RAW`): `raw16_rows`, from two waves;
         // - multi-token routes of small calls: each lane's work is long already, so fewer than
         //   four rows per lane (two for the smallest calls) only cost more blocks.
         if walk == Walk::Decode && state.size() == 2 && vec * 2 == 16 && tied {
-            rpt = fit(if big(8) { 8 } else { 2 });
+            rpt = raw16_rows(rows_total, tpr, threads, dim, 2);
         } else if multi_token && tied && vpt == 1 {
-            rpt = rpt.max(fit(if rows_total * tpr / 4 >= WAVE_THREADS / 2 { 4 } else { 2 }));
+            let want = if rows_total * tpr / 4 >= WAVE_THREADS / 2 { 4 } else { 2 };
+            rpt = rpt.max(fit_rows(want, tpr, threads, dim));
         }
         // Multi-token routes (measured on an H200, docs/PERF.md): a 4-byte state wants eight rows
         // per lane with registers capped for six resident blocks; a 16-bit state four rows with
@@ -179,14 +179,7 @@ impl SsuGeometry {
             min_blocks = if state.size() == 4 { 6 } else { 8 };
         }
         let g = SsuGeometry {
-            row: RowGeometry {
-                vec: vec as u32,
-                tpr: tpr as u32,
-                vpt: vpt as u32,
-                rpt: rpt as u32,
-                threads: threads as u32,
-                min_blocks,
-            },
+            row: RowGeometry::new(vec, tpr, vpt, rpt, threads, min_blocks),
             // Evict-first hints on the state (read once, written once) measured better on an H200.
             streaming: true,
             row_store: false,
