@@ -90,14 +90,18 @@ __device__ __forceinline__ bf16_t ld_ro(const bf16_t* p) {
     return v;
 }
 
+// One 16-byte vector of T (16 / sizeof(T) elements) widened to f32.
+template <typename T> __device__ __forceinline__ void unpack_vec(const uint4& u, float* out) {
+    const T* e = reinterpret_cast<const T*>(&u);
+#pragma unroll
+    for (int i = 0; i < (int)(16 / sizeof(T)); ++i) out[i] = to_f32(e[i]);
+}
+
 // N consecutive read-only elements as f32: one 16-, 8- or 4-byte load when N * sizeof(T) is
 // one of those (the caller guarantees the alignment), else element by element.
 template <int N, typename T> __device__ __forceinline__ void load_vec_ro(const T* p, float* out) {
     if constexpr (N * sizeof(T) == 16) {
-        uint4 u = __ldg(reinterpret_cast<const uint4*>(p));
-        const T* e = reinterpret_cast<const T*>(&u);
-#pragma unroll
-        for (int i = 0; i < N; ++i) out[i] = to_f32(e[i]);
+        unpack_vec<T>(__ldg(reinterpret_cast<const uint4*>(p)), out);
     } else if constexpr (N * sizeof(T) > 16 && (N * sizeof(T)) % 16 == 0) {
         constexpr int K = 16 / sizeof(T);
 #pragma unroll
@@ -137,13 +141,6 @@ template <> __device__ __forceinline__ u32 pack2<f16_t>(float lo, float hi) {
 #else
     return (u32)from_f32<f16_t>(lo).bits | ((u32)from_f32<f16_t>(hi).bits << 16);
 #endif
-}
-
-// One 16-byte vector of T (16 / sizeof(T) elements) widened to f32.
-template <typename T> __device__ __forceinline__ void unpack_vec(const uint4& u, float* out) {
-    const T* e = reinterpret_cast<const T*>(&u);
-#pragma unroll
-    for (int i = 0; i < (int)(16 / sizeof(T)); ++i) out[i] = to_f32(e[i]);
 }
 
 // One 16-byte load (the caller guarantees the alignment); STREAMING: evict-first (`ld.global.cs`).
