@@ -17,6 +17,7 @@ use serde_json::{Value, json};
 use ssm_cuda::CudaBackend;
 use ssm_cuda::bench::{BenchResult, CopyBandwidth, SsuBenchShape, bench_ssu, measure_copy_bandwidth};
 use ssm_cuda::bench_gdn::{GdnBenchOp, GdnBenchShape, bench_gdn};
+use ssm_cuda::bench_ring::{ReplaySsmBenchShape, bench_replayssm};
 use ssm_tensor::DType;
 
 /// Options every CUDA bench shares: the peer, the JSON output, the copy measurement.
@@ -340,7 +341,55 @@ pub(crate) fn run(args: &CudaSsuBenchArgs) -> anyhow::Result<Value> {
             "dstate": s.dstate, "groups": s.groups, "bytes": s.bytes(),
         })));
     }
+    rows.extend(replayssm_rows(args, &m)?);
     m.write(&args.common, "ssu_cuda.json", rows)
+}
+
+/// ReplaySSM's checkpointing SSU on the 4-token speculative shapes (batches up to 256), in the
+/// same process as the plain SSU just timed: time per step against our plain speculative SSU's,
+/// and bytes per accepted token (all `T` tokens accepted, the decode the bench's cursors model).
+/// No peer runs here (vLLM's Triton ReplaySSM has no peer script yet).
+fn replayssm_rows(args: &CudaSsuBenchArgs, m: &Measured<SsuBenchShape>) -> anyhow::Result<Vec<Value>> {
+    let tokens = 4;
+    let (be, _, copy) = start(args.common.copy_bytes)?;
+    let copy_gbps = copy.best_gbps();
+    println!(
+        "{:<6} {:>5} {:>6} | {:>9} {:>8} {:>6} | {:>9} | {:>7} | {:>10} {:>10}",
+        "state", "batch", "tokens", "replay us", "GB/s", "copy", "plain us", "speedup", "B/tok rep", "B/tok plain"
+    );
+    let mut rows = Vec::new();
+    for state in args.common.states.iter().map(|s| s.dtype()) {
+        for &b in args.batches.iter().filter(|&&b| b <= 256) {
+            let s = ReplaySsmBenchShape::mamba2_2p7b(b, state, tokens);
+            let r = bench_replayssm(&be, &s).with_context(|| format!("bench {}", s.label()))?;
+            let plain =
+                m.ours.iter().find(|o| o.shape.batch == b && o.shape.tokens == tokens && o.shape.state == state);
+            let (plain_us, plain_bytes) = plain.map_or((f64::NAN, f64::NAN), |p| (p.us, p.shape.bytes() as f64));
+            let accepted = (b * tokens) as f64;
+            println!(
+                "{:<6} {:>5} {:>6} | {:>9.2} {:>8.1} {:>6.3} | {:>9.2} | {:>7.2} | {:>10.0} {:>10.0}",
+                state_name(state),
+                b,
+                tokens,
+                r.us,
+                r.gbps,
+                r.gbps / copy_gbps,
+                plain_us,
+                plain_us / r.us,
+                s.bytes() as f64 / accepted,
+                plain_bytes / accepted
+            );
+            rows.push(json!({
+                "op": "checkpointing_ssu", "state": state_name(state), "batch": b, "tokens": tokens,
+                "window": s.window, "flushing": s.flushing(), "heads": s.heads, "dim": s.dim, "dstate": s.dstate,
+                "bytes": s.bytes(), "us": r.us, "gbps": r.gbps, "fraction_of_copy": r.gbps / copy_gbps,
+                "copy_gbps": copy_gbps, "plain_spec_us": plain_us, "speedup_vs_plain_spec": plain_us / r.us,
+                "bytes_per_accepted_token": s.bytes() as f64 / accepted,
+                "plain_bytes_per_accepted_token": plain_bytes / accepted,
+            }));
+        }
+    }
+    Ok(rows)
 }
 
 /// Options of the CUDA GDN bench.

@@ -10,6 +10,7 @@ use ssm_cuda::Arch;
 use ssm_cuda::compile::{compile_with_report, copy_kernel_spec};
 use ssm_cuda::conv::conv_catalogue;
 use ssm_cuda::gdn::gdn_catalogue;
+use ssm_cuda::ring::ring_catalogue;
 use ssm_cuda::ssu::ssu_catalogue;
 
 /// Arguments of `build-kernels`.
@@ -43,6 +44,7 @@ pub(crate) fn run(args: &BuildKernelsArgs) -> anyhow::Result<()> {
     kernels.extend(ssu_catalogue());
     kernels.extend(gdn_catalogue());
     kernels.extend(conv_catalogue());
+    kernels.extend(ring_catalogue());
     if let Some(only) = &args.only {
         kernels.retain(|(label, _)| label.contains(only.as_str()));
     }

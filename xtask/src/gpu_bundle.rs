@@ -249,6 +249,7 @@ const RUN_SH: &str = r#"#!/usr/bin/env bash
 #   bash run.sh [tests] [conformance] [examples] [sanitize] [bench]   (default: all five)
 #   PEER_VLLM=/path/to/extracted/vllm  bash run.sh bench   # adds vLLM's Triton peer
 #   SSM_SANITIZE_BINS="test-ssm-cuda-gpu_ssu" bash run.sh sanitize   # a subset of gpu-tests.txt
+#   SSM_BENCH_OPS="ssu" bash run.sh bench                              # a subset of the benches
 #   SSM_REQUIRE_GPU=0 bash run.sh tests         # without a GPU: the GPU tests skip, printing why
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -347,9 +348,10 @@ run_conformance() {
 }
 
 run_bench() {
-    # The SSU and GDN decode benches, each with vLLM's Triton peer when PEER_VLLM is set.
+    # The SSU (with ReplaySSM) and GDN decode benches, each with vLLM's Triton peer when
+    # PEER_VLLM is set; SSM_BENCH_OPS="ssu" runs a subset.
     local op peer
-    for op in ssu gdn; do
+    for op in ${SSM_BENCH_OPS:-ssu gdn}; do
         peer=()
         [ -n "${PEER_VLLM:-}" ] && peer=(--peer-vllm "$PEER_VLLM" --peer-script "$here/peers/${op}_peer.py")
         if "$bin/xtask" "bench-cuda-$op" "${peer[@]}" --json "$out/bench_${op}_cuda.json" 2>&1 | tee "$out/bench_$op.log"; then

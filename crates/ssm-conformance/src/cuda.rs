@@ -4,8 +4,8 @@
 //! [`ssm_cuda::testing::StageArgs`]).
 
 use ssm_cuda::testing::{
-    DeviceConvFnArgs, DeviceConvUpdateArgs, DeviceGdnGatingArgs, DeviceGdnRecurrentArgs, DeviceGdnSigmoidArgs,
-    DeviceSsuArgs, MirrorError, stage,
+    DeviceCheckpointingSsuArgs, DeviceCommitTrackersArgs, DeviceConvFnArgs, DeviceConvUpdateArgs, DeviceGdnGatingArgs,
+    DeviceGdnRecurrentArgs, DeviceGdnSigmoidArgs, DeviceSsuArgs, DeviceUpdateTrackersArgs, MirrorError, stage,
 };
 use ssm_dispatch::Runtime;
 
@@ -72,13 +72,14 @@ impl Target for Staged {
         fused_gdn_gating: ssm_gdn::FusedGdnGatingArgs<'_> => DeviceGdnGatingArgs,
         fused_recurrent_gated_delta_rule: ssm_gdn::FusedRecurrentGatedDeltaRuleArgs<'_> => DeviceGdnRecurrentArgs,
         fused_sigmoid_gating_delta_rule_update: ssm_gdn::FusedSigmoidGatingDeltaRuleUpdateArgs<'_> => DeviceGdnSigmoidArgs,
+        update_replayssm_ring_trackers: ssm_ring::UpdateRingTrackersArgs<'_> => DeviceUpdateTrackersArgs,
+        commit_replayssm_ring_trackers: ssm_ring::CommitRingTrackersArgs<'_> => DeviceCommitTrackersArgs,
+        checkpointing_ssu: ssm_ring::CheckpointingSsuArgs<'_> => DeviceCheckpointingSsuArgs,
     }
 
     // Ops without a CUDA kernel yet.
     unstaged! {
         chunk_gated_delta_rule: ssm_gdn::ChunkGatedDeltaRuleArgs<'_>,
         mamba_chunk_scan_combined_varlen: ssm_ssd::MambaChunkScanCombinedVarlenArgs<'_>,
-        update_replayssm_ring_trackers: ssm_ring::UpdateRingTrackersArgs<'_>,
-        commit_replayssm_ring_trackers: ssm_ring::CommitRingTrackersArgs<'_>,
     }
 }

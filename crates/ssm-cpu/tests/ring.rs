@@ -523,3 +523,63 @@ fn replayssm_speculative_decode_with_random_acceptance_equals_plain_ssu() {
         assert_eq!(&pools.state[..per], &init[..per], "the pad slot's state was touched");
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// The shared generator (`ssm_conformance::cases::ring_random`), which the GPU tests run too.
+
+/// The property matrix of the shared generator: each CPU backend equals the f64 reference.
+#[test]
+fn shared_checkpointing_matrix_matches_the_f64_reference() {
+    use ssm_conformance::cases::ring_random::{CkptCase, CkptSpec, check_ckpt};
+    let cpus = backends();
+    for i in 0..42 {
+        let spec = CkptSpec::matrix(i);
+        let base = CkptCase::random(spec, 100 + i as u64);
+        let mut want = base.clone();
+        reference::checkpointing_ssu_f64(plan(want.args()).unwrap());
+        for (k, cpu) in cpus.iter().enumerate() {
+            let mut got = base.clone();
+            cpu.run(plan(got.args()).unwrap()).unwrap();
+            check_ckpt(&base, &got, &want).unwrap_or_else(|e| panic!("case {i} cpu {k} {spec:?}: {e}"));
+        }
+    }
+}
+
+/// Tracker calls with duplicate, pad and out-of-range slots over more rows than one GPU chunk:
+/// the CPU backend equals the reference bit for bit in every mode.
+#[test]
+fn shared_tracker_cases_match_the_reference() {
+    use ssm_conformance::cases::ring_random::TrackerCase;
+    let cpu = &backends()[0];
+    for (i, rows) in [0usize, 1, 37, 2048, 2049, 5000].into_iter().enumerate() {
+        for dtype in [DType::I32, DType::I64] {
+            let base = TrackerCase::random(rows, 300, dtype, [DType::I32, DType::I64][i % 2], i as u64);
+            for mode in 0..3 {
+                let (mut got, mut want) = (base.clone(), base.clone());
+                match mode {
+                    2 => {
+                        cpu.run(plan(got.commit_args()).unwrap()).unwrap();
+                        reference::commit_replayssm_ring_trackers(plan(want.commit_args()).unwrap());
+                    }
+                    _ => {
+                        cpu.run(plan(got.update_args(mode == 1)).unwrap()).unwrap();
+                        reference::update_replayssm_ring_trackers(plan(want.update_args(mode == 1)).unwrap());
+                    }
+                }
+                for k in 0..3 {
+                    assert_eq!(got.trackers[k].bytes(), want.trackers[k].bytes(), "rows {rows} {dtype:?} mode {mode}");
+                }
+            }
+        }
+    }
+}
+
+/// The shared 40-step decode: ReplaySSM outputs equal the plain SSU's on the same tokens.
+#[test]
+fn shared_replayssm_decode_equals_plain_ssu() {
+    use ssm_conformance::cases::ring_random::replayssm_decode_vs_plain_ssu;
+    for (k, cpu) in backends().iter().enumerate() {
+        let worst = replayssm_decode_vs_plain_ssu(cpu, 11 + k as u64).unwrap();
+        eprintln!("cpu {k}: largest |ReplaySSM - plain SSU| over 40 steps: {worst:.2e}");
+    }
+}

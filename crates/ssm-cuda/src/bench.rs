@@ -201,6 +201,17 @@ pub struct BenchResult<S> {
 /// Timing of one SSU shape.
 pub type SsuBenchResult = BenchResult<SsuBenchShape>;
 
+/// A random permutation of `0..n` drawn from `seed` (a bench's slot table: sequences gather
+/// from all over the pool).
+pub(crate) fn permutation(n: usize, seed: u64) -> Vec<i32> {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let mut perm: Vec<i32> = (0..n as i32).collect();
+    for i in (1..perm.len()).rev() {
+        perm.swap(i, rng.random_range(0..=i));
+    }
+    perm
+}
+
 /// One pool's slot table and its speculative companions, for `batch` sequences of `tokens`
 /// tokens: a random permutation of the slots `first..first + batch·tokens` (sequences gather
 /// from all over the pool), the accepted-token counts (in `1..=tokens`) and the packed
@@ -223,12 +234,7 @@ pub(crate) struct SlotTableViews<'a> {
 
 impl SlotTables {
     pub(crate) fn new(be: &CudaBackend, batch: usize, tokens: usize, first: i32, seed: u64) -> Result<Self, CudaError> {
-        let slots = (batch * tokens) as i32;
-        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
-        let mut perm: Vec<i32> = (first..first + slots).collect();
-        for i in (1..perm.len()).rev() {
-            perm.swap(i, rng.random_range(0..=i));
-        }
+        let perm: Vec<i32> = permutation(batch * tokens, seed).into_iter().map(|s| s + first).collect();
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed ^ 0x55);
         let nacc: Vec<i32> = (0..batch).map(|_| rng.random_range(1..=tokens as i32)).collect();
         let cu: Vec<i32> = (0..=batch as i32).map(|i| i * tokens as i32).collect();

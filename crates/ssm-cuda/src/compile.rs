@@ -24,6 +24,10 @@ pub const SSU_SOURCE: &str = include_str!("../kernels/ssu.cu");
 pub const GDN_SOURCE: &str = include_str!("../kernels/gdn.cu");
 /// The causal conv1d kernel (update and fn).
 pub const CONV_SOURCE: &str = include_str!("../kernels/conv.cu");
+/// The ReplaySSM ring-tracker kernel (advance, reset, commit).
+pub const RING_TRACKERS_SOURCE: &str = include_str!("../kernels/ring_trackers.cu");
+/// ReplaySSM's checkpointing SSU kernel.
+pub const CHECKPOINTING_SSU_SOURCE: &str = include_str!("../kernels/checkpointing_ssu.cu");
 /// The 16-byte copy kernel (bandwidth yardstick).
 pub const COPY_SOURCE: &str = include_str!("../kernels/copy.cu");
 
@@ -51,6 +55,10 @@ pub enum KernelSource {
     Gdn,
     /// `kernels/conv.cu`.
     Conv,
+    /// `kernels/ring_trackers.cu`.
+    RingTrackers,
+    /// `kernels/checkpointing_ssu.cu`.
+    CheckpointingSsu,
 }
 
 impl KernelSource {
@@ -61,11 +69,20 @@ impl KernelSource {
             KernelSource::Copy => "copy.cu",
             KernelSource::Gdn => "gdn.cu",
             KernelSource::Conv => "conv.cu",
+            KernelSource::RingTrackers => "ring_trackers.cu",
+            KernelSource::CheckpointingSsu => "checkpointing_ssu.cu",
         }
     }
 
     /// Every kernel source.
-    pub const ALL: [KernelSource; 4] = [KernelSource::Ssu, KernelSource::Copy, KernelSource::Gdn, KernelSource::Conv];
+    pub const ALL: [KernelSource; 6] = [
+        KernelSource::Ssu,
+        KernelSource::Copy,
+        KernelSource::Gdn,
+        KernelSource::Conv,
+        KernelSource::RingTrackers,
+        KernelSource::CheckpointingSsu,
+    ];
 
     /// The kernel's own text (without `common.cuh`).
     pub fn body(self) -> &'static str {
@@ -74,6 +91,8 @@ impl KernelSource {
             KernelSource::Copy => COPY_SOURCE,
             KernelSource::Gdn => GDN_SOURCE,
             KernelSource::Conv => CONV_SOURCE,
+            KernelSource::RingTrackers => RING_TRACKERS_SOURCE,
+            KernelSource::CheckpointingSsu => CHECKPOINTING_SSU_SOURCE,
         }
     }
 
@@ -389,6 +408,7 @@ mod tests {
             ("ERR_CU_SEQLENS", DeviceErrors::CU_SEQLENS),
             ("ERR_ACCEPTED", DeviceErrors::ACCEPTED),
             ("ERR_COLUMN", DeviceErrors::COLUMN),
+            ("ERR_CURSOR", DeviceErrors::CURSOR),
         ];
         let defines: Vec<(String, u32)> = COMMON_SOURCE
             .lines()

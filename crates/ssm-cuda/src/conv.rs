@@ -10,7 +10,7 @@ use ssm_tensor::{DType, Planned, Run, TensorMut, TensorRef};
 
 use crate::compile::{KernelSource, KernelSpec, c_type};
 use crate::geometry::grid_x;
-use crate::{CudaBackend, CudaError};
+use crate::{CudaBackend, CudaError, addr_of};
 
 /// The kernel's parameter block (`struct ConvParams` in conv.cu: same order, no padding).
 /// Addresses already include each tensor's element offset.
@@ -232,11 +232,8 @@ impl Call<'_, '_> {
     fn params(&self, err: u64, key: &ConvKey) -> (ConvParams, u32) {
         let p = self.plan;
         let dt = p.dtype;
-        let at = |a: Option<u64>, offset: usize, es: usize| {
-            a.map_or(0, |a| a.wrapping_add((offset as i64 * es as i64) as u64))
-        };
         let tab = |t: Option<&TensorRef<'_>>| match t {
-            Some(t) => (at(t.device_addr(), t.layout().offset(), t.dtype().size()), t.strides()[0] as i64),
+            Some(t) => (addr_of(t.device_addr(), t.layout().offset() as isize, t.dtype()), t.strides()[0] as i64),
             None => (0, 0),
         };
         let (ci, ci_seq) = tab(self.ci);
@@ -262,14 +259,14 @@ impl Call<'_, '_> {
             (CHUNK as i32, max_len.div_ceil(CHUNK).min(cap))
         };
         let params = ConvParams {
-            x: at(self.x.device_addr(), self.x.layout().offset(), dt.size()),
-            w: at(self.weight.device_addr(), p.weight.offset, dt.size()),
+            x: addr_of(self.x.device_addr(), self.x.layout().offset() as isize, dt),
+            w: addr_of(self.weight.device_addr(), p.weight.offset as isize, dt),
             bias: match (self.bias, p.bias) {
-                (Some(b), Some(s)) => at(b.device_addr(), s.offset, dt.size()),
+                (Some(b), Some(s)) => addr_of(b.device_addr(), s.offset as isize, dt),
                 _ => 0,
             },
-            state: at(self.state.device_addr(), p.state.offset, dt.size()),
-            out: at(self.out.device_addr(), self.out.layout().offset(), dt.size()),
+            state: addr_of(self.state.device_addr(), p.state.offset as isize, dt),
+            out: addr_of(self.out.device_addr(), self.out.layout().offset() as isize, dt),
             ci,
             nacc,
             qsl,
@@ -368,12 +365,7 @@ impl CudaBackend {
     }
 
     fn conv_function(&self, key: &ConvKey) -> Result<cudarc::driver::CudaFunction, CudaError> {
-        if let Some(f) = self.conv_functions.lock().unwrap_or_else(|e| e.into_inner()).get(key) {
-            return Ok(f.clone());
-        }
-        let f = self.function(&key.spec())?;
-        self.conv_functions.lock().unwrap_or_else(|e| e.into_inner()).insert(*key, f.clone());
-        Ok(f)
+        self.conv_functions.get_or_load(self, *key, ConvKey::spec)
     }
 
     /// [`prewarm`](Self::prewarm) for the kernel a `causal_conv1d_update` call launches (its

@@ -94,12 +94,16 @@ pub struct DeviceErrors(pub u32);
 impl DeviceErrors {
     /// A slot index (`state_batch_indices` / `dst_state_batch_indices`) outside `[0, slots)` and not the pad.
     pub const SLOT: u32 = 1;
-    /// `cu_seqlens` not non-decreasing within `[0, rows]`.
+    /// `cu_seqlens` not non-decreasing within `[0, rows]` (or, for `checkpointing_ssu`, a
+    /// sequence longer than its window's `max_seqlen`).
     pub const CU_SEQLENS: u32 = 2;
     /// `num_accepted_tokens` (or the sequence length in speculative mode) beyond the slot table's width.
     pub const ACCEPTED: u32 = 4;
     /// A prefix-caching column (`initial_state_idx` / `block_idx_last_scheduled_token`) outside the slot table's width.
     pub const COLUMN: u32 = 8;
+    /// A ReplaySSM cursor outside the ring: `ring_start` outside `[0, L)` or
+    /// `prev_num_accepted_tokens` outside `[0, W]`.
+    pub const CURSOR: u32 = 16;
 }
 
 impl std::fmt::Display for DeviceErrors {
@@ -109,13 +113,16 @@ impl std::fmt::Display for DeviceErrors {
             parts.push("slot index outside [0, slots) and not the pad");
         }
         if self.0 & Self::CU_SEQLENS != 0 {
-            parts.push("cu_seqlens decreasing or outside [0, rows]");
+            parts.push("cu_seqlens decreasing, outside [0, rows] or a sequence longer than its window");
         }
         if self.0 & Self::ACCEPTED != 0 {
             parts.push("num_accepted_tokens or sequence length beyond the slot table's width");
         }
         if self.0 & Self::COLUMN != 0 {
             parts.push("prefix-caching column outside the slot table's width");
+        }
+        if self.0 & Self::CURSOR != 0 {
+            parts.push("ReplaySSM cursor outside the ring (ring_start) or the window (prev_num_accepted_tokens)");
         }
         write!(f, "{} (word {:#x})", parts.join("; "), self.0)
     }

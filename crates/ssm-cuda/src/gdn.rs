@@ -14,11 +14,7 @@ use ssm_tensor::{DType, Planned, Run};
 
 use crate::compile::{KernelSource, KernelSpec, c_type};
 use crate::geometry::{BlockSplit, RowGeometry, fit_rows, grid_x, raw16_rows, rows_and_threads, tune_pairs_of};
-use crate::{CudaBackend, CudaError};
-
-fn addr_of(base: Option<u64>, offset: isize, dtype: DType) -> u64 {
-    base.map_or(0, |a| a.wrapping_add_signed((offset * dtype.size() as isize) as i64))
-}
+use crate::{CudaBackend, CudaError, addr_of};
 
 // ---------------------------------------------------------------------------------------------
 // fused_gdn_gating
@@ -662,12 +658,7 @@ impl CudaBackend {
     }
 
     fn gdn_function(&self, key: GdnKey) -> Result<cudarc::driver::CudaFunction, CudaError> {
-        if let Some(f) = self.gdn_functions.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
-            return Ok(f.clone());
-        }
-        let f = self.function(&key.spec())?;
-        self.gdn_functions.lock().unwrap_or_else(|e| e.into_inner()).insert(key, f.clone());
-        Ok(f)
+        self.gdn_functions.get_or_load(self, key, GdnKey::spec)
     }
 }
 

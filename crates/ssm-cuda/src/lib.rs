@@ -19,12 +19,14 @@
 
 pub mod bench;
 pub mod bench_gdn;
+pub mod bench_ring;
 pub mod compile;
 pub mod conv;
 mod error;
 pub mod gdn;
 mod geometry;
 pub mod nvrtc;
+pub mod ring;
 pub mod ssu;
 pub mod testing;
 mod unsupported;
@@ -79,6 +81,39 @@ pub fn probe() -> Availability {
     }
 }
 
+/// The device address of element `offset` of a view whose memory starts at `base` (0 for an
+/// absent tensor): what every parameter block passes, so kernels index from element 0.
+pub(crate) fn addr_of(base: Option<u64>, offset: isize, dtype: ssm_tensor::DType) -> u64 {
+    base.map_or(0, |a| a.wrapping_add_signed((offset * dtype.size() as isize) as i64))
+}
+
+/// The loaded functions of one kernel family by its compact key: a per-call lookup that hashes
+/// a few bytes rather than a [`KernelSpec`]'s macro strings. A miss builds the spec and goes
+/// through [`CudaBackend::function`] (the spec cache, then NVRTC).
+struct KeyedFunctions<K>(Mutex<HashMap<K, CudaFunction>>);
+
+impl<K> Default for KeyedFunctions<K> {
+    fn default() -> Self {
+        KeyedFunctions(Mutex::new(HashMap::new()))
+    }
+}
+
+impl<K: Copy + Eq + std::hash::Hash> KeyedFunctions<K> {
+    fn get_or_load(
+        &self,
+        backend: &CudaBackend,
+        key: K,
+        spec: impl FnOnce(&K) -> KernelSpec,
+    ) -> Result<CudaFunction, CudaError> {
+        if let Some(f) = self.0.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+            return Ok(f.clone());
+        }
+        let f = backend.function(&spec(&key))?;
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).insert(key, f.clone());
+        Ok(f)
+    }
+}
+
 /// The CUDA backend: one device, one stream, a kernel cache and a device error word.
 pub struct CudaBackend {
     ordinal: usize,
@@ -86,9 +121,10 @@ pub struct CudaBackend {
     stream: Arc<CudaStream>,
     compiler: Compiler,
     functions: Mutex<HashMap<KernelSpec, CudaFunction>>,
-    ssu_functions: Mutex<HashMap<ssu::SsuKey, CudaFunction>>,
-    gdn_functions: Mutex<HashMap<gdn::GdnKey, CudaFunction>>,
-    conv_functions: Mutex<HashMap<conv::ConvKey, CudaFunction>>,
+    ssu_functions: KeyedFunctions<ssu::SsuKey>,
+    gdn_functions: KeyedFunctions<gdn::GdnKey>,
+    conv_functions: KeyedFunctions<conv::ConvKey>,
+    ring_functions: KeyedFunctions<ring::RingKey>,
     error_word: CudaSlice<u32>,
     error_word_addr: u64,
 }
@@ -150,9 +186,10 @@ impl CudaBackend {
             stream,
             compiler: Compiler::new(arch, compile::default_cache_dir()),
             functions: Mutex::new(HashMap::new()),
-            ssu_functions: Mutex::new(HashMap::new()),
-            gdn_functions: Mutex::new(HashMap::new()),
-            conv_functions: Mutex::new(HashMap::new()),
+            ssu_functions: KeyedFunctions::default(),
+            gdn_functions: KeyedFunctions::default(),
+            conv_functions: KeyedFunctions::default(),
+            ring_functions: KeyedFunctions::default(),
             error_word,
             error_word_addr,
         })
@@ -210,7 +247,25 @@ impl CudaBackend {
         params: &P,
         name: &'static str,
     ) -> Result<(), CudaError> {
-        let cfg = LaunchConfig { grid_dim: grid, block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: forwarded from this function's contract.
+        unsafe { self.launch_kernel_shared(func, grid, threads, 0, params, name) }
+    }
+
+    /// [`launch_kernel`](Self::launch_kernel) with `shared` bytes of dynamic shared memory per
+    /// block (at most the 48 KiB a launch gets without an opt-in attribute).
+    ///
+    /// # Safety
+    /// As [`launch_kernel`](Self::launch_kernel); `shared` covers what the kernel carves.
+    pub(crate) unsafe fn launch_kernel_shared<P: cudarc::driver::DeviceRepr>(
+        &self,
+        func: &CudaFunction,
+        grid: (u32, u32, u32),
+        threads: u32,
+        shared: u32,
+        params: &P,
+        name: &'static str,
+    ) -> Result<(), CudaError> {
+        let cfg = LaunchConfig { grid_dim: grid, block_dim: (threads, 1, 1), shared_mem_bytes: shared };
         let mut launch = self.stream.launch_builder(func);
         launch.arg(params);
         // SAFETY: the caller's contract above.
@@ -296,12 +351,7 @@ impl CudaBackend {
     }
 
     pub(crate) fn ssu_function(&self, key: &ssu::SsuKey) -> Result<CudaFunction, CudaError> {
-        if let Some(f) = self.ssu_functions.lock().unwrap_or_else(|e| e.into_inner()).get(key) {
-            return Ok(f.clone());
-        }
-        let f = self.function(&key.spec())?;
-        self.ssu_functions.lock().unwrap_or_else(|e| e.into_inner()).insert(*key, f.clone());
-        Ok(f)
+        self.ssu_functions.get_or_load(self, *key, ssu::SsuKey::spec)
     }
 
     /// Copies `bytes` from `src` to `dst` with the 16-byte copy kernel (bandwidth yardstick).

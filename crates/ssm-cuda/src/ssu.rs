@@ -11,7 +11,7 @@ use crate::compile::{KernelSource, KernelSpec, c_type};
 use crate::geometry::{
     BlockSplit, RowGeometry, WAVE_THREADS, fit_rows, grid_x, raw16_rows, rows_and_threads, tune_pairs_of,
 };
-use crate::{CudaBackend, CudaError};
+use crate::{CudaBackend, CudaError, addr_of};
 
 /// Strides of a per-token tensor as the kernel reads them (`struct TokStrides` in ssu.cu).
 #[repr(C)]
@@ -428,10 +428,6 @@ fn state_rows_aligned(plan: &SsuPlan, addr: u64) -> bool {
     let dims = plan.dims;
     let ok = |stride: isize, extent: usize| extent <= 1 || (stride as i64 * es) % 16 == 0;
     base % 16 == 0 && ok(s0, dims.slots) && ok(s1, dims.heads) && ok(s2, dims.dim)
-}
-
-fn addr_of(base: Option<u64>, offset: isize, dtype: DType) -> u64 {
-    base.map_or(0, |a| a.wrapping_add((offset as i64 * dtype.size() as i64) as u64))
 }
 
 impl CudaBackend {

@@ -10,6 +10,7 @@ use ssm_gdn::{
     DeltaRuleArgs, FusedGdnGatingArgs, FusedRecurrentGatedDeltaRuleArgs, FusedSigmoidGatingDeltaRuleUpdateArgs,
     GateInputs, GdnError, StateLayout,
 };
+use ssm_ring::{CheckpointingSsuArgs, CommitRingTrackersArgs, RingError, RingTrackers, UpdateRingTrackersArgs};
 use ssm_ssu::{SelectiveStateUpdateArgs, SsuError};
 use ssm_tensor::{DType, Op, Planned, Run, TensorError, TensorMut, TensorRef};
 
@@ -128,6 +129,9 @@ pub enum MirrorError {
     /// The device arguments of a GDN op did not plan.
     #[error(transparent)]
     GdnPlan(#[from] GdnError),
+    /// The device arguments of a ReplaySSM op did not plan.
+    #[error(transparent)]
+    RingPlan(#[from] RingError),
     /// A CUDA call failed.
     #[error(transparent)]
     Cuda(#[from] CudaError),
@@ -688,6 +692,227 @@ impl StageArgs for DeviceGdnSigmoidArgs {
     }
 }
 
+/// The three ReplaySSM cursor tensors, copied to the device.
+pub struct StagedTrackers {
+    ring_start: StagedTensor,
+    prev_num_accepted: StagedTensor,
+    prev_query_len: StagedTensor,
+}
+
+impl StagedTrackers {
+    fn upload(backend: &CudaBackend, t: &RingTrackers<'_>) -> Result<Self, MirrorError> {
+        Ok(StagedTrackers {
+            ring_start: StagedTensor::upload(backend, &t.ring_start.as_ref())?,
+            prev_num_accepted: StagedTensor::upload(backend, &t.prev_num_accepted.as_ref())?,
+            prev_query_len: StagedTensor::upload(backend, &t.prev_query_len.as_ref())?,
+        })
+    }
+    fn views(&mut self) -> Result<RingTrackers<'_>, TensorError> {
+        Ok(RingTrackers {
+            ring_start: self.ring_start.view_mut()?,
+            prev_num_accepted: self.prev_num_accepted.view_mut()?,
+            prev_query_len: self.prev_query_len.view_mut()?,
+        })
+    }
+    fn copy_back(&self, host: &mut RingTrackers<'_>) -> Result<(), MirrorError> {
+        self.ring_start.copy_back(&mut host.ring_start)?;
+        self.prev_num_accepted.copy_back(&mut host.prev_num_accepted)?;
+        self.prev_query_len.copy_back(&mut host.prev_query_len)
+    }
+}
+
+/// The tensors of one `update_replayssm_ring_trackers` (or reset), copied to the device, plus
+/// its scalar arguments.
+pub struct DeviceUpdateTrackersArgs {
+    trackers: StagedTrackers,
+    sbi: StagedTensor,
+    logical_window: Option<i64>,
+    ring_buffer_len: Option<i64>,
+    pad_slot_id: Option<i64>,
+}
+
+impl DeviceUpdateTrackersArgs {
+    /// The three cursor tensors' device bytes (waits for the stream).
+    pub fn tracker_buffers(&mut self) -> Vec<Vec<u8>> {
+        let t = &mut self.trackers;
+        [&mut t.ring_start, &mut t.prev_num_accepted, &mut t.prev_query_len]
+            .into_iter()
+            .map(|s| s.buffer().download().expect("a device-to-host copy"))
+            .collect()
+    }
+}
+
+impl StageArgs for DeviceUpdateTrackersArgs {
+    type Args<'a> = UpdateRingTrackersArgs<'a>;
+    fn upload(backend: &CudaBackend, args: &UpdateRingTrackersArgs<'_>) -> Result<Self, MirrorError> {
+        Ok(DeviceUpdateTrackersArgs {
+            trackers: StagedTrackers::upload(backend, &args.trackers)?,
+            sbi: StagedTensor::upload(backend, &args.state_batch_indices)?,
+            logical_window: args.logical_window,
+            ring_buffer_len: args.ring_buffer_len,
+            pad_slot_id: args.pad_slot_id,
+        })
+    }
+    fn args(&mut self) -> Result<UpdateRingTrackersArgs<'_>, TensorError> {
+        Ok(UpdateRingTrackersArgs {
+            trackers: self.trackers.views()?,
+            state_batch_indices: self.sbi.view()?,
+            logical_window: self.logical_window,
+            ring_buffer_len: self.ring_buffer_len,
+            pad_slot_id: self.pad_slot_id,
+        })
+    }
+    fn copy_back(&self, host: &mut UpdateRingTrackersArgs<'_>) -> Result<(), MirrorError> {
+        self.trackers.copy_back(&mut host.trackers)
+    }
+    fn launch(backend: &CudaBackend, args: UpdateRingTrackersArgs<'_>) -> Result<(), MirrorError> {
+        plan_and_run(backend, args)
+    }
+}
+
+/// The tensors of one `commit_replayssm_ring_trackers`, copied to the device, plus its scalars.
+pub struct DeviceCommitTrackersArgs {
+    trackers: StagedTrackers,
+    sbi: StagedTensor,
+    accepted: StagedTensor,
+    qsl: StagedTensor,
+    logical_window: i64,
+    ring_buffer_len: i64,
+    pad_slot_id: Option<i64>,
+}
+
+impl StageArgs for DeviceCommitTrackersArgs {
+    type Args<'a> = CommitRingTrackersArgs<'a>;
+    fn upload(backend: &CudaBackend, args: &CommitRingTrackersArgs<'_>) -> Result<Self, MirrorError> {
+        Ok(DeviceCommitTrackersArgs {
+            trackers: StagedTrackers::upload(backend, &args.trackers)?,
+            sbi: StagedTensor::upload(backend, &args.state_batch_indices)?,
+            accepted: StagedTensor::upload(backend, &args.num_accepted_tokens)?,
+            qsl: StagedTensor::upload(backend, &args.query_start_loc)?,
+            logical_window: args.logical_window,
+            ring_buffer_len: args.ring_buffer_len,
+            pad_slot_id: args.pad_slot_id,
+        })
+    }
+    fn args(&mut self) -> Result<CommitRingTrackersArgs<'_>, TensorError> {
+        Ok(CommitRingTrackersArgs {
+            trackers: self.trackers.views()?,
+            state_batch_indices: self.sbi.view()?,
+            num_accepted_tokens: self.accepted.view()?,
+            query_start_loc: self.qsl.view()?,
+            logical_window: self.logical_window,
+            ring_buffer_len: self.ring_buffer_len,
+            pad_slot_id: self.pad_slot_id,
+        })
+    }
+    fn copy_back(&self, host: &mut CommitRingTrackersArgs<'_>) -> Result<(), MirrorError> {
+        self.trackers.copy_back(&mut host.trackers)
+    }
+    fn launch(backend: &CudaBackend, args: CommitRingTrackersArgs<'_>) -> Result<(), MirrorError> {
+        plan_and_run(backend, args)
+    }
+}
+
+/// The tensors of one `checkpointing_ssu`, copied to the device, plus its scalar arguments.
+pub struct DeviceCheckpointingSsuArgs {
+    state: StagedTensor,
+    x_cache: StagedTensor,
+    b_cache: StagedTensor,
+    dt_cache: StagedTensor,
+    ring_start: StagedTensor,
+    prev_num: StagedTensor,
+    x: StagedTensor,
+    dt: StagedTensor,
+    a: StagedTensor,
+    b: StagedTensor,
+    c: StagedTensor,
+    out: StagedTensor,
+    d: Option<StagedTensor>,
+    z: Option<StagedTensor>,
+    dt_bias: Option<StagedTensor>,
+    sbi: Option<StagedTensor>,
+    cu: Option<StagedTensor>,
+    dt_softplus: bool,
+    pad_slot_id: Option<i64>,
+    max_seqlen: Option<usize>,
+}
+
+impl DeviceCheckpointingSsuArgs {
+    /// The checkpoint pool's device buffer.
+    pub fn state_buffer(&mut self) -> &mut DeviceBuffer {
+        self.state.buffer()
+    }
+
+    /// The output's device buffer.
+    pub fn out_buffer(&mut self) -> &mut DeviceBuffer {
+        self.out.buffer()
+    }
+}
+
+impl StageArgs for DeviceCheckpointingSsuArgs {
+    type Args<'a> = CheckpointingSsuArgs<'a>;
+    fn upload(backend: &CudaBackend, args: &CheckpointingSsuArgs<'_>) -> Result<Self, MirrorError> {
+        let up = |t: &TensorRef<'_>| StagedTensor::upload(backend, t);
+        let opt = |t: &Option<TensorRef<'_>>| StagedTensor::upload_opt(backend, t.as_ref());
+        Ok(DeviceCheckpointingSsuArgs {
+            state: up(&args.state.as_ref())?,
+            x_cache: up(&args.x_cache.as_ref())?,
+            b_cache: up(&args.b_cache.as_ref())?,
+            dt_cache: up(&args.dt_cache.as_ref())?,
+            ring_start: up(&args.ring_start)?,
+            prev_num: up(&args.prev_num_accepted_tokens)?,
+            x: up(&args.x)?,
+            dt: up(&args.dt)?,
+            a: up(&args.a)?,
+            b: up(&args.b)?,
+            c: up(&args.c)?,
+            out: up(&args.out.as_ref())?,
+            d: opt(&args.d)?,
+            z: opt(&args.z)?,
+            dt_bias: opt(&args.dt_bias)?,
+            sbi: opt(&args.state_batch_indices)?,
+            cu: opt(&args.cu_seqlens)?,
+            dt_softplus: args.dt_softplus,
+            pad_slot_id: args.pad_slot_id,
+            max_seqlen: args.max_seqlen,
+        })
+    }
+    fn args(&mut self) -> Result<CheckpointingSsuArgs<'_>, TensorError> {
+        Ok(CheckpointingSsuArgs {
+            state: self.state.view_mut()?,
+            x_cache: self.x_cache.view_mut()?,
+            b_cache: self.b_cache.view_mut()?,
+            dt_cache: self.dt_cache.view_mut()?,
+            ring_start: self.ring_start.view()?,
+            prev_num_accepted_tokens: self.prev_num.view()?,
+            x: self.x.view()?,
+            dt: self.dt.view()?,
+            a: self.a.view()?,
+            b: self.b.view()?,
+            c: self.c.view()?,
+            out: self.out.view_mut()?,
+            d: opt_view(&self.d)?,
+            z: opt_view(&self.z)?,
+            dt_bias: opt_view(&self.dt_bias)?,
+            dt_softplus: self.dt_softplus,
+            state_batch_indices: opt_view(&self.sbi)?,
+            pad_slot_id: self.pad_slot_id,
+            cu_seqlens: opt_view(&self.cu)?,
+            max_seqlen: self.max_seqlen,
+        })
+    }
+    fn copy_back(&self, host: &mut CheckpointingSsuArgs<'_>) -> Result<(), MirrorError> {
+        self.state.copy_back(&mut host.state)?;
+        self.x_cache.copy_back(&mut host.x_cache)?;
+        self.b_cache.copy_back(&mut host.b_cache)?;
+        self.dt_cache.copy_back(&mut host.dt_cache)?;
+        self.out.copy_back(&mut host.out)
+    }
+    fn launch(backend: &CudaBackend, args: CheckpointingSsuArgs<'_>) -> Result<(), MirrorError> {
+        plan_and_run(backend, args)
+    }
+}
+
 /// A host-tensor façade of the CUDA backend: every call is staged ([`run_staged`]) and run on
 /// the device, so generic checks written against a family trait ([`ssm_conv::ConvBackend`],
 /// …) with host tensors run on the GPU unchanged. The call's host plan is dropped; the device
@@ -714,4 +939,7 @@ mirrored! {
     FusedGdnGatingArgs => DeviceGdnGatingArgs,
     FusedRecurrentGatedDeltaRuleArgs => DeviceGdnRecurrentArgs,
     FusedSigmoidGatingDeltaRuleUpdateArgs => DeviceGdnSigmoidArgs,
+    UpdateRingTrackersArgs => DeviceUpdateTrackersArgs,
+    CommitRingTrackersArgs => DeviceCommitTrackersArgs,
+    CheckpointingSsuArgs => DeviceCheckpointingSsuArgs,
 }

@@ -17,13 +17,7 @@ macro_rules! unsupported {
     )*};
 }
 
-unsupported!(
-    ssm_gdn::ChunkGatedDeltaRuleArgs<'_>,
-    ssm_ssd::MambaChunkScanCombinedVarlenArgs<'_>,
-    ssm_ring::UpdateRingTrackersArgs<'_>,
-    ssm_ring::CommitRingTrackersArgs<'_>,
-    ssm_ring::CheckpointingSsuArgs<'_>,
-);
+unsupported!(ssm_gdn::ChunkGatedDeltaRuleArgs<'_>, ssm_ssd::MambaChunkScanCombinedVarlenArgs<'_>,);
 
 impl ssm_gdn::ChunkScratch for CudaBackend {
     /// No chunked-prefill kernel yet, so no scratch.

@@ -15,7 +15,7 @@ fn vectors_pass_on_cuda() {
         return;
     }
     let rt = Runtime::new(&Config { backend: BackendKind::Cuda, ..Config::default() }).expect("CUDA runtime");
-    let ops: Vec<&str> = [ops::SSU, ops::CONV].concat();
+    let ops: Vec<&str> = [ops::SSU, ops::CONV, ops::RING].concat();
     assert_conformance(&Staged::new(rt, "cuda (staged)"), &ops);
 }
 

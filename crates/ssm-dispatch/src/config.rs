@@ -26,7 +26,7 @@ pub struct Config {
     /// First stochastic-rounding seed; each call takes the next value.
     pub seed: u64,
     /// Enable ReplaySSM (the checkpointing SSU; the ring trackers are plain bookkeeping and
-    /// always available); `Runtime::new` refuses it on a backend without a kernel.
+    /// always available); both backends have its kernels.
     pub replayssm: bool,
 }
 

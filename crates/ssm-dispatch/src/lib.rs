@@ -58,8 +58,7 @@ impl Runtime {
     /// Validates `config` and starts its backends.
     ///
     /// Errors: an SSU algorithm the backend lacks; `cuda` requested without the `cuda` feature
-    /// or without a ready device; ReplaySSM on `cuda` (no kernel there yet); a CPU thread pool
-    /// that would not start.
+    /// or without a ready device; a CPU thread pool that would not start.
     pub fn new(config: &Config) -> Result<Self, Error> {
         Self::with_backends(Backends::start(config)?, config)
     }
@@ -87,11 +86,6 @@ impl Runtime {
         }
         if backends.cuda.is_some() {
             config.check_ssu_algorithm(BackendKind::Cuda)?;
-        }
-        // ReplaySSM runs where a backend implements it (the CPU today), like vLLM refusing it
-        // on backends without a kernel.
-        if config.replayssm && backends.cpu.is_none() {
-            return Err(Error::Unsupported { backend: "cuda", what: "ReplaySSM (`replayssm: true`)" });
         }
         Ok(Runtime { backends, config: config.clone(), seed_counter: AtomicU64::new(config.seed) })
     }

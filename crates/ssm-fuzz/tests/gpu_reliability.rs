@@ -26,7 +26,9 @@ fn cuda(test: &str) -> Option<Staged> {
         eprintln!("skipping {test}: {}", probe());
         return None;
     }
-    let rt = Runtime::new(&Config { backend: BackendKind::Cuda, ..Config::default() }).expect("CUDA runtime");
+    // ReplaySSM on, so that the `checkpointing_ssu` template runs on the GPU too.
+    let rt = Runtime::new(&Config { backend: BackendKind::Cuda, replayssm: true, ..Config::default() })
+        .expect("CUDA runtime");
     Some(Staged::new(rt, "cuda"))
 }
 

@@ -39,9 +39,14 @@ pub fn tolerance(dtype: DType) -> (f64, f64) {
 /// Compares two tensors element by element (memory order): NaN must match NaN (unwritten
 /// poison), other values within the tolerance of `dtype`. Returns the first mismatch.
 pub fn compare(what: &str, got: &HostTensor, want: &HostTensor) -> Result<(), String> {
-    let (got, want_dtype, want) = (got.to_f64_vec(), want.dtype, want.to_f64_vec());
+    let (atol, rtol) = tolerance(want.dtype);
+    compare_within(what, got, want, atol, rtol)
+}
+
+/// [`compare`] with an explicit absolute and relative tolerance.
+pub fn compare_within(what: &str, got: &HostTensor, want: &HostTensor, atol: f64, rtol: f64) -> Result<(), String> {
+    let (got, want) = (got.to_f64_vec(), want.to_f64_vec());
     assert_eq!(got.len(), want.len());
-    let (atol, rtol) = tolerance(want_dtype);
     for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
         if w.is_nan() || g.is_nan() {
             if !(w.is_nan() && g.is_nan()) {

@@ -1,0 +1,244 @@
+// ReplaySSM's checkpointing SSU (semantics/ssu.md §7.2–7.3; the arithmetic of the CPU backend's
+// crates/ssm-cpu/src/ring.rs), specialised at NVRTC time by -D macros (see
+// crates/ssm-cuda/src/ring.rs):
+//
+//   STATE_T XC_T BC_T X_T DT_T A_T B_T C_T D_T DTB_T Z_T OUT_T   f32 / f16_t / bf16_t
+//   SBI_T CU_T RS_T PN_T                                        int / i64 (index tables)
+//   DSTATE NTHREADS                                             state size, threads per block
+//   HAS_Z HAS_D HAS_DTB DT_SOFTPLUS HAS_SBI HAS_PAD VARLEN      0/1
+//
+// One block owns one (sequence, head). It gathers the live history (k ring rows from
+// ring_start) and the n new tokens into shared memory as f32 (dt processed: bias, softplus),
+// takes the prefix sums cum_j = A·Σ_{i<=j} dt_i over the m = k + n rows, and uses the closed
+// form rather than a token-by-token replay:
+// - no flush (m <= W): y_t = e^{cum_t}·(C_t·S0) + Σ_{j<=t} e^{cum_t − cum_j}·dt_j·(C_t·B_j)·x_j,
+//   reading the checkpoint S0 once and writing no state (ReplaySSM's saving);
+// - flush: S_k = e^{cum_{k−1}}·S0 + Σ_{j<k} e^{cum_{k−1} − cum_j}·dt_j·x_j ⊗ B_j is stored, and
+//   the outputs use S_k (unrounded) plus the new tokens' terms.
+// Then + D·x, the z gate, and the new tokens are appended at ring rows (start + k + i) % L (x
+// and dt per head; B by the group's first head). Appended rows are never live rows (k + n <=
+// L), so the appends race with no other head's reads.
+//
+// Each warp walks state rows (head-dim positions), its lanes over dstate (EPL values each).
+//
+// Index values are checked here: a pad sequence writes nothing (not even out); a slot outside
+// [0, cache), cu_seqlens out of order or a sequence longer than its window, and cursors outside
+// the ring (ring_start outside [0, L), prev_num_accepted_tokens outside [0, W]) skip the
+// sequence and OR a bit into the device error word.
+
+#define NWARPS (NTHREADS / 32)
+#define EPL ((DSTATE + 31) / 32)
+
+// Mirrored by `CkptParams` in crates/ssm-cuda/src/ring.rs (same order, no padding). Strides
+// are in elements; addresses include each tensor's element offset; every last axis (dim or
+// dstate) has stride 1 (the plan's rule).
+struct CkptParams {
+    u64 state, xc, bc, dtc, rs, pn, x, dt, a, b, c, d, dtb, z, out, sbi, cu, err;
+    i64 st_slot, st_head, st_dim;
+    i64 xc_slot, xc_head, xc_row;
+    i64 bc_slot, bc_group, bc_row;
+    i64 dtc_slot, dtc_head, dtc_row;
+    i64 x_seq, x_tok, x_head;
+    i64 dt_seq, dt_tok, dt_head;
+    i64 b_seq, b_tok, b_group;
+    i64 c_seq, c_tok, c_group;
+    i64 z_seq, z_tok, z_head;
+    i64 out_seq, out_tok, out_head;
+    i64 a_head, d_head, d_dim, dtb_head;
+    i64 sbi_s, cu_s, rs_s, pn_s;
+    i64 cache, pad, total;
+    int heads, tokens, dim, ring_len, window, heads_per_group;
+};
+
+__device__ __forceinline__ void raise_error(const CkptParams& p, u32 bit) {
+    if (threadIdx.x == 0) atomicOr(reinterpret_cast<u32*>(p.err), bit);
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+extern "C" __global__ void __launch_bounds__(NTHREADS) checkpointing_ssu_kernel(const CkptParams p) {
+    extern __shared__ float sm[];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int b = (int)(blockIdx.x / (u32)p.heads);
+    const int h = (int)(blockIdx.x - (u32)b * (u32)p.heads);
+    const int g = h / p.heads_per_group;
+    const int P = p.dim, L = p.ring_len, T = p.tokens;
+
+    i64 slot = b;
+#if HAS_SBI
+    slot = load_index((const SBI_T*)p.sbi + (i64)b * p.sbi_s);
+#if HAS_PAD
+    if (slot == p.pad) return;
+#endif
+    if (slot < 0 || slot >= p.cache) {
+        raise_error(p, ERR_SLOT);
+        return;
+    }
+#endif
+    i64 seq = b, tok0 = 0;
+    int n = T;
+#if VARLEN
+    {
+        const i64 s0 = load_index((const CU_T*)p.cu + (i64)b * p.cu_s);
+        const i64 s1 = load_index((const CU_T*)p.cu + (i64)(b + 1) * p.cu_s);
+        if (s0 < 0 || s1 < s0 || s1 > p.total || s1 - s0 > T) {
+            raise_error(p, ERR_CU_SEQLENS);
+            return;
+        }
+        seq = 0;
+        tok0 = s0;
+        n = (int)(s1 - s0);
+    }
+#endif
+    if (n == 0) return;
+    const i64 start = load_index((const RS_T*)p.rs + slot * p.rs_s);
+    const i64 k64 = load_index((const PN_T*)p.pn + slot * p.pn_s);
+    if (start < 0 || start >= L || k64 < 0 || k64 > p.window) {
+        raise_error(p, ERR_CURSOR);
+        return;
+    }
+    const int k = (int)k64, m = k + n;
+    const bool flush = m > p.window;
+
+    float* dts = sm;
+    float* cum = dts + L;
+    float* fw = cum + L;
+    float* sc = fw + L;
+    float* xs = sc + T;
+    float* bs = xs + L * P;
+    float* cs = bs + L * DSTATE;
+    float* wt = cs + T * DSTATE;
+
+    // Gather: history rows from the ring, new tokens from the inputs.
+    const float* dtc = (const float*)p.dtc + slot * p.dtc_slot + h * p.dtc_head;
+    for (int j = tid; j < m; j += NTHREADS) {
+        float v;
+        if (j < k) {
+            v = dtc[((start + j) % L) * p.dtc_row];
+        } else {
+            const i64 tok = tok0 + (j - k);
+            v = to_f32(((const DT_T*)p.dt)[seq * p.dt_seq + tok * p.dt_tok + h * p.dt_head]);
+#if HAS_DTB
+            v += to_f32(((const DTB_T*)p.dtb)[h * p.dtb_head]);
+#endif
+#if DT_SOFTPLUS
+            v = v <= 20.f ? log1pf(expf(v)) : v;
+#endif
+        }
+        dts[j] = v;
+    }
+    const XC_T* xc = (const XC_T*)p.xc + slot * p.xc_slot + h * p.xc_head;
+    const X_T* x = (const X_T*)p.x + seq * p.x_seq + h * p.x_head;
+    for (int i = tid; i < m * P; i += NTHREADS) {
+        const int j = i / P, q = i - j * P;
+        xs[i] = j < k ? to_f32(xc[((start + j) % L) * p.xc_row + q]) : to_f32(x[(tok0 + j - k) * p.x_tok + q]);
+    }
+    const BC_T* bc = (const BC_T*)p.bc + slot * p.bc_slot + g * p.bc_group;
+    const B_T* bt = (const B_T*)p.b + seq * p.b_seq + g * p.b_group;
+    for (int i = tid; i < m * DSTATE; i += NTHREADS) {
+        const int j = i / DSTATE, e = i - j * DSTATE;
+        bs[i] = j < k ? to_f32(bc[((start + j) % L) * p.bc_row + e]) : to_f32(bt[(tok0 + j - k) * p.b_tok + e]);
+    }
+    const C_T* ct = (const C_T*)p.c + seq * p.c_seq + g * p.c_group;
+    for (int i = tid; i < n * DSTATE; i += NTHREADS) {
+        const int t = i / DSTATE, e = i - t * DSTATE;
+        cs[i] = to_f32(ct[(tok0 + t) * p.c_tok + e]);
+    }
+    __syncthreads();
+    if (tid == 0) {
+        const float a = to_f32(((const A_T*)p.a)[h * p.a_head]);
+        float acc = 0.f;
+        for (int j = 0; j < m; ++j) {
+            acc = __fadd_rn(acc, __fmul_rn(a, dts[j]));  // unfused, as the CPU backend sums
+            cum[j] = acc;
+        }
+    }
+    __syncthreads();
+    const int first = flush ? k : 0;
+    const float base = (flush && k > 0) ? cum[k - 1] : 0.f;
+    for (int j = tid; j < k; j += NTHREADS) fw[j] = expf(cum[k - 1] - cum[j]) * dts[j];
+    for (int t = tid; t < n; t += NTHREADS) sc[t] = expf(cum[k + t] - base);
+    for (int pr = warp; pr < n * m; pr += NWARPS) {
+        const int t = pr / m, j = pr - t * m;
+        float d = 0.f;
+        for (int e = lane; e < DSTATE; e += 32) d = fmaf(cs[t * DSTATE + e], bs[j * DSTATE + e], d);
+        d = warp_sum(d);
+        if (lane == 0) wt[t * L + j] = (j >= first && j <= k + t) ? expf(cum[k + t] - cum[j]) * dts[j] * d : 0.f;
+    }
+    __syncthreads();
+
+    STATE_T* st = (STATE_T*)p.state + slot * p.st_slot + h * p.st_head;
+    const float decay = expf(base);
+    for (int q = warp; q < P; q += NWARPS) {
+        STATE_T* row = st + q * p.st_dim;
+        float s[EPL];
+#pragma unroll
+        for (int e = 0; e < EPL; ++e) {
+            const int c = lane + 32 * e;
+            s[e] = c < DSTATE ? to_f32(row[c]) : 0.f;
+        }
+        if (flush) {
+            if (k > 0) {
+#pragma unroll
+                for (int e = 0; e < EPL; ++e) s[e] *= decay;
+                for (int j = 0; j < k; ++j) {
+                    const float w = fw[j] * xs[j * P + q];
+#pragma unroll
+                    for (int e = 0; e < EPL; ++e) {
+                        const int c = lane + 32 * e;
+                        if (c < DSTATE) s[e] = fmaf(w, bs[j * DSTATE + c], s[e]);
+                    }
+                }
+            }
+#pragma unroll
+            for (int e = 0; e < EPL; ++e) {
+                const int c = lane + 32 * e;
+                if (c < DSTATE) row[c] = from_f32<STATE_T>(s[e]);
+            }
+        }
+        for (int t = 0; t < n; ++t) {
+            float d = 0.f;
+#pragma unroll
+            for (int e = 0; e < EPL; ++e) {
+                const int c = lane + 32 * e;
+                if (c < DSTATE) d = fmaf(s[e], cs[t * DSTATE + c], d);
+            }
+            d = warp_sum(d);
+            if (lane == (t & 31)) {
+                const int jt = k + t;
+                float y = sc[t] * d;
+                for (int j = first; j <= jt; ++j) y = fmaf(wt[t * L + j], xs[j * P + q], y);
+                const float xv = xs[jt * P + q];
+#if HAS_D
+                y += to_f32(((const D_T*)p.d)[h * p.d_head + q * p.d_dim]) * xv;
+#endif
+                const i64 tok = tok0 + t;
+#if HAS_Z
+                const float zv = to_f32(((const Z_T*)p.z)[seq * p.z_seq + tok * p.z_tok + h * p.z_head + q]);
+                y *= zv / (1.f + expf(-zv));
+#endif
+                ((OUT_T*)p.out)[seq * p.out_seq + tok * p.out_tok + h * p.out_head + q] = from_f32<OUT_T>(y);
+            }
+        }
+    }
+
+    // Append the new tokens after the live window, on both branches.
+    XC_T* xcw = (XC_T*)p.xc + slot * p.xc_slot + h * p.xc_head;
+    for (int i = tid; i < n * P; i += NTHREADS) {
+        const int t = i / P, q = i - t * P;
+        xcw[((start + k + t) % L) * p.xc_row + q] = from_f32<XC_T>(xs[(k + t) * P + q]);
+    }
+    float* dtcw = (float*)p.dtc + slot * p.dtc_slot + h * p.dtc_head;
+    for (int t = tid; t < n; t += NTHREADS) dtcw[((start + k + t) % L) * p.dtc_row] = dts[k + t];
+    if (h % p.heads_per_group == 0) {
+        BC_T* bcw = (BC_T*)p.bc + slot * p.bc_slot + g * p.bc_group;
+        for (int i = tid; i < n * DSTATE; i += NTHREADS) {
+            const int t = i / DSTATE, e = i - t * DSTATE;
+            bcw[((start + k + t) % L) * p.bc_row + e] = from_f32<BC_T>(bs[(k + t) * DSTATE + e]);
+        }
+    }
+}
