@@ -249,7 +249,8 @@ const RUN_SH: &str = r#"#!/usr/bin/env bash
 #   bash run.sh [tests] [conformance] [examples] [sanitize] [bench]   (default: all five)
 #   PEER_VLLM=/path/to/extracted/vllm  bash run.sh bench   # adds vLLM's Triton peer
 #   SSM_SANITIZE_BINS="test-ssm-cuda-gpu_ssu" bash run.sh sanitize   # a subset of gpu-tests.txt
-#   SSM_BENCH_OPS="ssu" bash run.sh bench                              # a subset of the benches
+#   SSM_BENCH_OPS="ssu" SSM_BENCH_ARGS="--batches 64" bash run.sh bench # a subset of the benches
+#   SSM_TEST_BINS="test-ssm-cuda-gpu_ring" bash run.sh tests          # a subset of the tests
 #   SSM_REQUIRE_GPU=0 bash run.sh tests         # without a GPU: the GPU tests skip, printing why
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -298,8 +299,10 @@ run_examples() {
 
 run_tests() {
     local t name r skips
-    local threads
-    for t in "$bin"/test-*; do
+    local threads sel=()
+    # SSM_TEST_BINS="test-ssm-cuda-gpu_ring ...": a subset of the test binaries.
+    if [ -n "${SSM_TEST_BINS:-}" ]; then for name in $SSM_TEST_BINS; do sel+=("$bin/$name"); done; else sel=("$bin"/test-*); fi
+    for t in "${sel[@]}"; do
         name="$(basename "$t")"
         # GPU tests one at a time (one context, readable logs) and uncaptured, so that a
         # skip's printed reason reaches the log; the CPU tests on every core.
@@ -354,7 +357,8 @@ run_bench() {
     for op in ${SSM_BENCH_OPS:-ssu gdn}; do
         peer=()
         [ -n "${PEER_VLLM:-}" ] && peer=(--peer-vllm "$PEER_VLLM" --peer-script "$here/peers/${op}_peer.py")
-        if "$bin/xtask" "bench-cuda-$op" "${peer[@]}" --json "$out/bench_${op}_cuda.json" 2>&1 | tee "$out/bench_$op.log"; then
+        # shellcheck disable=SC2086 # SSM_BENCH_ARGS is a list of options, split on purpose
+        if "$bin/xtask" "bench-cuda-$op" "${peer[@]}" ${SSM_BENCH_ARGS:-} --json "$out/bench_${op}_cuda.json" 2>&1 | tee "$out/bench_$op.log"; then
             note "bench $op: ok"
         else
             note "bench $op: FAILED"; status=1; failed+=("bench-$op")

@@ -5,6 +5,9 @@
 //   STATE_T XC_T BC_T X_T DT_T A_T B_T C_T D_T DTB_T Z_T OUT_T   f32 / f16_t / bf16_t
 //   SBI_T CU_T RS_T PN_T                                        int / i64 (index tables)
 //   DSTATE NTHREADS                                             state size, threads per block
+//   TPR VEC RB                                                  lanes per state row, elements per
+//       lane vector (VEC > 1: every state row 16-byte aligned, DSTATE a multiple of TPR·VEC: one
+//       16-byte access per vector), rows each row group holds at once
 //   HAS_Z HAS_D HAS_DTB DT_SOFTPLUS HAS_SBI HAS_PAD VARLEN      0/1
 //
 // One block owns one (sequence, head). It gathers the live history (k ring rows from
@@ -19,7 +22,12 @@
 // and dt per head; B by the group's first head). Appended rows are never live rows (k + n <=
 // L), so the appends race with no other head's reads.
 //
-// Each warp walks state rows (head-dim positions), its lanes over dstate (EPL values each).
+// Phases, each behind a barrier: (1) gather the rows into shared memory (a warp per row, lanes
+// over its columns); (2) the prefix sums; (3) the flush weights, the token scales and the
+// C_t·B_j weights (a warp per pair); (4) the history terms Σ_j w_tj·x_j + D·x of every (token,
+// head-dim) pair, a thread each; (5) the state: groups of TPR lanes own RB head-dim rows at a
+// time (all their loads issued before any use), fold the history in on a flush and store it,
+// and reduce C_t·S over the group for each token; (6) append the new rows to the ring.
 //
 // Index values are checked here: a pad sequence writes nothing (not even out); a slot outside
 // [0, cache), cu_seqlens out of order or a sequence longer than its window, and cursors outside
@@ -27,7 +35,9 @@
 // sequence and OR a bit into the device error word.
 
 #define NWARPS (NTHREADS / 32)
-#define EPL ((DSTATE + 31) / 32)
+#define NGROUPS (NTHREADS / TPR)
+#define NVEC ((DSTATE + TPR * VEC - 1) / (TPR * VEC))  // vectors per lane
+#define EPL (NVEC * VEC)                                // state values per lane and row
 
 // Mirrored by `CkptParams` in crates/ssm-cuda/src/ring.rs (same order, no padding). Strides
 // are in elements; addresses include each tensor's element offset; every last axis (dim or
@@ -60,7 +70,10 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
-extern "C" __global__ void __launch_bounds__(NTHREADS) checkpointing_ssu_kernel(const CkptParams p) {
+// Column of value e (< EPL) of lane `g` (< TPR) of a row group.
+__device__ __forceinline__ int column(int g, int e) { return (g + TPR * (e / VEC)) * VEC + e % VEC; }
+
+extern "C" __global__ void __launch_bounds__(NTHREADS, 4) checkpointing_ssu_kernel(const CkptParams p) {
     extern __shared__ float sm[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int b = (int)(blockIdx.x / (u32)p.heads);
@@ -101,63 +114,74 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) checkpointing_ssu_kernel(
         raise_error(p, ERR_CURSOR);
         return;
     }
-    const int k = (int)k64, m = k + n;
+    const int k = (int)k64, m = k + n, st0 = (int)start;
     const bool flush = m > p.window;
 
-    float* dts = sm;
-    float* cum = dts + L;
-    float* fw = cum + L;
-    float* sc = fw + L;
-    float* xs = sc + T;
-    float* bs = xs + L * P;
-    float* cs = bs + L * DSTATE;
-    float* wt = cs + T * DSTATE;
+    // Shared layout (f32), the big arrays first so that B and C rows stay 16-byte aligned
+    // (DSTATE is a multiple of 4 wherever VEC > 1). Mirrored by `ckpt_shared_floats`.
+    float* bs = sm;                 // [L][DSTATE]
+    float* cs = bs + L * DSTATE;    // [T][DSTATE]
+    float* xs = cs + T * DSTATE;    // [L][P]
+    float* yh = xs + L * P;         // [T][P] history terms
+    float* wt = yh + T * P;         // [T][L] C_t·B_j weights
+    float* dts = wt + T * L;        // [L]
+    float* cum = dts + L;           // [L]
+    float* fw = cum + L;            // [L] flush weights
+    float* sc = fw + L;             // [T] token scales
 
-    // Gather: history rows from the ring, new tokens from the inputs.
+    // (1) Gather: history rows from the ring, new tokens from the inputs; a warp per row.
     const float* dtc = (const float*)p.dtc + slot * p.dtc_slot + h * p.dtc_head;
-    for (int j = tid; j < m; j += NTHREADS) {
-        float v;
-        if (j < k) {
-            v = dtc[((start + j) % L) * p.dtc_row];
-        } else {
-            const i64 tok = tok0 + (j - k);
-            v = to_f32(((const DT_T*)p.dt)[seq * p.dt_seq + tok * p.dt_tok + h * p.dt_head]);
-#if HAS_DTB
-            v += to_f32(((const DTB_T*)p.dtb)[h * p.dtb_head]);
-#endif
-#if DT_SOFTPLUS
-            v = v <= 20.f ? log1pf(expf(v)) : v;
-#endif
-        }
-        dts[j] = v;
-    }
     const XC_T* xc = (const XC_T*)p.xc + slot * p.xc_slot + h * p.xc_head;
     const X_T* x = (const X_T*)p.x + seq * p.x_seq + h * p.x_head;
-    for (int i = tid; i < m * P; i += NTHREADS) {
-        const int j = i / P, q = i - j * P;
-        xs[i] = j < k ? to_f32(xc[((start + j) % L) * p.xc_row + q]) : to_f32(x[(tok0 + j - k) * p.x_tok + q]);
-    }
     const BC_T* bc = (const BC_T*)p.bc + slot * p.bc_slot + g * p.bc_group;
     const B_T* bt = (const B_T*)p.b + seq * p.b_seq + g * p.b_group;
-    for (int i = tid; i < m * DSTATE; i += NTHREADS) {
-        const int j = i / DSTATE, e = i - j * DSTATE;
-        bs[i] = j < k ? to_f32(bc[((start + j) % L) * p.bc_row + e]) : to_f32(bt[(tok0 + j - k) * p.b_tok + e]);
-    }
     const C_T* ct = (const C_T*)p.c + seq * p.c_seq + g * p.c_group;
-    for (int i = tid; i < n * DSTATE; i += NTHREADS) {
-        const int t = i / DSTATE, e = i - t * DSTATE;
-        cs[i] = to_f32(ct[(tok0 + t) * p.c_tok + e]);
+    for (int j = warp; j < m; j += NWARPS) {
+        float* xr = xs + j * P;
+        float* br = bs + j * DSTATE;
+        if (j < k) {
+            int r = st0 + j;
+            if (r >= L) r -= L;
+            const XC_T* xsrc = xc + r * p.xc_row;
+            const BC_T* bsrc = bc + r * p.bc_row;
+            for (int q = lane; q < P; q += 32) xr[q] = to_f32(xsrc[q]);
+            for (int e = lane; e < DSTATE; e += 32) br[e] = to_f32(bsrc[e]);
+            if (lane == 0) dts[j] = dtc[r * p.dtc_row];
+        } else {
+            const i64 tok = tok0 + (j - k);
+            const X_T* xsrc = x + tok * p.x_tok;
+            const B_T* bsrc = bt + tok * p.b_tok;
+            const C_T* csrc = ct + tok * p.c_tok;
+            float* cr = cs + (j - k) * DSTATE;
+            for (int q = lane; q < P; q += 32) xr[q] = to_f32(xsrc[q]);
+            for (int e = lane; e < DSTATE; e += 32) {
+                br[e] = to_f32(bsrc[e]);
+                cr[e] = to_f32(csrc[e]);
+            }
+            if (lane == 0) {
+                float v = to_f32(((const DT_T*)p.dt)[seq * p.dt_seq + tok * p.dt_tok + h * p.dt_head]);
+#if HAS_DTB
+                v += to_f32(((const DTB_T*)p.dtb)[h * p.dtb_head]);
+#endif
+#if DT_SOFTPLUS
+                v = v <= 20.f ? log1pf(expf(v)) : v;
+#endif
+                dts[j] = v;
+            }
+        }
     }
     __syncthreads();
+    // (2) Prefix sums, unfused, as the CPU backend sums.
     if (tid == 0) {
         const float a = to_f32(((const A_T*)p.a)[h * p.a_head]);
         float acc = 0.f;
         for (int j = 0; j < m; ++j) {
-            acc = __fadd_rn(acc, __fmul_rn(a, dts[j]));  // unfused, as the CPU backend sums
+            acc = __fadd_rn(acc, __fmul_rn(a, dts[j]));
             cum[j] = acc;
         }
     }
     __syncthreads();
+    // (3) Weights.
     const int first = flush ? k : 0;
     const float base = (flush && k > 0) ? cum[k - 1] : 0.f;
     for (int j = tid; j < k; j += NTHREADS) fw[j] = expf(cum[k - 1] - cum[j]) * dts[j];
@@ -165,57 +189,115 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) checkpointing_ssu_kernel(
     for (int pr = warp; pr < n * m; pr += NWARPS) {
         const int t = pr / m, j = pr - t * m;
         float d = 0.f;
-        for (int e = lane; e < DSTATE; e += 32) d = fmaf(cs[t * DSTATE + e], bs[j * DSTATE + e], d);
-        d = warp_sum(d);
+        if (j >= first && j <= k + t) {
+            for (int e = lane; e < DSTATE; e += 32) d = fmaf(cs[t * DSTATE + e], bs[j * DSTATE + e], d);
+            d = warp_sum(d);
+        }
         if (lane == 0) wt[t * L + j] = (j >= first && j <= k + t) ? expf(cum[k + t] - cum[j]) * dts[j] * d : 0.f;
     }
     __syncthreads();
+    // (4) History terms and D·x of every (token, head-dim) pair.
+    for (int i = tid; i < n * P; i += NTHREADS) {
+        const int t = i / P, q = i - t * P;
+        float y = 0.f;
+        for (int j = first; j <= k + t; ++j) y = fmaf(wt[t * L + j], xs[j * P + q], y);
+#if HAS_D
+        y = fmaf(to_f32(((const D_T*)p.d)[h * p.d_head + q * p.d_dim]), xs[(k + t) * P + q], y);
+#endif
+        yh[i] = y;
+    }
+    __syncthreads();
 
+    // (5) The state, RB rows per row group at a time.
+    const int grp = tid / TPR, gl = tid - grp * TPR;
     STATE_T* st = (STATE_T*)p.state + slot * p.st_slot + h * p.st_head;
     const float decay = expf(base);
-    for (int q = warp; q < P; q += NWARPS) {
-        STATE_T* row = st + q * p.st_dim;
-        float s[EPL];
+    // The trip count is the same for every group (rows past P are masked), so that the group
+    // reductions below always have their whole warp.
+    for (int qb = 0; qb < P; qb += NGROUPS * RB) {
+        const int q0 = qb + grp * RB;
+        float s[RB][EPL];
 #pragma unroll
-        for (int e = 0; e < EPL; ++e) {
-            const int c = lane + 32 * e;
-            s[e] = c < DSTATE ? to_f32(row[c]) : 0.f;
+        for (int r = 0; r < RB; ++r) {
+            const int q = q0 + r;
+            const STATE_T* row = st + (i64)q * p.st_dim;
+#pragma unroll
+            for (int v = 0; v < NVEC; ++v) {
+                const int c = column(gl, v * VEC);
+                if (VEC > 1) {
+                    if (q < P) load_vec<VEC, STATE_T>(row + c, &s[r][v * VEC]);
+                    else {
+#pragma unroll
+                        for (int e = 0; e < VEC; ++e) s[r][v * VEC + e] = 0.f;
+                    }
+                } else {
+                    s[r][v] = (q < P && c < DSTATE) ? to_f32(row[c]) : 0.f;
+                }
+            }
         }
         if (flush) {
-            if (k > 0) {
 #pragma unroll
-                for (int e = 0; e < EPL; ++e) s[e] *= decay;
-                for (int j = 0; j < k; ++j) {
-                    const float w = fw[j] * xs[j * P + q];
+            for (int r = 0; r < RB; ++r) {
 #pragma unroll
-                    for (int e = 0; e < EPL; ++e) {
-                        const int c = lane + 32 * e;
-                        if (c < DSTATE) s[e] = fmaf(w, bs[j * DSTATE + c], s[e]);
-                    }
+                for (int e = 0; e < EPL; ++e) s[r][e] *= decay;
+            }
+            for (int j = 0; j < k; ++j) {
+                const float* br = bs + j * DSTATE;
+                float bv[EPL];
+#pragma unroll
+                for (int e = 0; e < EPL; ++e) {
+                    const int c = column(gl, e);
+                    bv[e] = c < DSTATE ? br[c] : 0.f;
+                }
+#pragma unroll
+                for (int r = 0; r < RB; ++r) {
+                    const int q = q0 + r;
+                    const float w = q < P ? fw[j] * xs[j * P + q] : 0.f;
+#pragma unroll
+                    for (int e = 0; e < EPL; ++e) s[r][e] = fmaf(w, bv[e], s[r][e]);
                 }
             }
 #pragma unroll
-            for (int e = 0; e < EPL; ++e) {
-                const int c = lane + 32 * e;
-                if (c < DSTATE) row[c] = from_f32<STATE_T>(s[e]);
+            for (int r = 0; r < RB; ++r) {
+                const int q = q0 + r;
+                if (q >= P) continue;
+                STATE_T* row = st + (i64)q * p.st_dim;
+#pragma unroll
+                for (int v = 0; v < NVEC; ++v) {
+                    const int c = column(gl, v * VEC);
+                    if (VEC > 1) {
+                        store_vec<VEC, STATE_T>(row + c, &s[r][v * VEC]);
+                    } else if (c < DSTATE) {
+                        row[c] = from_f32<STATE_T>(s[r][v]);
+                    }
+                }
             }
         }
         for (int t = 0; t < n; ++t) {
-            float d = 0.f;
+            const float* cr = cs + t * DSTATE;
+            float cv[EPL];
 #pragma unroll
             for (int e = 0; e < EPL; ++e) {
-                const int c = lane + 32 * e;
-                if (c < DSTATE) d = fmaf(s[e], cs[t * DSTATE + c], d);
+                const int c = column(gl, e);
+                cv[e] = c < DSTATE ? cr[c] : 0.f;
             }
-            d = warp_sum(d);
-            if (lane == (t & 31)) {
-                const int jt = k + t;
-                float y = sc[t] * d;
-                for (int j = first; j <= jt; ++j) y = fmaf(wt[t * L + j], xs[j * P + q], y);
-                const float xv = xs[jt * P + q];
-#if HAS_D
-                y += to_f32(((const D_T*)p.d)[h * p.d_head + q * p.d_dim]) * xv;
-#endif
+            float acc[RB];
+#pragma unroll
+            for (int r = 0; r < RB; ++r) {
+                acc[r] = 0.f;
+#pragma unroll
+                for (int e = 0; e < EPL; ++e) acc[r] = fmaf(s[r][e], cv[e], acc[r]);
+            }
+#pragma unroll
+            for (int o = TPR / 2; o > 0; o >>= 1) {
+#pragma unroll
+                for (int r = 0; r < RB; ++r) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o, TPR);
+            }
+#pragma unroll
+            for (int r = 0; r < RB; ++r) {
+                const int q = q0 + r;
+                if (q >= P || gl != r % TPR) continue;
+                float y = sc[t] * acc[r] + yh[t * P + q];
                 const i64 tok = tok0 + t;
 #if HAS_Z
                 const float zv = to_f32(((const Z_T*)p.z)[seq * p.z_seq + tok * p.z_tok + h * p.z_head + q]);
@@ -226,19 +308,20 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) checkpointing_ssu_kernel(
         }
     }
 
-    // Append the new tokens after the live window, on both branches.
+    // (6) Append the new tokens after the live window, on both branches.
     XC_T* xcw = (XC_T*)p.xc + slot * p.xc_slot + h * p.xc_head;
-    for (int i = tid; i < n * P; i += NTHREADS) {
-        const int t = i / P, q = i - t * P;
-        xcw[((start + k + t) % L) * p.xc_row + q] = from_f32<XC_T>(xs[(k + t) * P + q]);
-    }
     float* dtcw = (float*)p.dtc + slot * p.dtc_slot + h * p.dtc_head;
-    for (int t = tid; t < n; t += NTHREADS) dtcw[((start + k + t) % L) * p.dtc_row] = dts[k + t];
-    if (h % p.heads_per_group == 0) {
-        BC_T* bcw = (BC_T*)p.bc + slot * p.bc_slot + g * p.bc_group;
-        for (int i = tid; i < n * DSTATE; i += NTHREADS) {
-            const int t = i / DSTATE, e = i - t * DSTATE;
-            bcw[((start + k + t) % L) * p.bc_row + e] = from_f32<BC_T>(bs[(k + t) * DSTATE + e]);
+    BC_T* bcw = (BC_T*)p.bc + slot * p.bc_slot + g * p.bc_group;
+    const bool writes_b = h % p.heads_per_group == 0;
+    for (int t = warp; t < n; t += NWARPS) {
+        int r = st0 + k + t;
+        if (r >= L) r -= L;
+        const float* xr = xs + (k + t) * P;
+        for (int q = lane; q < P; q += 32) xcw[r * p.xc_row + q] = from_f32<XC_T>(xr[q]);
+        if (lane == 0) dtcw[r * p.dtc_row] = dts[k + t];
+        if (writes_b) {
+            const float* br = bs + (k + t) * DSTATE;
+            for (int e = lane; e < DSTATE; e += 32) bcw[r * p.bc_row + e] = from_f32<BC_T>(br[e]);
         }
     }
 }

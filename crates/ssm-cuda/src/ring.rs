@@ -126,7 +126,30 @@ pub(crate) struct CkptKey {
     types: [DType; 16],
     dstate: u16,
     threads: u16,
+    /// Lanes per state row, elements per lane vector (1: scalar accesses), rows per group.
+    tpr: u8,
+    vec: u8,
+    rb: u8,
     flags: u8,
+}
+
+impl CkptKey {
+    /// The state-row geometry for `dstate` columns of a `state` dtype whose rows are 16-byte
+    /// aligned (`aligned`): 8 lanes per row up to dstate 256 (16, then 32, beyond), 16-byte
+    /// vectors where the row splits into whole vectors per lane, and as many rows per group as
+    /// keep about 64 state values per thread in registers (1 to 4).
+    fn geometry(dstate: usize, state: DType, aligned: bool) -> (u8, u8, u8) {
+        let tpr: usize = match dstate {
+            0..=256 => 8,
+            257..=512 => 16,
+            _ => 32,
+        };
+        let v16 = 16 / state.size();
+        let vec = if aligned && dstate.is_multiple_of(tpr * v16) { v16 } else { 1 };
+        let epl = dstate.div_ceil(tpr * vec) * vec;
+        let rb = (64 / epl.max(1)).clamp(1, 4);
+        (tpr as u8, vec as u8, rb as u8)
+    }
 }
 
 impl RingKey {
@@ -151,6 +174,9 @@ impl RingKey {
                     NAMES.into_iter().zip(k.types).map(|(n, t)| (n, c_type(t).to_string())).collect();
                 defines.push(("DSTATE", k.dstate.to_string()));
                 defines.push(("NTHREADS", k.threads.to_string()));
+                defines.push(("TPR", k.tpr.to_string()));
+                defines.push(("VEC", k.vec.to_string()));
+                defines.push(("RB", k.rb.to_string()));
                 for (name, f) in [
                     ("HAS_Z", F_Z),
                     ("HAS_D", F_D),
@@ -198,15 +224,24 @@ fn opt_vector(t: Option<&TensorRef<'_>>, s: Option<Strided<1>>) -> (u64, i64) {
     }
 }
 
-/// The f32 values of one `checkpointing_ssu` block's shared memory: dt, cum and flush weights
-/// (`L` each), token scales (`T`), x rows (`L × dim`), B rows (`L × dstate`), C rows
-/// (`T × dstate`) and CB weights (`T × L`); the carving at the top of the kernel.
+/// The f32 values of one `checkpointing_ssu` block's shared memory: B rows (`L × dstate`), C
+/// rows (`T × dstate`), x rows (`L × dim`), history terms (`T × dim`), CB weights (`T × L`), dt,
+/// cum and flush weights (`L` each) and token scales (`T`); the carving in the kernel.
 fn ckpt_shared_floats(p: &CheckpointingSsuPlan) -> usize {
     let (l, t) = (p.ring_len, p.tokens);
-    3 * l + t + l * p.dim + l * p.dstate + t * p.dstate + t * l
+    l * p.dstate + t * p.dstate + l * p.dim + t * p.dim + t * l + 3 * l + t
+}
+
+/// Whether every state row of the call starts on 16 bytes (the base, and every stride of the
+/// slot, head and row axes).
+fn state_rows_aligned(p: &CheckpointingSsuPlan, a: &CheckpointingSsuArgs<'_>) -> bool {
+    let es = p.state_dtype.size() as i64;
+    let base = addr_of(a.state.device_addr(), p.state.offset, p.state_dtype);
+    base.is_multiple_of(16) && p.state.strides[..3].iter().all(|&s| (s as i64 * es) % 16 == 0)
 }
 
 fn ckpt_key(p: &CheckpointingSsuPlan, a: &CheckpointingSsuArgs<'_>) -> RingKey {
+    let (tpr, vec, rb) = CkptKey::geometry(p.dstate, p.state_dtype, state_rows_aligned(p, a));
     let float = |t: Option<&TensorRef<'_>>| t.map_or(DType::F32, |t| t.dtype());
     let index = |t: Option<&TensorRef<'_>>| t.map_or(DType::I32, |t| t.dtype());
     let mut flags = 0u8;
@@ -244,6 +279,9 @@ fn ckpt_key(p: &CheckpointingSsuPlan, a: &CheckpointingSsuArgs<'_>) -> RingKey {
         ],
         dstate: p.dstate as u16,
         threads: CKPT_THREADS,
+        tpr,
+        vec,
+        rb,
         flags,
     })
 }
@@ -504,7 +542,8 @@ pub fn ring_catalogue() -> Vec<(String, KernelSpec)> {
         types[8] = F32; // D
         types[9] = F32; // dt_bias
         types[12..].copy_from_slice(&[I32; 4]);
-        RingKey::Checkpointing(CkptKey { types, dstate, threads: CKPT_THREADS, flags }).spec()
+        let (tpr, vec, rb) = CkptKey::geometry(dstate as usize, state, true);
+        RingKey::Checkpointing(CkptKey { types, dstate, threads: CKPT_THREADS, tpr, vec, rb, flags }).spec()
     };
     let all = F_Z | F_D | F_DTB | F_SOFTPLUS | F_SBI | F_PAD;
     for (state, act) in [(F32, BF16), (BF16, BF16), (F16, F16), (F32, F32)] {
@@ -513,6 +552,7 @@ pub fn ring_catalogue() -> Vec<(String, KernelSpec)> {
     out.push(("checkpointing ssu varlen state=f32 dstate=128".into(), ckpt(F32, BF16, 128, all | F_VARLEN)));
     out.push(("checkpointing ssu bare state=f32 dstate=16".into(), ckpt(F32, F32, 16, 0)));
     out.push(("checkpointing ssu odd dstate=40".into(), ckpt(F32, BF16, 40, F_SBI | F_VARLEN)));
+    out.push(("checkpointing ssu dstate=256 state=bf16".into(), ckpt(BF16, BF16, 256, all)));
     out
 }
 
@@ -530,9 +570,20 @@ mod tests {
     }
 
     #[test]
+    fn state_geometry_keeps_about_64_values_per_thread() {
+        use DType::{BF16, F32};
+        assert_eq!(CkptKey::geometry(128, F32, true), (8, 4, 4));
+        assert_eq!(CkptKey::geometry(128, BF16, true), (8, 8, 4));
+        assert_eq!(CkptKey::geometry(256, F32, true), (8, 4, 2));
+        assert_eq!(CkptKey::geometry(128, F32, false), (8, 1, 4), "unaligned rows: scalar");
+        assert_eq!(CkptKey::geometry(40, F32, true), (8, 1, 4), "40 is not a multiple of 8 vectors of 4");
+        assert_eq!(CkptKey::geometry(1024, F32, true), (32, 4, 2));
+    }
+
+    #[test]
     fn catalogue_defines_every_macro() {
         for (label, spec) in ring_catalogue() {
-            let n = if spec.source == KernelSource::RingTrackers { 6 } else { 16 + 2 + 7 };
+            let n = if spec.source == KernelSource::RingTrackers { 6 } else { 16 + 5 + 7 };
             assert_eq!(spec.defines.len(), n, "{label}");
         }
     }
