@@ -1,5 +1,5 @@
 //! Benchmark pieces for ReplaySSM on CUDA: `checkpointing_ssu` timed as the SSU is
-//! ([`crate::bench::bench_rotating`]: CUDA-graph replay over rotating pools), on a steady-state
+//! ([`crate::bench`]: CUDA-graph replay over rotating pools), on a steady-state
 //! speculative decode. Sequence `i`'s slot holds `k = min(W, T·(i mod 5))` live history rows
 //! (with `T = 4`, `W = 16`: 0, 4, 8, 12, 16), the history every fifth step of a decode that
 //! accepts all `T` tokens sees; so one sequence in five flushes (`k + T > W`) and writes its

@@ -1,0 +1,204 @@
+//! The candle adapter against the runtime on the same memory: bit-identical results for
+//! contiguous, sliced (non-contiguous) and broadcast candle layouts; in-place writes (the
+//! state and out tensors are the ones updated); aliasing, unsupported dtypes and refused calls
+//! write nothing.
+
+use candle_core::{DType, Device, IndexOp, Tensor};
+use ssm_candle::{ConvUpdateTensors, Error, SsuTensors, causal_conv1d_update, selective_state_update};
+use ssm_conformance::gdn_random::SplitMix;
+use ssm_conv::{Activation, CausalConv1dUpdateArgs, ConvStateLayout};
+use ssm_dispatch::{Config, Runtime};
+use ssm_ssu::SelectiveStateUpdateArgs;
+use ssm_tensor::{TensorMut, TensorRef};
+
+fn runtime() -> Runtime {
+    Runtime::new(&Config::cpu(Some(2))).unwrap()
+}
+
+fn random(r: &mut SplitMix, n: usize, lo: f32, hi: f32) -> Vec<f32> {
+    (0..n).map(|_| r.uniform(lo, hi)).collect()
+}
+
+fn values(t: &Tensor) -> Vec<f32> {
+    t.flatten_all().unwrap().to_dtype(DType::F32).unwrap().to_vec1().unwrap()
+}
+
+/// Mamba2 decode on candle tensors: the state pool is a slice of a larger tensor (every other
+/// slot: non-contiguous), dt / A / dt_bias / D are per-head tensors broadcast over the head dim
+/// (stride 0), bf16 activations; equal, bit for bit, to the runtime on plain host views of the
+/// same values.
+#[test]
+fn ssu_matches_the_runtime_bit_for_bit_on_strided_candle_layouts() {
+    let rt = runtime();
+    let dev = Device::Cpu;
+    let mut r = SplitMix::new(7);
+    let (batch, h, p, n, g, slots) = (3usize, 4usize, 6usize, 16usize, 2usize, 5usize);
+    let state_vals = random(&mut r, 2 * slots * h * p * n, -1.0, 1.0);
+    let big = Tensor::from_vec(state_vals.clone(), (slots, 2, h, p, n), &dev).unwrap();
+    let state = big.i((.., 0)).unwrap(); // [slots, h, p, n], slot stride 2·h·p·n
+    assert!(!state.is_contiguous());
+    let x = Tensor::from_vec(random(&mut r, batch * h * p, -1.0, 1.0), (batch, h, p), &dev)
+        .unwrap()
+        .to_dtype(DType::BF16)
+        .unwrap();
+    let dt_h = random(&mut r, batch * h, -2.0, 1.0);
+    let dt = Tensor::from_vec(dt_h.clone(), (batch, h, 1), &dev).unwrap().broadcast_as((batch, h, p)).unwrap();
+    let a_h = random(&mut r, h, -2.0, -0.1);
+    let a = Tensor::from_vec(a_h.clone(), (h, 1, 1), &dev).unwrap().broadcast_as((h, p, n)).unwrap();
+    let bias_h = random(&mut r, h, -1.0, 1.0);
+    let dt_bias = Tensor::from_vec(bias_h.clone(), (h, 1), &dev).unwrap().broadcast_as((h, p)).unwrap();
+    let d_h = random(&mut r, h, 0.5, 1.5);
+    let d = Tensor::from_vec(d_h.clone(), (h, 1), &dev).unwrap().broadcast_as((h, p)).unwrap();
+    let b = Tensor::from_vec(random(&mut r, batch * g * n, -1.0, 1.0), (batch, g, n), &dev).unwrap();
+    let c = Tensor::from_vec(random(&mut r, batch * g * n, -1.0, 1.0), (batch, g, n), &dev).unwrap();
+    let slot_table = [4i64, -1, 1];
+    let sbi = Tensor::new(&slot_table, &dev).unwrap();
+    let out = Tensor::zeros((batch, h, p), DType::BF16, &dev).unwrap();
+    let tensors = SsuTensors::new(&state, &x, &dt, &a, &b, &c, &out).d(&d).dt_bias(&dt_bias).state_batch_indices(&sbi);
+    selective_state_update(&rt, tensors, true, Some(-1)).unwrap();
+
+    // The same call on host views of the same values.
+    let mut want_state = state_vals.clone();
+    let mut want_out = vec![ssm_tensor::bf16::ZERO; batch * h * p];
+    let x_host: Vec<ssm_tensor::bf16> = x.flatten_all().unwrap().to_vec1().unwrap();
+    let (bv, cv) = (values(&b), values(&c));
+    let (hs, ps, ns) = (h as isize, p as isize, n as isize);
+    let args = SelectiveStateUpdateArgs {
+        state: TensorMut::from_slice(&mut want_state, &[slots * 2 * h * p * n])
+            .unwrap()
+            .with_layout(&[slots, h, p, n], &[2 * hs * ps * ns, ps * ns, ns, 1], 0)
+            .unwrap(),
+        x: TensorRef::from_slice(&x_host, &[batch, h, p]).unwrap(),
+        dt: TensorRef::from_slice(&dt_h, &[batch, h]).unwrap().with_layout(&[batch, h, p], &[hs, 1, 0], 0).unwrap(),
+        a: TensorRef::from_slice(&a_h, &[h]).unwrap().with_layout(&[h, p, n], &[1, 0, 0], 0).unwrap(),
+        b: TensorRef::from_slice(&bv, &[batch, g, n]).unwrap(),
+        c: TensorRef::from_slice(&cv, &[batch, g, n]).unwrap(),
+        d: Some(TensorRef::from_slice(&d_h, &[h]).unwrap().with_layout(&[h, p], &[1, 0], 0).unwrap()),
+        z: None,
+        dt_bias: Some(TensorRef::from_slice(&bias_h, &[h]).unwrap().with_layout(&[h, p], &[1, 0], 0).unwrap()),
+        dt_softplus: true,
+        state_batch_indices: Some(TensorRef::from_slice(&slot_table, &[batch]).unwrap()),
+        dst_state_batch_indices: None,
+        pad_slot_id: Some(-1),
+        out: TensorMut::from_slice(&mut want_out, &[batch, h, p]).unwrap(),
+        num_accepted_tokens: None,
+        cu_seqlens: None,
+        stochastic_rounding: None,
+    };
+    rt.selective_state_update(args).unwrap();
+
+    // In place: the slice's parent holds the new state (slots 4 and 1 written, the rest as they were).
+    assert_eq!(values(&big), want_state, "state pool");
+    assert_ne!(want_state, state_vals, "the call changed the state");
+    let got_out: Vec<ssm_tensor::bf16> = out.flatten_all().unwrap().to_vec1().unwrap();
+    assert_eq!(got_out, want_out, "out");
+}
+
+/// Conv update with a `[slots, state_len, dim]` pool (vLLM's SD layout, viewed through a
+/// transpose), silu and bias: equal to the runtime bit for bit, written in place.
+#[test]
+fn conv_update_matches_the_runtime_bit_for_bit() {
+    let rt = runtime();
+    let dev = Device::Cpu;
+    let mut r = SplitMix::new(11);
+    let (batch, dim, width, slots) = (3usize, 24usize, 4usize, 4usize);
+    let state_vals = random(&mut r, slots * (width - 1) * dim, -1.0, 1.0);
+    let conv_state = Tensor::from_vec(state_vals.clone(), (slots, width - 1, dim), &dev).unwrap();
+    let x_vals = random(&mut r, batch * dim, -1.0, 1.0);
+    let x = Tensor::from_vec(x_vals.clone(), (batch, dim), &dev).unwrap();
+    let w_vals = random(&mut r, dim * width, -1.0, 1.0);
+    let weight = Tensor::from_vec(w_vals.clone(), (dim, width), &dev).unwrap();
+    let bias_vals = random(&mut r, dim, -0.5, 0.5);
+    let bias = Tensor::from_vec(bias_vals.clone(), dim, &dev).unwrap();
+    let table = [3i32, 0, 2];
+    let idx = Tensor::new(&table, &dev).unwrap();
+    let out = Tensor::zeros((batch, dim), DType::F32, &dev).unwrap();
+    let t = ConvUpdateTensors {
+        x: &x,
+        conv_state: &conv_state,
+        weight: &weight,
+        bias: Some(&bias),
+        conv_state_indices: Some(&idx),
+        out: &out,
+    };
+    causal_conv1d_update(&rt, t, ConvStateLayout::StateLenDim, Activation::Silu, None).unwrap();
+
+    let (mut want_state, mut want_out) = (state_vals.clone(), vec![0f32; batch * dim]);
+    let args = CausalConv1dUpdateArgs {
+        x: TensorRef::from_slice(&x_vals, &[batch, dim]).unwrap(),
+        conv_state: TensorMut::from_slice(&mut want_state, &[slots, width - 1, dim]).unwrap(),
+        conv_state_layout: ConvStateLayout::StateLenDim,
+        weight: TensorRef::from_slice(&w_vals, &[dim, width]).unwrap(),
+        bias: Some(TensorRef::from_slice(&bias_vals, &[dim]).unwrap()),
+        activation: Activation::Silu,
+        conv_state_indices: Some(TensorRef::from_slice(&table, &[batch]).unwrap()),
+        num_accepted_tokens: None,
+        query_start_loc: None,
+        pad_slot_id: None,
+        block_idx_last_scheduled_token: None,
+        initial_state_idx: None,
+        out: TensorMut::from_slice(&mut want_out, &[batch, dim]).unwrap(),
+    };
+    rt.causal_conv1d_update(args).unwrap();
+    assert_eq!(values(&conv_state), want_state);
+    assert_eq!(values(&out), want_out);
+    assert_ne!(want_state, state_vals);
+}
+
+/// A small valid SSU call's tensors, for the refusal tests.
+struct Small {
+    state: Tensor,
+    x: Tensor,
+    dt: Tensor,
+    a: Tensor,
+    b: Tensor,
+    c: Tensor,
+    out: Tensor,
+}
+
+fn small() -> Small {
+    let dev = Device::Cpu;
+    Small {
+        state: Tensor::ones((2, 1, 4, 8), DType::F32, &dev).unwrap(),
+        x: Tensor::ones((2, 1, 4), DType::F32, &dev).unwrap(),
+        dt: Tensor::ones((2, 1, 4), DType::F32, &dev).unwrap(),
+        a: Tensor::full(-1f32, (1, 4, 8), &dev).unwrap(),
+        b: Tensor::ones((2, 1, 8), DType::F32, &dev).unwrap(),
+        c: Tensor::ones((2, 1, 8), DType::F32, &dev).unwrap(),
+        out: Tensor::zeros((2, 1, 4), DType::F32, &dev).unwrap(),
+    }
+}
+
+#[test]
+fn a_written_tensor_aliasing_another_argument_is_refused_before_any_write() {
+    let rt = runtime();
+    let s = small();
+    // `x` and `out` share one storage (candle's clone is a second handle on the same memory).
+    let out = s.x.clone();
+    let err = selective_state_update(&rt, SsuTensors::new(&s.state, &s.x, &s.dt, &s.a, &s.b, &s.c, &out), false, None)
+        .unwrap_err();
+    assert!(matches!(err, Error::Aliased { written: "out", other: "x" }), "{err}");
+    let err =
+        selective_state_update(&rt, SsuTensors::new(&s.state, &s.x, &s.dt, &s.a, &s.b, &s.c, &s.state), false, None)
+            .unwrap_err();
+    assert!(matches!(err, Error::Aliased { written: "state", other: "out" }), "{err}");
+    assert_eq!(values(&s.state), vec![1.0; 64], "nothing written");
+    assert_eq!(values(&s.x), vec![1.0; 8]);
+}
+
+#[test]
+fn unsupported_dtypes_and_refused_plans_write_nothing() {
+    let rt = runtime();
+    let s = small();
+    let u8_table = Tensor::new(&[0u8, 1], &Device::Cpu).unwrap();
+    let t = SsuTensors::new(&s.state, &s.x, &s.dt, &s.a, &s.b, &s.c, &s.out).state_batch_indices(&u8_table);
+    let err = selective_state_update(&rt, t, false, None).unwrap_err();
+    assert!(matches!(&err, Error::Unsupported { arg: "state_batch_indices", .. }), "{err}");
+    // A C of the wrong dstate: the op's plan refuses it, by name.
+    let c = Tensor::ones((2, 1, 5), DType::F32, &Device::Cpu).unwrap();
+    let err = selective_state_update(&rt, SsuTensors::new(&s.state, &s.x, &s.dt, &s.a, &s.b, &c, &s.out), false, None)
+        .unwrap_err();
+    assert!(matches!(&err, Error::Op(_)) && err.to_string().contains('C'), "{err}");
+    assert_eq!(values(&s.state), vec![1.0; 64], "nothing written");
+    assert_eq!(values(&s.out), vec![0.0; 8]);
+}
