@@ -1,0 +1,125 @@
+"""The Python package on numpy arrays: vLLM-shaped calls against a numpy transcription of vLLM's
+formulas, in-place writes into the caller's arrays (slices and broadcasts included), and typed
+errors that write nothing."""
+
+import numpy as np
+import pytest
+
+import ssm_kernels as sk
+
+
+def softplus(v):
+    return np.where(v <= 20.0, np.log1p(np.exp(np.minimum(v, 20.0))), v)
+
+
+def ssu_reference(state, x, dt, A, B, C, D, dt_bias, z, softplus_on, slots, pad):
+    """vLLM's selective_state_update on Mamba2 shapes, in float64; returns (state, out)."""
+    state = state.astype(np.float64).copy()
+    batch, nheads, dim = x.shape
+    groups = B.shape[1]
+    out = np.zeros((batch, nheads, dim))
+    for b in range(batch):
+        s = slots[b]
+        for h in range(nheads):
+            g = h // (nheads // groups)
+            d = dt[b, h].astype(np.float64) + dt_bias[h]
+            if softplus_on:
+                d = softplus(d)
+            st = state[s, h] if s != pad else np.zeros((dim, A.shape[-1]))
+            st = st * np.exp(A[h][:, :] * d[:, None]) + (d * x[b, h])[:, None] * B[b, g][None, :]
+            y = st @ C[b, g] + D[h] * x[b, h]
+            if z is not None:
+                y = y * z[b, h] / (1 + np.exp(-z[b, h]))
+            out[b, h] = y
+            if s != pad:
+                state[s, h] = st
+    return state, out
+
+
+def test_selective_state_update_matches_vllms_formula_in_place():
+    rng = np.random.default_rng(0)
+    batch, nheads, dim, dstate, groups, slots = 4, 4, 8, 16, 2, 7
+    pool = rng.standard_normal((slots, 2, nheads, dim, dstate)).astype(np.float32)
+    state = pool[:, 1]  # a strided view: the call must write the parent's memory
+    x = rng.standard_normal((batch, nheads, dim)).astype(np.float32)
+    dt = np.broadcast_to(rng.uniform(-2, 1, (batch, nheads, 1)).astype(np.float32), (batch, nheads, dim))
+    A = np.broadcast_to(-rng.uniform(0.1, 2, (nheads, 1, 1)).astype(np.float32), (nheads, dim, dstate))
+    dt_bias = np.broadcast_to(rng.uniform(-1, 1, (nheads, 1)).astype(np.float32), (nheads, dim))
+    D = np.broadcast_to(rng.uniform(0.5, 1.5, (nheads, 1)).astype(np.float32), (nheads, dim))
+    B = rng.standard_normal((batch, groups, dstate)).astype(np.float32)
+    C = rng.standard_normal((batch, groups, dstate)).astype(np.float32)
+    z = rng.standard_normal((batch, nheads, dim)).astype(np.float32)
+    table = np.array([5, 0, 2, 6], dtype=np.int32)  # row 1 is the pad (null block 0)
+    before = pool.copy()
+    want_state, want_out = ssu_reference(state, x, dt, A, B, C, D[:, 0], dt_bias[:, 0], z, True, table, 0)
+
+    out = sk.selective_state_update(state, x, dt, A, B, C, D, dt_bias, z=z, dt_softplus=True,
+                                    state_batch_indices=table)
+    assert out.shape == x.shape
+    np.testing.assert_allclose(out, want_out, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(pool[:, 1], want_state, rtol=1e-5, atol=1e-5)
+    # Untouched: the pad's slot 0, slots no row names, and the other half of the pool.
+    for s in (0, 1, 3, 4):
+        np.testing.assert_array_equal(pool[s], before[s])
+    np.testing.assert_array_equal(pool[:, 0], before[:, 0])
+
+
+def test_causal_conv1d_update_in_vllm_layouts():
+    rng = np.random.default_rng(1)
+    batch, dim, width, seqlen, slots = 3, 16, 4, 2, 5
+    conv_state = rng.standard_normal((slots, dim, width - 1)).astype(np.float32)
+    weight = rng.standard_normal((dim, width)).astype(np.float32)
+    bias = rng.standard_normal(dim).astype(np.float32)
+    x = rng.standard_normal((batch, dim, seqlen)).astype(np.float32)
+    table = np.array([4, 1, 3], dtype=np.int64)
+    # Reference: the window is history ++ tokens; out[t] = silu(bias + Σ_k w[k]·window[t + k]).
+    want = np.zeros_like(x)
+    want_state = conv_state.copy()
+    for b in range(batch):
+        win = np.concatenate([conv_state[table[b]], x[b]], axis=1)  # [dim, width - 1 + seqlen]
+        for t in range(seqlen):
+            y = (win[:, t:t + width] * weight).sum(axis=1) + bias
+            want[b, :, t] = y / (1 + np.exp(-y))
+        want_state[table[b]] = win[:, -(width - 1):]
+    x_before = x.copy()
+    got = sk.causal_conv1d_update(x, conv_state, weight, bias, activation="silu", conv_state_indices=table)
+    assert got is x, "without `out`, x is overwritten and returned, as in vLLM"
+    np.testing.assert_allclose(x, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(conv_state, want_state, rtol=0, atol=0)
+    # With `out`: x stays as it was.
+    out = np.zeros_like(x_before)
+    conv_state2 = want_state.copy()
+    sk.causal_conv1d_update(x_before, conv_state2, weight, bias, activation=True, conv_state_indices=table, out=out)
+    assert np.all(np.isfinite(out))
+
+
+def small_ssu():
+    state = np.ones((2, 1, 4, 8), np.float32)
+    x = np.ones((2, 1, 4), np.float32)
+    dt = np.ones((2, 1, 4), np.float32)
+    A = -np.ones((1, 4, 8), np.float32)
+    B = np.ones((2, 1, 8), np.float32)
+    C = np.ones((2, 1, 8), np.float32)
+    return state, x, dt, A, B, C
+
+
+def test_refused_calls_raise_the_typed_message_and_write_nothing():
+    state, x, dt, A, B, C = small_ssu()
+    bad_c = np.ones((2, 1, 5), np.float32)
+    with pytest.raises(sk.SsmError, match="C"):
+        sk.selective_state_update(state, x, dt, A, B, bad_c)
+    assert isinstance(sk.SsmError("m"), ValueError)
+    # An output that shares memory with an input.
+    with pytest.raises(sk.SsmError, match="`out` overlaps `x`"):
+        sk.selective_state_update(state, x, dt, A, B, C, out=x)
+    # A read-only state.
+    frozen = state.copy()
+    frozen.flags.writeable = False
+    with pytest.raises(sk.SsmError, match="read-only"):
+        sk.selective_state_update(frozen, x, dt, A, B, C)
+    # A slot outside the pool.
+    with pytest.raises(sk.SsmError, match="state_batch_indices"):
+        sk.selective_state_update(state, x, dt, A, B, C, state_batch_indices=np.array([1, 9], np.int32))
+    np.testing.assert_array_equal(state, np.ones_like(state))
+    with pytest.raises(TypeError, match="float64"):
+        sk.selective_state_update(state, x.astype(np.float64), dt, A, B, C)
