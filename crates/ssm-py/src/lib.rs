@@ -12,6 +12,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use ssm_conv::{Activation, CausalConv1dUpdateArgs, ConvStateLayout};
 use ssm_dispatch::{Config, Runtime};
+use ssm_gdn::{DeltaRuleArgs, FusedRecurrentGatedDeltaRuleArgs, FusedSigmoidGatingDeltaRuleUpdateArgs, GateInputs};
 use ssm_ssu::SelectiveStateUpdateArgs;
 use ssm_tensor::{DType, TensorMut, TensorRef};
 
@@ -123,10 +124,6 @@ fn array(name: &'static str, obj: &Bound<'_, PyAny>) -> PyResult<Array> {
     })
 }
 
-fn opt_array(name: &'static str, obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Array>> {
-    obj.filter(|o| !o.is_none()).map(|o| array(name, o)).transpose()
-}
-
 impl Array {
     fn overlaps(&self, other: &Array) -> bool {
         self.bytes > 0
@@ -176,17 +173,85 @@ impl Array {
     }
 }
 
-/// Refuses a written array whose memory overlaps any other argument's.
-fn checked_disjoint(written: &[&Array], all: &[&Array]) -> PyResult<()> {
-    for w in written {
-        if let Some(o) = all.iter().find(|o| !std::ptr::eq(**o, *w) && w.overlaps(o)) {
-            return Err(SsmError::new_err(format!(
-                "`{}` overlaps `{}` in memory; an array the op writes must not share memory with another argument",
-                w.name, o.name
-            )));
-        }
+/// The arrays of one call, by argument: the written ones are checked not to overlap any other
+/// argument's memory before any view is made.
+#[derive(Default)]
+struct Arrays {
+    list: Vec<Array>,
+    written: Vec<usize>,
+}
+
+impl Arrays {
+    fn add(&mut self, name: &'static str, obj: &Bound<'_, PyAny>) -> PyResult<usize> {
+        self.list.push(array(name, obj)?);
+        Ok(self.list.len() - 1)
     }
-    Ok(())
+
+    fn add_written(&mut self, name: &'static str, obj: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let i = self.add(name, obj)?;
+        self.written.push(i);
+        Ok(i)
+    }
+
+    fn opt(&mut self, name: &'static str, obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<usize>> {
+        obj.filter(|o| !o.is_none()).map(|o| self.add(name, o)).transpose()
+    }
+
+    fn opt_written(&mut self, name: &'static str, obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<usize>> {
+        obj.filter(|o| !o.is_none()).map(|o| self.add_written(name, o)).transpose()
+    }
+
+    /// Refuses a written array whose memory overlaps any other argument's.
+    fn check_disjoint(&self) -> PyResult<()> {
+        for &w in &self.written {
+            let wa = &self.list[w];
+            if let Some(o) = self.list.iter().enumerate().find(|&(i, o)| i != w && wa.overlaps(o)).map(|(_, o)| o) {
+                return Err(SsmError::new_err(format!(
+                    "`{}` overlaps `{}` in memory; an array the op writes must not share memory with another argument",
+                    wa.name, o.name
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// A read view of argument `i`.
+    ///
+    /// # Safety
+    /// The Python objects the arrays came from stay alive, and nothing else touches their
+    /// memory, for `'a` (the call holds the GIL and its arguments).
+    unsafe fn r<'a>(&self, i: usize) -> PyResult<TensorRef<'a>> {
+        // SAFETY: forwarded.
+        unsafe { self.list[i].view() }
+    }
+
+    /// [`Arrays::r`] of an optional argument.
+    ///
+    /// # Safety
+    /// As [`Arrays::r`].
+    unsafe fn r_opt<'a>(&self, i: Option<usize>) -> PyResult<Option<TensorRef<'a>>> {
+        // SAFETY: forwarded.
+        i.map(|i| unsafe { self.r(i) }).transpose()
+    }
+
+    /// A write view of argument `i`, one of the written ones.
+    ///
+    /// # Safety
+    /// As [`Arrays::r`], after [`Arrays::check_disjoint`]; each written argument viewed once.
+    unsafe fn w<'a>(&self, i: usize) -> PyResult<TensorMut<'a>> {
+        debug_assert!(self.written.contains(&i));
+        // SAFETY: forwarded; `check_disjoint` ruled out overlaps with every other view.
+        unsafe { self.list[i].view_mut() }
+    }
+
+    /// [`Arrays::w`] of an optional argument.
+    ///
+    /// # Safety
+    /// As [`Arrays::w`].
+    unsafe fn w_opt<'a>(&self, i: Option<usize>) -> PyResult<Option<TensorMut<'a>>> {
+        // SAFETY: forwarded.
+        i.map(|i| unsafe { self.w(i) }).transpose()
+    }
 }
 
 fn op_err(e: ssm_dispatch::Error) -> PyErr {
@@ -219,48 +284,34 @@ fn selective_state_update(
     cu_seqlens: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<()> {
     let rt = runtime()?;
-    let req = [
-        array("state", state)?,
-        array("x", x)?,
-        array("dt", dt)?,
-        array("A", a)?,
-        array("B", b)?,
-        array("C", c)?,
-        array("out", out)?,
-    ];
-    let opt = [
-        opt_array("D", d)?,
-        opt_array("dt_bias", dt_bias)?,
-        opt_array("z", z)?,
-        opt_array("state_batch_indices", state_batch_indices)?,
-        opt_array("dst_state_batch_indices", dst_state_batch_indices)?,
-        opt_array("num_accepted_tokens", num_accepted_tokens)?,
-        opt_array("cu_seqlens", cu_seqlens)?,
-    ];
-    let all: Vec<&Array> = req.iter().chain(opt.iter().flatten()).collect();
-    checked_disjoint(&[&req[0], &req[6]], &all)?;
-    // SAFETY: the arrays are borrowed from Python objects alive for this call (the arguments),
-    // the GIL is held throughout (no Python code runs meanwhile), and the written arrays were
-    // checked not to overlap any other argument.
+    let mut t = Arrays::default();
+    let (state, out) = (t.add_written("state", state)?, t.add_written("out", out)?);
+    let (x, dt, a, b, c) = (t.add("x", x)?, t.add("dt", dt)?, t.add("A", a)?, t.add("B", b)?, t.add("C", c)?);
+    let (d, dt_bias, z) = (t.opt("D", d)?, t.opt("dt_bias", dt_bias)?, t.opt("z", z)?);
+    let sbi = t.opt("state_batch_indices", state_batch_indices)?;
+    let dst = t.opt("dst_state_batch_indices", dst_state_batch_indices)?;
+    let (nacc, cu) = (t.opt("num_accepted_tokens", num_accepted_tokens)?, t.opt("cu_seqlens", cu_seqlens)?);
+    t.check_disjoint()?;
+    // SAFETY: the arrays are the call's arguments (alive for the call), the GIL is held
+    // throughout, and the written ones overlap no other argument.
     let args = unsafe {
-        let v = |o: &Option<Array>| o.as_ref().map(|a| a.view()).transpose();
         SelectiveStateUpdateArgs {
-            state: req[0].view_mut()?,
-            x: req[1].view()?,
-            dt: req[2].view()?,
-            a: req[3].view()?,
-            b: req[4].view()?,
-            c: req[5].view()?,
-            d: v(&opt[0])?,
-            dt_bias: v(&opt[1])?,
-            z: v(&opt[2])?,
+            state: t.w(state)?,
+            x: t.r(x)?,
+            dt: t.r(dt)?,
+            a: t.r(a)?,
+            b: t.r(b)?,
+            c: t.r(c)?,
+            d: t.r_opt(d)?,
+            dt_bias: t.r_opt(dt_bias)?,
+            z: t.r_opt(z)?,
             dt_softplus,
-            state_batch_indices: v(&opt[3])?,
-            dst_state_batch_indices: v(&opt[4])?,
+            state_batch_indices: t.r_opt(sbi)?,
+            dst_state_batch_indices: t.r_opt(dst)?,
             pad_slot_id,
-            out: req[6].view_mut()?,
-            num_accepted_tokens: v(&opt[5])?,
-            cu_seqlens: v(&opt[6])?,
+            out: t.w(out)?,
+            num_accepted_tokens: t.r_opt(nacc)?,
+            cu_seqlens: t.r_opt(cu)?,
             stochastic_rounding: None,
         }
     };
@@ -286,35 +337,191 @@ fn causal_conv1d_update(
     pad_slot_id: Option<i64>,
 ) -> PyResult<()> {
     let rt = runtime()?;
-    let req = [array("x", x)?, array("conv_state", conv_state)?, array("weight", weight)?, array("out", out)?];
-    let opt = [
-        opt_array("bias", bias)?,
-        opt_array("conv_state_indices", conv_state_indices)?,
-        opt_array("num_accepted_tokens", num_accepted_tokens)?,
-        opt_array("query_start_loc", query_start_loc)?,
-    ];
-    let all: Vec<&Array> = req.iter().chain(opt.iter().flatten()).collect();
-    checked_disjoint(&[&req[1], &req[3]], &all)?;
+    let mut t = Arrays::default();
+    let (conv_state, out) = (t.add_written("conv_state", conv_state)?, t.add_written("out", out)?);
+    let (x, weight, bias) = (t.add("x", x)?, t.add("weight", weight)?, t.opt("bias", bias)?);
+    let ci = t.opt("conv_state_indices", conv_state_indices)?;
+    let nacc = t.opt("num_accepted_tokens", num_accepted_tokens)?;
+    let qsl = t.opt("query_start_loc", query_start_loc)?;
+    t.check_disjoint()?;
     // SAFETY: as in `selective_state_update`.
     let args = unsafe {
-        let v = |o: &Option<Array>| o.as_ref().map(|a| a.view()).transpose();
         CausalConv1dUpdateArgs {
-            x: req[0].view()?,
-            conv_state: req[1].view_mut()?,
+            x: t.r(x)?,
+            conv_state: t.w(conv_state)?,
             conv_state_layout: ConvStateLayout::DimStateLen,
-            weight: req[2].view()?,
-            bias: v(&opt[0])?,
+            weight: t.r(weight)?,
+            bias: t.r_opt(bias)?,
             activation: if silu { Activation::Silu } else { Activation::None },
-            conv_state_indices: v(&opt[1])?,
-            num_accepted_tokens: v(&opt[2])?,
-            query_start_loc: v(&opt[3])?,
+            conv_state_indices: t.r_opt(ci)?,
+            num_accepted_tokens: t.r_opt(nacc)?,
+            query_start_loc: t.r_opt(qsl)?,
             pad_slot_id,
             block_idx_last_scheduled_token: None,
             initial_state_idx: None,
-            out: req[3].view_mut()?,
+            out: t.w(out)?,
         }
     };
     rt.causal_conv1d_update(args).map_err(op_err)
+}
+
+/// The delta-rule arguments both recurrent GDN ops share (vLLM's `q` onwards), `[V, K]` state.
+struct Rule {
+    q: usize,
+    k: usize,
+    v: usize,
+    o: usize,
+    initial_state: Option<usize>,
+    final_state: Option<usize>,
+    cu: Option<usize>,
+    idx: Option<usize>,
+    nacc: Option<usize>,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn rule_arrays(
+    t: &mut Arrays,
+    q: &Bound<'_, PyAny>,
+    k: &Bound<'_, PyAny>,
+    v: &Bound<'_, PyAny>,
+    o: &Bound<'_, PyAny>,
+    initial_state: Option<&Bound<'_, PyAny>>,
+    final_state: Option<&Bound<'_, PyAny>>,
+    cu_seqlens: Option<&Bound<'_, PyAny>>,
+    ssm_state_indices: Option<&Bound<'_, PyAny>>,
+    num_accepted_tokens: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Rule> {
+    Ok(Rule {
+        o: t.add_written("o", o)?,
+        initial_state: t.opt_written("initial_state", initial_state)?,
+        final_state: t.opt_written("final_state", final_state)?,
+        q: t.add("q", q)?,
+        k: t.add("k", k)?,
+        v: t.add("v", v)?,
+        cu: t.opt("cu_seqlens", cu_seqlens)?,
+        idx: t.opt("ssm_state_indices", ssm_state_indices)?,
+        nacc: t.opt("num_accepted_tokens", num_accepted_tokens)?,
+    })
+}
+
+impl Rule {
+    /// The views.
+    ///
+    /// # Safety
+    /// As [`Arrays::w`], for `t` the arrays `self` indexes.
+    unsafe fn args<'a>(&self, t: &Arrays, scale: Option<f32>, l2norm: bool) -> PyResult<DeltaRuleArgs<'a>> {
+        // SAFETY: forwarded.
+        unsafe {
+            Ok(DeltaRuleArgs {
+                initial_state: t.w_opt(self.initial_state)?,
+                final_state: t.w_opt(self.final_state)?,
+                cu_seqlens: t.r_opt(self.cu)?,
+                ssm_state_indices: t.r_opt(self.idx)?,
+                num_accepted_tokens: t.r_opt(self.nacc)?,
+                use_qk_l2norm_in_kernel: l2norm,
+                scale,
+                ..DeltaRuleArgs::new(t.r(self.q)?, t.r(self.k)?, t.r(self.v)?, t.w(self.o)?)
+            })
+        }
+    }
+}
+
+/// `fused_recurrent_gated_delta_rule` with precomputed gates (`g`, `beta`): `o`, and the state
+/// pool (in place) or the per-token `final_state`, written.
+#[pyfunction]
+#[pyo3(signature = (q, k, v, g, o, beta=None, scale=None, initial_state=None, final_state=None,
+    cu_seqlens=None, ssm_state_indices=None, num_accepted_tokens=None, use_qk_l2norm_in_kernel=false))]
+#[allow(clippy::too_many_arguments)]
+fn fused_recurrent_gated_delta_rule(
+    q: &Bound<'_, PyAny>,
+    k: &Bound<'_, PyAny>,
+    v: &Bound<'_, PyAny>,
+    g: &Bound<'_, PyAny>,
+    o: &Bound<'_, PyAny>,
+    beta: Option<&Bound<'_, PyAny>>,
+    scale: Option<f32>,
+    initial_state: Option<&Bound<'_, PyAny>>,
+    final_state: Option<&Bound<'_, PyAny>>,
+    cu_seqlens: Option<&Bound<'_, PyAny>>,
+    ssm_state_indices: Option<&Bound<'_, PyAny>>,
+    num_accepted_tokens: Option<&Bound<'_, PyAny>>,
+    use_qk_l2norm_in_kernel: bool,
+) -> PyResult<()> {
+    let rt = runtime()?;
+    let mut t = Arrays::default();
+    let rule = rule_arrays(
+        &mut t,
+        q,
+        k,
+        v,
+        o,
+        initial_state,
+        final_state,
+        cu_seqlens,
+        ssm_state_indices,
+        num_accepted_tokens,
+    )?;
+    let (g, beta) = (t.add("g", g)?, t.opt("beta", beta)?);
+    t.check_disjoint()?;
+    // SAFETY: as in `selective_state_update`.
+    let args = unsafe {
+        FusedRecurrentGatedDeltaRuleArgs {
+            g: t.r(g)?,
+            beta: t.r_opt(beta)?,
+            rule: rule.args(&t, scale, use_qk_l2norm_in_kernel)?,
+        }
+    };
+    rt.fused_recurrent_gated_delta_rule(args).map_err(op_err)
+}
+
+/// `fused_sigmoid_gating_delta_rule_update`: the gates computed from `A_log`, `a`, `b`,
+/// `dt_bias` in the kernel; writes as [`fused_recurrent_gated_delta_rule`].
+#[pyfunction]
+#[pyo3(signature = (a_log, a, b, dt_bias, q, k, v, o, beta=1.0, threshold=20.0, scale=None,
+    initial_state=None, final_state=None, cu_seqlens=None, ssm_state_indices=None,
+    num_accepted_tokens=None, use_qk_l2norm_in_kernel=false))]
+#[allow(clippy::too_many_arguments)]
+fn fused_sigmoid_gating_delta_rule_update(
+    a_log: &Bound<'_, PyAny>,
+    a: &Bound<'_, PyAny>,
+    b: &Bound<'_, PyAny>,
+    dt_bias: &Bound<'_, PyAny>,
+    q: &Bound<'_, PyAny>,
+    k: &Bound<'_, PyAny>,
+    v: &Bound<'_, PyAny>,
+    o: &Bound<'_, PyAny>,
+    beta: f32,
+    threshold: f32,
+    scale: Option<f32>,
+    initial_state: Option<&Bound<'_, PyAny>>,
+    final_state: Option<&Bound<'_, PyAny>>,
+    cu_seqlens: Option<&Bound<'_, PyAny>>,
+    ssm_state_indices: Option<&Bound<'_, PyAny>>,
+    num_accepted_tokens: Option<&Bound<'_, PyAny>>,
+    use_qk_l2norm_in_kernel: bool,
+) -> PyResult<()> {
+    let rt = runtime()?;
+    let mut t = Arrays::default();
+    let rule = rule_arrays(
+        &mut t,
+        q,
+        k,
+        v,
+        o,
+        initial_state,
+        final_state,
+        cu_seqlens,
+        ssm_state_indices,
+        num_accepted_tokens,
+    )?;
+    let (a_log, a, b, dt_bias) = (t.add("A_log", a_log)?, t.add("a", a)?, t.add("b", b)?, t.add("dt_bias", dt_bias)?);
+    t.check_disjoint()?;
+    // SAFETY: as in `selective_state_update`.
+    let args = unsafe {
+        let gates = GateInputs { beta, threshold, ..GateInputs::new(t.r(a_log)?, t.r(a)?, t.r(b)?, t.r(dt_bias)?) };
+        FusedSigmoidGatingDeltaRuleUpdateArgs { gates, rule: rule.args(&t, scale, use_qk_l2norm_in_kernel)? }
+    };
+    rt.fused_sigmoid_gating_delta_rule_update(args).map_err(op_err)
 }
 
 #[pymodule]
@@ -322,5 +529,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("SsmError", m.py().get_type::<SsmError>())?;
     m.add_function(wrap_pyfunction!(selective_state_update, m)?)?;
     m.add_function(wrap_pyfunction!(causal_conv1d_update, m)?)?;
+    m.add_function(wrap_pyfunction!(fused_recurrent_gated_delta_rule, m)?)?;
+    m.add_function(wrap_pyfunction!(fused_sigmoid_gating_delta_rule_update, m)?)?;
     Ok(())
 }

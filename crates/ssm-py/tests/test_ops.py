@@ -123,3 +123,69 @@ def test_refused_calls_raise_the_typed_message_and_write_nothing():
     np.testing.assert_array_equal(state, np.ones_like(state))
     with pytest.raises(TypeError, match="float64"):
         sk.selective_state_update(state, x.astype(np.float64), dt, A, B, C)
+
+
+def gdn_reference(q, k, v, g, beta, state, slots, l2norm):
+    """FLA's recurrence with a [V, K] state per value head, float64; returns (o, state)."""
+    state = state.astype(np.float64).copy()
+    n, t, h, kd = q.shape
+    hv = v.shape[2]
+    o = np.zeros(v.shape)
+    for s in range(n):
+        for head in range(hv):
+            qh = head // (hv // h)
+            st = state[slots[s], head]
+            for tok in range(t):
+                qq, kk = q[s, tok, qh].astype(np.float64), k[s, tok, qh].astype(np.float64)
+                if l2norm:
+                    qq = qq / np.sqrt((qq * qq).sum() + 1e-6)
+                    kk = kk / np.sqrt((kk * kk).sum() + 1e-6)
+                qq = qq * kd ** -0.5
+                st = st * np.exp(g[s, tok, head])
+                vv = (v[s, tok, head] - st @ kk) * beta[s, tok, head]
+                st = st + np.outer(vv, kk)
+                o[s, tok, head] = st @ qq
+            state[slots[s], head] = st
+    return o, state
+
+
+def gdn_inputs(rng, n=3, t=2, h=2, hv=4, kd=8, vd=6, slots=6):
+    q = rng.standard_normal((n, t, h, kd)).astype(np.float32)
+    k = rng.standard_normal((n, t, h, kd)).astype(np.float32)
+    v = rng.standard_normal((n, t, hv, vd)).astype(np.float32)
+    state = rng.standard_normal((slots, hv, vd, kd)).astype(np.float32) * 0.3
+    table = np.array([4, 1, 5], dtype=np.int32)
+    return q, k, v, state, table
+
+
+def test_recurrent_gdn_matches_flas_formula_in_place():
+    rng = np.random.default_rng(2)
+    q, k, v, state, table = gdn_inputs(rng)
+    g = -rng.uniform(0.01, 1.0, v.shape[:3]).astype(np.float32)
+    beta = rng.uniform(0.1, 0.9, v.shape[:3]).astype(np.float32)
+    want_o, want_state = gdn_reference(q, k, v, g, beta, state, table, True)
+    before = state.copy()
+    o, final = sk.fused_recurrent_gated_delta_rule(q, k, v, g, beta, initial_state=state,
+                                                   ssm_state_indices=table, use_qk_l2norm_in_kernel=True)
+    assert final is state
+    np.testing.assert_allclose(o, want_o, rtol=2e-4, atol=2e-4)
+    np.testing.assert_allclose(state, want_state, rtol=2e-4, atol=2e-4)
+    for s in (0, 2, 3):
+        np.testing.assert_array_equal(state[s], before[s])
+
+
+def test_sigmoid_gating_gdn_computes_vllms_gates():
+    rng = np.random.default_rng(3)
+    q, k, v, state, table = gdn_inputs(rng)
+    hv = v.shape[2]
+    A_log = rng.uniform(-1, 1, hv).astype(np.float32)
+    dt_bias = rng.uniform(-1, 1, hv).astype(np.float32)
+    a = rng.standard_normal(v.shape[:3]).astype(np.float32)
+    b = rng.standard_normal(v.shape[:3]).astype(np.float32)
+    g = -np.exp(A_log) * softplus((a + dt_bias).astype(np.float64))
+    beta = 1 / (1 + np.exp(-b.astype(np.float64)))
+    want_o, want_state = gdn_reference(q, k, v, g, beta, state, table, False)
+    o, _ = sk.fused_sigmoid_gating_delta_rule_update(A_log, a, b, dt_bias, q, k, v, initial_state=state,
+                                                     ssm_state_indices=table)
+    np.testing.assert_allclose(o, want_o, rtol=2e-4, atol=2e-4)
+    np.testing.assert_allclose(state, want_state, rtol=2e-4, atol=2e-4)

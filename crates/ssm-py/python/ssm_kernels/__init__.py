@@ -5,8 +5,10 @@ their ``__array_interface__`` (shape, strides and offset kept; nothing is copied
 backend with every core. A call the op refuses raises :class:`SsmError` (a ``ValueError``) with
 the op's typed message and writes nothing.
 
-Supported today: ``selective_state_update`` and ``causal_conv1d_update`` (the decode-path ops),
-float32/float16 data and int32/int64 index tables on the host. Not yet: DLPack and
+Supported today: ``selective_state_update``, ``causal_conv1d_update``,
+``fused_recurrent_gated_delta_rule`` and ``fused_sigmoid_gating_delta_rule_update`` (the
+decode-path ops of Mamba2 and Qwen3-Next layers), float32/float16 data and int32/int64 index
+tables on the host. Not yet: DLPack and
 ``__cuda_array_interface__`` (torch and CUDA tensors), bfloat16 (numpy has no such dtype).
 """
 
@@ -15,7 +17,14 @@ import numpy as np
 from ._core import SsmError
 from . import _core
 
-__all__ = ["SsmError", "selective_state_update", "causal_conv1d_update", "NULL_BLOCK_ID"]
+__all__ = [
+    "SsmError",
+    "selective_state_update",
+    "causal_conv1d_update",
+    "fused_recurrent_gated_delta_rule",
+    "fused_sigmoid_gating_delta_rule_update",
+    "NULL_BLOCK_ID",
+]
 
 #: vLLM's pad value of the slot tables (``vllm.v1.attention.backends.utils.NULL_BLOCK_ID``).
 NULL_BLOCK_ID = 0
@@ -93,3 +102,70 @@ def causal_conv1d_update(
     if out is None:
         np.copyto(target, result)
     return target
+
+
+def _gdn_outputs(q, v, initial_state, inplace_final_state):
+    """vLLM's output allocation of the recurrent GDN ops: ``o`` like ``v`` in ``q``'s dtype;
+    the final state in place, or one state per token ``[B·T, HV, V, K]``."""
+    o = np.empty(v.shape, dtype=q.dtype)
+    if inplace_final_state or initial_state is None:
+        return o, None
+    b, t = q.shape[0], q.shape[1]
+    return o, np.empty((b * t,) + tuple(initial_state.shape[1:]), dtype=initial_state.dtype)
+
+
+def fused_recurrent_gated_delta_rule(
+    q,
+    k,
+    v,
+    g,
+    beta=None,
+    scale=None,
+    initial_state=None,
+    inplace_final_state=True,
+    cu_seqlens=None,
+    ssm_state_indices=None,
+    num_accepted_tokens=None,
+    use_qk_l2norm_in_kernel=False,
+):
+    """vLLM's ``fused_recurrent_gated_delta_rule`` (FLA, ``[V, K]`` state): returns
+    ``(o, final_state)``; with ``inplace_final_state`` the pool ``initial_state`` is updated in
+    place through ``ssm_state_indices`` and returned as ``final_state``."""
+    o, final = _gdn_outputs(q, v, initial_state, inplace_final_state)
+    _core.fused_recurrent_gated_delta_rule(
+        q, k, v, g, o, beta, scale, initial_state, final, cu_seqlens, ssm_state_indices,
+        num_accepted_tokens, bool(use_qk_l2norm_in_kernel),
+    )
+    return o, initial_state if final is None else final
+
+
+def fused_sigmoid_gating_delta_rule_update(
+    A_log,
+    a,
+    b,
+    dt_bias,
+    q,
+    k,
+    v,
+    beta=1.0,
+    threshold=20.0,
+    scale=None,
+    initial_state=None,
+    inplace_final_state=True,
+    cu_seqlens=None,
+    ssm_state_indices=None,
+    num_accepted_tokens=None,
+    use_qk_l2norm_in_kernel=False,
+    is_kda=False,
+):
+    """vLLM's ``fused_sigmoid_gating_delta_rule_update``: the gates ``g = -exp(A_log) ·
+    softplus(a + dt_bias)`` and ``beta = sigmoid(b)`` computed in the kernel, then the delta rule
+    as :func:`fused_recurrent_gated_delta_rule`. Returns ``(o, final_state)``."""
+    if is_kda:
+        raise SsmError("`is_kda`: the KDA variant is not implemented")
+    o, final = _gdn_outputs(q, v, initial_state, inplace_final_state)
+    _core.fused_sigmoid_gating_delta_rule_update(
+        A_log, a, b, dt_bias, q, k, v, o, float(beta), float(threshold), scale, initial_state, final,
+        cu_seqlens, ssm_state_indices, num_accepted_tokens, bool(use_qk_l2norm_in_kernel),
+    )
+    return o, initial_state if final is None else final
