@@ -44,6 +44,14 @@ pub(crate) fn c_type(t: DType) -> &'static str {
     }
 }
 
+/// The `NAME=0|1` macros of a key's flag bits: one per `(name, bit)` of `table`, in its order.
+pub(crate) fn flag_defines<F>(flags: F, table: &[(&'static str, F)]) -> impl Iterator<Item = (&'static str, String)>
+where
+    F: Copy + std::ops::BitAnd<Output = F> + PartialEq + Default,
+{
+    table.iter().map(move |&(name, bit)| (name, u8::from(flags & bit != F::default()).to_string()))
+}
+
 /// Which kernel source a specialisation compiles.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum KernelSource {

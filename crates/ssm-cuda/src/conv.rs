@@ -8,7 +8,7 @@ use cudarc::driver::DeviceRepr;
 use ssm_conv::{Activation, CausalConv1dFnArgs, CausalConv1dUpdateArgs, ConvOp, ConvPlan};
 use ssm_tensor::{DType, Planned, Run, TensorMut, TensorRef};
 
-use crate::compile::{KernelSource, KernelSpec, c_type};
+use crate::compile::{KernelSource, KernelSpec, c_type, flag_defines};
 use crate::geometry::grid_x;
 use crate::{CudaBackend, CudaError, addr_of};
 
@@ -108,24 +108,25 @@ impl ConvKey {
             ("VEC", self.vec.to_string()),
             ("NTHREADS", self.threads.to_string()),
         ]);
-        for (name, f) in [
-            ("FN", F_FN),
-            ("HAS_CI", F_CI),
-            ("HAS_PAD", F_PAD),
-            ("VARLEN", F_VARLEN),
-            ("SPEC", F_SPEC),
-            ("APC", F_APC),
-            ("HAS_INIT", F_INIT),
-            ("HAS_BIAS", F_BIAS),
-            ("SILU", F_SILU),
-            ("X_VEC", F_X_VEC),
-            ("OUT_VEC", F_OUT_VEC),
-            ("ST_VEC", F_ST_VEC),
-            ("W_VEC", F_W_VEC),
-            ("B_VEC", F_B_VEC),
-        ] {
-            defines.push((name, u8::from(self.flags & f != 0).to_string()));
-        }
+        defines.extend(flag_defines(
+            self.flags,
+            &[
+                ("FN", F_FN),
+                ("HAS_CI", F_CI),
+                ("HAS_PAD", F_PAD),
+                ("VARLEN", F_VARLEN),
+                ("SPEC", F_SPEC),
+                ("APC", F_APC),
+                ("HAS_INIT", F_INIT),
+                ("HAS_BIAS", F_BIAS),
+                ("SILU", F_SILU),
+                ("X_VEC", F_X_VEC),
+                ("OUT_VEC", F_OUT_VEC),
+                ("ST_VEC", F_ST_VEC),
+                ("W_VEC", F_W_VEC),
+                ("B_VEC", F_B_VEC),
+            ],
+        ));
         KernelSpec { source: KernelSource::Conv, entry: "conv_kernel", defines }
     }
 

@@ -12,7 +12,7 @@ use ssm_ring::{
 };
 use ssm_tensor::{DType, Planned, Run, Strided, TensorRef};
 
-use crate::compile::{KernelSource, KernelSpec, c_type};
+use crate::compile::{KernelSource, KernelSpec, c_type, flag_defines};
 use crate::geometry::grid_x;
 use crate::{CudaBackend, CudaError, addr_of};
 
@@ -177,17 +177,18 @@ impl RingKey {
                 defines.push(("TPR", k.tpr.to_string()));
                 defines.push(("VEC", k.vec.to_string()));
                 defines.push(("RB", k.rb.to_string()));
-                for (name, f) in [
-                    ("HAS_Z", F_Z),
-                    ("HAS_D", F_D),
-                    ("HAS_DTB", F_DTB),
-                    ("DT_SOFTPLUS", F_SOFTPLUS),
-                    ("HAS_SBI", F_SBI),
-                    ("HAS_PAD", F_PAD),
-                    ("VARLEN", F_VARLEN),
-                ] {
-                    defines.push((name, u8::from(k.flags & f != 0).to_string()));
-                }
+                defines.extend(flag_defines(
+                    k.flags,
+                    &[
+                        ("HAS_Z", F_Z),
+                        ("HAS_D", F_D),
+                        ("HAS_DTB", F_DTB),
+                        ("DT_SOFTPLUS", F_SOFTPLUS),
+                        ("HAS_SBI", F_SBI),
+                        ("HAS_PAD", F_PAD),
+                        ("VARLEN", F_VARLEN),
+                    ],
+                ));
                 KernelSpec { source: KernelSource::CheckpointingSsu, entry: "checkpointing_ssu_kernel", defines }
             }
         }

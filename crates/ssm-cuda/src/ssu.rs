@@ -7,7 +7,7 @@ use ssm_ssu::{ParamForm, Route, SelectiveStateUpdateArgs, SsuPlan, TokenStrides}
 use ssm_tensor::DType;
 use ssm_tensor::{Planned, Run};
 
-use crate::compile::{KernelSource, KernelSpec, c_type};
+use crate::compile::{KernelSource, KernelSpec, c_type, flag_defines};
 use crate::geometry::{
     BlockSplit, RowGeometry, WAVE_THREADS, fit_rows, grid_x, raw16_rows, rows_and_threads, tune_pairs_of,
 };
@@ -319,22 +319,23 @@ impl SsuKey {
         let one_token = self.flags & (F_VARLEN | F_DENSE | F_SPEC) == 0;
         let raw = one_token && g.row.vec as usize * self.types[0].size() == 16;
         defines.push(("RAW", u8::from(raw).to_string()));
-        for (name, f) in [
-            ("HAS_Z", F_Z),
-            ("HAS_D", F_D),
-            ("HAS_DT_BIAS", F_DT_BIAS),
-            ("DT_SOFTPLUS", F_SOFTPLUS),
-            ("TIED", F_TIED),
-            ("HAS_SBI", F_SBI),
-            ("HAS_PAD", F_PAD),
-            ("VARLEN", F_VARLEN),
-            ("DENSE", F_DENSE),
-            ("SPEC", F_SPEC),
-            ("STOCH_ROUND", F_SR),
-            ("BC_VEC", F_BC_VEC),
-        ] {
-            defines.push((name, u8::from(self.flags & f != 0).to_string()));
-        }
+        defines.extend(flag_defines(
+            self.flags,
+            &[
+                ("HAS_Z", F_Z),
+                ("HAS_D", F_D),
+                ("HAS_DT_BIAS", F_DT_BIAS),
+                ("DT_SOFTPLUS", F_SOFTPLUS),
+                ("TIED", F_TIED),
+                ("HAS_SBI", F_SBI),
+                ("HAS_PAD", F_PAD),
+                ("VARLEN", F_VARLEN),
+                ("DENSE", F_DENSE),
+                ("SPEC", F_SPEC),
+                ("STOCH_ROUND", F_SR),
+                ("BC_VEC", F_BC_VEC),
+            ],
+        ));
         KernelSpec { source: KernelSource::Ssu, entry: "ssu_kernel", defines }
     }
 }

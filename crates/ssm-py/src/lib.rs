@@ -365,163 +365,83 @@ fn causal_conv1d_update(
     rt.causal_conv1d_update(args).map_err(op_err)
 }
 
-/// The delta-rule arguments both recurrent GDN ops share (vLLM's `q` onwards), `[V, K]` state.
-struct Rule {
-    q: usize,
-    k: usize,
-    v: usize,
-    o: usize,
-    initial_state: Option<usize>,
-    final_state: Option<usize>,
-    cu: Option<usize>,
-    idx: Option<usize>,
-    nacc: Option<usize>,
-}
-
+/// Both recurrent GDN ops, vLLM's arguments from `q` on (`[V, K]` state): with `g` (and `beta`)
+/// given, `fused_recurrent_gated_delta_rule`; with `A_log`, `a`, `b`, `dt_bias` given,
+/// `fused_sigmoid_gating_delta_rule_update` (gates computed in the kernel with `softplus_beta`
+/// and `threshold`). Writes `o`, and the pool `initial_state` in place or the per-token
+/// `final_state`.
+#[pyfunction]
+#[pyo3(signature = (q, k, v, o, scale=None, initial_state=None, final_state=None, cu_seqlens=None,
+    ssm_state_indices=None, num_accepted_tokens=None, use_qk_l2norm_in_kernel=false, g=None, beta=None,
+    a_log=None, a=None, b=None, dt_bias=None, softplus_beta=1.0, threshold=20.0))]
 #[allow(clippy::too_many_arguments)]
-fn rule_arrays(
-    t: &mut Arrays,
+fn gated_delta_rule(
     q: &Bound<'_, PyAny>,
     k: &Bound<'_, PyAny>,
     v: &Bound<'_, PyAny>,
     o: &Bound<'_, PyAny>,
+    scale: Option<f32>,
     initial_state: Option<&Bound<'_, PyAny>>,
     final_state: Option<&Bound<'_, PyAny>>,
     cu_seqlens: Option<&Bound<'_, PyAny>>,
     ssm_state_indices: Option<&Bound<'_, PyAny>>,
     num_accepted_tokens: Option<&Bound<'_, PyAny>>,
-) -> PyResult<Rule> {
-    Ok(Rule {
-        o: t.add_written("o", o)?,
-        initial_state: t.opt_written("initial_state", initial_state)?,
-        final_state: t.opt_written("final_state", final_state)?,
-        q: t.add("q", q)?,
-        k: t.add("k", k)?,
-        v: t.add("v", v)?,
-        cu: t.opt("cu_seqlens", cu_seqlens)?,
-        idx: t.opt("ssm_state_indices", ssm_state_indices)?,
-        nacc: t.opt("num_accepted_tokens", num_accepted_tokens)?,
-    })
-}
-
-impl Rule {
-    /// The views.
-    ///
-    /// # Safety
-    /// As [`Arrays::w`], for `t` the arrays `self` indexes.
-    unsafe fn args<'a>(&self, t: &Arrays, scale: Option<f32>, l2norm: bool) -> PyResult<DeltaRuleArgs<'a>> {
-        // SAFETY: forwarded.
-        unsafe {
-            Ok(DeltaRuleArgs {
-                initial_state: t.w_opt(self.initial_state)?,
-                final_state: t.w_opt(self.final_state)?,
-                cu_seqlens: t.r_opt(self.cu)?,
-                ssm_state_indices: t.r_opt(self.idx)?,
-                num_accepted_tokens: t.r_opt(self.nacc)?,
-                use_qk_l2norm_in_kernel: l2norm,
-                scale,
-                ..DeltaRuleArgs::new(t.r(self.q)?, t.r(self.k)?, t.r(self.v)?, t.w(self.o)?)
-            })
+    use_qk_l2norm_in_kernel: bool,
+    g: Option<&Bound<'_, PyAny>>,
+    beta: Option<&Bound<'_, PyAny>>,
+    a_log: Option<&Bound<'_, PyAny>>,
+    a: Option<&Bound<'_, PyAny>>,
+    b: Option<&Bound<'_, PyAny>>,
+    dt_bias: Option<&Bound<'_, PyAny>>,
+    softplus_beta: f32,
+    threshold: f32,
+) -> PyResult<()> {
+    let rt = runtime()?;
+    let mut t = Arrays::default();
+    let o = t.add_written("o", o)?;
+    let initial_state = t.opt_written("initial_state", initial_state)?;
+    let final_state = t.opt_written("final_state", final_state)?;
+    let (q, k, v) = (t.add("q", q)?, t.add("k", k)?, t.add("v", v)?);
+    let (cu, idx) = (t.opt("cu_seqlens", cu_seqlens)?, t.opt("ssm_state_indices", ssm_state_indices)?);
+    let nacc = t.opt("num_accepted_tokens", num_accepted_tokens)?;
+    let (g, beta) = (t.opt("g", g)?, t.opt("beta", beta)?);
+    let gates = [t.opt("A_log", a_log)?, t.opt("a", a)?, t.opt("b", b)?, t.opt("dt_bias", dt_bias)?];
+    t.check_disjoint()?;
+    // SAFETY: the arrays are the call's arguments (alive for the call), the GIL is held
+    // throughout, and the written ones overlap no other argument.
+    unsafe {
+        let rule = DeltaRuleArgs {
+            initial_state: t.w_opt(initial_state)?,
+            final_state: t.w_opt(final_state)?,
+            cu_seqlens: t.r_opt(cu)?,
+            ssm_state_indices: t.r_opt(idx)?,
+            num_accepted_tokens: t.r_opt(nacc)?,
+            use_qk_l2norm_in_kernel,
+            scale,
+            ..DeltaRuleArgs::new(t.r(q)?, t.r(k)?, t.r(v)?, t.w(o)?)
+        };
+        match (g, gates) {
+            (Some(g), [None, None, None, None]) => rt
+                .fused_recurrent_gated_delta_rule(FusedRecurrentGatedDeltaRuleArgs {
+                    g: t.r(g)?,
+                    beta: t.r_opt(beta)?,
+                    rule,
+                })
+                .map_err(op_err),
+            (None, [Some(al), Some(a), Some(b), Some(db)]) if beta.is_none() => {
+                let gates = GateInputs {
+                    beta: softplus_beta,
+                    threshold,
+                    ..GateInputs::new(t.r(al)?, t.r(a)?, t.r(b)?, t.r(db)?)
+                };
+                rt.fused_sigmoid_gating_delta_rule_update(FusedSigmoidGatingDeltaRuleUpdateArgs { gates, rule })
+                    .map_err(op_err)
+            }
+            _ => Err(SsmError::new_err(
+                "give either `g` (and optionally `beta`) or all of `A_log`, `a`, `b` and `dt_bias`",
+            )),
         }
     }
-}
-
-/// `fused_recurrent_gated_delta_rule` with precomputed gates (`g`, `beta`): `o`, and the state
-/// pool (in place) or the per-token `final_state`, written.
-#[pyfunction]
-#[pyo3(signature = (q, k, v, g, o, beta=None, scale=None, initial_state=None, final_state=None,
-    cu_seqlens=None, ssm_state_indices=None, num_accepted_tokens=None, use_qk_l2norm_in_kernel=false))]
-#[allow(clippy::too_many_arguments)]
-fn fused_recurrent_gated_delta_rule(
-    q: &Bound<'_, PyAny>,
-    k: &Bound<'_, PyAny>,
-    v: &Bound<'_, PyAny>,
-    g: &Bound<'_, PyAny>,
-    o: &Bound<'_, PyAny>,
-    beta: Option<&Bound<'_, PyAny>>,
-    scale: Option<f32>,
-    initial_state: Option<&Bound<'_, PyAny>>,
-    final_state: Option<&Bound<'_, PyAny>>,
-    cu_seqlens: Option<&Bound<'_, PyAny>>,
-    ssm_state_indices: Option<&Bound<'_, PyAny>>,
-    num_accepted_tokens: Option<&Bound<'_, PyAny>>,
-    use_qk_l2norm_in_kernel: bool,
-) -> PyResult<()> {
-    let rt = runtime()?;
-    let mut t = Arrays::default();
-    let rule = rule_arrays(
-        &mut t,
-        q,
-        k,
-        v,
-        o,
-        initial_state,
-        final_state,
-        cu_seqlens,
-        ssm_state_indices,
-        num_accepted_tokens,
-    )?;
-    let (g, beta) = (t.add("g", g)?, t.opt("beta", beta)?);
-    t.check_disjoint()?;
-    // SAFETY: as in `selective_state_update`.
-    let args = unsafe {
-        FusedRecurrentGatedDeltaRuleArgs {
-            g: t.r(g)?,
-            beta: t.r_opt(beta)?,
-            rule: rule.args(&t, scale, use_qk_l2norm_in_kernel)?,
-        }
-    };
-    rt.fused_recurrent_gated_delta_rule(args).map_err(op_err)
-}
-
-/// `fused_sigmoid_gating_delta_rule_update`: the gates computed from `A_log`, `a`, `b`,
-/// `dt_bias` in the kernel; writes as [`fused_recurrent_gated_delta_rule`].
-#[pyfunction]
-#[pyo3(signature = (a_log, a, b, dt_bias, q, k, v, o, beta=1.0, threshold=20.0, scale=None,
-    initial_state=None, final_state=None, cu_seqlens=None, ssm_state_indices=None,
-    num_accepted_tokens=None, use_qk_l2norm_in_kernel=false))]
-#[allow(clippy::too_many_arguments)]
-fn fused_sigmoid_gating_delta_rule_update(
-    a_log: &Bound<'_, PyAny>,
-    a: &Bound<'_, PyAny>,
-    b: &Bound<'_, PyAny>,
-    dt_bias: &Bound<'_, PyAny>,
-    q: &Bound<'_, PyAny>,
-    k: &Bound<'_, PyAny>,
-    v: &Bound<'_, PyAny>,
-    o: &Bound<'_, PyAny>,
-    beta: f32,
-    threshold: f32,
-    scale: Option<f32>,
-    initial_state: Option<&Bound<'_, PyAny>>,
-    final_state: Option<&Bound<'_, PyAny>>,
-    cu_seqlens: Option<&Bound<'_, PyAny>>,
-    ssm_state_indices: Option<&Bound<'_, PyAny>>,
-    num_accepted_tokens: Option<&Bound<'_, PyAny>>,
-    use_qk_l2norm_in_kernel: bool,
-) -> PyResult<()> {
-    let rt = runtime()?;
-    let mut t = Arrays::default();
-    let rule = rule_arrays(
-        &mut t,
-        q,
-        k,
-        v,
-        o,
-        initial_state,
-        final_state,
-        cu_seqlens,
-        ssm_state_indices,
-        num_accepted_tokens,
-    )?;
-    let (a_log, a, b, dt_bias) = (t.add("A_log", a_log)?, t.add("a", a)?, t.add("b", b)?, t.add("dt_bias", dt_bias)?);
-    t.check_disjoint()?;
-    // SAFETY: as in `selective_state_update`.
-    let args = unsafe {
-        let gates = GateInputs { beta, threshold, ..GateInputs::new(t.r(a_log)?, t.r(a)?, t.r(b)?, t.r(dt_bias)?) };
-        FusedSigmoidGatingDeltaRuleUpdateArgs { gates, rule: rule.args(&t, scale, use_qk_l2norm_in_kernel)? }
-    };
-    rt.fused_sigmoid_gating_delta_rule_update(args).map_err(op_err)
 }
 
 #[pymodule]
@@ -529,7 +449,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("SsmError", m.py().get_type::<SsmError>())?;
     m.add_function(wrap_pyfunction!(selective_state_update, m)?)?;
     m.add_function(wrap_pyfunction!(causal_conv1d_update, m)?)?;
-    m.add_function(wrap_pyfunction!(fused_recurrent_gated_delta_rule, m)?)?;
-    m.add_function(wrap_pyfunction!(fused_sigmoid_gating_delta_rule_update, m)?)?;
+    m.add_function(wrap_pyfunction!(gated_delta_rule, m)?)?;
     Ok(())
 }

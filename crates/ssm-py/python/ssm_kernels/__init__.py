@@ -132,9 +132,9 @@ def fused_recurrent_gated_delta_rule(
     ``(o, final_state)``; with ``inplace_final_state`` the pool ``initial_state`` is updated in
     place through ``ssm_state_indices`` and returned as ``final_state``."""
     o, final = _gdn_outputs(q, v, initial_state, inplace_final_state)
-    _core.fused_recurrent_gated_delta_rule(
-        q, k, v, g, o, beta, scale, initial_state, final, cu_seqlens, ssm_state_indices,
-        num_accepted_tokens, bool(use_qk_l2norm_in_kernel),
+    _core.gated_delta_rule(
+        q, k, v, o, scale, initial_state, final, cu_seqlens, ssm_state_indices, num_accepted_tokens,
+        bool(use_qk_l2norm_in_kernel), g=g, beta=beta,
     )
     return o, initial_state if final is None else final
 
@@ -164,8 +164,9 @@ def fused_sigmoid_gating_delta_rule_update(
     if is_kda:
         raise SsmError("`is_kda`: the KDA variant is not implemented")
     o, final = _gdn_outputs(q, v, initial_state, inplace_final_state)
-    _core.fused_sigmoid_gating_delta_rule_update(
-        A_log, a, b, dt_bias, q, k, v, o, float(beta), float(threshold), scale, initial_state, final,
-        cu_seqlens, ssm_state_indices, num_accepted_tokens, bool(use_qk_l2norm_in_kernel),
+    _core.gated_delta_rule(
+        q, k, v, o, scale, initial_state, final, cu_seqlens, ssm_state_indices, num_accepted_tokens,
+        bool(use_qk_l2norm_in_kernel), a_log=A_log, a=a, b=b, dt_bias=dt_bias,
+        softplus_beta=float(beta), threshold=float(threshold),
     )
     return o, initial_state if final is None else final
