@@ -1,5 +1,5 @@
-//! `ssm_kernels._core`: the Rust side of the Python package. Each function takes numpy arrays
-//! (anything with `__array_interface__` on the host), views their memory where it is (shape,
+//! `ssm_kernels._core`: the Rust side of the Python package. Each function takes host arrays
+//! (numpy's `__array_interface__`, or DLPack: torch CPU tensors), views their memory where it is (shape,
 //! strides and offset kept, nothing copied), runs the op on the process's CPU runtime and
 //! raises `ssm_kernels.SsmError` (a `ValueError`) with the op's typed message when the call is
 //! refused; a refused call writes nothing. The vLLM-shaped signatures, defaults and output
@@ -71,10 +71,62 @@ fn dtype_of(name: &'static str, typestr: &str) -> PyResult<DType> {
     })
 }
 
-fn array(name: &'static str, obj: &Bound<'_, PyAny>) -> PyResult<Array> {
-    let ai = obj.getattr("__array_interface__").map_err(|_| {
-        PyTypeError::new_err(format!("`{name}`: expected a host array with __array_interface__ (a numpy array)"))
-    })?;
+/// An array of `dtype` at address `ptr` (its element `[0, …]`) with element `strides`: the
+/// memory span its elements reach.
+fn spanned(
+    name: &'static str,
+    ptr: usize,
+    readonly: bool,
+    dtype: DType,
+    shape: Vec<usize>,
+    strides: Vec<isize>,
+) -> Array {
+    let es = dtype.size() as isize;
+    let empty = shape.contains(&0);
+    let (mut lo, mut hi) = (0isize, 0isize);
+    if !empty {
+        for (&n, &s) in shape.iter().zip(&strides) {
+            let reach = (n as isize - 1) * s;
+            if reach < 0 { lo += reach } else { hi += reach }
+        }
+    }
+    let elems = if empty { 0 } else { (hi - lo + 1) as usize };
+    Array {
+        name,
+        start: (ptr as isize + lo * es) as usize,
+        bytes: elems * es as usize,
+        readonly,
+        dtype,
+        shape,
+        strides,
+        offset: (-lo) as usize,
+    }
+}
+
+/// C-order element strides of `shape`.
+fn compact(shape: &[usize]) -> Vec<isize> {
+    let mut st = vec![1isize; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        st[i] = st[i + 1] * shape[i + 1] as isize;
+    }
+    st
+}
+
+/// An argument's array: through `__array_interface__` (numpy) or DLPack (`__dlpack__`: torch
+/// and any other producer, CPU tensors). DLPack capsules are kept in `keep` for the call.
+fn array<'py>(name: &'static str, obj: &Bound<'py, PyAny>, keep: &mut Vec<Bound<'py, PyAny>>) -> PyResult<Array> {
+    if let Ok(ai) = obj.getattr("__array_interface__") {
+        return array_interface(name, &ai);
+    }
+    if obj.hasattr("__dlpack__")? {
+        return dlpack(name, obj, keep);
+    }
+    Err(PyTypeError::new_err(format!(
+        "`{name}`: expected a host array (numpy's __array_interface__, or a DLPack producer such as a torch CPU tensor)"
+    )))
+}
+
+fn array_interface(name: &'static str, ai: &Bound<'_, PyAny>) -> PyResult<Array> {
     let ai = ai
         .cast::<PyDict>()
         .map_err(|_| PyTypeError::new_err(format!("`{name}`: __array_interface__ is not a dict")))?;
@@ -86,42 +138,84 @@ fn array(name: &'static str, obj: &Bound<'_, PyAny>) -> PyResult<Array> {
     let typestr: String = item("typestr")?.extract()?;
     let dtype = dtype_of(name, &typestr)?;
     let es = dtype.size() as isize;
-    let byte_strides: Vec<isize> = match ai.get_item("strides")? {
-        Some(s) if !s.is_none() => s.extract()?,
-        _ => {
-            // C order.
-            let mut st = vec![es; shape.len()];
-            for i in (0..shape.len().saturating_sub(1)).rev() {
-                st[i] = st[i + 1] * shape[i + 1] as isize;
+    let strides: Vec<isize> = match ai.get_item("strides")? {
+        Some(s) if !s.is_none() => {
+            let bytes: Vec<isize> = s.extract()?;
+            if bytes.len() != shape.len() || bytes.iter().any(|s| s % es != 0) {
+                return Err(PyValueError::new_err(format!(
+                    "`{name}`: strides {bytes:?} are not whole elements of {typestr}"
+                )));
             }
-            st
+            bytes.iter().map(|s| s / es).collect()
         }
+        _ => compact(&shape),
     };
-    if byte_strides.len() != shape.len() || byte_strides.iter().any(|s| s % es != 0) {
-        return Err(PyValueError::new_err(format!(
-            "`{name}`: strides {byte_strides:?} are not whole elements of {typestr}"
+    Ok(spanned(name, ptr, readonly, dtype, shape, strides))
+}
+
+/// DLPack's `DLTensor` (v0.8 ABI, what `__dlpack__()` returns without a `max_version`).
+#[repr(C)]
+struct DlTensor {
+    data: *mut std::ffi::c_void,
+    device_type: i32,
+    device_id: i32,
+    ndim: i32,
+    code: u8,
+    bits: u8,
+    lanes: u16,
+    shape: *const i64,
+    strides: *const i64,
+    byte_offset: u64,
+}
+
+fn dlpack<'py>(name: &'static str, obj: &Bound<'py, PyAny>, keep: &mut Vec<Bound<'py, PyAny>>) -> PyResult<Array> {
+    use pyo3::types::PyCapsule;
+    let cap = obj.call_method0("__dlpack__")?;
+    let capsule = cap
+        .cast::<PyCapsule>()
+        .map_err(|_| PyTypeError::new_err(format!("`{name}`: __dlpack__ did not return a capsule")))?;
+    let ptr = capsule.pointer_checked(Some(c"dltensor"))?;
+    // SAFETY: a "dltensor" capsule holds a `DLManagedTensor`, whose first member is the
+    // `DLTensor` mirrored by `DlTensor`; the capsule (kept alive in `keep` for the call, its
+    // name unchanged so that its own destructor releases the tensor afterwards) keeps the
+    // tensor and its shape and strides arrays alive, and no Python code runs while we read.
+    let t = unsafe { &*ptr.cast::<DlTensor>().as_ptr() };
+    if t.device_type != 1 {
+        return Err(PyTypeError::new_err(format!(
+            "`{name}`: a DLPack tensor on device type {} (only CPU tensors, type 1, are supported yet)",
+            t.device_type
         )));
     }
-    let strides: Vec<isize> = byte_strides.iter().map(|s| s / es).collect();
-    let empty = shape.contains(&0);
-    let (mut lo, mut hi) = (0isize, 0isize);
-    if !empty {
-        for (&n, &s) in shape.iter().zip(&strides) {
-            let reach = (n as isize - 1) * s;
-            if reach < 0 { lo += reach } else { hi += reach }
+    let dtype = match (t.code, t.bits, t.lanes) {
+        (2, 32, 1) => DType::F32,
+        (2, 16, 1) => DType::F16,
+        (4, 16, 1) => DType::BF16,
+        (0, 32, 1) => DType::I32,
+        (0, 64, 1) => DType::I64,
+        (6, 8, 1) => DType::Bool,
+        (code, bits, lanes) => {
+            return Err(PyTypeError::new_err(format!(
+                "`{name}`: DLPack dtype (code {code}, {bits} bits, {lanes} lanes) is not supported (float32, float16, bfloat16, int32, int64, bool)"
+            )));
         }
-    }
-    let elems = if empty { 0 } else { (hi - lo + 1) as usize };
-    Ok(Array {
-        name,
-        start: (ptr as isize + lo * es) as usize,
-        bytes: elems * es as usize,
-        readonly,
-        dtype,
-        shape,
-        strides,
-        offset: (-lo) as usize,
-    })
+    };
+    let ndim = usize::try_from(t.ndim).map_err(|_| PyValueError::new_err(format!("`{name}`: negative ndim")))?;
+    // SAFETY: `shape` (and `strides` when not null) point to `ndim` int64s (the DLPack contract).
+    let (shape, strides) = unsafe {
+        let shape: Vec<usize> = if ndim == 0 {
+            Vec::new()
+        } else {
+            std::slice::from_raw_parts(t.shape, ndim).iter().map(|&n| n as usize).collect()
+        };
+        let strides = if t.strides.is_null() || ndim == 0 {
+            compact(&shape)
+        } else {
+            std::slice::from_raw_parts(t.strides, ndim).iter().map(|&s| s as isize).collect()
+        };
+        (shape, strides)
+    };
+    keep.push(cap);
+    Ok(spanned(name, t.data as usize + t.byte_offset as usize, false, dtype, shape, strides))
 }
 
 impl Array {
@@ -176,28 +270,30 @@ impl Array {
 /// The arrays of one call, by argument: the written ones are checked not to overlap any other
 /// argument's memory before any view is made.
 #[derive(Default)]
-struct Arrays {
+struct Arrays<'py> {
     list: Vec<Array>,
     written: Vec<usize>,
+    /// DLPack capsules, alive until the call returns.
+    keep: Vec<Bound<'py, PyAny>>,
 }
 
-impl Arrays {
-    fn add(&mut self, name: &'static str, obj: &Bound<'_, PyAny>) -> PyResult<usize> {
-        self.list.push(array(name, obj)?);
+impl<'py> Arrays<'py> {
+    fn add(&mut self, name: &'static str, obj: &Bound<'py, PyAny>) -> PyResult<usize> {
+        self.list.push(array(name, obj, &mut self.keep)?);
         Ok(self.list.len() - 1)
     }
 
-    fn add_written(&mut self, name: &'static str, obj: &Bound<'_, PyAny>) -> PyResult<usize> {
+    fn add_written(&mut self, name: &'static str, obj: &Bound<'py, PyAny>) -> PyResult<usize> {
         let i = self.add(name, obj)?;
         self.written.push(i);
         Ok(i)
     }
 
-    fn opt(&mut self, name: &'static str, obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<usize>> {
+    fn opt(&mut self, name: &'static str, obj: Option<&Bound<'py, PyAny>>) -> PyResult<Option<usize>> {
         obj.filter(|o| !o.is_none()).map(|o| self.add(name, o)).transpose()
     }
 
-    fn opt_written(&mut self, name: &'static str, obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<usize>> {
+    fn opt_written(&mut self, name: &'static str, obj: Option<&Bound<'py, PyAny>>) -> PyResult<Option<usize>> {
         obj.filter(|o| !o.is_none()).map(|o| self.add_written(name, o)).transpose()
     }
 

@@ -189,3 +189,32 @@ def test_sigmoid_gating_gdn_computes_vllms_gates():
                                                      ssm_state_indices=table)
     np.testing.assert_allclose(o, want_o, rtol=2e-4, atol=2e-4)
     np.testing.assert_allclose(state, want_state, rtol=2e-4, atol=2e-4)
+
+
+class DLPackOnly:
+    """An array seen only through DLPack (as a torch CPU tensor is)."""
+
+    def __init__(self, a):
+        self.a = a
+
+    def __dlpack__(self, **kwargs):
+        return self.a.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self.a.__dlpack_device__()
+
+
+def test_dlpack_producers_run_in_place_like_numpy_arrays():
+    rng = np.random.default_rng(4)
+    state, x, dt, A, B, C = small_ssu()
+    state = rng.standard_normal(state.shape).astype(np.float32)
+    x = rng.standard_normal(x.shape).astype(np.float32)
+    want_state, want_out = state.copy(), np.empty_like(x)
+    sk.selective_state_update(want_state, x, dt, A, B, C, out=want_out)
+    out = np.empty_like(x)
+    wrapped = [DLPackOnly(t) for t in (state, x, dt, A, B, C)]
+    sk._core.selective_state_update(*wrapped, DLPackOnly(out))
+    np.testing.assert_array_equal(state, want_state)
+    np.testing.assert_array_equal(out, want_out)
+    with pytest.raises(TypeError, match="DLPack dtype"):
+        sk._core.selective_state_update(*wrapped[:1], DLPackOnly(x.astype(np.float64)), *wrapped[2:], DLPackOnly(out))

@@ -1,15 +1,16 @@
-"""ssm-kernels from Python: vLLM's op signatures on numpy arrays.
+"""ssm-kernels from Python: vLLM's op signatures on numpy arrays and DLPack tensors.
 
-Every array is used where it lives: the kernels read and write the arrays' own memory through
-their ``__array_interface__`` (shape, strides and offset kept; nothing is copied), on the CPU
-backend with every core. A call the op refuses raises :class:`SsmError` (a ``ValueError``) with
+Every array is used where it lives: the kernels read and write the arrays' own memory, found
+through ``__array_interface__`` (numpy) or ``__dlpack__`` (torch CPU tensors and other DLPack
+producers; bfloat16 included), with shape, strides and offset kept and nothing copied, on the
+CPU backend with every core. A call the op refuses raises :class:`SsmError` (a ``ValueError``) with
 the op's typed message and writes nothing.
 
 Supported today: ``selective_state_update``, ``causal_conv1d_update``,
 ``fused_recurrent_gated_delta_rule`` and ``fused_sigmoid_gating_delta_rule_update`` (the
 decode-path ops of Mamba2 and Qwen3-Next layers), float32/float16 data and int32/int64 index
-tables on the host. Not yet: DLPack and
-``__cuda_array_interface__`` (torch and CUDA tensors), bfloat16 (numpy has no such dtype).
+tables on the host (bfloat16 through DLPack). Not yet: device tensors (DLPack on CUDA,
+``__cuda_array_interface__``).
 """
 
 import numpy as np
