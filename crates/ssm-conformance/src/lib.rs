@@ -34,6 +34,7 @@ pub mod gdn_random;
 mod harness;
 pub mod reference;
 mod ring;
+pub mod split;
 mod ssd;
 mod ssu;
 mod target;
