@@ -7,6 +7,10 @@
 //! tensors are viewed with their candle layout (strides and offset kept, so slices and
 //! broadcasts work as they are).
 //!
+//! Ops: [`selective_state_update`], [`causal_conv1d_update`] and
+//! [`fused_sigmoid_gating_delta_rule_update`] (the decode-path ops of Mamba2 and Qwen3-Next
+//! layers).
+//!
 //! The contract:
 //! - Tensors live on candle's CPU device; their dtype is f32, f16, bf16 (floats) or i32/i64
 //!   (index tables). Other devices and dtypes are refused by name ([`Error::Unsupported`]).
@@ -52,6 +56,7 @@ use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, InplaceOp1, Layout, Storage, Tensor};
 use ssm_conv::{Activation, CausalConv1dUpdateArgs, ConvStateLayout};
 use ssm_dispatch::Runtime;
+use ssm_gdn::{DeltaRuleArgs, FusedSigmoidGatingDeltaRuleUpdateArgs, GateInputs};
 use ssm_ssu::SelectiveStateUpdateArgs;
 use ssm_tensor::{TensorMut, TensorRef};
 
@@ -446,6 +451,78 @@ pub fn causal_conv1d_update(
                 out,
             };
             Ok(rt.causal_conv1d_update(args)?)
+        }),
+    )
+}
+
+/// The tensors of [`fused_sigmoid_gating_delta_rule_update`] (vLLM's op of the same name, the
+/// Qwen3-Next decode step): the state pool `initial_state` and `o` are written in place; see
+/// [`ssm_gdn::FusedSigmoidGatingDeltaRuleUpdateArgs`] for shapes (`[V, K]` state).
+#[derive(Debug, Clone, Copy)]
+pub struct GdnDecodeTensors<'t> {
+    /// `A_log` `[HV]`.
+    pub a_log: &'t Tensor,
+    /// `a` `[B·T, HV]`.
+    pub a: &'t Tensor,
+    /// `b` `[B·T, HV]`.
+    pub b: &'t Tensor,
+    /// `dt_bias` `[HV]`.
+    pub dt_bias: &'t Tensor,
+    /// `[B, T, H, K]`.
+    pub q: &'t Tensor,
+    /// `[B, T, H, K]`.
+    pub k: &'t Tensor,
+    /// `[B, T, HV, V]`.
+    pub v: &'t Tensor,
+    /// The state pool `[slots, HV, V, K]`, updated in place.
+    pub initial_state: &'t Tensor,
+    /// Slot of each sequence.
+    pub ssm_state_indices: Option<&'t Tensor>,
+    /// Packed sequence starts (`B == 1`).
+    pub cu_seqlens: Option<&'t Tensor>,
+    /// Output `[B, T, HV, V]`, written in place.
+    pub o: &'t Tensor,
+}
+
+/// `fused_sigmoid_gating_delta_rule_update` on candle tensors through `rt`: the gates computed
+/// in the kernel (softplus β 1, threshold 20), the pool updated in place through
+/// `ssm_state_indices`, `o` written (no copy).
+pub fn fused_sigmoid_gating_delta_rule_update(
+    rt: &Runtime,
+    t: GdnDecodeTensors<'_>,
+    scale: Option<f32>,
+    use_qk_l2norm_in_kernel: bool,
+) -> Result<(), Error> {
+    let reads = [
+        ("A_log", Some(t.a_log)),
+        ("a", Some(t.a)),
+        ("b", Some(t.b)),
+        ("dt_bias", Some(t.dt_bias)),
+        ("q", Some(t.q)),
+        ("k", Some(t.k)),
+        ("v", Some(t.v)),
+        ("ssm_state_indices", t.ssm_state_indices),
+        ("cu_seqlens", t.cu_seqlens),
+    ];
+    in_place(
+        [("initial_state", t.initial_state), ("o", t.o)],
+        &reads,
+        Box::new(move |[state, o], r| {
+            let mut r = r.into_iter();
+            let mut next = || r.next().flatten();
+            let given = "given";
+            let gates =
+                GateInputs::new(next().expect(given), next().expect(given), next().expect(given), next().expect(given));
+            let (q, k, v) = (next().expect(given), next().expect(given), next().expect(given));
+            let rule = DeltaRuleArgs {
+                scale,
+                initial_state: Some(state),
+                ssm_state_indices: next(),
+                cu_seqlens: next(),
+                use_qk_l2norm_in_kernel,
+                ..DeltaRuleArgs::new(q, k, v, o)
+            };
+            Ok(rt.fused_sigmoid_gating_delta_rule_update(FusedSigmoidGatingDeltaRuleUpdateArgs { gates, rule })?)
         }),
     )
 }

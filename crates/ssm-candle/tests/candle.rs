@@ -202,3 +202,69 @@ fn unsupported_dtypes_and_refused_plans_write_nothing() {
     assert_eq!(values(&s.state), vec![1.0; 64], "nothing written");
     assert_eq!(values(&s.out), vec![0.0; 8]);
 }
+
+/// The Qwen3-Next decode step (sigmoid-gated delta rule, bf16 q/k/v, l2norm, a slot table):
+/// equal to the runtime bit for bit, the pool and `o` written in place.
+#[test]
+fn gdn_decode_matches_the_runtime_bit_for_bit() {
+    use ssm_gdn::{DeltaRuleArgs, FusedSigmoidGatingDeltaRuleUpdateArgs, GateInputs};
+    let rt = runtime();
+    let dev = Device::Cpu;
+    let mut r = SplitMix::new(13);
+    let (b, h, hv, k, v, slots) = (3usize, 2usize, 4usize, 16usize, 8usize, 5usize);
+    let bf = |r: &mut SplitMix, n: usize| -> Vec<ssm_tensor::bf16> {
+        random(r, n, -1.0, 1.0).into_iter().map(ssm_tensor::bf16::from_f32).collect()
+    };
+    let (qv, kv, vv) = (bf(&mut r, b * h * k), bf(&mut r, b * h * k), bf(&mut r, b * hv * v));
+    let (a_log, dt_bias) = (random(&mut r, hv, -1.0, 1.0), random(&mut r, hv, -1.0, 1.0));
+    let (av, bv) = (random(&mut r, b * hv, -2.0, 2.0), random(&mut r, b * hv, -2.0, 2.0));
+    let state_vals = random(&mut r, slots * hv * v * k, -0.5, 0.5);
+    let table = [4i64, 1, 2];
+    let t = |vals: Vec<f32>, shape: &[usize]| Tensor::from_vec(vals, shape, &dev).unwrap();
+    let tb = |vals: &[ssm_tensor::bf16], shape: &[usize]| Tensor::from_vec(vals.to_vec(), shape, &dev).unwrap();
+    let (q, kk, vt) = (tb(&qv, &[b, 1, h, k]), tb(&kv, &[b, 1, h, k]), tb(&vv, &[b, 1, hv, v]));
+    let (a_log_t, dt_bias_t) = (t(a_log.clone(), &[hv]), t(dt_bias.clone(), &[hv]));
+    let (a_t, b_t) = (t(av.clone(), &[b, hv]), t(bv.clone(), &[b, hv]));
+    let state = t(state_vals.clone(), &[slots, hv, v, k]);
+    let idx = Tensor::new(&table, &dev).unwrap();
+    let o = Tensor::zeros((b, 1, hv, v), DType::F32, &dev).unwrap();
+    let tensors = ssm_candle::GdnDecodeTensors {
+        a_log: &a_log_t,
+        a: &a_t,
+        b: &b_t,
+        dt_bias: &dt_bias_t,
+        q: &q,
+        k: &kk,
+        v: &vt,
+        initial_state: &state,
+        ssm_state_indices: Some(&idx),
+        cu_seqlens: None,
+        o: &o,
+    };
+    ssm_candle::fused_sigmoid_gating_delta_rule_update(&rt, tensors, None, true).unwrap();
+
+    let (mut want_state, mut want_o) = (state_vals.clone(), vec![0f32; b * hv * v]);
+    let args = FusedSigmoidGatingDeltaRuleUpdateArgs {
+        gates: GateInputs::new(
+            TensorRef::from_slice(&a_log, &[hv]).unwrap(),
+            TensorRef::from_slice(&av, &[b, hv]).unwrap(),
+            TensorRef::from_slice(&bv, &[b, hv]).unwrap(),
+            TensorRef::from_slice(&dt_bias, &[hv]).unwrap(),
+        ),
+        rule: DeltaRuleArgs {
+            initial_state: Some(TensorMut::from_slice(&mut want_state, &[slots, hv, v, k]).unwrap()),
+            ssm_state_indices: Some(TensorRef::from_slice(&table, &[b]).unwrap()),
+            use_qk_l2norm_in_kernel: true,
+            ..DeltaRuleArgs::new(
+                TensorRef::from_slice(&qv, &[b, 1, h, k]).unwrap(),
+                TensorRef::from_slice(&kv, &[b, 1, h, k]).unwrap(),
+                TensorRef::from_slice(&vv, &[b, 1, hv, v]).unwrap(),
+                TensorMut::from_slice(&mut want_o, &[b, 1, hv, v]).unwrap(),
+            )
+        },
+    };
+    rt.fused_sigmoid_gating_delta_rule_update(args).unwrap();
+    assert_eq!(values(&state), want_state);
+    assert_eq!(values(&o), want_o);
+    assert_ne!(want_state, state_vals);
+}
