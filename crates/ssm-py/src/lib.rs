@@ -13,6 +13,7 @@ use pyo3::types::PyDict;
 use ssm_conv::{Activation, CausalConv1dUpdateArgs, ConvStateLayout};
 use ssm_dispatch::{Config, Runtime};
 use ssm_gdn::{DeltaRuleArgs, FusedRecurrentGatedDeltaRuleArgs, FusedSigmoidGatingDeltaRuleUpdateArgs, GateInputs};
+use ssm_ssd::MambaChunkScanCombinedVarlenArgs;
 use ssm_ssu::SelectiveStateUpdateArgs;
 use ssm_tensor::{DType, TensorMut, TensorRef};
 
@@ -540,11 +541,114 @@ fn gated_delta_rule(
     }
 }
 
+/// `mamba_chunk_scan_combined_varlen` (Mamba2 SSD prefill; vLLM's signature, see the Python
+/// wrapper): writes `out`, and `varlen_states` (when given) or the pool `final_states_out`
+/// through `final_state_indices`.
+#[pyfunction]
+#[pyo3(signature = (x, dt, a, b, c, chunk_size, cu_seqlens, cu_chunk_seqlens, last_chunk_indices, seq_idx,
+    out, d=None, z=None, dt_bias=None, initial_states=None, dt_softplus=false, dt_limit=(0.0, f32::INFINITY),
+    return_intermediate_states=false, varlen_states=None, final_states_out=None, final_state_indices=None,
+    pad_slot_id=None))]
+#[allow(clippy::too_many_arguments)]
+fn mamba_chunk_scan_combined_varlen(
+    x: &Bound<'_, PyAny>,
+    dt: &Bound<'_, PyAny>,
+    a: &Bound<'_, PyAny>,
+    b: &Bound<'_, PyAny>,
+    c: &Bound<'_, PyAny>,
+    chunk_size: usize,
+    cu_seqlens: &Bound<'_, PyAny>,
+    cu_chunk_seqlens: &Bound<'_, PyAny>,
+    last_chunk_indices: &Bound<'_, PyAny>,
+    seq_idx: &Bound<'_, PyAny>,
+    out: &Bound<'_, PyAny>,
+    d: Option<&Bound<'_, PyAny>>,
+    z: Option<&Bound<'_, PyAny>>,
+    dt_bias: Option<&Bound<'_, PyAny>>,
+    initial_states: Option<&Bound<'_, PyAny>>,
+    dt_softplus: bool,
+    dt_limit: (f32, f32),
+    return_intermediate_states: bool,
+    varlen_states: Option<&Bound<'_, PyAny>>,
+    final_states_out: Option<&Bound<'_, PyAny>>,
+    final_state_indices: Option<&Bound<'_, PyAny>>,
+    pad_slot_id: Option<i64>,
+) -> PyResult<()> {
+    let rt = runtime()?;
+    let mut t = Arrays::default();
+    let out = t.add_written("out", out)?;
+    let states = t.opt_written("varlen_states", varlen_states)?;
+    let pool = t.opt_written("final_states_out", final_states_out)?;
+    let (x, dt, a, b, c) = (t.add("x", x)?, t.add("dt", dt)?, t.add("A", a)?, t.add("B", b)?, t.add("C", c)?);
+    let tables = [
+        t.add("cu_seqlens", cu_seqlens)?,
+        t.add("cu_chunk_seqlens", cu_chunk_seqlens)?,
+        t.add("last_chunk_indices", last_chunk_indices)?,
+        t.add("seq_idx", seq_idx)?,
+    ];
+    let (d, z, dt_bias) = (t.opt("D", d)?, t.opt("z", z)?, t.opt("dt_bias", dt_bias)?);
+    let init = t.opt("initial_states", initial_states)?;
+    let final_idx = t.opt("final_state_indices", final_state_indices)?;
+    t.check_disjoint()?;
+    // The returned states' dtype is the one the caller allocated them in (vLLM's `state_dtype`).
+    let state_dtype = states.or(pool).map(|i| t.list[i].dtype);
+    // SAFETY: the arrays are the call's arguments (alive for the call), the GIL is held
+    // throughout, and the written ones overlap no other argument.
+    let args = unsafe {
+        MambaChunkScanCombinedVarlenArgs {
+            out: Some(t.w(out)?),
+            d: t.r_opt(d)?,
+            z: t.r_opt(z)?,
+            dt_bias: t.r_opt(dt_bias)?,
+            initial_states: t.r_opt(init)?,
+            ssm_state: t.w_opt(pool)?,
+            final_state_indices: t.r_opt(final_idx)?,
+            pad_slot_id,
+            dt_softplus,
+            dt_limit,
+            return_intermediate_states,
+            state_dtype,
+            varlen_states: t.w_opt(states)?,
+            ..MambaChunkScanCombinedVarlenArgs::new(
+                t.r(x)?,
+                t.r(dt)?,
+                t.r(a)?,
+                t.r(b)?,
+                t.r(c)?,
+                chunk_size,
+                [t.r(tables[0])?, t.r(tables[1])?, t.r(tables[2])?, t.r(tables[3])?],
+            )
+        }
+    };
+    rt.mamba_chunk_scan_combined_varlen(args).map_err(op_err)
+}
+
+/// vLLM's chunk metadata of a prefill batch (`ssm_ssd::compute_chunk_metadata`):
+/// `(cu_chunk_seqlens, seq_idx, last_chunk_indices)`.
+#[pyfunction]
+fn compute_chunk_metadata(
+    query_start_loc: Vec<i64>,
+    num_computed_tokens: Vec<i64>,
+    chunk_size: usize,
+) -> PyResult<(Vec<i32>, Vec<i32>, Vec<i32>)> {
+    let ordered = query_start_loc.first().is_none_or(|&s| s == 0) && query_start_loc.windows(2).all(|w| w[0] <= w[1]);
+    if chunk_size == 0 || num_computed_tokens.len() + 1 < query_start_loc.len() || !ordered {
+        return Err(SsmError::new_err(
+            "`chunk_size` must be positive, `query_start_loc` start at 0 and not decrease, and \
+             `num_computed_tokens` hold one entry per sequence",
+        ));
+    }
+    let m = ssm_ssd::compute_chunk_metadata(&query_start_loc, &num_computed_tokens, chunk_size);
+    Ok((m.cu_chunk_seqlens, m.seq_idx, m.last_chunk_indices))
+}
+
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("SsmError", m.py().get_type::<SsmError>())?;
     m.add_function(wrap_pyfunction!(selective_state_update, m)?)?;
     m.add_function(wrap_pyfunction!(causal_conv1d_update, m)?)?;
     m.add_function(wrap_pyfunction!(gated_delta_rule, m)?)?;
+    m.add_function(wrap_pyfunction!(mamba_chunk_scan_combined_varlen, m)?)?;
+    m.add_function(wrap_pyfunction!(compute_chunk_metadata, m)?)?;
     Ok(())
 }

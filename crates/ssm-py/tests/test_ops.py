@@ -218,3 +218,39 @@ def test_dlpack_producers_run_in_place_like_numpy_arrays():
     np.testing.assert_array_equal(out, want_out)
     with pytest.raises(TypeError, match="DLPack dtype"):
         sk._core.selective_state_update(*wrapped[:1], DLPackOnly(x.astype(np.float64)), *wrapped[2:], DLPackOnly(out))
+
+
+def test_ssd_prefill_equals_the_token_by_token_recurrence():
+    rng = np.random.default_rng(5)
+    lens, computed, chunk = [20, 7, 33], [0, 5, 0], 16
+    total, h, p, n, g = sum(lens), 4, 8, 16, 2
+    cu = np.array([0, 20, 27, 60], np.int32)
+    cu_chunk, seq_idx, last = sk.compute_chunk_metadata(cu, computed, chunk)
+    assert cu_chunk[0] == 0 and cu_chunk[-1] == total and len(last) == 3
+    x = rng.standard_normal((total, h, p)).astype(np.float32)
+    dt = rng.uniform(-2, 0.5, (total, h)).astype(np.float32)
+    A = -rng.uniform(0.2, 2, h).astype(np.float32)
+    B = rng.standard_normal((total, g, n)).astype(np.float32)
+    C = rng.standard_normal((total, g, n)).astype(np.float32)
+    D = rng.uniform(0.5, 1.5, h).astype(np.float32)
+    dt_bias = rng.uniform(-1, 1, h).astype(np.float32)
+    init = rng.standard_normal((3, h, p, n)).astype(np.float32) * 0.5
+    out = np.full_like(x, np.nan)
+    states = sk.mamba_chunk_scan_combined_varlen(
+        x, dt, A, B, C, chunk, cu, cu_chunk, last, seq_idx, out, D=D, dt_bias=dt_bias,
+        initial_states=init, dt_softplus=True)
+    # The recurrence, token by token, in float64.
+    want_out, want_states = np.zeros(x.shape), np.zeros(init.shape)
+    for s in range(3):
+        st = init[s].astype(np.float64)
+        for t in range(cu[s], cu[s + 1]):
+            for hh in range(h):
+                gg = hh // (h // g)
+                d = softplus(np.float64(dt[t, hh]) + dt_bias[hh])
+                st[hh] = st[hh] * np.exp(A[hh] * d) + d * np.outer(x[t, hh], B[t, gg])
+                want_out[t, hh] = st[hh] @ C[t, gg] + D[hh] * x[t, hh]
+        want_states[s] = st
+    np.testing.assert_allclose(out, want_out, rtol=2e-4, atol=2e-4)
+    np.testing.assert_allclose(states, want_states, rtol=2e-4, atol=2e-4)
+    with pytest.raises(sk.SsmError, match="query_start_loc"):
+        sk.compute_chunk_metadata([0, 5, 3], [0, 0], 16)

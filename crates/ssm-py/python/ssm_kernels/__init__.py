@@ -7,8 +7,9 @@ CPU backend with every core. A call the op refuses raises :class:`SsmError` (a `
 the op's typed message and writes nothing.
 
 Supported today: ``selective_state_update``, ``causal_conv1d_update``,
-``fused_recurrent_gated_delta_rule`` and ``fused_sigmoid_gating_delta_rule_update`` (the
-decode-path ops of Mamba2 and Qwen3-Next layers), float32/float16 data and int32/int64 index
+``fused_recurrent_gated_delta_rule``, ``fused_sigmoid_gating_delta_rule_update`` (the
+decode-path ops of Mamba2 and Qwen3-Next layers) and ``mamba_chunk_scan_combined_varlen`` (Mamba2
+prefill, with :func:`compute_chunk_metadata`), float32/float16 data and int32/int64 index
 tables on the host (bfloat16 through DLPack). Not yet: device tensors (DLPack on CUDA,
 ``__cuda_array_interface__``).
 """
@@ -24,6 +25,8 @@ __all__ = [
     "causal_conv1d_update",
     "fused_recurrent_gated_delta_rule",
     "fused_sigmoid_gating_delta_rule_update",
+    "mamba_chunk_scan_combined_varlen",
+    "compute_chunk_metadata",
     "NULL_BLOCK_ID",
 ]
 
@@ -171,3 +174,52 @@ def fused_sigmoid_gating_delta_rule_update(
         softplus_beta=float(beta), threshold=float(threshold),
     )
     return o, initial_state if final is None else final
+
+
+def compute_chunk_metadata(query_start_loc, num_computed_tokens, chunk_size):
+    """vLLM's chunk metadata of a prefill batch: ``(cu_chunk_seqlens, seq_idx,
+    last_chunk_indices)`` as int32 arrays; chunk boundaries on multiples of ``chunk_size`` of
+    each sequence's absolute position (a resumed sequence first finishes its partial chunk)."""
+    cu, seq, last = _core.compute_chunk_metadata(
+        [int(v) for v in query_start_loc], [int(v) for v in num_computed_tokens], int(chunk_size)
+    )
+    return (np.asarray(cu, dtype=np.int32), np.asarray(seq, dtype=np.int32), np.asarray(last, dtype=np.int32))
+
+
+def mamba_chunk_scan_combined_varlen(
+    x,
+    dt,
+    A,
+    B,
+    C,
+    chunk_size,
+    cu_seqlens,
+    cu_chunk_seqlens,
+    last_chunk_indices,
+    seq_idx,
+    out,
+    D=None,
+    z=None,
+    dt_bias=None,
+    initial_states=None,
+    dt_softplus=False,
+    dt_limit=(0.0, float("inf")),
+    return_intermediate_states=False,
+    state_dtype=None,
+    final_states_out=None,
+    final_state_indices=None,
+):
+    """vLLM's ``mamba_chunk_scan_combined_varlen`` (Mamba2 SSD prefill over packed sequences):
+    writes ``out``; returns the final states ``[batch, nheads, headdim, dstate]`` (every chunk's
+    with ``return_intermediate_states``) in ``state_dtype`` (default ``C``'s), or writes them to
+    the pool ``final_states_out`` through ``final_state_indices`` and returns None."""
+    states = None
+    if final_states_out is None:
+        rows = len(cu_chunk_seqlens) - 1 if return_intermediate_states else len(cu_seqlens) - 1
+        states = np.empty((rows,) + tuple(x.shape[1:]) + (B.shape[-1],), dtype=state_dtype or C.dtype)
+    _core.mamba_chunk_scan_combined_varlen(
+        x, dt, A, B, C, int(chunk_size), cu_seqlens, cu_chunk_seqlens, last_chunk_indices, seq_idx, out,
+        D, z, dt_bias, initial_states, bool(dt_softplus), (float(dt_limit[0]), float(dt_limit[1])),
+        bool(return_intermediate_states), states, final_states_out, final_state_indices,
+    )
+    return states
