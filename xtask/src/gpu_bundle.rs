@@ -209,6 +209,40 @@ fn collect_test_data(root: &Path, dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The Python package (`crates/ssm-py`, its own workspace) for `run.sh python`: built here as
+/// maturin builds it (release, `pyo3/extension-module`, abi3: no libpython link, any CPython
+/// ≥ 3.9), its extension copied beside the package's Python source under `py/`, with the CUDA
+/// tests (`py/test_cuda.py`, run as a script: the GPU machine has torch, maybe not pytest).
+fn collect_python(root: &Path, dir: &Path) -> anyhow::Result<()> {
+    let target = root.join("target/py");
+    let status = std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .args(["build", "--release", "--features", "pyo3/extension-module", "--manifest-path"])
+        .arg(root.join("crates/ssm-py/Cargo.toml"))
+        .env("CARGO_TARGET_DIR", &target)
+        .status()
+        .context("building the Python extension")?;
+    if !status.success() {
+        bail!("building the Python extension (crates/ssm-py) failed");
+    }
+    let py = dir.join("py");
+    if py.exists() {
+        std::fs::remove_dir_all(&py)?;
+    }
+    copy_dir(&root.join("crates/ssm-py/python/ssm_kernels"), &py.join("ssm_kernels"))?;
+    // A development build may have left its own extension in the source folder.
+    for e in std::fs::read_dir(py.join("ssm_kernels"))? {
+        let path = e?.path();
+        if path.extension().is_some_and(|x| x == "so") {
+            std::fs::remove_file(path)?;
+        }
+    }
+    std::fs::copy(target.join("release/lib_core.so"), py.join("ssm_kernels/_core.abi3.so"))
+        .context("copying the Python extension")?;
+    std::fs::copy(root.join("crates/ssm-py/tests/test_cuda.py"), py.join("test_cuda.py"))?;
+    println!("py/ (ssm_kernels with its extension, test_cuda.py)");
+    Ok(())
+}
+
 pub(crate) fn run(args: &GpuBundleArgs) -> anyhow::Result<()> {
     let root = crate::project_root();
     let dir = if args.dir.is_absolute() { args.dir.clone() } else { std::env::current_dir()?.join(&args.dir) };
@@ -224,6 +258,7 @@ pub(crate) fn run(args: &GpuBundleArgs) -> anyhow::Result<()> {
         std::fs::copy(root.join("xtask/peers").join(script), dir.join("peers").join(script))?;
     }
     copy_dir(&root.join("crates/ssm-cuda/kernels"), &dir.join("kernels"))?;
+    collect_python(&root, &dir)?;
     let run_sh = dir.join("run.sh");
     std::fs::write(&run_sh, RUN_SH)?;
     #[cfg(unix)]
@@ -240,13 +275,13 @@ pub(crate) fn run(args: &GpuBundleArgs) -> anyhow::Result<()> {
 }
 
 /// The bundle's entry point. Stages run in the order given: `tests`, `conformance`,
-/// `examples`, `sanitize`, `bench` (default: all five, in that order). Logs go to `$OUT` when set (the GPU machine's
+/// `examples`, `python`, `sanitize`, `bench` (default: all six, in that order). Logs go to `$OUT` when set (the GPU machine's
 /// result folder), else `DIR/out`; `summary.txt` collects one line per binary and step, and
 /// the exit status is nonzero when any of them failed.
 const RUN_SH: &str = r#"#!/usr/bin/env bash
 # The test suite of ssm-kernels, for a machine with a CUDA driver and NVRTC but no Rust.
 # Runs from wherever the bundle is unpacked: snapshots, vectors and kernels are carried.
-#   bash run.sh [tests] [conformance] [examples] [sanitize] [bench]   (default: all five)
+#   bash run.sh [tests] [conformance] [examples] [python] [sanitize] [bench]   (default: all six)
 #   PEER_VLLM=/path/to/extracted/vllm  bash run.sh bench   # adds vLLM's Triton peer
 #   SSM_SANITIZE_BINS="test-ssm-cuda-gpu_ssu" bash run.sh sanitize   # a subset of gpu-tests.txt
 #   SSM_BENCH_OPS="ssu" SSM_BENCH_ARGS="--batches 64" bash run.sh bench # a subset of the benches
@@ -295,6 +330,15 @@ run_examples() {
         if (cd "$out" && "$e") >"$out/$name.log" 2>&1; then r=ok; else r=FAILED; status=1; failed+=("$name"); fi
         note "$name: $r ($(grep -v '^$' "$out/$name.log" | tail -n1))"
     done
+}
+
+run_python() {
+    # The Python package on torch CUDA tensors (py/test_cuda.py, against numpy on the CPU).
+    if (cd "$out" && PYTHONPATH="$here/py${PYTHONPATH:+:$PYTHONPATH}" python3 "$here/py/test_cuda.py") >"$out/python.log" 2>&1; then
+        note "python: ok ($(grep -c ': ok$' "$out/python.log") CUDA tests; $(head -n1 "$out/python.log"))"
+    else
+        note "python: FAILED ($(tail -n1 "$out/python.log"))"; status=1; failed+=(python)
+    fi
 }
 
 run_tests() {
@@ -366,9 +410,10 @@ run_bench() {
     done
 }
 
-for stage in ${*:-tests conformance examples sanitize bench}; do
+for stage in ${*:-tests conformance examples python sanitize bench}; do
     case "$stage" in
         tests) run_tests ;;
+        python) run_python ;;
         conformance) run_conformance ;;
         sanitize) run_sanitize ;;
         bench) run_bench ;;

@@ -11,11 +11,11 @@ use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use ssm_conv::{Activation, CausalConv1dUpdateArgs, ConvStateLayout};
-use ssm_dispatch::{Config, Runtime};
+use ssm_dispatch::{BackendKind, Config, Runtime};
 use ssm_gdn::{DeltaRuleArgs, FusedRecurrentGatedDeltaRuleArgs, FusedSigmoidGatingDeltaRuleUpdateArgs, GateInputs};
 use ssm_ssd::MambaChunkScanCombinedVarlenArgs;
 use ssm_ssu::SelectiveStateUpdateArgs;
-use ssm_tensor::{DType, TensorMut, TensorRef};
+use ssm_tensor::{DType, Device, TensorMut, TensorRef};
 
 pyo3::create_exception!(
     _core,
@@ -24,12 +24,62 @@ pyo3::create_exception!(
     "A call ssm-kernels refused (its typed message); nothing was written."
 );
 
-/// The process's runtime: the CPU backend on every core, started on first use.
-fn runtime() -> PyResult<&'static Runtime> {
+/// The process's CPU runtime (every core), started on first use.
+fn cpu_runtime() -> PyResult<&'static Runtime> {
     static RT: OnceLock<Result<Runtime, String>> = OnceLock::new();
     RT.get_or_init(|| Runtime::new(&Config::cpu(None)).map_err(|e| e.to_string()))
         .as_ref()
         .map_err(|e| PyRuntimeError::new_err(format!("ssm-kernels could not start its CPU runtime: {e}")))
+}
+
+/// The runtime of a call: the CPU one for host arrays; for arrays on CUDA device `d`, a runtime
+/// whose CUDA backend launches on `stream` (the caller's, e.g. torch's current stream, so that
+/// the op is ordered with the caller's work; 0 is the legacy default stream), one per
+/// (device, stream), started on first use and kept for the process.
+fn runtime(t: &Arrays<'_>, stream: Option<usize>) -> PyResult<&'static Runtime> {
+    let Some(device) = t.list.iter().find_map(|a| match a.device {
+        Device::Cuda(d) => Some(d),
+        Device::Cpu => None,
+    }) else {
+        return cpu_runtime();
+    };
+    let stream = stream.unwrap_or(0);
+    let mut map = cuda_runtimes().lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(rt) = map.get(&(device, stream)) {
+        return Ok(rt);
+    }
+    let start = || -> Result<Runtime, String> {
+        // SAFETY: `stream` is a stream of `device`'s primary context that its owner keeps alive
+        // for the process (torch's streams are never destroyed), or 0, the legacy default stream.
+        let be = unsafe {
+            ssm_cuda::CudaBackend::with_borrowed_stream(device, stream as ssm_cuda::cudarc::driver::sys::CUstream)
+        }
+        .map_err(|e| e.to_string())?;
+        let config = Config { backend: BackendKind::Cuda, cuda_device: device, ..Config::default() };
+        Runtime::with_cuda_backend(&config, be).map_err(|e| e.to_string())
+    };
+    let rt: &'static Runtime = Box::leak(Box::new(start().map_err(|e| {
+        PyRuntimeError::new_err(format!("ssm-kernels could not start a CUDA runtime on device {device}: {e}"))
+    })?));
+    map.insert((device, stream), rt);
+    Ok(rt)
+}
+
+/// The CUDA runtimes started so far, by (device, stream).
+fn cuda_runtimes() -> &'static std::sync::Mutex<std::collections::HashMap<(u32, usize), &'static Runtime>> {
+    static CUDA: OnceLock<std::sync::Mutex<std::collections::HashMap<(u32, usize), &'static Runtime>>> =
+        OnceLock::new();
+    CUDA.get_or_init(Default::default)
+}
+
+/// Waits for the CUDA work of every runtime started so far and reads (and clears) their device
+/// error words: raises `SsmError` when a kernel skipped rows for invalid device-resident
+/// indices. Off the hot path: it synchronises. Host calls check their indices up front.
+#[pyfunction]
+fn check() -> PyResult<()> {
+    let runtimes: Vec<&'static Runtime> =
+        cuda_runtimes().lock().unwrap_or_else(|e| e.into_inner()).values().copied().collect();
+    runtimes.into_iter().try_for_each(|rt| rt.check().map_err(op_err))
 }
 
 /// One host array as its `__array_interface__` describes it.
@@ -46,6 +96,8 @@ struct Array {
     strides: Vec<isize>,
     /// Element offset of element `[0, …]` from `start`.
     offset: usize,
+    /// Host memory, or a CUDA device's (then `start` is a device address).
+    device: Device,
 }
 
 fn dtype_of(name: &'static str, typestr: &str) -> PyResult<DType> {
@@ -76,7 +128,7 @@ fn dtype_of(name: &'static str, typestr: &str) -> PyResult<DType> {
 /// memory span its elements reach.
 fn spanned(
     name: &'static str,
-    ptr: usize,
+    (ptr, device): (usize, Device),
     readonly: bool,
     dtype: DType,
     shape: Vec<usize>,
@@ -101,6 +153,7 @@ fn spanned(
         shape,
         strides,
         offset: (-lo) as usize,
+        device,
     }
 }
 
@@ -151,7 +204,7 @@ fn array_interface(name: &'static str, ai: &Bound<'_, PyAny>) -> PyResult<Array>
         }
         _ => compact(&shape),
     };
-    Ok(spanned(name, ptr, readonly, dtype, shape, strides))
+    Ok(spanned(name, (ptr, Device::Cpu), readonly, dtype, shape, strides))
 }
 
 /// DLPack's `DLTensor` (v0.8 ABI, what `__dlpack__()` returns without a `max_version`).
@@ -181,12 +234,15 @@ fn dlpack<'py>(name: &'static str, obj: &Bound<'py, PyAny>, keep: &mut Vec<Bound
     // name unchanged so that its own destructor releases the tensor afterwards) keeps the
     // tensor and its shape and strides arrays alive, and no Python code runs while we read.
     let t = unsafe { &*ptr.cast::<DlTensor>().as_ptr() };
-    if t.device_type != 1 {
-        return Err(PyTypeError::new_err(format!(
-            "`{name}`: a DLPack tensor on device type {} (only CPU tensors, type 1, are supported yet)",
-            t.device_type
-        )));
-    }
+    let device = match t.device_type {
+        1 => Device::Cpu,
+        2 => Device::Cuda(t.device_id as u32),
+        other => {
+            return Err(PyTypeError::new_err(format!(
+                "`{name}`: a DLPack tensor on device type {other} (CPU, 1, and CUDA, 2, are supported)"
+            )));
+        }
+    };
     let dtype = match (t.code, t.bits, t.lanes) {
         (2, 32, 1) => DType::F32,
         (2, 16, 1) => DType::F16,
@@ -216,12 +272,13 @@ fn dlpack<'py>(name: &'static str, obj: &Bound<'py, PyAny>, keep: &mut Vec<Bound
         (shape, strides)
     };
     keep.push(cap);
-    Ok(spanned(name, t.data as usize + t.byte_offset as usize, false, dtype, shape, strides))
+    Ok(spanned(name, (t.data as usize + t.byte_offset as usize, device), false, dtype, shape, strides))
 }
 
 impl Array {
     fn overlaps(&self, other: &Array) -> bool {
-        self.bytes > 0
+        self.device == other.device
+            && self.bytes > 0
             && other.bytes > 0
             && self.start < other.start + other.bytes
             && other.start < self.start + self.bytes
@@ -236,15 +293,24 @@ impl Array {
     /// # Safety
     /// The array's memory must stay alive and unwritten by anyone else for `'a`.
     unsafe fn view<'a>(&self) -> PyResult<TensorRef<'a>> {
-        // SAFETY: by the caller's contract; `start..start + bytes` is the memory the array's
-        // interface says its elements reach.
-        let bytes: &'a [u8] = if self.bytes == 0 {
-            &[]
-        } else {
-            unsafe { std::slice::from_raw_parts(self.start as *const u8, self.bytes) }
-        };
-        let flat = TensorRef::from_bytes(bytes, self.dtype, &[self.bytes / self.dtype.size()])
-            .map_err(|e| self.layout_err(e))?;
+        let elems = self.bytes / self.dtype.size();
+        let flat = match self.device {
+            Device::Cpu => {
+                // SAFETY: by the caller's contract; `start..start + bytes` is the memory the
+                // array's interface says its elements reach.
+                let bytes: &'a [u8] = if self.bytes == 0 {
+                    &[]
+                } else {
+                    unsafe { std::slice::from_raw_parts(self.start as *const u8, self.bytes) }
+                };
+                TensorRef::from_bytes(bytes, self.dtype, &[elems])
+            }
+            // SAFETY: by the caller's contract: the producer's device memory, `elems` elements.
+            device => unsafe {
+                TensorRef::from_device_ptr(self.start as u64, elems, self.dtype, device, &[elems], &[1])
+            },
+        }
+        .map_err(|e| self.layout_err(e))?;
         flat.with_layout(&self.shape, &self.strides, self.offset).map_err(|e| self.layout_err(e))
     }
 
@@ -256,14 +322,23 @@ impl Array {
         if self.readonly {
             return Err(SsmError::new_err(format!("`{}` is read-only; the op writes it", self.name)));
         }
-        // SAFETY: by the caller's contract (checked by `checked_disjoint` for the call's views).
-        let bytes: &'a mut [u8] = if self.bytes == 0 {
-            &mut []
-        } else {
-            unsafe { std::slice::from_raw_parts_mut(self.start as *mut u8, self.bytes) }
-        };
-        let flat = TensorMut::from_bytes(bytes, self.dtype, &[self.bytes / self.dtype.size()])
-            .map_err(|e| self.layout_err(e))?;
+        let elems = self.bytes / self.dtype.size();
+        let flat = match self.device {
+            Device::Cpu => {
+                // SAFETY: by the caller's contract (overlaps ruled out by `check_disjoint`).
+                let bytes: &'a mut [u8] = if self.bytes == 0 {
+                    &mut []
+                } else {
+                    unsafe { std::slice::from_raw_parts_mut(self.start as *mut u8, self.bytes) }
+                };
+                TensorMut::from_bytes(bytes, self.dtype, &[elems])
+            }
+            // SAFETY: as for `view`, and no other view of the call reaches this memory.
+            device => unsafe {
+                TensorMut::from_device_ptr(self.start as u64, elems, self.dtype, device, &[elems], &[1])
+            },
+        }
+        .map_err(|e| self.layout_err(e))?;
         flat.with_layout(&self.shape, &self.strides, self.offset).map_err(|e| self.layout_err(e))
     }
 }
@@ -360,7 +435,7 @@ fn op_err(e: ssm_dispatch::Error) -> PyErr {
 #[pyfunction]
 #[pyo3(signature = (state, x, dt, a, b, c, out, d=None, dt_bias=None, z=None, dt_softplus=false,
     state_batch_indices=None, dst_state_batch_indices=None, pad_slot_id=None, num_accepted_tokens=None,
-    cu_seqlens=None))]
+    cu_seqlens=None, stream=None))]
 #[allow(clippy::too_many_arguments)]
 fn selective_state_update(
     state: &Bound<'_, PyAny>,
@@ -379,8 +454,8 @@ fn selective_state_update(
     pad_slot_id: Option<i64>,
     num_accepted_tokens: Option<&Bound<'_, PyAny>>,
     cu_seqlens: Option<&Bound<'_, PyAny>>,
+    stream: Option<usize>,
 ) -> PyResult<()> {
-    let rt = runtime()?;
     let mut t = Arrays::default();
     let (state, out) = (t.add_written("state", state)?, t.add_written("out", out)?);
     let (x, dt, a, b, c) = (t.add("x", x)?, t.add("dt", dt)?, t.add("A", a)?, t.add("B", b)?, t.add("C", c)?);
@@ -389,6 +464,7 @@ fn selective_state_update(
     let dst = t.opt("dst_state_batch_indices", dst_state_batch_indices)?;
     let (nacc, cu) = (t.opt("num_accepted_tokens", num_accepted_tokens)?, t.opt("cu_seqlens", cu_seqlens)?);
     t.check_disjoint()?;
+    let rt = runtime(&t, stream)?;
     // SAFETY: the arrays are the call's arguments (alive for the call), the GIL is held
     // throughout, and the written ones overlap no other argument.
     let args = unsafe {
@@ -419,7 +495,7 @@ fn selective_state_update(
 /// `[tokens, dim]`, with a `[slots, dim, state_len]` pool: `conv_state` and `out` written in place.
 #[pyfunction]
 #[pyo3(signature = (x, conv_state, weight, out, bias=None, silu=false, conv_state_indices=None,
-    num_accepted_tokens=None, query_start_loc=None, pad_slot_id=None))]
+    num_accepted_tokens=None, query_start_loc=None, pad_slot_id=None, stream=None))]
 #[allow(clippy::too_many_arguments)]
 fn causal_conv1d_update(
     x: &Bound<'_, PyAny>,
@@ -432,8 +508,8 @@ fn causal_conv1d_update(
     num_accepted_tokens: Option<&Bound<'_, PyAny>>,
     query_start_loc: Option<&Bound<'_, PyAny>>,
     pad_slot_id: Option<i64>,
+    stream: Option<usize>,
 ) -> PyResult<()> {
-    let rt = runtime()?;
     let mut t = Arrays::default();
     let (conv_state, out) = (t.add_written("conv_state", conv_state)?, t.add_written("out", out)?);
     let (x, weight, bias) = (t.add("x", x)?, t.add("weight", weight)?, t.opt("bias", bias)?);
@@ -441,6 +517,7 @@ fn causal_conv1d_update(
     let nacc = t.opt("num_accepted_tokens", num_accepted_tokens)?;
     let qsl = t.opt("query_start_loc", query_start_loc)?;
     t.check_disjoint()?;
+    let rt = runtime(&t, stream)?;
     // SAFETY: as in `selective_state_update`.
     let args = unsafe {
         CausalConv1dUpdateArgs {
@@ -470,7 +547,7 @@ fn causal_conv1d_update(
 #[pyfunction]
 #[pyo3(signature = (q, k, v, o, scale=None, initial_state=None, final_state=None, cu_seqlens=None,
     ssm_state_indices=None, num_accepted_tokens=None, use_qk_l2norm_in_kernel=false, g=None, beta=None,
-    a_log=None, a=None, b=None, dt_bias=None, softplus_beta=1.0, threshold=20.0))]
+    a_log=None, a=None, b=None, dt_bias=None, softplus_beta=1.0, threshold=20.0, stream=None))]
 #[allow(clippy::too_many_arguments)]
 fn gated_delta_rule(
     q: &Bound<'_, PyAny>,
@@ -492,8 +569,8 @@ fn gated_delta_rule(
     dt_bias: Option<&Bound<'_, PyAny>>,
     softplus_beta: f32,
     threshold: f32,
+    stream: Option<usize>,
 ) -> PyResult<()> {
-    let rt = runtime()?;
     let mut t = Arrays::default();
     let o = t.add_written("o", o)?;
     let initial_state = t.opt_written("initial_state", initial_state)?;
@@ -504,6 +581,7 @@ fn gated_delta_rule(
     let (g, beta) = (t.opt("g", g)?, t.opt("beta", beta)?);
     let gates = [t.opt("A_log", a_log)?, t.opt("a", a)?, t.opt("b", b)?, t.opt("dt_bias", dt_bias)?];
     t.check_disjoint()?;
+    let rt = runtime(&t, stream)?;
     // SAFETY: the arrays are the call's arguments (alive for the call), the GIL is held
     // throughout, and the written ones overlap no other argument.
     unsafe {
@@ -548,7 +626,7 @@ fn gated_delta_rule(
 #[pyo3(signature = (x, dt, a, b, c, chunk_size, cu_seqlens, cu_chunk_seqlens, last_chunk_indices, seq_idx,
     out, d=None, z=None, dt_bias=None, initial_states=None, dt_softplus=false, dt_limit=(0.0, f32::INFINITY),
     return_intermediate_states=false, varlen_states=None, final_states_out=None, final_state_indices=None,
-    pad_slot_id=None))]
+    pad_slot_id=None, stream=None))]
 #[allow(clippy::too_many_arguments)]
 fn mamba_chunk_scan_combined_varlen(
     x: &Bound<'_, PyAny>,
@@ -573,8 +651,8 @@ fn mamba_chunk_scan_combined_varlen(
     final_states_out: Option<&Bound<'_, PyAny>>,
     final_state_indices: Option<&Bound<'_, PyAny>>,
     pad_slot_id: Option<i64>,
+    stream: Option<usize>,
 ) -> PyResult<()> {
-    let rt = runtime()?;
     let mut t = Arrays::default();
     let out = t.add_written("out", out)?;
     let states = t.opt_written("varlen_states", varlen_states)?;
@@ -590,6 +668,7 @@ fn mamba_chunk_scan_combined_varlen(
     let init = t.opt("initial_states", initial_states)?;
     let final_idx = t.opt("final_state_indices", final_state_indices)?;
     t.check_disjoint()?;
+    let rt = runtime(&t, stream)?;
     // The returned states' dtype is the one the caller allocated them in (vLLM's `state_dtype`).
     let state_dtype = states.or(pool).map(|i| t.list[i].dtype);
     // SAFETY: the arrays are the call's arguments (alive for the call), the GIL is held
@@ -650,5 +729,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(gated_delta_rule, m)?)?;
     m.add_function(wrap_pyfunction!(mamba_chunk_scan_combined_varlen, m)?)?;
     m.add_function(wrap_pyfunction!(compute_chunk_metadata, m)?)?;
+    m.add_function(wrap_pyfunction!(check, m)?)?;
     Ok(())
 }

@@ -10,17 +10,22 @@ Supported today: ``selective_state_update``, ``causal_conv1d_update``,
 ``fused_recurrent_gated_delta_rule``, ``fused_sigmoid_gating_delta_rule_update`` (the
 decode-path ops of Mamba2 and Qwen3-Next layers) and ``mamba_chunk_scan_combined_varlen`` (Mamba2
 prefill, with :func:`compute_chunk_metadata`), float32/float16 data and int32/int64 index
-tables on the host (bfloat16 through DLPack). Not yet: device tensors (DLPack on CUDA,
-``__cuda_array_interface__``).
+tables; CUDA tensors through DLPack (torch), launched on torch's current stream with no host
+synchronisation (:func:`check` reads the device error word). Not yet: ``__cuda_array_interface__``
+without DLPack.
 """
 
-import numpy as np
+try:
+    import numpy as np
+except ImportError:  # torch-only environments: numpy is needed for numpy arrays only
+    np = None
 
-from ._core import SsmError
+from ._core import SsmError, check
 from . import _core
 
 __all__ = [
     "SsmError",
+    "check",
     "selective_state_update",
     "causal_conv1d_update",
     "fused_recurrent_gated_delta_rule",
@@ -32,6 +37,24 @@ __all__ = [
 
 #: vLLM's pad value of the slot tables (``vllm.v1.attention.backends.utils.NULL_BLOCK_ID``).
 NULL_BLOCK_ID = 0
+
+
+def _stream(t):
+    """torch's current stream on ``t``'s device for a CUDA tensor (the op is launched there, so
+    it is ordered with torch's work), else None."""
+    if getattr(t, "is_cuda", False):
+        import torch
+
+        return torch.cuda.current_stream(t.device).cuda_stream
+    return None
+
+
+def _empty_like(t, shape=None, dtype=None):
+    """An uninitialised array like ``t`` (numpy or torch, same device), of ``shape`` and ``dtype``
+    when given."""
+    if hasattr(t, "new_empty"):
+        return t.new_empty(t.shape if shape is None else tuple(shape), dtype=dtype or t.dtype)
+    return np.empty(t.shape if shape is None else tuple(shape), dtype=dtype or t.dtype)
 
 
 def selective_state_update(
@@ -58,10 +81,11 @@ def selective_state_update(
     ``[batch, nheads, dim]``; tied ``dt``/``A``/``dt_bias`` as stride-0 broadcasts).
     ``null_block_id`` marks pad rows of the slot tables (``None``: no pads)."""
     if out is None:
-        out = np.empty_like(x)
+        out = _empty_like(x)
     _core.selective_state_update(
         state, x, dt, A, B, C, out, D, dt_bias, z, bool(dt_softplus),
         state_batch_indices, dst_state_batch_indices, null_block_id, num_accepted_tokens, cu_seqlens,
+        stream=_stream(state),
     )
     return out
 
@@ -96,26 +120,26 @@ def causal_conv1d_update(
     else:
         raise SsmError(f"`activation`: {activation!r} is not one of None, 'silu', 'swish', True, False")
     target = x if out is None else out
-    result = np.empty_like(x) if out is None else out
+    result = _empty_like(x) if out is None else out
     # vLLM's [batch, dim, seqlen] is our token-major [batch, seqlen, dim]: a transposed view.
-    xv, rv = (x, result) if x.ndim == 2 else (x.transpose(0, 2, 1), result.transpose(0, 2, 1))
+    xv, rv = (x, result) if x.ndim == 2 else (x.swapaxes(1, 2), result.swapaxes(1, 2))
     _core.causal_conv1d_update(
         xv, conv_state, weight, rv, bias, silu, conv_state_indices, num_accepted_tokens,
-        query_start_loc, null_block_id,
+        query_start_loc, null_block_id, stream=_stream(conv_state),
     )
     if out is None:
-        np.copyto(target, result)
+        target[...] = result
     return target
 
 
 def _gdn_outputs(q, v, initial_state, inplace_final_state):
     """vLLM's output allocation of the recurrent GDN ops: ``o`` like ``v`` in ``q``'s dtype;
     the final state in place, or one state per token ``[B·T, HV, V, K]``."""
-    o = np.empty(v.shape, dtype=q.dtype)
+    o = _empty_like(q, shape=v.shape)
     if inplace_final_state or initial_state is None:
         return o, None
     b, t = q.shape[0], q.shape[1]
-    return o, np.empty((b * t,) + tuple(initial_state.shape[1:]), dtype=initial_state.dtype)
+    return o, _empty_like(initial_state, shape=(b * t,) + tuple(initial_state.shape[1:]))
 
 
 def fused_recurrent_gated_delta_rule(
@@ -138,7 +162,7 @@ def fused_recurrent_gated_delta_rule(
     o, final = _gdn_outputs(q, v, initial_state, inplace_final_state)
     _core.gated_delta_rule(
         q, k, v, o, scale, initial_state, final, cu_seqlens, ssm_state_indices, num_accepted_tokens,
-        bool(use_qk_l2norm_in_kernel), g=g, beta=beta,
+        bool(use_qk_l2norm_in_kernel), g=g, beta=beta, stream=_stream(q),
     )
     return o, initial_state if final is None else final
 
@@ -171,7 +195,7 @@ def fused_sigmoid_gating_delta_rule_update(
     _core.gated_delta_rule(
         q, k, v, o, scale, initial_state, final, cu_seqlens, ssm_state_indices, num_accepted_tokens,
         bool(use_qk_l2norm_in_kernel), a_log=A_log, a=a, b=b, dt_bias=dt_bias,
-        softplus_beta=float(beta), threshold=float(threshold),
+        softplus_beta=float(beta), threshold=float(threshold), stream=_stream(q),
     )
     return o, initial_state if final is None else final
 
@@ -216,10 +240,11 @@ def mamba_chunk_scan_combined_varlen(
     states = None
     if final_states_out is None:
         rows = len(cu_chunk_seqlens) - 1 if return_intermediate_states else len(cu_seqlens) - 1
-        states = np.empty((rows,) + tuple(x.shape[1:]) + (B.shape[-1],), dtype=state_dtype or C.dtype)
+        states = _empty_like(C, shape=(rows,) + tuple(x.shape[1:]) + (B.shape[-1],), dtype=state_dtype)
     _core.mamba_chunk_scan_combined_varlen(
         x, dt, A, B, C, int(chunk_size), cu_seqlens, cu_chunk_seqlens, last_chunk_indices, seq_idx, out,
         D, z, dt_bias, initial_states, bool(dt_softplus), (float(dt_limit[0]), float(dt_limit[1])),
         bool(return_intermediate_states), states, final_states_out, final_state_indices,
+        stream=_stream(x),
     )
     return states

@@ -1,0 +1,119 @@
+"""The Python package on torch CUDA tensors (DLPack; launched on torch's current stream),
+against the same call on numpy arrays on the CPU. Skipped without torch or a CUDA device; also
+runs as a script (``python test_cuda.py``) where pytest is not installed."""
+
+import numpy as np
+
+try:
+    import torch
+except ImportError:  # pragma: no cover
+    torch = None
+
+import ssm_kernels as sk
+
+CUDA = torch is not None and torch.cuda.is_available()
+
+try:
+    import pytest
+
+    pytestmark = pytest.mark.skipif(not CUDA, reason="needs torch with a CUDA device")
+except ImportError:  # run as a script
+    pass
+
+
+def cuda(a):
+    return torch.from_numpy(np.ascontiguousarray(a)).cuda()
+
+
+def ssu_case(rng):
+    batch, h, p, n, g, slots = 5, 4, 16, 32, 2, 8
+    return dict(
+        state=rng.standard_normal((slots, h, p, n)).astype(np.float32),
+        x=rng.standard_normal((batch, h, p)).astype(np.float32),
+        dt=rng.uniform(-2, 1, (batch, h, 1)).astype(np.float32),
+        A=-rng.uniform(0.1, 2, (h, 1, 1)).astype(np.float32),
+        B=rng.standard_normal((batch, g, n)).astype(np.float32),
+        C=rng.standard_normal((batch, g, n)).astype(np.float32),
+        D=rng.uniform(0.5, 1.5, (h, 1)).astype(np.float32),
+        dt_bias=rng.uniform(-1, 1, (h, 1)).astype(np.float32),
+        sbi=np.array([6, 0, 2, 7, 3], np.int32),
+        shape=(batch, h, p, n),
+    )
+
+
+def run_ssu(c, to):
+    batch, h, p, n = c["shape"]
+    state = to(c["state"])
+    bcast = (lambda a, s: a.expand(*s)) if to is cuda else np.broadcast_to
+    out = sk.selective_state_update(
+        state, to(c["x"]), bcast(to(c["dt"]), (batch, h, p)), bcast(to(c["A"]), (h, p, n)), to(c["B"]),
+        to(c["C"]), bcast(to(c["D"]), (h, p)), bcast(to(c["dt_bias"]), (h, p)), dt_softplus=True,
+        state_batch_indices=to(c["sbi"]))
+    return state, out
+
+
+def test_ssu_on_cuda_tensors_matches_the_cpu():
+    c = ssu_case(np.random.default_rng(0))
+    want_state, want_out = run_ssu(c, np.copy)
+    got_state, got_out = run_ssu(c, cuda)
+    torch.cuda.synchronize()
+    sk.check()
+    np.testing.assert_allclose(got_out.cpu().numpy(), want_out, rtol=2e-4, atol=2e-4)
+    np.testing.assert_allclose(got_state.cpu().numpy(), want_state, rtol=2e-4, atol=2e-4)
+
+
+def test_bf16_state_on_cuda_through_dlpack():
+    c = ssu_case(np.random.default_rng(1))
+    want_state, want_out = run_ssu(c, np.copy)
+    bf = lambda a: cuda(a).to(torch.bfloat16) if a.dtype == np.float32 and a.ndim == 4 else cuda(a)
+    got_state, got_out = run_ssu(c, bf)
+    torch.cuda.synchronize()
+    np.testing.assert_allclose(got_out.cpu().float().numpy(), want_out, rtol=3e-2, atol=3e-2)
+    np.testing.assert_allclose(got_state.float().cpu().numpy(), want_state, rtol=3e-2, atol=3e-2)
+
+
+def test_garbage_device_indices_are_reported_by_check():
+    c = ssu_case(np.random.default_rng(2))
+    c["sbi"] = np.array([6, 99, 2, 7, 3], np.int32)
+    before = c["state"].copy()
+    state, _ = run_ssu(c, cuda)  # no host sync: the kernel skips row 1 and flags it
+    try:
+        sk.check()
+    except sk.SsmError as e:
+        assert "slot" in str(e), e
+    else:
+        raise AssertionError("check() did not report the bad slot")
+    untouched = [s for s in range(8) if s not in (6, 2, 7, 3)]
+    np.testing.assert_array_equal(state.cpu().numpy()[untouched], before[untouched])
+
+
+def test_gdn_decode_on_cuda_tensors_matches_the_cpu():
+    rng = np.random.default_rng(3)
+    n, h, hv, k, v, slots = 4, 2, 4, 32, 16, 6
+    q, kk = (rng.standard_normal((n, 1, h, k)).astype(np.float32) for _ in range(2))
+    vv = rng.standard_normal((n, 1, hv, v)).astype(np.float32)
+    A_log, dt_bias = (rng.uniform(-1, 1, hv).astype(np.float32) for _ in range(2))
+    a, b = (rng.standard_normal((n, hv)).astype(np.float32) for _ in range(2))
+    state = (rng.standard_normal((slots, hv, v, k)) * 0.3).astype(np.float32)
+    idx = np.array([5, 1, 3, 2], np.int32)
+    args = (A_log, a, b, dt_bias, q, kk, vv)
+    want_state = state.copy()
+    want_o, _ = sk.fused_sigmoid_gating_delta_rule_update(*args, initial_state=want_state, ssm_state_indices=idx,
+                                                         use_qk_l2norm_in_kernel=True)
+    got_state = cuda(state)
+    got_o, _ = sk.fused_sigmoid_gating_delta_rule_update(*map(cuda, args), initial_state=got_state,
+                                                        ssm_state_indices=cuda(idx), use_qk_l2norm_in_kernel=True)
+    torch.cuda.synchronize()
+    sk.check()
+    np.testing.assert_allclose(got_o.cpu().numpy(), want_o, rtol=2e-4, atol=2e-4)
+    np.testing.assert_allclose(got_state.cpu().numpy(), want_state, rtol=2e-4, atol=2e-4)
+
+
+if __name__ == "__main__":
+    print(f"torch {torch.__version__ if torch else None}, CUDA {CUDA}")
+    if not CUDA:
+        raise SystemExit("needs torch with a CUDA device")
+    for name, f in sorted(globals().items()):
+        if name.startswith("test_"):
+            f()
+            print(f"{name}: ok")
