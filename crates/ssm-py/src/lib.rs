@@ -10,9 +10,12 @@ use std::sync::OnceLock;
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use ssm_conv::{Activation, CausalConv1dUpdateArgs, ConvStateLayout};
+use ssm_conv::{Activation, CausalConv1dFnArgs, CausalConv1dUpdateArgs, ConvStateLayout};
 use ssm_dispatch::{BackendKind, Config, Runtime};
-use ssm_gdn::{DeltaRuleArgs, FusedRecurrentGatedDeltaRuleArgs, FusedSigmoidGatingDeltaRuleUpdateArgs, GateInputs};
+use ssm_gdn::{
+    ChunkGatedDeltaRuleArgs, DeltaRuleArgs, FusedRecurrentGatedDeltaRuleArgs, FusedSigmoidGatingDeltaRuleUpdateArgs,
+    GateInputs,
+};
 use ssm_ssd::MambaChunkScanCombinedVarlenArgs;
 use ssm_ssu::SelectiveStateUpdateArgs;
 use ssm_tensor::{DType, Device, TensorMut, TensorRef};
@@ -721,6 +724,94 @@ fn compute_chunk_metadata(
     Ok((m.cu_chunk_seqlens, m.seq_idx, m.last_chunk_indices))
 }
 
+/// `causal_conv1d_fn` (varlen prefill) on token-major `x` `[tokens, dim]` with a
+/// `[slots, dim, state_len]` pool: `out` and the slots' first `width − 1` columns written.
+#[pyfunction]
+#[pyo3(signature = (x, weight, conv_states, query_start_loc, out, bias=None, silu=true, cache_indices=None,
+    has_initial_state=None, pad_slot_id=None, stream=None))]
+#[allow(clippy::too_many_arguments)]
+fn causal_conv1d_fn(
+    x: &Bound<'_, PyAny>,
+    weight: &Bound<'_, PyAny>,
+    conv_states: &Bound<'_, PyAny>,
+    query_start_loc: &Bound<'_, PyAny>,
+    out: &Bound<'_, PyAny>,
+    bias: Option<&Bound<'_, PyAny>>,
+    silu: bool,
+    cache_indices: Option<&Bound<'_, PyAny>>,
+    has_initial_state: Option<&Bound<'_, PyAny>>,
+    pad_slot_id: Option<i64>,
+    stream: Option<usize>,
+) -> PyResult<()> {
+    let mut t = Arrays::default();
+    let (states, out) = (t.add_written("conv_states", conv_states)?, t.add_written("out", out)?);
+    let (x, weight, qsl) = (t.add("x", x)?, t.add("weight", weight)?, t.add("query_start_loc", query_start_loc)?);
+    let (bias, ci) = (t.opt("bias", bias)?, t.opt("cache_indices", cache_indices)?);
+    let has = t.opt("has_initial_state", has_initial_state)?;
+    t.check_disjoint()?;
+    let rt = runtime(&t, stream)?;
+    // SAFETY: the arrays are the call's arguments (alive for the call), the GIL is held
+    // throughout, and the written ones overlap no other argument.
+    let args = unsafe {
+        CausalConv1dFnArgs {
+            x: t.r(x)?,
+            weight: t.r(weight)?,
+            bias: t.r_opt(bias)?,
+            conv_states: t.w(states)?,
+            conv_state_layout: ConvStateLayout::DimStateLen,
+            query_start_loc: t.r(qsl)?,
+            cache_indices: t.r_opt(ci)?,
+            has_initial_state: t.r_opt(has)?,
+            activation: if silu { Activation::Silu } else { Activation::None },
+            pad_slot_id,
+            out: t.w(out)?,
+        }
+    };
+    rt.causal_conv1d_fn(args).map_err(op_err)
+}
+
+/// `chunk_gated_delta_rule` (GDN chunked prefill, `[V, K]` states): writes `o` and, when given,
+/// `final_state` `[N, HV, V, K]`; `initial_state` `[N, HV, V, K]` is read (dense, as FLA's).
+#[pyfunction]
+#[pyo3(signature = (q, k, v, g, beta, o, scale=None, initial_state=None, final_state=None, cu_seqlens=None,
+    use_qk_l2norm_in_kernel=false, stream=None))]
+#[allow(clippy::too_many_arguments)]
+fn chunk_gated_delta_rule(
+    q: &Bound<'_, PyAny>,
+    k: &Bound<'_, PyAny>,
+    v: &Bound<'_, PyAny>,
+    g: &Bound<'_, PyAny>,
+    beta: &Bound<'_, PyAny>,
+    o: &Bound<'_, PyAny>,
+    scale: Option<f32>,
+    initial_state: Option<&Bound<'_, PyAny>>,
+    final_state: Option<&Bound<'_, PyAny>>,
+    cu_seqlens: Option<&Bound<'_, PyAny>>,
+    use_qk_l2norm_in_kernel: bool,
+    stream: Option<usize>,
+) -> PyResult<()> {
+    let mut t = Arrays::default();
+    let (o, fin) = (t.add_written("o", o)?, t.opt_written("final_state", final_state)?);
+    // Read only: the op's `initial_state` is writable only for its in-place mode, unused here.
+    let init = t.opt_written("initial_state", initial_state)?;
+    let (q, k, v, g, beta) = (t.add("q", q)?, t.add("k", k)?, t.add("v", v)?, t.add("g", g)?, t.add("beta", beta)?);
+    let cu = t.opt("cu_seqlens", cu_seqlens)?;
+    t.check_disjoint()?;
+    let rt = runtime(&t, stream)?;
+    // SAFETY: as in `causal_conv1d_fn`.
+    let args = unsafe {
+        ChunkGatedDeltaRuleArgs {
+            scale,
+            initial_state: t.w_opt(init)?,
+            final_state: t.w_opt(fin)?,
+            cu_seqlens: t.r_opt(cu)?,
+            use_qk_l2norm_in_kernel,
+            ..ChunkGatedDeltaRuleArgs::new(t.r(q)?, t.r(k)?, t.r(v)?, t.r(g)?, t.r(beta)?, t.w(o)?)
+        }
+    };
+    rt.chunk_gated_delta_rule(args).map_err(op_err)
+}
+
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("SsmError", m.py().get_type::<SsmError>())?;
@@ -730,5 +821,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(mamba_chunk_scan_combined_varlen, m)?)?;
     m.add_function(wrap_pyfunction!(compute_chunk_metadata, m)?)?;
     m.add_function(wrap_pyfunction!(check, m)?)?;
+    m.add_function(wrap_pyfunction!(causal_conv1d_fn, m)?)?;
+    m.add_function(wrap_pyfunction!(chunk_gated_delta_rule, m)?)?;
     Ok(())
 }

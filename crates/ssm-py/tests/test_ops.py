@@ -254,3 +254,53 @@ def test_ssd_prefill_equals_the_token_by_token_recurrence():
     np.testing.assert_allclose(states, want_states, rtol=2e-4, atol=2e-4)
     with pytest.raises(sk.SsmError, match="query_start_loc"):
         sk.compute_chunk_metadata([0, 5, 3], [0, 0], 16)
+
+
+def test_causal_conv1d_fn_prefill_in_vllms_layout():
+    rng = np.random.default_rng(6)
+    dim, width, slots = 12, 4, 5
+    lens = [6, 1, 9]
+    cu = np.array([0, 6, 7, 16], np.int32)
+    x = rng.standard_normal((dim, 16)).astype(np.float32)  # vLLM's [dim, total_tokens]
+    weight = rng.standard_normal((dim, width)).astype(np.float32)
+    bias = rng.standard_normal(dim).astype(np.float32)
+    conv_states = rng.standard_normal((slots, dim, width - 1)).astype(np.float32)
+    cache = np.array([3, 0, 1], np.int32)  # the second sequence is a pad (null block 0)
+    has = np.array([True, False, False])
+    want = np.full_like(x, np.nan)
+    want_states = conv_states.copy()
+    for s in range(3):
+        if cache[s] == 0:
+            continue
+        hist = conv_states[cache[s]] if has[s] else np.zeros((dim, width - 1), np.float32)
+        win = np.concatenate([hist, x[:, cu[s]:cu[s + 1]]], axis=1)
+        for t in range(lens[s]):
+            y = (win[:, t:t + width] * weight).sum(axis=1) + bias
+            want[:, cu[s] + t] = y / (1 + np.exp(-y))
+        want_states[cache[s]] = win[:, -(width - 1):]
+    out = sk.causal_conv1d_fn(x, weight, bias, conv_states, cu, cache_indices=cache, has_initial_state=has)
+    written = ~np.isnan(want)
+    np.testing.assert_allclose(out[written], want[written], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(conv_states, want_states, rtol=0, atol=0)
+
+
+def test_chunk_gated_delta_rule_equals_the_recurrence():
+    rng = np.random.default_rng(7)
+    h, hv, kd, vd = 2, 4, 16, 8
+    lens = [40, 0, 70]
+    cu = np.array([0, 40, 40, 110], np.int32)
+    q = rng.standard_normal((1, 110, h, kd)).astype(np.float32)
+    k = rng.standard_normal((1, 110, h, kd)).astype(np.float32)
+    v = rng.standard_normal((1, 110, hv, vd)).astype(np.float32)
+    g = -rng.uniform(0.01, 0.5, (1, 110, hv)).astype(np.float32)
+    beta = rng.uniform(0.1, 0.9, (1, 110, hv)).astype(np.float32)
+    init = (rng.standard_normal((3, hv, vd, kd)) * 0.3).astype(np.float32)
+    o, final = sk.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=init, output_final_state=True,
+                                         cu_seqlens=cu, use_qk_l2norm_in_kernel=True)
+    for s in range(3):
+        a, e = cu[s], cu[s + 1]
+        seq = lambda t: t[:, a:e]
+        want_o, want_state = gdn_reference(seq(q), seq(k), seq(v), seq(g), seq(beta), init[s:s + 1],
+                                           np.array([0]), True)
+        np.testing.assert_allclose(o[:, a:e], want_o, rtol=1e-3, atol=1e-3)
+        np.testing.assert_allclose(final[s], want_state[0], rtol=1e-3, atol=1e-3)

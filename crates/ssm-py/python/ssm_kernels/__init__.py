@@ -32,6 +32,8 @@ __all__ = [
     "fused_sigmoid_gating_delta_rule_update",
     "mamba_chunk_scan_combined_varlen",
     "compute_chunk_metadata",
+    "causal_conv1d_fn",
+    "chunk_gated_delta_rule",
     "NULL_BLOCK_ID",
 ]
 
@@ -111,14 +113,7 @@ def causal_conv1d_update(
     copied into ``x``, since an op's input and output never share memory here). Returns the
     output. ``max_query_len`` and ``validate_data`` are accepted for signature compatibility."""
     del max_query_len, validate_data
-    if isinstance(activation, bool):
-        silu = activation
-    elif activation is None:
-        silu = False
-    elif activation in ("silu", "swish"):
-        silu = True
-    else:
-        raise SsmError(f"`activation`: {activation!r} is not one of None, 'silu', 'swish', True, False")
+    silu = _silu(activation)
     target = x if out is None else out
     result = _empty_like(x) if out is None else out
     # vLLM's [batch, dim, seqlen] is our token-major [batch, seqlen, dim]: a transposed view.
@@ -248,3 +243,81 @@ def mamba_chunk_scan_combined_varlen(
         stream=_stream(x),
     )
     return states
+
+
+def _silu(activation):
+    if isinstance(activation, bool):
+        return activation
+    if activation is None:
+        return False
+    if activation in ("silu", "swish"):
+        return True
+    raise SsmError(f"`activation`: {activation!r} is not one of None, 'silu', 'swish', True, False")
+
+
+def causal_conv1d_fn(
+    x,
+    weight,
+    bias,
+    conv_states,
+    query_start_loc,
+    cache_indices=None,
+    has_initial_state=None,
+    activation="silu",
+    pad_slot_id=-1,
+    null_block_id=NULL_BLOCK_ID,
+    metadata=None,
+    validate_data=False,
+):
+    """vLLM's ``causal_conv1d_fn`` (varlen prefill): ``x`` is ``[dim, total_tokens]`` (the
+    sequences packed along the tokens, ``query_start_loc`` their starts); ``conv_states``
+    ``[..., dim, width - 1]`` is read (``has_initial_state``) and updated in place through
+    ``cache_indices`` (``null_block_id`` entries are pads). Returns the output, shaped as ``x``.
+    ``pad_slot_id``, ``metadata`` and ``validate_data`` are accepted for signature
+    compatibility (the pads of ``cache_indices`` are ``null_block_id``, as in vLLM's kernel)."""
+    del pad_slot_id, metadata, validate_data
+    out = _empty_like(x)
+    _core.causal_conv1d_fn(
+        x.T, weight, conv_states, query_start_loc, out.T, bias, _silu(activation), cache_indices,
+        has_initial_state, null_block_id, stream=_stream(conv_states),
+    )
+    return out
+
+
+def chunk_gated_delta_rule(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    scale=None,
+    initial_state=None,
+    output_final_state=False,
+    cu_seqlens=None,
+    chunk_indices=None,
+    chunk_offsets=None,
+    use_qk_l2norm_in_kernel=False,
+    core_attn_out=None,
+):
+    """vLLM's ``chunk_gated_delta_rule`` (FLA's GDN chunked prefill, ``[V, K]`` states): returns
+    ``(o, final_state)``, ``final_state`` ``[N, HV, V, K]`` float32 when ``output_final_state``
+    (else None), ``o`` written to ``core_attn_out`` when given. ``initial_state`` is dense
+    ``[N, HV, V, K]``. ``chunk_indices`` and ``chunk_offsets`` (vLLM's precomputed chunk tables)
+    are accepted and not needed."""
+    del chunk_indices, chunk_offsets
+    o = _empty_like(q, shape=v.shape) if core_attn_out is None else core_attn_out
+    final = None
+    if output_final_state:
+        n = q.shape[0] if cu_seqlens is None else len(cu_seqlens) - 1
+        hv, vd, kd = v.shape[2], v.shape[3], k.shape[3]
+        if hasattr(q, "new_empty"):
+            import torch
+
+            final = q.new_empty((n, hv, vd, kd), dtype=torch.float32)
+        else:
+            final = np.empty((n, hv, vd, kd), dtype=np.float32)
+    _core.chunk_gated_delta_rule(
+        q, k, v, g, beta, o, scale, initial_state, final, cu_seqlens, bool(use_qk_l2norm_in_kernel),
+        stream=_stream(q),
+    )
+    return o, final
