@@ -52,8 +52,10 @@ fn runtime(t: &Arrays<'_>, stream: Option<usize>) -> PyResult<&'static Runtime> 
         return Ok(rt);
     }
     let start = || -> Result<Runtime, String> {
-        // SAFETY: `stream` is a stream of `device`'s primary context that its owner keeps alive
-        // for the process (torch's streams are never destroyed), or 0, the legacy default stream.
+        // SAFETY: `stream` is a stream of `device`'s primary context (torch's current stream
+        // there), or 0, the legacy default stream. The runtime launches on it only inside calls
+        // that pass this same handle as the caller's current stream, when it is alive; a handle
+        // value reused by a later stream is that live stream.
         let be = unsafe {
             ssm_cuda::CudaBackend::with_borrowed_stream(device, stream as ssm_cuda::cudarc::driver::sys::CUstream)
         }
