@@ -185,10 +185,15 @@ fn in_place<R>(
     reads: &[(&'static str, Option<&Tensor>)],
     body: Box<Body<'_, R>>,
 ) -> Result<R, Error> {
+    // Each argument's storage, looked up once: for the aliasing check here and the read locks
+    // (one per distinct storage) in `Second`.
+    let read_ids =
+        reads.iter().map(|&(arg, t)| t.map(|t| storage_id(arg, t)).transpose()).collect::<Result<Vec<_>, _>>()?;
     let mut ids = Vec::new();
-    for (arg, t) in writes.iter().copied().chain(reads.iter().filter_map(|&(a, t)| t.map(|t| (a, t)))) {
+    for &(arg, t) in &writes {
         ids.push((arg, storage_id(arg, t)?));
     }
+    ids.extend(reads.iter().zip(&read_ids).filter_map(|(&(arg, _), id)| id.map(|id| (arg, id))));
     for (i, &(written, id)) in ids[..2].iter().enumerate() {
         if let Some(&(other, _)) = ids.iter().enumerate().find(|&(j, &(_, o))| j != i && o == id).map(|(_, x)| x) {
             return Err(Error::Aliased { written, other });
@@ -198,6 +203,7 @@ fn in_place<R>(
         second: writes[1],
         names: [writes[0].0, writes[1].0],
         reads,
+        read_ids,
         body: RefCell::new(Some(body)),
         result: RefCell::new(None),
     };
@@ -212,6 +218,8 @@ struct First<'a, 'f, R> {
     second: (&'static str, &'a Tensor),
     names: [&'static str; 2],
     reads: &'a [(&'static str, Option<&'a Tensor>)],
+    /// The storage of each read argument (`None` where absent).
+    read_ids: Vec<Option<usize>>,
     body: RefCell<Option<Box<Body<'f, R>>>>,
     result: RefCell<Option<Result<R, Error>>>,
 }
@@ -247,11 +255,9 @@ impl<R> InplaceOp1 for Second<'_, '_, '_, R> {
             // One read lock per distinct storage.
             let mut guards: Vec<(usize, candle_core::StorageRef<'_>)> = Vec::new();
             let mut at = Vec::with_capacity(p.reads.len());
-            for &(arg, t) in p.reads {
-                at.push(match t {
-                    None => None,
-                    Some(t) => {
-                        let id = storage_id(arg, t)?;
+            for (&(arg, t), &id) in p.reads.iter().zip(&p.read_ids) {
+                at.push(match (t, id) {
+                    (Some(t), Some(id)) => {
                         let k = match guards.iter().position(|(g, _)| *g == id) {
                             Some(k) => k,
                             None => {
@@ -261,6 +267,7 @@ impl<R> InplaceOp1 for Second<'_, '_, '_, R> {
                         };
                         Some((arg, k, t.layout()))
                     }
+                    _ => None,
                 });
             }
             let mut views = Vec::with_capacity(at.len());

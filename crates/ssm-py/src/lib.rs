@@ -715,14 +715,8 @@ fn compute_chunk_metadata(
     num_computed_tokens: Vec<i64>,
     chunk_size: usize,
 ) -> PyResult<(Vec<i32>, Vec<i32>, Vec<i32>)> {
-    let ordered = query_start_loc.first().is_none_or(|&s| s == 0) && query_start_loc.windows(2).all(|w| w[0] <= w[1]);
-    if chunk_size == 0 || num_computed_tokens.len() + 1 < query_start_loc.len() || !ordered {
-        return Err(SsmError::new_err(
-            "`chunk_size` must be positive, `query_start_loc` start at 0 and not decrease, and \
-             `num_computed_tokens` hold one entry per sequence",
-        ));
-    }
-    let m = ssm_ssd::compute_chunk_metadata(&query_start_loc, &num_computed_tokens, chunk_size);
+    let m = ssm_ssd::try_compute_chunk_metadata(&query_start_loc, &num_computed_tokens, chunk_size)
+        .map_err(|e| SsmError::new_err(e.to_string()))?;
     Ok((m.cu_chunk_seqlens, m.seq_idx, m.last_chunk_indices))
 }
 

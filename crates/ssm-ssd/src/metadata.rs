@@ -69,6 +69,45 @@ pub fn compute_chunk_metadata(
     ChunkMetadata { cu_chunk_seqlens: cu, seq_idx, last_chunk_indices: last }
 }
 
+/// [`compute_chunk_metadata`] for values from outside the process (an engine's Python call):
+/// refuses, with the typed error of the op's plan, what would panic or make meaningless chunks.
+/// `chunk_size` must be a power of two, `query_start_loc` start at 0 and not decrease, and
+/// `num_computed_tokens` hold one entry per sequence.
+pub fn try_compute_chunk_metadata(
+    query_start_loc: &[i64],
+    num_computed_tokens: &[i64],
+    chunk_size: usize,
+) -> Result<ChunkMetadata, crate::SsdError> {
+    if !chunk_size.is_power_of_two() {
+        return Err(crate::SsdError::ChunkSize(chunk_size));
+    }
+    let tokens = query_start_loc.last().map_or(0, |&t| t.max(0) as usize);
+    let mut prev = 0i64;
+    for (at, &value) in query_start_loc.iter().enumerate() {
+        if (at == 0 && value != 0) || value < prev {
+            return Err(crate::SsdError::Offsets {
+                arg: "query_start_loc",
+                rule: "be non-decreasing",
+                at,
+                value,
+                prev,
+                tokens,
+            });
+        }
+        prev = value;
+    }
+    let batch = query_start_loc.len().saturating_sub(1);
+    if num_computed_tokens.len() < batch {
+        return Err(ssm_tensor::ArgError::Shape {
+            arg: "num_computed_tokens",
+            expected: format!("[>= batch={batch}]"),
+            actual: vec![num_computed_tokens.len()],
+        }
+        .into());
+    }
+    Ok(compute_chunk_metadata(query_start_loc, num_computed_tokens, chunk_size))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -99,5 +138,25 @@ mod tests {
         let m = compute_chunk_metadata(&[0, 50, 130], &[64, 5], 64);
         assert_eq!(m.cu_chunk_seqlens, vec![0, 50, 109, 130]);
         assert_eq!(m.last_chunk_indices, vec![0, 2]);
+    }
+}
+
+#[cfg(test)]
+mod checked_tests {
+    use super::*;
+
+    #[test]
+    fn checked_metadata_refuses_what_the_plain_one_would_misread() {
+        assert_eq!(
+            try_compute_chunk_metadata(&[0, 5, 9], &[0, 3], 4).unwrap(),
+            compute_chunk_metadata(&[0, 5, 9], &[0, 3], 4)
+        );
+        assert!(matches!(try_compute_chunk_metadata(&[0, 5], &[0], 0), Err(crate::SsdError::ChunkSize(0))));
+        assert!(matches!(
+            try_compute_chunk_metadata(&[0, 5, 3], &[0, 0], 4),
+            Err(crate::SsdError::Offsets { at: 2, .. })
+        ));
+        assert!(matches!(try_compute_chunk_metadata(&[1, 5], &[0], 4), Err(crate::SsdError::Offsets { at: 0, .. })));
+        assert!(try_compute_chunk_metadata(&[0, 5, 9], &[0], 4).is_err(), "one computed count short");
     }
 }

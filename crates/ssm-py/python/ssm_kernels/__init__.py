@@ -53,10 +53,15 @@ def _stream(t):
 
 def _empty_like(t, shape=None, dtype=None):
     """An uninitialised array like ``t`` (numpy or torch, same device), of ``shape`` and ``dtype``
-    when given."""
+    when given (a dtype of ``t``'s library, or a name such as ``"float32"``)."""
+    shape = t.shape if shape is None else tuple(shape)
     if hasattr(t, "new_empty"):
-        return t.new_empty(t.shape if shape is None else tuple(shape), dtype=dtype or t.dtype)
-    return np.empty(t.shape if shape is None else tuple(shape), dtype=dtype or t.dtype)
+        if isinstance(dtype, str):
+            import torch
+
+            dtype = getattr(torch, dtype)
+        return t.new_empty(shape, dtype=dtype or t.dtype)
+    return np.empty(shape, dtype=dtype or t.dtype)
 
 
 def selective_state_update(
@@ -310,12 +315,7 @@ def chunk_gated_delta_rule(
     if output_final_state:
         n = q.shape[0] if cu_seqlens is None else len(cu_seqlens) - 1
         hv, vd, kd = v.shape[2], v.shape[3], k.shape[3]
-        if hasattr(q, "new_empty"):
-            import torch
-
-            final = q.new_empty((n, hv, vd, kd), dtype=torch.float32)
-        else:
-            final = np.empty((n, hv, vd, kd), dtype=np.float32)
+        final = _empty_like(q, shape=(n, hv, vd, kd), dtype="float32")
     _core.chunk_gated_delta_rule(
         q, k, v, g, beta, o, scale, initial_state, final, cu_seqlens, bool(use_qk_l2norm_in_kernel),
         stream=_stream(q),
