@@ -11,6 +11,7 @@ use ssm_cuda::compile::{compile_with_report, copy_kernel_spec};
 use ssm_cuda::conv::conv_catalogue;
 use ssm_cuda::gdn::gdn_catalogue;
 use ssm_cuda::ring::ring_catalogue;
+use ssm_cuda::ssd::ssd_catalogue;
 use ssm_cuda::ssu::ssu_catalogue;
 
 /// Arguments of `build-kernels`.
@@ -45,6 +46,7 @@ pub(crate) fn run(args: &BuildKernelsArgs) -> anyhow::Result<()> {
     kernels.extend(gdn_catalogue());
     kernels.extend(conv_catalogue());
     kernels.extend(ring_catalogue());
+    kernels.extend(ssd_catalogue());
     if let Some(only) = &args.only {
         kernels.retain(|(label, _)| label.contains(only.as_str()));
     }

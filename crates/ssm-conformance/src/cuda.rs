@@ -5,7 +5,8 @@
 
 use ssm_cuda::testing::{
     DeviceCheckpointingSsuArgs, DeviceCommitTrackersArgs, DeviceConvFnArgs, DeviceConvUpdateArgs, DeviceGdnGatingArgs,
-    DeviceGdnRecurrentArgs, DeviceGdnSigmoidArgs, DeviceSsuArgs, DeviceUpdateTrackersArgs, MirrorError, stage,
+    DeviceGdnRecurrentArgs, DeviceGdnSigmoidArgs, DeviceSsdArgs, DeviceSsuArgs, DeviceUpdateTrackersArgs, MirrorError,
+    stage,
 };
 use ssm_dispatch::Runtime;
 
@@ -75,11 +76,11 @@ impl Target for Staged {
         update_replayssm_ring_trackers: ssm_ring::UpdateRingTrackersArgs<'_> => DeviceUpdateTrackersArgs,
         commit_replayssm_ring_trackers: ssm_ring::CommitRingTrackersArgs<'_> => DeviceCommitTrackersArgs,
         checkpointing_ssu: ssm_ring::CheckpointingSsuArgs<'_> => DeviceCheckpointingSsuArgs,
+        mamba_chunk_scan_combined_varlen: ssm_ssd::MambaChunkScanCombinedVarlenArgs<'_> => DeviceSsdArgs,
     }
 
     // Ops without a CUDA kernel yet.
     unstaged! {
         chunk_gated_delta_rule: ssm_gdn::ChunkGatedDeltaRuleArgs<'_>,
-        mamba_chunk_scan_combined_varlen: ssm_ssd::MambaChunkScanCombinedVarlenArgs<'_>,
     }
 }

@@ -30,6 +30,8 @@ pub const RING_TRACKERS_SOURCE: &str = include_str!("../kernels/ring_trackers.cu
 pub const CHECKPOINTING_SSU_SOURCE: &str = include_str!("../kernels/checkpointing_ssu.cu");
 /// The 16-byte copy kernel (bandwidth yardstick).
 pub const COPY_SOURCE: &str = include_str!("../kernels/copy.cu");
+/// `kernels/ssd.cu`: the SSD chunked prefill (four kernels).
+pub const SSD_SOURCE: &str = include_str!("../kernels/ssd.cu");
 
 /// The kernels' C name of a storage dtype (`common.cuh`'s `f16_t` / `bf16_t` for the 16-bit
 /// floats), as passed in `-D` macros.
@@ -67,6 +69,8 @@ pub enum KernelSource {
     RingTrackers,
     /// `kernels/checkpointing_ssu.cu`.
     CheckpointingSsu,
+    /// `kernels/ssd.cu`.
+    Ssd,
 }
 
 impl KernelSource {
@@ -79,17 +83,19 @@ impl KernelSource {
             KernelSource::Conv => "conv.cu",
             KernelSource::RingTrackers => "ring_trackers.cu",
             KernelSource::CheckpointingSsu => "checkpointing_ssu.cu",
+            KernelSource::Ssd => "ssd.cu",
         }
     }
 
     /// Every kernel source.
-    pub const ALL: [KernelSource; 6] = [
+    pub const ALL: [KernelSource; 7] = [
         KernelSource::Ssu,
         KernelSource::Copy,
         KernelSource::Gdn,
         KernelSource::Conv,
         KernelSource::RingTrackers,
         KernelSource::CheckpointingSsu,
+        KernelSource::Ssd,
     ];
 
     /// The kernel's own text (without `common.cuh`).
@@ -101,6 +107,7 @@ impl KernelSource {
             KernelSource::Conv => CONV_SOURCE,
             KernelSource::RingTrackers => RING_TRACKERS_SOURCE,
             KernelSource::CheckpointingSsu => CHECKPOINTING_SSU_SOURCE,
+            KernelSource::Ssd => SSD_SOURCE,
         }
     }
 

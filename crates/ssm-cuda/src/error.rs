@@ -95,7 +95,9 @@ impl DeviceErrors {
     /// A slot index (`state_batch_indices` / `dst_state_batch_indices`) outside `[0, slots)` and not the pad.
     pub const SLOT: u32 = 1;
     /// `cu_seqlens` not non-decreasing within `[0, rows]` (or, for `checkpointing_ssu`, a
-    /// sequence longer than its window's `max_seqlen`).
+    /// sequence longer than its window's `max_seqlen`; for the SSD prefill, a chunk of
+    /// `cu_chunk_seqlens` empty, outside `[0, tokens]` or longer than the chunk, or a
+    /// `seq_idx` / `last_chunk_indices` entry out of range).
     pub const CU_SEQLENS: u32 = 2;
     /// `num_accepted_tokens` (or the sequence length in speculative mode) beyond the slot table's width.
     pub const ACCEPTED: u32 = 4;
@@ -113,7 +115,9 @@ impl std::fmt::Display for DeviceErrors {
             parts.push("slot index outside [0, slots) and not the pad");
         }
         if self.0 & Self::CU_SEQLENS != 0 {
-            parts.push("cu_seqlens decreasing, outside [0, rows] or a sequence longer than its window");
+            parts.push(
+                "cu_seqlens decreasing, outside [0, rows] or a sequence longer than its window, or SSD chunk metadata out of range",
+            );
         }
         if self.0 & Self::ACCEPTED != 0 {
             parts.push("num_accepted_tokens or sequence length beyond the slot table's width");

@@ -27,6 +27,7 @@ pub mod gdn;
 mod geometry;
 pub mod nvrtc;
 pub mod ring;
+pub mod ssd;
 pub mod ssu;
 pub mod testing;
 mod unsupported;
@@ -125,6 +126,7 @@ pub struct CudaBackend {
     gdn_functions: KeyedFunctions<gdn::GdnKey>,
     conv_functions: KeyedFunctions<conv::ConvKey>,
     ring_functions: KeyedFunctions<ring::RingKey>,
+    ssd_functions: KeyedFunctions<ssd::SsdKey>,
     error_word: CudaSlice<u32>,
     error_word_addr: u64,
 }
@@ -190,6 +192,7 @@ impl CudaBackend {
             gdn_functions: KeyedFunctions::default(),
             conv_functions: KeyedFunctions::default(),
             ring_functions: KeyedFunctions::default(),
+            ssd_functions: KeyedFunctions::default(),
             error_word,
             error_word_addr,
         })

@@ -11,6 +11,7 @@ use ssm_gdn::{
     GateInputs, GdnError, StateLayout,
 };
 use ssm_ring::{CheckpointingSsuArgs, CommitRingTrackersArgs, RingError, RingTrackers, UpdateRingTrackersArgs};
+use ssm_ssd::{MambaChunkScanCombinedVarlenArgs, SsdError};
 use ssm_ssu::{SelectiveStateUpdateArgs, SsuError};
 use ssm_tensor::{DType, Op, Planned, Run, TensorError, TensorMut, TensorRef};
 
@@ -132,6 +133,9 @@ pub enum MirrorError {
     /// The device arguments of a ReplaySSM op did not plan.
     #[error(transparent)]
     RingPlan(#[from] RingError),
+    /// The device arguments of an SSD prefill did not plan.
+    #[error(transparent)]
+    SsdPlan(#[from] SsdError),
     /// A CUDA call failed.
     #[error(transparent)]
     Cuda(#[from] CudaError),
@@ -913,6 +917,108 @@ impl StageArgs for DeviceCheckpointingSsuArgs {
     }
 }
 
+/// The tensors of one SSD chunked prefill (`mamba_chunk_scan_combined_varlen`), copied to
+/// the device (chunk metadata and slot tables too, so the kernels check their values), plus
+/// its scalar arguments.
+pub struct DeviceSsdArgs {
+    /// x, dt, A, B, C, cu_seqlens, cu_chunk_seqlens, last_chunk_indices, seq_idx.
+    inputs: [StagedTensor; 9],
+    /// D, z, dt_bias, initial_states, initial_state_indices, has_initial_state,
+    /// final_state_indices.
+    options: [Option<StagedTensor>; 7],
+    out: Option<StagedTensor>,
+    ssm_state: Option<StagedTensor>,
+    varlen_states: Option<StagedTensor>,
+    scratch: Option<StagedTensor>,
+    chunk_size: usize,
+    pad_slot_id: Option<i64>,
+    dt_softplus: bool,
+    dt_limit: (f32, f32),
+    return_intermediate_states: bool,
+    state_dtype: Option<DType>,
+}
+
+impl StageArgs for DeviceSsdArgs {
+    type Args<'a> = MambaChunkScanCombinedVarlenArgs<'a>;
+    fn upload(backend: &CudaBackend, a: &MambaChunkScanCombinedVarlenArgs<'_>) -> Result<Self, MirrorError> {
+        let up = |t: &TensorRef<'_>| StagedTensor::upload(backend, t);
+        let opt = |t: Option<&TensorRef<'_>>| StagedTensor::upload_opt(backend, t);
+        let opt_mut =
+            |t: &Option<TensorMut<'_>>| StagedTensor::upload_opt(backend, t.as_ref().map(|t| t.as_ref()).as_ref());
+        Ok(DeviceSsdArgs {
+            inputs: [
+                up(&a.x)?,
+                up(&a.dt)?,
+                up(&a.a)?,
+                up(&a.b)?,
+                up(&a.c)?,
+                up(&a.cu_seqlens)?,
+                up(&a.cu_chunk_seqlens)?,
+                up(&a.last_chunk_indices)?,
+                up(&a.seq_idx)?,
+            ],
+            options: [
+                opt(a.d.as_ref())?,
+                opt(a.z.as_ref())?,
+                opt(a.dt_bias.as_ref())?,
+                opt(a.initial_states.as_ref())?,
+                opt(a.initial_state_indices.as_ref())?,
+                opt(a.has_initial_state.as_ref())?,
+                opt(a.final_state_indices.as_ref())?,
+            ],
+            out: opt_mut(&a.out)?,
+            ssm_state: opt_mut(&a.ssm_state)?,
+            varlen_states: opt_mut(&a.varlen_states)?,
+            scratch: opt_mut(&a.scratch)?,
+            chunk_size: a.chunk_size,
+            pad_slot_id: a.pad_slot_id,
+            dt_softplus: a.dt_softplus,
+            dt_limit: a.dt_limit,
+            return_intermediate_states: a.return_intermediate_states,
+            state_dtype: a.state_dtype,
+        })
+    }
+    fn args(&mut self) -> Result<MambaChunkScanCombinedVarlenArgs<'_>, TensorError> {
+        let [x, dt, a, b, c, cu, cu_chunk, last, seq] = &self.inputs;
+        let [d, z, dt_bias, init, init_idx, has, fin] = &self.options;
+        Ok(MambaChunkScanCombinedVarlenArgs {
+            out: opt_view_mut(&mut self.out)?,
+            d: opt_view(d)?,
+            z: opt_view(z)?,
+            dt_bias: opt_view(dt_bias)?,
+            initial_states: opt_view(init)?,
+            ssm_state: opt_view_mut(&mut self.ssm_state)?,
+            initial_state_indices: opt_view(init_idx)?,
+            has_initial_state: opt_view(has)?,
+            final_state_indices: opt_view(fin)?,
+            pad_slot_id: self.pad_slot_id,
+            dt_softplus: self.dt_softplus,
+            dt_limit: self.dt_limit,
+            return_intermediate_states: self.return_intermediate_states,
+            state_dtype: self.state_dtype,
+            varlen_states: opt_view_mut(&mut self.varlen_states)?,
+            scratch: opt_view_mut(&mut self.scratch)?,
+            ..MambaChunkScanCombinedVarlenArgs::new(
+                x.view()?,
+                dt.view()?,
+                a.view()?,
+                b.view()?,
+                c.view()?,
+                self.chunk_size,
+                [cu.view()?, cu_chunk.view()?, last.view()?, seq.view()?],
+            )
+        })
+    }
+    fn copy_back(&self, host: &mut MambaChunkScanCombinedVarlenArgs<'_>) -> Result<(), MirrorError> {
+        opt_copy_back(&self.out, host.out.as_mut())?;
+        opt_copy_back(&self.ssm_state, host.ssm_state.as_mut())?;
+        opt_copy_back(&self.varlen_states, host.varlen_states.as_mut())
+    }
+    fn launch(backend: &CudaBackend, args: MambaChunkScanCombinedVarlenArgs<'_>) -> Result<(), MirrorError> {
+        plan_and_run(backend, args)
+    }
+}
+
 /// A host-tensor façade of the CUDA backend: every call is staged ([`run_staged`]) and run on
 /// the device, so generic checks written against a family trait ([`ssm_conv::ConvBackend`],
 /// …) with host tensors run on the GPU unchanged. The call's host plan is dropped; the device
@@ -942,4 +1048,5 @@ mirrored! {
     UpdateRingTrackersArgs => DeviceUpdateTrackersArgs,
     CommitRingTrackersArgs => DeviceCommitTrackersArgs,
     CheckpointingSsuArgs => DeviceCheckpointingSsuArgs,
+    MambaChunkScanCombinedVarlenArgs => DeviceSsdArgs,
 }

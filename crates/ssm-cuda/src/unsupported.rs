@@ -17,7 +17,7 @@ macro_rules! unsupported {
     )*};
 }
 
-unsupported!(ssm_gdn::ChunkGatedDeltaRuleArgs<'_>, ssm_ssd::MambaChunkScanCombinedVarlenArgs<'_>,);
+unsupported!(ssm_gdn::ChunkGatedDeltaRuleArgs<'_>);
 
 impl ssm_gdn::ChunkScratch for CudaBackend {
     /// No chunked-prefill kernel yet, so no scratch.

@@ -7,6 +7,7 @@
 pub mod conv;
 pub mod ring;
 pub mod ring_random;
+pub mod ssd;
 pub mod ssu;
 
 use ssm_tensor::{HostTensor, TensorMut, TensorRef};

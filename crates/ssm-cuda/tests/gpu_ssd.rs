@@ -1,0 +1,190 @@
+//! GPU tests of the SSD chunked prefill (`mamba_chunk_scan_combined_varlen`) on CUDA. Each
+//! skips with a printed reason when no GPU (or no NVRTC) is found; `SSM_REQUIRE_GPU=1` turns
+//! the skip into a failure. Random problems come from `ssm_conformance::cases::ssd`, the
+//! generator the CPU backend's SSD tests run too; the oracle is the f64 token-by-token
+//! recurrence of `ssm_ssd::reference`. (The golden vectors run through `gpu_conformance`.)
+
+// The staging error is the test harness's (large) error enum, on a copy path, never a decode path.
+#![allow(clippy::result_large_err)]
+
+mod common;
+
+use common::gpu;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use ssm_conformance::cases::ssd::{Pool, Problem};
+use ssm_cuda::testing::{DeviceSsdArgs, MirrorError, run_staged};
+use ssm_cuda::{CudaBackend, CudaError, DeviceErrors};
+use ssm_ssd::{MambaChunkScanCombinedVarlenArgs, plan, reference};
+
+fn f64_ref(a: MambaChunkScanCombinedVarlenArgs<'_>) {
+    reference::mamba_chunk_scan_combined_varlen_f64(plan(a).unwrap())
+}
+
+/// Runs `pr` on CUDA (every tensor staged, so the metadata is checked on the device).
+fn cuda(be: &CudaBackend, pr: &Problem, intermediate: bool, pool: Option<&mut Pool>) -> (Vec<f32>, Vec<f32>) {
+    pr.run_pooled_with(intermediate, pool, |a| run_staged::<DeviceSsdArgs>(be, a).unwrap())
+}
+
+/// Every element written (no NaN poison left) and `max |got - want| <= tol · max(1, max |want|)`:
+/// tensor-core operands round to bf16 or tf32, so the error scales with the largest value.
+fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f32) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let scale = want.iter().fold(1.0f32, |m, v| m.max(v.abs()));
+    let mut worst = (0.0f32, 0usize);
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        assert!(!g.is_nan(), "{what}[{i}] was not written (NaN poison left)");
+        let e = (g - w).abs();
+        if e > worst.0 {
+            worst = (e, i);
+        }
+    }
+    assert!(
+        worst.0 <= tol * scale,
+        "{what}: |got - want| = {} at {} (got {}, want {}), above {tol} x {scale}",
+        worst.0,
+        worst.1,
+        got[worst.1],
+        want[worst.1]
+    );
+}
+
+/// bf16 operands (bf16 activations) or tf32 (f32 activations).
+fn tol(pr: &Problem) -> f32 {
+    if pr.bf16_io { 2e-2 } else { 4e-3 }
+}
+
+fn check(be: &CudaBackend, pr: &Problem, label: &str) {
+    for intermediate in [false, true] {
+        let (o64, s64) = pr.run_with(intermediate, f64_ref);
+        let (o, s) = cuda(be, pr, intermediate, None);
+        let tag = format!("{label} intermediate={intermediate} bf16={}", pr.bf16_io);
+        assert_close(&format!("{tag} out"), &o, &o64, tol(pr));
+        assert_close(&format!("{tag} states"), &s, &s64, tol(pr));
+    }
+}
+
+fn seqs(rng: &mut ChaCha8Rng, batch: usize, max_len: usize, max_computed: usize) -> (Vec<usize>, Vec<usize>) {
+    let seqlens = (0..batch).map(|_| rng.random_range(1..max_len)).collect();
+    let computed =
+        (0..batch).map(|_| if rng.random_bool(0.5) { rng.random_range(0..max_computed) } else { 0 }).collect();
+    (seqlens, computed)
+}
+
+/// The CPU tests' matrix (odd head dims and dstates, chunks 4–16, groups < and = heads, D, z,
+/// dt_bias, initial states, dt_limit, f32 and bf16 activations, resumed sequences with short
+/// first chunks): CUDA equals the f64 recurrence, outputs and states (final and per chunk).
+#[test]
+fn ssd_matches_the_f64_recurrence_on_uneven_varlen_batches() {
+    let Some(be) = gpu("ssd_matches_the_f64_recurrence_on_uneven_varlen_batches") else { return };
+    let mut rng = ChaCha8Rng::seed_from_u64(0x55d);
+    for case in 0..24 {
+        let batch = rng.random_range(1..5);
+        let (seqlens, computed) = seqs(&mut rng, batch, 40, 50);
+        let pr = Problem::random(&mut rng, seqlens, computed, case % 2 == 0);
+        check(&be, &pr, &format!("case {case}"));
+    }
+}
+
+/// Model shapes and every chunk size the kernels tile: Mamba2-2.7B-like (P 64, N 128, G 1,
+/// chunk 256), Nemotron-Nano-like (P 80, G < H, chunk 128), chunk 64 with N 64, a chunk of 16
+/// with odd sizes, and sequences several chunks long with resumed (short) first chunks.
+#[test]
+fn ssd_matches_the_f64_recurrence_on_model_shapes() {
+    let Some(be) = gpu("ssd_matches_the_f64_recurrence_on_model_shapes") else { return };
+    let mut rng = ChaCha8Rng::seed_from_u64(0x2b7);
+    let shapes: [[usize; 5]; 5] =
+        [[4, 1, 64, 128, 256], [4, 2, 80, 128, 128], [6, 3, 32, 64, 64], [3, 1, 19, 13, 16], [2, 2, 128, 256, 128]];
+    for (i, shape) in shapes.into_iter().enumerate() {
+        for bf16 in [true, false] {
+            let batch = rng.random_range(1..4);
+            let (seqlens, computed) = seqs(&mut rng, batch, 3 * shape[4] + 7, 2 * shape[4]);
+            let mut pr = Problem::random_shaped(&mut rng, seqlens, computed, shape);
+            pr.bf16_io = bf16;
+            check(&be, &pr, &format!("shape {i} {shape:?}"));
+        }
+    }
+}
+
+/// Pool addressing on CUDA: the pooled call equals, bit for bit, the gather → call → scatter
+/// sequence it replaces (outputs and the whole pool; untouched slots keep their bits), and the
+/// pool matches the f64 reference's.
+#[test]
+fn ssd_pool_addressing_equals_gather_call_scatter() {
+    let Some(be) = gpu("ssd_pool_addressing_equals_gather_call_scatter") else { return };
+    let mut rng = ChaCha8Rng::seed_from_u64(0x9001);
+    for case in 0..10 {
+        let batch = rng.random_range(1..5);
+        let (seqlens, computed) = seqs(&mut rng, batch, 30, 40);
+        let mut pr = Problem::random(&mut rng, seqlens, computed, case % 2 == 0);
+        let per = pr.heads * pr.dim * pr.dstate;
+        let pool = Pool::random(&mut rng, batch, per);
+        let mut ref64 = pool.clone();
+        pr.run_pooled_with(false, Some(&mut ref64), f64_ref);
+        let mut pooled = pool.clone();
+        let (o_pool, _) = cuda(&be, &pr, false, Some(&mut pooled));
+        pr.init = Some(pool.gather(per));
+        let (o_old, finals) = cuda(&be, &pr, false, None);
+        let mut old = pool.clone();
+        old.scatter(&finals, per);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&o_pool), bits(&o_old), "case {case}: out");
+        assert_eq!(bits(&pooled.states), bits(&old.states), "case {case}: pool");
+        for (s, chunk) in pool.states.chunks(per).enumerate() {
+            if !pool.write.contains(&(s as i64)) {
+                assert_eq!(bits(chunk), bits(&pooled.states[s * per..(s + 1) * per]), "case {case}: slot {s} touched");
+            }
+        }
+        assert_close(&format!("case {case} pool vs f64"), &pooled.states, &ref64.states, tol(&pr));
+    }
+}
+
+/// Garbage device-resident metadata and slots: a chunk bound past the tokens, a `seq_idx` and a
+/// `last_chunk_indices` entry out of range, slots out of range. The call completes (no fault;
+/// the bundle runs this under compute-sanitizer), the error word names the kind, untouched
+/// slots keep their bits, and a clean call after it succeeds.
+#[test]
+fn ssd_garbage_device_metadata_is_skipped_and_reported() {
+    let Some(be) = gpu("ssd_garbage_device_metadata_is_skipped_and_reported") else { return };
+    let mut rng = ChaCha8Rng::seed_from_u64(0xbad);
+    let base = Problem::random(&mut rng, vec![9, 14, 5], vec![0, 3, 0], true);
+    let per = base.heads * base.dim * base.dstate;
+    let run = |pr: &Problem, pool: Option<&mut Pool>| {
+        let mut res = None;
+        pr.run_pooled_with(false, pool, |a| res = Some(run_staged::<DeviceSsdArgs>(&be, a)));
+        res.expect("ran")
+    };
+    let expect_bits = |res: Result<(), MirrorError>, bit: u32, what: &str| match res {
+        Err(MirrorError::Cuda(CudaError::InvalidIndices(DeviceErrors(w)))) => {
+            assert!(w & bit != 0, "{what}: error word {w:#x} lacks {bit:#x}")
+        }
+        other => panic!("{what}: expected InvalidIndices, got {other:?}"),
+    };
+    let tokens = base.tokens() as i32;
+    let mut pr = base.clone();
+    let n = pr.cu_chunk.len();
+    pr.cu_chunk[n - 2] = tokens + 1000;
+    expect_bits(run(&pr, None), DeviceErrors::CU_SEQLENS, "cu_chunk_seqlens past the tokens");
+    let mut pr = base.clone();
+    pr.seq_idx[0] = 77;
+    pr.init = Some(vec![0.5; 3 * per]);
+    expect_bits(run(&pr, None), DeviceErrors::CU_SEQLENS, "seq_idx out of range");
+    let mut pr = base.clone();
+    pr.last_chunk[1] = 1 << 20;
+    expect_bits(run(&pr, None), DeviceErrors::CU_SEQLENS, "last_chunk_indices out of range");
+    let mut pool = Pool::random(&mut rng, 3, per);
+    pool.read[0] = 1 << 30;
+    pool.has_init[0] = 1;
+    pool.write[2] = -7;
+    let before = pool.clone();
+    expect_bits(run(&base, Some(&mut pool)), DeviceErrors::SLOT, "slots out of range");
+    for (s, chunk) in before.states.chunks(per).enumerate() {
+        if !before.write.contains(&(s as i64)) || before.write[2] == s as i64 {
+            let same = chunk.iter().zip(&pool.states[s * per..(s + 1) * per]).all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "slot {s} was touched");
+        }
+    }
+    // The error word was read and cleared: a clean call succeeds.
+    let (o, _) = cuda(&be, &base, false, None);
+    assert!(o.iter().all(|v| v.is_finite()));
+}
