@@ -361,31 +361,33 @@ impl Run<MambaChunkScanCombinedVarlenArgs<'_>> for CudaBackend {
         let qtiles = p.chunk_rows.div_ceil(TILE);
         let per_seq = ((p.dim * p.dstate).div_ceil(STATE_THREADS)) as u32;
         let (heads, groups) = (p.heads as u32, p.groups as u32);
-        // SAFETY (every launch below): every address comes from a device view whose creator
-        // promised (TensorRef/TensorMut::from_device_ptr) that it is valid on this device for
-        // the call, or from the scratch of at least `scratch_len` f32 elements; the plan checked
-        // every shape and stride, so every element the kernels reach for chunk bounds inside
-        // `[0, tokens]` no longer than `chunk_rows`, sequence indices in `[0, batch)`,
-        // `last_chunk_indices` in `[-1, nchunks)` and slots in `[0, slots)` lies inside the views,
-        // and the kernels check exactly those values before using them.
-        if let Some(nc) = grid_x(p.nchunks)? {
-            let z = (ptiles * p.dstate.div_ceil(TILE)) as u32;
-            unsafe { self.launch_kernel(&state, (nc, heads, z), MMA_THREADS, &prm, "cuLaunchKernel(ssd_state)") }?;
-            let pairs = (qtiles * (qtiles + 1) / 2) as u32;
-            unsafe { self.launch_kernel(&cb, (nc, groups, pairs), MMA_THREADS, &prm, "cuLaunchKernel(ssd_cb)") }?;
-        }
+        let launch = |f: &cudarc::driver::CudaFunction, grid: (u32, u32, u32), threads: u32, name: &'static str| {
+            // SAFETY: every address comes from a device view whose creator promised
+            // (TensorRef/TensorMut::from_device_ptr) that it is valid on this device for the call,
+            // or from the scratch of at least `scratch_len` f32 elements; the plan checked every
+            // shape and stride, so every element the kernels reach for chunk bounds inside
+            // `[0, tokens]` no longer than `chunk_rows`, sequence indices in `[0, batch)`,
+            // `last_chunk_indices` in `[-1, nchunks)` and slots in `[0, slots)` lies inside the
+            // views, and the kernels check exactly those values before using them.
+            unsafe { self.launch_kernel(f, grid, threads, &prm, name) }
+        };
+        let chunks = grid_x(p.nchunks)?;
         let seqs = grid_x(p.batch)?;
-        if let Some(b) = seqs {
-            let t = STATE_THREADS as u32;
-            unsafe { self.launch_kernel(&pass, (b, heads, per_seq), t, &prm, "cuLaunchKernel(ssd_pass)") }?;
+        let st = STATE_THREADS as u32;
+        if let Some(nc) = chunks {
+            let z = (ptiles * p.dstate.div_ceil(TILE)) as u32;
+            launch(&state, (nc, heads, z), MMA_THREADS, "cuLaunchKernel(ssd_state)")?;
+            let pairs = (qtiles * (qtiles + 1) / 2) as u32;
+            launch(&cb, (nc, groups, pairs), MMA_THREADS, "cuLaunchKernel(ssd_cb)")?;
         }
-        if let (Some(nc), true) = (grid_x(p.nchunks)?, p.out.is_some()) {
-            let z = (qtiles * ptiles) as u32;
-            unsafe { self.launch_kernel(&scan, (nc, heads, z), MMA_THREADS, &prm, "cuLaunchKernel(ssd_scan)") }?;
+        if let Some(b) = seqs {
+            launch(&pass, (b, heads, per_seq), st, "cuLaunchKernel(ssd_pass)")?;
+        }
+        if let (Some(nc), true) = (chunks, p.out.is_some()) {
+            launch(&scan, (nc, heads, (qtiles * ptiles) as u32), MMA_THREADS, "cuLaunchKernel(ssd_scan)")?;
         }
         if let Some(b) = seqs {
-            let t = STATE_THREADS as u32;
-            unsafe { self.launch_kernel(&fin, (b, heads, per_seq), t, &prm, "cuLaunchKernel(ssd_final)") }?;
+            launch(&fin, (b, heads, per_seq), st, "cuLaunchKernel(ssd_final)")?;
         }
         Ok(())
     }
