@@ -51,6 +51,12 @@ class Platform:
 
         return torch.cuda.get_device_capability(device_id)
 
+    def is_device_capability(self, capability: int, device_id: int = 0) -> bool:
+        import torch
+
+        major, minor = torch.cuda.get_device_capability(device_id)
+        return major * 10 + minor == capability
+
     def is_device_capability_family(self, capability: int, device_id: int = 0) -> bool:
         import torch
 
@@ -69,6 +75,43 @@ def install_base_stubs(pkg_dir: str, init_logger) -> Platform:
     stub_module("vllm.logger", init_logger=init_logger)
     stub_module("vllm.platforms", current_platform=platform)
     stub_module("vllm.triton_utils", HAS_TRITON=True, tl=tl, triton=triton, tldevice=tl)
+    return platform
+
+
+def install_mamba_stubs(root: str) -> Platform:
+    """The stubs `vllm/model_executor/layers/mamba/ops/*.py` need (mamba_ssm.py's imports:
+    envs, custom ops, platform utils, the attention backends' pad ids) over the real package
+    folder `root/vllm`; returns the platform."""
+    import logging
+    import os
+    import re
+
+    class Logger(logging.LoggerAdapter):
+        def info_once(self, msg, *a, **k):
+            k.pop("scope", None)
+            self.info(msg, *a, **k)
+
+        def warning_once(self, msg, *a, **k):
+            k.pop("scope", None)
+            self.warning(msg, *a, **k)
+
+        def debug_once(self, msg, *a, **k):
+            k.pop("scope", None)
+            self.debug(msg, *a, **k)
+
+    platform = install_base_stubs(
+        os.path.join(root, "vllm"), init_logger=lambda name: Logger(logging.getLogger(name), {})
+    )
+    stub_module("vllm.envs", VLLM_TUNED_CONFIG_FOLDER=None)
+    stub_module("vllm._custom_ops")
+    stub_module("vllm.utils")
+    stub_module(
+        "vllm.utils.platform_utils",
+        get_device_name_as_file_name=lambda device_id=0: re.sub(r"[\s/]+", "_", platform.get_device_name(device_id)),
+    )
+    for name in ["vllm.v1", "vllm.v1.attention", "vllm.v1.attention.backends"]:
+        stub_module(name).__path__ = []
+    stub_module("vllm.v1.attention.backends.utils", NULL_BLOCK_ID=0, PAD_SLOT_ID=-1)
     return platform
 
 

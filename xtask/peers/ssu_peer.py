@@ -16,41 +16,9 @@ exceed the L2 several times, median over replays.
 """
 
 import json
-import logging
-import os
-import re
 import sys
 
-from peer_common import graph_median_us, install_base_stubs, parse_args, pool_counts, report, spec_tables, stub_module, uniform
-
-
-def install_vllm_stubs(root: str) -> None:
-    class Logger(logging.LoggerAdapter):
-        def info_once(self, msg, *a, **k):
-            k.pop("scope", None)
-            self.info(msg, *a, **k)
-
-        def warning_once(self, msg, *a, **k):
-            k.pop("scope", None)
-            self.warning(msg, *a, **k)
-
-        def debug_once(self, msg, *a, **k):
-            k.pop("scope", None)
-            self.debug(msg, *a, **k)
-
-    platform = install_base_stubs(
-        os.path.join(root, "vllm"), init_logger=lambda name: Logger(logging.getLogger(name), {})
-    )
-    stub_module("vllm.envs", VLLM_TUNED_CONFIG_FOLDER=None)
-    stub_module("vllm._custom_ops")
-    stub_module("vllm.utils")
-    stub_module(
-        "vllm.utils.platform_utils",
-        get_device_name_as_file_name=lambda device_id=0: re.sub(r"[\s/]+", "_", platform.get_device_name(device_id)),
-    )
-    for name in ["vllm.v1", "vllm.v1.attention", "vllm.v1.attention.backends"]:
-        stub_module(name).__path__ = []
-    stub_module("vllm.v1.attention.backends.utils", NULL_BLOCK_ID=0, PAD_SLOT_ID=-1)
+from peer_common import graph_median_us, install_mamba_stubs, parse_args, pool_counts, report, spec_tables, uniform
 
 
 DEFAULT_SHAPES = [
@@ -118,7 +86,7 @@ def main():
     import torch
     import triton
 
-    install_vllm_stubs(a.vllm)
+    install_mamba_stubs(a.vllm)
     from vllm.model_executor.layers.mamba.ops.mamba_ssm import selective_state_update
 
     shapes = json.loads(a.shapes) if a.shapes else DEFAULT_SHAPES

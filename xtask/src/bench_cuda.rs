@@ -7,6 +7,10 @@
 //!   `fused_recurrent_gated_delta_rule_packed_decode` and `fused_recurrent_gated_delta_rule`,
 //!   through `xtask/peers/gdn_peer.py`.
 //!
+//! - `--op ssd` (`bench-cuda-ssd`): our SSD chunked prefill on Mamba2-2.7B and Nemotron-H-8B
+//!   prefills and (with `--peer-vllm DIR`) vLLM's Triton `mamba_chunk_scan_combined_varlen`,
+//!   through `xtask/peers/ssd_peer.py`.
+//!
 //! Each prints a table and writes JSON.
 
 use std::path::PathBuf;
@@ -18,6 +22,7 @@ use ssm_cuda::CudaBackend;
 use ssm_cuda::bench::{BenchResult, CopyBandwidth, SsuBenchShape, bench_ssu, measure_copy_bandwidth};
 use ssm_cuda::bench_gdn::{GdnBenchOp, GdnBenchShape, bench_gdn};
 use ssm_cuda::bench_ring::{ReplaySsmBenchShape, bench_replayssm};
+use ssm_cuda::bench_ssd::{SsdBenchShape, bench_ssd};
 use ssm_tensor::DType;
 
 /// Options every CUDA bench shares: the peer, the JSON output, the copy measurement.
@@ -152,6 +157,14 @@ trait CudaBenchShape {
     fn peer_json(&self) -> Value;
     /// (batch, tokens, state dtype): what a peer result row is matched on.
     fn key(&self) -> (usize, usize, DType);
+    /// Whether a peer result row times this shape (by default: its `batch`, `tokens` and
+    /// `state` equal [`key`](Self::key)'s).
+    fn matches_peer(&self, row: &Value) -> bool {
+        let (batch, tokens, state) = self.key();
+        row["batch"].as_u64() == Some(batch as u64)
+            && row["tokens"].as_u64() == Some(tokens as u64)
+            && row["state"].as_str() == Some(state_name(state))
+    }
 }
 
 impl CudaBenchShape for SsuBenchShape {
@@ -179,6 +192,29 @@ impl CudaBenchShape for GdnBenchShape {
     }
     fn key(&self) -> (usize, usize, DType) {
         (self.batch, self.tokens, self.state)
+    }
+}
+
+impl CudaBenchShape for SsdBenchShape {
+    const LABEL_WIDTH: usize = 36;
+    fn label(&self) -> String {
+        SsdBenchShape::label(self)
+    }
+    fn peer_json(&self) -> Value {
+        json!({"batch": self.batch, "seqlen": self.seqlen, "tokens": self.tokens(), "state": state_name(self.state),
+               "heads": self.heads, "dim": self.dim, "dstate": self.dstate, "groups": self.groups,
+               "chunk": self.chunk, "bytes": self.bytes(), "flops": self.flops()})
+    }
+    fn key(&self) -> (usize, usize, DType) {
+        (self.batch, self.tokens(), self.state)
+    }
+    fn matches_peer(&self, row: &Value) -> bool {
+        let (batch, tokens, state) = self.key();
+        row["batch"].as_u64() == Some(batch as u64)
+            && row["tokens"].as_u64() == Some(tokens as u64)
+            && row["state"].as_str() == Some(state_name(state))
+            && row["heads"].as_u64() == Some(self.heads as u64)
+            && row["groups"].as_u64() == Some(self.groups as u64)
     }
 }
 
@@ -281,14 +317,11 @@ impl<S: CudaBenchShape> Measured<S> {
     /// The peer's timing of shape `s` (of `kernel`, where the peer runs several): (µs, GB/s),
     /// NaN where the peer has none.
     fn peer_timing(&self, s: &S, kernel: Option<&str>) -> (f64, f64) {
-        let (batch, tokens, state) = s.key();
         let rows = self.peer.as_ref().and_then(|p| p["results"].as_array());
-        let found = rows.into_iter().flatten().find(|v| {
-            kernel.is_none_or(|k| v["kernel"].as_str() == Some(k))
-                && v["batch"].as_u64() == Some(batch as u64)
-                && v["tokens"].as_u64() == Some(tokens as u64)
-                && v["state"].as_str() == Some(state_name(state))
-        });
+        let found = rows
+            .into_iter()
+            .flatten()
+            .find(|v| kernel.is_none_or(|k| v["kernel"].as_str() == Some(k)) && s.matches_peer(v));
         found.map_or((f64::NAN, f64::NAN), |v| {
             (v["us"].as_f64().unwrap_or(f64::NAN), v["gbps"].as_f64().unwrap_or(f64::NAN))
         })
@@ -481,4 +514,80 @@ pub(crate) fn run_gdn(args: &CudaGdnBenchArgs) -> anyhow::Result<Value> {
         })));
     }
     m.write(&args.common, "gdn_cuda.json", rows)
+}
+
+/// Options of the CUDA SSD prefill bench.
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct CudaSsdBenchArgs {
+    /// Mamba2-2.7B prefills as `SEQUENCESxTOKENS` (chunk 256).
+    #[arg(long, value_delimiter = ',', default_value = "1x2048,4x2048,16x512,64x128,1x16384")]
+    pub(crate) mamba2: Vec<String>,
+    /// Nemotron-H-8B prefills as `SEQUENCESxTOKENS` (chunk 128, 8 groups).
+    #[arg(long, value_delimiter = ',', default_value = "4x2048")]
+    pub(crate) nemotron: Vec<String>,
+    #[command(flatten)]
+    pub(crate) common: CudaBenchCommon,
+}
+
+fn batch_by_len(v: &str) -> anyhow::Result<(usize, usize)> {
+    let (b, t) = v.split_once('x').with_context(|| format!("`{v}`: expected SEQUENCESxTOKENS"))?;
+    Ok((b.trim().parse().context("sequences")?, t.trim().parse().context("tokens")?))
+}
+
+/// The SSD bench shapes: every state dtype, Mamba2-2.7B then Nemotron-H-8B prefills.
+pub(crate) fn ssd_shapes(args: &CudaSsdBenchArgs) -> anyhow::Result<Vec<SsdBenchShape>> {
+    let mut shapes = Vec::new();
+    for state in args.common.states.iter().map(|s| s.dtype()) {
+        for v in &args.mamba2 {
+            let (b, t) = batch_by_len(v)?;
+            shapes.push(SsdBenchShape::mamba2_2p7b(b, t, state));
+        }
+        for v in &args.nemotron {
+            let (b, t) = batch_by_len(v)?;
+            shapes.push(SsdBenchShape::nemotron_h_8b(b, t, state));
+        }
+    }
+    Ok(shapes)
+}
+
+pub(crate) fn run_ssd(args: &CudaSsdBenchArgs) -> anyhow::Result<Value> {
+    let shapes = ssd_shapes(args)?;
+    let m = measure(&args.common, &shapes, bench_ssd, "ssd_peer.py")?;
+    if m.peer.is_some() {
+        println!(
+            "peer = vLLM's call with the initial states gathered; +gather = the mixer's torch.where gather and the call"
+        );
+    }
+    println!(
+        "{:<36} | {:>9} {:>7} {:>8} | {:>9} {:>7} {:>7} | {:>9} {:>7} | {:>7}",
+        "shape", "ours us", "TFLOP/s", "GB/s", "peer us", "TFLOP/s", "speedup", "+gather", "speedup", "Mtok/s"
+    );
+    let mut rows = Vec::new();
+    for r in &m.ours {
+        let s = r.shape;
+        let vs = m.vs_peer(r, Some("ssd"));
+        let (gus, _) = m.peer_timing(&s, Some("ssd+gather"));
+        let tf = |us: f64| s.flops() / (us * 1e-6) / 1e12;
+        let mtok = s.tokens() as f64 / r.us;
+        println!(
+            "{:<36} | {:>9.2} {:>7.1} {:>8.1} | {:>9.2} {:>7.1} {:>7.2} | {:>9.2} {:>7.2} | {:>7.2}",
+            s.label(),
+            r.us,
+            tf(r.us),
+            r.gbps,
+            vs.peer_us,
+            tf(vs.peer_us),
+            vs.peer_us / r.us,
+            gus,
+            gus / r.us,
+            mtok
+        );
+        rows.push(vs.json_row(json!({
+            "state": state_name(s.state), "batch": s.batch, "seqlen": s.seqlen, "tokens": s.tokens(),
+            "heads": s.heads, "dim": s.dim, "dstate": s.dstate, "groups": s.groups, "chunk": s.chunk,
+            "bytes": s.bytes(), "flops": s.flops(), "tflops": tf(r.us), "peer_tflops": tf(vs.peer_us),
+            "peer_gather_us": gus, "speedup_vs_peer_gather": gus / r.us, "mtokens_per_s": mtok,
+        })));
+    }
+    m.write(&args.common, "ssd_cuda.json", rows)
 }

@@ -35,6 +35,9 @@ enum Cmd {
     /// CUDA GDN decode bench: copy bandwidth, our kernels and (with --peer-vllm) vLLM's Triton kernels, graph-replayed.
     #[cfg(feature = "cuda")]
     BenchCudaGdn(bench_cuda::CudaGdnBenchArgs),
+    /// CUDA SSD prefill bench: our kernels and (with --peer-vllm) vLLM's Triton prefill, graph-replayed.
+    #[cfg(feature = "cuda")]
+    BenchCudaSsd(bench_cuda::CudaSsdBenchArgs),
     /// NVRTC-compile every CUDA kernel specialisation (sm_80, sm_90); print registers, spills, smem. No GPU needed.
     #[cfg(feature = "cuda")]
     BuildKernels(build_kernels::BuildKernelsArgs),
@@ -52,6 +55,8 @@ fn main() -> anyhow::Result<()> {
         Cmd::BenchCudaSsu(a) => bench_cuda::run(&a).map(|_| ()),
         #[cfg(feature = "cuda")]
         Cmd::BenchCudaGdn(a) => bench_cuda::run_gdn(&a).map(|_| ()),
+        #[cfg(feature = "cuda")]
+        Cmd::BenchCudaSsd(a) => bench_cuda::run_ssd(&a).map(|_| ()),
         #[cfg(feature = "cuda")]
         Cmd::BuildKernels(a) => build_kernels::run(&a),
         Cmd::TestGpu(a) => test_gpu::run(&a),

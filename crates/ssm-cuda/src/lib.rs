@@ -20,6 +20,7 @@
 pub mod bench;
 pub mod bench_gdn;
 pub mod bench_ring;
+pub mod bench_ssd;
 pub mod compile;
 pub mod conv;
 mod error;

@@ -87,35 +87,50 @@ impl Args {
         if rt.cuda().is_some() {
             // Device kernels are timed with CUDA-graph replay against the card's copy bandwidth.
             anyhow::ensure!(
-                matches!(self.op.as_str(), "all" | "ssu" | "gdn"),
-                "the CUDA backend implements the ssu and gdn families so far; --op {} has no CUDA kernels",
+                matches!(self.op.as_str(), "all" | "ssu" | "gdn" | "ssd"),
+                "the CUDA backend implements the ssu, gdn and ssd families so far; --op {} has no CUDA bench",
                 self.op
             );
             drop(rt);
             let batches = if self.quick { vec![1, 64] } else { vec![1, 8, 64, 256, 1024] };
-            // With --op all and --json PATH, the GDN table goes to PATH's sibling `<stem>_gdn.json`.
-            let gdn_json = match (&self.json, self.op.as_str()) {
+            // With --op all and --json PATH, the GDN and SSD tables go to PATH's siblings
+            // `<stem>_gdn.json` and `<stem>_ssd.json`.
+            let sibling = |suffix: &str| match (&self.json, self.op.as_str()) {
                 (Some(p), "all") => {
                     let stem = p.file_stem().map_or("bench".into(), |s| s.to_string_lossy().into_owned());
-                    Some(p.with_file_name(format!("{stem}_gdn.json")))
+                    Some(p.with_file_name(format!("{stem}_{suffix}.json")))
                 }
                 (p, _) => p.clone(),
             };
-            if self.op != "gdn" {
+            let want = |op: &str| self.op == "all" || self.op == op;
+            if want("ssu") {
                 let args = crate::bench_cuda::CudaSsuBenchArgs {
                     batches: batches.clone(),
                     common: crate::bench_cuda::CudaBenchCommon::new(self.peer_vllm.clone(), self.json.clone()),
                 };
                 crate::bench_cuda::run(&args)?;
             }
-            if self.op != "ssu" {
+            if want("gdn") {
                 let args = crate::bench_cuda::CudaGdnBenchArgs {
                     batches,
                     spec_batch: 64,
                     spec_tokens: 3,
-                    common: crate::bench_cuda::CudaBenchCommon::new(self.peer_vllm, gdn_json),
+                    common: crate::bench_cuda::CudaBenchCommon::new(self.peer_vllm.clone(), sibling("gdn")),
                 };
                 crate::bench_cuda::run_gdn(&args)?;
+            }
+            if want("ssd") {
+                let quick = |v: &str| if self.quick { vec![] } else { vec![v.to_string()] };
+                let mut mamba2 = vec!["1x2048".to_string(), "16x512".to_string()];
+                mamba2.extend(quick("4x2048"));
+                mamba2.extend(quick("64x128"));
+                mamba2.extend(quick("1x16384"));
+                let args = crate::bench_cuda::CudaSsdBenchArgs {
+                    mamba2,
+                    nemotron: quick("4x2048"),
+                    common: crate::bench_cuda::CudaBenchCommon::new(self.peer_vllm, sibling("ssd")),
+                };
+                crate::bench_cuda::run_ssd(&args)?;
             }
             return Ok(());
         }
