@@ -522,7 +522,7 @@ pub(crate) struct CudaSsdBenchArgs {
     /// Mamba2-2.7B prefills as `SEQUENCESxTOKENS` (chunk 256).
     #[arg(long, value_delimiter = ',', default_value = "1x2048,4x2048,16x512,64x128,1x16384")]
     pub(crate) mamba2: Vec<String>,
-    /// Nemotron-H-8B prefills as `SEQUENCESxTOKENS` (chunk 128, 8 groups).
+    /// Nemotron-H-8B prefills as `SEQUENCESxTOKENS` (chunk 128, 8 groups); `""` for none.
     #[arg(long, value_delimiter = ',', default_value = "4x2048")]
     pub(crate) nemotron: Vec<String>,
     #[command(flatten)]
@@ -538,11 +538,11 @@ fn batch_by_len(v: &str) -> anyhow::Result<(usize, usize)> {
 pub(crate) fn ssd_shapes(args: &CudaSsdBenchArgs) -> anyhow::Result<Vec<SsdBenchShape>> {
     let mut shapes = Vec::new();
     for state in args.common.states.iter().map(|s| s.dtype()) {
-        for v in &args.mamba2 {
+        for v in args.mamba2.iter().filter(|v| !v.is_empty()) {
             let (b, t) = batch_by_len(v)?;
             shapes.push(SsdBenchShape::mamba2_2p7b(b, t, state));
         }
-        for v in &args.nemotron {
+        for v in args.nemotron.iter().filter(|v| !v.is_empty()) {
             let (b, t) = batch_by_len(v)?;
             shapes.push(SsdBenchShape::nemotron_h_8b(b, t, state));
         }

@@ -222,10 +222,9 @@ __device__ __forceinline__ i64 state_off(const SsdParams& p, int c, int h) {
 // Stages 1 and 2.
 
 extern "C" __global__ void __launch_bounds__(THREADS) ssd_state_kernel(const SsdParams p) {
-    __shared__ float s_dt[QCAP], s_da[QCAP];
+    __shared__ float s_dt[QCAP], s_da[QCAP], s_w[QCAP];
     __shared__ __align__(16) op_st As[TILE * LDS];
     __shared__ __align__(16) op_st Bs[TILE * LDS];
-    __shared__ float s_part[32];
     const int c = blockIdx.x, h = blockIdx.y, tile = blockIdx.z;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int p0 = (tile / p.ntiles_n) * TILE, n0 = (tile % p.ntiles_n) * TILE;
@@ -276,6 +275,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) ssd_state_kernel(const Ssd
         }
     }
     const float da_last = s_da[p.q_row - 1];
+    // Each token's weight exp(min(dA_last − dA_i, 0))·dt_i.
+    for (int i = tid; i < p.q_row; i += THREADS) s_w[i] = expf(fminf(da_last - s_da[i], 0.f)) * s_dt[i];
 
     // Stage 2: states[p][n] = Σ_i x[i][p] · (exp(min(dA_last − dA_i, 0))·dt_i·B[i][n]).
     float acc[2][4][4];
@@ -291,10 +292,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) ssd_state_kernel(const Ssd
             float xv = 0.f, bv = 0.f;
             if (tok < len) {
                 if (p0 + col < p.dim) xv = to_f32(x[(i64)(s + tok) * p.x_t + (i64)h * p.x_h + p0 + col]);
-                if (n0 + col < p.dstate) {
-                    const float w = expf(fminf(da_last - s_da[tok], 0.f)) * s_dt[tok];
-                    bv = to_f32(bm[(i64)(s + tok) * p.b_t + (i64)g * p.b_g + n0 + col]) * w;
-                }
+                if (n0 + col < p.dstate) bv = to_f32(bm[(i64)(s + tok) * p.b_t + (i64)g * p.b_g + n0 + col]) * s_w[tok];
             }
             As[col * LDS + i] = to_op(xv);
             Bs[col * LDS + i] = to_op(bv);

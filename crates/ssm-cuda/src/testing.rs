@@ -938,6 +938,34 @@ pub struct DeviceSsdArgs {
     state_dtype: Option<DType>,
 }
 
+impl DeviceSsdArgs {
+    /// The caller's scratch, staged at its element offset and grown to what the device plan
+    /// needs: the staged chunk metadata lives on the device, where every chunk is sized
+    /// `chunk_size` ([`ssm_ssd::SsdPlan::device_metadata_scratch_len`]), while the host plan
+    /// sized the host scratch by the longest chunk.
+    fn stage_scratch(
+        backend: &CudaBackend,
+        a: &MambaChunkScanCombinedVarlenArgs<'_>,
+    ) -> Result<Option<StagedTensor>, MirrorError> {
+        let Some(host) = a.scratch.as_ref().map(|t| t.as_ref()) else { return Ok(None) };
+        let plan = ssm_tensor::Op::plan(a)?;
+        let need = plan
+            .device_metadata_scratch_len()
+            .ok_or_else(|| MirrorError::Run("the device scratch size overflows".into()))?;
+        let offset = host.layout().offset();
+        let bytes = host.host_bytes().ok_or(TensorError::NotHost(host.device()))?;
+        let mut buf = DeviceBuffer::zeroed(backend, (offset + need.max(host.shape()[0])) * 4)?;
+        buf.upload(&bytes[..bytes.len().min(buf.len())])?;
+        Ok(Some(StagedTensor {
+            buf,
+            dtype: DType::F32,
+            shape: vec![need.max(host.shape()[0])],
+            strides: vec![1],
+            offset,
+        }))
+    }
+}
+
 impl StageArgs for DeviceSsdArgs {
     type Args<'a> = MambaChunkScanCombinedVarlenArgs<'a>;
     fn upload(backend: &CudaBackend, a: &MambaChunkScanCombinedVarlenArgs<'_>) -> Result<Self, MirrorError> {
@@ -969,7 +997,7 @@ impl StageArgs for DeviceSsdArgs {
             out: opt_mut(&a.out)?,
             ssm_state: opt_mut(&a.ssm_state)?,
             varlen_states: opt_mut(&a.varlen_states)?,
-            scratch: opt_mut(&a.scratch)?,
+            scratch: Self::stage_scratch(backend, a)?,
             chunk_size: a.chunk_size,
             pad_slot_id: a.pad_slot_id,
             dt_softplus: a.dt_softplus,

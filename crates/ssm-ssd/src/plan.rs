@@ -150,6 +150,14 @@ impl SsdPlan {
         self.scratch().len
     }
 
+    /// Elements of f32 scratch a call of this plan's shapes needs when its chunk metadata lives
+    /// on a device: the plan cannot read the chunks there, so every chunk is sized
+    /// `chunk_size` (at least [`scratch_len`](Self::scratch_len), equal when this plan's
+    /// metadata is already on a device). `None` when that size overflows.
+    pub fn device_metadata_scratch_len(&self) -> Option<usize> {
+        scratch_layout(&SsdPlan { chunk_rows: self.chunk_size, ..self.clone() }).map(|l| l.len)
+    }
+
     /// Chunk `c`'s token range `[start, end)` (host metadata only).
     pub fn chunk(&self, args: &MambaChunkScanCombinedVarlenArgs<'_>, c: usize) -> (usize, usize) {
         let s = args.cu_chunk_seqlens.elem_i64(self.cu_chunk_seqlens.at([c])) as usize;
