@@ -7,11 +7,11 @@
 //   and stage 2, the chunk's own state Xᵀ·(w ⊙ B) on tensor cores;
 // - `ssd_cb_kernel`, per (chunk, group, 64×64 tile on or below the diagonal): stage 4,
 //   CB = C·Bᵀ on tensor cores;
-// - `ssd_pass_kernel`, per (sequence, head, 256 state elements): stage 3, the end state of
+// - `ssd_pass_kernel`, per (sequence, head, 2048 state elements): stage 3, the end state of
 //   every chunk in place, S = exp(dA_last)·S + states[c], from the sequence's initial state;
 // - `ssd_scan_kernel`, per (chunk, head, 64 rows × 64 head-dim columns): stage 5,
 //   y = exp(dA_i)·C·S_inᵀ + (CB ⊙ decay ⊙ dt)·X + D·x, gated, on tensor cores;
-// - `ssd_final_kernel`, per (sequence, head, 256 state elements): each sequence's final state
+// - `ssd_final_kernel`, per (sequence, head, 2048 state elements): each sequence's final state
 //   into `varlen_states` and its `ssm_state` slot, after every read of an initial state.
 //
 // Matrix products use `mma.sync` (m16n8k16 with bf16 or f16 operands, m16n8k8 with tf32 for
@@ -355,6 +355,12 @@ extern "C" __global__ void __launch_bounds__(THREADS) ssd_cb_kernel(const SsdPar
 // ---------------------------------------------------------------------------------------------
 // Stage 3 and the final states.
 
+// State elements per thread of the pass and final kernels (independent loads in flight), and
+// chunks whose decays a pass block stages in shared memory at a time.
+#define ELEMS 8
+#define STATE_THREADS 256
+#define DECAYS 256
+
 // The chunk range [first, last] of sequence b, or false (empty or out of range).
 __device__ __forceinline__ bool seq_chunks(const SsdParams& p, i64 b, int& first, int& last, bool report) {
     const i64 l = load_index(reinterpret_cast<const LAST_T*>(p.last_chunk) + b * p.last_s);
@@ -370,50 +376,114 @@ __device__ __forceinline__ bool seq_chunks(const SsdParams& p, i64 b, int& first
     return true;
 }
 
-extern "C" __global__ void __launch_bounds__(256) ssd_pass_kernel(const SsdParams p) {
+// Element `k` of thread `tid`'s run in block z: (row pp, column n), or false past the state.
+__device__ __forceinline__ bool state_elem(const SsdParams& p, int k, int& pp, int& n) {
+    const i64 e = ((i64)blockIdx.z * STATE_THREADS + threadIdx.x) * ELEMS + k;
+    if (e >= (i64)p.dim * p.dstate) return false;
+    pp = (int)(e / p.dstate);
+    n = (int)(e - (i64)pp * p.dstate);
+    return true;
+}
+
+extern "C" __global__ void __launch_bounds__(STATE_THREADS) ssd_pass_kernel(const SsdParams p) {
+    __shared__ int s_range[3];
+    __shared__ float s_decay[DECAYS];
     const i64 b = blockIdx.x;
     const int h = blockIdx.y;
-    const int e = blockIdx.z * 256 + threadIdx.x;
-    if (e >= p.dim * p.dstate) return;
-    const int pp = e / p.dstate, n = e % p.dstate;
-    int first, last;
-    if (!seq_chunks(p, b, first, last, e == 0 && h == 0)) return;
-    float S = initial_state(p, b, h, pp, n);
-    for (int c = first; c <= last; ++c) {
-        float* st = ws(p) + state_off(p, c, h) + (i64)pp * p.state_row + n;
-        const float decay = expf(ws(p)[p.ws_da + row_off(p, c, h) + p.chunk_rows - 1]);
-        S = fmaf(S, decay, *st);
-        *st = S;
+    if (threadIdx.x == 0) {
+        int first = 0, last = -1;
+        s_range[2] = seq_chunks(p, b, first, last, blockIdx.z == 0 && h == 0);
+        s_range[0] = first;
+        s_range[1] = last;
+    }
+    __syncthreads();
+    if (!s_range[2]) return;
+    const int first = s_range[0], last = s_range[1];
+    float S[ELEMS];
+    i64 at[ELEMS];
+    bool live[ELEMS];
+#pragma unroll
+    for (int k = 0; k < ELEMS; ++k) {
+        int pp = 0, n = 0;
+        live[k] = state_elem(p, k, pp, n);
+        at[k] = (i64)pp * p.state_row + n;
+        S[k] = live[k] ? initial_state(p, b, h, pp, n) : 0.f;
+    }
+    for (int c0 = first; c0 <= last; c0 += DECAYS) {
+        const int cn = min(DECAYS, last + 1 - c0);
+        __syncthreads();
+        for (int i = threadIdx.x; i < cn; i += STATE_THREADS) {
+            s_decay[i] = expf(ws(p)[p.ws_da + row_off(p, c0 + i, h) + p.chunk_rows - 1]);
+        }
+        __syncthreads();
+        for (int ci = 0; ci < cn; ++ci) {
+            const int c = c0 + ci;
+            float* st = ws(p) + state_off(p, c, h);
+            float v[ELEMS];
+#pragma unroll
+            for (int k = 0; k < ELEMS; ++k) v[k] = live[k] ? st[at[k]] : 0.f;
+            const float decay = s_decay[ci];
+#pragma unroll
+            for (int k = 0; k < ELEMS; ++k) {
+                S[k] = fmaf(S[k], decay, v[k]);
+                if (live[k]) st[at[k]] = S[k];
+            }
 #if HAS_VARLEN && INTERMEDIATE
-        reinterpret_cast<ST_T*>(p.varlen)[(i64)c * p.vs_r + (i64)h * p.vs_h + (i64)pp * p.vs_p + n] = from_f32<ST_T>(S);
+#pragma unroll
+            for (int k = 0; k < ELEMS; ++k) {
+                int pp = 0, n = 0;
+                if (state_elem(p, k, pp, n)) {
+                    reinterpret_cast<ST_T*>(p.varlen)[(i64)c * p.vs_r + (i64)h * p.vs_h + (i64)pp * p.vs_p + n] =
+                        from_f32<ST_T>(S[k]);
+                }
+            }
 #endif
+        }
     }
 }
 
-extern "C" __global__ void __launch_bounds__(256) ssd_final_kernel(const SsdParams p) {
+extern "C" __global__ void __launch_bounds__(STATE_THREADS) ssd_final_kernel(const SsdParams p) {
     const i64 b = blockIdx.x;
     const int h = blockIdx.y;
-    const int e = blockIdx.z * 256 + threadIdx.x;
-    if (e >= p.dim * p.dstate) return;
-    const int pp = e / p.dstate, n = e % p.dstate;
     const i64 l = load_index(reinterpret_cast<const LAST_T*>(p.last_chunk) + b * p.last_s);
     if (l < -1 || l >= p.nchunks) return;  // reported by the pass kernel
-    const float fin = l < 0 ? initial_state(p, b, h, pp, n)
-                            : ws(p)[state_off(p, (int)l, h) + (i64)pp * p.state_row + n];
+#if HAS_FINAL
+    i64 slot = load_index(reinterpret_cast<const FI_T*>(p.final_idx) + b * p.fi_s);
+    bool write_slot = true;
+#if HAS_PAD
+    if (slot == p.pad) write_slot = false;
+#endif
+    if (write_slot && (slot < 0 || slot >= p.slots)) {
+        if (blockIdx.z == 0 && threadIdx.x == 0) atomicOr(reinterpret_cast<u32*>(p.err), ERR_SLOT);
+        write_slot = false;
+    }
+#endif
+    float fin[ELEMS];
+    int pps[ELEMS], ns[ELEMS];
+    bool live[ELEMS];
+#pragma unroll
+    for (int k = 0; k < ELEMS; ++k) {
+        pps[k] = 0;
+        ns[k] = 0;
+        live[k] = state_elem(p, k, pps[k], ns[k]);
+        fin[k] = !live[k] ? 0.f
+                 : l < 0  ? initial_state(p, b, h, pps[k], ns[k])
+                          : ws(p)[state_off(p, (int)l, h) + (i64)pps[k] * p.state_row + ns[k]];
+    }
+#pragma unroll
+    for (int k = 0; k < ELEMS; ++k) {
+        if (!live[k]) continue;
+        const int pp = pps[k], n = ns[k];
 #if HAS_VARLEN && !INTERMEDIATE
-    reinterpret_cast<ST_T*>(p.varlen)[b * p.vs_r + (i64)h * p.vs_h + (i64)pp * p.vs_p + n] = from_f32<ST_T>(fin);
+        reinterpret_cast<ST_T*>(p.varlen)[b * p.vs_r + (i64)h * p.vs_h + (i64)pp * p.vs_p + n] = from_f32<ST_T>(fin[k]);
 #endif
 #if HAS_FINAL
-    const i64 slot = load_index(reinterpret_cast<const FI_T*>(p.final_idx) + b * p.fi_s);
-#if HAS_PAD
-    if (slot == p.pad) return;
+        if (write_slot) {
+            reinterpret_cast<ST_T*>(p.pool)[slot * p.pool_s + (i64)h * p.pool_h + (i64)pp * p.pool_p + n] =
+                from_f32<ST_T>(fin[k]);
+        }
 #endif
-    if (slot < 0 || slot >= p.slots) {
-        if (e == 0) atomicOr(reinterpret_cast<u32*>(p.err), ERR_SLOT);
-        return;
     }
-    reinterpret_cast<ST_T*>(p.pool)[slot * p.pool_s + (i64)h * p.pool_h + (i64)pp * p.pool_p + n] = from_f32<ST_T>(fin);
-#endif
 }
 
 // ---------------------------------------------------------------------------------------------

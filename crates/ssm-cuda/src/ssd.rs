@@ -25,8 +25,10 @@ pub const MAX_CHUNK_ROWS: usize = 256;
 const TILE: usize = 64;
 /// Threads of the matrix-product kernels (`THREADS`).
 const MMA_THREADS: u32 = 128;
-/// Threads of the per-element state kernels (pass and final).
+/// Threads of the per-element state kernels (pass and final; `STATE_THREADS`).
 const STATE_THREADS: usize = 256;
+/// State elements per thread of those kernels (`ELEMS`).
+const STATE_ELEMS: usize = 8;
 
 /// The kernels' parameter block (`struct SsdParams` in ssd.cu: same order, no padding).
 #[repr(C)]
@@ -302,7 +304,7 @@ fn limits(p: &SsdPlan) -> Result<(), CudaError> {
     }
     let z_tiles = p.dim.div_ceil(TILE) * p.dstate.div_ceil(TILE);
     let z_scan = p.chunk_rows.div_ceil(TILE) * p.dim.div_ceil(TILE);
-    let z_state = (p.dim * p.dstate).div_ceil(STATE_THREADS);
+    let z_state = (p.dim * p.dstate).div_ceil(STATE_THREADS * STATE_ELEMS);
     let fits = p.heads <= 65535
         && p.groups <= 65535
         && z_tiles.max(z_scan).max(z_state) <= 65535
@@ -359,7 +361,7 @@ impl Run<MambaChunkScanCombinedVarlenArgs<'_>> for CudaBackend {
         let prm = params(p, &args, ws, self.error_word_addr());
         let ptiles = p.dim.div_ceil(TILE);
         let qtiles = p.chunk_rows.div_ceil(TILE);
-        let per_seq = ((p.dim * p.dstate).div_ceil(STATE_THREADS)) as u32;
+        let per_seq = ((p.dim * p.dstate).div_ceil(STATE_THREADS * STATE_ELEMS)) as u32;
         let (heads, groups) = (p.heads as u32, p.groups as u32);
         let launch = |f: &cudarc::driver::CudaFunction, grid: (u32, u32, u32), threads: u32, name: &'static str| {
             // SAFETY: every address comes from a device view whose creator promised
