@@ -53,19 +53,36 @@ __device__ __forceinline__ i64 load_index(const unsigned char* p) { return (i64)
 typedef float op_st;   // tf32 operands kept as f32 bits in shared memory
 #define KSTEP 8
 #define LDS (KT + 4)
-__device__ __forceinline__ op_st to_op(float v) { return v; }
 #else
 typedef unsigned short op_st;
 #define KSTEP 16
 #define LDS (KT + 8)
-__device__ __forceinline__ op_st to_op(float v) {
-#if OP_KIND == 0
-    return from_f32<bf16_t>(v).bits;
+#endif
+
+// Two consecutive operands (k and k + 1 of one row) into shared memory, rounded to the operand
+// type (one `cvt.rn.{bf16,f16}x2.f32` and one 32-bit store; `dst` 4-byte aligned).
+__device__ __forceinline__ void store_pair(op_st* dst, float a, float b) {
+#if OP_KIND == 2
+    dst[0] = a;
+    dst[1] = b;
+#elif OP_KIND == 0
+    *reinterpret_cast<u32*>(dst) = pack2<bf16_t>(a, b);
 #else
-    return from_f32<f16_t>(v).bits;
+    *reinterpret_cast<u32*>(dst) = pack2<f16_t>(a, b);
 #endif
 }
-#endif
+
+// exp(x) for x = y·log2(e) given as y·log2(e): one `ex2.approx` (Triton's `fast_exp`, which
+// vLLM's SSD kernels use for the decays).
+__device__ __forceinline__ float exp2_fast(float y) {
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(y));
+    return r;
+}
+#define LOG2E 1.4426950408889634f
+
+// Pairs of a TILE × KT operand tile each thread fills per slice.
+#define PAIRS (TILE * KT / 2 / THREADS)
 
 __device__ __forceinline__ u32 ld_pair(const op_st* p) { return *reinterpret_cast<const u32*>(p); }
 __device__ __forceinline__ u32 tf32_of(float v) {
@@ -221,7 +238,7 @@ __device__ __forceinline__ i64 state_off(const SsdParams& p, int c, int h) {
 // ---------------------------------------------------------------------------------------------
 // Stages 1 and 2.
 
-extern "C" __global__ void __launch_bounds__(THREADS) ssd_state_kernel(const SsdParams p) {
+extern "C" __global__ void __launch_bounds__(THREADS, 4) ssd_state_kernel(const SsdParams p) {
     __shared__ float s_dt[QCAP], s_da[QCAP], s_w[QCAP];
     __shared__ __align__(16) op_st As[TILE * LDS];
     __shared__ __align__(16) op_st Bs[TILE * LDS];
@@ -284,18 +301,27 @@ extern "C" __global__ void __launch_bounds__(THREADS) ssd_state_kernel(const Ssd
     const int wm = warp >> 1, wn = warp & 1;
     const X_T* x = reinterpret_cast<const X_T*>(p.x);
     const B_T* bm = reinterpret_cast<const B_T*>(p.b);
+    const X_T* xh = x + (i64)s * p.x_t + (i64)h * p.x_h + p0;
+    const B_T* bg = bm + (i64)s * p.b_t + (i64)g * p.b_g + n0;
     for (int k0 = 0; k0 < len; k0 += KT) {
         __syncthreads();
-        for (int e = tid; e < TILE * KT; e += THREADS) {
-            const int i = e / TILE, col = e % TILE;  // token i of the slice, column: p or n
-            const int tok = k0 + i;
-            float xv = 0.f, bv = 0.f;
-            if (tok < len) {
-                if (p0 + col < p.dim) xv = to_f32(x[(i64)(s + tok) * p.x_t + (i64)h * p.x_h + p0 + col]);
-                if (n0 + col < p.dstate) bv = to_f32(bm[(i64)(s + tok) * p.b_t + (i64)g * p.b_g + n0 + col]) * s_w[tok];
+#pragma unroll
+        for (int r = 0; r < PAIRS; ++r) {
+            // Tokens (k0 + ip, k0 + ip + 1) of column col (p for x, n for w ⊙ B), stored
+            // transposed: row col, k contiguous.
+            const int q = tid + r * THREADS, ip = (q / TILE) * 2, col = q % TILE;
+            const int t0 = k0 + ip;
+            float x0 = 0.f, x1 = 0.f, b0 = 0.f, b1 = 0.f;
+            if (p0 + col < p.dim) {
+                if (t0 < len) x0 = to_f32(xh[(i64)t0 * p.x_t + col]);
+                if (t0 + 1 < len) x1 = to_f32(xh[(i64)(t0 + 1) * p.x_t + col]);
             }
-            As[col * LDS + i] = to_op(xv);
-            Bs[col * LDS + i] = to_op(bv);
+            if (n0 + col < p.dstate) {
+                if (t0 < len) b0 = to_f32(bg[(i64)t0 * p.b_t + col]) * s_w[t0];
+                if (t0 + 1 < len) b1 = to_f32(bg[(i64)(t0 + 1) * p.b_t + col]) * s_w[t0 + 1];
+            }
+            store_pair(As + col * LDS + ip, x0, x1);
+            store_pair(Bs + col * LDS + ip, b0, b1);
         }
         __syncthreads();
         warp_mma(As, Bs, acc, wm, wn, lane);
@@ -309,7 +335,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) ssd_state_kernel(const Ssd
 // ---------------------------------------------------------------------------------------------
 // Stage 4.
 
-extern "C" __global__ void __launch_bounds__(THREADS) ssd_cb_kernel(const SsdParams p) {
+extern "C" __global__ void __launch_bounds__(THREADS, 4) ssd_cb_kernel(const SsdParams p) {
     __shared__ __align__(16) op_st As[TILE * LDS];
     __shared__ __align__(16) op_st Bs[TILE * LDS];
     const int c = blockIdx.x, g = blockIdx.y;
@@ -330,17 +356,27 @@ extern "C" __global__ void __launch_bounds__(THREADS) ssd_cb_kernel(const SsdPar
     float acc[2][4][4];
     zero_acc(acc);
     const int wm = warp >> 1, wn = warp & 1;
+    const C_T* cg = cm + (i64)(s + i0) * p.c_t + (i64)g * p.c_g;
+    const B_T* bg = bm + (i64)(s + j0) * p.b_t + (i64)g * p.b_g;
     for (int k0 = 0; k0 < p.dstate; k0 += KT) {
         __syncthreads();
-        for (int e = tid; e < TILE * KT; e += THREADS) {
-            const int r = e / KT, k = e % KT, n = k0 + k;
-            float cv = 0.f, bv = 0.f;
-            if (n < p.dstate) {
-                if (i0 + r < len) cv = to_f32(cm[(i64)(s + i0 + r) * p.c_t + (i64)g * p.c_g + n]);
-                if (j0 + r < len) bv = to_f32(bm[(i64)(s + j0 + r) * p.b_t + (i64)g * p.b_g + n]);
+#pragma unroll
+        for (int r = 0; r < PAIRS; ++r) {
+            // Row rr, state columns (n, n + 1) of C (rows i0 + rr) and B (rows j0 + rr).
+            const int q = tid + r * THREADS, rr = q / (KT / 2), kp = (q % (KT / 2)) * 2, n = k0 + kp;
+            float c0 = 0.f, c1 = 0.f, b0 = 0.f, b1 = 0.f;
+            if (i0 + rr < len) {
+                const C_T* row = cg + (i64)rr * p.c_t;
+                if (n < p.dstate) c0 = to_f32(row[n]);
+                if (n + 1 < p.dstate) c1 = to_f32(row[n + 1]);
             }
-            As[r * LDS + k] = to_op(cv);
-            Bs[r * LDS + k] = to_op(bv);
+            if (j0 + rr < len) {
+                const B_T* row = bg + (i64)rr * p.b_t;
+                if (n < p.dstate) b0 = to_f32(row[n]);
+                if (n + 1 < p.dstate) b1 = to_f32(row[n + 1]);
+            }
+            store_pair(As + rr * LDS + kp, c0, c1);
+            store_pair(Bs + rr * LDS + kp, b0, b1);
         }
         __syncthreads();
         warp_mma(As, Bs, acc, wm, wn, lane);
@@ -489,7 +525,7 @@ extern "C" __global__ void __launch_bounds__(STATE_THREADS) ssd_final_kernel(con
 // ---------------------------------------------------------------------------------------------
 // Stage 5.
 
-extern "C" __global__ void __launch_bounds__(THREADS) ssd_scan_kernel(const SsdParams p) {
+extern "C" __global__ void __launch_bounds__(THREADS, 4) ssd_scan_kernel(const SsdParams p) {
     __shared__ float s_dt[QCAP], s_da[QCAP];
     __shared__ __align__(16) op_st As[TILE * LDS];
     __shared__ __align__(16) op_st Bs[TILE * LDS];
@@ -502,9 +538,10 @@ extern "C" __global__ void __launch_bounds__(THREADS) ssd_scan_kernel(const SsdP
     const int i0 = ib * TILE;
     if (i0 >= len) return;
     const int g = h / p.ratio;
+    // dA_cumsum scaled by log2(e), for exp2_fast.
     for (int i = tid; i < p.q_row; i += THREADS) {
         s_dt[i] = ws(p)[p.ws_dt + row_off(p, c, h) + i];
-        s_da[i] = ws(p)[p.ws_da + row_off(p, c, h) + i];
+        s_da[i] = ws(p)[p.ws_da + row_off(p, c, h) + i] * LOG2E;
     }
     const X_T* x = reinterpret_cast<const X_T*>(p.x);
     const C_T* cm = reinterpret_cast<const C_T*>(p.c);
@@ -526,44 +563,71 @@ extern "C" __global__ void __launch_bounds__(THREADS) ssd_scan_kernel(const SsdP
     }
     if (has_prev && seq_ok) {
         const float* prev = open ? nullptr : ws(p) + state_off(p, c - 1, h);
+        const C_T* cg = cm + (i64)(s + i0) * p.c_t + (i64)g * p.c_g;
         for (int k0 = 0; k0 < p.dstate; k0 += KT) {
             __syncthreads();
-            for (int e = tid; e < TILE * KT; e += THREADS) {
-                const int r = e / KT, k = e % KT, n = k0 + k;
-                float cv = 0.f, sv = 0.f;
-                if (n < p.dstate) {
-                    if (i0 + r < len) cv = to_f32(cm[(i64)(s + i0 + r) * p.c_t + (i64)g * p.c_g + n]);
-                    if (p0 + r < p.dim) {
-                        sv = open ? initial_state(p, seq, h, p0 + r, n) : prev[(i64)(p0 + r) * p.state_row + n];
+#pragma unroll
+            for (int r = 0; r < PAIRS; ++r) {
+                // Row rr, state columns (n, n + 1): C of token i0 + rr, the entering state's
+                // head-dim row p0 + rr.
+                const int q = tid + r * THREADS, rr = q / (KT / 2), kp = (q % (KT / 2)) * 2, n = k0 + kp;
+                float c0 = 0.f, c1 = 0.f, s0 = 0.f, s1 = 0.f;
+                if (i0 + rr < len) {
+                    const C_T* row = cg + (i64)rr * p.c_t;
+                    if (n < p.dstate) c0 = to_f32(row[n]);
+                    if (n + 1 < p.dstate) c1 = to_f32(row[n + 1]);
+                }
+                if (p0 + rr < p.dim) {
+                    if (open) {
+                        if (n < p.dstate) s0 = initial_state(p, seq, h, p0 + rr, n);
+                        if (n + 1 < p.dstate) s1 = initial_state(p, seq, h, p0 + rr, n + 1);
+                    } else {
+                        const float* row = prev + (i64)(p0 + rr) * p.state_row;
+                        if (n < p.dstate) s0 = row[n];
+                        if (n + 1 < p.dstate) s1 = row[n + 1];
                     }
                 }
-                As[r * LDS + k] = to_op(cv);
-                Bs[r * LDS + k] = to_op(sv);
+                store_pair(As + rr * LDS + kp, c0, c1);
+                store_pair(Bs + rr * LDS + kp, s0, s1);
             }
             __syncthreads();
             warp_mma(As, Bs, acc, wm, wn, lane);
         }
         for_acc(acc, wm, wn, lane, [&](int r, int, float& v) {
-            if (i0 + r < len) v *= expf(s_da[i0 + r]);
+            if (i0 + r < len) v *= exp2_fast(s_da[i0 + r]);
         });
     }
 
     // Diagonal block: Σ_{j ≤ i} CB[i][j]·exp(min(dA_i − dA_j, 0))·dt_j · x[j][p].
     const float* cb = ws(p) + p.ws_cb + ((i64)c * p.groups + g) * p.chunk_rows * p.q_row;
+    const X_T* xh = x + (i64)s * p.x_t + (i64)h * p.x_h + p0;
     const int jend = min(i0 + TILE, len);
     for (int k0 = 0; k0 < jend; k0 += KT) {
         __syncthreads();
-        for (int e = tid; e < TILE * KT; e += THREADS) {
-            const int r = e / KT, k = e % KT, i = i0 + r, j = k0 + k;
-            float w = 0.f;
-            if (i < len && j <= i) w = cb[(i64)i * p.q_row + j] * expf(fminf(s_da[i] - s_da[j], 0.f)) * s_dt[j];
-            As[r * LDS + k] = to_op(w);
+#pragma unroll
+        for (int r = 0; r < PAIRS; ++r) {
+            // The causal weights of row i0 + rr, columns (j, j + 1).
+            const int q = tid + r * THREADS, rr = q / (KT / 2), kp = (q % (KT / 2)) * 2;
+            const int i = i0 + rr, j = k0 + kp;
+            float w0 = 0.f, w1 = 0.f;
+            if (i < len) {
+                const float* row = cb + (i64)i * p.q_row;
+                const float dai = s_da[i];
+                if (j <= i) w0 = row[j] * exp2_fast(fminf(dai - s_da[j], 0.f)) * s_dt[j];
+                if (j + 1 <= i) w1 = row[j + 1] * exp2_fast(fminf(dai - s_da[j + 1], 0.f)) * s_dt[j + 1];
+            }
+            store_pair(As + rr * LDS + kp, w0, w1);
         }
-        for (int e = tid; e < TILE * KT; e += THREADS) {
-            const int k = e / TILE, col = e % TILE, j = k0 + k;
-            float xv = 0.f;
-            if (j < len && p0 + col < p.dim) xv = to_f32(x[(i64)(s + j) * p.x_t + (i64)h * p.x_h + p0 + col]);
-            Bs[col * LDS + k] = to_op(xv);
+#pragma unroll
+        for (int r = 0; r < PAIRS; ++r) {
+            // x of tokens (j, j + 1), head-dim column col, stored transposed (row col).
+            const int q = tid + r * THREADS, kp = (q / TILE) * 2, col = q % TILE, j = k0 + kp;
+            float x0 = 0.f, x1 = 0.f;
+            if (p0 + col < p.dim) {
+                if (j < len) x0 = to_f32(xh[(i64)j * p.x_t + col]);
+                if (j + 1 < len) x1 = to_f32(xh[(i64)(j + 1) * p.x_t + col]);
+            }
+            store_pair(Bs + col * LDS + kp, x0, x1);
         }
         __syncthreads();
         warp_mma(As, Bs, acc, wm, wn, lane);

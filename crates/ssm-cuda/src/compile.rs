@@ -346,8 +346,19 @@ pub fn compile_with_report(spec: &KernelSpec, arch: Arch) -> Result<(Vec<u8>, Re
     let mut options = spec.options(arch);
     options.push("--ptxas-options=-v".to_string());
     let c = compile_cubin(&spec.source.text(), spec.source.file(), &options, &spec.to_string())?;
-    let usage = ResourceUsage::from_ptxas_log(&c.log);
+    let usage = ResourceUsage::from_ptxas_log(&entry_section(&c.log, spec.entry));
     Ok((c.cubin, usage))
+}
+
+/// The lines of a ptxas report about entry `entry` (from its "Compiling entry function" line to
+/// the next one): a source with several kernels reports each; the whole log when `entry` is not
+/// named in it.
+fn entry_section(log: &str, entry: &str) -> String {
+    let marker = format!("Compiling entry function '{entry}'");
+    let Some(start) = log.find(&marker) else { return log.to_string() };
+    let rest = &log[start + marker.len()..];
+    let end = rest.find("Compiling entry function").unwrap_or(rest.len());
+    rest[..end].to_string()
 }
 
 /// Writes `bytes` to `path` through a temporary file and a rename; failures are logged only.
@@ -462,6 +473,17 @@ mod tests {
             u,
             ResourceUsage { registers: 60, stack_bytes: 16, spill_stores: 8, spill_loads: 12, shared_bytes: 2048 }
         );
+    }
+
+    #[test]
+    fn ptxas_report_is_read_for_the_entry() {
+        let log = "ptxas info    : Compiling entry function 'a' for 'sm_90'\n\
+                   ptxas info    : Used 40 registers, used 1 barriers, 64 bytes smem\n\
+                   ptxas info    : Compiling entry function 'b' for 'sm_90'\n\
+                   ptxas info    : Used 90 registers, used 1 barriers, 128 bytes smem\n";
+        assert_eq!(ResourceUsage::from_ptxas_log(&entry_section(log, "a")).registers, 40);
+        assert_eq!(ResourceUsage::from_ptxas_log(&entry_section(log, "b")).registers, 90);
+        assert_eq!(ResourceUsage::from_ptxas_log(&entry_section(log, "c")).registers, 90, "whole log");
     }
 
     #[test]
