@@ -25,7 +25,9 @@
 // Macros (crates/ssm-cuda/src/ssd.rs, `SsdKey::spec`): X_T DT_T A_T B_T C_T Z_T OUT_T D_T BIAS_T
 // INIT_T ST_T (element types), CU_T SEQ_T LAST_T II_T HI_T FI_T (index types), OP_KIND (0 bf16,
 // 1 f16, 2 tf32), flags HAS_Z HAS_D HAS_BIAS SOFTPLUS INIT_MODE (0 none, 1 initial_states,
-// 2 pool) HAS_HAS HAS_FINAL HAS_PAD HAS_VARLEN INTERMEDIATE.
+// 2 pool) HAS_HAS HAS_FINAL HAS_PAD HAS_VARLEN INTERMEDIATE, and X_VEC B_VEC C_VEC (x, B, C
+// rows loadable eight elements at a time: token and head/group strides multiples of 8, base
+// 16-byte aligned).
 
 #define TILE 64
 #define KT 32
@@ -81,8 +83,72 @@ __device__ __forceinline__ float exp2_fast(float y) {
 }
 #define LOG2E 1.4426950408889634f
 
-// Pairs of a TILE × KT operand tile each thread fills per slice.
-#define PAIRS (TILE * KT / 2 / THREADS)
+
+// Eight consecutive elements [col, col + 8) of row `row` of a row-major matrix (`base +
+// row·stride`), as f32: one vector load (`load_vec_ro`: 16 bytes for 16-bit types) when VEC
+// (strides and base 16-byte aligned, checked by the host) and all eight lie inside `limit`
+// columns, else element by element; zeros for a row at or past `rows` and for columns at or
+// past `limit`.
+template <bool VEC, typename T>
+__device__ __forceinline__ void load8(const T* base, int row, int rows, i64 stride, int col, int limit, float* out) {
+    if (row >= rows) {
+#pragma unroll
+        for (int c = 0; c < 8; ++c) out[c] = 0.f;
+        return;
+    }
+    const T* ptr = base + (i64)row * stride + col;
+    if (VEC && col + 8 <= limit) {
+        load_vec_ro<8, T>(ptr, out);
+        return;
+    }
+#pragma unroll
+    for (int c = 0; c < 8; ++c) out[c] = col + c < limit ? to_f32(ptr[c]) : 0.f;
+}
+
+// Eight operands of one row (k .. k + 7) into shared memory, rounded to the operand type
+// (`dst` 16-byte aligned): one 16-byte store (two for tf32).
+__device__ __forceinline__ void store8(op_st* dst, const float* v) {
+#if OP_KIND == 2
+    *reinterpret_cast<float4*>(dst) = make_float4(v[0], v[1], v[2], v[3]);
+    *reinterpret_cast<float4*>(dst + 4) = make_float4(v[4], v[5], v[6], v[7]);
+#elif OP_KIND == 0
+    *reinterpret_cast<uint4*>(dst) =
+        make_uint4(pack2<bf16_t>(v[0], v[1]), pack2<bf16_t>(v[2], v[3]), pack2<bf16_t>(v[4], v[5]), pack2<bf16_t>(v[6], v[7]));
+#else
+    *reinterpret_cast<uint4*>(dst) =
+        make_uint4(pack2<f16_t>(v[0], v[1]), pack2<f16_t>(v[2], v[3]), pack2<f16_t>(v[4], v[5]), pack2<f16_t>(v[6], v[7]));
+#endif
+}
+
+// One thread's share of a transposed TILE × KT operand tile: rows (tokens) k0 + ip and
+// k0 + ip + 1 of a row-major [tokens][columns] matrix, eight columns c0 .. c0 + 7 of each
+// (two vector loads), stored as eight pairs in shared-memory rows c0 .. c0 + 7 (k contiguous),
+// each row scaled by its weight. `ip` runs fastest across the threads, so that the eight
+// 32-bit stores of a warp fall in distinct banks.
+template <bool VEC, typename T>
+__device__ __forceinline__ void fill_transposed(op_st* dst, const T* base, int k0, int rows, i64 stride, int col0,
+                                                int limit, float w0, float w1) {
+    const int ip = (threadIdx.x % (KT / 2)) * 2, c0 = (threadIdx.x / (KT / 2)) * 8;
+    float a[8], b[8];
+    load8<VEC>(base, k0 + ip, rows, stride, col0 + c0, limit, a);
+    load8<VEC>(base, k0 + ip + 1, rows, stride, col0 + c0, limit, b);
+#pragma unroll
+    for (int c = 0; c < 8; ++c) store_pair(dst + (c0 + c) * LDS + ip, a[c] * w0, b[c] * w1);
+}
+
+// One thread's share of a natural TILE × KT operand tile (k contiguous in memory and in shared
+// memory): rows row0 + rr, columns k0 + k8 .. k0 + k8 + 7, two groups of eight per thread.
+template <bool VEC, typename T>
+__device__ __forceinline__ void fill_natural(op_st* dst, const T* base, int row0, int rows, i64 stride, int k0,
+                                             int limit) {
+#pragma unroll
+    for (int r = 0; r < TILE * KT / 8 / THREADS; ++r) {
+        const int q = threadIdx.x + r * THREADS, rr = q / (KT / 8), k8 = (q % (KT / 8)) * 8;
+        float v[8];
+        load8<VEC>(base, row0 + rr, rows, stride, k0 + k8, limit, v);
+        store8(dst + rr * LDS + k8, v);
+    }
+}
 
 __device__ __forceinline__ u32 ld_pair(const op_st* p) { return *reinterpret_cast<const u32*>(p); }
 __device__ __forceinline__ u32 tf32_of(float v) {
@@ -301,28 +367,16 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) ssd_state_kernel(const 
     const int wm = warp >> 1, wn = warp & 1;
     const X_T* x = reinterpret_cast<const X_T*>(p.x);
     const B_T* bm = reinterpret_cast<const B_T*>(p.b);
-    const X_T* xh = x + (i64)s * p.x_t + (i64)h * p.x_h + p0;
-    const B_T* bg = bm + (i64)s * p.b_t + (i64)g * p.b_g + n0;
+    const X_T* xh = x + (i64)s * p.x_t + (i64)h * p.x_h;
+    const B_T* bg = bm + (i64)s * p.b_t + (i64)g * p.b_g;
+    const int ip = (tid % (KT / 2)) * 2;
     for (int k0 = 0; k0 < len; k0 += KT) {
         __syncthreads();
-#pragma unroll
-        for (int r = 0; r < PAIRS; ++r) {
-            // Tokens (k0 + ip, k0 + ip + 1) of column col (p for x, n for w ⊙ B), stored
-            // transposed: row col, k contiguous.
-            const int q = tid + r * THREADS, ip = (q / TILE) * 2, col = q % TILE;
-            const int t0 = k0 + ip;
-            float x0 = 0.f, x1 = 0.f, b0 = 0.f, b1 = 0.f;
-            if (p0 + col < p.dim) {
-                if (t0 < len) x0 = to_f32(xh[(i64)t0 * p.x_t + col]);
-                if (t0 + 1 < len) x1 = to_f32(xh[(i64)(t0 + 1) * p.x_t + col]);
-            }
-            if (n0 + col < p.dstate) {
-                if (t0 < len) b0 = to_f32(bg[(i64)t0 * p.b_t + col]) * s_w[t0];
-                if (t0 + 1 < len) b1 = to_f32(bg[(i64)(t0 + 1) * p.b_t + col]) * s_w[t0 + 1];
-            }
-            store_pair(As + col * LDS + ip, x0, x1);
-            store_pair(Bs + col * LDS + ip, b0, b1);
-        }
+        // x and w ⊙ B stored transposed (rows p and n, tokens contiguous).
+        fill_transposed<X_VEC>(As, xh, k0, len, p.x_t, p0, p.dim, 1.f, 1.f);
+        const int t0 = k0 + ip;
+        const float w0 = t0 < len ? s_w[t0] : 0.f, w1 = t0 + 1 < len ? s_w[t0 + 1] : 0.f;
+        fill_transposed<B_VEC>(Bs, bg, k0, len, p.b_t, n0, p.dstate, w0, w1);
         __syncthreads();
         warp_mma(As, Bs, acc, wm, wn, lane);
     }
@@ -356,28 +410,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) ssd_cb_kernel(const Ssd
     float acc[2][4][4];
     zero_acc(acc);
     const int wm = warp >> 1, wn = warp & 1;
-    const C_T* cg = cm + (i64)(s + i0) * p.c_t + (i64)g * p.c_g;
-    const B_T* bg = bm + (i64)(s + j0) * p.b_t + (i64)g * p.b_g;
+    const C_T* cg = cm + (i64)s * p.c_t + (i64)g * p.c_g;
+    const B_T* bg = bm + (i64)s * p.b_t + (i64)g * p.b_g;
     for (int k0 = 0; k0 < p.dstate; k0 += KT) {
         __syncthreads();
-#pragma unroll
-        for (int r = 0; r < PAIRS; ++r) {
-            // Row rr, state columns (n, n + 1) of C (rows i0 + rr) and B (rows j0 + rr).
-            const int q = tid + r * THREADS, rr = q / (KT / 2), kp = (q % (KT / 2)) * 2, n = k0 + kp;
-            float c0 = 0.f, c1 = 0.f, b0 = 0.f, b1 = 0.f;
-            if (i0 + rr < len) {
-                const C_T* row = cg + (i64)rr * p.c_t;
-                if (n < p.dstate) c0 = to_f32(row[n]);
-                if (n + 1 < p.dstate) c1 = to_f32(row[n + 1]);
-            }
-            if (j0 + rr < len) {
-                const B_T* row = bg + (i64)rr * p.b_t;
-                if (n < p.dstate) b0 = to_f32(row[n]);
-                if (n + 1 < p.dstate) b1 = to_f32(row[n + 1]);
-            }
-            store_pair(As + rr * LDS + kp, c0, c1);
-            store_pair(Bs + rr * LDS + kp, b0, b1);
-        }
+        // C of tokens i0.., B of tokens j0.., state columns contiguous.
+        fill_natural<C_VEC>(As, cg, i0, len, p.c_t, k0, p.dstate);
+        fill_natural<B_VEC>(Bs, bg, j0, len, p.b_t, k0, p.dstate);
         __syncthreads();
         warp_mma(As, Bs, acc, wm, wn, lane);
     }
@@ -563,32 +602,24 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) ssd_scan_kernel(const S
     }
     if (has_prev && seq_ok) {
         const float* prev = open ? nullptr : ws(p) + state_off(p, c - 1, h);
-        const C_T* cg = cm + (i64)(s + i0) * p.c_t + (i64)g * p.c_g;
+        const C_T* cg = cm + (i64)s * p.c_t + (i64)g * p.c_g;
         for (int k0 = 0; k0 < p.dstate; k0 += KT) {
             __syncthreads();
+            fill_natural<C_VEC>(As, cg, i0, len, p.c_t, k0, p.dstate);
 #pragma unroll
-            for (int r = 0; r < PAIRS; ++r) {
-                // Row rr, state columns (n, n + 1): C of token i0 + rr, the entering state's
-                // head-dim row p0 + rr.
-                const int q = tid + r * THREADS, rr = q / (KT / 2), kp = (q % (KT / 2)) * 2, n = k0 + kp;
-                float c0 = 0.f, c1 = 0.f, s0 = 0.f, s1 = 0.f;
-                if (i0 + rr < len) {
-                    const C_T* row = cg + (i64)rr * p.c_t;
-                    if (n < p.dstate) c0 = to_f32(row[n]);
-                    if (n + 1 < p.dstate) c1 = to_f32(row[n + 1]);
-                }
-                if (p0 + rr < p.dim) {
-                    if (open) {
-                        if (n < p.dstate) s0 = initial_state(p, seq, h, p0 + rr, n);
-                        if (n + 1 < p.dstate) s1 = initial_state(p, seq, h, p0 + rr, n + 1);
-                    } else {
-                        const float* row = prev + (i64)(p0 + rr) * p.state_row;
-                        if (n < p.dstate) s0 = row[n];
-                        if (n + 1 < p.dstate) s1 = row[n + 1];
+            for (int r = 0; r < TILE * KT / 8 / THREADS; ++r) {
+                // The entering state's head-dim row p0 + rr, state columns n .. n + 7.
+                const int q = tid + r * THREADS, rr = q / (KT / 8), n = k0 + (q % (KT / 8)) * 8;
+                float v[8];
+#pragma unroll
+                for (int e = 0; e < 8; ++e) {
+                    v[e] = 0.f;
+                    if (p0 + rr < p.dim && n + e < p.dstate) {
+                        v[e] = open ? initial_state(p, seq, h, p0 + rr, n + e)
+                                    : prev[(i64)(p0 + rr) * p.state_row + n + e];
                     }
                 }
-                store_pair(As + rr * LDS + kp, c0, c1);
-                store_pair(Bs + rr * LDS + kp, s0, s1);
+                store8(Bs + rr * LDS + (n - k0), v);
             }
             __syncthreads();
             warp_mma(As, Bs, acc, wm, wn, lane);
@@ -600,35 +631,40 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) ssd_scan_kernel(const S
 
     // Diagonal block: Σ_{j ≤ i} CB[i][j]·exp(min(dA_i − dA_j, 0))·dt_j · x[j][p].
     const float* cb = ws(p) + p.ws_cb + ((i64)c * p.groups + g) * p.chunk_rows * p.q_row;
-    const X_T* xh = x + (i64)s * p.x_t + (i64)h * p.x_h + p0;
+    const X_T* xh = x + (i64)s * p.x_t + (i64)h * p.x_h;
     const int jend = min(i0 + TILE, len);
     for (int k0 = 0; k0 < jend; k0 += KT) {
         __syncthreads();
 #pragma unroll
-        for (int r = 0; r < PAIRS; ++r) {
-            // The causal weights of row i0 + rr, columns (j, j + 1).
-            const int q = tid + r * THREADS, rr = q / (KT / 2), kp = (q % (KT / 2)) * 2;
-            const int i = i0 + rr, j = k0 + kp;
-            float w0 = 0.f, w1 = 0.f;
-            if (i < len) {
-                const float* row = cb + (i64)i * p.q_row;
-                const float dai = s_da[i];
-                if (j <= i) w0 = row[j] * exp2_fast(fminf(dai - s_da[j], 0.f)) * s_dt[j];
-                if (j + 1 <= i) w1 = row[j + 1] * exp2_fast(fminf(dai - s_da[j + 1], 0.f)) * s_dt[j + 1];
-            }
-            store_pair(As + rr * LDS + kp, w0, w1);
-        }
+        for (int r = 0; r < TILE * KT / 8 / THREADS; ++r) {
+            // The causal weights of row i0 + rr, columns j .. j + 7 (CB rows are 32-byte
+            // aligned in the scratch when its base is 16-byte aligned: two vector loads).
+            const int q = tid + r * THREADS, rr = q / (KT / 8), k8 = (q % (KT / 8)) * 8;
+            const int i = i0 + rr, j = k0 + k8;
+            float v[8];
 #pragma unroll
-        for (int r = 0; r < PAIRS; ++r) {
-            // x of tokens (j, j + 1), head-dim column col, stored transposed (row col).
-            const int q = tid + r * THREADS, kp = (q / TILE) * 2, col = q % TILE, j = k0 + kp;
-            float x0 = 0.f, x1 = 0.f;
-            if (p0 + col < p.dim) {
-                if (j < len) x0 = to_f32(xh[(i64)j * p.x_t + col]);
-                if (j + 1 < len) x1 = to_f32(xh[(i64)(j + 1) * p.x_t + col]);
+            for (int e = 0; e < 8; ++e) v[e] = 0.f;
+            if (i < len && j <= i) {
+                const float* row = cb + (i64)i * p.q_row + j;
+                if ((reinterpret_cast<u64>(row) & 15) == 0) {
+                    const float4 lo = __ldg(reinterpret_cast<const float4*>(row));
+                    const float4 hi = __ldg(reinterpret_cast<const float4*>(row) + 1);
+                    v[0] = lo.x; v[1] = lo.y; v[2] = lo.z; v[3] = lo.w;
+                    v[4] = hi.x; v[5] = hi.y; v[6] = hi.z; v[7] = hi.w;
+                } else {
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) v[e] = row[e];
+                }
+                const float dai = s_da[i];
+#pragma unroll
+                for (int e = 0; e < 8; ++e) {
+                    v[e] = j + e <= i ? v[e] * exp2_fast(fminf(dai - s_da[j + e], 0.f)) * s_dt[j + e] : 0.f;
+                }
             }
-            store_pair(Bs + col * LDS + kp, x0, x1);
+            store8(As + rr * LDS + k8, v);
         }
+        // x of tokens k0.., stored transposed (rows p, tokens contiguous).
+        fill_transposed<X_VEC>(Bs, xh, k0, len, p.x_t, p0, p.dim, 1.f, 1.f);
         __syncthreads();
         warp_mma(As, Bs, acc, wm, wn, lane);
     }

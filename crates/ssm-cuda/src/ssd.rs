@@ -67,6 +67,9 @@ const F_FINAL: u16 = 32;
 const F_PAD: u16 = 64;
 const F_VARLEN: u16 = 128;
 const F_INTERMEDIATE: u16 = 256;
+const F_X_VEC: u16 = 512;
+const F_B_VEC: u16 = 1024;
+const F_C_VEC: u16 = 2048;
 
 /// The five entry points, in launch order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -129,6 +132,9 @@ impl SsdKey {
                 ("HAS_PAD", F_PAD),
                 ("HAS_VARLEN", F_VARLEN),
                 ("INTERMEDIATE", F_INTERMEDIATE),
+                ("X_VEC", F_X_VEC),
+                ("B_VEC", F_B_VEC),
+                ("C_VEC", F_C_VEC),
             ],
         ));
         KernelSpec { source: KernelSource::Ssd, entry: self.entry.name(), defines }
@@ -186,8 +192,20 @@ impl SsdKey {
         set(p.pad_slot_id.is_some(), F_PAD);
         set(p.varlen_states.is_some(), F_VARLEN);
         set(p.return_intermediate_states, F_INTERMEDIATE);
+        set(rows_of_eight(&args.x, p.x), F_X_VEC);
+        set(rows_of_eight(&args.b, p.b), F_B_VEC);
+        set(rows_of_eight(&args.c, p.c), F_C_VEC);
         SsdKey { types, op, init_mode, flags, entry }
     }
+}
+
+/// Whether a `[tokens, heads or groups, columns]` tensor's rows can be read eight elements at a
+/// time with 16-byte loads: both outer strides multiples of 8 elements and element 0 16-byte
+/// aligned (the last stride is 1, checked by the plan).
+fn rows_of_eight(t: &TensorRef<'_>, s: Strided<3>) -> bool {
+    let es = t.dtype().size() as i128;
+    let base = t.device_addr().unwrap_or(0) as i128 + s.offset as i128 * es;
+    base % 16 == 0 && s.strides[0] % 8 == 0 && s.strides[1] % 8 == 0
 }
 
 fn s3(s: Option<Strided<3>>) -> (isize, [isize; 3]) {
@@ -409,7 +427,8 @@ pub fn ssd_catalogue() -> Vec<(String, KernelSpec)> {
         let types = [act, act, F32, act, act, act, act, F32, F32, state, state, I32, I32, I32, I32, Bool, I64];
         SsdKey { types, op, init_mode, flags, entry }.spec()
     };
-    let pooled = F_D | F_BIAS | F_SOFTPLUS | F_HAS | F_FINAL | F_PAD;
+    let vec = F_X_VEC | F_B_VEC | F_C_VEC;
+    let pooled = F_D | F_BIAS | F_SOFTPLUS | F_HAS | F_FINAL | F_PAD | vec;
     let mut out = Vec::new();
     for entry in [SsdEntry::State, SsdEntry::Cb, SsdEntry::Pass, SsdEntry::Scan, SsdEntry::Final] {
         let name = entry.name();
@@ -417,7 +436,7 @@ pub fn ssd_catalogue() -> Vec<(String, KernelSpec)> {
         out.push((format!("ssd {name} act=f16 state=f16 init z"), key(F16, F16, 1, F_Z | F_VARLEN, entry)));
         out.push((
             format!("ssd {name} act=f32 state=f32 intermediate"),
-            key(F32, F32, 0, F_VARLEN | F_INTERMEDIATE | F_D, entry),
+            key(F32, F32, 0, F_VARLEN | F_INTERMEDIATE | F_D | vec, entry),
         ));
         out.push((format!("ssd {name} act=bf16 state=bf16 pool"), key(BF16, BF16, 2, pooled | F_VARLEN, entry)));
     }
@@ -438,7 +457,7 @@ mod tests {
     #[test]
     fn catalogue_defines_every_macro() {
         for (label, spec) in ssd_catalogue() {
-            assert_eq!(spec.defines.len(), 17 + 2 + 9, "{label}");
+            assert_eq!(spec.defines.len(), 17 + 2 + 12, "{label}");
         }
     }
 }
