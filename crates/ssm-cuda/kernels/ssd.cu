@@ -30,7 +30,7 @@
 // 16-byte aligned).
 
 #define TILE 64
-#define KT 64
+#define KT 32
 #define THREADS 128
 #define QCAP 256
 
@@ -120,25 +120,20 @@ __device__ __forceinline__ void store8(op_st* dst, const float* v) {
 #endif
 }
 
-// A thread's share of a transposed TILE × KT operand tile, item by item: rows (tokens)
-// k0 + ip and k0 + ip + 1 of a row-major [tokens][columns] matrix, eight columns
-// c0 .. c0 + 7 of each (two vector loads), stored as eight pairs in shared-memory rows
-// c0 .. c0 + 7 (k contiguous), each token scaled by its weight `w[token]` (1 without `w`).
-// `ip` runs fastest across the threads, so that a warp's 32-bit stores fall in distinct banks.
+// One thread's share of a transposed TILE × KT operand tile: rows (tokens) k0 + ip and
+// k0 + ip + 1 of a row-major [tokens][columns] matrix, eight columns c0 .. c0 + 7 of each
+// (two vector loads), stored as eight pairs in shared-memory rows c0 .. c0 + 7 (k contiguous),
+// each row scaled by its weight. `ip` runs fastest across the threads, so that the eight
+// 32-bit stores of a warp fall in distinct banks.
 template <bool VEC, typename T>
 __device__ __forceinline__ void fill_transposed(op_st* dst, const T* base, int k0, int rows, i64 stride, int col0,
-                                                int limit, const float* w) {
+                                                int limit, float w0, float w1) {
+    const int ip = (threadIdx.x % (KT / 2)) * 2, c0 = (threadIdx.x / (KT / 2)) * 8;
+    float a[8], b[8];
+    load8<VEC>(base, k0 + ip, rows, stride, col0 + c0, limit, a);
+    load8<VEC>(base, k0 + ip + 1, rows, stride, col0 + c0, limit, b);
 #pragma unroll
-    for (int r = 0; r < (KT / 2) * (TILE / 8) / THREADS; ++r) {
-        const int it = threadIdx.x + r * THREADS;
-        const int ip = (it % (KT / 2)) * 2, c0 = (it / (KT / 2)) * 8;
-        float a[8], b[8];
-        load8<VEC>(base, k0 + ip, rows, stride, col0 + c0, limit, a);
-        load8<VEC>(base, k0 + ip + 1, rows, stride, col0 + c0, limit, b);
-        const float w0 = w && k0 + ip < rows ? w[k0 + ip] : 1.f, w1 = w && k0 + ip + 1 < rows ? w[k0 + ip + 1] : 1.f;
-#pragma unroll
-        for (int c = 0; c < 8; ++c) store_pair(dst + (c0 + c) * LDS + ip, a[c] * w0, b[c] * w1);
-    }
+    for (int c = 0; c < 8; ++c) store_pair(dst + (c0 + c) * LDS + ip, a[c] * w0, b[c] * w1);
 }
 
 // One thread's share of a natural TILE × KT operand tile (k contiguous in memory and in shared
@@ -374,11 +369,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) ssd_state_kernel(const 
     const B_T* bm = reinterpret_cast<const B_T*>(p.b);
     const X_T* xh = x + (i64)s * p.x_t + (i64)h * p.x_h;
     const B_T* bg = bm + (i64)s * p.b_t + (i64)g * p.b_g;
+    const int ip = (tid % (KT / 2)) * 2;
     for (int k0 = 0; k0 < len; k0 += KT) {
         __syncthreads();
         // x and w ⊙ B stored transposed (rows p and n, tokens contiguous).
-        fill_transposed<X_VEC>(As, xh, k0, len, p.x_t, p0, p.dim, nullptr);
-        fill_transposed<B_VEC>(Bs, bg, k0, len, p.b_t, n0, p.dstate, s_w);
+        fill_transposed<X_VEC>(As, xh, k0, len, p.x_t, p0, p.dim, 1.f, 1.f);
+        const int t0 = k0 + ip;
+        const float w0 = t0 < len ? s_w[t0] : 0.f, w1 = t0 + 1 < len ? s_w[t0 + 1] : 0.f;
+        fill_transposed<B_VEC>(Bs, bg, k0, len, p.b_t, n0, p.dstate, w0, w1);
         __syncthreads();
         warp_mma(As, Bs, acc, wm, wn, lane);
     }
@@ -666,7 +664,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) ssd_scan_kernel(const S
             store8(As + rr * LDS + k8, v);
         }
         // x of tokens k0.., stored transposed (rows p, tokens contiguous).
-        fill_transposed<X_VEC>(Bs, xh, k0, len, p.x_t, p0, p.dim, nullptr);
+        fill_transposed<X_VEC>(Bs, xh, k0, len, p.x_t, p0, p.dim, 1.f, 1.f);
         __syncthreads();
         warp_mma(As, Bs, acc, wm, wn, lane);
     }
