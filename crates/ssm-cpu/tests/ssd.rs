@@ -25,7 +25,6 @@ fn run_engine(engine: Engine, cpus: &[CpuBackend], args: MambaChunkScanCombinedV
 
 /// The engine-taking form of the generator's runs.
 trait RunOn {
-    fn run(&self, engine: Engine, cpus: &[CpuBackend], intermediate: bool) -> (Vec<f32>, Vec<f32>);
     fn run_pooled(
         &self,
         engine: Engine,
@@ -33,12 +32,12 @@ trait RunOn {
         intermediate: bool,
         pool: Option<&mut Pool>,
     ) -> (Vec<f32>, Vec<f32>);
+    fn run(&self, engine: Engine, cpus: &[CpuBackend], intermediate: bool) -> (Vec<f32>, Vec<f32>) {
+        self.run_pooled(engine, cpus, intermediate, None)
+    }
 }
 
 impl RunOn for Problem {
-    fn run(&self, engine: Engine, cpus: &[CpuBackend], intermediate: bool) -> (Vec<f32>, Vec<f32>) {
-        self.run_with(intermediate, |a| run_engine(engine, cpus, a))
-    }
     fn run_pooled(
         &self,
         engine: Engine,

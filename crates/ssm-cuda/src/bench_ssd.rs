@@ -119,8 +119,10 @@ fn i32v(buf: &DeviceBuffer, len: usize) -> Result<ssm_tensor::TensorRef<'_>, Ten
     buf.view(DType::I32, &[len], &[1], 0)
 }
 
+/// The bytes of `v` as an i32 vector (through `HostTensor`, the one integer encoder).
 fn i32_bytes(v: &[i32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    let wide: Vec<i64> = v.iter().map(|&x| x as i64).collect();
+    ssm_tensor::HostTensor::from_i64(DType::I32, vec![v.len()], &wide).bytes().to_vec()
 }
 
 impl Problem {
