@@ -10,6 +10,7 @@ use ssm_cuda::Arch;
 use ssm_cuda::compile::{compile_with_report, copy_kernel_spec};
 use ssm_cuda::conv::conv_catalogue;
 use ssm_cuda::gdn::gdn_catalogue;
+use ssm_cuda::gdn_chunk::gdn_chunk_catalogue;
 use ssm_cuda::ring::ring_catalogue;
 use ssm_cuda::ssd::ssd_catalogue;
 use ssm_cuda::ssu::ssu_catalogue;
@@ -44,6 +45,7 @@ pub(crate) fn run(args: &BuildKernelsArgs) -> anyhow::Result<()> {
     let mut kernels = vec![("copy 16-byte".to_string(), copy_kernel_spec())];
     kernels.extend(ssu_catalogue());
     kernels.extend(gdn_catalogue());
+    kernels.extend(gdn_chunk_catalogue());
     kernels.extend(conv_catalogue());
     kernels.extend(ring_catalogue());
     kernels.extend(ssd_catalogue());

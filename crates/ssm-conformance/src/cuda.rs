@@ -4,17 +4,16 @@
 //! [`ssm_cuda::testing::StageArgs`]).
 
 use ssm_cuda::testing::{
-    DeviceCheckpointingSsuArgs, DeviceCommitTrackersArgs, DeviceConvFnArgs, DeviceConvUpdateArgs, DeviceGdnGatingArgs,
-    DeviceGdnRecurrentArgs, DeviceGdnSigmoidArgs, DeviceSsdArgs, DeviceSsuArgs, DeviceUpdateTrackersArgs, MirrorError,
-    stage,
+    DeviceCheckpointingSsuArgs, DeviceChunkArgs, DeviceCommitTrackersArgs, DeviceConvFnArgs, DeviceConvUpdateArgs,
+    DeviceGdnGatingArgs, DeviceGdnRecurrentArgs, DeviceGdnSigmoidArgs, DeviceSsdArgs, DeviceSsuArgs,
+    DeviceUpdateTrackersArgs, MirrorError, stage,
 };
 use ssm_dispatch::Runtime;
 
 use crate::{Target, TargetError};
 
 /// A runtime whose calls get host tensors staged onto its device. On a CPU runtime the calls go
-/// straight through. Ops the CUDA backend has no kernel for are reported as unsupported
-/// (skipped) rather than run on host tensors.
+/// straight through.
 #[derive(Debug)]
 pub struct Staged {
     rt: Runtime,
@@ -28,8 +27,6 @@ impl Staged {
     }
 }
 
-/// Ops the CUDA backend has no kernel for (so nothing to stage): straight through on a CPU
-/// runtime, unsupported on a CUDA one.
 /// Ops with a CUDA kernel: on a CUDA runtime each call is staged ([`stage`] with the op's
 /// [`ssm_cuda::testing::StageArgs`] mapping) and the runtime's op runs on the device copies; on
 /// a CPU runtime the call goes straight through.
@@ -45,17 +42,6 @@ macro_rules! staged {
                 })
                 .map_err(TargetError::failed),
                 None => Ok(self.rt.$op(args)?),
-            }
-        })*
-    };
-}
-
-macro_rules! unstaged {
-    ($($op:ident: $args:ty),* $(,)?) => {
-        $(fn $op(&self, args: $args) -> Result<(), TargetError> {
-            match self.rt.cuda() {
-                None => Ok(self.rt.$op(args)?),
-                Some(_) => Err(TargetError::Unsupported(format!("the cuda backend has no `{}`", stringify!($op)))),
             }
         })*
     };
@@ -77,10 +63,6 @@ impl Target for Staged {
         commit_replayssm_ring_trackers: ssm_ring::CommitRingTrackersArgs<'_> => DeviceCommitTrackersArgs,
         checkpointing_ssu: ssm_ring::CheckpointingSsuArgs<'_> => DeviceCheckpointingSsuArgs,
         mamba_chunk_scan_combined_varlen: ssm_ssd::MambaChunkScanCombinedVarlenArgs<'_> => DeviceSsdArgs,
-    }
-
-    // Ops without a CUDA kernel yet.
-    unstaged! {
-        chunk_gated_delta_rule: ssm_gdn::ChunkGatedDeltaRuleArgs<'_>,
+        chunk_gated_delta_rule: ssm_gdn::ChunkGatedDeltaRuleArgs<'_> => DeviceChunkArgs,
     }
 }

@@ -1,9 +1,12 @@
 //! Random recurrent GDN calls over the property matrix (odd sizes, K ≠ V, null slots, empty
-//! sequences, accepted counts, both layouts, f32/bf16 state), as owned host tensors: one
-//! generator for every backend's property tests (the CUDA tests run it against the reference).
+//! sequences, accepted counts, both layouts, f32/bf16 state), and random chunked prefills
+//! ([`ChunkCase`]: uneven varlen batches with empty and chunk-boundary lengths, pads, mixed
+//! initial states), as owned host tensors: one generator for every backend's property tests
+//! (the CUDA tests run it against the reference).
 
 use ssm_gdn::{
-    DeltaRuleArgs, FusedRecurrentGatedDeltaRuleArgs, FusedSigmoidGatingDeltaRuleUpdateArgs, GateInputs, StateLayout,
+    ChunkGatedDeltaRuleArgs, DeltaRuleArgs, FusedRecurrentGatedDeltaRuleArgs, FusedSigmoidGatingDeltaRuleUpdateArgs,
+    GateInputs, StateLayout,
 };
 use ssm_tensor::{DType, HostTensor, TensorRef};
 
@@ -347,4 +350,233 @@ mod tests {
             Reference::F32.run(call).unwrap();
         }
     }
+}
+
+/// The shape of one random `chunk_gated_delta_rule` call.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ChunkSpec {
+    /// Sequences `N`.
+    pub seqs: usize,
+    /// q/k heads `H`.
+    pub heads: usize,
+    /// Value heads `HV` (a multiple of `heads`).
+    pub v_heads: usize,
+    /// `head_k_dim`.
+    pub k: usize,
+    /// `head_v_dim`.
+    pub v: usize,
+    /// Longest sequence (lengths are drawn from the chunk-boundary set up to it).
+    pub max_len: usize,
+    /// q/k/v/o and beta dtype.
+    pub io: DType,
+    /// The pool's dtype (`None`: no initial state at all).
+    pub state: Option<DType>,
+    /// `initial_state_indices` (with a pad and `has_initial_state`) into a larger pool, written
+    /// in place; else `initial_state` row `n` is sequence `n`'s, read only.
+    pub pool: bool,
+    /// A `final_state` output of this dtype.
+    pub final_state: Option<DType>,
+    /// Varlen (`cu_seqlens`, `B = 1`); else a dense batch of `max_len` tokens per sequence.
+    pub varlen: bool,
+    /// L2-normalise q and k in the kernel (vLLM's prefill always does); without it q and k are
+    /// drawn at `1/√K` scale.
+    pub l2norm: bool,
+    /// State layout.
+    pub layout: StateLayout,
+}
+
+impl ChunkSpec {
+    /// Case `i` of the property matrix (cycled): Qwen3-Next's shape and dtypes, f16 and f32
+    /// activations, K ≠ V, K not a multiple of 64 and V not of 32, GVA, both layouts, bf16 and
+    /// f32 pools, dense batches, no state, no l2norm, long multi-chunk sequences.
+    pub fn matrix(i: usize) -> Self {
+        use DType::{BF16, F16, F32};
+        let base = ChunkSpec {
+            seqs: 3,
+            heads: 2,
+            v_heads: 4,
+            k: 128,
+            v: 128,
+            max_len: 130,
+            io: BF16,
+            state: Some(F32),
+            pool: true,
+            final_state: Some(F32),
+            varlen: true,
+            l2norm: true,
+            layout: StateLayout::VK,
+        };
+        match i % 8 {
+            0 => base,
+            1 => ChunkSpec { io: F16, k: 64, v: 32, v_heads: 6, pool: false, layout: StateLayout::KV, ..base },
+            2 => ChunkSpec { io: F32, k: 64, v: 40, heads: 1, v_heads: 3, ..base },
+            3 => ChunkSpec { k: 100, v: 72, state: Some(BF16), final_state: None, seqs: 4, ..base },
+            4 => ChunkSpec { k: 32, v: 16, state: None, pool: false, varlen: false, max_len: 70, seqs: 2, ..base },
+            5 => ChunkSpec { l2norm: false, k: 64, v: 64, layout: StateLayout::KV, ..base },
+            6 => ChunkSpec { io: F16, state: Some(BF16), max_len: 300, seqs: 2, heads: 1, v_heads: 2, ..base },
+            _ => ChunkSpec { seqs: 9, heads: 4, v_heads: 8, max_len: 66, final_state: Some(BF16), ..base },
+        }
+    }
+}
+
+/// Owned tensors of one random `chunk_gated_delta_rule` call (outputs poisoned with NaN).
+#[derive(Debug, Clone)]
+pub struct ChunkCase {
+    /// The shape it was drawn from.
+    pub spec: ChunkSpec,
+    /// `[B, T, H, K]`.
+    pub q: HostTensor,
+    /// `[B, T, H, K]`.
+    pub k: HostTensor,
+    /// `[B, T, HV, V]`.
+    pub v: HostTensor,
+    /// `[B, T, HV]` f32, log-space decay.
+    pub g: HostTensor,
+    /// `[B, T, HV]`.
+    pub beta: HostTensor,
+    /// The initial states: a pool (with `ix`) or one row per sequence.
+    pub state: Option<HostTensor>,
+    /// `[N]` pool rows; the pad value −1 marks a skipped sequence.
+    pub ix: Option<HostTensor>,
+    /// `[N]` bool.
+    pub has: Option<HostTensor>,
+    /// `[N, HV, …]`.
+    pub final_state: Option<HostTensor>,
+    /// `[N + 1]`.
+    pub cu: Option<HostTensor>,
+    /// `[B, T, HV, V]`.
+    pub o: HostTensor,
+    /// Tokens per sequence.
+    pub lens: Vec<usize>,
+}
+
+/// The pad value of [`ChunkCase`]'s tables.
+pub const CHUNK_PAD: i64 = -1;
+
+impl ChunkCase {
+    /// Draws a call of shape `s` from `seed`.
+    pub fn random(s: ChunkSpec, seed: u64) -> Self {
+        const LENS: [usize; 9] = [0, 1, 5, 63, 64, 65, 127, 130, 300];
+        let mut r = SplitMix::new(seed);
+        let n = s.seqs;
+        let lens: Vec<usize> = if s.varlen {
+            let pool: Vec<usize> = LENS.iter().copied().filter(|&l| l <= s.max_len).collect();
+            let mut lens: Vec<usize> = (0..n).map(|_| pool[r.below(pool.len())]).collect();
+            lens[r.below(n)] = s.max_len;
+            lens
+        } else {
+            vec![s.max_len; n]
+        };
+        let (bsz, t) = if s.varlen { (1, lens.iter().sum::<usize>()) } else { (n, s.max_len) };
+        let (h, hv) = (s.heads, s.v_heads);
+        let qk = if s.l2norm { 1.0 } else { 1.0 / (s.k as f32).sqrt() };
+        let q = r.tensor(s.io, &[bsz, t, h, s.k], -qk, qk);
+        let k = r.tensor(s.io, &[bsz, t, h, s.k], -qk, qk);
+        let v = r.tensor(s.io, &[bsz, t, hv, s.v], -1.0, 1.0);
+        let g = r.tensor(DType::F32, &[bsz, t, hv], -0.7, -0.001);
+        let beta = r.tensor(s.io, &[bsz, t, hv], 0.05, 0.95);
+        let cu = s.varlen.then(|| {
+            let mut cu = vec![0i64];
+            for l in &lens {
+                cu.push(cu.last().unwrap() + *l as i64);
+            }
+            HostTensor::from_i64(DType::I32, vec![n + 1], &cu)
+        });
+        let rows = if s.pool { n + 3 } else { n };
+        let state = s.state.map(|d| r.tensor(d, &state_shape(s.layout, rows, hv, s.k, s.v), -0.5, 0.5));
+        let (ix, has) = if s.pool && s.state.is_some() {
+            let free = r.perm(rows);
+            let mut table: Vec<i64> = (0..n).map(|i| free[i] as i64).collect();
+            table[r.below(n)] = CHUNK_PAD;
+            let has: Vec<i64> = (0..n).map(|_| i64::from(r.below(3) != 0)).collect();
+            (
+                Some(HostTensor::from_i64(DType::I64, vec![n], &table)),
+                Some(HostTensor::from_i64(DType::Bool, vec![n], &has)),
+            )
+        } else {
+            (None, None)
+        };
+        let final_state =
+            s.final_state.map(|d| HostTensor::filled(d, state_shape(s.layout, n, hv, s.k, s.v), f32::NAN));
+        let o = HostTensor::filled(s.io, vec![bsz, t, hv, s.v], f32::NAN);
+        ChunkCase { spec: s, q, k, v, g, beta, state, ix, has, final_state, cu, o, lens }
+    }
+
+    /// The call over these tensors (vLLM's defaults otherwise: scale `K^-0.5`, eps 1e-6).
+    pub fn args(&mut self) -> ChunkGatedDeltaRuleArgs<'_> {
+        let pooled = self.ix.is_some();
+        ChunkGatedDeltaRuleArgs {
+            initial_state: self.state.as_mut().map(|s| s.view_mut()),
+            initial_state_indices: self.ix.as_ref().map(|t| t.view()),
+            has_initial_state: self.has.as_ref().map(|t| t.view()),
+            pad_slot_id: pooled.then_some(CHUNK_PAD),
+            inplace_final_state: pooled,
+            final_state: self.final_state.as_mut().map(|s| s.view_mut()),
+            cu_seqlens: self.cu.as_ref().map(|t| t.view()),
+            use_qk_l2norm_in_kernel: self.spec.l2norm,
+            state_layout: self.spec.layout,
+            ..ChunkGatedDeltaRuleArgs::new(
+                self.q.view(),
+                self.k.view(),
+                self.v.view(),
+                self.g.view(),
+                self.beta.view(),
+                self.o.view_mut(),
+            )
+        }
+    }
+
+    /// Whether sequence `n` is a pad (skipped: no output, no state).
+    pub fn is_pad(&self, n: usize) -> bool {
+        self.ix.as_ref().is_some_and(|ix| ix.to_f64_vec()[n] as i64 == CHUNK_PAD)
+    }
+
+    /// Pool rows the call may write (the non-pad table entries; none without a table).
+    pub fn writable_slots(&self) -> Vec<usize> {
+        match &self.ix {
+            Some(ix) => ix.to_f64_vec().iter().filter(|&&x| x >= 0.0).map(|&x| x as usize).collect(),
+            None => Vec::new(),
+        }
+    }
+}
+
+/// Compares a backend's run of a [`ChunkCase`] (`got`) with the reference's run of the same
+/// case (`want`): `o`, `final_state` and the pool within `atol + rtol·|want|` (`rtol` at least
+/// two units in the last place of a 16-bit tensor's storage type), NaN exactly where
+/// the reference left NaN (rows of pads stay unwritten), and every pool row the call may not
+/// write bit-identical.
+pub fn check_chunk(got: &ChunkCase, want: &ChunkCase, atol: f64, rtol: f64) -> Result<(), String> {
+    let close = |what: &str, g: &HostTensor, w: &HostTensor| -> Result<(), String> {
+        let rtol = match w.dtype {
+            DType::BF16 => rtol.max(2.0 / 256.0),
+            DType::F16 => rtol.max(2.0 / 2048.0),
+            _ => rtol,
+        };
+        for (i, (g, w)) in g.to_f64_vec().into_iter().zip(w.to_f64_vec()).enumerate() {
+            let ok = if g.is_nan() || w.is_nan() {
+                g.is_nan() && w.is_nan()
+            } else {
+                (g - w).abs() <= atol + rtol * w.abs()
+            };
+            if !ok {
+                return Err(format!("{what}[{i}]: got {g}, want {w} (atol {atol}, rtol {rtol})"));
+            }
+        }
+        Ok(())
+    };
+    close("o", &got.o, &want.o)?;
+    if let (Some(g), Some(w)) = (&got.final_state, &want.final_state) {
+        close("final_state", g, w)?;
+    }
+    if let (Some(g), Some(w)) = (&got.state, &want.state) {
+        close("initial_state (pool)", g, w)?;
+        let writable = want.writable_slots();
+        let per = w.bytes().len() / w.shape[0];
+        for slot in (0..w.shape[0]).filter(|s| !writable.contains(s)) {
+            if g.bytes()[slot * per..(slot + 1) * per] != w.bytes()[slot * per..(slot + 1) * per] {
+                return Err(format!("pool slot {slot} is not the call's, yet it changed"));
+            }
+        }
+    }
+    Ok(())
 }

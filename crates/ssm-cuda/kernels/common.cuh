@@ -77,6 +77,7 @@ __device__ __forceinline__ void split_block(const BlockSplit& b, u32 bid, i64& s
 
 __device__ __forceinline__ i64 load_index(const int* p) { return (i64)*p; }
 __device__ __forceinline__ i64 load_index(const i64* p) { return *p; }
+__device__ __forceinline__ i64 load_index(const unsigned char* p) { return (i64)*p; }
 
 // Read-only loads through the non-coherent cache (inputs the kernel never writes).
 __device__ __forceinline__ float ld_ro(const float* p) { return __ldg(p); }
@@ -191,5 +192,41 @@ template <int N, typename T, bool STREAMING = false> __device__ __forceinline__ 
     } else {
 #pragma unroll
         for (int i = 0; i < N; ++i) p[i] = from_f32<T>(in[i]);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tensor-core products (sm_80+): one warp's `mma.sync` tile, f32 accumulation. KIND selects the
+// operand type: 0 bf16 and 1 f16 (m16n8k16, each u32 register holds two operands, k and k + 1),
+// 2 tf32 (m16n8k8, one operand per register). Fragment layouts are the PTX ISA's: for lane
+// (g = lane / 4, t = lane % 4), a = rows g and g + 8 at k = 2t, 2t + 8 (tf32: t, t + 4), b =
+// column g at the same k, d = rows g and g + 8 at columns 2t and 2t + 1.
+
+// f32 → tf32 bits (round to nearest, ties away, as Triton's tf32 `tl.dot`).
+__device__ __forceinline__ u32 tf32_of(float v) {
+    u32 r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(v));
+    return r;
+}
+
+template <int KIND> __device__ __forceinline__ void mma_tile(float* d, const u32* a, const u32* b) {
+    if constexpr (KIND == 2) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+            "{%0,%1,%2,%3};"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    } else if constexpr (KIND == 0) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+            "{%0,%1,%2,%3};"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    } else {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+            "{%0,%1,%2,%3};"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
     }
 }

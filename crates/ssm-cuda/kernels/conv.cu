@@ -48,7 +48,6 @@ __device__ __forceinline__ void raise_error(const ConvParams& p, u32 bit) {
     if (threadIdx.x == 0 && blockIdx.z == 0) atomicOr(reinterpret_cast<u32*>(p.err), bit);
 }
 
-__device__ __forceinline__ i64 load_index(const unsigned char* p) { return (i64)*p; }
 
 // VEC channels starting at `p` (element stride `s` between channels): one vector access
 // when CONTIG (the caller guarantees stride 1 and 16-byte alignment), else element by

@@ -46,7 +46,6 @@ struct SsdParams {
     float lo, hi;
 };
 
-__device__ __forceinline__ i64 load_index(const unsigned char* p) { return (i64)*p; }
 
 // ---------------------------------------------------------------------------------------------
 // Operand type and one warp's 32×32 tile of mma.sync products.
@@ -151,11 +150,6 @@ __device__ __forceinline__ void fill_natural(op_st* dst, const T* base, int row0
 }
 
 __device__ __forceinline__ u32 ld_pair(const op_st* p) { return *reinterpret_cast<const u32*>(p); }
-__device__ __forceinline__ u32 tf32_of(float v) {
-    u32 r;
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(v));
-    return r;
-}
 
 // acc[mt][nt][4] += A[m][k] · B[n][k]ᵀ over one KT slice held in shared memory (rows of LDS
 // elements, k contiguous): warp (wm, wn) owns rows wm*32.. and columns wn*32.. of the 64×64
@@ -197,26 +191,7 @@ __device__ __forceinline__ void warp_mma(const op_st* As, const op_st* Bs, float
         for (int mt = 0; mt < 2; ++mt) {
 #pragma unroll
             for (int nt = 0; nt < 4; ++nt) {
-                float* d = acc[mt][nt];
-#if OP_KIND == 2
-                asm volatile(
-                    "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                    "{%0,%1,%2,%3};"
-                    : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                    : "r"(af[mt][0]), "r"(af[mt][1]), "r"(af[mt][2]), "r"(af[mt][3]), "r"(bfr[nt][0]), "r"(bfr[nt][1]));
-#elif OP_KIND == 0
-                asm volatile(
-                    "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                    "{%0,%1,%2,%3};"
-                    : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                    : "r"(af[mt][0]), "r"(af[mt][1]), "r"(af[mt][2]), "r"(af[mt][3]), "r"(bfr[nt][0]), "r"(bfr[nt][1]));
-#else
-                asm volatile(
-                    "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                    "{%0,%1,%2,%3};"
-                    : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                    : "r"(af[mt][0]), "r"(af[mt][1]), "r"(af[mt][2]), "r"(af[mt][3]), "r"(bfr[nt][0]), "r"(bfr[nt][1]));
-#endif
+                mma_tile<OP_KIND>(acc[mt][nt], af[mt], bfr[nt]);
             }
         }
     }

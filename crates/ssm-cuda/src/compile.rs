@@ -32,6 +32,8 @@ pub const CHECKPOINTING_SSU_SOURCE: &str = include_str!("../kernels/checkpointin
 pub const COPY_SOURCE: &str = include_str!("../kernels/copy.cu");
 /// `kernels/ssd.cu`: the SSD chunked prefill (four kernels).
 pub const SSD_SOURCE: &str = include_str!("../kernels/ssd.cu");
+/// `kernels/gdn_chunk.cu`: the GDN chunked prefill.
+pub const GDN_CHUNK_SOURCE: &str = include_str!("../kernels/gdn_chunk.cu");
 
 /// The kernels' C name of a storage dtype (`common.cuh`'s `f16_t` / `bf16_t` for the 16-bit
 /// floats), as passed in `-D` macros.
@@ -71,6 +73,8 @@ pub enum KernelSource {
     CheckpointingSsu,
     /// `kernels/ssd.cu`.
     Ssd,
+    /// `kernels/gdn_chunk.cu`.
+    GdnChunk,
 }
 
 impl KernelSource {
@@ -84,11 +88,12 @@ impl KernelSource {
             KernelSource::RingTrackers => "ring_trackers.cu",
             KernelSource::CheckpointingSsu => "checkpointing_ssu.cu",
             KernelSource::Ssd => "ssd.cu",
+            KernelSource::GdnChunk => "gdn_chunk.cu",
         }
     }
 
     /// Every kernel source.
-    pub const ALL: [KernelSource; 7] = [
+    pub const ALL: [KernelSource; 8] = [
         KernelSource::Ssu,
         KernelSource::Copy,
         KernelSource::Gdn,
@@ -96,6 +101,7 @@ impl KernelSource {
         KernelSource::RingTrackers,
         KernelSource::CheckpointingSsu,
         KernelSource::Ssd,
+        KernelSource::GdnChunk,
     ];
 
     /// The kernel's own text (without `common.cuh`).
@@ -108,6 +114,7 @@ impl KernelSource {
             KernelSource::RingTrackers => RING_TRACKERS_SOURCE,
             KernelSource::CheckpointingSsu => CHECKPOINTING_SSU_SOURCE,
             KernelSource::Ssd => SSD_SOURCE,
+            KernelSource::GdnChunk => GDN_CHUNK_SOURCE,
         }
     }
 

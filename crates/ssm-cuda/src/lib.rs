@@ -25,13 +25,13 @@ pub mod compile;
 pub mod conv;
 mod error;
 pub mod gdn;
+pub mod gdn_chunk;
 mod geometry;
 pub mod nvrtc;
 pub mod ring;
 pub mod ssd;
 pub mod ssu;
 pub mod testing;
-mod unsupported;
 
 pub use cudarc;
 
@@ -128,6 +128,11 @@ pub struct CudaBackend {
     conv_functions: KeyedFunctions<conv::ConvKey>,
     ring_functions: KeyedFunctions<ring::RingKey>,
     ssd_functions: KeyedFunctions<ssd::SsdKey>,
+    gdn_chunk_functions: KeyedFunctions<gdn_chunk::ChunkKey>,
+    /// Multiprocessors of the device.
+    sm_count: usize,
+    /// Shared memory a block may opt in to, in bytes.
+    shared_optin: usize,
     error_word: CudaSlice<u32>,
     error_word_addr: u64,
 }
@@ -178,6 +183,11 @@ impl CudaBackend {
     fn with_stream(ctx: Arc<CudaContext>, stream: Arc<CudaStream>) -> Result<Self, CudaError> {
         let (major, minor) = ctx.compute_capability().map_err(CudaError::driver("cuDeviceGetAttribute"))?;
         let arch = Arch { major: major as u32, minor: minor as u32 };
+        let attr = |a: sys::CUdevice_attribute| {
+            ctx.attribute(a).map(|v| v.max(0) as usize).map_err(CudaError::driver("cuDeviceGetAttribute"))
+        };
+        let sm_count = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+        let shared_optin = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?;
         let error_word = stream.alloc_zeros::<u32>(1).map_err(CudaError::driver("cuMemAlloc(error word)"))?;
         let error_word_addr = {
             let (addr, _sync) = error_word.device_ptr(&stream);
@@ -194,6 +204,9 @@ impl CudaBackend {
             conv_functions: KeyedFunctions::default(),
             ring_functions: KeyedFunctions::default(),
             ssd_functions: KeyedFunctions::default(),
+            gdn_chunk_functions: KeyedFunctions::default(),
+            sm_count,
+            shared_optin,
             error_word,
             error_word_addr,
         })
@@ -216,6 +229,16 @@ impl CudaBackend {
             return Err(CudaError::WrongDevice { op: call.name(), expected: self.device(), actual: call.device() });
         }
         Ok(())
+    }
+
+    /// The device's multiprocessor count.
+    pub fn sm_count(&self) -> usize {
+        self.sm_count
+    }
+
+    /// The shared memory one block may opt in to, in bytes.
+    pub fn shared_optin(&self) -> usize {
+        self.shared_optin
     }
 
     /// The device's compute capability.
@@ -256,7 +279,7 @@ impl CudaBackend {
     }
 
     /// [`launch_kernel`](Self::launch_kernel) with `shared` bytes of dynamic shared memory per
-    /// block (at most the 48 KiB a launch gets without an opt-in attribute).
+    /// block (past 48 KiB only for a function whose opt-in attribute allows it).
     ///
     /// # Safety
     /// As [`launch_kernel`](Self::launch_kernel); `shared` covers what the kernel carves.

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use ssm_conv::{Activation, CausalConv1dFnArgs, CausalConv1dUpdateArgs, ConvError, ConvStateLayout};
 use ssm_gdn::{
-    DeltaRuleArgs, FusedGdnGatingArgs, FusedRecurrentGatedDeltaRuleArgs, FusedSigmoidGatingDeltaRuleUpdateArgs,
-    GateInputs, GdnError, StateLayout,
+    ChunkGatedDeltaRuleArgs, DeltaRuleArgs, FusedGdnGatingArgs, FusedRecurrentGatedDeltaRuleArgs,
+    FusedSigmoidGatingDeltaRuleUpdateArgs, GateInputs, GdnError, StateLayout,
 };
 use ssm_ring::{CheckpointingSsuArgs, CommitRingTrackersArgs, RingError, RingTrackers, UpdateRingTrackersArgs};
 use ssm_ssd::{MambaChunkScanCombinedVarlenArgs, SsdError};
@@ -696,6 +696,76 @@ impl StageArgs for DeviceGdnSigmoidArgs {
     }
 }
 
+/// The tensors of one `chunk_gated_delta_rule`, copied to the device, plus its scalars. The
+/// caller's `scratch` is not staged (the CUDA kernel needs none).
+pub struct DeviceChunkArgs {
+    /// q, k, v, g, beta.
+    inputs: [StagedTensor; 5],
+    /// initial_state_indices, has_initial_state, cu_seqlens.
+    tables: [Option<StagedTensor>; 3],
+    initial_state: Option<StagedTensor>,
+    final_state: Option<StagedTensor>,
+    o: StagedTensor,
+    scale: Option<f32>,
+    pad_slot_id: Option<i64>,
+    inplace: bool,
+    l2norm: bool,
+    eps: f32,
+    layout: StateLayout,
+}
+
+impl StageArgs for DeviceChunkArgs {
+    type Args<'a> = ChunkGatedDeltaRuleArgs<'a>;
+    fn upload(backend: &CudaBackend, a: &ChunkGatedDeltaRuleArgs<'_>) -> Result<Self, MirrorError> {
+        let up = |t: &TensorRef<'_>| StagedTensor::upload(backend, t);
+        let opt = |t: Option<&TensorRef<'_>>| StagedTensor::upload_opt(backend, t);
+        let opt_mut = |t: &Option<TensorMut<'_>>| opt(t.as_ref().map(|t| t.as_ref()).as_ref());
+        Ok(DeviceChunkArgs {
+            inputs: [up(&a.q)?, up(&a.k)?, up(&a.v)?, up(&a.g)?, up(&a.beta)?],
+            tables: [
+                opt(a.initial_state_indices.as_ref())?,
+                opt(a.has_initial_state.as_ref())?,
+                opt(a.cu_seqlens.as_ref())?,
+            ],
+            initial_state: opt_mut(&a.initial_state)?,
+            final_state: opt_mut(&a.final_state)?,
+            o: up(&a.o.as_ref())?,
+            scale: a.scale,
+            pad_slot_id: a.pad_slot_id,
+            inplace: a.inplace_final_state,
+            l2norm: a.use_qk_l2norm_in_kernel,
+            eps: a.eps,
+            layout: a.state_layout,
+        })
+    }
+    fn args(&mut self) -> Result<ChunkGatedDeltaRuleArgs<'_>, TensorError> {
+        let [q, k, v, g, beta] = &self.inputs;
+        let [ix, has, cu] = &self.tables;
+        Ok(ChunkGatedDeltaRuleArgs {
+            scale: self.scale,
+            initial_state: opt_view_mut(&mut self.initial_state)?,
+            initial_state_indices: opt_view(ix)?,
+            has_initial_state: opt_view(has)?,
+            pad_slot_id: self.pad_slot_id,
+            inplace_final_state: self.inplace,
+            final_state: opt_view_mut(&mut self.final_state)?,
+            cu_seqlens: opt_view(cu)?,
+            use_qk_l2norm_in_kernel: self.l2norm,
+            eps: self.eps,
+            state_layout: self.layout,
+            ..ChunkGatedDeltaRuleArgs::new(q.view()?, k.view()?, v.view()?, g.view()?, beta.view()?, self.o.view_mut()?)
+        })
+    }
+    fn copy_back(&self, host: &mut ChunkGatedDeltaRuleArgs<'_>) -> Result<(), MirrorError> {
+        self.o.copy_back(&mut host.o)?;
+        opt_copy_back(&self.initial_state, host.initial_state.as_mut())?;
+        opt_copy_back(&self.final_state, host.final_state.as_mut())
+    }
+    fn launch(backend: &CudaBackend, args: ChunkGatedDeltaRuleArgs<'_>) -> Result<(), MirrorError> {
+        plan_and_run(backend, args)
+    }
+}
+
 /// The three ReplaySSM cursor tensors, copied to the device.
 pub struct StagedTrackers {
     ring_start: StagedTensor,
@@ -1077,4 +1147,5 @@ mirrored! {
     CommitRingTrackersArgs => DeviceCommitTrackersArgs,
     CheckpointingSsuArgs => DeviceCheckpointingSsuArgs,
     MambaChunkScanCombinedVarlenArgs => DeviceSsdArgs,
+    ChunkGatedDeltaRuleArgs => DeviceChunkArgs,
 }
