@@ -21,6 +21,7 @@ use serde_json::{Value, json};
 use ssm_cuda::CudaBackend;
 use ssm_cuda::bench::{BenchResult, CopyBandwidth, SsuBenchShape, bench_ssu, measure_copy_bandwidth};
 use ssm_cuda::bench_gdn::{GdnBenchOp, GdnBenchShape, bench_gdn};
+use ssm_cuda::bench_gdn_chunk::{GdnChunkBenchShape, bench_gdn_chunk};
 use ssm_cuda::bench_ring::{ReplaySsmBenchShape, bench_replayssm};
 use ssm_cuda::bench_ssd::{SsdBenchShape, bench_ssd};
 use ssm_tensor::DType;
@@ -192,6 +193,21 @@ impl CudaBenchShape for GdnBenchShape {
     }
     fn key(&self) -> (usize, usize, DType) {
         (self.batch, self.tokens, self.state)
+    }
+}
+
+impl CudaBenchShape for GdnChunkBenchShape {
+    const LABEL_WIDTH: usize = 34;
+    fn label(&self) -> String {
+        GdnChunkBenchShape::label(self)
+    }
+    fn peer_json(&self) -> Value {
+        json!({"batch": self.batch, "seqlen": self.seqlen, "tokens": self.tokens(), "state": state_name(self.state),
+               "heads": self.heads, "v_heads": self.v_heads, "k": self.k, "v": self.v, "bytes": self.bytes(),
+               "flops": self.flops()})
+    }
+    fn key(&self) -> (usize, usize, DType) {
+        (self.batch, self.tokens(), self.state)
     }
 }
 
@@ -590,4 +606,63 @@ pub(crate) fn run_ssd(args: &CudaSsdBenchArgs) -> anyhow::Result<Value> {
         })));
     }
     m.write(&args.common, "ssd_cuda.json", rows)
+}
+
+/// Options of the CUDA GDN chunked-prefill bench.
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct CudaGdnChunkBenchArgs {
+    /// Qwen3-Next prefills as `SEQUENCESxTOKENS`.
+    #[arg(long, value_delimiter = ',', default_value = "1x2048,4x2048,16x512,1x8192")]
+    pub(crate) qwen3_next: Vec<String>,
+    #[command(flatten)]
+    pub(crate) common: CudaBenchCommon,
+}
+
+pub(crate) fn run_gdn_chunk(args: &CudaGdnChunkBenchArgs) -> anyhow::Result<Value> {
+    let mut shapes = Vec::new();
+    for state in args.common.states.iter().map(|s| s.dtype()) {
+        for v in args.qwen3_next.iter().filter(|v| !v.is_empty()) {
+            let (b, t) = batch_by_len(v)?;
+            shapes.push(GdnChunkBenchShape::qwen3_next(b, t, state));
+        }
+    }
+    let m = measure(&args.common, &shapes, bench_gdn_chunk, "gdn_chunk_peer.py")?;
+    if m.peer.is_some() {
+        println!(
+            "peer = vLLM's chunk_gated_delta_rule with the initial states gathered; +pool = the layer's gather, \
+             the call and the scatter of the final states into the pool"
+        );
+    }
+    println!(
+        "{:<34} | {:>9} {:>7} {:>8} | {:>9} {:>7} {:>7} | {:>9} {:>7} | {:>7}",
+        "shape", "ours us", "TFLOP/s", "GB/s", "peer us", "TFLOP/s", "speedup", "+pool", "speedup", "Mtok/s"
+    );
+    let mut rows = Vec::new();
+    for r in &m.ours {
+        let s = r.shape;
+        let vs = m.vs_peer(r, Some("chunk"));
+        let (pus, _) = m.peer_timing(&s, Some("chunk+pool"));
+        let tf = |us: f64| s.flops() / (us * 1e-6) / 1e12;
+        let mtok = s.tokens() as f64 / r.us;
+        println!(
+            "{:<34} | {:>9.2} {:>7.1} {:>8.1} | {:>9.2} {:>7.1} {:>7.2} | {:>9.2} {:>7.2} | {:>7.2}",
+            s.label(),
+            r.us,
+            tf(r.us),
+            r.gbps,
+            vs.peer_us,
+            tf(vs.peer_us),
+            vs.peer_us / r.us,
+            pus,
+            pus / r.us,
+            mtok
+        );
+        rows.push(vs.json_row(json!({
+            "state": state_name(s.state), "batch": s.batch, "seqlen": s.seqlen, "tokens": s.tokens(),
+            "heads": s.heads, "v_heads": s.v_heads, "k": s.k, "v": s.v, "bytes": s.bytes(), "flops": s.flops(),
+            "tflops": tf(r.us), "peer_tflops": tf(vs.peer_us), "peer_pool_us": pus,
+            "speedup_vs_peer_pool": pus / r.us, "mtokens_per_s": mtok,
+        })));
+    }
+    m.write(&args.common, "gdn_chunk_cuda.json", rows)
 }

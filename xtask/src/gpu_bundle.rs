@@ -13,7 +13,7 @@
 //!   resolves a snapshot from the workspace root and the test's source path, both fixed at
 //!   compile time unless that variable is set at run time);
 //! - `vectors/`: every op's conformance vectors (`SSM_CONFORMANCE_DIR`);
-//! - `peers/ssu_peer.py`, `peers/gdn_peer.py`, `peers/ssd_peer.py`: the peer timing scripts, with the
+//! - `peers/ssu_peer.py`, `peers/gdn_peer.py`, `peers/gdn_chunk_peer.py`, `peers/ssd_peer.py`: the peer timing scripts, with the
 //!   `peers/peer_common.py` they import (the peer's own code is carried separately);
 //! - `kernels/`: the CUDA sources (also embedded in the binaries), for reading there;
 //! - `run.sh`: tests, `xtask conformance --backend cuda`, compute-sanitizer (memcheck,
@@ -254,7 +254,7 @@ pub(crate) fn run(args: &GpuBundleArgs) -> anyhow::Result<()> {
     collect_binaries(&root, &bin)?;
     collect_test_data(&root, &dir)?;
     std::fs::create_dir_all(dir.join("peers"))?;
-    for script in ["ssu_peer.py", "gdn_peer.py", "ssd_peer.py", "peer_common.py"] {
+    for script in ["ssu_peer.py", "gdn_peer.py", "gdn_chunk_peer.py", "ssd_peer.py", "peer_common.py"] {
         std::fs::copy(root.join("xtask/peers").join(script), dir.join("peers").join(script))?;
     }
     copy_dir(&root.join("crates/ssm-cuda/kernels"), &dir.join("kernels"))?;
@@ -395,12 +395,12 @@ run_conformance() {
 }
 
 run_bench() {
-    # The SSU (with ReplaySSM) and GDN decode and SSD prefill benches, each with vLLM's Triton peer when
+    # The SSU (with ReplaySSM), GDN decode, GDN prefill and SSD prefill benches, each with vLLM's Triton peer when
     # PEER_VLLM is set; SSM_BENCH_OPS="ssu" runs a subset.
     local op peer
-    for op in ${SSM_BENCH_OPS:-ssu gdn ssd}; do
+    for op in ${SSM_BENCH_OPS:-ssu gdn gdn-chunk ssd}; do
         peer=()
-        [ -n "${PEER_VLLM:-}" ] && peer=(--peer-vllm "$PEER_VLLM" --peer-script "$here/peers/${op}_peer.py")
+        [ -n "${PEER_VLLM:-}" ] && peer=(--peer-vllm "$PEER_VLLM" --peer-script "$here/peers/${op//-/_}_peer.py")
         # shellcheck disable=SC2086 # SSM_BENCH_ARGS is a list of options, split on purpose
         if "$bin/xtask" "bench-cuda-$op" "${peer[@]}" ${SSM_BENCH_ARGS:-} --json "$out/bench_${op}_cuda.json" 2>&1 | tee "$out/bench_$op.log"; then
             note "bench $op: ok"

@@ -35,6 +35,9 @@ enum Cmd {
     /// CUDA GDN decode bench: copy bandwidth, our kernels and (with --peer-vllm) vLLM's Triton kernels, graph-replayed.
     #[cfg(feature = "cuda")]
     BenchCudaGdn(bench_cuda::CudaGdnBenchArgs),
+    /// CUDA GDN chunked-prefill bench: our kernel and (with --peer-vllm) vLLM's Triton prefill, graph-replayed.
+    #[cfg(feature = "cuda")]
+    BenchCudaGdnChunk(bench_cuda::CudaGdnChunkBenchArgs),
     /// CUDA SSD prefill bench: our kernels and (with --peer-vllm) vLLM's Triton prefill, graph-replayed.
     #[cfg(feature = "cuda")]
     BenchCudaSsd(bench_cuda::CudaSsdBenchArgs),
@@ -55,6 +58,8 @@ fn main() -> anyhow::Result<()> {
         Cmd::BenchCudaSsu(a) => bench_cuda::run(&a).map(|_| ()),
         #[cfg(feature = "cuda")]
         Cmd::BenchCudaGdn(a) => bench_cuda::run_gdn(&a).map(|_| ()),
+        #[cfg(feature = "cuda")]
+        Cmd::BenchCudaGdnChunk(a) => bench_cuda::run_gdn_chunk(&a).map(|_| ()),
         #[cfg(feature = "cuda")]
         Cmd::BenchCudaSsd(a) => bench_cuda::run_ssd(&a).map(|_| ()),
         #[cfg(feature = "cuda")]

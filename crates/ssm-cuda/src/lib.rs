@@ -19,6 +19,7 @@
 
 pub mod bench;
 pub mod bench_gdn;
+pub mod bench_gdn_chunk;
 pub mod bench_ring;
 pub mod bench_ssd;
 pub mod compile;

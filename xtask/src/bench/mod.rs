@@ -118,6 +118,25 @@ impl Args {
                     common: crate::bench_cuda::CudaBenchCommon::new(self.peer_vllm.clone(), sibling("gdn")),
                 };
                 crate::bench_cuda::run_gdn(&args)?;
+                // The prefill table goes beside the decode one: `<stem>_gdn_chunk.json` with
+                // --op all, `<stem>_chunk.json` with --op gdn.
+                let chunk_json = match (&self.json, self.op.as_str()) {
+                    (Some(p), op) => {
+                        let stem = p.file_stem().map_or("bench".into(), |s| s.to_string_lossy().into_owned());
+                        let suffix = if op == "all" { "gdn_chunk" } else { "chunk" };
+                        Some(p.with_file_name(format!("{stem}_{suffix}.json")))
+                    }
+                    (None, _) => None,
+                };
+                let mut qwen3_next = vec!["1x2048".to_string()];
+                if !self.quick {
+                    qwen3_next.extend(["4x2048", "16x512", "1x8192"].map(String::from));
+                }
+                let args = crate::bench_cuda::CudaGdnChunkBenchArgs {
+                    qwen3_next,
+                    common: crate::bench_cuda::CudaBenchCommon::new(self.peer_vllm.clone(), chunk_json),
+                };
+                crate::bench_cuda::run_gdn_chunk(&args)?;
             }
             if want("ssd") {
                 let quick = |v: &str| if self.quick { vec![] } else { vec![v.to_string()] };
