@@ -23,11 +23,11 @@
 // Macros (crates/ssm-cuda/src/gdn_chunk.rs, `ChunkKey::spec`): Q_T K_T V_T O_T G_T BETA_T ST_T
 // FS_T (element types), IX_T HAS_T CU_T (index types), OP_KIND (0 bf16, 1 f16, 2 tf32), KDIM
 // (head_k_dim), KP (KDIM rounded up to 64), BV (32 or 64), flags L2NORM HAS_STATE HAS_IX HAS_HAS
-// HAS_PAD INPLACE HAS_FINAL VARLEN LAYOUT_KV.
+// HAS_PAD INPLACE HAS_FINAL VARLEN LAYOUT_KV ASYNC.
 
 #define CH 64
-#define NTHREADS 128
-#define NWARPS 4
+#define NTHREADS 256
+#define NWARPS 8
 #define FULL_MASK 0xffffffffu
 
 #if OP_KIND == 2
@@ -84,6 +84,41 @@ __device__ __forceinline__ float op_f32(op_st v) {
 __device__ __forceinline__ float round_op(float v) { return op_f32(to_op(v)); }
 
 __device__ __forceinline__ u32 ld32(const op_st* p) { return *reinterpret_cast<const u32*>(p); }
+
+// 16 bytes from global `src` into shared `dst`, asynchronously; bytes past `src_bytes` (0..16)
+// are zero-filled and not read.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
+    u32 s;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(s) : "l"(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
+
+// Stages rows [0, CH) × columns [0, cols_pad) of a row-major tensor (`base` + row·ts + col·ds,
+// rows < rows_valid and columns < cols_valid real, the rest zeros) into `dst` (row stride
+// cols_pad), in the tensor's own type: 16-byte `cp.async` copies when ASYNC (ds = 1, rows
+// 16-byte aligned), else plain loads and stores.
+template <typename T>
+__device__ __forceinline__ void stage_rows(T* dst, const T* base, i64 ts, i64 ds, int rows_valid, int cols_valid,
+                                           int cols_pad) {
+#if ASYNC
+    constexpr int EPV = 16 / sizeof(T);
+    const int segs = cols_pad / EPV;
+    (void)ds;
+    for (int e = threadIdx.x; e < CH * segs; e += NTHREADS) {
+        const int r = e / segs, c = (e % segs) * EPV;
+        const int n = r < rows_valid ? max(0, min(EPV, cols_valid - c)) : 0;
+        cp_async16(dst + r * cols_pad + c, n > 0 ? (const void*)(base + r * ts + c) : (const void*)base,
+                   n * (int)sizeof(T));
+    }
+#else
+    for (int e = threadIdx.x; e < CH * cols_pad; e += NTHREADS) {
+        const int r = e / cols_pad, c = e % cols_pad;
+        dst[r * cols_pad + c] = r < rows_valid && c < cols_valid ? base[r * ts + c * ds] : T{};
+    }
+#endif
+}
 
 // A fragment: rows r0 .. r0 + 15, k0 .. k0 + KSTEP − 1 of a k-contiguous matrix (row stride ld).
 __device__ __forceinline__ void frag_a(u32 (&a)[4], const op_st* m, int ld, int r0, int k0, int lane) {
@@ -170,16 +205,14 @@ __device__ __forceinline__ i64 state_at(int v, int kk, int vdim) {
 #endif
 }
 
-// One token's q or k row (KDIM elements from `row`, element stride `sd`), l2-normalised when
-// L2NORM, rounded to the operand type into `dst` (KP entries, zeros past KDIM); one warp.
-template <typename T>
-__device__ __forceinline__ void load_row(op_st* dst, const T* row, i64 sd, bool valid, float eps, int lane) {
+// One staged q or k row (`row`: KP elements, zeros past KDIM), l2-normalised when L2NORM,
+// rounded to the operand type into `dst`; one warp.
+template <typename T> __device__ __forceinline__ void norm_row(op_st* dst, const T* row, float eps, int lane) {
     float x[KP / 32];
     float ss = 0.f;
 #pragma unroll
     for (int e = 0; e < KP / 32; ++e) {
-        const int col = lane + 32 * e;
-        x[e] = valid && col < KDIM ? to_f32(row[col * sd]) : 0.f;
+        x[e] = to_f32(row[lane + 32 * e]);
         ss += x[e] * x[e];
     }
 #if L2NORM
@@ -197,22 +230,31 @@ __device__ __forceinline__ void load_row(op_st* dst, const T* row, i64 sd, bool 
 
 extern "C" __global__ void __launch_bounds__(NTHREADS, 1) gdn_chunk_kernel(const ChunkParams p) {
     extern __shared__ __align__(16) unsigned char smem[];
-    float* Sf = reinterpret_cast<float*>(smem);          // state, f32, [KP][LDF] (k-major)
-    op_st* Sop = reinterpret_cast<op_st*>(Sf + KP * LDF);  // state at the chunk's start, [BV][LDK]
-    op_st* Ks = Sop + BV * LDK;                            // k rows, [CH][LDK]
-    op_st* Qs = Ks + CH * LDK;                             // q rows
-    op_st* Ws = Qs + CH * LDK;                             // W rows
-    op_st* KT = Ws + CH * LDK;                             // (β e^G k)ᵀ, then kᵀ: [KP][LDC]
-    op_st* Ai = KT + KP * LDC;                             // (I + A)⁻¹, [CH][LDC]
-    op_st* Ps = Ai + CH * LDC;                             // P, [CH][LDC]
-    op_st* VT = Ps + CH * LDC;                             // (β v)ᵀ, then V'ᵀ: [BV][LDC]
-    op_st* VsT = VT + BV * LDC;                            // decayed V'ᵀ, [BV][LDC]
-    float* As = reinterpret_cast<float*>(VsT + BV * LDC);  // A below the diagonal, A⁻¹ᵀ above
-    float* Tb = As + CH * LDA;                             // block products of the inverse, [3][16][16]
-    float* gc = Tb + 3 * 256;                              // G, [CH]
-    float* bt = gc + CH;                                   // β, [CH]
+    float* Sf = reinterpret_cast<float*>(smem);              // state, f32, [KP][LDF] (k-major)
+    Q_T* Qr = reinterpret_cast<Q_T*>(Sf + KP * LDF);           // staged q rows, [CH][KP]
+    K_T* Kr = reinterpret_cast<K_T*>(Qr + CH * KP);            // staged k rows, [CH][KP]
+    V_T* Vr = reinterpret_cast<V_T*>(Kr + CH * KP);            // staged v rows, [CH][BV]
+    op_st* Sop = reinterpret_cast<op_st*>(Vr + CH * BV);       // state at the chunk's start, [BV][LDK]
+    op_st* Ks = Sop + BV * LDK;                                // k rows, [CH][LDK]
+    op_st* Qs = Ks + CH * LDK;                                 // q rows
+    op_st* Ws = Qs + CH * LDK;                                 // W rows
+    op_st* KT = Ws + CH * LDK;                                 // (β e^G k)ᵀ, then kᵀ: [KP][LDC]
+    op_st* Ai = KT + KP * LDC;                                 // (I + A)⁻¹, [CH][LDC]
+    op_st* Ps = Ai + CH * LDC;                                 // P, [CH][LDC]
+    op_st* VT = Ps + CH * LDC;                                 // (β v)ᵀ, then V'ᵀ: [BV][LDC]
+    op_st* VsT = VT + BV * LDC;                                // decayed V'ᵀ, [BV][LDC]
+    float* As = reinterpret_cast<float*>(VsT + BV * LDC);      // A below the diagonal, A⁻¹ᵀ above
+    float* Tb = As + CH * LDA;                                 // block products of the inverse, [3][16][16]
+    float* gc = Tb + 3 * 256;                                  // G, [CH]
+    float* bt = gc + CH;                                       // β
+    float* ek = bt + CH;                                       // β e^G
+    float* eg = ek + CH;                                       // e^G
+    float* el = eg + CH;                                       // e^{G_last − G}
 
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+    const int wr = w & 3, wc = w >> 2;  // row strip and column half of the chunk-row products
+    const int r0 = 16 * wr;             // this warp's rows
+    const int kend = 16 * (wr + 1);     // rows r0.. need columns j ≤ i < kend of Ai and P
     u32 bid = blockIdx.x;
     const int vt = (int)(bid % (u32)p.vtiles);
     bid /= (u32)p.vtiles;
@@ -258,79 +300,107 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) gdn_chunk_kernel(const
 #endif
 #endif
 
+    const Q_T* qb = reinterpret_cast<const Q_T*>(p.q) + bb * p.qs.b + (i64)h * p.qs.h;
+    const K_T* kb = reinterpret_cast<const K_T*>(p.k) + bb * p.ks.b + (i64)h * p.ks.h;
+    const V_T* vb = reinterpret_cast<const V_T*>(p.v) + bb * p.vs.b + (i64)hv * p.vs.h + (i64)v0 * p.vs.d;
+    O_T* ob = reinterpret_cast<O_T*>(p.o) + bb * p.os.b + (i64)hv * p.os.h;
+    const G_T* gb = reinterpret_cast<const G_T*>(p.g) + bb * p.g_b + (i64)hv * p.g_h;
+    const BETA_T* betab = reinterpret_cast<const BETA_T*>(p.beta) + bb * p.be_b + (i64)hv * p.be_h;
+    const int len = (int)(eos - bos);
+    const int vcols = min(BV, p.vdim - v0);
+
+    // The first chunk's rows, staged, and its gates (two rows per lane of warp 0).
+    float g2[2] = {0.f, 0.f}, b2[2] = {0.f, 0.f};
+    auto prefetch = [&](int c0) {
+        const int cl = min(CH, len - c0);
+        const i64 t0 = bos + c0;
+        stage_rows(Qr, qb + t0 * p.qs.t, p.qs.t, p.qs.d, cl, KDIM, KP);
+        stage_rows(Kr, kb + t0 * p.ks.t, p.ks.t, p.ks.d, cl, KDIM, KP);
+        stage_rows(Vr, vb + t0 * p.vs.t, p.vs.t, p.vs.d, cl, vcols, BV);
+        cp_async_commit();
+        if (tid < 32) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int r = 2 * lane + e;
+                g2[e] = r < cl ? to_f32(gb[(t0 + r) * p.g_t]) : 0.f;
+                b2[e] = r < cl ? to_f32(betab[(t0 + r) * p.be_t]) : 0.f;
+            }
+        }
+    };
+    if (len > 0) prefetch(0);
+
     const i64 head_elems = (i64)KDIM * p.vdim;
     {
         const ST_T* src = reinterpret_cast<const ST_T*>(p.state) + slot * p.st_row + hv * head_elems;
         for (int e = tid; e < KP * BV; e += NTHREADS) {
             const int kk = e % KP, v = e / KP;
             float x = 0.f;
-            if (read && kk < KDIM && v0 + v < p.vdim) x = to_f32(src[state_at(v0 + v, kk, p.vdim)]);
+            if (read && kk < KDIM && v < vcols) x = to_f32(src[state_at(v0 + v, kk, p.vdim)]);
             Sf[kk * LDF + v] = x;
             Sop[v * LDK + kk] = to_op(x);
         }
     }
 
-    const Q_T* qb = reinterpret_cast<const Q_T*>(p.q) + bb * p.qs.b + (i64)h * p.qs.h;
-    const K_T* kb = reinterpret_cast<const K_T*>(p.k) + bb * p.ks.b + (i64)h * p.ks.h;
-    const V_T* vb = reinterpret_cast<const V_T*>(p.v) + bb * p.vs.b + (i64)hv * p.vs.h;
-    O_T* ob = reinterpret_cast<O_T*>(p.o) + bb * p.os.b + (i64)hv * p.os.h;
-    const G_T* gb = reinterpret_cast<const G_T*>(p.g) + bb * p.g_b + (i64)hv * p.g_h;
-    const BETA_T* betab = reinterpret_cast<const BETA_T*>(p.beta) + bb * p.be_b + (i64)hv * p.be_h;
-    const int r0 = 16 * w;            // this warp's rows of the chunk-row products
-    const int kend = 16 * (w + 1);    // rows r0.. need columns j ≤ i < kend of Ai and P
-    const int len = (int)(eos - bos);
-
     for (int c0 = 0; c0 < len; c0 += CH) {
         const int cl = min(CH, len - c0);
         const i64 t0 = bos + c0;
-        __syncthreads();  // the previous chunk's readers are done
+        cp_async_wait_all();
+        __syncthreads();  // the chunk is staged; the previous chunk's readers are done
 
-        // ---- (a) gates, q, k ----
-        if (tid < CH) {
-            float gv = 0.f, bv = 0.f;
-            if (tid < cl) {
-                gv = to_f32(gb[(t0 + tid) * p.g_t]);
-                bv = to_f32(betab[(t0 + tid) * p.be_t]);
-            }
+        // ---- (a) gates (warp 0: a scan of two rows per lane), q and k rows ----
+        if (tid < 32) {
+            const float s0 = g2[0], s1 = g2[0] + g2[1];
+            float incl = s1;
 #pragma unroll
             for (int off = 1; off < 32; off <<= 1) {
-                const float y = __shfl_up_sync(FULL_MASK, gv, off);
-                if (lane >= off) gv += y;
+                const float y = __shfl_up_sync(FULL_MASK, incl, off);
+                if (lane >= off) incl += y;
             }
-            gc[tid] = gv;
-            bt[tid] = bv;
+            const float excl = incl - s1;
+            gc[2 * lane] = excl + s0;
+            gc[2 * lane + 1] = excl + s1;
+            bt[2 * lane] = b2[0];
+            bt[2 * lane + 1] = b2[1];
         }
         for (int r = w; r < CH; r += NWARPS) {
-            const bool valid = r < cl;
-            load_row(Qs + r * LDK, qb + (t0 + r) * p.qs.t, p.qs.d, valid, p.eps, lane);
-            load_row(Ks + r * LDK, kb + (t0 + r) * p.ks.t, p.ks.d, valid, p.eps, lane);
-        }
-        __syncthreads();
-        if (tid >= 32 && tid < CH) gc[tid] += gc[31];
-        for (int e = tid; e < CH * BV; e += NTHREADS) {
-            const int j = e / BV, v = e % BV;
-            float x = 0.f;
-            if (j < cl && v0 + v < p.vdim) x = to_f32(vb[(t0 + j) * p.vs.t + (i64)(v0 + v) * p.vs.d]) * bt[j];
-            VT[v * LDC + j] = to_op(x);
+            norm_row(Qs + r * LDK, Qr + r * KP, p.eps, lane);
+            norm_row(Ks + r * LDK, Kr + r * KP, p.eps, lane);
         }
         __syncthreads();
         const float glast = gc[cl - 1];
+        for (int e = tid; e < CH * BV; e += NTHREADS) {
+            const int j = e / BV, v = e % BV;
+            VT[v * LDC + j] = to_op(to_f32(Vr[j * BV + v]) * bt[j]);
+        }
+        if (tid < CH) {
+            const float gi = gc[tid];
+            ek[tid] = bt[tid] * __expf(gi);
+            eg[tid] = __expf(gi);
+            el[tid] = tid < cl ? __expf(glast - gi) : 0.f;
+        }
+        __syncthreads();  // the staging area is free; decays ready
+        if (c0 + CH < len) prefetch(c0 + CH);
 
         // ---- (b) A and P ----
         {
-            float aa[1][8][4], pp[1][8][4];
+            float aa[1][4][4], pp[1][4][4];
             zero(aa);
             zero(pp);
-            warp_gemm<1, 8>(aa, Ks, LDK, r0, Ks, LDK, 0, KP, lane, 2 * (w + 1));
-            warp_gemm<1, 8>(pp, Qs, LDK, r0, Ks, LDK, 0, KP, lane, 2 * (w + 1));
-            for_acc(aa, r0, 0, lane, [&](int i, int j, float& a) {
-                const float d = j <= i && i < cl ? __expf(gc[i] - gc[j]) : 0.f;
-                As[i * LDA + j] = j < i ? bt[i] * a * d : 0.f;
-            });
-            for_acc(pp, r0, 0, lane, [&](int i, int j, float& a) {
-                const float d = j <= i && i < cl ? __expf(gc[i] - gc[j]) : 0.f;
-                Ps[i * LDC + j] = to_op(a * d);
-            });
+            const int ntmax = max(0, min(4, 2 * (wr + 1) - 4 * wc));
+            if (ntmax > 0) {
+                warp_gemm<1, 4>(aa, Ks, LDK, r0, Ks, LDK, 32 * wc, KP, lane, ntmax);
+                warp_gemm<1, 4>(pp, Qs, LDK, r0, Ks, LDK, 32 * wc, KP, lane, ntmax);
+            }
+            const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+            for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int i = r0 + g + (e >= 2 ? 8 : 0), j = 32 * wc + 8 * nt + 2 * t + (e & 1);
+                    const float d = j <= i && i < cl ? __expf(gc[i] - gc[j]) : 0.f;
+                    As[i * LDA + j] = j < i ? bt[i] * aa[0][nt][e] * d : 0.f;
+                    Ps[i * LDC + j] = to_op(pp[0][nt][e] * d);
+                }
         }
         __syncthreads();
 
@@ -381,37 +451,39 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) gdn_chunk_kernel(const
         // ---- (d) (β e^G k)ᵀ ----
         for (int e = tid; e < KP * CH; e += NTHREADS) {
             const int j = e % CH, kk = e / CH;
-            KT[kk * LDC + j] = to_op(op_f32(Ks[j * LDK + kk]) * bt[j] * __expf(gc[j]));
+            KT[kk * LDC + j] = to_op(op_f32(Ks[j * LDK + kk]) * ek[j]);
         }
         __syncthreads();
 
         // ---- (e) W = Ainv·(β e^G K), U = Ainv·(β V) ----
         for (int kq = 0; kq < KP; kq += 64) {
-            float ww[1][8][4];
+            float ww[1][4][4];
             zero(ww);
-            warp_gemm<1, 8>(ww, Ai, LDC, r0, KT, LDC, kq, kend, lane);
-            for_acc(ww, r0, kq, lane, [&](int i, int kk, float& a) { Ws[i * LDK + kk] = to_op(a); });
+            warp_gemm<1, 4>(ww, Ai, LDC, r0, KT, LDC, kq + 32 * wc, kend, lane);
+            for_acc(ww, r0, kq + 32 * wc, lane, [&](int i, int kk, float& a) { Ws[i * LDK + kk] = to_op(a); });
         }
-        float uu[1][BV / 8][4];
+        constexpr int NV = BV / 16;  // n-tiles of a warp's half of the value columns
+        const int vh = wc * (BV / 2);
+        float uu[1][NV][4];
         zero(uu);
-        warp_gemm<1, BV / 8>(uu, Ai, LDC, r0, VT, LDC, 0, kend, lane);
-        __syncwarp();
+        warp_gemm<1, NV>(uu, Ai, LDC, r0, VT, LDC, vh, kend, lane);
+        __syncthreads();  // W rows are read by the other column half too
 
         // ---- (f) V' = U − W·S_cᵀ ----
-        float vv[1][BV / 8][4];
+        float vv[1][NV][4];
         zero(vv);
-        warp_gemm<1, BV / 8>(vv, Ws, LDK, r0, Sop, LDK, 0, KP, lane);
+        warp_gemm<1, NV>(vv, Ws, LDK, r0, Sop, LDK, vh, KP, lane);
         __syncthreads();  // every warp is done with KT and VT
         {
             float* u = &uu[0][0][0];
             float* x = &vv[0][0][0];
 #pragma unroll
-            for (int e = 0; e < BV / 2; ++e) x[e] = round_op(u[e]) - x[e];
+            for (int e = 0; e < NV * 4; ++e) x[e] = round_op(u[e]) - x[e];
         }
-        for_acc(vv, r0, 0, lane, [&](int i, int v, float& a) {
+        for_acc(vv, r0, vh, lane, [&](int i, int v, float& a) {
             const bool in = i < cl;
             VT[v * LDC + i] = to_op(in ? a : 0.f);
-            VsT[v * LDC + i] = to_op(in ? a * __expf(glast - gc[i]) : 0.f);
+            VsT[v * LDC + i] = to_op(in ? a * el[i] : 0.f);
         });
         for (int e = tid; e < KP * CH; e += NTHREADS) {
             const int j = e % CH, kk = e / CH;
@@ -421,13 +493,13 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) gdn_chunk_kernel(const
 
         // ---- (g) o = scale·(e^G (Q·S_cᵀ) + P·V') ----
         {
-            float oo[1][BV / 8][4];
+            float oo[1][NV][4];
             zero(oo);
-            warp_gemm<1, BV / 8>(oo, Qs, LDK, r0, Sop, LDK, 0, KP, lane);
-            for_acc(oo, r0, 0, lane, [&](int i, int, float& a) { a *= __expf(gc[i]); });
-            warp_gemm<1, BV / 8>(oo, Ps, LDC, r0, VT, LDC, 0, kend, lane);
-            for_acc(oo, r0, 0, lane, [&](int i, int v, float& a) {
-                if (i < cl && v0 + v < p.vdim) ob[(t0 + i) * p.os.t + (i64)(v0 + v) * p.os.d] = from_f32<O_T>(a * p.scale);
+            warp_gemm<1, NV>(oo, Qs, LDK, r0, Sop, LDK, vh, KP, lane);
+            for_acc(oo, r0, vh, lane, [&](int i, int, float& a) { a *= eg[i]; });
+            warp_gemm<1, NV>(oo, Ps, LDC, r0, VT, LDC, vh, kend, lane);
+            for_acc(oo, r0, vh, lane, [&](int i, int v, float& a) {
+                if (i < cl && v < vcols) ob[(t0 + i) * p.os.t + (i64)(v0 + v) * p.os.d] = from_f32<O_T>(a * p.scale);
             });
         }
         __syncthreads();  // every warp is done with Sop
@@ -435,12 +507,12 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) gdn_chunk_kernel(const
         // ---- (h) S = e^{G_last} S + Kᵀ·V's ----
         {
             constexpr int MT = KP / 64;
-            const int k0 = w * (KP / 4);
-            const float eg = __expf(glast);
-            float ss[MT][BV / 8][4];
-            for_acc(ss, k0, 0, lane, [&](int kk, int v, float& a) { a = Sf[kk * LDF + v] * eg; });
-            warp_gemm<MT, BV / 8>(ss, KT, LDC, k0, VsT, LDC, 0, (cl + 15) / 16 * 16, lane);
-            for_acc(ss, k0, 0, lane, [&](int kk, int v, float& a) {
+            const int k0 = wr * (KP / 4);
+            const float e_last = __expf(glast);
+            float ss[MT][NV][4];
+            for_acc(ss, k0, vh, lane, [&](int kk, int v, float& a) { a = Sf[kk * LDF + v] * e_last; });
+            warp_gemm<MT, NV>(ss, KT, LDC, k0, VsT, LDC, vh, (cl + 15) / 16 * 16, lane);
+            for_acc(ss, k0, vh, lane, [&](int kk, int v, float& a) {
                 Sf[kk * LDF + v] = a;
                 Sop[v * LDK + kk] = to_op(a);
             });
@@ -452,7 +524,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) gdn_chunk_kernel(const
 #if HAS_FINAL || INPLACE
     for (int e = tid; e < KP * BV; e += NTHREADS) {
         const int kk = e % KP, v = e / KP;
-        if (kk >= KDIM || v0 + v >= p.vdim) continue;
+        if (kk >= KDIM || v >= vcols) continue;
         const float x = Sf[kk * LDF + v];
         const i64 at = hv * head_elems + state_at(v0 + v, kk, p.vdim);
 #if HAS_FINAL

@@ -18,7 +18,7 @@ use crate::compile::{KernelSource, KernelSpec, c_type, flag_defines};
 use crate::{CudaBackend, CudaError, addr_of};
 
 /// Threads of a block (`NTHREADS` in gdn_chunk.cu).
-const THREADS: u32 = 128;
+const THREADS: u32 = 256;
 /// The largest `head_k_dim` the kernel holds (its shared-memory operands are `K`-wide).
 pub const MAX_K: usize = 128;
 
@@ -74,6 +74,7 @@ const F_INPLACE: u16 = 32;
 const F_FINAL: u16 = 64;
 const F_VARLEN: u16 = 128;
 const F_KV: u16 = 256;
+const F_ASYNC: u16 = 512;
 
 const TYPE_MACROS: [&str; 11] = ["Q_T", "K_T", "V_T", "O_T", "G_T", "BETA_T", "ST_T", "FS_T", "IX_T", "HAS_T", "CU_T"];
 
@@ -103,9 +104,11 @@ impl ChunkKey {
         let (ch, kp, bv) = (CHUNK_SIZE, self.kp(), self.bv as usize);
         let (op, pad) = if self.op == 2 { (4, 4) } else { (2, 8) };
         let (ldk, ldc) = (kp + pad, ch + pad);
-        let f32s = kp * (bv + 4) + ch * (ch + 1) + 3 * 256 + 2 * ch;
+        let f32s = kp * (bv + 4) + ch * (ch + 1) + 3 * 256 + 5 * ch;
         let ops = bv * ldk + 3 * ch * ldk + kp * ldc + 2 * ch * ldc + 2 * bv * ldc;
-        4 * f32s + op * ops
+        let [q, k, v] = [self.types[0], self.types[1], self.types[2]].map(|t| t.size());
+        let staging = ch * kp * (q + k) + ch * bv * v;
+        4 * f32s + op * ops + staging
     }
 
     /// The NVRTC specialisation.
@@ -128,13 +131,15 @@ impl ChunkKey {
                 ("HAS_FINAL", F_FINAL),
                 ("VARLEN", F_VARLEN),
                 ("LAYOUT_KV", F_KV),
+                ("ASYNC", F_ASYNC),
             ],
         ));
         KernelSpec { source: KernelSource::GdnChunk, entry: "gdn_chunk_kernel", defines }
     }
 
     /// The key of a planned call; `sms` (the device's multiprocessor count) picks the tile:
-    /// 32 value rows when 64-row tiles would leave multiprocessors idle.
+    /// 32 value rows when 64-row tiles would leave multiprocessors idle, and always for f32
+    /// q/k/v (whose operands take twice the shared memory).
     fn from_plan(p: &ChunkPlan, a: &ChunkGatedDeltaRuleArgs<'_>, sms: usize) -> ChunkKey {
         let opt = |t: Option<&TensorRef<'_>>, absent: DType| t.map_or(absent, |t| t.dtype());
         let types = [
@@ -159,7 +164,7 @@ impl ChunkKey {
             2
         };
         let d = p.dims;
-        let bv = if d.seqs * d.v_heads * d.v.div_ceil(64) < sms { 32 } else { 64 };
+        let bv = if op == 2 || d.seqs * d.v_heads * d.v.div_ceil(64) < sms { 32 } else { 64 };
         let mut flags = 0u16;
         for (on, f) in [
             (p.l2norm, F_L2NORM),
@@ -171,6 +176,7 @@ impl ChunkKey {
             (p.final_state.is_some(), F_FINAL),
             (p.cu_seqlens.is_some(), F_VARLEN),
             (p.layout == StateLayout::KV, F_KV),
+            (rows_of_16_bytes(&a.q, p.q.0) && rows_of_16_bytes(&a.k, p.k.0) && rows_of_16_bytes(&a.v, p.v.0), F_ASYNC),
         ] {
             if on {
                 flags |= f;
@@ -178,6 +184,15 @@ impl ChunkKey {
         }
         ChunkKey { types, op, kdim: d.k as u16, bv, flags }
     }
+}
+
+/// Whether every row of a `[b, t, head, dim]` tensor starts 16-byte aligned with its elements
+/// contiguous, so that the kernel may stage rows with 16-byte `cp.async` copies.
+fn rows_of_16_bytes(t: &TensorRef<'_>, s: Strided<4>) -> bool {
+    let es = t.dtype().size() as i128;
+    let base = t.device_addr().unwrap_or(0) as i128 + s.offset as i128 * es;
+    let [b, tt, h, d] = s.strides.map(|x| x as i128);
+    d == 1 && [base, b * es, tt * es, h * es].iter().all(|x| x % 16 == 0)
 }
 
 /// Refuses what the kernel does not implement (nothing launched): `head_k_dim` past
@@ -336,7 +351,7 @@ impl ssm_gdn::ChunkScratch for CudaBackend {
 /// place, l2norm, varlen) in both tile widths, and the f16 and f32 variants of the vectors.
 pub fn gdn_chunk_catalogue() -> Vec<(String, KernelSpec)> {
     use DType::{BF16, Bool, F16, F32, I32};
-    let pool = F_L2NORM | F_STATE | F_IX | F_HAS | F_PAD | F_INPLACE | F_VARLEN;
+    let pool = F_L2NORM | F_STATE | F_IX | F_HAS | F_PAD | F_INPLACE | F_VARLEN | F_ASYNC;
     let dense = F_L2NORM | F_STATE | F_FINAL | F_VARLEN;
     let key = |io: DType, beta: DType, state: DType, kdim: u16, bv: u8, flags: u16| {
         let op = match io {
@@ -352,7 +367,7 @@ pub fn gdn_chunk_catalogue() -> Vec<(String, KernelSpec)> {
         ("gdn_chunk act=bf16 state=f32 pool K=128 bv=32".into(), key(BF16, F32, F32, 128, 32, pool)),
         ("gdn_chunk act=bf16 state=bf16 pool K=128 bv=64".into(), key(BF16, F32, BF16, 128, 64, pool)),
         ("gdn_chunk act=f16 state=f32 dense K=64 bv=32".into(), key(F16, F16, F32, 64, 32, dense)),
-        ("gdn_chunk act=f32 state=f32 K=64 kv".into(), key(F32, F32, F32, 64, 64, F_STATE | F_FINAL | F_KV)),
+        ("gdn_chunk act=f32 state=f32 K=64 kv".into(), key(F32, F32, F32, 64, 32, F_STATE | F_FINAL | F_KV)),
     ]
 }
 
@@ -370,12 +385,13 @@ mod tests {
     #[test]
     fn catalogue_defines_every_macro_and_fits_an_sm90_block() {
         for (label, spec) in gdn_chunk_catalogue() {
-            assert_eq!(spec.defines.len(), 11 + 4 + 9, "{label}");
+            assert_eq!(spec.defines.len(), 11 + 4 + 10, "{label}");
         }
-        // Qwen3-Next's shape in 64-row tiles, and f32 q/k/v at K = 64, fit the 227 KiB opt-in.
+        // Qwen3-Next's shape in 64-row tiles, and f32 q/k/v at K = 64 (32-row tiles), fit the
+        // 227 KiB opt-in; f32 q/k/v at K = 128 do not.
         let key = |io, op, kdim, bv| ChunkKey { types: [io; 11], op, kdim, bv, flags: 0 };
-        assert!(key(DType::BF16, 0, 128, 64).shared_bytes() <= 227 * 1024);
-        assert!(key(DType::F32, 2, 64, 64).shared_bytes() <= 227 * 1024);
-        assert!(key(DType::F32, 2, 128, 64).shared_bytes() > 227 * 1024);
+        assert_eq!(key(DType::BF16, 0, 128, 64).shared_bytes(), 221_696);
+        assert!(key(DType::F32, 2, 64, 32).shared_bytes() <= 227 * 1024);
+        assert!(key(DType::F32, 2, 128, 32).shared_bytes() > 227 * 1024);
     }
 }
