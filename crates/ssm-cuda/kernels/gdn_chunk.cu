@@ -422,27 +422,41 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) gdn_chunk_kernel(const
                 if (r > c) As[(b0 + c) * LDA + b0 + r] = x[r];
         }
         __syncthreads();
-        // Block rows 1..3: X_ij = −X_ii · Σ_{k=j}^{i−1} A_ik X_kj.
-        for (int ib = 1; ib < 4; ++ib) {
-            for (int e = tid; e < ib * 256; e += NTHREADS) {
-                const int jb = e / 256, r = (e / 16) % 16, c = e % 16;
-                const int row = 16 * ib + r, col = 16 * jb + c;
-                float s = 0.f;
-                for (int k = 16 * jb; k < 16 * ib; ++k) {
-                    const float xk = k == col ? 1.f : (k > col ? As[col * LDA + k] : 0.f);
-                    s += As[row * LDA + k] * xk;
+        // Block rows 1..3, one block row at a time: X_ij = −X_ii · Σ_{k=j}^{i−1} A_ik X_kj, one
+        // (row, column) of every block of the row per thread, in f32 (FLA's `solve_tril` runs
+        // these products at "ieee" precision).
+        static_assert(NTHREADS == 256, "one thread per element of a 16×16 block");
+        {
+            const int r = tid >> 4, c = tid & 15;
+#pragma unroll
+            for (int ib = 1; ib < 4; ++ib) {
+                const int row = 16 * ib + r;
+                float tsum[3];
+#pragma unroll
+                for (int jb = 0; jb < ib; ++jb) {
+                    const int col = 16 * jb + c;
+                    float s = 0.f;
+#pragma unroll
+                    for (int kk = 0; kk < 16; ++kk) {  // k in block jb: X[k][col] of the diagonal block
+                        const float xk = kk == c ? 1.f : (kk > c ? As[col * LDA + 16 * jb + kk] : 0.f);
+                        s += As[row * LDA + 16 * jb + kk] * xk;
+                    }
+#pragma unroll
+                    for (int k = 16 * (jb + 1); k < 16 * ib; ++k) s += As[row * LDA + k] * As[col * LDA + k];
+                    tsum[jb] = s;
+                    Tb[jb * 256 + r * 16 + c] = s;
                 }
-                Tb[e] = s;
+                __syncthreads();
+#pragma unroll
+                for (int jb = 0; jb < ib; ++jb) {
+                    float s = tsum[jb];
+#pragma unroll
+                    for (int m = 0; m < 16; ++m)
+                        if (m < r) s += As[(16 * ib + m) * LDA + row] * Tb[jb * 256 + m * 16 + c];
+                    As[(16 * jb + c) * LDA + row] = -s;
+                }
+                __syncthreads();
             }
-            __syncthreads();
-            for (int e = tid; e < ib * 256; e += NTHREADS) {
-                const int jb = e / 256, r = (e / 16) % 16, c = e % 16;
-                const int row = 16 * ib + r, col = 16 * jb + c;
-                float s = Tb[jb * 256 + r * 16 + c];
-                for (int m = 0; m < r; ++m) s += As[(16 * ib + m) * LDA + row] * Tb[jb * 256 + m * 16 + c];
-                As[col * LDA + row] = -s;
-            }
-            __syncthreads();
         }
         for (int e = tid; e < CH * CH; e += NTHREADS) {
             const int i = e / CH, j = e % CH;
