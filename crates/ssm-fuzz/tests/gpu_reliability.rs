@@ -55,7 +55,7 @@ fn cuda_results_are_bit_identical_run_to_run() {
     let d = differing(&first, &second);
     assert!(d.is_empty(), "{} of {} calls differ between runs: {d:#?}", d.len(), first.len());
     eprintln!(
-        "{} calls ({} ran; the others are ops without a CUDA kernel), bit-identical run to run",
+        "{} calls ({} ran; the others were refused with a typed error), bit-identical run to run",
         first.len(),
         ran(&first)
     );
