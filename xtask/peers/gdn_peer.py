@@ -33,7 +33,17 @@ import os
 import sys
 import traceback
 
-from peer_common import graph_median_us, install_base_stubs, parse_args, pool_counts, report, spec_tables, stub_module, uniform
+from peer_common import (
+    graph_median_us,
+    install_base_stubs,
+    parse_args,
+    pool_counts,
+    report,
+    spec_tables,
+    stub_module,
+    torch_and_triton,
+    uniform,
+)
 
 OPS = "third_party/flash_linear_attention/ops"
 NEEDED = ["fused_recurrent.py", "fused_sigmoid_gating.py", "op.py", "utils.py"]
@@ -167,13 +177,7 @@ DEFAULT_SHAPES = [
 def main():
     a = parse_args(__doc__.splitlines()[0], "Qwen3-Next")
     pkg = vllm_package_dir(a.vllm)
-    try:
-        import torch
-        import triton
-    except ImportError as e:
-        die(f"torch and triton are needed ({e})")
-    if not torch.cuda.is_available():
-        die("torch sees no CUDA device")
+    torch, triton = torch_and_triton(die)
     try:
         install_vllm_stubs(pkg)
         from vllm.third_party.flash_linear_attention.ops.fused_recurrent import (

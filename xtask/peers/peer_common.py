@@ -1,4 +1,4 @@
-"""What the peer scripts (ssu_peer.py, gdn_peer.py) share: the vLLM import stubs, the pool
+"""What the peer scripts (ssu_peer.py, gdn_peer.py, gdn_chunk_peer.py, ssd_peer.py) share: the vLLM import stubs, the pool
 sizing, the CUDA-graph timing loop and the JSON report.
 
 Imported by the scripts from their own folder (Python puts a script's folder first on
@@ -170,6 +170,30 @@ def graph_median_us(torch, call, pools: list, calls: int) -> float:
         times.append(a.elapsed_time(e) * 1e3 / calls)
     times.sort()
     return times[len(times) // 2]
+
+
+def prefill_result(torch, s: dict, kernel: str, us: float, outs: list, nbytes: int, pools: int, calls: int) -> dict:
+    """The result row of one timed prefill variant (`kernel`), after checking that its output
+    tensors `outs` are finite after the replays; frees the allocator's cached blocks."""
+    if not all(bool(torch.isfinite(o).all()) for o in outs):
+        raise RuntimeError(f"{kernel} {s}: non-finite output after the replays")
+    torch.cuda.empty_cache()
+    return {
+        **s, "kernel": kernel, "us": us, "gbps": nbytes / (us * 1e-6) / 1e9,
+        "tflops": s["flops"] / (us * 1e-6) / 1e12, "pools": pools, "calls_per_graph": calls,
+    }
+
+
+def torch_and_triton(die):
+    """torch and triton, or `die` with the reason (not installed, no CUDA device)."""
+    try:
+        import torch
+        import triton
+    except ImportError as e:
+        die(f"torch and triton are needed ({e})")
+    if not torch.cuda.is_available():
+        die("torch sees no CUDA device")
+    return torch, triton
 
 
 def parse_args(description: str, default_set: str):

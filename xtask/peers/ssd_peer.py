@@ -25,7 +25,7 @@ rotating over enough problems to exceed the L2, median over 15 replays / calls.
 import json
 import sys
 
-from peer_common import graph_median_us, install_mamba_stubs, parse_args, pool_counts, report, uniform
+from peer_common import graph_median_us, install_mamba_stubs, parse_args, pool_counts, prefill_result, report, uniform
 
 
 def chunk_metadata(torch, seqlen: int, batch: int, chunk: int, dev):
@@ -89,14 +89,9 @@ def bench(fn, s, torch, gathered: bool):
         )
 
     us = graph_median_us(torch, call, ps, calls)
-    if not all(bool(torch.isfinite(pp["out"]).all()) for pp in ps[:2]):
-        raise RuntimeError(f"ssd {s}: non-finite output after the replays")
+    outs = [pp["out"] for pp in ps[:2]]
     del ps
-    torch.cuda.empty_cache()
-    return {
-        **s, "kernel": "ssd+gather" if gathered else "ssd", "us": us, "gbps": nbytes / (us * 1e-6) / 1e9,
-        "tflops": s["flops"] / (us * 1e-6) / 1e12, "pools": pools, "calls_per_graph": calls,
-    }
+    return prefill_result(torch, s, "ssd+gather" if gathered else "ssd", us, outs, nbytes, pools, calls)
 
 
 def default_shapes():

@@ -211,6 +211,33 @@ impl CudaBenchShape for GdnChunkBenchShape {
     }
 }
 
+impl PrefillShape for GdnChunkBenchShape {
+    fn tokens(&self) -> usize {
+        GdnChunkBenchShape::tokens(self)
+    }
+    fn flops(&self) -> f64 {
+        GdnChunkBenchShape::flops(self)
+    }
+    fn row_fields(&self) -> Value {
+        json!({"state": state_name(self.state), "batch": self.batch, "seqlen": self.seqlen, "heads": self.heads,
+               "v_heads": self.v_heads, "k": self.k, "v": self.v, "bytes": self.bytes()})
+    }
+}
+
+impl PrefillShape for SsdBenchShape {
+    fn tokens(&self) -> usize {
+        SsdBenchShape::tokens(self)
+    }
+    fn flops(&self) -> f64 {
+        SsdBenchShape::flops(self)
+    }
+    fn row_fields(&self) -> Value {
+        json!({"state": state_name(self.state), "batch": self.batch, "seqlen": self.seqlen, "heads": self.heads,
+               "dim": self.dim, "dstate": self.dstate, "groups": self.groups, "chunk": self.chunk,
+               "bytes": self.bytes()})
+    }
+}
+
 impl CudaBenchShape for SsdBenchShape {
     const LABEL_WIDTH: usize = 36;
     fn label(&self) -> String {
@@ -532,6 +559,74 @@ pub(crate) fn run_gdn(args: &CudaGdnBenchArgs) -> anyhow::Result<Value> {
     m.write(&args.common, "gdn_cuda.json", rows)
 }
 
+/// A prefill bench shape: what the prefill table adds to [`CudaBenchShape`].
+trait PrefillShape: CudaBenchShape + Copy {
+    fn tokens(&self) -> usize;
+    fn flops(&self) -> f64;
+    /// The shape's own JSON fields (merged into its table row).
+    fn row_fields(&self) -> Value;
+}
+
+/// The peer timings a prefill table shows: the peer's call alone (`kernel`), and with the
+/// layer's pool traffic around it (`pooled`, shown as `+{label}` and saved as
+/// `peer_{label}_us` / `speedup_vs_peer_{label}`).
+struct PrefillPeer {
+    kernel: &'static str,
+    pooled: &'static str,
+    label: &'static str,
+}
+
+/// Prints the prefill table (ours, the peer's call, the peer with its pool traffic, TFLOP/s,
+/// Mtok/s) and returns its JSON rows.
+fn prefill_table<S: PrefillShape>(m: &Measured<S>, peer: &PrefillPeer) -> Vec<Value> {
+    let w = S::LABEL_WIDTH;
+    println!(
+        "{:<w$} | {:>9} {:>7} {:>8} | {:>9} {:>7} {:>7} | {:>9} {:>7} | {:>7}",
+        "shape",
+        "ours us",
+        "TFLOP/s",
+        "GB/s",
+        "peer us",
+        "TFLOP/s",
+        "speedup",
+        format!("+{}", peer.label),
+        "speedup",
+        "Mtok/s"
+    );
+    let mut rows = Vec::new();
+    for r in &m.ours {
+        let s = r.shape;
+        let vs = m.vs_peer(r, Some(peer.kernel));
+        let (pus, _) = m.peer_timing(&s, Some(peer.pooled));
+        let tf = |us: f64| s.flops() / (us * 1e-6) / 1e12;
+        let mtok = s.tokens() as f64 / r.us;
+        println!(
+            "{:<w$} | {:>9.2} {:>7.1} {:>8.1} | {:>9.2} {:>7.1} {:>7.2} | {:>9.2} {:>7.2} | {:>7.2}",
+            s.label(),
+            r.us,
+            tf(r.us),
+            r.gbps,
+            vs.peer_us,
+            tf(vs.peer_us),
+            vs.peer_us / r.us,
+            pus,
+            pus / r.us,
+            mtok
+        );
+        let mut row = s.row_fields();
+        let extra = json!({
+            "tokens": s.tokens(), "flops": s.flops(), "tflops": tf(r.us), "peer_tflops": tf(vs.peer_us),
+            format!("peer_{}_us", peer.label): pus, format!("speedup_vs_peer_{}", peer.label): pus / r.us,
+            "mtokens_per_s": mtok,
+        });
+        if let (Some(row), Some(extra)) = (row.as_object_mut(), extra.as_object()) {
+            row.extend(extra.clone());
+        }
+        rows.push(vs.json_row(row));
+    }
+    rows
+}
+
 /// Options of the CUDA SSD prefill bench.
 #[derive(Debug, Clone, clap::Args)]
 pub(crate) struct CudaSsdBenchArgs {
@@ -574,37 +669,7 @@ pub(crate) fn run_ssd(args: &CudaSsdBenchArgs) -> anyhow::Result<Value> {
             "peer = vLLM's call with the initial states gathered; +gather = the mixer's torch.where gather and the call"
         );
     }
-    println!(
-        "{:<36} | {:>9} {:>7} {:>8} | {:>9} {:>7} {:>7} | {:>9} {:>7} | {:>7}",
-        "shape", "ours us", "TFLOP/s", "GB/s", "peer us", "TFLOP/s", "speedup", "+gather", "speedup", "Mtok/s"
-    );
-    let mut rows = Vec::new();
-    for r in &m.ours {
-        let s = r.shape;
-        let vs = m.vs_peer(r, Some("ssd"));
-        let (gus, _) = m.peer_timing(&s, Some("ssd+gather"));
-        let tf = |us: f64| s.flops() / (us * 1e-6) / 1e12;
-        let mtok = s.tokens() as f64 / r.us;
-        println!(
-            "{:<36} | {:>9.2} {:>7.1} {:>8.1} | {:>9.2} {:>7.1} {:>7.2} | {:>9.2} {:>7.2} | {:>7.2}",
-            s.label(),
-            r.us,
-            tf(r.us),
-            r.gbps,
-            vs.peer_us,
-            tf(vs.peer_us),
-            vs.peer_us / r.us,
-            gus,
-            gus / r.us,
-            mtok
-        );
-        rows.push(vs.json_row(json!({
-            "state": state_name(s.state), "batch": s.batch, "seqlen": s.seqlen, "tokens": s.tokens(),
-            "heads": s.heads, "dim": s.dim, "dstate": s.dstate, "groups": s.groups, "chunk": s.chunk,
-            "bytes": s.bytes(), "flops": s.flops(), "tflops": tf(r.us), "peer_tflops": tf(vs.peer_us),
-            "peer_gather_us": gus, "speedup_vs_peer_gather": gus / r.us, "mtokens_per_s": mtok,
-        })));
-    }
+    let rows = prefill_table(&m, &PrefillPeer { kernel: "ssd", pooled: "ssd+gather", label: "gather" });
     m.write(&args.common, "ssd_cuda.json", rows)
 }
 
@@ -633,36 +698,6 @@ pub(crate) fn run_gdn_chunk(args: &CudaGdnChunkBenchArgs) -> anyhow::Result<Valu
              the call and the scatter of the final states into the pool"
         );
     }
-    println!(
-        "{:<34} | {:>9} {:>7} {:>8} | {:>9} {:>7} {:>7} | {:>9} {:>7} | {:>7}",
-        "shape", "ours us", "TFLOP/s", "GB/s", "peer us", "TFLOP/s", "speedup", "+pool", "speedup", "Mtok/s"
-    );
-    let mut rows = Vec::new();
-    for r in &m.ours {
-        let s = r.shape;
-        let vs = m.vs_peer(r, Some("chunk"));
-        let (pus, _) = m.peer_timing(&s, Some("chunk+pool"));
-        let tf = |us: f64| s.flops() / (us * 1e-6) / 1e12;
-        let mtok = s.tokens() as f64 / r.us;
-        println!(
-            "{:<34} | {:>9.2} {:>7.1} {:>8.1} | {:>9.2} {:>7.1} {:>7.2} | {:>9.2} {:>7.2} | {:>7.2}",
-            s.label(),
-            r.us,
-            tf(r.us),
-            r.gbps,
-            vs.peer_us,
-            tf(vs.peer_us),
-            vs.peer_us / r.us,
-            pus,
-            pus / r.us,
-            mtok
-        );
-        rows.push(vs.json_row(json!({
-            "state": state_name(s.state), "batch": s.batch, "seqlen": s.seqlen, "tokens": s.tokens(),
-            "heads": s.heads, "v_heads": s.v_heads, "k": s.k, "v": s.v, "bytes": s.bytes(), "flops": s.flops(),
-            "tflops": tf(r.us), "peer_tflops": tf(vs.peer_us), "peer_pool_us": pus,
-            "speedup_vs_peer_pool": pus / r.us, "mtokens_per_s": mtok,
-        })));
-    }
+    let rows = prefill_table(&m, &PrefillPeer { kernel: "chunk", pooled: "chunk+pool", label: "pool" });
     m.write(&args.common, "gdn_chunk_cuda.json", rows)
 }

@@ -116,10 +116,10 @@ impl Run<FusedGdnGatingArgs<'_>> for CudaBackend {
 // ---------------------------------------------------------------------------------------------
 // the recurrence
 
-/// Strides of a per-token tensor `[b, t, head, dim]` (`struct Tok4` in gdn.cu).
+/// Strides of a per-token tensor `[b, t, head, dim]` (`struct Tok4` in gdn.cu and gdn_chunk.cu).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, Pod, Zeroable)]
-struct Tok4 {
+pub(crate) struct Tok4 {
     b: i64,
     t: i64,
     h: i64,

@@ -15,29 +15,13 @@ use ssm_gdn::{CHUNK_SIZE, ChunkGatedDeltaRuleArgs, StateLayout};
 use ssm_tensor::{DType, Planned, Run, SlotTable, Strided, TensorRef};
 
 use crate::compile::{KernelSource, KernelSpec, c_type, flag_defines};
+use crate::gdn::Tok4;
 use crate::{CudaBackend, CudaError, addr_of};
 
 /// Threads of a block (`NTHREADS` in gdn_chunk.cu).
 const THREADS: u32 = 256;
 /// The largest `head_k_dim` the kernel holds (its shared-memory operands are `K`-wide).
 pub const MAX_K: usize = 128;
-
-/// Strides of a per-token tensor `[b, t, head, dim]` (`struct Tok4` in gdn_chunk.cu).
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default, Pod, Zeroable)]
-struct Tok4 {
-    b: i64,
-    t: i64,
-    h: i64,
-    d: i64,
-}
-
-impl From<Strided<4>> for Tok4 {
-    fn from(s: Strided<4>) -> Self {
-        let [b, t, h, d] = s.strides.map(|v| v as i64);
-        Tok4 { b, t, h, d }
-    }
-}
 
 /// The kernel's parameter block (`struct ChunkParams` in gdn_chunk.cu: same order, no padding).
 #[repr(C)]
@@ -262,7 +246,7 @@ fn params(p: &ChunkPlan, a: &ChunkGatedDeltaRuleArgs<'_>, vtiles: usize, err: u6
             cu,
             err,
         ],
-        tok: [p.q.0.into(), p.k.0.into(), p.v.0.into(), p.o.0.into()],
+        tok: [(&p.q.0).into(), (&p.k.0).into(), (&p.v.0).into(), (&p.o.0).into()],
         gates: [
             p.g.0.strides[0],
             p.g.0.strides[1],
