@@ -9,7 +9,7 @@
 //!
 //! Ops: [`selective_state_update`], [`causal_conv1d_update`] and
 //! [`fused_sigmoid_gating_delta_rule_update`] (the decode-path ops of Mamba2 and Qwen3-Next
-//! layers).
+//! layers), and [`chunk_gated_delta_rule`] (the Qwen3-Next prefill over the same pool).
 //!
 //! The contract:
 //! - Tensors live on candle's CPU device; their dtype is f32, f16, bf16 (floats) or i32/i64
@@ -56,7 +56,7 @@ use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, InplaceOp1, Layout, Storage, Tensor};
 use ssm_conv::{Activation, CausalConv1dUpdateArgs, ConvStateLayout};
 use ssm_dispatch::Runtime;
-use ssm_gdn::{DeltaRuleArgs, FusedSigmoidGatingDeltaRuleUpdateArgs, GateInputs};
+use ssm_gdn::{ChunkGatedDeltaRuleArgs, DeltaRuleArgs, FusedSigmoidGatingDeltaRuleUpdateArgs, GateInputs};
 use ssm_ssu::SelectiveStateUpdateArgs;
 use ssm_tensor::{TensorMut, TensorRef};
 
@@ -530,6 +530,80 @@ pub fn fused_sigmoid_gating_delta_rule_update(
                 ..DeltaRuleArgs::new(q, k, v, o)
             };
             Ok(rt.fused_sigmoid_gating_delta_rule_update(FusedSigmoidGatingDeltaRuleUpdateArgs { gates, rule })?)
+        }),
+    )
+}
+
+/// The tensors of [`chunk_gated_delta_rule`] (vLLM's op of the same name, the Qwen3-Next
+/// prefill): the state pool `initial_state` and `o` are written in place; see
+/// [`ssm_gdn::ChunkGatedDeltaRuleArgs`] for shapes (`[V, K]` state).
+#[derive(Debug, Clone, Copy)]
+pub struct GdnPrefillTensors<'t> {
+    /// `[B, T, H, K]`.
+    pub q: &'t Tensor,
+    /// `[B, T, H, K]`.
+    pub k: &'t Tensor,
+    /// `[B, T, HV, V]`.
+    pub v: &'t Tensor,
+    /// `[B, T, HV]` log-space decay (what `fused_gdn_gating` writes).
+    pub g: &'t Tensor,
+    /// `[B, T, HV]`.
+    pub beta: &'t Tensor,
+    /// The state pool `[slots, HV, V, K]`: each sequence's initial state is read from its slot
+    /// and its final state written back there.
+    pub initial_state: &'t Tensor,
+    /// Slot of each sequence (`[N]`, i32/i64).
+    pub initial_state_indices: &'t Tensor,
+    /// `[N]` i32/i64, nonzero where the slot holds a state to start from (else zeros).
+    pub has_initial_state: Option<&'t Tensor>,
+    /// Packed sequence starts `[N + 1]` (`B == 1`).
+    pub cu_seqlens: Option<&'t Tensor>,
+    /// Output `[B, T, HV, V]`, written in place.
+    pub o: &'t Tensor,
+}
+
+/// `chunk_gated_delta_rule` on candle tensors through `rt`: every sequence starts from its
+/// slot of the pool (or zeros where `has_initial_state` says so), a slot equal to `pad_slot_id`
+/// skips its sequence, and the final states are written back into the slots in place; `o` is
+/// written (no copy).
+pub fn chunk_gated_delta_rule(
+    rt: &Runtime,
+    t: GdnPrefillTensors<'_>,
+    scale: Option<f32>,
+    pad_slot_id: Option<i64>,
+    use_qk_l2norm_in_kernel: bool,
+) -> Result<(), Error> {
+    let reads = [
+        ("q", Some(t.q)),
+        ("k", Some(t.k)),
+        ("v", Some(t.v)),
+        ("g", Some(t.g)),
+        ("beta", Some(t.beta)),
+        ("initial_state_indices", Some(t.initial_state_indices)),
+        ("has_initial_state", t.has_initial_state),
+        ("cu_seqlens", t.cu_seqlens),
+    ];
+    in_place(
+        [("initial_state", t.initial_state), ("o", t.o)],
+        &reads,
+        Box::new(move |[state, o], r| {
+            let mut r = r.into_iter();
+            let mut next = || r.next().flatten();
+            let given = "given";
+            let (q, k, v) = (next().expect(given), next().expect(given), next().expect(given));
+            let (g, beta) = (next().expect(given), next().expect(given));
+            let args = ChunkGatedDeltaRuleArgs {
+                scale,
+                initial_state: Some(state),
+                initial_state_indices: next(),
+                has_initial_state: next(),
+                pad_slot_id,
+                inplace_final_state: true,
+                cu_seqlens: next(),
+                use_qk_l2norm_in_kernel,
+                ..ChunkGatedDeltaRuleArgs::new(q, k, v, g, beta, o)
+            };
+            Ok(rt.chunk_gated_delta_rule(args)?)
         }),
     )
 }

@@ -268,3 +268,75 @@ fn gdn_decode_matches_the_runtime_bit_for_bit() {
     assert_eq!(values(&o), want_o);
     assert_ne!(want_state, state_vals);
 }
+
+/// The Qwen3-Next prefill (chunked gated delta rule, bf16 q/k/v, l2norm, varlen with an empty
+/// sequence, a pad, a slot starting from zeros): equal to the runtime bit for bit, the pool and
+/// `o` written in place, the pad's slot untouched.
+#[test]
+fn gdn_prefill_matches_the_runtime_bit_for_bit() {
+    use ssm_gdn::ChunkGatedDeltaRuleArgs;
+    let rt = runtime();
+    let dev = Device::Cpu;
+    let mut r = SplitMix::new(17);
+    let (h, hv, k, v, slots) = (2usize, 4usize, 16usize, 8usize, 6usize);
+    let cu = [0i64, 70, 70, 75, 140];
+    let (n, t) = (cu.len() - 1, cu[cu.len() - 1] as usize);
+    let bf = |r: &mut SplitMix, n: usize| -> Vec<ssm_tensor::bf16> {
+        random(r, n, -1.0, 1.0).into_iter().map(ssm_tensor::bf16::from_f32).collect()
+    };
+    let (qv, kv, vv) = (bf(&mut r, t * h * k), bf(&mut r, t * h * k), bf(&mut r, t * hv * v));
+    let gv = random(&mut r, t * hv, -0.5, -0.01);
+    let betav = random(&mut r, t * hv, 0.1, 0.9);
+    let state_vals = random(&mut r, slots * hv * v * k, -0.5, 0.5);
+    let (table, has) = ([4i64, 1, -1, 2], [1i64, 0, 1, 1]);
+    let tb = |vals: &[ssm_tensor::bf16], shape: &[usize]| Tensor::from_vec(vals.to_vec(), shape, &dev).unwrap();
+    let t32 = |vals: &[f32], shape: &[usize]| Tensor::from_vec(vals.to_vec(), shape, &dev).unwrap();
+    let (q, kk, vt) = (tb(&qv, &[1, t, h, k]), tb(&kv, &[1, t, h, k]), tb(&vv, &[1, t, hv, v]));
+    let (g, beta) = (t32(&gv, &[1, t, hv]), t32(&betav, &[1, t, hv]));
+    let state = t32(&state_vals, &[slots, hv, v, k]);
+    let (idx, has_t, cu_t) =
+        (Tensor::new(&table, &dev).unwrap(), Tensor::new(&has, &dev).unwrap(), Tensor::new(&cu, &dev).unwrap());
+    let o = Tensor::zeros((1, t, hv, v), DType::F32, &dev).unwrap();
+    let tensors = ssm_candle::GdnPrefillTensors {
+        q: &q,
+        k: &kk,
+        v: &vt,
+        g: &g,
+        beta: &beta,
+        initial_state: &state,
+        initial_state_indices: &idx,
+        has_initial_state: Some(&has_t),
+        cu_seqlens: Some(&cu_t),
+        o: &o,
+    };
+    ssm_candle::chunk_gated_delta_rule(&rt, tensors, None, Some(-1), true).unwrap();
+
+    let (mut want_state, mut want_o) = (state_vals.clone(), vec![0f32; t * hv * v]);
+    let args = ChunkGatedDeltaRuleArgs {
+        initial_state: Some(TensorMut::from_slice(&mut want_state, &[slots, hv, v, k]).unwrap()),
+        initial_state_indices: Some(TensorRef::from_slice(&table, &[n]).unwrap()),
+        has_initial_state: Some(TensorRef::from_slice(&has, &[n]).unwrap()),
+        pad_slot_id: Some(-1),
+        inplace_final_state: true,
+        cu_seqlens: Some(TensorRef::from_slice(&cu, &[n + 1]).unwrap()),
+        use_qk_l2norm_in_kernel: true,
+        ..ChunkGatedDeltaRuleArgs::new(
+            TensorRef::from_slice(&qv, &[1, t, h, k]).unwrap(),
+            TensorRef::from_slice(&kv, &[1, t, h, k]).unwrap(),
+            TensorRef::from_slice(&vv, &[1, t, hv, v]).unwrap(),
+            TensorRef::from_slice(&gv, &[1, t, hv]).unwrap(),
+            TensorRef::from_slice(&betav, &[1, t, hv]).unwrap(),
+            TensorMut::from_slice(&mut want_o, &[1, t, hv, v]).unwrap(),
+        )
+    };
+    rt.chunk_gated_delta_rule(args).unwrap();
+    assert_eq!(values(&state), want_state);
+    assert_eq!(values(&o), want_o);
+    let per = hv * v * k;
+    for s in [0usize, 3, 5] {
+        assert_eq!(values(&state)[s * per..(s + 1) * per], state_vals[s * per..(s + 1) * per], "slot {s} untouched");
+    }
+    assert_ne!(values(&state)[per..2 * per], state_vals[per..2 * per], "slot 1 (started from zeros) written");
+    // The pad's tokens (70..75) are not written.
+    assert!(values(&o)[70 * hv * v..75 * hv * v].iter().all(|&x| x == 0.0));
+}
