@@ -109,6 +109,28 @@ def test_gdn_decode_on_cuda_tensors_matches_the_cpu():
     np.testing.assert_allclose(got_state.cpu().numpy(), want_state, rtol=2e-4, atol=2e-4)
 
 
+def test_gdn_prefill_on_cuda_tensors_matches_the_cpu():
+    # f16 q/k/v/beta on both sides: the GPU's tensor-core prefill rounds its operands to f16 where
+    # vLLM's Triton kernels do, the CPU computes in f32; both within 1e-2 of each other.
+    rng = np.random.default_rng(5)
+    h, hv, kd, vd, t = 2, 4, 64, 32, 150
+    cu = np.array([0, 40, 40, 150], np.int32)
+    q, kk = (rng.uniform(-1, 1, (1, t, h, kd)).astype(np.float16) for _ in range(2))
+    vv = rng.uniform(-1, 1, (1, t, hv, vd)).astype(np.float16)
+    g = -rng.uniform(0.01, 0.5, (1, t, hv)).astype(np.float32)
+    beta = rng.uniform(0.1, 0.9, (1, t, hv)).astype(np.float16)
+    init = (rng.standard_normal((3, hv, vd, kd)) * 0.3).astype(np.float32)
+    args = (q, kk, vv, g, beta)
+    want_o, want_final = sk.chunk_gated_delta_rule(*args, initial_state=init, output_final_state=True, cu_seqlens=cu,
+                                                   use_qk_l2norm_in_kernel=True)
+    got_o, got_final = sk.chunk_gated_delta_rule(*map(cuda, args), initial_state=cuda(init), output_final_state=True,
+                                                 cu_seqlens=cuda(cu), use_qk_l2norm_in_kernel=True)
+    torch.cuda.synchronize()
+    sk.check()
+    np.testing.assert_allclose(got_o.float().cpu().numpy(), want_o.astype(np.float32), rtol=1e-2, atol=1e-2)
+    np.testing.assert_allclose(got_final.cpu().numpy(), want_final, rtol=1e-2, atol=1e-2)
+
+
 if __name__ == "__main__":
     print(f"torch {torch.__version__ if torch else None}, CUDA {CUDA}")
     if not CUDA:
