@@ -174,8 +174,23 @@ fn view_mut<'a>(arg: &'static str, s: &'a mut CpuStorage, l: &Layout) -> Result<
 }
 
 /// The views an op's closure receives: its two written tensors, then its read tensors in the
-/// order given (`None` where the argument was absent).
-type Body<'f, R> = dyn for<'v> FnOnce([TensorMut<'v>; 2], Vec<Option<TensorRef<'v>>>) -> Result<R, Error> + 'f;
+/// order given ([`Reads`]).
+type Body<'f, R> = dyn for<'v> FnOnce([TensorMut<'v>; 2], Reads<'v>) -> Result<R, Error> + 'f;
+
+/// An op's read views, taken in the order its `reads` list gave them.
+struct Reads<'v>(std::vec::IntoIter<Option<TensorRef<'v>>>);
+
+impl<'v> Reads<'v> {
+    /// The next argument, which may be absent.
+    fn opt(&mut self) -> Option<TensorRef<'v>> {
+        self.0.next().flatten()
+    }
+
+    /// The next argument, one the op always passes.
+    fn given(&mut self) -> TensorRef<'v> {
+        self.opt().expect("a required argument is given")
+    }
+}
 
 /// Runs `body` over views of two written tensors (in place, under their storage's write locks)
 /// and of the read tensors (under read locks, one per distinct storage). Refuses a written
@@ -286,7 +301,7 @@ impl<R> InplaceOp1 for Second<'_, '_, '_, R> {
                 });
             }
             let body = p.body.borrow_mut().take().expect("the body runs once");
-            body(w, views)
+            body(w, Reads(views.into_iter()))
         })();
         *p.result.borrow_mut() = Some(result);
         Ok(())
@@ -378,22 +393,19 @@ pub fn selective_state_update(
     in_place(
         [("state", t.state), ("out", t.out)],
         &reads,
-        Box::new(move |[state, out], r| {
-            let mut r = r.into_iter();
-            let mut next = || r.next().flatten();
-            let (x, dt, a, b, c) = (next(), next(), next(), next(), next());
+        Box::new(move |[state, out], mut r| {
             let args = SelectiveStateUpdateArgs {
                 state,
-                x: x.expect("x is given"),
-                dt: dt.expect("dt is given"),
-                a: a.expect("A is given"),
-                b: b.expect("B is given"),
-                c: c.expect("C is given"),
-                d: next(),
-                z: next(),
-                dt_bias: next(),
+                x: r.given(),
+                dt: r.given(),
+                a: r.given(),
+                b: r.given(),
+                c: r.given(),
+                d: r.opt(),
+                z: r.opt(),
+                dt_bias: r.opt(),
                 dt_softplus,
-                state_batch_indices: next(),
+                state_batch_indices: r.opt(),
                 dst_state_batch_indices: None,
                 pad_slot_id,
                 out,
@@ -438,18 +450,15 @@ pub fn causal_conv1d_update(
     in_place(
         [("conv_state", t.conv_state), ("out", t.out)],
         &reads,
-        Box::new(move |[conv_state, out], r| {
-            let mut r = r.into_iter();
-            let mut next = || r.next().flatten();
-            let (x, weight) = (next(), next());
+        Box::new(move |[conv_state, out], mut r| {
             let args = CausalConv1dUpdateArgs {
-                x: x.expect("x is given"),
+                x: r.given(),
                 conv_state,
                 conv_state_layout,
-                weight: weight.expect("weight is given"),
-                bias: next(),
+                weight: r.given(),
+                bias: r.opt(),
                 activation,
-                conv_state_indices: next(),
+                conv_state_indices: r.opt(),
                 num_accepted_tokens: None,
                 query_start_loc: None,
                 pad_slot_id,
@@ -514,18 +523,14 @@ pub fn fused_sigmoid_gating_delta_rule_update(
     in_place(
         [("initial_state", t.initial_state), ("o", t.o)],
         &reads,
-        Box::new(move |[state, o], r| {
-            let mut r = r.into_iter();
-            let mut next = || r.next().flatten();
-            let given = "given";
-            let gates =
-                GateInputs::new(next().expect(given), next().expect(given), next().expect(given), next().expect(given));
-            let (q, k, v) = (next().expect(given), next().expect(given), next().expect(given));
+        Box::new(move |[state, o], mut r| {
+            let gates = GateInputs::new(r.given(), r.given(), r.given(), r.given());
+            let (q, k, v) = (r.given(), r.given(), r.given());
             let rule = DeltaRuleArgs {
                 scale,
                 initial_state: Some(state),
-                ssm_state_indices: next(),
-                cu_seqlens: next(),
+                ssm_state_indices: r.opt(),
+                cu_seqlens: r.opt(),
                 use_qk_l2norm_in_kernel,
                 ..DeltaRuleArgs::new(q, k, v, o)
             };
@@ -586,20 +591,16 @@ pub fn chunk_gated_delta_rule(
     in_place(
         [("initial_state", t.initial_state), ("o", t.o)],
         &reads,
-        Box::new(move |[state, o], r| {
-            let mut r = r.into_iter();
-            let mut next = || r.next().flatten();
-            let given = "given";
-            let (q, k, v) = (next().expect(given), next().expect(given), next().expect(given));
-            let (g, beta) = (next().expect(given), next().expect(given));
+        Box::new(move |[state, o], mut r| {
+            let (q, k, v, g, beta) = (r.given(), r.given(), r.given(), r.given(), r.given());
             let args = ChunkGatedDeltaRuleArgs {
                 scale,
                 initial_state: Some(state),
-                initial_state_indices: next(),
-                has_initial_state: next(),
+                initial_state_indices: r.opt(),
+                has_initial_state: r.opt(),
                 pad_slot_id,
                 inplace_final_state: true,
-                cu_seqlens: next(),
+                cu_seqlens: r.opt(),
                 use_qk_l2norm_in_kernel,
                 ..ChunkGatedDeltaRuleArgs::new(q, k, v, g, beta, o)
             };
