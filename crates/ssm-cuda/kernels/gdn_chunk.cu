@@ -1,29 +1,40 @@
-// Gated delta rule chunked prefill (vLLM `chunk_gated_delta_rule`, semantics/gdn_conv.md §2.5):
-// one block per (sequence, value head, tile of BV value rows) walks the sequence's chunks of
-// CH = 64 tokens in order, with the state tile S [BV, K] in shared memory in f32. Per chunk, on
-// tensor cores (`mma.sync`, f32 accumulation, `mma_tile` in common.cuh):
+// Gated delta rule chunked prefill (vLLM `chunk_gated_delta_rule`, semantics/gdn_conv.md §2.5),
+// split as FLA splits it: the work of a chunk that does not depend on the state runs for every
+// chunk at once, and only the state recurrence walks a sequence's chunks in order. Four entries,
+// one per module (ENTRY), launched in this order over one plan-sized scratch:
 //
-//   G      = in-chunk cumulative sum of g                      (a warp scan)
-//   A      = β_i (k_i·k_j) e^{G_i − G_j}, i > j                 (K·Kᵀ)
-//   P      = (q_i·k_j) e^{G_i − G_j}, i ≥ j                     (Q·Kᵀ), rounded to the operand type
-//   Ainv   = (I + A)⁻¹, f32 (16×16 diagonal blocks by forward substitution, then block rows),
-//            rounded to the operand type                        (FLA `solve_tril`)
-//   W      = Ainv·(β e^G K),  U = Ainv·(β V), both rounded     (FLA `recompute_w_u`)
-//   V'     = U − W·S_cᵀ, S_c the state rounded to the operand type (FLA `chunk_fwd_h`)
-//   o      = scale·(e^{G_i} (q_i·S_cᵀ) + P·V')                  (FLA `chunk_fwd_o`)
-//   S      = e^{G_last} S + Σ_i k_i ⊗ round(e^{G_last − G_i} V'_i)
+//   0 index  one block: checks every sequence's `cu_seqlens` range and slot, numbers the live
+//            sequences' 64-token chunks (SeqInfo per sequence, (sequence, chunk) per chunk).
+//   1 prep   per (chunk, value head), in parallel, on tensor cores (`mma.sync`, f32 accumulation):
+//              G    = in-chunk cumulative sum of g                   (a warp scan)
+//              A    = β_i (k_i·k_j) e^{G_i − G_j}, i > j              (K·Kᵀ)
+//              Ainv = (I + A)⁻¹, f32 (16×16 diagonal blocks by forward substitution, then block
+//                     rows), rounded to the operand type             (FLA `solve_tril`)
+//              W    = Ainv·(β e^G K),  Uᵀ = (β V)ᵀ·Ainvᵀ, rounded     (FLA `recompute_w_u`)
+//            and writes W, Uᵀ, G and the normalised Kᵀ (per key head) to the scratch.
+//   2 state  per (sequence, value head, tile of BV value rows), the chunks in order, the f32
+//            state tile in registers, the next chunk's W, Kᵀ, Uᵀ and G staged with `cp.async`:
+//              H_c  = S_c rounded to the operand type, to the scratch (FLA `chunk_fwd_h`)
+//              V'ᵀ  = Uᵀ − H_c·Wᵀ, rounded, over Uᵀ in the scratch
+//              S    = e^{G_last} S + Kᵀ·round(e^{G_last − G_i} V'_i)
+//            then the final state (`final_state`, and the pool slot in place).
+//   3 out    per (chunk, value head, 64 value rows), in parallel:
+//              P    = (q_i·k_j) e^{G_i − G_j}, i ≥ j, rounded          (Q·Kᵀ)
+//              o    = scale·(e^{G_i} (q_i·H_cᵀ) + P·V')               (FLA `chunk_fwd_o`)
 //
-// so every operand is rounded where vLLM's Triton kernels round it (they store A⁻¹, w, u, h and
+// Every operand is rounded where vLLM's Triton kernels round it (they store A⁻¹, w, u, h and
 // v_new in the input dtype). Operands are bf16 when q/k/v are bf16, f16 when f16, tf32 for f32.
 //
-// Device-resident values are checked before anything is written: a `cu_seqlens` range out of
-// [0, T] skips the sequence (ERR_CU_SEQLENS); a slot equal to the pad value skips it silently; a
-// slot out of [0, rows) skips it (ERR_SLOT). No access leaves the views the plan checked.
+// Device-resident values are checked once, by the index kernel, before anything is written: a
+// `cu_seqlens` range out of [0, T] skips the sequence (ERR_CU_SEQLENS); a slot equal to the pad
+// value skips it silently; a slot out of [0, rows) skips it (ERR_SLOT). Chunks past the
+// scratch's `nb` (only reachable when some range is invalid) skip their sequence too. No access
+// leaves the views the plan checked or the scratch.
 //
-// Macros (crates/ssm-cuda/src/gdn_chunk.rs, `ChunkKey::spec`): Q_T K_T V_T O_T G_T BETA_T ST_T
-// FS_T (element types), IX_T HAS_T CU_T (index types), OP_KIND (0 bf16, 1 f16, 2 tf32), KDIM
-// (head_k_dim), KP (KDIM rounded up to 64), BV (32 or 64), flags L2NORM HAS_STATE HAS_IX HAS_HAS
-// HAS_PAD INPLACE HAS_FINAL VARLEN LAYOUT_KV ASYNC.
+// Macros (crates/ssm-cuda/src/gdn_chunk.rs, `ChunkKey::spec`): ENTRY (0..3), Q_T K_T V_T O_T
+// G_T BETA_T ST_T FS_T (element types), IX_T HAS_T CU_T (index types), OP_KIND (0 bf16, 1 f16,
+// 2 tf32), KDIM (head_k_dim), KP (KDIM rounded up to 64), BV (the state entry's value rows:
+// 16, 32 or 64), flags L2NORM HAS_STATE HAS_IX HAS_HAS HAS_PAD INPLACE HAS_FINAL VARLEN LAYOUT_KV.
 
 #define CH 64
 #define NTHREADS 256
@@ -39,9 +50,8 @@ typedef unsigned short op_st;
 #define KSTEP 16
 #define PADE 8
 #endif
-#define LDK (KP + PADE)  // rows of the K-contiguous operands: Ks, Qs, Ws, Sop
-#define LDC (CH + PADE)  // rows of the chunk-contiguous operands: KT, Ai, Ps, VT, VsT
-#define LDF (BV + 4)     // rows of the f32 state Sf [KP][BV]
+#define LDK (KP + PADE)  // shared rows of the K-contiguous operands
+#define LDC (CH + PADE)  // shared rows of the chunk-contiguous operands
 #define LDA (CH + 1)     // rows of the f32 A / its inverse
 
 // Strides of a per-token tensor `[b, t, head, dim]`.
@@ -51,13 +61,21 @@ struct Tok4 {
 
 // Mirrored by `ChunkParams` in crates/ssm-cuda/src/gdn_chunk.rs (8-byte fields first, no padding).
 struct ChunkParams {
-    u64 q, k, v, o, g, beta, state, final_state, ix, has, cu, err;
+    u64 q, k, v, o, g, beta, state, final_state, ix, has, cu, err, ws;
     Tok4 qs, ks, vs, os;
     i64 g_b, g_t, g_h, be_b, be_t, be_h;
     i64 st_row, fs_row, ix_s, has_s, cu_s;
-    i64 pad, rows, seqlen;
-    int seqs, v_heads, vdim, group, vtiles, reserved;
+    i64 pad, rows, seqlen, nb;
+    i64 off_info, off_map, off_w, off_kt, off_ut, off_h, off_g;  // scratch regions, bytes from ws
+    int seqs, v_heads, vdim, group, vtiles, vp;
     float scale, eps;
+};
+
+// One sequence as the index kernel resolved it (`base` < 0: skipped). Mirrored by the scratch
+// layout's 32 bytes per sequence in gdn_chunk.rs.
+struct SeqInfo {
+    i64 bos, slot;
+    int len, base, read, bb;
 };
 
 __device__ __forceinline__ op_st to_op(float v) {
@@ -94,31 +112,6 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_b
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
-
-// Stages rows [0, CH) × columns [0, cols_pad) of a row-major tensor (`base` + row·ts + col·ds,
-// rows < rows_valid and columns < cols_valid real, the rest zeros) into `dst` (row stride
-// cols_pad), in the tensor's own type: 16-byte `cp.async` copies when ASYNC (ds = 1, rows
-// 16-byte aligned), else plain loads and stores.
-template <typename T>
-__device__ __forceinline__ void stage_rows(T* dst, const T* base, i64 ts, i64 ds, int rows_valid, int cols_valid,
-                                           int cols_pad) {
-#if ASYNC
-    constexpr int EPV = 16 / sizeof(T);
-    const int segs = cols_pad / EPV;
-    (void)ds;
-    for (int e = threadIdx.x; e < CH * segs; e += NTHREADS) {
-        const int r = e / segs, c = (e % segs) * EPV;
-        const int n = r < rows_valid ? max(0, min(EPV, cols_valid - c)) : 0;
-        cp_async16(dst + r * cols_pad + c, n > 0 ? (const void*)(base + r * ts + c) : (const void*)base,
-                   n * (int)sizeof(T));
-    }
-#else
-    for (int e = threadIdx.x; e < CH * cols_pad; e += NTHREADS) {
-        const int r = e / cols_pad, c = e % cols_pad;
-        dst[r * cols_pad + c] = r < rows_valid && c < cols_valid ? base[r * ts + c * ds] : T{};
-    }
-#endif
-}
 
 // A fragment: rows r0 .. r0 + 15, k0 .. k0 + KSTEP − 1 of a k-contiguous matrix (row stride ld).
 __device__ __forceinline__ void frag_a(u32 (&a)[4], const op_st* m, int ld, int r0, int k0, int lane) {
@@ -205,14 +198,50 @@ __device__ __forceinline__ i64 state_at(int v, int kk, int vdim) {
 #endif
 }
 
-// One staged q or k row (`row`: KP elements, zeros past KDIM), l2-normalised when L2NORM,
-// rounded to the operand type into `dst`; one warp.
-template <typename T> __device__ __forceinline__ void norm_row(op_st* dst, const T* row, float eps, int lane) {
+
+// Visits a warp's accumulators in pairs of adjacent columns: f(row, col, v0, v1), col even.
+template <int MT, int NT, typename F>
+__device__ __forceinline__ void for_pairs(float (&acc)[MT][NT][4], int r0, int n0, int lane, F f) {
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+                f(r0 + 16 * mt + g + 8 * h, n0 + 8 * nt + 2 * t, acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);
+}
+
+// Two adjacent operands, rounded to the operand type (`p` is aligned to two elements).
+__device__ __forceinline__ void st_pair(op_st* p, float a, float b) {
+#if OP_KIND == 2
+    *reinterpret_cast<float2*>(p) = make_float2(a, b);
+#else
+    *reinterpret_cast<u32*>(p) = (u32)to_op(a) | ((u32)to_op(b) << 16);
+#endif
+}
+
+// `rows` rows of `row_bytes` bytes (a multiple of 16) from global `src` (row stride `src_ld`
+// bytes, 16-byte aligned) to shared `dst` (row stride `dst_ld` bytes), with 16-byte `cp.async`.
+__device__ __forceinline__ void stage_async(void* dst, int dst_ld, const void* src, i64 src_ld, int rows, int row_bytes) {
+    const int segs = row_bytes / 16;
+    for (int e = threadIdx.x; e < rows * segs; e += NTHREADS) {
+        const int r = e / segs, c = (e % segs) * 16;
+        cp_async16(static_cast<char*>(dst) + r * dst_ld + c, static_cast<const char*>(src) + r * src_ld + c, 16);
+    }
+}
+
+// One q or k row from global memory (`row`, element stride `ds`; zeros past KDIM, and all
+// zeros unless `valid`), l2-normalised when L2NORM, rounded to the operand type into `dst`
+// (KP elements); one warp.
+template <typename T>
+__device__ __forceinline__ void norm_row(op_st* dst, const T* row, i64 ds, bool valid, float eps, int lane) {
     float x[KP / 32];
     float ss = 0.f;
 #pragma unroll
     for (int e = 0; e < KP / 32; ++e) {
-        x[e] = to_f32(row[lane + 32 * e]);
+        const int col = lane + 32 * e;
+        x[e] = valid && col < KDIM ? to_f32(row[col * ds]) : 0.f;
         ss += x[e] * x[e];
     }
 #if L2NORM
@@ -228,325 +257,472 @@ template <typename T> __device__ __forceinline__ void norm_row(op_st* dst, const
     for (int e = 0; e < KP / 32; ++e) dst[lane + 32 * e] = to_op(x[e]);
 }
 
-extern "C" __global__ void __launch_bounds__(NTHREADS, 1) gdn_chunk_kernel(const ChunkParams p) {
-    extern __shared__ __align__(16) unsigned char smem[];
-    float* Sf = reinterpret_cast<float*>(smem);              // state, f32, [KP][LDF] (k-major)
-    Q_T* Qr = reinterpret_cast<Q_T*>(Sf + KP * LDF);           // staged q rows, [CH][KP]
-    K_T* Kr = reinterpret_cast<K_T*>(Qr + CH * KP);            // staged k rows, [CH][KP]
-    V_T* Vr = reinterpret_cast<V_T*>(Kr + CH * KP);            // staged v rows, [CH][BV]
-    op_st* Sop = reinterpret_cast<op_st*>(Vr + CH * BV);       // state at the chunk's start, [BV][LDK]
-    op_st* Ks = Sop + BV * LDK;                                // k rows, [CH][LDK]
-    op_st* Qs = Ks + CH * LDK;                                 // q rows
-    op_st* Ws = Qs + CH * LDK;                                 // W rows
-    op_st* KT = Ws + CH * LDK;                                 // (β e^G k)ᵀ, then kᵀ: [KP][LDC]
-    op_st* Ai = KT + KP * LDC;                                 // (I + A)⁻¹, [CH][LDC]
-    op_st* Ps = Ai + CH * LDC;                                 // P, [CH][LDC]
-    op_st* VT = Ps + CH * LDC;                                 // (β v)ᵀ, then V'ᵀ: [BV][LDC]
-    op_st* VsT = VT + BV * LDC;                                // decayed V'ᵀ, [BV][LDC]
-    float* As = reinterpret_cast<float*>(VsT + BV * LDC);      // A below the diagonal, A⁻¹ᵀ above
-    float* Tb = As + CH * LDA;                                 // block products of the inverse, [3][16][16]
-    float* gc = Tb + 3 * 256;                                  // G, [CH]
-    float* bt = gc + CH;                                       // β
-    float* ek = bt + CH;                                       // β e^G
-    float* eg = ek + CH;                                       // e^G
-    float* el = eg + CH;                                       // e^{G_last − G}
+// ---- the scratch ----
+__device__ __forceinline__ unsigned char* region(const ChunkParams& p, i64 off) {
+    return reinterpret_cast<unsigned char*>(p.ws) + off;
+}
+// W of chunk b, value head hv: [CH][KP].
+__device__ __forceinline__ op_st* w_of(const ChunkParams& p, i64 b, int hv) {
+    return reinterpret_cast<op_st*>(region(p, p.off_w)) + (b * p.v_heads + hv) * (CH * KP);
+}
+// Normalised Kᵀ of chunk b, key head h: [KP][CH].
+__device__ __forceinline__ op_st* kt_of(const ChunkParams& p, i64 b, int h) {
+    return reinterpret_cast<op_st*>(region(p, p.off_kt)) + (b * (p.v_heads / p.group) + h) * (KP * CH);
+}
+// Uᵀ, then V'ᵀ, of chunk b, value head hv: [vp][CH].
+__device__ __forceinline__ op_st* ut_of(const ChunkParams& p, i64 b, int hv) {
+    return reinterpret_cast<op_st*>(region(p, p.off_ut)) + (b * p.v_heads + hv) * ((i64)p.vp * CH);
+}
+// The state at the chunk's start, rounded: [vp][KP].
+__device__ __forceinline__ op_st* h_of(const ChunkParams& p, i64 b, int hv) {
+    return reinterpret_cast<op_st*>(region(p, p.off_h)) + (b * p.v_heads + hv) * ((i64)p.vp * KP);
+}
+// G: [CH], f32.
+__device__ __forceinline__ float* g_of(const ChunkParams& p, i64 b, int hv) {
+    return reinterpret_cast<float*>(region(p, p.off_g)) + (b * p.v_heads + hv) * CH;
+}
+__device__ __forceinline__ SeqInfo* infos(const ChunkParams& p) { return reinterpret_cast<SeqInfo*>(region(p, p.off_info)); }
+__device__ __forceinline__ int2* chunk_map(const ChunkParams& p) { return reinterpret_cast<int2*>(region(p, p.off_map)); }
 
-    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
-    const int wr = w & 3, wc = w >> 2;  // row strip and column half of the chunk-row products
-    const int r0 = 16 * wr;             // this warp's rows
-    const int kend = 16 * (wr + 1);     // rows r0.. need columns j ≤ i < kend of Ai and P
-    u32 bid = blockIdx.x;
-    const int vt = (int)(bid % (u32)p.vtiles);
-    bid /= (u32)p.vtiles;
-    const int hv = (int)(bid % (u32)p.v_heads);
-    const i64 n = (i64)(bid / (u32)p.v_heads);
-    const int h = hv / p.group;
-    const int v0 = vt * BV;
-    u32* err = reinterpret_cast<u32*>(p.err);
-
-    // ---- the sequence's tokens ----
+#if ENTRY == 0
+// Sequence n's token range and state slot, checked (`base` = 0 when live, −1 when skipped).
+__device__ SeqInfo resolve_seq(const ChunkParams& p, int n, u32* err) {
+    SeqInfo s;
+    s.bos = 0;
+    s.slot = n;
+    s.len = 0;
+    s.base = -1;
+    s.read = 0;
 #if VARLEN
     const CU_T* cu = reinterpret_cast<const CU_T*>(p.cu);
     const i64 bos = load_index(cu + n * p.cu_s), eos = load_index(cu + (n + 1) * p.cu_s);
+    s.bb = 0;
     if (bos < 0 || eos < bos || eos > p.seqlen) {
-        if (tid == 0) atomicOr(err, ERR_CU_SEQLENS);
-        return;
+        atomicOr(err, ERR_CU_SEQLENS);
+        return s;
     }
-    const i64 bb = 0;
 #else
-    const i64 bos = 0, eos = p.seqlen, bb = n;
+    const i64 bos = 0, eos = p.seqlen;
+    s.bb = n;
 #endif
-
-    // ---- where the state comes from and goes ----
-    bool read = false;
-    i64 slot = n, wrow = -1;
+    s.bos = bos;
+    s.len = (int)(eos - bos);
 #if HAS_STATE
 #if HAS_IX
-    slot = load_index(reinterpret_cast<const IX_T*>(p.ix) + n * p.ix_s);
+    s.slot = load_index(reinterpret_cast<const IX_T*>(p.ix) + n * p.ix_s);
 #if HAS_PAD
-    if (slot == p.pad) return;  // a pad: nothing read or written
+    if (s.slot == p.pad) return s;  // a pad: nothing read or written
 #endif
 #endif
-    if (slot < 0 || slot >= p.rows) {
-        if (tid == 0) atomicOr(err, ERR_SLOT);
-        return;
+    if (s.slot < 0 || s.slot >= p.rows) {
+        atomicOr(err, ERR_SLOT);
+        return s;
     }
-    read = true;
+    s.read = 1;
 #if HAS_HAS
-    read = load_index(reinterpret_cast<const HAS_T*>(p.has) + n * p.has_s) != 0;
-#endif
-#if INPLACE
-    wrow = slot;
+    s.read = load_index(reinterpret_cast<const HAS_T*>(p.has) + n * p.has_s) != 0;
 #endif
 #endif
+    s.base = 0;
+    return s;
+}
 
-    const Q_T* qb = reinterpret_cast<const Q_T*>(p.q) + bb * p.qs.b + (i64)h * p.qs.h;
-    const K_T* kb = reinterpret_cast<const K_T*>(p.k) + bb * p.ks.b + (i64)h * p.ks.h;
-    const V_T* vb = reinterpret_cast<const V_T*>(p.v) + bb * p.vs.b + (i64)hv * p.vs.h + (i64)v0 * p.vs.d;
-    O_T* ob = reinterpret_cast<O_T*>(p.o) + bb * p.os.b + (i64)hv * p.os.h;
-    const G_T* gb = reinterpret_cast<const G_T*>(p.g) + bb * p.g_b + (i64)hv * p.g_h;
-    const BETA_T* betab = reinterpret_cast<const BETA_T*>(p.beta) + bb * p.be_b + (i64)hv * p.be_h;
-    const int len = (int)(eos - bos);
-    const int vcols = min(BV, p.vdim - v0);
-
-    // The first chunk's rows, staged, and its gates (two rows per lane of warp 0).
-    float g2[2] = {0.f, 0.f}, b2[2] = {0.f, 0.f};
-    auto prefetch = [&](int c0) {
-        const int cl = min(CH, len - c0);
-        const i64 t0 = bos + c0;
-        stage_rows(Qr, qb + t0 * p.qs.t, p.qs.t, p.qs.d, cl, KDIM, KP);
-        stage_rows(Kr, kb + t0 * p.ks.t, p.ks.t, p.ks.d, cl, KDIM, KP);
-        stage_rows(Vr, vb + t0 * p.vs.t, p.vs.t, p.vs.d, cl, vcols, BV);
-        cp_async_commit();
-        if (tid < 32) {
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const int r = 2 * lane + e;
-                g2[e] = r < cl ? to_f32(gb[(t0 + r) * p.g_t]) : 0.f;
-                b2[e] = r < cl ? to_f32(betab[(t0 + r) * p.be_t]) : 0.f;
-            }
+extern "C" __global__ void __launch_bounds__(NTHREADS) gdn_chunk_index_kernel(const ChunkParams p) {
+    __shared__ i64 wsum[NWARPS];
+    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+    u32* err = reinterpret_cast<u32*>(p.err);
+    SeqInfo* info = infos(p);
+    int2* map = chunk_map(p);
+    for (i64 b = tid; b < p.nb; b += NTHREADS) map[b] = make_int2(-1, 0);
+    __syncthreads();
+    i64 carry = 0;
+    for (int n0 = 0; n0 < p.seqs; n0 += NTHREADS) {
+        const int n = n0 + tid;
+        SeqInfo s;
+        i64 cnt = 0;
+        if (n < p.seqs) {
+            s = resolve_seq(p, n, err);
+            if (s.base >= 0) cnt = (s.len + CH - 1) / CH;
         }
-    };
-    if (len > 0) prefetch(0);
+        i64 incl = cnt;
+#pragma unroll
+        for (int off = 1; off < 32; off <<= 1) {
+            const i64 y = __shfl_up_sync(FULL_MASK, incl, off);
+            if (lane >= off) incl += y;
+        }
+        if (lane == 31) wsum[w] = incl;
+        __syncthreads();
+        i64 before = 0, total = 0;
+#pragma unroll
+        for (int i = 0; i < NWARPS; ++i) {
+            const i64 x = wsum[i];
+            total += x;
+            if (i < w) before += x;
+        }
+        const i64 first = carry + before + incl - cnt;
+        if (n < p.seqs) {
+            if (s.base >= 0) {
+                if (first + cnt > p.nb) {  // only when an invalid range let others overlap
+                    atomicOr(err, ERR_CU_SEQLENS);
+                    s.base = -1;
+                } else {
+                    s.base = (int)first;
+                    for (int c = 0; c < (int)cnt; ++c) map[first + c] = make_int2(n, c);
+                }
+            }
+            info[n] = s;
+        }
+        carry += total;
+        __syncthreads();  // wsum is reused
+    }
+}
+#endif
 
-    const i64 head_elems = (i64)KDIM * p.vdim;
+#if ENTRY == 1
+extern "C" __global__ void __launch_bounds__(NTHREADS) gdn_chunk_prep_kernel(const ChunkParams p) {
+    const int2 m = chunk_map(p)[blockIdx.x];
+    if (m.x < 0) return;
+    extern __shared__ __align__(16) unsigned char smem[];
+    op_st* Ks = reinterpret_cast<op_st*>(smem);  // normalised k rows, [CH][LDK]
+    op_st* KT = Ks + CH * LDK;                   // (β e^G k)ᵀ, [KP][LDC]
+    op_st* Ai = KT + KP * LDC;                   // (I + A)⁻¹, [CH][LDC]
+    op_st* VT = Ai + CH * LDC;                   // (β v)ᵀ of 64 value rows, [64][LDC]
+    float* As = reinterpret_cast<float*>(VT + 64 * LDC);  // A below the diagonal, A⁻¹ᵀ above
+    float* Tb = As + CH * LDA;                   // block products of the inverse, [3][16][16]
+    float* gc = Tb + 3 * 256;                    // G, [CH]
+    float* bt = gc + CH;                         // β
+    float* ek = bt + CH;                         // β e^G
+
+    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+    const int wr = w & 3, wc = w >> 2;  // row strip and column half of the chunk-row products
+    const int r0 = 16 * wr;
+    const int kend = 16 * (wr + 1);  // rows r0.. need columns j ≤ i < kend of Ai
+    const i64 b = blockIdx.x;
+    const int hv = blockIdx.y, h = hv / p.group;
+    const SeqInfo s = infos(p)[m.x];
+    const int c0 = m.y * CH, cl = min(CH, s.len - c0);
+    const i64 t0 = s.bos + c0;
+
+    // ---- gates (warp 0: a scan of two rows per lane), k rows ----
+    if (tid < 32) {
+        const G_T* gb = reinterpret_cast<const G_T*>(p.g) + s.bb * p.g_b + (i64)hv * p.g_h + t0 * p.g_t;
+        const BETA_T* bb = reinterpret_cast<const BETA_T*>(p.beta) + s.bb * p.be_b + (i64)hv * p.be_h + t0 * p.be_t;
+        float g2[2], b2[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const int r = 2 * lane + e;
+            g2[e] = r < cl ? to_f32(gb[r * p.g_t]) : 0.f;
+            b2[e] = r < cl ? to_f32(bb[r * p.be_t]) : 0.f;
+        }
+        const float s0 = g2[0], s1 = g2[0] + g2[1];
+        float incl = s1;
+#pragma unroll
+        for (int off = 1; off < 32; off <<= 1) {
+            const float y = __shfl_up_sync(FULL_MASK, incl, off);
+            if (lane >= off) incl += y;
+        }
+        const float excl = incl - s1;
+        gc[2 * lane] = excl + s0;
+        gc[2 * lane + 1] = excl + s1;
+        bt[2 * lane] = b2[0];
+        bt[2 * lane + 1] = b2[1];
+    }
     {
-        const ST_T* src = reinterpret_cast<const ST_T*>(p.state) + slot * p.st_row + hv * head_elems;
-        for (int e = tid; e < KP * BV; e += NTHREADS) {
-            const int kk = e % KP, v = e / KP;
-            float x = 0.f;
-            if (read && kk < KDIM && v < vcols) x = to_f32(src[state_at(v0 + v, kk, p.vdim)]);
-            Sf[kk * LDF + v] = x;
-            Sop[v * LDK + kk] = to_op(x);
+        const K_T* kb = reinterpret_cast<const K_T*>(p.k) + s.bb * p.ks.b + (i64)h * p.ks.h + t0 * p.ks.t;
+        for (int r = w; r < CH; r += NWARPS) norm_row(Ks + r * LDK, kb + r * p.ks.t, p.ks.d, r < cl, p.eps, lane);
+    }
+    __syncthreads();
+    if (tid < CH) ek[tid] = bt[tid] * __expf(gc[tid]);
+
+    // ---- A ----
+    {
+        float aa[1][4][4];
+        zero(aa);
+        const int ntmax = max(0, min(4, 2 * (wr + 1) - 4 * wc));
+        if (ntmax > 0) warp_gemm<1, 4>(aa, Ks, LDK, r0, Ks, LDK, 32 * wc, KP, lane, ntmax);
+        for_acc(aa, r0, 32 * wc, lane, [&](int i, int j, float& a) {
+            As[i * LDA + j] = j < i && i < cl ? bt[i] * a * __expf(gc[i] - gc[j]) : 0.f;
+        });
+    }
+    __syncthreads();
+
+    // ---- Ainv = (I + A)⁻¹; X[i][c] (i > c) is stored at As[c][i] ----
+    if (tid < CH) {
+        // Diagonal 16×16 blocks: one column per thread, forward substitution.
+        const int b0 = (tid / 16) * 16, c = tid % 16;
+        float x[16];
+#pragma unroll
+        for (int r = 0; r < 16; ++r) {
+            float sum = r == c ? 1.f : 0.f;
+#pragma unroll
+            for (int j = 0; j < 16; ++j)
+                if (j >= c && j < r) sum -= As[(b0 + r) * LDA + b0 + j] * x[j];
+            x[r] = r >= c ? sum : 0.f;
+        }
+#pragma unroll
+        for (int r = 0; r < 16; ++r)
+            if (r > c) As[(b0 + c) * LDA + b0 + r] = x[r];
+    }
+    __syncthreads();
+    // Block rows 1..3, one block row at a time: X_ij = −X_ii · Σ_{k=j}^{i−1} A_ik X_kj, one
+    // (row, column) of every block of the row per thread, in f32 (FLA's `solve_tril` runs
+    // these products at "ieee" precision).
+    static_assert(NTHREADS == 256, "one thread per element of a 16×16 block");
+    {
+        const int r = tid >> 4, c = tid & 15;
+#pragma unroll
+        for (int ib = 1; ib < 4; ++ib) {
+            const int row = 16 * ib + r;
+            float tsum[3];
+#pragma unroll
+            for (int jb = 0; jb < ib; ++jb) {
+                const int col = 16 * jb + c;
+                float sum = 0.f;
+#pragma unroll
+                for (int kk = 0; kk < 16; ++kk) {  // k in block jb: X[k][col] of the diagonal block
+                    const float xk = kk == c ? 1.f : (kk > c ? As[col * LDA + 16 * jb + kk] : 0.f);
+                    sum += As[row * LDA + 16 * jb + kk] * xk;
+                }
+#pragma unroll
+                for (int k = 16 * (jb + 1); k < 16 * ib; ++k) sum += As[row * LDA + k] * As[col * LDA + k];
+                tsum[jb] = sum;
+                Tb[jb * 256 + r * 16 + c] = sum;
+            }
+            __syncthreads();
+#pragma unroll
+            for (int jb = 0; jb < ib; ++jb) {
+                float sum = tsum[jb];
+#pragma unroll
+                for (int mm = 0; mm < 16; ++mm)
+                    if (mm < r) sum += As[(16 * ib + mm) * LDA + row] * Tb[jb * 256 + mm * 16 + c];
+                As[(16 * jb + c) * LDA + row] = -sum;
+            }
+            __syncthreads();
         }
     }
-
-    for (int c0 = 0; c0 < len; c0 += CH) {
-        const int cl = min(CH, len - c0);
-        const i64 t0 = bos + c0;
-        cp_async_wait_all();
-        __syncthreads();  // the chunk is staged; the previous chunk's readers are done
-
-        // ---- (a) gates (warp 0: a scan of two rows per lane), q and k rows ----
-        if (tid < 32) {
-            const float s0 = g2[0], s1 = g2[0] + g2[1];
-            float incl = s1;
-#pragma unroll
-            for (int off = 1; off < 32; off <<= 1) {
-                const float y = __shfl_up_sync(FULL_MASK, incl, off);
-                if (lane >= off) incl += y;
-            }
-            const float excl = incl - s1;
-            gc[2 * lane] = excl + s0;
-            gc[2 * lane + 1] = excl + s1;
-            bt[2 * lane] = b2[0];
-            bt[2 * lane + 1] = b2[1];
-        }
-        for (int r = w; r < CH; r += NWARPS) {
-            norm_row(Qs + r * LDK, Qr + r * KP, p.eps, lane);
-            norm_row(Ks + r * LDK, Kr + r * KP, p.eps, lane);
-        }
-        __syncthreads();
-        const float glast = gc[cl - 1];
-        for (int e = tid; e < CH * BV; e += NTHREADS) {
-            const int j = e / BV, v = e % BV;
-            VT[v * LDC + j] = to_op(to_f32(Vr[j * BV + v]) * bt[j]);
-        }
-        if (tid < CH) {
-            const float gi = gc[tid];
-            ek[tid] = bt[tid] * __expf(gi);
-            eg[tid] = __expf(gi);
-            el[tid] = tid < cl ? __expf(glast - gi) : 0.f;
-        }
-        __syncthreads();  // the staging area is free; decays ready
-        if (c0 + CH < len) prefetch(c0 + CH);
-
-        // ---- (b) A and P ----
-        {
-            float aa[1][4][4], pp[1][4][4];
-            zero(aa);
-            zero(pp);
-            const int ntmax = max(0, min(4, 2 * (wr + 1) - 4 * wc));
-            if (ntmax > 0) {
-                warp_gemm<1, 4>(aa, Ks, LDK, r0, Ks, LDK, 32 * wc, KP, lane, ntmax);
-                warp_gemm<1, 4>(pp, Qs, LDK, r0, Ks, LDK, 32 * wc, KP, lane, ntmax);
-            }
-            const int g = lane >> 2, t = lane & 3;
-#pragma unroll
-            for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int i = r0 + g + (e >= 2 ? 8 : 0), j = 32 * wc + 8 * nt + 2 * t + (e & 1);
-                    const float d = j <= i && i < cl ? __expf(gc[i] - gc[j]) : 0.f;
-                    As[i * LDA + j] = j < i ? bt[i] * aa[0][nt][e] * d : 0.f;
-                    Ps[i * LDC + j] = to_op(pp[0][nt][e] * d);
-                }
-        }
-        __syncthreads();
-
-        // ---- (c) Ainv = (I + A)⁻¹; X[i][c] (i > c) is stored at As[c][i] ----
-        if (tid < CH) {
-            // Diagonal 16×16 blocks: one column per thread, forward substitution.
-            const int b0 = (tid / 16) * 16, c = tid % 16;
-            float x[16];
-#pragma unroll
-            for (int r = 0; r < 16; ++r) {
-                float s = r == c ? 1.f : 0.f;
-#pragma unroll
-                for (int j = 0; j < 16; ++j)
-                    if (j >= c && j < r) s -= As[(b0 + r) * LDA + b0 + j] * x[j];
-                x[r] = r >= c ? s : 0.f;
-            }
-#pragma unroll
-            for (int r = 0; r < 16; ++r)
-                if (r > c) As[(b0 + c) * LDA + b0 + r] = x[r];
-        }
-        __syncthreads();
-        // Block rows 1..3, one block row at a time: X_ij = −X_ii · Σ_{k=j}^{i−1} A_ik X_kj, one
-        // (row, column) of every block of the row per thread, in f32 (FLA's `solve_tril` runs
-        // these products at "ieee" precision).
-        static_assert(NTHREADS == 256, "one thread per element of a 16×16 block");
-        {
-            const int r = tid >> 4, c = tid & 15;
-#pragma unroll
-            for (int ib = 1; ib < 4; ++ib) {
-                const int row = 16 * ib + r;
-                float tsum[3];
-#pragma unroll
-                for (int jb = 0; jb < ib; ++jb) {
-                    const int col = 16 * jb + c;
-                    float s = 0.f;
-#pragma unroll
-                    for (int kk = 0; kk < 16; ++kk) {  // k in block jb: X[k][col] of the diagonal block
-                        const float xk = kk == c ? 1.f : (kk > c ? As[col * LDA + 16 * jb + kk] : 0.f);
-                        s += As[row * LDA + 16 * jb + kk] * xk;
-                    }
-#pragma unroll
-                    for (int k = 16 * (jb + 1); k < 16 * ib; ++k) s += As[row * LDA + k] * As[col * LDA + k];
-                    tsum[jb] = s;
-                    Tb[jb * 256 + r * 16 + c] = s;
-                }
-                __syncthreads();
-#pragma unroll
-                for (int jb = 0; jb < ib; ++jb) {
-                    float s = tsum[jb];
-#pragma unroll
-                    for (int m = 0; m < 16; ++m)
-                        if (m < r) s += As[(16 * ib + m) * LDA + row] * Tb[jb * 256 + m * 16 + c];
-                    As[(16 * jb + c) * LDA + row] = -s;
-                }
-                __syncthreads();
-            }
-        }
-        for (int e = tid; e < CH * CH; e += NTHREADS) {
-            const int i = e / CH, j = e % CH;
-            Ai[i * LDC + j] = to_op(i == j ? 1.f : (j < i ? As[j * LDA + i] : 0.f));
-        }
-        // ---- (d) (β e^G k)ᵀ ----
+    for (int e = tid; e < CH * CH; e += NTHREADS) {
+        const int i = e / CH, j = e % CH;
+        Ai[i * LDC + j] = to_op(i == j ? 1.f : (j < i ? As[j * LDA + i] : 0.f));
+    }
+    // (β e^G k)ᵀ, and the plain normalised Kᵀ to the scratch (once per key head).
+    {
+        op_st* ktg = hv % p.group == 0 ? kt_of(p, b, h) : nullptr;
         for (int e = tid; e < KP * CH; e += NTHREADS) {
             const int j = e % CH, kk = e / CH;
-            KT[kk * LDC + j] = to_op(op_f32(Ks[j * LDK + kk]) * ek[j]);
-        }
-        __syncthreads();
-
-        // ---- (e) W = Ainv·(β e^G K), U = Ainv·(β V) ----
-        for (int kq = 0; kq < KP; kq += 64) {
-            float ww[1][4][4];
-            zero(ww);
-            warp_gemm<1, 4>(ww, Ai, LDC, r0, KT, LDC, kq + 32 * wc, kend, lane);
-            for_acc(ww, r0, kq + 32 * wc, lane, [&](int i, int kk, float& a) { Ws[i * LDK + kk] = to_op(a); });
-        }
-        constexpr int NV = BV / 16;  // n-tiles of a warp's half of the value columns
-        const int vh = wc * (BV / 2);
-        float uu[1][NV][4];
-        zero(uu);
-        warp_gemm<1, NV>(uu, Ai, LDC, r0, VT, LDC, vh, kend, lane);
-        __syncthreads();  // W rows are read by the other column half too
-
-        // ---- (f) V' = U − W·S_cᵀ ----
-        float vv[1][NV][4];
-        zero(vv);
-        warp_gemm<1, NV>(vv, Ws, LDK, r0, Sop, LDK, vh, KP, lane);
-        __syncthreads();  // every warp is done with KT and VT
-        {
-            float* u = &uu[0][0][0];
-            float* x = &vv[0][0][0];
-#pragma unroll
-            for (int e = 0; e < NV * 4; ++e) x[e] = round_op(u[e]) - x[e];
-        }
-        for_acc(vv, r0, vh, lane, [&](int i, int v, float& a) {
-            const bool in = i < cl;
-            VT[v * LDC + i] = to_op(in ? a : 0.f);
-            VsT[v * LDC + i] = to_op(in ? a * el[i] : 0.f);
-        });
-        for (int e = tid; e < KP * CH; e += NTHREADS) {
-            const int j = e % CH, kk = e / CH;
-            KT[kk * LDC + j] = Ks[j * LDK + kk];
-        }
-        __syncthreads();
-
-        // ---- (g) o = scale·(e^G (Q·S_cᵀ) + P·V') ----
-        {
-            float oo[1][NV][4];
-            zero(oo);
-            warp_gemm<1, NV>(oo, Qs, LDK, r0, Sop, LDK, vh, KP, lane);
-            for_acc(oo, r0, vh, lane, [&](int i, int, float& a) { a *= eg[i]; });
-            warp_gemm<1, NV>(oo, Ps, LDC, r0, VT, LDC, vh, kend, lane);
-            for_acc(oo, r0, vh, lane, [&](int i, int v, float& a) {
-                if (i < cl && v < vcols) ob[(t0 + i) * p.os.t + (i64)(v0 + v) * p.os.d] = from_f32<O_T>(a * p.scale);
-            });
-        }
-        __syncthreads();  // every warp is done with Sop
-
-        // ---- (h) S = e^{G_last} S + Kᵀ·V's ----
-        {
-            constexpr int MT = KP / 64;
-            const int k0 = wr * (KP / 4);
-            const float e_last = __expf(glast);
-            float ss[MT][NV][4];
-            for_acc(ss, k0, vh, lane, [&](int kk, int v, float& a) { a = Sf[kk * LDF + v] * e_last; });
-            warp_gemm<MT, NV>(ss, KT, LDC, k0, VsT, LDC, vh, (cl + 15) / 16 * 16, lane);
-            for_acc(ss, k0, vh, lane, [&](int kk, int v, float& a) {
-                Sf[kk * LDF + v] = a;
-                Sop[v * LDK + kk] = to_op(a);
-            });
+            const op_st kv = Ks[j * LDK + kk];
+            KT[kk * LDC + j] = to_op(op_f32(kv) * ek[j]);
+            if (ktg) ktg[kk * CH + j] = kv;
         }
     }
     __syncthreads();
 
+    // ---- W = Ainv·(β e^G K), to the scratch ----
+    {
+        op_st* wg = w_of(p, b, hv);
+        for (int kq = 0; kq < KP; kq += 64) {
+            float ww[1][4][4];
+            zero(ww);
+            warp_gemm<1, 4>(ww, Ai, LDC, r0, KT, LDC, kq + 32 * wc, kend, lane);
+            for_pairs(ww, r0, kq + 32 * wc, lane, [&](int i, int kk, float a0, float a1) { st_pair(wg + i * KP + kk, a0, a1); });
+        }
+    }
+
+    // ---- Uᵀ = (β V)ᵀ·Ainvᵀ, 64 value rows at a time, to the scratch ----
+    {
+        const V_T* vb = reinterpret_cast<const V_T*>(p.v) + s.bb * p.vs.b + (i64)hv * p.vs.h + t0 * p.vs.t;
+        op_st* ug = ut_of(p, b, hv);
+        for (int vt0 = 0; vt0 < p.vp; vt0 += 64) {
+            for (int e = tid; e < 64 * CH; e += NTHREADS) {
+                const int v = e % 64, j = e / 64;
+                const bool in = j < cl && vt0 + v < p.vdim;
+                VT[v * LDC + j] = to_op(in ? to_f32(vb[j * p.vs.t + (i64)(vt0 + v) * p.vs.d]) * bt[j] : 0.f);
+            }
+            __syncthreads();
+            float uu[1][4][4];
+            zero(uu);
+            warp_gemm<1, 4>(uu, VT, LDC, r0, Ai, LDC, 32 * wc, CH, lane);
+            for_pairs(uu, r0, 32 * wc, lane,
+                      [&](int v, int i, float a0, float a1) { st_pair(ug + (i64)(vt0 + v) * CH + i, a0, a1); });
+            __syncthreads();  // VT is refilled
+        }
+    }
+    if (tid < CH) g_of(p, b, hv)[tid] = gc[tid];
+}
+#endif
+
+#if ENTRY == 2
+extern "C" __global__ void __launch_bounds__(NTHREADS) gdn_chunk_state_kernel(const ChunkParams p) {
+    u32 bid = blockIdx.x;
+    const int vt = (int)(bid % (u32)p.vtiles);
+    bid /= (u32)p.vtiles;
+    const int hv = (int)(bid % (u32)p.v_heads);
+    const int n = (int)(bid / (u32)p.v_heads);
+    const SeqInfo s = infos(p)[n];
+    if (s.base < 0) return;  // skipped by the index kernel (a pad, or an invalid value)
+
+    extern __shared__ __align__(16) unsigned char smem[];
+    op_st* Ws = reinterpret_cast<op_st*>(smem);  // W, [2][CH][LDK]
+    op_st* KTs = Ws + 2 * CH * LDK;              // Kᵀ, [2][KP][LDC]
+    op_st* UTs = KTs + 2 * KP * LDC;             // Uᵀ of the tile, [2][BV][LDC]
+    op_st* Sop = UTs + 2 * BV * LDC;             // H_c, [BV][LDK]
+    op_st* VsT = Sop + BV * LDK;                 // decayed V'ᵀ, [BV][LDC]
+    float* Gs = reinterpret_cast<float*>(VsT + BV * LDC);  // G, [2][CH]
+
+    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+    const int h = hv / p.group;
+    const int v0 = vt * BV, vcols = min(BV, p.vdim - v0);
+    const int nch = (s.len + CH - 1) / CH;
+    constexpr int OPB = (int)sizeof(op_st);
+    auto stage = [&](int c, int buf) {
+        const i64 b = s.base + c;
+        stage_async(Ws + buf * CH * LDK, LDK * OPB, w_of(p, b, hv), KP * OPB, CH, KP * OPB);
+        stage_async(KTs + buf * KP * LDC, LDC * OPB, kt_of(p, b, h), CH * OPB, KP, CH * OPB);
+        stage_async(UTs + buf * BV * LDC, LDC * OPB, ut_of(p, b, hv) + (i64)v0 * CH, CH * OPB, BV, CH * OPB);
+        stage_async(Gs + buf * CH, 0, g_of(p, b, hv), 0, 1, CH * 4);
+        cp_async_commit();
+    };
+    if (nch > 0) stage(0, 0);
+
+    // The f32 state tile [KP][BV] in registers: warp (sr, sc) holds rows 16 sr.. and SNT
+    // n-tiles of columns from vs0.
+    constexpr int SR = KP / 16 < NWARPS ? KP / 16 : NWARPS;
+    constexpr int SC = NWARPS / SR;
+    constexpr int SNT = BV / SC / 8;
+    static_assert(SNT >= 1 && SR * SC == NWARPS, "state tiling");
+    const int k0 = 16 * (w % SR), vs0 = (BV / SC) * (w / SR);
+    // V'ᵀ [BV][CH]: warp (vr, vc) holds rows 16 vr.. and VNT n-tiles of chunk rows from i0.
+    constexpr int VR = BV / 16;
+    constexpr int VC = NWARPS / VR;
+    constexpr int VNT = CH / VC / 8;
+    static_assert(VNT >= 1 && VR * VC == NWARPS, "V' tiling");
+    const int vr0 = 16 * (w % VR), i0 = (CH / VC) * (w / VR);
+
+    const i64 head_elems = (i64)KDIM * p.vdim;
+    float ss[1][SNT][4];
+    {
+        const ST_T* src = reinterpret_cast<const ST_T*>(p.state) + s.slot * p.st_row + hv * head_elems;
+        for_acc(ss, k0, vs0, lane, [&](int kk, int v, float& a) {
+            a = s.read && kk < KDIM && v < vcols ? to_f32(src[state_at(v0 + v, kk, p.vdim)]) : 0.f;
+            Sop[v * LDK + kk] = to_op(a);
+        });
+    }
+
+    for (int c = 0; c < nch; ++c) {
+        const i64 b = s.base + c;
+        const int cl = min(CH, s.len - c * CH), buf = c & 1;
+        cp_async_wait_all();
+        __syncthreads();  // chunk c staged, H_c in Sop; chunk c − 1's readers are done
+        if (c + 1 < nch) stage(c + 1, buf ^ 1);
+        const op_st* W = Ws + buf * CH * LDK;
+        const op_st* KTc = KTs + buf * KP * LDC;
+        const op_st* UT = UTs + buf * BV * LDC;
+        const float* G = Gs + buf * CH;
+        {  // H_c to the scratch, for the output pass
+            op_st* hg = h_of(p, b, hv) + (i64)v0 * KP;
+            constexpr int SEGS = KP * OPB / 16;
+            for (int e = tid; e < BV * SEGS; e += NTHREADS) {
+                const int v = e / SEGS, q = (e % SEGS) * (16 / OPB);
+                *reinterpret_cast<uint4*>(hg + v * KP + q) = *reinterpret_cast<const uint4*>(Sop + v * LDK + q);
+            }
+        }
+        const float glast = G[cl - 1];
+        {  // V'ᵀ = Uᵀ − H_c·Wᵀ
+            float vv[1][VNT][4];
+            zero(vv);
+            warp_gemm<1, VNT>(vv, Sop, LDK, vr0, W, LDK, i0, KP, lane);
+            op_st* ug = ut_of(p, b, hv) + (i64)v0 * CH;
+            for_pairs(vv, vr0, i0, lane, [&](int v, int i, float a0, float a1) {
+                const float x0 = i < cl ? op_f32(UT[v * LDC + i]) - a0 : 0.f;
+                const float x1 = i + 1 < cl ? op_f32(UT[v * LDC + i + 1]) - a1 : 0.f;
+                st_pair(ug + v * CH + i, x0, x1);
+                const float e0 = i < cl ? __expf(glast - G[i]) : 0.f;
+                const float e1 = i + 1 < cl ? __expf(glast - G[i + 1]) : 0.f;
+                st_pair(VsT + v * LDC + i, x0 * e0, x1 * e1);
+            });
+        }
+        __syncthreads();  // VsT complete; every warp is done with Sop
+        {  // S = e^{G_last} S + Kᵀ·V's
+            const float e_last = __expf(glast);
+            for_acc(ss, k0, vs0, lane, [&](int, int, float& a) { a *= e_last; });
+            warp_gemm<1, SNT>(ss, KTc, LDC, k0, VsT, LDC, vs0, (cl + 15) / 16 * 16, lane);
+            for_acc(ss, k0, vs0, lane, [&](int kk, int v, float& a) { Sop[v * LDK + kk] = to_op(a); });
+        }
+    }
+
     // ---- the final state: `final_state[n]` and, in place, the slot it came from ----
 #if HAS_FINAL || INPLACE
-    for (int e = tid; e < KP * BV; e += NTHREADS) {
-        const int kk = e % KP, v = e / KP;
-        if (kk >= KDIM || v >= vcols) continue;
-        const float x = Sf[kk * LDF + v];
+    for_acc(ss, k0, vs0, lane, [&](int kk, int v, float& a) {
+        if (kk >= KDIM || v >= vcols) return;
         const i64 at = hv * head_elems + state_at(v0 + v, kk, p.vdim);
 #if HAS_FINAL
-        reinterpret_cast<FS_T*>(p.final_state)[n * p.fs_row + at] = from_f32<FS_T>(x);
+        reinterpret_cast<FS_T*>(p.final_state)[(i64)n * p.fs_row + at] = from_f32<FS_T>(a);
 #endif
-        if (wrow >= 0) reinterpret_cast<ST_T*>(p.state)[wrow * p.st_row + at] = from_f32<ST_T>(x);
-    }
-#else
-    (void)wrow;
+#if INPLACE
+        reinterpret_cast<ST_T*>(p.state)[s.slot * p.st_row + at] = from_f32<ST_T>(a);
+#endif
+    });
 #endif
 }
+#endif
+
+#if ENTRY == 3
+extern "C" __global__ void __launch_bounds__(NTHREADS) gdn_chunk_out_kernel(const ChunkParams p) {
+    const int2 m = chunk_map(p)[blockIdx.x];
+    if (m.x < 0) return;
+    extern __shared__ __align__(16) unsigned char smem[];
+    op_st* Hs = reinterpret_cast<op_st*>(smem);  // H_c of 64 value rows, [64][LDK]
+    op_st* VnT = Hs + 64 * LDK;                  // V'ᵀ of the same rows, [64][LDC]
+    op_st* Qs = VnT + 64 * LDC;                  // normalised q rows, [CH][LDK]
+    op_st* Ks = Qs + CH * LDK;                   // normalised k rows
+    op_st* Ps = Ks + CH * LDK;                   // P, [CH][LDC]
+    float* gc = reinterpret_cast<float*>(Ps + CH * LDC);  // G, [CH]
+
+    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+    const int wr = w & 3, wc = w >> 2;
+    const int r0 = 16 * wr;
+    const int kend = 16 * (wr + 1);
+    const i64 b = blockIdx.x;
+    const int hv = blockIdx.y, h = hv / p.group, vt0 = 64 * blockIdx.z;
+    const SeqInfo s = infos(p)[m.x];
+    const int c0 = m.y * CH, cl = min(CH, s.len - c0);
+    const i64 t0 = s.bos + c0;
+    constexpr int OPB = (int)sizeof(op_st);
+
+    stage_async(Hs, LDK * OPB, h_of(p, b, hv) + (i64)vt0 * KP, KP * OPB, 64, KP * OPB);
+    stage_async(VnT, LDC * OPB, ut_of(p, b, hv) + (i64)vt0 * CH, CH * OPB, 64, CH * OPB);
+    stage_async(gc, 0, g_of(p, b, hv), 0, 1, CH * 4);
+    cp_async_commit();
+    {
+        const Q_T* qb = reinterpret_cast<const Q_T*>(p.q) + s.bb * p.qs.b + (i64)h * p.qs.h + t0 * p.qs.t;
+        const K_T* kb = reinterpret_cast<const K_T*>(p.k) + s.bb * p.ks.b + (i64)h * p.ks.h + t0 * p.ks.t;
+        for (int r = w; r < CH; r += NWARPS) {
+            norm_row(Qs + r * LDK, qb + r * p.qs.t, p.qs.d, r < cl, p.eps, lane);
+            norm_row(Ks + r * LDK, kb + r * p.ks.t, p.ks.d, r < cl, p.eps, lane);
+        }
+    }
+    cp_async_wait_all();
+    __syncthreads();
+
+    // ---- P ----
+    {
+        float pp[1][4][4];
+        zero(pp);
+        const int ntmax = max(0, min(4, 2 * (wr + 1) - 4 * wc));
+        if (ntmax > 0) warp_gemm<1, 4>(pp, Qs, LDK, r0, Ks, LDK, 32 * wc, KP, lane, ntmax);
+        for_acc(pp, r0, 32 * wc, lane, [&](int i, int j, float& a) {
+            Ps[i * LDC + j] = to_op(j <= i && i < cl ? a * __expf(gc[i] - gc[j]) : 0.f);
+        });
+    }
+    // ---- o = scale·(e^G (Q·H_cᵀ) + P·V') ----
+    float oo[1][4][4];
+    zero(oo);
+    warp_gemm<1, 4>(oo, Qs, LDK, r0, Hs, LDK, 32 * wc, KP, lane);
+    for_acc(oo, r0, 32 * wc, lane, [&](int i, int, float& a) { a *= __expf(gc[i]); });
+    __syncthreads();  // P complete
+    warp_gemm<1, 4>(oo, Ps, LDC, r0, VnT, LDC, 32 * wc, kend, lane);
+    O_T* ob = reinterpret_cast<O_T*>(p.o) + s.bb * p.os.b + (i64)hv * p.os.h + t0 * p.os.t;
+    for_acc(oo, r0, 32 * wc, lane, [&](int i, int v, float& a) {
+        if (i < cl && vt0 + v < p.vdim) ob[i * p.os.t + (i64)(vt0 + v) * p.os.d] = from_f32<O_T>(a * p.scale);
+    });
+}
+#endif

@@ -17,7 +17,7 @@
 //! tokens, `L·(L+1)·(3K + 2V)` (the causal halves of K·Kᵀ and Q·Kᵀ, of A⁻¹·K and A⁻¹·V, and of
 //! P·V').
 
-use ssm_gdn::{CHUNK_SIZE, ChunkGatedDeltaRuleArgs};
+use ssm_gdn::{CHUNK_SIZE, ChunkGatedDeltaRuleArgs, ChunkScratch};
 use ssm_tensor::{DType, Run, TensorError};
 
 use crate::bench::{BenchResult, bench_rotating, fill, permutation, tensor_err};
@@ -128,15 +128,32 @@ impl Problem {
         fill(be, bufs[G].addr(), t * hv, DType::F32, seed + 3, -1.0, -0.001)?;
         fill(be, bufs[BETA].addr(), t * hv, DType::BF16, seed + 4, 0.05, 0.95)?;
         fill(be, bufs[POOL].addr(), (b + 1) * hv * v * k, s.state, seed + 5, -0.5, 0.5)?;
-        Ok(Problem(bufs))
+        // The caller's scratch, as an engine passes it: sized by the size query, so that the
+        // graph holds no allocation.
+        let mut p = Problem(bufs);
+        let bad_plan = |e: ssm_gdn::GdnError| CudaError::Unsupported(format!("bench plan: {e}"));
+        let n = be.chunk_gated_delta_rule_scratch_size(
+            ssm_gdn::plan(p.args(s).map_err(tensor_err)?).map_err(bad_plan)?.plan(),
+        );
+        p.0.push(buf(n.max(1), DType::F32)?);
+        Ok(p)
     }
 
     fn args(&mut self, s: &GdnChunkBenchShape) -> Result<ChunkGatedDeltaRuleArgs<'_>, TensorError> {
         let (t, h, hv, k, v, b) = (s.tokens(), s.heads, s.v_heads, s.k, s.v, s.batch);
         let (hi, hvi, ki, vi) = (h as isize, hv as isize, k as isize, v as isize);
-        let [q, kk, vv, g, beta, o, pool, slots, has, cu] = &mut self.0[..] else { unreachable!("ten buffers") };
+        let (main, rest) = self.0.split_at_mut(10);
+        let [q, kk, vv, g, beta, o, pool, slots, has, cu] = main else { unreachable!("ten buffers") };
+        let scratch = match rest.first_mut() {
+            Some(w) => {
+                let n = w.len() / 4;
+                Some(w.view_mut(DType::F32, &[n], &[1], 0)?)
+            }
+            None => None,
+        };
         let bf = DType::BF16;
         Ok(ChunkGatedDeltaRuleArgs {
+            scratch,
             initial_state: Some(pool.view_mut(s.state, &[b + 1, hv, v, k], &[hvi * vi * ki, vi * ki, ki, 1], 0)?),
             initial_state_indices: Some(slots.view(DType::I32, &[b], &[1], 0)?),
             has_initial_state: Some(has.view(DType::Bool, &[b], &[1], 0)?),

@@ -1,18 +1,25 @@
-//! `chunk_gated_delta_rule` on CUDA: one launch of `kernels/gdn_chunk.cu`, one block per
-//! (sequence, value head, tile of value rows), each walking its sequence's 64-token chunks with
-//! the state tile in shared memory and every chunk product on tensor cores (`mma.sync`, f32
-//! accumulation; bf16 operands for bf16 q/k/v, f16 for f16, tf32 for f32). No scratch, no
-//! allocation, no host sync: the call is capturable as it stands.
+//! `chunk_gated_delta_rule` on CUDA: four launches of `kernels/gdn_chunk.cu` over one
+//! plan-sized scratch, split as FLA splits its prefill. An index kernel checks every
+//! device-resident `cu_seqlens` range, `initial_state_indices` slot and `has_initial_state` flag
+//! and numbers the live sequences' 64-token chunks; a prep kernel computes, for every (chunk,
+//! value head) in parallel, the chunk's gates, (I + A)⁻¹, W and Uᵀ; a state kernel walks each
+//! (sequence, value head, tile of value rows) through its chunks in order with the f32 state in
+//! registers; an output kernel computes every chunk's output in parallel. Every product runs on
+//! tensor cores (`mma.sync`, f32 accumulation; bf16 operands for bf16 q/k/v, f16 for f16, tf32
+//! for f32). With the caller's `scratch` of at least
+//! [`chunk_gated_delta_rule_scratch_size`](ssm_gdn::ChunkScratch::chunk_gated_delta_rule_scratch_size)
+//! elements nothing is allocated and nothing syncs, so the call is capturable; without one the
+//! call allocates its scratch stream-ordered (`cuMemAllocAsync`) and frees it after the launches.
 //!
-//! Device-resident `cu_seqlens`, `initial_state_indices` and `has_initial_state` are read and
-//! checked in the kernel (error word); no access leaves the views the plan checked.
+//! Invalid device values are reported in the error word and their sequences skipped; no access
+//! leaves the views the plan checked or the scratch.
 
 use bytemuck::{Pod, Zeroable};
-use cudarc::driver::DeviceRepr;
 use cudarc::driver::sys::CUfunction_attribute_enum;
+use cudarc::driver::{DevicePtr, DeviceRepr};
 use ssm_gdn::plan::ChunkPlan;
 use ssm_gdn::{CHUNK_SIZE, ChunkGatedDeltaRuleArgs, StateLayout};
-use ssm_tensor::{DType, Planned, Run, SlotTable, Strided, TensorRef};
+use ssm_tensor::{DType, Planned, Run, SlotTable, TensorRef};
 
 use crate::compile::{KernelSource, KernelSpec, c_type, flag_defines};
 use crate::gdn::Tok4;
@@ -20,16 +27,18 @@ use crate::{CudaBackend, CudaError, addr_of};
 
 /// Threads of a block (`NTHREADS` in gdn_chunk.cu).
 const THREADS: u32 = 256;
-/// The largest `head_k_dim` the kernel holds (its shared-memory operands are `K`-wide).
+/// The largest `head_k_dim` the kernels hold (their shared-memory operands are `K`-wide).
 pub const MAX_K: usize = 128;
+/// Alignment of the scratch's regions (and slack for aligning the caller's base), bytes.
+const ALIGN: usize = 256;
 
-/// The kernel's parameter block (`struct ChunkParams` in gdn_chunk.cu: same order, no padding).
+/// The kernels' parameter block (`struct ChunkParams` in gdn_chunk.cu: same order, no padding).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, Pod, Zeroable)]
 pub(crate) struct ChunkParams {
     /// q k v o g beta initial_state final_state initial_state_indices has_initial_state
-    /// cu_seqlens, error word.
-    addrs: [u64; 12],
+    /// cu_seqlens, error word, scratch (aligned).
+    addrs: [u64; 13],
     /// q k v o.
     tok: [Tok4; 4],
     /// g (b t h), beta (b t h).
@@ -39,7 +48,11 @@ pub(crate) struct ChunkParams {
     pad: i64,
     rows: i64,
     seqlen: i64,
-    /// seqs v_heads vdim group vtiles reserved.
+    /// Chunks the scratch holds.
+    nb: i64,
+    /// Byte offsets of the scratch regions: sequences, chunk map, W, Kᵀ, Uᵀ, H, G.
+    offs: [i64; 7],
+    /// seqs v_heads vdim group vtiles vp.
     dims: [i32; 6],
     scale: f32,
     eps: f32,
@@ -58,9 +71,34 @@ const F_INPLACE: u16 = 32;
 const F_FINAL: u16 = 64;
 const F_VARLEN: u16 = 128;
 const F_KV: u16 = 256;
-const F_ASYNC: u16 = 512;
 
 const TYPE_MACROS: [&str; 11] = ["Q_T", "K_T", "V_T", "O_T", "G_T", "BETA_T", "ST_T", "FS_T", "IX_T", "HAS_T", "CU_T"];
+
+/// The four entry points, in launch order (`ENTRY` in gdn_chunk.cu).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum ChunkEntry {
+    /// One block: checks and numbers the sequences' chunks.
+    Index,
+    /// Per (chunk, value head): gates, (I + A)⁻¹, W, Uᵀ.
+    Prep,
+    /// Per (sequence, value head, value tile): the state recurrence.
+    State,
+    /// Per (chunk, value head, 64 value rows): the output.
+    Out,
+}
+
+impl ChunkEntry {
+    const ALL: [ChunkEntry; 4] = [ChunkEntry::Index, ChunkEntry::Prep, ChunkEntry::State, ChunkEntry::Out];
+
+    fn name(self) -> &'static str {
+        match self {
+            ChunkEntry::Index => "gdn_chunk_index_kernel",
+            ChunkEntry::Prep => "gdn_chunk_prep_kernel",
+            ChunkEntry::State => "gdn_chunk_state_kernel",
+            ChunkEntry::Out => "gdn_chunk_out_kernel",
+        }
+    }
+}
 
 /// Everything that selects one compiled chunked-prefill kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -72,9 +110,10 @@ pub(crate) struct ChunkKey {
     op: u8,
     /// `head_k_dim`.
     kdim: u16,
-    /// Value rows per block: 32 or 64.
+    /// Value rows per state block: 16, 32 or 64 (0 in the other entries' keys).
     bv: u8,
     flags: u16,
+    entry: ChunkEntry,
 }
 
 impl ChunkKey {
@@ -83,22 +122,29 @@ impl ChunkKey {
         (self.kdim as usize).div_ceil(64) * 64
     }
 
-    /// Dynamic shared memory of one block, in bytes (the carving at the top of the kernel).
+    /// Bytes of one operand.
+    fn op_bytes(&self) -> usize {
+        if self.op == 2 { 4 } else { 2 }
+    }
+
+    /// Dynamic shared memory of one block, in bytes (the carving at the top of each entry).
     fn shared_bytes(&self) -> usize {
         let (ch, kp, bv) = (CHUNK_SIZE, self.kp(), self.bv as usize);
-        let (op, pad) = if self.op == 2 { (4, 4) } else { (2, 8) };
-        let (ldk, ldc) = (kp + pad, ch + pad);
-        let f32s = kp * (bv + 4) + ch * (ch + 1) + 3 * 256 + 5 * ch;
-        let ops = bv * ldk + 3 * ch * ldk + kp * ldc + 2 * ch * ldc + 2 * bv * ldc;
-        let [q, k, v] = [self.types[0], self.types[1], self.types[2]].map(|t| t.size());
-        let staging = ch * kp * (q + k) + ch * bv * v;
-        4 * f32s + op * ops + staging
+        let pad = if self.op == 2 { 4 } else { 8 };
+        let (ldk, ldc, lda, op) = (kp + pad, ch + pad, ch + 1, self.op_bytes());
+        match self.entry {
+            ChunkEntry::Index => 0,
+            ChunkEntry::Prep => op * (ch * ldk + kp * ldc + ch * ldc + 64 * ldc) + 4 * (ch * lda + 3 * 256 + 3 * ch),
+            ChunkEntry::State => op * (2 * ch * ldk + 2 * kp * ldc + 2 * bv * ldc + bv * ldk + bv * ldc) + 4 * 2 * ch,
+            ChunkEntry::Out => op * (64 * ldk + 64 * ldc + 2 * ch * ldk + ch * ldc) + 4 * ch,
+        }
     }
 
     /// The NVRTC specialisation.
     pub(crate) fn spec(&self) -> KernelSpec {
         let mut defines: Vec<(&'static str, String)> =
             TYPE_MACROS.iter().zip(self.types).map(|(m, t)| (*m, c_type(t).to_string())).collect();
+        defines.push(("ENTRY", (self.entry as u8).to_string()));
         defines.push(("OP_KIND", self.op.to_string()));
         defines.push(("KDIM", self.kdim.to_string()));
         defines.push(("KP", self.kp().to_string()));
@@ -115,16 +161,16 @@ impl ChunkKey {
                 ("HAS_FINAL", F_FINAL),
                 ("VARLEN", F_VARLEN),
                 ("LAYOUT_KV", F_KV),
-                ("ASYNC", F_ASYNC),
             ],
         ));
-        KernelSpec { source: KernelSource::GdnChunk, entry: "gdn_chunk_kernel", defines }
+        KernelSpec { source: KernelSource::GdnChunk, entry: self.entry.name(), defines }
     }
 
-    /// The key of a planned call; `sms` (the device's multiprocessor count) picks the tile:
-    /// 32 value rows when 64-row tiles would leave multiprocessors idle, and always for f32
-    /// q/k/v (whose operands take twice the shared memory).
-    fn from_plan(p: &ChunkPlan, a: &ChunkGatedDeltaRuleArgs<'_>, sms: usize) -> ChunkKey {
+    /// The key of `entry` of a planned call; `sms` (the device's multiprocessor count) picks
+    /// the state tile: the widest of 64, 32 and 16 value rows that still gives every
+    /// multiprocessor a block (32 at most for f32 q/k/v, whose operands take twice the shared
+    /// memory).
+    fn from_plan(p: &ChunkPlan, a: &ChunkGatedDeltaRuleArgs<'_>, sms: usize, entry: ChunkEntry) -> ChunkKey {
         let opt = |t: Option<&TensorRef<'_>>, absent: DType| t.map_or(absent, |t| t.dtype());
         let types = [
             p.q.1,
@@ -148,7 +194,19 @@ impl ChunkKey {
             2
         };
         let d = p.dims;
-        let bv = if op == 2 || d.seqs * d.v_heads * d.v.div_ceil(64) < sms { 32 } else { 64 };
+        let bv = match entry {
+            ChunkEntry::State => {
+                let blocks = |bv: usize| d.seqs * d.v_heads * d.v.div_ceil(bv);
+                if op != 2 && blocks(64) >= sms {
+                    64
+                } else if blocks(32) >= sms / 2 || op == 2 && blocks(32) >= sms {
+                    32
+                } else {
+                    16
+                }
+            }
+            _ => 0,
+        };
         let mut flags = 0u16;
         for (on, f) in [
             (p.l2norm, F_L2NORM),
@@ -160,57 +218,119 @@ impl ChunkKey {
             (p.final_state.is_some(), F_FINAL),
             (p.cu_seqlens.is_some(), F_VARLEN),
             (p.layout == StateLayout::KV, F_KV),
-            (rows_of_16_bytes(&a.q, p.q.0) && rows_of_16_bytes(&a.k, p.k.0) && rows_of_16_bytes(&a.v, p.v.0), F_ASYNC),
         ] {
             if on {
                 flags |= f;
             }
         }
-        ChunkKey { types, op, kdim: d.k as u16, bv, flags }
+        ChunkKey { types, op, kdim: d.k as u16, bv, flags, entry }
     }
 }
 
-/// Whether every row of a `[b, t, head, dim]` tensor starts 16-byte aligned with its elements
-/// contiguous, so that the kernel may stage rows with 16-byte `cp.async` copies.
-fn rows_of_16_bytes(t: &TensorRef<'_>, s: Strided<4>) -> bool {
-    let es = t.dtype().size() as i128;
-    let base = t.device_addr().unwrap_or(0) as i128 + s.offset as i128 * es;
-    let [b, tt, h, d] = s.strides.map(|x| x as i128);
-    d == 1 && [base, b * es, tt * es, h * es].iter().all(|x| x % 16 == 0)
+/// Where each region of the scratch lies, in bytes from its (256-byte aligned) start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ScratchLayout {
+    /// Chunks the scratch holds: every live sequence's chunks fit (`⌈T / 64⌉ + N` with
+    /// `cu_seqlens`, `N·⌈T / 64⌉` without).
+    nb: usize,
+    /// `V` rounded up to 64.
+    vp: usize,
+    /// Offsets: sequences (32 bytes each), chunk map (8 bytes per chunk), W, Kᵀ, Uᵀ, H, G.
+    offs: [usize; 7],
+    /// Bytes in all.
+    bytes: usize,
 }
 
-/// Refuses what the kernel does not implement (nothing launched): `head_k_dim` past
-/// [`MAX_K`], shared memory past the device's opt-in limit (f32 q/k/v with `K` > 64), and
-/// counts past the kernel's 32-bit block index.
-fn limits(p: &ChunkPlan, key: &ChunkKey, shared_limit: usize) -> Result<(), CudaError> {
+impl ScratchLayout {
+    /// The layout for a plan; `None` when its size overflows `usize`.
+    fn new(p: &ChunkPlan) -> Option<ScratchLayout> {
+        let d = p.dims;
+        let op = if [p.q.1, p.k.1, p.v.1].iter().any(|t| t.size() == 2) { 2 } else { 4 };
+        let ch = CHUNK_SIZE;
+        let per_seq = d.seqlen.div_ceil(ch);
+        let nb = if p.cu_seqlens.is_some() { per_seq.checked_add(d.seqs)? } else { per_seq.checked_mul(d.seqs)? };
+        let kp = d.k.div_ceil(64) * 64;
+        let vp = d.v.div_ceil(64) * 64;
+        let per_chunk = |x: usize| nb.checked_mul(x);
+        let sizes = [
+            d.seqs.checked_mul(32)?,
+            per_chunk(8)?,
+            per_chunk(d.v_heads * ch * kp * op)?,
+            per_chunk(d.heads * kp * ch * op)?,
+            per_chunk(d.v_heads.checked_mul(vp * ch * op)?)?,
+            per_chunk(d.v_heads.checked_mul(vp * kp * op)?)?,
+            per_chunk(d.v_heads * ch * 4)?,
+        ];
+        let mut offs = [0usize; 7];
+        let mut at = 0usize;
+        for (o, s) in offs.iter_mut().zip(sizes) {
+            *o = at;
+            at = at.checked_add(s.checked_next_multiple_of(ALIGN)?)?;
+        }
+        Some(ScratchLayout { nb, vp, offs, bytes: at })
+    }
+
+    /// f32 elements a caller's scratch needs: the regions and the slack for aligning its base.
+    fn f32_len(&self) -> usize {
+        (self.bytes + ALIGN).div_ceil(4)
+    }
+}
+
+/// Refuses what the kernels do not implement (nothing launched): `head_k_dim` past
+/// [`MAX_K`], shared memory past the device's opt-in limit, counts past the kernels' 32-bit
+/// block indices, and a scratch whose size overflows.
+fn limits(p: &ChunkPlan, keys: &[ChunkKey; 4], shared_limit: usize) -> Result<ScratchLayout, CudaError> {
     let d = p.dims;
     if d.k > MAX_K {
         return Err(CudaError::Unsupported(format!(
-            "chunk_gated_delta_rule: head_k_dim K = {} (this kernel holds K ≤ {MAX_K})",
+            "chunk_gated_delta_rule: head_k_dim K = {} (these kernels hold K ≤ {MAX_K})",
             d.k
         )));
     }
-    if key.shared_bytes() > shared_limit {
-        return Err(CudaError::Unsupported(format!(
-            "chunk_gated_delta_rule: K = {} with {} q/k/v needs {} bytes of shared memory per block; the device \
-             allows {shared_limit} (16-bit q/k/v hold K ≤ {MAX_K}, f32 K ≤ 64)",
-            d.k,
-            p.q.1,
-            key.shared_bytes()
-        )));
+    for key in keys {
+        if key.shared_bytes() > shared_limit {
+            return Err(CudaError::Unsupported(format!(
+                "chunk_gated_delta_rule: K = {} with {} q/k/v needs {} bytes of shared memory per block in {}; the \
+                 device allows {shared_limit}",
+                d.k,
+                p.q.1,
+                key.shared_bytes(),
+                key.entry.name()
+            )));
+        }
     }
-    let blocks = d.seqs as u64 * d.v_heads as u64 * d.v.div_ceil(key.bv as usize) as u64;
-    if blocks > i32::MAX as u64 || d.v > i32::MAX as usize || d.seqlen as u64 > i32::MAX as u64 {
-        return Err(CudaError::Unsupported(format!(
-            "chunk_gated_delta_rule: {} sequences × {} value heads × V = {} exceed the kernel's 32-bit counters",
-            d.seqs, d.v_heads, d.v
-        )));
+    let too_big = || {
+        CudaError::Unsupported(format!(
+            "chunk_gated_delta_rule: {} sequences × {} tokens × {} value heads × V = {} exceed the kernels' 32-bit \
+             counters or the scratch's size",
+            d.seqs, d.seqlen, d.v_heads, d.v
+        ))
+    };
+    let layout = ScratchLayout::new(p).ok_or_else(too_big)?;
+    let bv = keys[2].bv as usize;
+    let state_blocks = d.seqs as u64 * d.v_heads as u64 * d.v.div_ceil(bv) as u64;
+    let i32max = i32::MAX as u64;
+    if state_blocks > i32max
+        || layout.nb as u64 > i32max
+        || d.seqs as u64 > i32max
+        || d.seqlen as u64 > i32max
+        || d.v_heads > 65535
+        || layout.vp / 64 > 65535
+    {
+        return Err(too_big());
     }
-    Ok(())
+    Ok(layout)
 }
 
-/// The kernel's parameters.
-fn params(p: &ChunkPlan, a: &ChunkGatedDeltaRuleArgs<'_>, vtiles: usize, err: u64) -> ChunkParams {
+/// The kernels' parameters; `ws` is the scratch's aligned device address.
+fn params(
+    p: &ChunkPlan,
+    a: &ChunkGatedDeltaRuleArgs<'_>,
+    layout: &ScratchLayout,
+    vtiles: usize,
+    err: u64,
+    ws: u64,
+) -> ChunkParams {
     let addr = |t: &TensorRef<'_>, off: isize| addr_of(t.device_addr(), off, t.dtype());
     let table = |t: Option<&TensorRef<'_>>, s: Option<SlotTable>| match (t, s) {
         (Some(t), Some(s)) => (addr(t, s.strides.offset), s.strides.strides[0] as i64),
@@ -245,6 +365,7 @@ fn params(p: &ChunkPlan, a: &ChunkGatedDeltaRuleArgs<'_>, vtiles: usize, err: u6
             has,
             cu,
             err,
+            ws,
         ],
         tok: [(&p.q.0).into(), (&p.k.0).into(), (&p.v.0).into(), (&p.o.0).into()],
         gates: [
@@ -260,7 +381,9 @@ fn params(p: &ChunkPlan, a: &ChunkGatedDeltaRuleArgs<'_>, vtiles: usize, err: u6
         pad: p.pad_slot_id.unwrap_or(0),
         rows: p.state.map_or(0, |s| s.rows as i64),
         seqlen: d.seqlen as i64,
-        dims: [d.seqs, d.v_heads, d.v, d.group(), vtiles, 0].map(|v| v as i32),
+        nb: layout.nb as i64,
+        offs: layout.offs.map(|o| o as i64),
+        dims: [d.seqs, d.v_heads, d.v, d.group(), vtiles, layout.vp].map(|v| v as i32),
         scale: p.scale,
         eps: p.eps,
     }
@@ -269,90 +392,142 @@ fn params(p: &ChunkPlan, a: &ChunkGatedDeltaRuleArgs<'_>, vtiles: usize, err: u6
 impl CudaBackend {
     fn gdn_chunk_function(&self, key: ChunkKey) -> Result<cudarc::driver::CudaFunction, CudaError> {
         let f = self.gdn_chunk_functions.get_or_load(self, key, ChunkKey::spec)?;
-        f.set_attribute(
-            CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            key.shared_bytes() as i32,
-        )
-        .map_err(CudaError::driver("cuFuncSetAttribute(gdn_chunk_kernel shared memory)"))?;
+        if key.shared_bytes() > 48 * 1024 {
+            f.set_attribute(
+                CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                key.shared_bytes() as i32,
+            )
+            .map_err(CudaError::driver("cuFuncSetAttribute(gdn_chunk shared memory)"))?;
+        }
         Ok(f)
     }
 
-    /// [`prewarm`](Self::prewarm) for the kernel a `chunk_gated_delta_rule` call launches.
+    fn gdn_chunk_keys(&self, call: &Planned<ChunkGatedDeltaRuleArgs<'_>>) -> [ChunkKey; 4] {
+        ChunkEntry::ALL.map(|e| ChunkKey::from_plan(call.plan(), call.args(), self.sm_count(), e))
+    }
+
+    /// [`prewarm`](Self::prewarm) for the four kernels a `chunk_gated_delta_rule` call launches.
     pub fn prewarm_gdn_chunk(&self, call: &Planned<ChunkGatedDeltaRuleArgs<'_>>) -> Result<(), CudaError> {
-        let key = ChunkKey::from_plan(call.plan(), call.args(), self.sm_count());
-        limits(call.plan(), &key, self.shared_optin())?;
-        self.gdn_chunk_function(key).map(|_| ())
+        let keys = self.gdn_chunk_keys(call);
+        limits(call.plan(), &keys, self.shared_optin())?;
+        for key in keys {
+            self.gdn_chunk_function(key)?;
+        }
+        Ok(())
     }
 }
 
 impl Run<ChunkGatedDeltaRuleArgs<'_>> for CudaBackend {
     type Error = CudaError;
 
-    /// One launch on the backend's stream; no allocation, no sync. `scratch` is not needed (and
-    /// not touched) on CUDA.
+    /// Four launches on the backend's stream, no sync; no allocation when the caller's
+    /// `scratch` holds at least the size query's elements (else one stream-ordered allocation).
     fn run(&self, call: Planned<ChunkGatedDeltaRuleArgs<'_>>) -> Result<(), CudaError> {
         self.expect_device(&call)?;
+        let keys = self.gdn_chunk_keys(&call);
         let (args, plan) = call.into_parts();
         let p = &plan;
-        let key = ChunkKey::from_plan(p, &args, self.sm_count());
-        limits(p, &key, self.shared_optin())?;
+        let layout = limits(p, &keys, self.shared_optin())?;
         let d = p.dims;
-        let vtiles = d.v.div_ceil(key.bv as usize);
-        let blocks = d.seqs * d.v_heads * vtiles;
-        if blocks == 0 {
+        if d.seqs == 0 || d.v_heads == 0 || d.v == 0 {
             return Ok(());
         }
-        let func = self.gdn_chunk_function(key)?;
-        let prm = params(p, &args, vtiles, self.error_word_addr());
-        // SAFETY: every address comes from a device view whose creator promised
-        // (TensorRef/TensorMut::from_device_ptr) that it is valid on this device for the call;
-        // the plan checked every shape and stride, so every element the kernel reaches for
-        // `cu_seqlens` ranges inside [0, T] and slots inside [0, rows) lies inside the views,
-        // and the kernel checks exactly those values before using them. The shared memory
-        // given is what the kernel carves (`ChunkKey::shared_bytes`), within the opt-in limit.
-        unsafe {
-            self.launch_kernel_shared(
-                &func,
-                (blocks as u32, 1, 1),
-                THREADS,
-                key.shared_bytes() as u32,
-                &prm,
-                "cuLaunchKernel(gdn_chunk_kernel)",
-            )
+        let funcs = keys.map(|k| self.gdn_chunk_function(k));
+        let [index, prep, state, out] = funcs;
+        let (index, prep, state, out) = (index?, prep?, state?, out?);
+        let vtiles = d.v.div_ceil(keys[2].bv as usize);
+        // The caller's scratch when it is large enough, or one allocated for this call (freed
+        // stream-ordered on drop).
+        let owned;
+        let base = match args.scratch.as_ref() {
+            Some(t) if p.scratch_len >= layout.f32_len() => {
+                addr_of(t.as_ref().device_addr(), t.layout().offset() as isize, DType::F32)
+            }
+            _ => {
+                // SAFETY: the allocation is only read where the kernels wrote it first: the
+                // index kernel writes every sequence and chunk entry; the prep and state
+                // kernels write every W, Kᵀ, Uᵀ, G and H element the later launches read.
+                owned = unsafe { self.stream().alloc::<u8>(layout.bytes + ALIGN) }
+                    .map_err(CudaError::driver("cuMemAllocAsync(gdn_chunk scratch)"))?;
+                let (a, _sync) = owned.device_ptr(self.stream());
+                a
+            }
+        };
+        let ws = base.next_multiple_of(ALIGN as u64);
+        let prm = params(p, &args, &layout, vtiles, self.error_word_addr(), ws);
+        let launch = |f: &cudarc::driver::CudaFunction, key: &ChunkKey, grid: (u32, u32, u32), name: &'static str| {
+            // SAFETY: every address comes from a device view whose creator promised
+            // (TensorRef/TensorMut::from_device_ptr) that it is valid on this device for the
+            // call, or from the scratch of at least `layout.bytes` bytes past `ws`; the plan
+            // checked every shape and stride, so every element the kernels reach for
+            // `cu_seqlens` ranges inside [0, T] and slots inside [0, rows) lies inside the
+            // views, the index kernel checks exactly those values before any use, and chunk
+            // numbers stay below `nb`. The shared memory given is what each kernel carves
+            // (`ChunkKey::shared_bytes`), within the opt-in limit.
+            unsafe { self.launch_kernel_shared(f, grid, THREADS, key.shared_bytes() as u32, &prm, name) }
+        };
+        let (nb, hv) = (layout.nb as u32, d.v_heads as u32);
+        launch(&index, &keys[0], (1, 1, 1), "cuLaunchKernel(gdn_chunk_index)")?;
+        if nb > 0 {
+            launch(&prep, &keys[1], (nb, hv, 1), "cuLaunchKernel(gdn_chunk_prep)")?;
         }
+        launch(&state, &keys[2], ((d.seqs * d.v_heads * vtiles) as u32, 1, 1), "cuLaunchKernel(gdn_chunk_state)")?;
+        if nb > 0 {
+            launch(&out, &keys[3], (nb, hv, (layout.vp / 64) as u32), "cuLaunchKernel(gdn_chunk_out)")?;
+        }
+        Ok(())
     }
 }
 
 impl ssm_gdn::ChunkScratch for CudaBackend {
-    /// The CUDA kernel keeps each chunk's intermediates in shared memory: no scratch.
-    fn chunk_gated_delta_rule_scratch_size(&self, _plan: &ChunkPlan) -> usize {
-        0
+    /// The scratch of the four kernels: per chunk of the plan's bound, W, Kᵀ, Uᵀ (then V'ᵀ), the
+    /// state at the chunk's start and G in the operand type (f32 for G), plus the sequence
+    /// table and chunk map. 0 for a plan the kernels refuse.
+    fn chunk_gated_delta_rule_scratch_size(&self, plan: &ChunkPlan) -> usize {
+        ScratchLayout::new(plan).map_or(0, |l| l.f32_len())
     }
 }
 
-/// The catalogue `cargo xtask build-kernels` compiles: Qwen3-Next's prefill (bf16 q/k/v, K = V
-/// = 128, an f32 or bf16 pool through `initial_state_indices` with `has_initial_state`, in
-/// place, l2norm, varlen) in both tile widths, and the f16 and f32 variants of the vectors.
+/// The catalogue `cargo xtask build-kernels` compiles, each of the four kernels: Qwen3-Next's
+/// prefill (bf16 q/k/v, K = V = 128, an f32 or bf16 pool through `initial_state_indices` with
+/// `has_initial_state`, in place, l2norm, varlen) in the state tile widths, and the f16 and f32
+/// variants of the vectors.
 pub fn gdn_chunk_catalogue() -> Vec<(String, KernelSpec)> {
     use DType::{BF16, Bool, F16, F32, I32};
-    let pool = F_L2NORM | F_STATE | F_IX | F_HAS | F_PAD | F_INPLACE | F_VARLEN | F_ASYNC;
+    let pool = F_L2NORM | F_STATE | F_IX | F_HAS | F_PAD | F_INPLACE | F_VARLEN;
     let dense = F_L2NORM | F_STATE | F_FINAL | F_VARLEN;
-    let key = |io: DType, beta: DType, state: DType, kdim: u16, bv: u8, flags: u16| {
+    let key = |io: DType, beta: DType, state: DType, kdim: u16, bv: u8, flags: u16, entry: ChunkEntry| {
         let op = match io {
             BF16 => 0,
             F16 => 1,
             _ => 2,
         };
-        let spec = ChunkKey { types: [io, io, io, io, F32, beta, state, F32, I32, Bool, I32], op, kdim, bv, flags };
+        let bv = if entry == ChunkEntry::State { bv } else { 0 };
+        let spec =
+            ChunkKey { types: [io, io, io, io, F32, beta, state, F32, I32, Bool, I32], op, kdim, bv, flags, entry };
         spec.spec()
     };
-    vec![
-        ("gdn_chunk act=bf16 state=f32 pool K=128 bv=64".into(), key(BF16, F32, F32, 128, 64, pool)),
-        ("gdn_chunk act=bf16 state=f32 pool K=128 bv=32".into(), key(BF16, F32, F32, 128, 32, pool)),
-        ("gdn_chunk act=bf16 state=bf16 pool K=128 bv=64".into(), key(BF16, F32, BF16, 128, 64, pool)),
-        ("gdn_chunk act=f16 state=f32 dense K=64 bv=32".into(), key(F16, F16, F32, 64, 32, dense)),
-        ("gdn_chunk act=f32 state=f32 K=64 kv".into(), key(F32, F32, F32, 64, 32, F_STATE | F_FINAL | F_KV)),
-    ]
+    let mut out = Vec::new();
+    for entry in ChunkEntry::ALL {
+        let name = entry.name();
+        let widths: &[u8] = if entry == ChunkEntry::State { &[64, 32, 16] } else { &[0] };
+        for &bv in widths {
+            out.push((
+                format!("{name} act=bf16 state=f32 pool K=128 bv={bv}"),
+                key(BF16, F32, F32, 128, bv, pool, entry),
+            ));
+            out.push((
+                format!("{name} act=bf16 state=bf16 pool K=128 bv={bv}"),
+                key(BF16, F32, BF16, 128, bv, pool, entry),
+            ));
+        }
+        out.push((format!("{name} act=f16 state=f32 dense K=64"), key(F16, F16, F32, 64, 16, dense, entry)));
+        out.push((
+            format!("{name} act=f32 state=f32 K=64 kv"),
+            key(F32, F32, F32, 64, 16, F_STATE | F_FINAL | F_KV, entry),
+        ));
+    }
+    out
 }
 
 #[cfg(test)]
@@ -361,21 +536,27 @@ mod tests {
 
     #[test]
     fn params_have_no_padding_and_match_the_kernel_layout() {
-        // 12 addresses, 16 token strides, 6 gate strides, 5 strides, pad rows seqlen; 6 ints, 2 floats.
-        assert_eq!(std::mem::size_of::<ChunkParams>(), (12 + 16 + 6 + 5 + 3) * 8 + 6 * 4 + 2 * 4);
+        // 13 addresses, 16 token strides, 6 gate strides, 5 strides, pad rows seqlen nb, 7
+        // offsets; 6 ints, 2 floats.
+        assert_eq!(std::mem::size_of::<ChunkParams>(), (13 + 16 + 6 + 5 + 4 + 7) * 8 + 6 * 4 + 2 * 4);
         assert_eq!(std::mem::align_of::<ChunkParams>(), 8);
     }
 
     #[test]
     fn catalogue_defines_every_macro_and_fits_an_sm90_block() {
         for (label, spec) in gdn_chunk_catalogue() {
-            assert_eq!(spec.defines.len(), 11 + 4 + 10, "{label}");
+            assert_eq!(spec.defines.len(), 11 + 5 + 9, "{label}");
         }
-        // Qwen3-Next's shape in 64-row tiles, and f32 q/k/v at K = 64 (32-row tiles), fit the
-        // 227 KiB opt-in; f32 q/k/v at K = 128 do not.
-        let key = |io, op, kdim, bv| ChunkKey { types: [io; 11], op, kdim, bv, flags: 0 };
-        assert_eq!(key(DType::BF16, 0, 128, 64).shared_bytes(), 221_696);
-        assert!(key(DType::F32, 2, 64, 32).shared_bytes() <= 227 * 1024);
-        assert!(key(DType::F32, 2, 128, 32).shared_bytes() > 227 * 1024);
+        // Every entry of Qwen3-Next's shape, and of f32 q/k/v at K = 128 in 32-row state
+        // tiles, fits the 227 KiB opt-in.
+        let key = |io, op, kdim, bv, entry| ChunkKey { types: [io; 11], op, kdim, bv, flags: 0, entry };
+        for entry in ChunkEntry::ALL {
+            assert!(key(DType::BF16, 0, 128, 64, entry).shared_bytes() <= 227 * 1024, "{entry:?}");
+            assert!(key(DType::F32, 2, 128, 32, entry).shared_bytes() <= 227 * 1024, "{entry:?}");
+        }
+        assert_eq!(
+            key(DType::BF16, 0, 128, 32, ChunkEntry::State).shared_bytes(),
+            2 * (2 * 64 * 136 + 2 * 128 * 72 + 2 * 32 * 72 + 32 * 136 + 32 * 72) + 512
+        );
     }
 }

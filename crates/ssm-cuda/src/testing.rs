@@ -697,7 +697,8 @@ impl StageArgs for DeviceGdnSigmoidArgs {
 }
 
 /// The tensors of one `chunk_gated_delta_rule`, copied to the device, plus its scalars. The
-/// caller's `scratch` is not staged (the CUDA kernel needs none).
+/// caller's `scratch`, when given, is copied too (its contents are never read before the
+/// kernels write them), so that a test can poison it.
 pub struct DeviceChunkArgs {
     /// q, k, v, g, beta.
     inputs: [StagedTensor; 5],
@@ -705,6 +706,7 @@ pub struct DeviceChunkArgs {
     tables: [Option<StagedTensor>; 3],
     initial_state: Option<StagedTensor>,
     final_state: Option<StagedTensor>,
+    scratch: Option<StagedTensor>,
     o: StagedTensor,
     scale: Option<f32>,
     pad_slot_id: Option<i64>,
@@ -729,6 +731,7 @@ impl StageArgs for DeviceChunkArgs {
             ],
             initial_state: opt_mut(&a.initial_state)?,
             final_state: opt_mut(&a.final_state)?,
+            scratch: opt_mut(&a.scratch)?,
             o: up(&a.o.as_ref())?,
             scale: a.scale,
             pad_slot_id: a.pad_slot_id,
@@ -753,6 +756,7 @@ impl StageArgs for DeviceChunkArgs {
             use_qk_l2norm_in_kernel: self.l2norm,
             eps: self.eps,
             state_layout: self.layout,
+            scratch: opt_view_mut(&mut self.scratch)?,
             ..ChunkGatedDeltaRuleArgs::new(q.view()?, k.view()?, v.view()?, g.view()?, beta.view()?, self.o.view_mut()?)
         })
     }

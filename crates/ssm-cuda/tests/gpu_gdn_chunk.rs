@@ -13,6 +13,7 @@ use ssm_conformance::gdn_random::{CHUNK_PAD, ChunkCase, ChunkSpec, check_chunk};
 use ssm_cuda::testing::{DeviceChunkArgs, MirrorError, run_staged};
 use ssm_cuda::{CudaError, DeviceErrors};
 use ssm_gdn::reference::Reference;
+use ssm_gdn::{ChunkGatedDeltaRuleArgs, ChunkScratch};
 use ssm_tensor::{DType, HostTensor, Planned, Run};
 
 /// Tolerance of the tensor-core prefill against the f64 recurrence, by operand type: vLLM's
@@ -41,7 +42,17 @@ fn chunk_matches_the_f64_recurrence_on_the_shared_matrix() {
             let base = ChunkCase::random(spec, 0xc0ffee + i as u64 + 100 * seed);
             let want = reference(&base);
             let mut got = base.clone();
-            run_staged::<DeviceChunkArgs>(&be, got.args()).unwrap_or_else(|e| panic!("case {i}: {e}"));
+            // Seed 0 lets the call allocate its scratch; seed 1 passes the size query's scratch,
+            // poisoned with NaN (the kernels write every element before they read it).
+            if seed == 0 {
+                run_staged::<DeviceChunkArgs>(&be, got.args()).unwrap_or_else(|e| panic!("case {i}: {e}"));
+            } else {
+                let n = be.chunk_gated_delta_rule_scratch_size(Planned::new(got.args()).unwrap().plan());
+                assert!(n > 0, "case {i}: the CUDA prefill asks for scratch");
+                let mut scratch = HostTensor::filled(DType::F32, vec![n], f32::NAN);
+                let args = ChunkGatedDeltaRuleArgs { scratch: Some(scratch.view_mut()), ..got.args() };
+                run_staged::<DeviceChunkArgs>(&be, args).unwrap_or_else(|e| panic!("case {i}: {e}"));
+            }
             let (atol, rtol) = tolerance(spec.io);
             check_chunk(&got, &want, atol, rtol)
                 .unwrap_or_else(|e| panic!("case {i} seed {seed} {spec:?} lens {:?}: {e}", base.lens));
@@ -126,12 +137,25 @@ fn chunk_garbage_device_indices_are_skipped_and_reported() {
     check_chunk(&clean, &reference(&base), atol, rtol).unwrap();
 }
 
-/// What the kernel does not hold is refused by name before anything runs: K past 128, and f32
-/// q/k/v with K = 128 (their operands would need more shared memory than a block may have).
+/// f32 q/k/v (tf32 operands) at K = 128, the widest key the kernels hold, with V past one
+/// state tile.
+#[test]
+fn chunk_f32_operands_at_k_128_match_the_f64_recurrence() {
+    let Some(be) = gpu("chunk_f32_operands_at_k_128_match_the_f64_recurrence") else { return };
+    let spec = ChunkSpec { io: DType::F32, k: 128, v: 72, ..ChunkSpec::matrix(0) };
+    let base = ChunkCase::random(spec, 21);
+    let want = reference(&base);
+    let mut got = base.clone();
+    run_staged::<DeviceChunkArgs>(&be, got.args()).unwrap();
+    let (atol, rtol) = tolerance(DType::F32);
+    check_chunk(&got, &want, atol, rtol).unwrap_or_else(|e| panic!("lens {:?}: {e}", base.lens));
+}
+
+/// What the kernels do not hold is refused by name before anything runs: K past 128.
 #[test]
 fn chunk_refuses_what_it_does_not_hold() {
     let Some(be) = gpu("chunk_refuses_what_it_does_not_hold") else { return };
-    for (io, k) in [(DType::BF16, 256), (DType::F32, 128)] {
+    for (io, k) in [(DType::BF16, 256), (DType::F32, 256)] {
         let spec = ChunkSpec { io, k, v: 32, ..ChunkSpec::matrix(0) };
         let mut case = ChunkCase::random(spec, 5);
         let before = case.clone();
