@@ -11,14 +11,16 @@
 //              Ainv = (I + A)⁻¹, f32 (16×16 diagonal blocks by forward substitution, then block
 //                     rows), rounded to the operand type             (FLA `solve_tril`)
 //              W    = Ainv·(β e^G K),  Uᵀ = (β V)ᵀ·Ainvᵀ, rounded     (FLA `recompute_w_u`)
-//            and writes W, Uᵀ, G and the normalised Kᵀ (per key head) to the scratch.
+//            and writes W, Uᵀ, G and the normalised q and k rows (once per key head) to the
+//            scratch.
 //   2 state  per (sequence, value head, tile of BV value rows), the chunks in order, the f32
-//            state tile in registers, the next chunk's W, Kᵀ, Uᵀ and G staged with `cp.async`:
+//            state tile in registers, the next chunk's W, k, Uᵀ and G staged with `cp.async`:
 //              H_c  = S_c rounded to the operand type, to the scratch (FLA `chunk_fwd_h`)
 //              V'ᵀ  = Uᵀ − H_c·Wᵀ, rounded, over Uᵀ in the scratch
 //              S    = e^{G_last} S + Kᵀ·round(e^{G_last − G_i} V'_i)
 //            then the final state (`final_state`, and the pool slot in place).
-//   3 out    per (chunk, value head, 64 value rows), in parallel:
+//   3 out    per (chunk, value head, 128 value rows), in parallel, everything staged from the
+//            scratch:
 //              P    = (q_i·k_j) e^{G_i − G_j}, i ≥ j, rounded          (Q·Kᵀ)
 //              o    = scale·(e^{G_i} (q_i·H_cᵀ) + P·V')               (FLA `chunk_fwd_o`)
 //
@@ -34,7 +36,7 @@
 // Macros (crates/ssm-cuda/src/gdn_chunk.rs, `ChunkKey::spec`): ENTRY (0..3), Q_T K_T V_T O_T
 // G_T BETA_T ST_T FS_T (element types), IX_T HAS_T CU_T (index types), OP_KIND (0 bf16, 1 f16,
 // 2 tf32), KDIM (head_k_dim), KP (KDIM rounded up to 64), BV (the state entry's value rows:
-// 16, 32 or 64), flags L2NORM HAS_STATE HAS_IX HAS_HAS HAS_PAD INPLACE HAS_FINAL VARLEN LAYOUT_KV.
+// 16 or 32), flags L2NORM HAS_STATE HAS_IX HAS_HAS HAS_PAD INPLACE HAS_FINAL VARLEN LAYOUT_KV.
 
 #define CH 64
 #define NTHREADS 256
@@ -66,7 +68,7 @@ struct ChunkParams {
     i64 g_b, g_t, g_h, be_b, be_t, be_h;
     i64 st_row, fs_row, ix_s, has_s, cu_s;
     i64 pad, rows, seqlen, nb;
-    i64 off_info, off_map, off_w, off_kt, off_ut, off_h, off_g;  // scratch regions, bytes from ws
+    i64 off_info, off_map, off_w, off_qk, off_ut, off_h, off_g;  // scratch regions, bytes from ws
     int seqs, v_heads, vdim, group, vtiles, vp;
     float scale, eps;
 };
@@ -101,65 +103,156 @@ __device__ __forceinline__ float op_f32(op_st v) {
 // The value an operand of the operand type holds (identity for tf32: rounded in the product).
 __device__ __forceinline__ float round_op(float v) { return op_f32(to_op(v)); }
 
-__device__ __forceinline__ u32 ld32(const op_st* p) { return *reinterpret_cast<const u32*>(p); }
-
 // 16 bytes from global `src` into shared `dst`, asynchronously; bytes past `src_bytes` (0..16)
 // are zero-filled and not read.
+__device__ __forceinline__ u32 smem_addr(const void* p);
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
-    u32 s;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(s) : "l"(dst));
+    const u32 s = smem_addr(dst);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(src), "r"(src_bytes) : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
 
-// A fragment: rows r0 .. r0 + 15, k0 .. k0 + KSTEP − 1 of a k-contiguous matrix (row stride ld).
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+    u32 s;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(s) : "l"(p));
+    return s;
+}
+
+// A fragment: rows r0 .. r0 + 15, k0 .. k0 + KSTEP − 1 of a k-contiguous matrix (row stride ld;
+// 16-bit operands by one `ldmatrix.x4`, whose rows must start 16-byte aligned).
 __device__ __forceinline__ void frag_a(u32 (&a)[4], const op_st* m, int ld, int r0, int k0, int lane) {
+#if OP_KIND == 2
     const int g = lane >> 2, t = lane & 3;
     const op_st* p0 = m + (r0 + g) * ld + k0;
     const op_st* p1 = p0 + 8 * ld;
-#if OP_KIND == 2
     a[0] = tf32_of(p0[t]);
     a[1] = tf32_of(p1[t]);
     a[2] = tf32_of(p0[t + 4]);
     a[3] = tf32_of(p1[t + 4]);
 #else
-    a[0] = ld32(p0 + 2 * t);
-    a[1] = ld32(p1 + 2 * t);
-    a[2] = ld32(p0 + 2 * t + 8);
-    a[3] = ld32(p1 + 2 * t + 8);
+    const u32 s = smem_addr(m + (r0 + (lane & 15)) * ld + k0 + (lane >> 4) * 8);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
+                 : "r"(s));
 #endif
 }
 
 // B fragment: columns n0 .. n0 + 7 (rows of the k-contiguous matrix `m`), k0 .. k0 + KSTEP − 1.
 __device__ __forceinline__ void frag_b(u32 (&b)[2], const op_st* m, int ld, int n0, int k0, int lane) {
+#if OP_KIND == 2
     const int g = lane >> 2, t = lane & 3;
     const op_st* p = m + (n0 + g) * ld + k0;
-#if OP_KIND == 2
     b[0] = tf32_of(p[t]);
     b[1] = tf32_of(p[t + 4]);
 #else
-    b[0] = ld32(p + 2 * t);
-    b[1] = ld32(p + 2 * t + 8);
+    // Lanes 0..15 address the two 8×8 matrices (k0, k0 + 8); 16..31 repeat them (ignored by .x2).
+    const u32 s = smem_addr(m + (n0 + (lane & 7)) * ld + k0 + ((lane >> 3) & 1) * 8);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];" : "=r"(b[0]), "=r"(b[1]) : "r"(s));
 #endif
 }
 
-// acc[mt][nt] += Σ_{k < kend} A[r0 + 16 mt + ·][k] · B[n0 + 8 nt + ·][k] for nt < ntmax, both
-// operands k-contiguous in shared memory; one warp.
-template <int MT, int NT>
+// Two B fragments: columns n0 .. n0 + 7 into b[0..1] and n0 + 8 .. n0 + 15 into b[2..3].
+__device__ __forceinline__ void frag_b2(u32 (&b)[4], const op_st* m, int ld, int n0, int k0, int lane) {
+#if OP_KIND == 2
+    u32 lo[2], hi[2];
+    frag_b(lo, m, ld, n0, k0, lane);
+    frag_b(hi, m, ld, n0 + 8, k0, lane);
+    b[0] = lo[0];
+    b[1] = lo[1];
+    b[2] = hi[0];
+    b[3] = hi[1];
+#else
+    const u32 s = smem_addr(m + (n0 + (lane & 7) + ((lane >> 4) << 3)) * ld + k0 + ((lane >> 3) & 1) * 8);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
+                 : "r"(s));
+#endif
+}
+
+// A fragment of a matrix stored transposed: A[r][k] = m[k·ld + r] (rows r0 .. r0 + 15, k0 ..
+// k0 + KSTEP − 1; 16-bit operands by one `ldmatrix.x4.trans`).
+__device__ __forceinline__ void frag_a_t(u32 (&a)[4], const op_st* m, int ld, int r0, int k0, int lane) {
+#if OP_KIND == 2
+    const int g = lane >> 2, t = lane & 3;
+    const op_st* p0 = m + (k0 + t) * ld + r0 + g;
+    const op_st* p1 = p0 + 4 * ld;
+    a[0] = tf32_of(p0[0]);
+    a[1] = tf32_of(p0[8]);
+    a[2] = tf32_of(p1[0]);
+    a[3] = tf32_of(p1[8]);
+#else
+    const u32 s = smem_addr(m + (k0 + (lane & 7) + ((lane >> 4) << 3)) * ld + r0 + ((lane >> 3) & 1) * 8);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
+                 : "r"(s));
+#endif
+}
+
+// B fragment of a matrix stored transposed: B[n][k] = m[k·ld + n], columns n0 .. n0 + 7.
+__device__ __forceinline__ void frag_b_t(u32 (&b)[2], const op_st* m, int ld, int n0, int k0, int lane) {
+#if OP_KIND == 2
+    const int g = lane >> 2, t = lane & 3;
+    const op_st* p = m + (k0 + t) * ld + n0 + g;
+    b[0] = tf32_of(p[0]);
+    b[1] = tf32_of(p[4 * ld]);
+#else
+    const u32 s = smem_addr(m + (k0 + (lane & 15)) * ld + n0);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];" : "=r"(b[0]), "=r"(b[1]) : "r"(s));
+#endif
+}
+
+// Two transposed B fragments: columns n0 .. n0 + 7 into b[0..1], n0 + 8 .. n0 + 15 into b[2..3].
+__device__ __forceinline__ void frag_b2_t(u32 (&b)[4], const op_st* m, int ld, int n0, int k0, int lane) {
+#if OP_KIND == 2
+    u32 lo[2], hi[2];
+    frag_b_t(lo, m, ld, n0, k0, lane);
+    frag_b_t(hi, m, ld, n0 + 8, k0, lane);
+    b[0] = lo[0];
+    b[1] = lo[1];
+    b[2] = hi[0];
+    b[3] = hi[1];
+#else
+    const u32 s = smem_addr(m + (k0 + (lane & 15)) * ld + n0 + (lane >> 4) * 8);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
+                 : "r"(s));
+#endif
+}
+
+// acc[mt][nt] += Σ_{k < kend} A[r0 + 16 mt + ·][k] · B[n0 + 8 nt + ·][k] for nt < ntmax, from
+// shared memory; one warp. Each operand is stored k-contiguous (A[r][k] at A[r·lda + k]), or,
+// with TA / TB, transposed (A[r][k] at A[k·lda + r]).
+template <int MT, int NT, bool TA = false, bool TB = false>
 __device__ __forceinline__ void warp_gemm(float (&acc)[MT][NT][4], const op_st* A, int lda, int r0, const op_st* B,
                                           int ldb, int n0, int kend, int lane, int ntmax = NT) {
     for (int k = 0; k < kend; k += KSTEP) {
         u32 a[MT][4];
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt) frag_a(a[mt], A, lda, r0 + 16 * mt, k, lane);
+        for (int mt = 0; mt < MT; ++mt) {
+            if constexpr (TA) frag_a_t(a[mt], A, lda, r0 + 16 * mt, k, lane);
+            else frag_a(a[mt], A, lda, r0 + 16 * mt, k, lane);
+        }
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
+        for (int nt = 0; nt + 1 < NT; nt += 2) {
             if (nt < ntmax) {
-                u32 b[2];
-                frag_b(b, B, ldb, n0 + 8 * nt, k, lane);
+                u32 b[4];
+                if constexpr (TB) frag_b2_t(b, B, ldb, n0 + 8 * nt, k, lane);
+                else frag_b2(b, B, ldb, n0 + 8 * nt, k, lane);
 #pragma unroll
-                for (int mt = 0; mt < MT; ++mt) mma_tile<OP_KIND>(acc[mt][nt], a[mt], b);
+                for (int mt = 0; mt < MT; ++mt) {
+                    mma_tile<OP_KIND>(acc[mt][nt], a[mt], b);
+                    if (nt + 1 < ntmax) mma_tile<OP_KIND>(acc[mt][nt + 1], a[mt], b + 2);
+                }
+            }
+        }
+        if constexpr (NT % 2 == 1) {
+            if (NT - 1 < ntmax) {
+                u32 b[2];
+                if constexpr (TB) frag_b_t(b, B, ldb, n0 + 8 * (NT - 1), k, lane);
+                else frag_b(b, B, ldb, n0 + 8 * (NT - 1), k, lane);
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) mma_tile<OP_KIND>(acc[mt][NT - 1], a[mt], b);
             }
         }
     }
@@ -231,30 +324,46 @@ __device__ __forceinline__ void stage_async(void* dst, int dst_ld, const void* s
     }
 }
 
-// One q or k row from global memory (`row`, element stride `ds`; zeros past KDIM, and all
-// zeros unless `valid`), l2-normalised when L2NORM, rounded to the operand type into `dst`
-// (KP elements); one warp.
+// This warp's rows r = w, w + NWARPS, … of a q or k chunk `[CH][KDIM]` in global memory (row
+// stride `ts`, element stride `ds`; zeros past `cl` rows and KDIM columns), l2-normalised per
+// row when L2NORM, rounded to the operand type into `dst` (row stride `ld`, shared or global).
+// Every load is issued before the first is used.
 template <typename T>
-__device__ __forceinline__ void norm_row(op_st* dst, const T* row, i64 ds, bool valid, float eps, int lane) {
-    float x[KP / 32];
-    float ss = 0.f;
+__device__ __forceinline__ void norm_rows(op_st* dst, int ld, const T* base, i64 ts, i64 ds, int cl, float eps, int w,
+                                          int lane) {
+    constexpr int R = CH / NWARPS, E = KP / 32;
+    T raw[R][E];
 #pragma unroll
-    for (int e = 0; e < KP / 32; ++e) {
-        const int col = lane + 32 * e;
-        x[e] = valid && col < KDIM ? to_f32(row[col * ds]) : 0.f;
-        ss += x[e] * x[e];
+    for (int i = 0; i < R; ++i) {
+        const int r = w + NWARPS * i;
+#pragma unroll
+        for (int e = 0; e < E; ++e) {
+            const int col = lane + 32 * e;
+            raw[i][e] = r < cl && col < KDIM ? base[r * ts + col * ds] : T{};
+        }
     }
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+        float x[E];
+        float ss = 0.f;
+#pragma unroll
+        for (int e = 0; e < E; ++e) {
+            x[e] = to_f32(raw[i][e]);
+            ss += x[e] * x[e];
+        }
 #if L2NORM
 #pragma unroll
-    for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(FULL_MASK, ss, off);
-    const float inv = rsqrtf(ss + eps);
+        for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(FULL_MASK, ss, off);
+        const float inv = rsqrtf(ss + eps);
 #pragma unroll
-    for (int e = 0; e < KP / 32; ++e) x[e] *= inv;
+        for (int e = 0; e < E; ++e) x[e] *= inv;
 #else
-    (void)eps;
+        (void)eps;
+        (void)ss;
 #endif
 #pragma unroll
-    for (int e = 0; e < KP / 32; ++e) dst[lane + 32 * e] = to_op(x[e]);
+        for (int e = 0; e < E; ++e) dst[(w + NWARPS * i) * ld + lane + 32 * e] = to_op(x[e]);
+    }
 }
 
 // ---- the scratch ----
@@ -265,9 +374,9 @@ __device__ __forceinline__ unsigned char* region(const ChunkParams& p, i64 off) 
 __device__ __forceinline__ op_st* w_of(const ChunkParams& p, i64 b, int hv) {
     return reinterpret_cast<op_st*>(region(p, p.off_w)) + (b * p.v_heads + hv) * (CH * KP);
 }
-// Normalised Kᵀ of chunk b, key head h: [KP][CH].
-__device__ __forceinline__ op_st* kt_of(const ChunkParams& p, i64 b, int h) {
-    return reinterpret_cast<op_st*>(region(p, p.off_kt)) + (b * (p.v_heads / p.group) + h) * (KP * CH);
+// Normalised q and k rows of chunk b, key head h: [2][CH][KP] (q, then k).
+__device__ __forceinline__ op_st* qk_of(const ChunkParams& p, i64 b, int h) {
+    return reinterpret_cast<op_st*>(region(p, p.off_qk)) + (b * (p.v_heads / p.group) + h) * (2 * CH * KP);
 }
 // Uᵀ, then V'ᵀ, of chunk b, value head hv: [vp][CH].
 __device__ __forceinline__ op_st* ut_of(const ChunkParams& p, i64 b, int hv) {
@@ -379,13 +488,13 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) gdn_chunk_index_kernel(co
 #endif
 
 #if ENTRY == 1
-extern "C" __global__ void __launch_bounds__(NTHREADS) gdn_chunk_prep_kernel(const ChunkParams p) {
+extern "C" __global__ void __launch_bounds__(NTHREADS, 3) gdn_chunk_prep_kernel(const ChunkParams p) {
     const int2 m = chunk_map(p)[blockIdx.x];
     if (m.x < 0) return;
     extern __shared__ __align__(16) unsigned char smem[];
     op_st* Ks = reinterpret_cast<op_st*>(smem);  // normalised k rows, [CH][LDK]
-    op_st* KT = Ks + CH * LDK;                   // (β e^G k)ᵀ, [KP][LDC]
-    op_st* Ai = KT + KP * LDC;                   // (I + A)⁻¹, [CH][LDC]
+    op_st* KB = Ks + CH * LDK;                   // β e^G k rows, [CH][LDK]
+    op_st* Ai = KB + CH * LDK;                   // (I + A)⁻¹, [CH][LDC]
     op_st* VT = Ai + CH * LDC;                   // (β v)ᵀ of 64 value rows, [64][LDC]
     float* As = reinterpret_cast<float*>(VT + 64 * LDC);  // A below the diagonal, A⁻¹ᵀ above
     float* Tb = As + CH * LDA;                   // block products of the inverse, [3][16][16]
@@ -402,6 +511,21 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) gdn_chunk_prep_kernel(con
     const SeqInfo s = infos(p)[m.x];
     const int c0 = m.y * CH, cl = min(CH, s.len - c0);
     const i64 t0 = s.bos + c0;
+
+    // 64 value columns of the chunk's v rows into registers: this thread's column vc of rows
+    // vj0, vj0 + 4, … (VLOADS of them).
+    constexpr int VLOADS = 64 * CH / NTHREADS;
+    static_assert(NTHREADS % 64 == 0, "one value column per thread");
+    const int vc = tid % 64, vj0 = tid / 64;
+    const V_T* vrow = reinterpret_cast<const V_T*>(p.v) + s.bb * p.vs.b + (i64)hv * p.vs.h + (t0 + vj0) * p.vs.t;
+    const i64 vstep = (NTHREADS / 64) * p.vs.t;
+    V_T vraw[VLOADS];
+    auto load_v = [&](int vt0) {
+        const bool col = vt0 + vc < p.vdim;
+        const V_T* src = vrow + (i64)(vt0 + vc) * p.vs.d;
+#pragma unroll
+        for (int i = 0; i < VLOADS; ++i) vraw[i] = col && vj0 + (NTHREADS / 64) * i < cl ? src[i * vstep] : V_T{};
+    };
 
     // ---- gates (warp 0: a scan of two rows per lane), k rows ----
     if (tid < 32) {
@@ -427,10 +551,18 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) gdn_chunk_prep_kernel(con
         bt[2 * lane] = b2[0];
         bt[2 * lane + 1] = b2[1];
     }
+    // The normalised q and k rows go to the scratch once per key head (for the state and output
+    // passes), q straight from registers.
+    op_st* qkg = hv % p.group == 0 ? qk_of(p, b, h) : nullptr;
     {
         const K_T* kb = reinterpret_cast<const K_T*>(p.k) + s.bb * p.ks.b + (i64)h * p.ks.h + t0 * p.ks.t;
-        for (int r = w; r < CH; r += NWARPS) norm_row(Ks + r * LDK, kb + r * p.ks.t, p.ks.d, r < cl, p.eps, lane);
+        norm_rows(Ks, LDK, kb, p.ks.t, p.ks.d, cl, p.eps, w, lane);
+        if (qkg) {
+            const Q_T* qb = reinterpret_cast<const Q_T*>(p.q) + s.bb * p.qs.b + (i64)h * p.qs.h + t0 * p.qs.t;
+            norm_rows(qkg, KP, qb, p.qs.t, p.qs.d, cl, p.eps, w, lane);
+        }
     }
+    load_v(0);  // in flight under A, the inverse and W
     __syncthreads();
     if (tid < CH) ek[tid] = bt[tid] * __expf(gc[tid]);
 
@@ -504,14 +636,21 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) gdn_chunk_prep_kernel(con
         const int i = e / CH, j = e % CH;
         Ai[i * LDC + j] = to_op(i == j ? 1.f : (j < i ? As[j * LDA + i] : 0.f));
     }
-    // (β e^G k)ᵀ, and the plain normalised Kᵀ to the scratch (once per key head).
+    // β e^G k rows, and the normalised k rows to the scratch (once per key head); 16 bytes a step.
     {
-        op_st* ktg = hv % p.group == 0 ? kt_of(p, b, h) : nullptr;
-        for (int e = tid; e < KP * CH; e += NTHREADS) {
-            const int j = e % CH, kk = e / CH;
-            const op_st kv = Ks[j * LDK + kk];
-            KT[kk * LDC + j] = to_op(op_f32(kv) * ek[j]);
-            if (ktg) ktg[kk * CH + j] = kv;
+        constexpr int VE = 16 / (int)sizeof(op_st), SEGS = KP / VE;
+        for (int e = tid; e < CH * SEGS; e += NTHREADS) {
+            const int j = e / SEGS, c = (e % SEGS) * VE;
+            const uint4 raw = *reinterpret_cast<const uint4*>(Ks + j * LDK + c);
+            if (qkg) *reinterpret_cast<uint4*>(qkg + (CH + j) * KP + c) = raw;
+            union {
+                uint4 u;
+                op_st e[VE];
+            } in, out;
+            in.u = raw;
+#pragma unroll
+            for (int x = 0; x < VE; ++x) out.e[x] = to_op(op_f32(in.e[x]) * ek[j]);
+            *reinterpret_cast<uint4*>(KB + j * LDK + c) = out.u;
         }
     }
     __syncthreads();
@@ -522,20 +661,20 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) gdn_chunk_prep_kernel(con
         for (int kq = 0; kq < KP; kq += 64) {
             float ww[1][4][4];
             zero(ww);
-            warp_gemm<1, 4>(ww, Ai, LDC, r0, KT, LDC, kq + 32 * wc, kend, lane);
+            warp_gemm<1, 4, false, true>(ww, Ai, LDC, r0, KB, LDK, kq + 32 * wc, kend, lane);
             for_pairs(ww, r0, kq + 32 * wc, lane, [&](int i, int kk, float a0, float a1) { st_pair(wg + i * KP + kk, a0, a1); });
         }
     }
 
-    // ---- Uᵀ = (β V)ᵀ·Ainvᵀ, 64 value rows at a time, to the scratch ----
+    // ---- Uᵀ = (β V)ᵀ·Ainvᵀ, 64 value rows at a time (the first tile loaded before W) ----
     {
-        const V_T* vb = reinterpret_cast<const V_T*>(p.v) + s.bb * p.vs.b + (i64)hv * p.vs.h + t0 * p.vs.t;
         op_st* ug = ut_of(p, b, hv);
         for (int vt0 = 0; vt0 < p.vp; vt0 += 64) {
-            for (int e = tid; e < 64 * CH; e += NTHREADS) {
-                const int v = e % 64, j = e / 64;
-                const bool in = j < cl && vt0 + v < p.vdim;
-                VT[v * LDC + j] = to_op(in ? to_f32(vb[j * p.vs.t + (i64)(vt0 + v) * p.vs.d]) * bt[j] : 0.f);
+            if (vt0 > 0) load_v(vt0);
+#pragma unroll
+            for (int i = 0; i < VLOADS; ++i) {
+                const int j = vj0 + (NTHREADS / 64) * i;
+                VT[vc * LDC + j] = to_op(to_f32(vraw[i]) * bt[j]);
             }
             __syncthreads();
             float uu[1][4][4];
@@ -551,7 +690,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) gdn_chunk_prep_kernel(con
 #endif
 
 #if ENTRY == 2
-extern "C" __global__ void __launch_bounds__(NTHREADS) gdn_chunk_state_kernel(const ChunkParams p) {
+extern "C" __global__ void __launch_bounds__(NTHREADS, 2) gdn_chunk_state_kernel(const ChunkParams p) {
     u32 bid = blockIdx.x;
     const int vt = (int)(bid % (u32)p.vtiles);
     bid /= (u32)p.vtiles;
@@ -562,8 +701,8 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) gdn_chunk_state_kernel(co
 
     extern __shared__ __align__(16) unsigned char smem[];
     op_st* Ws = reinterpret_cast<op_st*>(smem);  // W, [2][CH][LDK]
-    op_st* KTs = Ws + 2 * CH * LDK;              // Kᵀ, [2][KP][LDC]
-    op_st* UTs = KTs + 2 * KP * LDC;             // Uᵀ of the tile, [2][BV][LDC]
+    op_st* Kn = Ws + 2 * CH * LDK;               // normalised k rows, [2][CH][LDK]
+    op_st* UTs = Kn + 2 * CH * LDK;              // Uᵀ of the tile, [2][BV][LDC]
     op_st* Sop = UTs + 2 * BV * LDC;             // H_c, [BV][LDK]
     op_st* VsT = Sop + BV * LDK;                 // decayed V'ᵀ, [BV][LDC]
     float* Gs = reinterpret_cast<float*>(VsT + BV * LDC);  // G, [2][CH]
@@ -576,7 +715,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) gdn_chunk_state_kernel(co
     auto stage = [&](int c, int buf) {
         const i64 b = s.base + c;
         stage_async(Ws + buf * CH * LDK, LDK * OPB, w_of(p, b, hv), KP * OPB, CH, KP * OPB);
-        stage_async(KTs + buf * KP * LDC, LDC * OPB, kt_of(p, b, h), CH * OPB, KP, CH * OPB);
+        stage_async(Kn + buf * CH * LDK, LDK * OPB, qk_of(p, b, h) + CH * KP, KP * OPB, CH, KP * OPB);
         stage_async(UTs + buf * BV * LDC, LDC * OPB, ut_of(p, b, hv) + (i64)v0 * CH, CH * OPB, BV, CH * OPB);
         stage_async(Gs + buf * CH, 0, g_of(p, b, hv), 0, 1, CH * 4);
         cp_async_commit();
@@ -614,7 +753,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) gdn_chunk_state_kernel(co
         __syncthreads();  // chunk c staged, H_c in Sop; chunk c − 1's readers are done
         if (c + 1 < nch) stage(c + 1, buf ^ 1);
         const op_st* W = Ws + buf * CH * LDK;
-        const op_st* KTc = KTs + buf * KP * LDC;
+        const op_st* Kc = Kn + buf * CH * LDK;
         const op_st* UT = UTs + buf * BV * LDC;
         const float* G = Gs + buf * CH;
         {  // H_c to the scratch, for the output pass
@@ -641,10 +780,10 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) gdn_chunk_state_kernel(co
             });
         }
         __syncthreads();  // VsT complete; every warp is done with Sop
-        {  // S = e^{G_last} S + Kᵀ·V's
+        {  // S = e^{G_last} S + Kᵀ·V's (Kᵀ read transposed from the k rows)
             const float e_last = __expf(glast);
             for_acc(ss, k0, vs0, lane, [&](int, int, float& a) { a *= e_last; });
-            warp_gemm<1, SNT>(ss, KTc, LDC, k0, VsT, LDC, vs0, (cl + 15) / 16 * 16, lane);
+            warp_gemm<1, SNT, true>(ss, Kc, LDK, k0, VsT, LDC, vs0, (cl + 15) / 16 * 16, lane);
             for_acc(ss, k0, vs0, lane, [&](int kk, int v, float& a) { Sop[v * LDK + kk] = to_op(a); });
         }
     }
@@ -666,40 +805,35 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) gdn_chunk_state_kernel(co
 #endif
 
 #if ENTRY == 3
-extern "C" __global__ void __launch_bounds__(NTHREADS) gdn_chunk_out_kernel(const ChunkParams p) {
+#define VO 128  // value rows of an output block
+extern "C" __global__ void __launch_bounds__(NTHREADS, 2) gdn_chunk_out_kernel(const ChunkParams p) {
     const int2 m = chunk_map(p)[blockIdx.x];
     if (m.x < 0) return;
     extern __shared__ __align__(16) unsigned char smem[];
-    op_st* Hs = reinterpret_cast<op_st*>(smem);  // H_c of 64 value rows, [64][LDK]
-    op_st* VnT = Hs + 64 * LDK;                  // V'ᵀ of the same rows, [64][LDC]
-    op_st* Qs = VnT + 64 * LDC;                  // normalised q rows, [CH][LDK]
-    op_st* Ks = Qs + CH * LDK;                   // normalised k rows
+    op_st* Hs = reinterpret_cast<op_st*>(smem);  // H_c of VO value rows, [VO][LDK]
+    op_st* VnT = Hs + VO * LDK;                  // V'ᵀ of the same rows, [VO][LDC]
+    op_st* Qs = VnT + VO * LDC;                  // normalised q rows, [CH][LDK]
+    op_st* Ks = Qs + CH * LDK;                   // normalised k rows, [CH][LDK]
     op_st* Ps = Ks + CH * LDK;                   // P, [CH][LDC]
     float* gc = reinterpret_cast<float*>(Ps + CH * LDC);  // G, [CH]
 
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
-    const int wr = w & 3, wc = w >> 2;
+    const int wr = w & 3, wc = w >> 2;  // row strip; column half (P: 32 columns, o: 64)
     const int r0 = 16 * wr;
     const int kend = 16 * (wr + 1);
     const i64 b = blockIdx.x;
-    const int hv = blockIdx.y, h = hv / p.group, vt0 = 64 * blockIdx.z;
+    const int hv = blockIdx.y, h = hv / p.group, vt0 = VO * blockIdx.z;
+    const int rows = min(VO, p.vp - vt0);  // a multiple of 64
     const SeqInfo s = infos(p)[m.x];
     const int c0 = m.y * CH, cl = min(CH, s.len - c0);
     const i64 t0 = s.bos + c0;
     constexpr int OPB = (int)sizeof(op_st);
 
-    stage_async(Hs, LDK * OPB, h_of(p, b, hv) + (i64)vt0 * KP, KP * OPB, 64, KP * OPB);
-    stage_async(VnT, LDC * OPB, ut_of(p, b, hv) + (i64)vt0 * CH, CH * OPB, 64, CH * OPB);
+    stage_async(Hs, LDK * OPB, h_of(p, b, hv) + (i64)vt0 * KP, KP * OPB, rows, KP * OPB);
+    stage_async(VnT, LDC * OPB, ut_of(p, b, hv) + (i64)vt0 * CH, CH * OPB, rows, CH * OPB);
+    stage_async(Qs, LDK * OPB, qk_of(p, b, h), KP * OPB, 2 * CH, KP * OPB);  // q rows, then k rows
     stage_async(gc, 0, g_of(p, b, hv), 0, 1, CH * 4);
     cp_async_commit();
-    {
-        const Q_T* qb = reinterpret_cast<const Q_T*>(p.q) + s.bb * p.qs.b + (i64)h * p.qs.h + t0 * p.qs.t;
-        const K_T* kb = reinterpret_cast<const K_T*>(p.k) + s.bb * p.ks.b + (i64)h * p.ks.h + t0 * p.ks.t;
-        for (int r = w; r < CH; r += NWARPS) {
-            norm_row(Qs + r * LDK, qb + r * p.qs.t, p.qs.d, r < cl, p.eps, lane);
-            norm_row(Ks + r * LDK, kb + r * p.ks.t, p.ks.d, r < cl, p.eps, lane);
-        }
-    }
     cp_async_wait_all();
     __syncthreads();
 
@@ -713,15 +847,19 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) gdn_chunk_out_kernel(cons
             Ps[i * LDC + j] = to_op(j <= i && i < cl ? a * __expf(gc[i] - gc[j]) : 0.f);
         });
     }
-    // ---- o = scale·(e^G (Q·H_cᵀ) + P·V') ----
-    float oo[1][4][4];
+    // ---- o = scale·(e^G (Q·H_cᵀ) + P·V'), 64 value rows per warp ----
+    const bool mine = 64 * wc < rows;
+    float oo[1][8][4];
     zero(oo);
-    warp_gemm<1, 4>(oo, Qs, LDK, r0, Hs, LDK, 32 * wc, KP, lane);
-    for_acc(oo, r0, 32 * wc, lane, [&](int i, int, float& a) { a *= __expf(gc[i]); });
+    if (mine) {
+        warp_gemm<1, 8>(oo, Qs, LDK, r0, Hs, LDK, 64 * wc, KP, lane);
+        for_acc(oo, r0, 64 * wc, lane, [&](int i, int, float& a) { a *= __expf(gc[i]); });
+    }
     __syncthreads();  // P complete
-    warp_gemm<1, 4>(oo, Ps, LDC, r0, VnT, LDC, 32 * wc, kend, lane);
+    if (!mine) return;
+    warp_gemm<1, 8>(oo, Ps, LDC, r0, VnT, LDC, 64 * wc, kend, lane);
     O_T* ob = reinterpret_cast<O_T*>(p.o) + s.bb * p.os.b + (i64)hv * p.os.h + t0 * p.os.t;
-    for_acc(oo, r0, 32 * wc, lane, [&](int i, int v, float& a) {
+    for_acc(oo, r0, 64 * wc, lane, [&](int i, int v, float& a) {
         if (i < cl && vt0 + v < p.vdim) ob[i * p.os.t + (i64)(vt0 + v) * p.os.d] = from_f32<O_T>(a * p.scale);
     });
 }
