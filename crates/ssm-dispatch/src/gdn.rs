@@ -38,8 +38,9 @@ impl Runtime {
     /// sequences, `final_state` rows and (in place) their pool rows
     /// ([`ssm_gdn::ChunkGatedDeltaRuleArgs`]).
     ///
-    /// The CPU backend allocates its f32 scratch per call unless `args.scratch` holds at least
-    /// [`Runtime::chunk_gated_delta_rule_scratch_size`] elements.
+    /// Both backends allocate their f32 scratch per call unless `args.scratch` holds at least
+    /// [`Runtime::chunk_gated_delta_rule_scratch_size`] elements (CUDA: stream-ordered, so a
+    /// call to capture in a CUDA graph passes one).
     pub fn chunk_gated_delta_rule(&self, args: ChunkGatedDeltaRuleArgs<'_>) -> Result<(), Error> {
         self.plan_and_run(args)
     }
