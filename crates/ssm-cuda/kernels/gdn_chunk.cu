@@ -113,110 +113,78 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_b
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
 
-__device__ __forceinline__ u32 smem_addr(const void* p) {
-    u32 s;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(s) : "l"(p));
-    return s;
+// The shared-window address of a pointer into shared memory (the intrinsic, so that the
+// compiler folds constant offsets into the instructions that use it).
+__device__ __forceinline__ u32 smem_addr(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+
+// `ldmatrix` of four (two) 8×8 matrices of 16-bit operands, transposed when TRANS; `p` is this
+// lane's row address (16-byte aligned).
+template <bool TRANS> __device__ __forceinline__ void ldsm4(u32 (&r)[4], const op_st* p) {
+    const u32 s = smem_addr(p);
+    if constexpr (TRANS)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(s));
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(s));
+}
+template <bool TRANS> __device__ __forceinline__ void ldsm2(u32 (&r)[2], const op_st* p) {
+    const u32 s = smem_addr(p);
+    if constexpr (TRANS)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(s));
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(s));
 }
 
-// A fragment: rows r0 .. r0 + 15, k0 .. k0 + KSTEP − 1 of a k-contiguous matrix (row stride ld;
-// 16-bit operands by one `ldmatrix.x4`, whose rows must start 16-byte aligned).
-__device__ __forceinline__ void frag_a(u32 (&a)[4], const op_st* m, int ld, int r0, int k0, int lane) {
+// Element (r, k) of an operand stored k-contiguous (m[r·ld + k]) or, when TRANS, transposed
+// (m[k·ld + r]).
+template <bool TRANS> __device__ __forceinline__ const op_st* elem(const op_st* m, int ld, int r, int k) {
+    return TRANS ? m + k * ld + r : m + r * ld + k;
+}
+
+// A fragment: rows r0 .. r0 + 15, k0 .. k0 + KSTEP − 1 (16-bit operands: one `ldmatrix.x4`).
+template <bool TRANS> __device__ __forceinline__ void frag_a(u32 (&a)[4], const op_st* m, int ld, int r0, int k0, int lane) {
 #if OP_KIND == 2
     const int g = lane >> 2, t = lane & 3;
-    const op_st* p0 = m + (r0 + g) * ld + k0;
-    const op_st* p1 = p0 + 8 * ld;
-    a[0] = tf32_of(p0[t]);
-    a[1] = tf32_of(p1[t]);
-    a[2] = tf32_of(p0[t + 4]);
-    a[3] = tf32_of(p1[t + 4]);
+    a[0] = tf32_of(*elem<TRANS>(m, ld, r0 + g, k0 + t));
+    a[1] = tf32_of(*elem<TRANS>(m, ld, r0 + g + 8, k0 + t));
+    a[2] = tf32_of(*elem<TRANS>(m, ld, r0 + g, k0 + t + 4));
+    a[3] = tf32_of(*elem<TRANS>(m, ld, r0 + g + 8, k0 + t + 4));
 #else
-    const u32 s = smem_addr(m + (r0 + (lane & 15)) * ld + k0 + (lane >> 4) * 8);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
-                 : "r"(s));
+    // Matrices (rows, k): (0..7, 0..7), (8..15, 0..7), (0..7, 8..15), (8..15, 8..15), lanes 8i..8i+7.
+    if constexpr (TRANS) ldsm4<true>(a, m + (k0 + (lane & 7) + ((lane >> 4) << 3)) * ld + r0 + ((lane >> 3) & 1) * 8);
+    else ldsm4<false>(a, m + (r0 + (lane & 15)) * ld + k0 + (lane >> 4) * 8);
 #endif
 }
 
-// B fragment: columns n0 .. n0 + 7 (rows of the k-contiguous matrix `m`), k0 .. k0 + KSTEP − 1.
-__device__ __forceinline__ void frag_b(u32 (&b)[2], const op_st* m, int ld, int n0, int k0, int lane) {
+// B fragment: columns n0 .. n0 + 7, k0 .. k0 + KSTEP − 1.
+template <bool TRANS> __device__ __forceinline__ void frag_b(u32 (&b)[2], const op_st* m, int ld, int n0, int k0, int lane) {
 #if OP_KIND == 2
     const int g = lane >> 2, t = lane & 3;
-    const op_st* p = m + (n0 + g) * ld + k0;
-    b[0] = tf32_of(p[t]);
-    b[1] = tf32_of(p[t + 4]);
+    b[0] = tf32_of(*elem<TRANS>(m, ld, n0 + g, k0 + t));
+    b[1] = tf32_of(*elem<TRANS>(m, ld, n0 + g, k0 + t + 4));
 #else
-    // Lanes 0..15 address the two 8×8 matrices (k0, k0 + 8); 16..31 repeat them (ignored by .x2).
-    const u32 s = smem_addr(m + (n0 + (lane & 7)) * ld + k0 + ((lane >> 3) & 1) * 8);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];" : "=r"(b[0]), "=r"(b[1]) : "r"(s));
+    // Lanes 0..15 address the matrices (k0, k0 + 8); 16..31 repeat them (ignored by .x2).
+    if constexpr (TRANS) ldsm2<true>(b, m + (k0 + (lane & 15)) * ld + n0);
+    else ldsm2<false>(b, m + (n0 + (lane & 7)) * ld + k0 + ((lane >> 3) & 1) * 8);
 #endif
 }
 
 // Two B fragments: columns n0 .. n0 + 7 into b[0..1] and n0 + 8 .. n0 + 15 into b[2..3].
-__device__ __forceinline__ void frag_b2(u32 (&b)[4], const op_st* m, int ld, int n0, int k0, int lane) {
+template <bool TRANS> __device__ __forceinline__ void frag_b2(u32 (&b)[4], const op_st* m, int ld, int n0, int k0, int lane) {
 #if OP_KIND == 2
     u32 lo[2], hi[2];
-    frag_b(lo, m, ld, n0, k0, lane);
-    frag_b(hi, m, ld, n0 + 8, k0, lane);
+    frag_b<TRANS>(lo, m, ld, n0, k0, lane);
+    frag_b<TRANS>(hi, m, ld, n0 + 8, k0, lane);
     b[0] = lo[0];
     b[1] = lo[1];
     b[2] = hi[0];
     b[3] = hi[1];
 #else
-    const u32 s = smem_addr(m + (n0 + (lane & 7) + ((lane >> 4) << 3)) * ld + k0 + ((lane >> 3) & 1) * 8);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
-                 : "r"(s));
-#endif
-}
-
-// A fragment of a matrix stored transposed: A[r][k] = m[k·ld + r] (rows r0 .. r0 + 15, k0 ..
-// k0 + KSTEP − 1; 16-bit operands by one `ldmatrix.x4.trans`).
-__device__ __forceinline__ void frag_a_t(u32 (&a)[4], const op_st* m, int ld, int r0, int k0, int lane) {
-#if OP_KIND == 2
-    const int g = lane >> 2, t = lane & 3;
-    const op_st* p0 = m + (k0 + t) * ld + r0 + g;
-    const op_st* p1 = p0 + 4 * ld;
-    a[0] = tf32_of(p0[0]);
-    a[1] = tf32_of(p0[8]);
-    a[2] = tf32_of(p1[0]);
-    a[3] = tf32_of(p1[8]);
-#else
-    const u32 s = smem_addr(m + (k0 + (lane & 7) + ((lane >> 4) << 3)) * ld + r0 + ((lane >> 3) & 1) * 8);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
-                 : "r"(s));
-#endif
-}
-
-// B fragment of a matrix stored transposed: B[n][k] = m[k·ld + n], columns n0 .. n0 + 7.
-__device__ __forceinline__ void frag_b_t(u32 (&b)[2], const op_st* m, int ld, int n0, int k0, int lane) {
-#if OP_KIND == 2
-    const int g = lane >> 2, t = lane & 3;
-    const op_st* p = m + (k0 + t) * ld + n0 + g;
-    b[0] = tf32_of(p[0]);
-    b[1] = tf32_of(p[4 * ld]);
-#else
-    const u32 s = smem_addr(m + (k0 + (lane & 15)) * ld + n0);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];" : "=r"(b[0]), "=r"(b[1]) : "r"(s));
-#endif
-}
-
-// Two transposed B fragments: columns n0 .. n0 + 7 into b[0..1], n0 + 8 .. n0 + 15 into b[2..3].
-__device__ __forceinline__ void frag_b2_t(u32 (&b)[4], const op_st* m, int ld, int n0, int k0, int lane) {
-#if OP_KIND == 2
-    u32 lo[2], hi[2];
-    frag_b_t(lo, m, ld, n0, k0, lane);
-    frag_b_t(hi, m, ld, n0 + 8, k0, lane);
-    b[0] = lo[0];
-    b[1] = lo[1];
-    b[2] = hi[0];
-    b[3] = hi[1];
-#else
-    const u32 s = smem_addr(m + (k0 + (lane & 15)) * ld + n0 + (lane >> 4) * 8);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
-                 : "r"(s));
+    if constexpr (TRANS) ldsm4<true>(b, m + (k0 + (lane & 15)) * ld + n0 + (lane >> 4) * 8);
+    else ldsm4<false>(b, m + (n0 + (lane & 7) + ((lane >> 4) << 3)) * ld + k0 + ((lane >> 3) & 1) * 8);
 #endif
 }
 
@@ -230,15 +198,13 @@ __device__ __forceinline__ void warp_gemm(float (&acc)[MT][NT][4], const op_st* 
         u32 a[MT][4];
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-            if constexpr (TA) frag_a_t(a[mt], A, lda, r0 + 16 * mt, k, lane);
-            else frag_a(a[mt], A, lda, r0 + 16 * mt, k, lane);
+            frag_a<TA>(a[mt], A, lda, r0 + 16 * mt, k, lane);
         }
 #pragma unroll
         for (int nt = 0; nt + 1 < NT; nt += 2) {
             if (nt < ntmax) {
                 u32 b[4];
-                if constexpr (TB) frag_b2_t(b, B, ldb, n0 + 8 * nt, k, lane);
-                else frag_b2(b, B, ldb, n0 + 8 * nt, k, lane);
+                frag_b2<TB>(b, B, ldb, n0 + 8 * nt, k, lane);
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt) {
                     mma_tile<OP_KIND>(acc[mt][nt], a[mt], b);
@@ -249,8 +215,7 @@ __device__ __forceinline__ void warp_gemm(float (&acc)[MT][NT][4], const op_st* 
         if constexpr (NT % 2 == 1) {
             if (NT - 1 < ntmax) {
                 u32 b[2];
-                if constexpr (TB) frag_b_t(b, B, ldb, n0 + 8 * (NT - 1), k, lane);
-                else frag_b(b, B, ldb, n0 + 8 * (NT - 1), k, lane);
+                frag_b<TB>(b, B, ldb, n0 + 8 * (NT - 1), k, lane);
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt) mma_tile<OP_KIND>(acc[mt][NT - 1], a[mt], b);
             }
@@ -314,14 +279,28 @@ __device__ __forceinline__ void st_pair(op_st* p, float a, float b) {
 #endif
 }
 
-// `rows` rows of `row_bytes` bytes (a multiple of 16) from global `src` (row stride `src_ld`
-// bytes, 16-byte aligned) to shared `dst` (row stride `dst_ld` bytes), with 16-byte `cp.async`.
-__device__ __forceinline__ void stage_async(void* dst, int dst_ld, const void* src, i64 src_ld, int rows, int row_bytes) {
-    const int segs = row_bytes / 16;
-    for (int e = threadIdx.x; e < rows * segs; e += NTHREADS) {
-        const int r = e / segs, c = (e % segs) * 16;
-        cp_async16(static_cast<char*>(dst) + r * dst_ld + c, static_cast<const char*>(src) + r * src_ld + c, 16);
+// f(e) for this thread's e = tid, tid + NTHREADS, … below N, as straight-line code (the trip
+// count is a compile-time constant).
+template <int N, typename F> __device__ __forceinline__ void for_mine(F f) {
+#pragma unroll
+    for (int i = 0; i < (N + NTHREADS - 1) / NTHREADS; ++i) {
+        const int e = (int)threadIdx.x + i * NTHREADS;
+        if (N % NTHREADS == 0 || e < N) f(e);
     }
+}
+
+// Rows [0, rows) (rows ≤ ROWS) of ROW_BYTES bytes (a multiple of 16) from global `src` (row
+// stride `src_ld` bytes, 16-byte aligned) to shared `dst` (row stride DST_LD bytes), with
+// 16-byte `cp.async`.
+template <int ROWS, int ROW_BYTES, int DST_LD>
+__device__ __forceinline__ void stage_async(void* dst, const void* src, i64 src_ld, int rows = ROWS) {
+    constexpr int SEGS = ROW_BYTES / 16;
+    static_assert(ROW_BYTES % 16 == 0, "16-byte rows");
+    for_mine<ROWS * SEGS>([&](int e) {
+        const int r = e / SEGS, c = (e % SEGS) * 16;
+        if (ROWS == 1 || r < rows)
+            cp_async16(static_cast<char*>(dst) + r * DST_LD + c, static_cast<const char*>(src) + r * src_ld + c, 16);
+    });
 }
 
 // This warp's rows r = w, w + NWARPS, … of a q or k chunk `[CH][KDIM]` in global memory (row
@@ -632,14 +611,14 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 3) gdn_chunk_prep_kernel(
             __syncthreads();
         }
     }
-    for (int e = tid; e < CH * CH; e += NTHREADS) {
+    for_mine<CH * CH>([&](int e) {
         const int i = e / CH, j = e % CH;
         Ai[i * LDC + j] = to_op(i == j ? 1.f : (j < i ? As[j * LDA + i] : 0.f));
-    }
+    });
     // β e^G k rows, and the normalised k rows to the scratch (once per key head); 16 bytes a step.
     {
         constexpr int VE = 16 / (int)sizeof(op_st), SEGS = KP / VE;
-        for (int e = tid; e < CH * SEGS; e += NTHREADS) {
+        for_mine<CH * SEGS>([&](int e) {
             const int j = e / SEGS, c = (e % SEGS) * VE;
             const uint4 raw = *reinterpret_cast<const uint4*>(Ks + j * LDK + c);
             if (qkg) *reinterpret_cast<uint4*>(qkg + (CH + j) * KP + c) = raw;
@@ -651,7 +630,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 3) gdn_chunk_prep_kernel(
 #pragma unroll
             for (int x = 0; x < VE; ++x) out.e[x] = to_op(op_f32(in.e[x]) * ek[j]);
             *reinterpret_cast<uint4*>(KB + j * LDK + c) = out.u;
-        }
+        });
     }
     __syncthreads();
 
@@ -714,10 +693,10 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 2) gdn_chunk_state_kernel
     constexpr int OPB = (int)sizeof(op_st);
     auto stage = [&](int c, int buf) {
         const i64 b = s.base + c;
-        stage_async(Ws + buf * CH * LDK, LDK * OPB, w_of(p, b, hv), KP * OPB, CH, KP * OPB);
-        stage_async(Kn + buf * CH * LDK, LDK * OPB, qk_of(p, b, h) + CH * KP, KP * OPB, CH, KP * OPB);
-        stage_async(UTs + buf * BV * LDC, LDC * OPB, ut_of(p, b, hv) + (i64)v0 * CH, CH * OPB, BV, CH * OPB);
-        stage_async(Gs + buf * CH, 0, g_of(p, b, hv), 0, 1, CH * 4);
+        stage_async<CH, KP * OPB, LDK * OPB>(Ws + buf * CH * LDK, w_of(p, b, hv), KP * OPB);
+        stage_async<CH, KP * OPB, LDK * OPB>(Kn + buf * CH * LDK, qk_of(p, b, h) + CH * KP, KP * OPB);
+        stage_async<BV, CH * OPB, LDC * OPB>(UTs + buf * BV * LDC, ut_of(p, b, hv) + (i64)v0 * CH, CH * OPB);
+        stage_async<1, CH * 4, 0>(Gs + buf * CH, g_of(p, b, hv), 0);
         cp_async_commit();
     };
     if (nch > 0) stage(0, 0);
@@ -759,10 +738,10 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 2) gdn_chunk_state_kernel
         {  // H_c to the scratch, for the output pass
             op_st* hg = h_of(p, b, hv) + (i64)v0 * KP;
             constexpr int SEGS = KP * OPB / 16;
-            for (int e = tid; e < BV * SEGS; e += NTHREADS) {
+            for_mine<BV * SEGS>([&](int e) {
                 const int v = e / SEGS, q = (e % SEGS) * (16 / OPB);
                 *reinterpret_cast<uint4*>(hg + v * KP + q) = *reinterpret_cast<const uint4*>(Sop + v * LDK + q);
-            }
+            });
         }
         const float glast = G[cl - 1];
         {  // V'ᵀ = Uᵀ − H_c·Wᵀ
@@ -783,7 +762,8 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 2) gdn_chunk_state_kernel
         {  // S = e^{G_last} S + Kᵀ·V's (Kᵀ read transposed from the k rows)
             const float e_last = __expf(glast);
             for_acc(ss, k0, vs0, lane, [&](int, int, float& a) { a *= e_last; });
-            warp_gemm<1, SNT, true>(ss, Kc, LDK, k0, VsT, LDC, vs0, (cl + 15) / 16 * 16, lane);
+            // All CH rows (a compile-time loop): past `cl` the decayed V' columns are zeros.
+            warp_gemm<1, SNT, true>(ss, Kc, LDK, k0, VsT, LDC, vs0, CH, lane);
             for_acc(ss, k0, vs0, lane, [&](int kk, int v, float& a) { Sop[v * LDK + kk] = to_op(a); });
         }
     }
@@ -829,10 +809,10 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 2) gdn_chunk_out_kernel(c
     const i64 t0 = s.bos + c0;
     constexpr int OPB = (int)sizeof(op_st);
 
-    stage_async(Hs, LDK * OPB, h_of(p, b, hv) + (i64)vt0 * KP, KP * OPB, rows, KP * OPB);
-    stage_async(VnT, LDC * OPB, ut_of(p, b, hv) + (i64)vt0 * CH, CH * OPB, rows, CH * OPB);
-    stage_async(Qs, LDK * OPB, qk_of(p, b, h), KP * OPB, 2 * CH, KP * OPB);  // q rows, then k rows
-    stage_async(gc, 0, g_of(p, b, hv), 0, 1, CH * 4);
+    stage_async<VO, KP * OPB, LDK * OPB>(Hs, h_of(p, b, hv) + (i64)vt0 * KP, KP * OPB, rows);
+    stage_async<VO, CH * OPB, LDC * OPB>(VnT, ut_of(p, b, hv) + (i64)vt0 * CH, CH * OPB, rows);
+    stage_async<2 * CH, KP * OPB, LDK * OPB>(Qs, qk_of(p, b, h), KP * OPB);  // q rows, then k rows
+    stage_async<1, CH * 4, 0>(gc, g_of(p, b, hv), 0);
     cp_async_commit();
     cp_async_wait_all();
     __syncthreads();
