@@ -540,6 +540,44 @@ mod tests {
     }
 
     #[test]
+    fn scratch_layout_holds_every_live_chunk_in_aligned_disjoint_regions() {
+        use ssm_conformance::gdn_random::{ChunkCase, ChunkSpec};
+        for i in 0..8 {
+            let mut case = ChunkCase::random(ChunkSpec::matrix(i), 3 + i as u64);
+            let lens = case.lens.clone();
+            let planned = Planned::new(case.args()).unwrap();
+            let p = planned.plan();
+            let (d, l) = (p.dims, ScratchLayout::new(p).unwrap());
+            let per_seq = d.seqlen.div_ceil(CHUNK_SIZE);
+            let bound = if p.cu_seqlens.is_some() { per_seq + d.seqs } else { per_seq * d.seqs };
+            assert_eq!(l.nb, bound, "case {i}");
+            let live: usize = lens.iter().map(|n| n.div_ceil(CHUNK_SIZE)).sum();
+            assert!(live <= l.nb, "case {i}: {live} chunks, room for {}", l.nb);
+            assert_eq!(l.vp % 64, 0);
+            assert!(l.vp >= d.v && l.vp < d.v + 64);
+            // In order, 256-byte aligned, each at least as large as the kernel indexes it.
+            let op = if [p.q.1, p.k.1, p.v.1].iter().any(|t| t.size() == 2) { 2 } else { 4 };
+            let kp = d.k.div_ceil(64) * 64;
+            let sizes = [
+                d.seqs * 32,
+                l.nb * 8,
+                l.nb * d.v_heads * CHUNK_SIZE * kp * op,
+                l.nb * d.heads * 2 * CHUNK_SIZE * kp * op,
+                l.nb * d.v_heads * l.vp * CHUNK_SIZE * op,
+                l.nb * d.v_heads * l.vp * kp * op,
+                l.nb * d.v_heads * CHUNK_SIZE * 4,
+            ];
+            let ends: Vec<usize> = l.offs[1..].iter().copied().chain([l.bytes]).collect();
+            for ((o, e), s) in l.offs.iter().zip(&ends).zip(sizes) {
+                assert_eq!(o % ALIGN, 0, "case {i}");
+                assert!(o + s <= *e, "case {i}: region at {o} of {s} bytes overlaps the next at {e}");
+            }
+            // The size query leaves room to align any 4-byte aligned base.
+            assert!(l.f32_len() * 4 >= l.bytes + ALIGN - 4);
+        }
+    }
+
+    #[test]
     fn catalogue_defines_every_macro_and_fits_an_sm90_block() {
         for (label, spec) in gdn_chunk_catalogue() {
             assert_eq!(spec.defines.len(), 11 + 5 + 9, "{label}");
