@@ -230,3 +230,15 @@ template <int KIND> __device__ __forceinline__ void mma_tile(float* d, const u32
             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
     }
 }
+
+// The shared-window address of a pointer into shared memory (the intrinsic, so that the
+// compiler folds constant offsets into the instructions that use it).
+__device__ __forceinline__ u32 smem_addr(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+
+// 16 bytes from global `src` into shared `dst` (both 16-byte aligned), asynchronously (sm_80+);
+// `cp_async_commit` closes a group, `cp_async_wait_all` waits for every group.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src), "r"(16) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }

@@ -103,20 +103,6 @@ __device__ __forceinline__ float op_f32(op_st v) {
 // The value an operand of the operand type holds (identity for tf32: rounded in the product).
 __device__ __forceinline__ float round_op(float v) { return op_f32(to_op(v)); }
 
-// 16 bytes from global `src` into shared `dst`, asynchronously; bytes past `src_bytes` (0..16)
-// are zero-filled and not read.
-__device__ __forceinline__ u32 smem_addr(const void* p);
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
-    const u32 s = smem_addr(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(src), "r"(src_bytes) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
-
-// The shared-window address of a pointer into shared memory (the intrinsic, so that the
-// compiler folds constant offsets into the instructions that use it).
-__device__ __forceinline__ u32 smem_addr(const void* p) { return (u32)__cvta_generic_to_shared(p); }
-
 // `ldmatrix` of four (two) 8×8 matrices of 16-bit operands, transposed when TRANS; `p` is this
 // lane's row address (16-byte aligned).
 template <bool TRANS> __device__ __forceinline__ void ldsm4(u32 (&r)[4], const op_st* p) {
@@ -256,7 +242,6 @@ __device__ __forceinline__ i64 state_at(int v, int kk, int vdim) {
 #endif
 }
 
-
 // Visits a warp's accumulators in pairs of adjacent columns: f(row, col, v0, v1), col even.
 template <int MT, int NT, typename F>
 __device__ __forceinline__ void for_pairs(float (&acc)[MT][NT][4], int r0, int n0, int lane, F f) {
@@ -299,7 +284,7 @@ __device__ __forceinline__ void stage_async(void* dst, const void* src, i64 src_
     for_mine<ROWS * SEGS>([&](int e) {
         const int r = e / SEGS, c = (e % SEGS) * 16;
         if (ROWS == 1 || r < rows)
-            cp_async16(static_cast<char*>(dst) + r * DST_LD + c, static_cast<const char*>(src) + r * src_ld + c, 16);
+            cp_async16(static_cast<char*>(dst) + r * DST_LD + c, static_cast<const char*>(src) + r * src_ld + c);
     });
 }
 

@@ -102,6 +102,23 @@ impl ChunkEntry {
     }
 }
 
+/// The products' operand type for q/k/v of these dtypes (`OP_KIND`): 0 bf16 when any is bf16,
+/// else 1 f16 when any is f16, else 2 tf32.
+fn op_kind(qkv: [DType; 3]) -> u8 {
+    if qkv.contains(&DType::BF16) {
+        0
+    } else if qkv.contains(&DType::F16) {
+        1
+    } else {
+        2
+    }
+}
+
+/// Bytes of one operand of kind `op` (tf32 operands are kept as f32).
+fn op_bytes(op: u8) -> usize {
+    if op == 2 { 4 } else { 2 }
+}
+
 /// Everything that selects one compiled chunked-prefill kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct ChunkKey {
@@ -124,16 +141,11 @@ impl ChunkKey {
         (self.kdim as usize).div_ceil(64) * 64
     }
 
-    /// Bytes of one operand.
-    fn op_bytes(&self) -> usize {
-        if self.op == 2 { 4 } else { 2 }
-    }
-
     /// Dynamic shared memory of one block, in bytes (the carving at the top of each entry).
     fn shared_bytes(&self) -> usize {
         let (ch, kp, bv) = (CHUNK_SIZE, self.kp(), self.bv as usize);
         let pad = if self.op == 2 { 4 } else { 8 };
-        let (ldk, ldc, lda, op) = (kp + pad, ch + pad, ch + 1, self.op_bytes());
+        let (ldk, ldc, lda, op) = (kp + pad, ch + pad, ch + 1, op_bytes(self.op));
         match self.entry {
             ChunkEntry::Index => 0,
             ChunkEntry::Prep => op * (2 * ch * ldk + ch * ldc + 64 * ldc) + 4 * (ch * lda + 3 * 256 + 3 * ch),
@@ -185,14 +197,7 @@ impl ChunkKey {
             opt(a.has_initial_state.as_ref(), DType::I32),
             opt(a.cu_seqlens.as_ref(), DType::I32),
         ];
-        let ops = [p.q.1, p.k.1, p.v.1];
-        let op = if ops.contains(&DType::BF16) {
-            0
-        } else if ops.contains(&DType::F16) {
-            1
-        } else {
-            2
-        };
+        let op = op_kind([p.q.1, p.k.1, p.v.1]);
         let d = p.dims;
         let bv = match entry {
             // 32 value rows (two blocks fit a multiprocessor); 16 only when 32 would leave more
@@ -242,7 +247,7 @@ impl ScratchLayout {
     /// The layout for a plan; `None` when its size overflows `usize`.
     fn new(p: &ChunkPlan) -> Option<ScratchLayout> {
         let d = p.dims;
-        let op = if [p.q.1, p.k.1, p.v.1].iter().any(|t| t.size() == 2) { 2 } else { 4 };
+        let op = op_bytes(op_kind([p.q.1, p.k.1, p.v.1]));
         let ch = CHUNK_SIZE;
         let per_seq = d.seqlen.div_ceil(ch);
         let nb = if p.cu_seqlens.is_some() { per_seq.checked_add(d.seqs)? } else { per_seq.checked_mul(d.seqs)? };
@@ -494,11 +499,7 @@ pub fn gdn_chunk_catalogue() -> Vec<(String, KernelSpec)> {
     let pool = F_L2NORM | F_STATE | F_IX | F_HAS | F_PAD | F_INPLACE | F_VARLEN;
     let dense = F_L2NORM | F_STATE | F_FINAL | F_VARLEN;
     let key = |io: DType, beta: DType, state: DType, kdim: u16, bv: u8, flags: u16, entry: ChunkEntry| {
-        let op = match io {
-            BF16 => 0,
-            F16 => 1,
-            _ => 2,
-        };
+        let op = op_kind([io; 3]);
         let bv = if entry == ChunkEntry::State { bv } else { 0 };
         let spec =
             ChunkKey { types: [io, io, io, io, F32, beta, state, F32, I32, Bool, I32], op, kdim, bv, flags, entry };
