@@ -12,6 +12,7 @@ use ssm_cuda::conv::conv_catalogue;
 use ssm_cuda::gdn::gdn_catalogue;
 use ssm_cuda::gdn_chunk::gdn_chunk_catalogue;
 use ssm_cuda::ring::ring_catalogue;
+use ssm_cuda::rows::rows_catalogue;
 use ssm_cuda::ssd::ssd_catalogue;
 use ssm_cuda::ssu::ssu_catalogue;
 
@@ -49,6 +50,7 @@ pub(crate) fn run(args: &BuildKernelsArgs) -> anyhow::Result<()> {
     kernels.extend(conv_catalogue());
     kernels.extend(ring_catalogue());
     kernels.extend(ssd_catalogue());
+    kernels.extend(rows_catalogue());
     if let Some(only) = &args.only {
         kernels.retain(|(label, _)| label.contains(only.as_str()));
     }

@@ -12,6 +12,7 @@ mod gdn;
 mod host;
 mod lanes;
 mod ring;
+mod rows;
 mod shared;
 pub mod simd;
 mod ssd;

@@ -15,6 +15,7 @@ typedef unsigned int u32;
 #define ERR_ACCEPTED 4u
 #define ERR_COLUMN 8u
 #define ERR_CURSOR 16u
+#define ERR_ROW 32u
 
 // Storage types of the 16-bit floats: raw bits, converted explicitly.
 struct f16_t { unsigned short bits; };

@@ -37,3 +37,44 @@ __device__ __forceinline__ float uniform01(u64 i, u64 seed) {
 FILL_KERNEL(fill_uniform_f32, float)
 FILL_KERNEL(fill_uniform_f16, f16_t)
 FILL_KERNEL(fill_uniform_bf16, bf16_t)
+
+// Whole rows moved through an index list (`copy_rows`: the layer cores' gather and scatter of
+// one group of a mixed batch's tokens). Gather: dst row i <- src row index[i]; scatter: dst row
+// index[i] <- src row i. Block b moves rows b, b + gridDim.x, ... with VEC-byte accesses (VEC
+// divides every address, pitch and the width: the launcher picks it). An index value outside
+// [0, rows) of the addressed tensor skips its row and sets ERR_ROW: nothing of it is written.
+#ifndef VEC
+#define VEC 16
+#endif
+
+template <int B> struct VecOf;
+template <> struct VecOf<16> { typedef uint4 T; };
+template <> struct VecOf<8> { typedef uint2 T; };
+template <> struct VecOf<4> { typedef u32 T; };
+template <> struct VecOf<2> { typedef unsigned short T; };
+template <> struct VecOf<1> { typedef unsigned char T; };
+
+struct CopyRowsParams {
+    u64 src, dst, index, err;
+    i64 src_pitch, dst_pitch;  // bytes between rows (may be negative)
+    i64 index_stride;          // elements between index entries
+    u64 n, width, rows;        // rows moved, bytes per row, rows of the addressed tensor
+    int index_i64, scatter;
+};
+
+extern "C" __global__ void __launch_bounds__(256) copy_rows(const CopyRowsParams p) {
+    typedef typename VecOf<VEC>::T T;
+    const u64 nv = p.width / VEC;
+    for (u64 i = blockIdx.x; i < p.n; i += gridDim.x) {
+        const i64 at = (i64)i * p.index_stride;
+        const i64 r = p.index_i64 ? ((const i64*)p.index)[at] : (i64)((const int*)p.index)[at];
+        if (r < 0 || (u64)r >= p.rows) {
+            if (threadIdx.x == 0) atomicOr((u32*)p.err, ERR_ROW);
+            continue;
+        }
+        const i64 s = p.scatter ? (i64)i : r, d = p.scatter ? r : (i64)i;
+        const T* src = (const T*)(p.src + (u64)(s * p.src_pitch));
+        T* dst = (T*)(p.dst + (u64)(d * p.dst_pitch));
+        for (u64 j = threadIdx.x; j < nv; j += blockDim.x) dst[j] = src[j];
+    }
+}

@@ -442,6 +442,7 @@ mod tests {
             ("ERR_ACCEPTED", DeviceErrors::ACCEPTED),
             ("ERR_COLUMN", DeviceErrors::COLUMN),
             ("ERR_CURSOR", DeviceErrors::CURSOR),
+            ("ERR_ROW", DeviceErrors::ROW),
         ];
         let defines: Vec<(String, u32)> = COMMON_SOURCE
             .lines()

@@ -106,6 +106,9 @@ impl DeviceErrors {
     /// A ReplaySSM cursor outside the ring: `ring_start` outside `[0, L)` or
     /// `prev_num_accepted_tokens` outside `[0, W]`.
     pub const CURSOR: u32 = 16;
+    /// A row index of `copy_rows` (a layer core's token index list) outside the rows of the
+    /// tensor it addresses.
+    pub const ROW: u32 = 32;
 }
 
 impl std::fmt::Display for DeviceErrors {
@@ -127,6 +130,9 @@ impl std::fmt::Display for DeviceErrors {
         }
         if self.0 & Self::CURSOR != 0 {
             parts.push("ReplaySSM cursor outside the ring (ring_start) or the window (prev_num_accepted_tokens)");
+        }
+        if self.0 & Self::ROW != 0 {
+            parts.push("token row index outside the rows of the tensor it addresses");
         }
         write!(f, "{} (word {:#x})", parts.join("; "), self.0)
     }

@@ -22,6 +22,7 @@ pub mod bench_gdn;
 pub mod bench_gdn_chunk;
 pub mod bench_ring;
 pub mod bench_ssd;
+mod buffer;
 pub mod compile;
 pub mod conv;
 mod error;
@@ -30,6 +31,7 @@ pub mod gdn_chunk;
 mod geometry;
 pub mod nvrtc;
 pub mod ring;
+pub mod rows;
 pub mod ssd;
 pub mod ssu;
 pub mod testing;
@@ -41,6 +43,7 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg, sys};
 
+pub use buffer::DeviceBuffer;
 pub use compile::{Arch, Compiler, KernelSource, KernelSpec};
 pub use error::{CudaError, DeviceErrors};
 pub use geometry::RowGeometry;

@@ -18,6 +18,9 @@ pub enum Error {
     /// The gated delta rule arguments were refused by the plan.
     #[error(transparent)]
     Gdn(#[from] ssm_gdn::GdnError),
+    /// The rows a layer core gathers or scatters were refused (`copy_rows`).
+    #[error(transparent)]
+    Rows(#[from] ssm_tensor::RowsError),
     /// A ReplaySSM op was called on a runtime configured without ReplaySSM.
     #[error("`{op}` needs a runtime configured with `replayssm: true`")]
     ReplaySsmDisabled {

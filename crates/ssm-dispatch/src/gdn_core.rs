@@ -11,23 +11,34 @@
 //! - when prefills are present, the non-speculative decodes of the batch run through the chunked
 //!   prefill with them (a one-token sequence is the same recurrence), as vLLM's CPU path does.
 //!
-//! The core gathers the rows of each path into per-call buffers (it allocates, after every
-//! count in the metadata was checked against the tensors it describes, with checked sizes).
-//! Every op's plan runs before any op does ([`crate::layer_core::Schedule`]), so a refused call
-//! writes nothing.
+//! Where it runs: host tensors on the CPU backend, device tensors on the CUDA backend. The
+//! metadata's counts are host integers; its index tensors live with the data (on the device
+//! for a device call, as vLLM keeps them), where the kernels check their values.
+//!
+//! A path whose tokens are consecutive rows of the batch (every batch without speculative
+//! sequences, and any batch whose token lists are consecutive on the host) runs on views of the
+//! caller's tensors and writes its outputs in place. Otherwise the core gathers the path's rows
+//! of `mixed_qkv`, `a`, `b` and `core_attn_out` into per-call buffers (`copy_rows`, on the
+//! device of the call), runs the ops there and scatters the output rows back, so rows of skipped
+//! sequences keep the caller's values either way. The conv output and the prefill's `g`/`β` are
+//! per-call buffers too (allocated after every count in the metadata was checked against the
+//! tensors it describes, with checked sizes; on the device, stream-ordered). Every op's plan
+//! runs before any op does ([`crate::layer_core::Schedule`]), so a refused call writes
+//! nothing.
 
 use ssm_conv::{Activation, CausalConv1dFnArgs, CausalConv1dUpdateArgs, ConvStateLayout};
 use ssm_gdn::{
     ChunkGatedDeltaRuleArgs, DeltaRuleArgs, FusedGdnGatingArgs, FusedSigmoidGatingDeltaRuleUpdateArgs, GateInputs,
     StateLayout,
 };
-use ssm_tensor::{DType, Device, HostTensor, TensorMut, TensorRef};
+use ssm_tensor::{CopyRowsArgs, DType, RowDirection, TensorMut, TensorRef};
 
-use crate::layer_core::{Schedule, add, column0, core_err, fits, host_ints, need, product};
+use crate::layer_core::{Buffer, Schedule, add, column0, core_err, fits, host_ints, need, product};
 use crate::{Error, Runtime};
 
-/// vLLM's `GDNAttentionMetadata` (the fields the core reads). Index tensors are host `i32`/`i64`;
-/// `has_initial_state` is bool.
+/// vLLM's `GDNAttentionMetadata` (the fields the core reads). Index tensors are `i32`/`i64`
+/// (`has_initial_state` is bool) on the device of the call's data: host tensors for a host call,
+/// device tensors for a device call.
 #[derive(Clone, Copy)]
 pub struct GdnAttentionMetadata<'a> {
     /// Prefill sequences (non-speculative).
@@ -142,11 +153,22 @@ enum Route {
     Prefill,
 }
 
+/// The batch rows of one path's tokens.
+#[derive(Clone, Copy)]
+enum Rows<'a> {
+    /// Rows `[r0, r0 + n)`: the ops run on views of the caller's tensors.
+    Range(usize),
+    /// An `[n]` index list: host values checked `< T`, device values checked by `copy_rows`.
+    List(TensorRef<'a>),
+}
+
 /// One group of sequences, resolved from the metadata and checked.
 struct Path<'a> {
     route: Route,
-    /// Batch rows of its tokens, in order (each `< T`).
-    rows: Vec<usize>,
+    /// Tokens.
+    n: usize,
+    /// Batch rows of its tokens, in order.
+    rows: Rows<'a>,
     /// `[n + 1]` token starts within `rows`.
     starts: TensorRef<'a>,
     /// The recurrence's slot table (`[n, 1 + num_spec]` for speculative sequences, else `[n]`).
@@ -155,18 +177,26 @@ struct Path<'a> {
     conv_slots: TensorRef<'a>,
 }
 
-/// Rows `[0, n)` of a token index list, each a row of the batch (`< t`).
-fn token_rows(list: &TensorRef<'_>, n: usize, arg: &'static str, t: usize) -> Result<Vec<usize>, Error> {
-    let v = host_ints(list, n, arg)?;
-    v.iter()
-        .enumerate()
-        .map(|(i, &r)| {
-            usize::try_from(r)
-                .ok()
-                .filter(|&r| r < t)
-                .ok_or_else(|| core_err(arg, format!("entry {i} = {r} must be a row of the batch in [0, {t})")))
-        })
-        .collect()
+/// Entries `[0, n)` of a token index list. Host values must be rows of the batch (`< t`);
+/// consecutive ones become a range. Device values are checked by the gather kernel.
+fn token_rows<'a>(list: TensorRef<'a>, n: usize, arg: &'static str, t: usize) -> Result<Rows<'a>, Error> {
+    if list.rank() != 1 || list.shape()[0] < n {
+        return Err(core_err(arg, format!("must have shape [{n}], got {:?}", list.shape())));
+    }
+    let first_n = list
+        .with_layout(&[n], &[list.strides()[0]], list.layout().offset())
+        .map_err(|e| core_err(arg, format!("cannot be viewed: {e}")))?;
+    if list.host_bytes().is_none() {
+        return Ok(Rows::List(first_n));
+    }
+    let v = host_ints(&list, n, arg)?;
+    for (i, &r) in v.iter().enumerate() {
+        if usize::try_from(r).ok().is_none_or(|r| r >= t) {
+            return Err(core_err(arg, format!("entry {i} = {r} must be a row of the batch in [0, {t})")));
+        }
+    }
+    let consecutive = v.windows(2).all(|w| w[1] == w[0] + 1);
+    Ok(if consecutive { Rows::Range(v.first().map_or(0, |&r| r as usize)) } else { Rows::List(first_n) })
 }
 
 /// The `[n + 1]` token starts and the slot table of a group of `n` sequences (both required
@@ -190,14 +220,15 @@ fn spec_path<'a>(m: &GdnAttentionMetadata<'a>, t: usize) -> Result<Option<Path<'
     let when = "with speculative sequences";
     fits("num_spec_decode_tokens", m.num_spec_decode_tokens, "mixed_qkv", t)?;
     let list = need(m.spec_token_indx, "spec_token_indx", when)?;
-    let rows = token_rows(&list, m.num_spec_decode_tokens, "spec_token_indx", t)?;
+    let n = m.num_spec_decode_tokens;
+    let rows = token_rows(list, n, "spec_token_indx", t)?;
     let (starts, slots, conv_slots) = starts_and_slots(
         (m.spec_query_start_loc, "spec_query_start_loc"),
         (m.spec_state_indices_tensor, "spec_state_indices_tensor"),
         (ns, "num_spec_decodes"),
         when,
     )?;
-    Ok(Some(Path { route: Route::Speculative, rows, starts, slots, conv_slots }))
+    Ok(Some(Path { route: Route::Speculative, n, rows, starts, slots, conv_slots }))
 }
 
 fn non_spec_path<'a>(m: &GdnAttentionMetadata<'a>, t: usize) -> Result<Option<Path<'a>>, Error> {
@@ -208,9 +239,9 @@ fn non_spec_path<'a>(m: &GdnAttentionMetadata<'a>, t: usize) -> Result<Option<Pa
     let when = "with non-speculative sequences";
     let tokens = add("num_prefill_tokens", m.num_decode_tokens, m.num_prefill_tokens)?;
     fits("num_decode_tokens + num_prefill_tokens", tokens, "mixed_qkv", t)?;
-    let rows = match (m.non_spec_token_indx.as_ref(), m.num_spec_decodes) {
+    let rows = match (m.non_spec_token_indx, m.num_spec_decodes) {
         (Some(list), _) => token_rows(list, tokens, "non_spec_token_indx", t)?,
-        (None, 0) => (0..tokens).collect(),
+        (None, 0) => Rows::Range(0),
         (None, _) => return Err(core_err("non_spec_token_indx", "must be given with speculative sequences".into())),
     };
     let (starts, _, slots) = starts_and_slots(
@@ -220,94 +251,76 @@ fn non_spec_path<'a>(m: &GdnAttentionMetadata<'a>, t: usize) -> Result<Option<Pa
         when,
     )?;
     let route = if m.num_prefills > 0 { Route::Prefill } else { Route::Decode };
-    Ok(Some(Path { route, rows, starts, slots, conv_slots: slots }))
+    Ok(Some(Path { route, n: tokens, rows, starts, slots, conv_slots: slots }))
 }
 
-/// Checks that a 2-D host tensor can be gathered by rows: `[T, cols]`, contiguous along `cols`.
-fn check_gather(t: &TensorRef<'_>, arg: &'static str) -> Result<(), Error> {
-    if t.host_bytes().is_none() || t.rank() != 2 || (t.strides()[1] != 1 && t.shape()[1] > 1) {
+/// Checks that `t` (`mixed_qkv`, `a`, `b`) is a `[≥ rows, ·]` tensor on `device`, contiguous
+/// along its last axis (what `copy_rows` gathers and the row views address).
+fn check_rows(t: &TensorRef<'_>, arg: &'static str, device: ssm_tensor::Device, rows: usize) -> Result<(), Error> {
+    if t.device() != device || t.rank() != 2 || t.shape()[0] < rows || (t.strides()[1] != 1 && t.shape()[1] > 1) {
         return Err(core_err(
             arg,
             format!(
-                "must be a host [T, ·] tensor contiguous along its last axis, got {:?} / {:?}",
+                "must be a [≥ {rows}, ·] tensor on {device} contiguous along its last axis, got {:?} / {:?} on {}",
                 t.shape(),
-                t.strides()
+                t.strides(),
+                t.device()
             ),
         ));
     }
     Ok(())
 }
 
-/// Gathers rows `rows` (checked `< T`) of a 2-D host tensor ([`check_gather`]) into a new
-/// contiguous `[rows.len(), cols]` tensor.
-fn gather_rows(t: &TensorRef<'_>, rows: &[usize], arg: &'static str) -> Result<HostTensor, Error> {
-    let cols = t.shape()[1];
-    let es = t.dtype().size();
-    product(arg, &[rows.len(), cols, es])?;
-    let bytes = t.host_bytes().unwrap_or_default();
-    let mut out = HostTensor::filled(t.dtype(), vec![rows.len(), cols], 0.0);
-    if cols == 0 {
-        // Nothing to copy (and no element `[r, 0]` to address): the op's plan judges the shape.
-        return Ok(out);
-    }
-    for (i, &r) in rows.iter().enumerate() {
-        let src = t.layout().index(&[r, 0]) * es;
-        out.bytes_mut()[i * cols * es..(i + 1) * cols * es].copy_from_slice(&bytes[src..src + cols * es]);
-    }
-    Ok(out)
-}
-
-/// Checks `core_attn_out`: a host `[≥ T, HV, V]` tensor in the dtype of `mixed_qkv`, rows
-/// contiguous (what [`scatter_rows`] writes).
-fn check_out(out: &TensorMut<'_>, d: Dims, io: DType, t: usize) -> Result<(), Error> {
-    let ok = out.device() == Device::Cpu
+/// Checks `core_attn_out`: a `[≥ T, HV, V]` tensor in the dtype and on the device of
+/// `mixed_qkv`, each row contiguous (so it is also a `[≥ T, HV·V]` matrix of rows).
+fn check_out(out: &TensorMut<'_>, d: Dims, x: &TensorRef<'_>, t: usize) -> Result<(), Error> {
+    let io = x.dtype();
+    let ok = out.device() == x.device()
         && out.dtype() == io
         && out.rank() == 3
         && out.shape()[0] >= t
         && out.shape()[1..] == [d.hv, d.vd]
-        && out.strides()[2] == 1
-        && out.strides()[1] == d.vd as isize;
+        && (out.strides()[2] == 1 || d.vd <= 1)
+        && (out.strides()[1] == d.vd as isize || d.hv <= 1);
     if !ok {
         return Err(core_err(
             "core_attn_out",
             format!(
-                "must be a host row-contiguous [≥ {t}, {}, {}] tensor of {io}, got {:?} / {:?} of {}",
+                "must be a row-contiguous [≥ {t}, {}, {}] tensor of {io} on {}, got {:?} / {:?} of {} on {}",
                 d.hv,
                 d.vd,
+                x.device(),
                 out.shape(),
                 out.strides(),
-                out.dtype()
+                out.dtype(),
+                out.device()
             ),
         ));
     }
     Ok(())
 }
 
-/// Writes row `i` of `src` (`[1, n, HV, V]` contiguous) to row `rows[i]` of `dst`
-/// ([`check_out`]); rows a skipped sequence left NaN keep the caller's values.
-fn scatter_rows(src: TensorRef<'_>, rows: &[usize], mut dst: TensorMut<'_>) {
-    let width = src.shape()[2..].iter().product::<usize>();
-    let (es, dtype) = (src.dtype().size(), src.dtype());
-    let layout = *dst.layout();
-    let (Some(src), Some(out)) = (src.host_bytes(), dst.host_bytes_mut()) else { return };
-    for (i, &r) in rows.iter().enumerate() {
-        let row = &src[i * width * es..(i + 1) * width * es];
-        let nan = match dtype {
-            DType::F32 => row.chunks(4).all(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]).is_nan()),
-            _ => row.chunks(2).all(|c| {
-                let b = u16::from_le_bytes([c[0], c[1]]);
-                match dtype {
-                    DType::BF16 => (b & 0x7f80) == 0x7f80 && (b & 0x007f) != 0,
-                    _ => (b & 0x7c00) == 0x7c00 && (b & 0x03ff) != 0,
-                }
-            }),
-        };
-        if nan {
-            continue;
-        }
-        let dst0 = layout.index(&[r, 0, 0]) * es;
-        out[dst0..dst0 + width * es].copy_from_slice(row);
-    }
+/// Rows `[r0, r0 + n)` of a 2-D `[T, cols]` view.
+fn row_range<'a>(t: TensorRef<'a>, r0: usize, n: usize, arg: &'static str) -> Result<TensorRef<'a>, Error> {
+    let s = t.strides();
+    let off = t.layout().offset() as isize + r0 as isize * s[0];
+    t.with_layout(&[n, t.shape()[1]], s, off.max(0) as usize)
+        .map_err(|e| core_err(arg, format!("cannot be viewed: {e}")))
+}
+
+/// `core_attn_out` `[T, HV, V]` seen as the `[T, HV·V]` matrix of its rows ([`check_out`]).
+fn out_matrix(out: TensorMut<'_>, d: Dims) -> Result<TensorMut<'_>, Error> {
+    let (t, s0, off) = (out.shape()[0], out.strides()[0], out.layout().offset());
+    out.with_layout(&[t, d.hv * d.vd], &[s0, 1], off)
+        .map_err(|e| core_err("core_attn_out", format!("cannot be viewed: {e}")))
+}
+
+/// Rows `[r0, r0 + n)` of an output matrix `[T, HV·V]` seen as the ops' `o` `[1, n, HV, V]`.
+fn o_view(m: TensorMut<'_>, r0: usize, n: usize, d: Dims) -> Result<TensorMut<'_>, Error> {
+    let s0 = m.strides()[0];
+    let off = m.layout().offset() as isize + r0 as isize * s0;
+    m.with_layout(&[1, n, d.hv, d.vd], &[0, s0, d.vd as isize, 1], off.max(0) as usize)
+        .map_err(|e| core_err("core_attn_out", format!("cannot be viewed: {e}")))
 }
 
 /// q `[1, n, H, K]`, k `[1, n, H, K]` and v `[1, n, HV, V]` views of a conv output `[n, conv_dim]`.
@@ -324,38 +337,53 @@ fn qkv_views(x: TensorRef<'_>, d: Dims) -> Result<[TensorRef<'_>; 3], Error> {
     ])
 }
 
-/// The per-call buffers of one path: its gathered inputs, the conv output, the recurrence
-/// output (NaN where a sequence is skipped), and for prefills the gating's `g` and `β`.
-struct Buffers {
-    x: HostTensor,
-    a: HostTensor,
-    b: HostTensor,
-    conv_out: HostTensor,
-    o: HostTensor,
-    gating: Option<[HostTensor; 2]>,
+/// Where one path's inputs and output rows are.
+enum Source<'a> {
+    /// Rows `[r0, r0 + n)` of the caller's tensors, used in place.
+    Range(usize),
+    /// Rows listed by an index: gathered into per-call `mixed_qkv`, `a`, `b` and
+    /// `core_attn_out` buffers, the output rows scattered back after the ops.
+    Gathered(TensorRef<'a>, Box<[Buffer; 4]>),
 }
 
-impl Buffers {
-    fn new(path: &Path<'_>, [mixed_qkv, a, b]: [&TensorRef<'_>; 3], d: Dims) -> Result<Buffers, Error> {
-        let n = path.rows.len();
-        let io = mixed_qkv.dtype();
-        product("mixed_qkv", &[n, d.conv_dim, 8])?;
-        product("ssm_state", &[n, d.hv, d.vd, 8])?;
+/// The per-call buffers of one path: its source rows, the conv output, and for prefills the
+/// gating's `g` and `β`.
+struct Buffers<'a> {
+    source: Source<'a>,
+    conv_out: Buffer,
+    gating: Option<[Buffer; 2]>,
+}
+
+impl<'a> Buffers<'a> {
+    fn new(rt: &Runtime, path: &Path<'a>, [mixed_qkv, a, b]: [&TensorRef<'_>; 3], d: Dims) -> Result<Self, Error> {
+        let (n, io, dev) = (path.n, mixed_qkv.dtype(), mixed_qkv.device());
+        let buf = |dtype, shape: &[usize]| rt.buffer("gdn_attention_core", dev, dtype, shape);
         Ok(Buffers {
-            x: gather_rows(mixed_qkv, &path.rows, "mixed_qkv")?,
-            a: gather_rows(a, &path.rows, "a")?,
-            b: gather_rows(b, &path.rows, "b")?,
-            conv_out: HostTensor::filled(io, vec![n, d.conv_dim], 0.0),
-            o: HostTensor::filled(io, vec![1, n, d.hv, d.vd], f32::NAN),
-            gating: (path.route == Route::Prefill).then(|| {
-                [HostTensor::filled(DType::F32, vec![n, d.hv], 0.0), HostTensor::filled(DType::F32, vec![n, d.hv], 0.0)]
-            }),
+            source: match path.rows {
+                Rows::Range(r0) => Source::Range(r0),
+                Rows::List(index) => Source::Gathered(
+                    index,
+                    Box::new([
+                        buf(io, &[n, d.conv_dim])?,
+                        buf(a.dtype(), &[n, d.hv])?,
+                        buf(b.dtype(), &[n, d.hv])?,
+                        buf(io, &[n, product("core_attn_out", &[d.hv, d.vd])?])?,
+                    ]),
+                ),
+            },
+            conv_out: buf(io, &[n, d.conv_dim])?,
+            gating: match path.route {
+                Route::Prefill => Some([buf(DType::F32, &[n, d.hv])?, buf(DType::F32, &[n, d.hv])?]),
+                _ => None,
+            },
         })
     }
 }
 
 /// The per-layer parameters every path uses.
 struct Layer<'a> {
+    /// `mixed_qkv`, `a`, `b`.
+    inputs: [TensorRef<'a>; 3],
     conv_weight: TensorRef<'a>,
     conv_bias: Option<TensorRef<'a>>,
     activation: Activation,
@@ -370,7 +398,7 @@ struct Layer<'a> {
 }
 
 /// The pools and the output one path writes (aliases of the caller's views, see
-/// [`crate::layer_core`]).
+/// [`crate::layer_core`]); `core_attn_out` as the `[T, HV·V]` matrix of its rows.
 struct Writes<'a> {
     conv_state: TensorMut<'a>,
     ssm_state: TensorMut<'a>,
@@ -378,25 +406,60 @@ struct Writes<'a> {
 }
 
 impl Layer<'_> {
-    /// Plans one path's ops into `schedule`: conv, (gating,) recurrence, then the scatter of
-    /// its output rows.
+    /// Plans one path's ops into `schedule`: the gathers of a listed path, the conv, (the
+    /// gating,) the recurrence, then the scatter of its output rows.
     fn plan_path<'s>(
         &'s self,
         schedule: &mut Schedule<'s>,
         path: &'s Path<'s>,
-        bufs: &'s mut Buffers,
+        bufs: &'s mut Buffers<'s>,
         w: Writes<'s>,
     ) -> Result<(), Error> {
-        let d = self.dims;
+        let (d, n) = (self.dims, path.n);
         let speculative = path.route == Route::Speculative;
+        let [mixed, a_in, b_in] = self.inputs;
+        let mut scatter = None;
+        let (x, a, b, o) = match &mut bufs.source {
+            Source::Range(r0) => (
+                row_range(mixed, *r0, n, "mixed_qkv")?,
+                row_range(a_in, *r0, n, "a")?,
+                row_range(b_in, *r0, n, "b")?,
+                o_view(w.core_attn_out, *r0, n, d)?,
+            ),
+            Source::Gathered(index, bufs4) => {
+                let [gx, ga, gb, go] = &mut **bufs4;
+                let index = *index;
+                let mut gather = |src: TensorRef<'s>, buf: &'s mut Buffer| -> Result<TensorRef<'s>, Error> {
+                    // SAFETY: the gather writes the buffer, the ops after it read it, in schedule
+                    // order (crate::layer_core).
+                    let [dst, read] = unsafe { buf.view_mut().aliased() };
+                    schedule.plan(CopyRowsArgs { src, dst, index, direction: RowDirection::Gather })?;
+                    Ok(read.into_ref())
+                };
+                let (x, a, b) = (gather(mixed, gx)?, gather(a_in, ga)?, gather(b_in, gb)?);
+                // The caller's output rows first, so that rows the ops skip go back unchanged.
+                // SAFETY: that gather reads `core_attn_out`, the scatter writes it last.
+                let [out_r, out_w] = unsafe { w.core_attn_out.aliased() };
+                // SAFETY: the gather writes `go`, the recurrence writes it after, the scatter
+                // reads it last, in schedule order.
+                let [go_gather, go_op, go_scatter] = unsafe { go.view_mut().aliased() };
+                let src = out_r.into_ref();
+                schedule.plan(CopyRowsArgs { src, dst: go_gather, index, direction: RowDirection::Gather })?;
+                scatter = Some(CopyRowsArgs {
+                    src: go_scatter.into_ref(),
+                    dst: out_w,
+                    index,
+                    direction: RowDirection::Scatter,
+                });
+                (x, a, b, o_view(go_op, 0, n, d)?)
+            }
+        };
         // SAFETY: the conv writes `conv_out` and the recurrence reads it after, in schedule
         // order (layer_core: steps run one at a time).
         let [conv_out_w, conv_out_r] = unsafe { bufs.conv_out.view_mut().aliased() };
-        // SAFETY: the recurrence writes `o`, the scatter step reads it after, in schedule order.
-        let [o_w, o_r] = unsafe { bufs.o.view_mut().aliased() };
         if path.route == Route::Prefill {
             schedule.plan(CausalConv1dFnArgs {
-                x: bufs.x.view(),
+                x,
                 weight: self.conv_weight,
                 bias: self.conv_bias,
                 conv_states: w.conv_state,
@@ -410,7 +473,7 @@ impl Layer<'_> {
             })?;
         } else {
             schedule.plan(CausalConv1dUpdateArgs {
-                x: bufs.x.view(),
+                x,
                 conv_state: w.conv_state,
                 conv_state_layout: self.conv_state_layout,
                 weight: self.conv_weight,
@@ -427,7 +490,6 @@ impl Layer<'_> {
         }
         let [q, k, v] = qkv_views(conv_out_r.into_ref(), d)?;
         if let Some([g, beta]) = bufs.gating.as_mut() {
-            let n = path.rows.len();
             // SAFETY: the gating writes `g`/`β`, the chunked prefill reads them after, in
             // schedule order.
             let [g_w, g_r] = unsafe { g.view_mut().aliased() };
@@ -440,7 +502,7 @@ impl Layer<'_> {
             };
             let (g3, beta3) = (as3(g_r)?, as3(beta_r)?);
             schedule.plan(FusedGdnGatingArgs {
-                gates: GateInputs::new(self.a_log, bufs.a.view(), bufs.b.view(), self.dt_bias),
+                gates: GateInputs::new(self.a_log, a, b, self.dt_bias),
                 g: g_w,
                 beta_output: beta_w,
             })?;
@@ -461,12 +523,12 @@ impl Layer<'_> {
                 use_qk_l2norm_in_kernel: true,
                 eps: 1e-6,
                 state_layout: self.ssm_state_layout,
-                o: o_w,
+                o,
                 scratch: None,
             })?;
         } else {
             schedule.plan(FusedSigmoidGatingDeltaRuleUpdateArgs {
-                gates: GateInputs::new(self.a_log, bufs.a.view(), bufs.b.view(), self.dt_bias),
+                gates: GateInputs::new(self.a_log, a, b, self.dt_bias),
                 rule: DeltaRuleArgs {
                     q,
                     k,
@@ -480,12 +542,13 @@ impl Layer<'_> {
                     use_qk_l2norm_in_kernel: true,
                     eps: 1e-6,
                     state_layout: self.ssm_state_layout,
-                    o: o_w,
+                    o,
                 },
             })?;
         }
-        let (rows, out) = (&path.rows, w.core_attn_out);
-        schedule.then(move || scatter_rows(o_r.into_ref(), rows, out));
+        if let Some(args) = scatter {
+            schedule.plan(args)?;
+        }
         Ok(())
     }
 }
@@ -495,15 +558,13 @@ impl Runtime {
     /// prefills): conv1d, then the gated delta rule, outputs scattered back in token order
     /// ([`GdnAttentionCoreArgs`], module docs for the deviations from vLLM). Writes
     /// `core_attn_out` rows of sequences that are not skipped, and the conv and SSM slots the
-    /// metadata names. Host tensors only (the metadata is read on the host).
+    /// metadata names. Runs on the backend of the device of `mixed_qkv` (host or CUDA); on
+    /// CUDA it queues its kernels on the backend's stream and does not wait for them.
     ///
     /// Errors ([`Error::Core`] for the metadata and `core_attn_out`, else the error of the op
     /// that refuses its part): every op is planned, once, before any runs, so on an error
     /// nothing is written.
     pub fn gdn_attention_core(&self, args: GdnAttentionCoreArgs<'_>) -> Result<(), Error> {
-        if args.mixed_qkv.device() != Device::Cpu {
-            return Err(Error::Unsupported { backend: "cuda", what: "gdn_attention_core" });
-        }
         let GdnAttentionCoreArgs {
             mixed_qkv,
             b,
@@ -525,18 +586,27 @@ impl Runtime {
         let dims = Dims::of(&mixed_qkv, &ssm_state, ssm_state_layout, num_k_heads)?;
         let t = mixed_qkv.shape()[0];
         for (arg, x) in [("mixed_qkv", &mixed_qkv), ("a", &a), ("b", &b)] {
-            check_gather(x, arg)?;
-            fits("num_actual_tokens", t, arg, x.shape()[0])?;
+            check_rows(x, arg, mixed_qkv.device(), t)?;
         }
         let paths = [spec_path(&m, t)?, non_spec_path(&m, t)?];
-        let io = mixed_qkv.dtype();
-        let touched = paths.iter().flatten().flat_map(|p| p.rows.iter()).max().map_or(0, |&r| r + 1);
-        check_out(&core_attn_out, dims, io, touched)?;
+        // The output rows the paths can write: a range's end, or any row of the batch.
+        let touched = paths
+            .iter()
+            .flatten()
+            .map(|p| match p.rows {
+                Rows::Range(r0) => r0 + p.n,
+                Rows::List(_) => t,
+            })
+            .max()
+            .unwrap_or(0);
+        check_out(&core_attn_out, dims, &mixed_qkv, touched)?;
         let mut bufs = paths
             .iter()
-            .map(|p| p.as_ref().map(|p| Buffers::new(p, [&mixed_qkv, &a, &b], dims)).transpose())
+            .map(|p| p.as_ref().map(|p| Buffers::new(self, p, [&mixed_qkv, &a, &b], dims)).transpose())
             .collect::<Result<Vec<_>, Error>>()?;
+        let core_attn_out = out_matrix(core_attn_out, dims)?;
         let layer = Layer {
+            inputs: [mixed_qkv, a, b],
             conv_weight,
             conv_bias,
             activation,

@@ -4,104 +4,16 @@
 //! caller's values.
 
 mod common;
-use common::{ints, values};
+use common::ints;
 use ssm_conv::{Activation, CausalConv1dFnArgs, CausalConv1dUpdateArgs, ConvStateLayout};
-use ssm_dispatch::{Config, GdnAttentionCoreArgs, GdnAttentionMetadata, Runtime};
+use ssm_dispatch::{Config, GdnAttentionMetadata, Runtime};
 use ssm_gdn::{
     ChunkGatedDeltaRuleArgs, DeltaRuleArgs, FusedGdnGatingArgs, FusedSigmoidGatingDeltaRuleUpdateArgs, GateInputs,
     StateLayout,
 };
 use ssm_tensor::{DType, HostTensor};
 
-const H: usize = 2;
-const K: usize = 16;
-const HV: usize = 4;
-const V: usize = 8;
-const CONV_DIM: usize = 2 * H * K + HV * V;
-const WIDTH: usize = 4;
-const STATE_LEN: usize = WIDTH - 1 + 2;
-const SLOTS: usize = 16;
-
-fn t(shape: &[usize], seed: u64, scale: f32) -> HostTensor {
-    HostTensor::from_f32(DType::F32, shape.to_vec(), &values(shape.iter().product(), seed, scale))
-}
-
-fn bools(v: &[i64]) -> HostTensor {
-    HostTensor::from_bytes(DType::Bool, vec![v.len()], &v.iter().map(|&x| x as u8).collect::<Vec<_>>())
-}
-
-fn rows(x: &HostTensor, rows: &[usize]) -> HostTensor {
-    let w = x.shape[1..].iter().product::<usize>();
-    let mut shape = x.shape.clone();
-    shape[0] = rows.len();
-    let vals: Vec<f32> =
-        rows.iter().flat_map(|&r| (0..w).map(move |j| (r, j))).map(|(r, j)| x.to_f64_vec()[r * w + j] as f32).collect();
-    HostTensor::from_f32(x.dtype, shape, &vals)
-}
-
-fn close(what: &str, got: &HostTensor, want: &HostTensor, tol: f64) {
-    let (g, w) = (got.to_f64_vec(), want.to_f64_vec());
-    assert_eq!(g.len(), w.len(), "{what}");
-    for (i, (a, b)) in g.iter().zip(&w).enumerate() {
-        assert!((a - b).abs() <= tol * (1.0 + b.abs()), "{what}[{i}]: {a} vs {b}");
-    }
-}
-
-struct Batch {
-    mixed: HostTensor,
-    a: HostTensor,
-    b: HostTensor,
-    weight: HostTensor,
-    bias: HostTensor,
-    a_log: HostTensor,
-    dt_bias: HostTensor,
-    conv: HostTensor,
-    ssm: HostTensor,
-    /// Batch rows of: spec seq 0 (3), spec seq 1 (3), decode 0, decode 1 (padded), prefill 0 (70), prefill 1 (5).
-    spec_rows: Vec<usize>,
-    dec_rows: Vec<usize>,
-    pre_rows: Vec<usize>,
-}
-
-fn batch(layout: StateLayout) -> Batch {
-    // Token order: decode0, spec0 ×3, prefill0 ×70, spec1 ×3, decode1, prefill1 ×5.
-    let mut order = Vec::new();
-    order.extend(std::iter::repeat_n("d0", 1));
-    order.extend(std::iter::repeat_n("s0", 3));
-    order.extend(std::iter::repeat_n("p0", 70));
-    order.extend(std::iter::repeat_n("s1", 3));
-    order.extend(std::iter::repeat_n("d1", 1));
-    order.extend(std::iter::repeat_n("p1", 5));
-    let pick = |names: &[&str]| -> Vec<usize> {
-        names.iter().flat_map(|n| order.iter().enumerate().filter(move |(_, o)| *o == n).map(|(i, _)| i)).collect()
-    };
-    let tokens = order.len();
-    let ssm_shape = match layout {
-        StateLayout::VK => vec![SLOTS, HV, V, K],
-        StateLayout::KV => vec![SLOTS, HV, K, V],
-    };
-    Batch {
-        mixed: t(&[tokens, CONV_DIM], 1, 1.0),
-        a: t(&[tokens, HV], 2, 2.0),
-        b: t(&[tokens, HV], 3, 2.0),
-        weight: t(&[CONV_DIM, WIDTH], 4, 0.5),
-        bias: t(&[CONV_DIM], 5, 0.1),
-        a_log: t(&[HV], 6, 1.0),
-        dt_bias: t(&[HV], 7, 0.5),
-        conv: t(&[SLOTS, STATE_LEN, CONV_DIM], 8, 1.0),
-        ssm: HostTensor::from_f32(DType::F32, ssm_shape.clone(), &values(ssm_shape.iter().product(), 9, 0.5)),
-        spec_rows: pick(&["s0", "s1"]),
-        dec_rows: pick(&["d0", "d1"]),
-        pre_rows: pick(&["p0", "p1"]),
-    }
-}
-
-// Slots: spec 0 → [1, 2, 3], spec 1 → [4, 5, 6]; decodes → [7, 0 (pad)]; prefills → [9, 10].
-const SPEC_TABLE: [i64; 6] = [1, 2, 3, 4, 5, 6];
-const NON_SPEC_SLOTS: [i64; 4] = [7, 0, 9, 10];
-const ACCEPTED: [i64; 2] = [1, 2];
-const HAS_INIT: [i64; 4] = [1, 1, 1, 0];
-const TOUCHED: [usize; 9] = [1, 2, 3, 4, 5, 6, 7, 9, 10];
+use common::gdn_batch::*;
 
 #[test]
 fn gdn_core_on_a_mixed_batch_equals_its_parts() {
@@ -293,83 +205,6 @@ fn refused(
     let mut metadata = tables.metadata(base.mixed.shape[0]);
     edit(&mut metadata);
     rt.gdn_attention_core(core_args(base, dt_bias, StateLayout::VK, state, metadata)).unwrap_err().to_string()
-}
-
-/// The index tensors of the test batch's metadata, with the given non-speculative slots.
-struct Tables {
-    spec_table: HostTensor,
-    spec_indx: HostTensor,
-    non_spec_indx: HostTensor,
-    spec_qsl: HostTensor,
-    non_spec_qsl: HostTensor,
-    non_spec_slots: HostTensor,
-    accepted: HostTensor,
-    has_init: HostTensor,
-}
-
-impl Tables {
-    fn new(base: &Batch, non_spec_slots: HostTensor) -> Tables {
-        let non_spec_rows: Vec<usize> = base.dec_rows.iter().chain(&base.pre_rows).copied().collect();
-        Tables {
-            spec_table: HostTensor::from_i64(DType::I32, vec![2, 3], &SPEC_TABLE),
-            spec_indx: ints(&base.spec_rows.iter().map(|&r| r as i64).collect::<Vec<_>>()),
-            non_spec_indx: ints(&non_spec_rows.iter().map(|&r| r as i64).collect::<Vec<_>>()),
-            spec_qsl: ints(&[0, 3, 6]),
-            non_spec_qsl: ints(&[0, 1, 2, 72, 77]),
-            non_spec_slots,
-            accepted: ints(&ACCEPTED),
-            has_init: bools(&HAS_INIT),
-        }
-    }
-
-    /// The metadata of the test batch of `tokens` tokens.
-    fn metadata(&self, tokens: usize) -> GdnAttentionMetadata<'_> {
-        GdnAttentionMetadata {
-            num_prefills: 2,
-            num_prefill_tokens: 75,
-            num_decodes: 2,
-            num_decode_tokens: 2,
-            num_spec_decodes: 2,
-            num_spec_decode_tokens: 6,
-            num_actual_tokens: tokens,
-            has_initial_state: Some(self.has_init.view()),
-            spec_query_start_loc: Some(self.spec_qsl.view()),
-            non_spec_query_start_loc: Some(self.non_spec_qsl.view()),
-            spec_state_indices_tensor: Some(self.spec_table.view()),
-            non_spec_state_indices_tensor: Some(self.non_spec_slots.view()),
-            spec_token_indx: Some(self.spec_indx.view()),
-            non_spec_token_indx: Some(self.non_spec_indx.view()),
-            num_accepted_tokens: Some(self.accepted.view()),
-        }
-    }
-}
-
-/// The core call on the test batch with pools and output `state` (conv, ssm, out).
-fn core_args<'a>(
-    base: &'a Batch,
-    dt_bias: &'a HostTensor,
-    ssm_state_layout: StateLayout,
-    state: &'a mut (HostTensor, HostTensor, HostTensor),
-    metadata: GdnAttentionMetadata<'a>,
-) -> GdnAttentionCoreArgs<'a> {
-    GdnAttentionCoreArgs {
-        mixed_qkv: base.mixed.view(),
-        b: base.b.view(),
-        a: base.a.view(),
-        conv_weight: base.weight.view(),
-        conv_bias: Some(base.bias.view()),
-        activation: Activation::Silu,
-        conv_state: state.0.view_mut(),
-        conv_state_layout: ConvStateLayout::StateLenDim,
-        ssm_state: state.1.view_mut(),
-        ssm_state_layout,
-        a_log: base.a_log.view(),
-        dt_bias: dt_bias.view(),
-        num_k_heads: H,
-        pad_slot_id: Some(0),
-        metadata,
-        core_attn_out: state.2.view_mut(),
-    }
 }
 
 #[test]

@@ -20,3 +20,4 @@ pub(crate) fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
 pub(crate) fn ints(v: &[i64]) -> HostTensor {
     HostTensor::from_i64(DType::I32, vec![v.len()], v)
 }
+pub(crate) mod gdn_batch;
