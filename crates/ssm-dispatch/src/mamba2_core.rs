@@ -15,21 +15,33 @@
 //! written to several blocks) is not supported: the metadata has no `block_idx_*` fields, and
 //! each sequence reads and writes one slot (`"none"` and `"align"` modes).
 //!
+//! Where it runs: host tensors on the CPU backend, device tensors on the CUDA backend. The
+//! metadata's counts are host integers; its index tensors live with the data (on the device for
+//! a device call, as vLLM keeps them), where the kernels check their values.
+//!
+//! Pad sequences (slot `pad_slot_id`) read and write no slot. With host index tensors the core
+//! also keeps their `out` rows (it reads the slot tables to find them, saves the rows and
+//! restores them after the ops). With device index tensors it cannot find them without a host
+//! sync, so their `out` rows hold what the SSU and the SSD compute for a pad (vLLM's behaviour:
+//! the output of a zero state over the pad's conv output rows, which the conv leaves
+//! unwritten; 0 with the core's own conv buffer).
+//!
 //! Allocation: with `conv_out` given, a batch without prefills and without pad rows allocates
 //! nothing (the conv writes `conv_out`, the SSU reads views of it and writes `out`); pad rows
-//! cost a small buffer of the `out` rows they keep; the prefill path allocates the SSD
-//! scratch.
+//! cost a small host buffer of the `out` rows they keep; the prefill path allocates the SSD
+//! scratch (on the device, stream-ordered).
 
 use ssm_conv::{Activation, CausalConv1dFnArgs, CausalConv1dUpdateArgs, ConvStateLayout};
 use ssm_ssd::MambaChunkScanCombinedVarlenArgs;
 use ssm_ssu::SelectiveStateUpdateArgs;
-use ssm_tensor::{Device, HostTensor, TensorMut, TensorRef};
+use ssm_tensor::{TensorMut, TensorRef};
 
 use crate::layer_core::{Schedule, add, core_err, host_ints, need, product};
 use crate::{Error, Runtime};
 
 /// vLLM's `Mamba2AttentionMetadata` (the fields the core reads, `"none"`/`"align"` cache
-/// modes). Index tensors are host `i32`/`i64`; `has_initial_states_p` is bool. Tokens are
+/// modes). Index tensors are `i32`/`i64` (`has_initial_states_p` is bool) on the device of the
+/// call's data: host tensors for a host call, device tensors for a device call. Tokens are
 /// ordered decodes first, then prefills.
 #[derive(Clone, Copy)]
 pub struct Mamba2AttentionMetadata<'a> {
@@ -94,9 +106,10 @@ pub struct Mamba2MixerCoreArgs<'a> {
     /// Groups `G` of `B`/`C` on this rank (`H` a multiple of `G`).
     pub num_groups: usize,
     /// The pad (null block) value of the slot tables. A decode whose (column-0) slot is the pad,
-    /// and a prefill whose slot is the pad, is skipped: no slot is read or written and its `out`
-    /// rows keep the caller's values (vLLM computes garbage there from a zero state and an
-    /// unwritten conv output; the core keeps the rows instead, so they do not depend on scratch).
+    /// and a prefill whose slot is the pad, is skipped: no slot is read or written. With host
+    /// index tensors its `out` rows keep the caller's values (vLLM computes garbage there from a
+    /// zero state and an unwritten conv output; the core keeps the rows instead, so they do not
+    /// depend on scratch); with device index tensors they hold vLLM's values (module docs).
     pub pad_slot_id: Option<i64>,
     /// The batch description.
     pub metadata: Mamba2AttentionMetadata<'a>,
@@ -170,11 +183,11 @@ fn per_head<'a>(
 }
 
 /// Bytes of rows `rows` of a host `[T, H, P]` tensor, `width = H·P` elements each, in order
-/// (each row read element by element through its layout).
+/// (each row read element by element through its layout); nothing without rows.
 fn save_rows(out: &TensorMut<'_>, rows: &[usize], width: usize) -> Vec<u8> {
     let es = out.dtype().size();
     let (layout, p) = (*out.layout(), out.shape()[2]);
-    let Some(bytes) = out.as_ref().host_bytes() else { return Vec::new() };
+    let Some(bytes) = out.as_ref().host_bytes().filter(|_| !rows.is_empty()) else { return Vec::new() };
     let mut kept = Vec::with_capacity(rows.len() * width * es);
     for &r in rows {
         for e in 0..width {
@@ -189,6 +202,9 @@ fn save_rows(out: &TensorMut<'_>, rows: &[usize], width: usize) -> Vec<u8> {
 fn restore_rows(mut out: TensorMut<'_>, rows: &[usize], width: usize, kept: &[u8]) {
     let es = out.dtype().size();
     let (layout, p) = (*out.layout(), out.shape()[2]);
+    if rows.is_empty() {
+        return;
+    }
     let Some(bytes) = out.host_bytes_mut() else { return };
     for (i, &r) in rows.iter().enumerate() {
         for e in 0..width {
@@ -197,6 +213,49 @@ fn restore_rows(mut out: TensorMut<'_>, rows: &[usize], width: usize, kept: &[u8
             bytes[at..at + es].copy_from_slice(&kept[from..from + es]);
         }
     }
+}
+
+/// The rows of the pad prefills, read from host tables (none when `slots_p` or `qsl` lives on a
+/// device, where the SSD checks the values in its kernel), after checking their ranges here,
+/// before the conv's and the SSD's plans, so that the error names the metadata field (the mask
+/// and the aliasing rule are checked by those plans, which read and write the pool through these
+/// tables).
+fn host_prefill_pads(
+    slots_p: TensorRef<'_>,
+    qsl: TensorRef<'_>,
+    np: usize,
+    tp: usize,
+    td: usize,
+    slots: usize,
+    pad_slot_id: Option<i64>,
+) -> Result<Vec<usize>, Error> {
+    if slots_p.host_bytes().is_none() || qsl.host_bytes().is_none() {
+        return Ok(Vec::new());
+    }
+    let slot_list = host_ints(&slots_p, np, "state_indices_tensor_p")?;
+    for (i, &s) in slot_list.iter().enumerate() {
+        if pad_slot_id != Some(s) && (s < 0 || s as usize >= slots) {
+            return Err(core_err(
+                "state_indices_tensor_p",
+                format!("entry {i} = {s} must be a slot in [0, {slots}) or the pad"),
+            ));
+        }
+    }
+    let starts = host_ints(&qsl, np + 1, "query_start_loc_p")?;
+    if starts[0] != 0 || starts[np] != tp as i64 || starts.windows(2).any(|w| w[1] < w[0]) {
+        return Err(core_err(
+            "query_start_loc_p",
+            format!("must rise from 0 to num_prefill_tokens = {tp}, got {starts:?}"),
+        ));
+    }
+    // Pad prefills are skipped: the SSD computes every sequence, so the caller's `out` rows of
+    // pad prefills are kept across it.
+    Ok(slot_list
+        .iter()
+        .enumerate()
+        .filter(|&(_, &s)| pad_slot_id == Some(s))
+        .flat_map(|(i, _)| td + starts[i] as usize..td + starts[i + 1] as usize)
+        .collect())
 }
 
 /// Everything one core call plans from, checked.
@@ -228,16 +287,13 @@ struct Writes<'a> {
 impl Runtime {
     /// The Mamba2 mixer core of one layer over a mixed batch (decodes, then prefills): conv1d,
     /// then the SSU for decode rows and the SSD for prefill sequences ([`Mamba2MixerCoreArgs`],
-    /// module docs). Writes `out` rows of every sequence that is not a pad, the conv and SSM
-    /// slots the metadata names, and `conv_out` when given. Host tensors only (the metadata is
-    /// read on the host).
+    /// module docs). Writes `out` rows of every sequence that is not a pad (and of pads too with
+    /// device index tensors, module docs), the conv and SSM slots the metadata names, and
+    /// `conv_out` when given. Runs where its tensors live (host: CPU backend; `cuda:N`: CUDA).
     ///
     /// Errors ([`Error::Core`] for the metadata, else the error of the op that refuses its part):
     /// every op's plan runs before any op does, so on an error nothing is written.
     pub fn mamba2_mixer_core(&self, args: Mamba2MixerCoreArgs<'_>) -> Result<(), Error> {
-        if args.xbc.device() != Device::Cpu {
-            return Err(Error::Unsupported { backend: "cuda", what: "mamba2_mixer_core" });
-        }
         let Mamba2MixerCoreArgs {
             xbc,
             dt,
@@ -304,13 +360,19 @@ impl Runtime {
             return Err(core_err("state_indices_tensor_d", "must be given with decodes".into()));
         }
         let np = m.num_prefills;
+        // Rows of pad sequences, found where the tables are on the host (module docs).
         let mut pad_rows = Vec::new();
-        if let (Some(table), Some(pad)) = (m.state_indices_tensor_d, pad_slot_id) {
+        let host_d = m.state_indices_tensor_d.is_some_and(|t| t.host_bytes().is_some())
+            && m.query_start_loc_d.is_none_or(|q| q.host_bytes().is_some());
+        if let (Some(table), Some(pad), true) = (m.state_indices_tensor_d, pad_slot_id, host_d) {
             let nd = m.num_decodes;
             if let Some(q) = m.query_start_loc_d
-                && (q.host_bytes().is_none() || q.rank() != 1 || q.shape()[0] < nd + 1)
+                && (q.rank() != 1 || q.shape()[0] < nd + 1)
             {
-                return Err(core_err("query_start_loc_d", format!("must be a host [{}], got {:?}", nd + 1, q.shape())));
+                return Err(core_err(
+                    "query_start_loc_d",
+                    format!("must have shape [{}], got {:?}", nd + 1, q.shape()),
+                ));
             }
             // Decode i's first row (read in place: the decode path allocates nothing for this).
             let start = |i: usize| -> Result<usize, Error> {
@@ -323,10 +385,10 @@ impl Runtime {
                 }
             };
             let table_form = table.rank() == 1 || (table.rank() == 2 && table.shape()[1] >= 1);
-            if table.host_bytes().is_none() || !table_form || table.shape()[0] < nd {
+            if !table_form || table.shape()[0] < nd {
                 return Err(core_err(
                     "state_indices_tensor_d",
-                    format!("must be a host [{nd}] or [{nd}, 1 + num_spec] table, got {:?}", table.shape()),
+                    format!("must be a [{nd}] or [{nd}, 1 + num_spec] table, got {:?}", table.shape()),
                 ));
             }
             for i in 0..nd {
@@ -340,46 +402,18 @@ impl Runtime {
             }
         }
         if np > 0 {
-            // The mask and the aliasing rule are checked by the conv's and the SSD's plans, which
-            // read and write the pool through these tables; the range here, before the conv's, so
-            // the error names the metadata field.
             let slots_p = need(m.state_indices_tensor_p, "state_indices_tensor_p", "with prefills")?;
-            let slot_list = host_ints(&slots_p, np, "state_indices_tensor_p")?;
+            let qsl = need(m.query_start_loc_p, "query_start_loc_p", "with prefills")?;
             if m.prep_initial_states && m.has_initial_states_p.is_none() {
                 return Err(core_err("has_initial_states_p", "must be given with prep_initial_states".into()));
             }
-            for (i, &s) in slot_list.iter().enumerate() {
-                if pad_slot_id != Some(s) && (s < 0 || s as usize >= slots) {
-                    return Err(core_err(
-                        "state_indices_tensor_p",
-                        format!("entry {i} = {s} must be a slot in [0, {slots}) or the pad"),
-                    ));
-                }
-            }
-            let qsl = need(m.query_start_loc_p, "query_start_loc_p", "with prefills")?;
-            let starts = host_ints(&qsl, np + 1, "query_start_loc_p")?;
-            if starts[0] != 0 || starts[np] != tp as i64 || starts.windows(2).any(|w| w[1] < w[0]) {
-                return Err(core_err(
-                    "query_start_loc_p",
-                    format!("must rise from 0 to num_prefill_tokens = {tp}, got {starts:?}"),
-                ));
-            }
-            // Pad prefills are skipped: the SSD computes every sequence, so the caller's `out`
-            // rows of pad prefills are kept across it.
-            pad_rows.extend(
-                slot_list
-                    .iter()
-                    .enumerate()
-                    .filter(|&(_, &s)| pad_slot_id == Some(s))
-                    .flat_map(|(i, _)| td + starts[i] as usize..td + starts[i + 1] as usize),
-            );
+            pad_rows.extend(host_prefill_pads(slots_p, qsl, np, tp, td, slots, pad_slot_id)?);
         }
         let mut owned_conv_out;
         let conv_out = match conv_out {
             Some(c) => c,
             None => {
-                product("conv_out", &[total, conv_dim, xbc.dtype().size()])?;
-                owned_conv_out = HostTensor::filled(xbc.dtype(), vec![total, conv_dim], 0.0);
+                owned_conv_out = self.buffer("mamba2_mixer_core", xbc.device(), xbc.dtype(), &[total, conv_dim])?;
                 owned_conv_out.view_mut()
             }
         };

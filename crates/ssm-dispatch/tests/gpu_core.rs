@@ -16,39 +16,14 @@
 mod common;
 
 use common::gdn_batch::*;
+use common::gpu::{Dev, cuda};
 use common::ints;
 use ssm_conv::{Activation, ConvStateLayout};
 use ssm_cuda::testing::StagedTensor;
-use ssm_cuda::{Availability, CudaError, DeviceErrors, probe};
-use ssm_dispatch::{BackendKind, Config, Error, GdnAttentionMetadata, Runtime};
+use ssm_cuda::{CudaError, DeviceErrors};
+use ssm_dispatch::{Config, Error, GdnAttentionMetadata, Runtime};
 use ssm_gdn::StateLayout;
 use ssm_tensor::{DType, HostTensor};
-
-/// A CUDA runtime, or `None` (printing why) where there is no GPU.
-fn cuda(test: &str) -> Option<Runtime> {
-    let require = std::env::var("SSM_REQUIRE_GPU").is_ok_and(|v| v == "1");
-    let ready = matches!(probe(), Availability::Ready { .. }) && ssm_cuda::nvrtc_available();
-    if !ready {
-        assert!(!require, "{test}: SSM_REQUIRE_GPU=1 but no GPU: {}", probe());
-        eprintln!("skipping {test}: {}", probe());
-        return None;
-    }
-    Some(Runtime::new(&Config { backend: BackendKind::Cuda, ..Config::default() }).expect("CUDA runtime"))
-}
-
-/// Device copies of a host tensor, and back.
-struct Dev<'r>(&'r Runtime);
-
-impl Dev<'_> {
-    fn up(&self, t: &HostTensor) -> StagedTensor {
-        StagedTensor::upload(self.0.cuda().expect("cuda backend"), &t.view()).expect("upload")
-    }
-    fn down(&self, d: &StagedTensor, like: &HostTensor) -> HostTensor {
-        let mut h = like.clone();
-        d.copy_back(&mut h.view_mut()).expect("download");
-        h
-    }
-}
 
 /// The metadata's index tensors on the device (the fields of [`Tables`]).
 struct DeviceTables([StagedTensor; 8]);

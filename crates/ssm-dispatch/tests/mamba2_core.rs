@@ -14,7 +14,7 @@ use ssm_conv::{Activation, CausalConv1dFnArgs, CausalConv1dUpdateArgs, ConvState
 use ssm_dispatch::{Config, Mamba2AttentionMetadata, Mamba2MixerCoreArgs, Runtime};
 use ssm_ssd::{MambaChunkScanCombinedVarlenArgs, compute_chunk_metadata};
 use ssm_ssu::SelectiveStateUpdateArgs;
-use ssm_tensor::{DType, HostTensor};
+use ssm_tensor::{DType, HostTensor, TensorRef};
 
 const H: usize = 4;
 const P: usize = 8;
@@ -188,22 +188,13 @@ fn core_args<'a>(
     }
 }
 
-/// The core over the whole batch.
-fn run_core(
-    rt: &Runtime,
-    b: &Batch,
-    dec: &Decodes,
-    pre: &Prefills,
-    conv_out: bool,
-) -> (HostTensor, HostTensor, HostTensor) {
-    let (td, tp) = (dec.tokens, pre.lens.iter().sum::<usize>());
-    let mut conv = b.conv.clone();
-    let mut ssm = b.ssm.clone();
-    let mut out = HostTensor::filled(DType::F32, vec![td + tp, H, P], SENTINEL);
-    let mut scratch = HostTensor::filled(DType::F32, vec![td + tp, CONV_DIM], f32::NAN);
+/// The host index tensors of a batch's metadata, in the order [`metadata`] reads them:
+/// `[query_start_loc_p, has_initial_states_p, seq_idx_p, cu_chunk_seqlen_p,
+/// last_chunk_indices_p, state_indices_tensor_p, state_indices_tensor_d, query_start_loc_d,
+/// num_accepted_tokens]` (the last two only for speculative decodes).
+fn tables(dec: &Decodes, pre: &Prefills) -> [Option<HostTensor>; 9] {
     let starts = pre.starts();
     let meta = compute_chunk_metadata(&starts, &pre.computed, CHUNK);
-    let qsl_p = ints(&starts);
     let has_init = HostTensor::from_bytes(
         DType::Bool,
         vec![pre.lens.len()],
@@ -211,21 +202,60 @@ fn run_core(
     );
     let [seq_idx, cu_chunk, last] = [&meta.seq_idx, &meta.cu_chunk_seqlens, &meta.last_chunk_indices]
         .map(|v| ints(&v.iter().map(|&x| x as i64).collect::<Vec<_>>()));
-    let slots_p = ints(&pre.slots);
     let (qsl_d, accepted) = match &dec.spec {
         Some((q, a)) => (Some(ints(q)), Some(ints(a))),
         None => (None, None),
     };
-    let metadata = Mamba2AttentionMetadata {
-        has_initial_states_p: Some(has_init.view()),
+    [
+        Some(ints(&starts)),
+        Some(has_init),
+        Some(seq_idx),
+        Some(cu_chunk),
+        Some(last),
+        Some(ints(&pre.slots)),
+        Some(dec.table.clone()),
+        qsl_d,
+        accepted,
+    ]
+}
+
+/// The metadata of the whole batch over views `v` of [`tables`] (host tensors or device copies).
+fn metadata<'a>(dec: &Decodes, pre: &Prefills, v: [Option<TensorRef<'a>>; 9]) -> Mamba2AttentionMetadata<'a> {
+    let [qsl_p, has_init, seq_idx, cu_chunk, last, slots_p, table_d, qsl_d, accepted] = v;
+    Mamba2AttentionMetadata {
+        num_prefills: pre.lens.len(),
+        num_prefill_tokens: pre.lens.iter().sum(),
+        num_decodes: dec.table.shape[0],
+        num_decode_tokens: dec.tokens,
+        query_start_loc_p: qsl_p,
+        has_initial_states_p: has_init,
         prep_initial_states: pre.computed.iter().any(|&c| c > 0),
-        seq_idx_p: Some(seq_idx.view()),
-        cu_chunk_seqlen_p: Some(cu_chunk.view()),
-        last_chunk_indices_p: Some(last.view()),
-        query_start_loc_d: qsl_d.as_ref().map(HostTensor::view),
-        num_accepted_tokens: accepted.as_ref().map(HostTensor::view),
-        ..plain_metadata(dec, tp, &qsl_p, &slots_p)
-    };
+        chunk_size: CHUNK,
+        seq_idx_p: seq_idx,
+        cu_chunk_seqlen_p: cu_chunk,
+        last_chunk_indices_p: last,
+        state_indices_tensor_p: slots_p,
+        state_indices_tensor_d: table_d,
+        query_start_loc_d: qsl_d,
+        num_accepted_tokens: accepted,
+    }
+}
+
+/// The core over the whole batch, on the host.
+fn run_core(
+    rt: &Runtime,
+    b: &Batch,
+    dec: &Decodes,
+    pre: &Prefills,
+    conv_out: bool,
+) -> (HostTensor, HostTensor, HostTensor) {
+    let tokens = dec.tokens + pre.lens.iter().sum::<usize>();
+    let mut conv = b.conv.clone();
+    let mut ssm = b.ssm.clone();
+    let mut out = HostTensor::filled(DType::F32, vec![tokens, H, P], SENTINEL);
+    let mut scratch = HostTensor::filled(DType::F32, vec![tokens, CONV_DIM], f32::NAN);
+    let tables = tables(dec, pre);
+    let metadata = metadata(dec, pre, tables.each_ref().map(|t| t.as_ref().map(HostTensor::view)));
     let mut args = core_args(b, (&mut conv, &mut ssm, &mut out), G, metadata);
     args.conv_out = conv_out.then(|| scratch.view_mut());
     rt.mamba2_mixer_core(args).unwrap();
@@ -522,4 +552,139 @@ fn huge_counts_in_the_metadata_are_typed_errors() {
     assert_eq!(conv.bytes(), b.conv.bytes());
     assert_eq!(ssm.bytes(), b.ssm.bytes());
     assert!(f32s(&out).iter().all(|&v| v == SENTINEL));
+}
+
+/// The core on the GPU (feature `cuda`; skipped without a GPU unless `SSM_REQUIRE_GPU=1`), with
+/// every tensor and every metadata index tensor on the device, as vLLM keeps them.
+#[cfg(feature = "cuda")]
+mod gpu {
+    use super::*;
+    use common::gpu::{Dev, cuda};
+    use ssm_cuda::{CudaError, DeviceErrors};
+    use ssm_dispatch::Error;
+
+    /// The core on `rt`'s device over the batch, with `edit` applied to the host [`tables`]
+    /// before they are staged; the pools and `out` (sentinel-filled) come back to the host.
+    fn run_core_on_device(
+        rt: &Runtime,
+        b: &Batch,
+        (dec, pre): (&Decodes, &Prefills),
+        conv_out: bool,
+        edit: impl FnOnce(&mut [Option<HostTensor>; 9]),
+    ) -> (HostTensor, HostTensor, HostTensor) {
+        let dev = Dev(rt);
+        let tokens = dec.tokens + pre.lens.iter().sum::<usize>();
+        let out0 = HostTensor::filled(DType::F32, vec![tokens, H, P], SENTINEL);
+        let scratch0 = HostTensor::filled(DType::F32, vec![tokens, CONV_DIM], f32::NAN);
+        let inputs = [&b.xbc, &b.dt, &b.weight, &b.bias, &b.a, &b.d, &b.dt_bias].map(|t| dev.up(t));
+        let mut pools = [&b.conv, &b.ssm, &out0, &scratch0].map(|t| dev.up(t));
+        let mut host_tables = tables(dec, pre);
+        edit(&mut host_tables);
+        let staged = host_tables.each_ref().map(|t| t.as_ref().map(|t| dev.up(t)));
+        let m = metadata(dec, pre, staged.each_ref().map(|t| t.as_ref().map(|t| t.view().expect("view"))));
+        let v = |i: usize| inputs[i].view().expect("view");
+        let [conv, ssm, out, scratch] = &mut pools;
+        rt.mamba2_mixer_core(Mamba2MixerCoreArgs {
+            xbc: v(0),
+            dt: v(1),
+            conv_weight: v(2),
+            conv_bias: Some(v(3)),
+            activation: Activation::Silu,
+            conv_state: conv.view_mut().expect("view"),
+            conv_state_layout: ConvStateLayout::StateLenDim,
+            ssm_state: ssm.view_mut().expect("view"),
+            a: v(4),
+            d: Some(v(5)),
+            dt_bias: Some(v(6)),
+            num_groups: G,
+            pad_slot_id: Some(0),
+            metadata: m,
+            conv_out: conv_out.then(|| scratch.view_mut().expect("view")),
+            out: out.view_mut().expect("view"),
+        })
+        .unwrap();
+        (dev.down(&pools[0], &b.conv), dev.down(&pools[1], &b.ssm), dev.down(&pools[2], &out0))
+    }
+
+    /// `max |got − want| ≤ tol · max(1, max |want|)` over the rows of `[rows, H, P]` tensors not in
+    /// `skip`, or over the whole tensors.
+    fn close_rows(what: &str, got: &HostTensor, want: &HostTensor, skip: &[usize], tol: f64) {
+        let (g, w) = (got.to_f64_vec(), want.to_f64_vec());
+        assert_eq!(g.len(), w.len(), "{what}");
+        let row = g.len() / got.shape[0];
+        let scale = w.iter().fold(1.0f64, |m, x| m.max(x.abs()));
+        for (i, (a, b)) in g.iter().zip(&w).enumerate() {
+            if !skip.contains(&(i / row)) {
+                assert!((a - b).abs() <= tol * scale, "{what}[{i}]: {a} vs {b} (scale {scale})");
+            }
+        }
+    }
+
+    /// Asserts that every slot of both pools outside `touched` is bit-identical to the batch's.
+    fn untouched_slots_kept(what: &str, b: &Batch, touched: &[usize], conv: &HostTensor, ssm: &HostTensor) {
+        let (sb, cb) = (H * P * N * 4, STATE_LEN * CONV_DIM * 4);
+        for s in (0..SLOTS).filter(|s| !touched.contains(s)) {
+            assert_eq!(ssm.bytes()[s * sb..(s + 1) * sb], b.ssm.bytes()[s * sb..(s + 1) * sb], "{what}: ssm slot {s}");
+            assert_eq!(
+                conv.bytes()[s * cb..(s + 1) * cb],
+                b.conv.bytes()[s * cb..(s + 1) * cb],
+                "{what}: conv slot {s}"
+            );
+        }
+    }
+
+    #[test]
+    fn mamba2_core_on_the_gpu_equals_the_core_on_the_host() {
+        let Some(gpu) = cuda("mamba2_core_on_the_gpu_equals_the_core_on_the_host") else { return };
+        let host = Runtime::new(&Config::cpu(Some(2))).unwrap();
+        let seed = base_seed();
+        eprintln!("SSM_TEST_SEED={seed}");
+        for (speculative, fresh) in [(false, false), (true, false), (false, true)] {
+            let (dec, mut pre) = (decodes(speculative), prefills(seed));
+            if fresh {
+                pre.computed = vec![0; 3];
+            }
+            let tp = pre.lens.iter().sum::<usize>();
+            let b = batch(dec.tokens + tp, seed);
+            let (conv_w, ssm_w, out_w) = run_core(&host, &b, &dec, &pre, false);
+            // The pad decode and the pad prefill: with device tables their rows hold vLLM's
+            // values (the module docs of the core), so they are left out of the comparison.
+            let pad_decode = if speculative { 6 } else { 1 };
+            let pads: Vec<usize> = std::iter::once(pad_decode).chain(dec.tokens + tp - 3..dec.tokens + tp).collect();
+            for conv_out in [false, true] {
+                let what = format!(
+                    "seed={seed} speculative={speculative} conv_out={conv_out} lens={:?} computed={:?}",
+                    pre.lens, pre.computed
+                );
+                let (conv, ssm, out) = run_core_on_device(&gpu, &b, (&dec, &pre), conv_out, |_| {});
+                gpu.check().unwrap_or_else(|e| panic!("{what}: device error word: {e}"));
+                // The SSD runs on tensor cores (tf32 for f32 operands): the tolerance of gpu_ssd.
+                close_rows(&format!("{what} out"), &out, &out_w, &pads, 4e-3);
+                close_rows(&format!("{what} ssm_state"), &ssm, &ssm_w, &[], 4e-3);
+                close_rows(&format!("{what} conv_state"), &conv, &conv_w, &[], 1e-5);
+                untouched_slots_kept(&what, &b, &touched(&dec, &pre), &conv, &ssm);
+            }
+        }
+    }
+
+    #[test]
+    fn garbage_device_slots_set_the_error_word_and_touch_no_other_slot() {
+        let Some(gpu) = cuda("garbage_device_slots_set_the_error_word_and_touch_no_other_slot") else { return };
+        let (dec, pre) = (decodes(false), prefills(3));
+        let b = batch(dec.tokens + pre.lens.iter().sum::<usize>(), 3);
+        // The third decode's slot (5) and the second prefill's (8) become garbage: the kernels
+        // skip those sequences, so only slots 3 and 7 are written.
+        let (conv, ssm, _) = run_core_on_device(&gpu, &b, (&dec, &pre), false, |t| {
+            t[6] = Some(ints(&[3, 0, 1 << 20]));
+            t[5] = Some(ints(&[7, -9, 0]));
+        });
+        match gpu.check() {
+            Err(Error::Cuda(CudaError::InvalidIndices(DeviceErrors(w)))) => {
+                assert_ne!(w & DeviceErrors::SLOT, 0, "SLOT bit in {w:#x}")
+            }
+            other => panic!("expected the error word's SLOT bit, got {other:?}"),
+        }
+        untouched_slots_kept("garbage slots", &b, &[3, 7], &conv, &ssm);
+        gpu.check().expect("the error word was cleared by the check before");
+    }
 }

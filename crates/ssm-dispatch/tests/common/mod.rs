@@ -21,3 +21,5 @@ pub(crate) fn ints(v: &[i64]) -> HostTensor {
     HostTensor::from_i64(DType::I32, vec![v.len()], v)
 }
 pub(crate) mod gdn_batch;
+#[cfg(feature = "cuda")]
+pub(crate) mod gpu;
