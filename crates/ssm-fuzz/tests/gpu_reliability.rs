@@ -2,7 +2,8 @@
 //! `SSM_REQUIRE_GPU=1`), staged through CUDA runtimes (`ssm_conformance::cuda::Staged`):
 //! - batch invariance: a sequence alone and at any position of a batch of 256 gives the same
 //!   bits, for SSU decode/speculative and both GDN recurrences;
-//! - determinism: every template call gives the same bits from run to run;
+//! - determinism: every template call gives the same bits from run to run (the layer cores
+//!   included, with their metadata index tensors on the device);
 //! - concurrency: two runtimes on device 0, driven from two threads at once, give the bits of
 //!   one runtime driven serially;
 //! - a backend on a borrowed stream gives the bits of one on its own stream.
@@ -54,6 +55,11 @@ fn cuda_results_are_bit_identical_run_to_run() {
     let second = record(&t, SEED, RANDOM, (0, 1));
     let d = differing(&first, &second);
     assert!(d.is_empty(), "{} of {} calls differ between runs: {d:#?}", d.len(), first.len());
+    // The layer cores run on the device too (staged with their metadata index tensors there).
+    for core in ["gdn_attention_core", "mamba2_mixer_core"] {
+        let n = first.iter().filter(|(label, r)| label.starts_with(core) && r.is_ok()).count();
+        assert!(n > 0, "no {core} call ran on the GPU");
+    }
     eprintln!(
         "{} calls ({} ran; the others were refused with a typed error), bit-identical run to run",
         first.len(),
