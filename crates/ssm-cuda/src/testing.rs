@@ -15,6 +15,23 @@ use ssm_tensor::{DType, Op, Planned, Run, TensorError, TensorMut, TensorRef};
 pub use crate::DeviceBuffer;
 use crate::{CudaBackend, CudaError};
 
+/// The skip rule of every GPU test: `true` where a device and NVRTC are ready; otherwise prints
+/// why `test` is skipped and returns `false`, or panics when `SSM_REQUIRE_GPU=1` (the GPU
+/// bundle's `run.sh` sets it, so a missing GPU fails there instead of passing silently).
+pub fn gpu_ready(test: &str) -> bool {
+    let require = std::env::var("SSM_REQUIRE_GPU").is_ok_and(|v| v == "1");
+    let reason = match crate::probe() {
+        crate::Availability::Ready { .. } if !crate::nvrtc_available() => {
+            "NVRTC (libnvrtc.so.13) not found".to_string()
+        }
+        crate::Availability::Ready { .. } => return true,
+        other => other.to_string(),
+    };
+    assert!(!require, "{test}: SSM_REQUIRE_GPU=1 but {reason}");
+    eprintln!("skipping {test}: {reason}");
+    false
+}
+
 /// Failure of a staged run ([`stage`], [`run_staged`], [`Mirrored`]).
 #[derive(Debug, thiserror::Error)]
 pub enum MirrorError {

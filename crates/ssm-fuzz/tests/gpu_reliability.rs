@@ -12,7 +12,6 @@
 use ssm_conformance::cases::ssu::{Case, Spec};
 use ssm_conformance::cuda::Staged;
 use ssm_conformance::gdn_random::{RecurrentCase, RecurrentSpec};
-use ssm_cuda::{Availability, probe};
 use ssm_dispatch::{BackendKind, Config, Runtime};
 use ssm_fuzz::invariance::{assert_gdn_routes_batch_invariant, assert_ssu_routes_batch_invariant};
 use ssm_fuzz::templates::{Results, differing, record};
@@ -20,11 +19,7 @@ use ssm_tensor::DType;
 
 /// A staged CUDA runtime, or `None` (printing why) where there is no GPU.
 fn cuda(test: &str) -> Option<Staged> {
-    let require = std::env::var("SSM_REQUIRE_GPU").is_ok_and(|v| v == "1");
-    let ready = matches!(probe(), Availability::Ready { .. }) && ssm_cuda::nvrtc_available();
-    if !ready {
-        assert!(!require, "{test}: SSM_REQUIRE_GPU=1 but no GPU: {}", probe());
-        eprintln!("skipping {test}: {}", probe());
+    if !ssm_cuda::testing::gpu_ready(test) {
         return None;
     }
     // ReplaySSM on, so that the `checkpointing_ssu` template runs on the GPU too.

@@ -3,28 +3,15 @@
 //! cases come from the one generator, `ssm_conformance::cases::ssu`.)
 #![allow(dead_code, unreachable_pub)]
 
+use ssm_cuda::CudaBackend;
 use ssm_cuda::cudarc::driver::sys;
-use ssm_cuda::testing::StageArgs;
-use ssm_cuda::{Availability, CudaBackend, probe};
+use ssm_cuda::testing::{StageArgs, gpu_ready};
 use ssm_tensor::{DType, HostTensor};
 
 /// The backend, or `None` after printing why the test is skipped. With `SSM_REQUIRE_GPU=1`
 /// a missing GPU or NVRTC fails the test instead.
 pub fn gpu(test: &str) -> Option<CudaBackend> {
-    let require = std::env::var("SSM_REQUIRE_GPU").is_ok_and(|v| v == "1");
-    let reason = match probe() {
-        Availability::Ready { .. } if !ssm_cuda::nvrtc_available() => {
-            Some("NVRTC (libnvrtc.so.13) not found".to_string())
-        }
-        Availability::Ready { .. } => None,
-        other => Some(other.to_string()),
-    };
-    if let Some(reason) = reason {
-        assert!(!require, "{test}: SSM_REQUIRE_GPU=1 but {reason}");
-        eprintln!("skipping {test}: {reason}");
-        return None;
-    }
-    Some(CudaBackend::new(0).unwrap_or_else(|e| panic!("{test}: CUDA backend: {e}")))
+    gpu_ready(test).then(|| CudaBackend::new(0).unwrap_or_else(|e| panic!("{test}: CUDA backend: {e}")))
 }
 
 /// Absolute and relative tolerance for values stored as `dtype`.

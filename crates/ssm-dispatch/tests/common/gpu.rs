@@ -1,21 +1,13 @@
 //! A CUDA runtime for the GPU tests of the facade, and device copies of host tensors.
 
-use ssm_cuda::testing::StagedTensor;
-use ssm_cuda::{Availability, probe};
+use ssm_cuda::testing::{StagedTensor, gpu_ready};
 use ssm_dispatch::{BackendKind, Config, Runtime};
 use ssm_tensor::HostTensor;
 
-/// A CUDA runtime, or `None` (printing why) where there is no GPU (a failure instead with
-/// `SSM_REQUIRE_GPU=1`).
+/// A CUDA runtime, or `None` where there is no GPU ([`gpu_ready`]'s skip rule).
 pub(crate) fn cuda(test: &str) -> Option<Runtime> {
-    let require = std::env::var("SSM_REQUIRE_GPU").is_ok_and(|v| v == "1");
-    let ready = matches!(probe(), Availability::Ready { .. }) && ssm_cuda::nvrtc_available();
-    if !ready {
-        assert!(!require, "{test}: SSM_REQUIRE_GPU=1 but no GPU: {}", probe());
-        eprintln!("skipping {test}: {}", probe());
-        return None;
-    }
-    Some(Runtime::new(&Config { backend: BackendKind::Cuda, ..Config::default() }).expect("CUDA runtime"))
+    gpu_ready(test)
+        .then(|| Runtime::new(&Config { backend: BackendKind::Cuda, ..Config::default() }).expect("CUDA runtime"))
 }
 
 /// Device copies of host tensors on a CUDA runtime, and back.
