@@ -21,7 +21,7 @@ use common::ints;
 use ssm_conv::{Activation, ConvStateLayout};
 use ssm_cuda::testing::StagedTensor;
 use ssm_cuda::{CudaError, DeviceErrors};
-use ssm_dispatch::{Config, Error, GdnAttentionMetadata, Runtime};
+use ssm_dispatch::{Config, Error, GdnAttentionCoreArgs, GdnAttentionMetadata, Runtime};
 use ssm_gdn::StateLayout;
 use ssm_tensor::{DType, HostTensor};
 
@@ -93,33 +93,52 @@ fn run_core(
         return Ok(state);
     }
     let dev = Dev(rt);
-    let inputs =
-        [&base.mixed, &base.a, &base.b, &base.weight, &base.bias, &base.a_log, &base.dt_bias].map(|t| dev.up(t));
+    let inputs = Inputs::new(&dev, base);
     let mut pools = [&state.0, &state.1, &state.2].map(|t| dev.up(t));
     let dt = DeviceTables::new(&dev, tables);
     let mut m = dt.metadata(tables, tokens);
     edit(&mut m);
-    let v = |i: usize| inputs[i].view().expect("view");
-    let [conv, ssm, out] = &mut pools;
-    rt.gdn_attention_core(ssm_dispatch::GdnAttentionCoreArgs {
-        mixed_qkv: v(0),
-        a: v(1),
-        b: v(2),
-        conv_weight: v(3),
-        conv_bias: Some(v(4)),
-        a_log: v(5),
-        dt_bias: v(6),
-        conv_state: conv.view_mut().expect("view"),
-        ssm_state: ssm.view_mut().expect("view"),
-        core_attn_out: out.view_mut().expect("view"),
-        metadata: m,
-        activation: Activation::Silu,
-        conv_state_layout: ConvStateLayout::StateLenDim,
-        ssm_state_layout: layout,
-        num_k_heads: H,
-        pad_slot_id: Some(0),
-    })?;
+    rt.gdn_attention_core(inputs.args(&mut pools, m, layout))?;
     Ok((dev.down(&pools[0], &state.0), dev.down(&pools[1], &state.1), dev.down(&pools[2], &state.2)))
+}
+
+/// The batch's inputs on the device: `mixed_qkv`, `a`, `b`, the conv weight and bias, `A_log`
+/// and `dt_bias`.
+struct Inputs([StagedTensor; 7]);
+
+impl Inputs {
+    fn new(dev: &Dev<'_>, base: &Batch) -> Self {
+        Inputs([&base.mixed, &base.a, &base.b, &base.weight, &base.bias, &base.a_log, &base.dt_bias].map(|t| dev.up(t)))
+    }
+
+    /// The core call over these inputs and the device pools `(conv, ssm, out)`.
+    fn args<'a>(
+        &'a self,
+        pools: &'a mut [StagedTensor; 3],
+        metadata: GdnAttentionMetadata<'a>,
+        layout: StateLayout,
+    ) -> GdnAttentionCoreArgs<'a> {
+        let v = |i: usize| self.0[i].view().expect("view");
+        let [conv, ssm, out] = pools;
+        GdnAttentionCoreArgs {
+            mixed_qkv: v(0),
+            a: v(1),
+            b: v(2),
+            conv_weight: v(3),
+            conv_bias: Some(v(4)),
+            a_log: v(5),
+            dt_bias: v(6),
+            conv_state: conv.view_mut().expect("view"),
+            ssm_state: ssm.view_mut().expect("view"),
+            core_attn_out: out.view_mut().expect("view"),
+            metadata,
+            activation: Activation::Silu,
+            conv_state_layout: ConvStateLayout::StateLenDim,
+            ssm_state_layout: layout,
+            num_k_heads: H,
+            pad_slot_id: Some(0),
+        }
+    }
 }
 
 /// Asserts that every slot outside `TOUCHED` of both pools is bit-identical to the batch's.
@@ -187,4 +206,70 @@ fn garbage_device_token_indices_set_the_error_word_and_touch_no_other_slot() {
     let d1 = base.dec_rows[1];
     assert!(got.2.to_f64_vec()[d1 * w..(d1 + 1) * w].iter().all(|&x| x == 7.0), "the padded decode's rows");
     gpu.check().expect("the error word was cleared by the check before");
+}
+
+/// Leaves only the two decodes (rows 0 and 1 of the batch after [`without_speculative`], the
+/// second a pad): a decode step, which runs in place.
+fn decode_only(m: &mut GdnAttentionMetadata<'_>) {
+    without_speculative(m);
+    m.num_prefills = 0;
+    m.num_prefill_tokens = 0;
+    m.num_actual_tokens = 2;
+}
+
+/// A decode step of the core (device metadata, rows in place), captured in a CUDA graph on the
+/// runtime's stream and replayed three times, leaves the bytes of three eager calls; the
+/// per-call conv buffer becomes the graph's own stream-ordered allocation.
+#[test]
+fn a_decode_step_of_the_core_replayed_from_a_cuda_graph_equals_eager_calls() {
+    use ssm_cuda::cudarc::driver::sys;
+    let Some(gpu) = cuda("a_decode_step_of_the_core_replayed_from_a_cuda_graph_equals_eager_calls") else { return };
+    let layout = StateLayout::VK;
+    let base = batch(layout);
+    let tables = Tables::new(&base, ints(&NON_SPEC_SLOTS));
+    let dev = Dev(&gpu);
+    let inputs = Inputs::new(&dev, &base);
+    let dt = DeviceTables::new(&dev, &tables);
+    let out0 = HostTensor::filled(DType::F32, vec![base.mixed.shape[0], HV, V], 7.0);
+    let pools = || [&base.conv, &base.ssm, &out0].map(|t| dev.up(t));
+    let (mut warm, mut eager, mut graphed) = (pools(), pools(), pools());
+    let step = |pools: &mut [StagedTensor; 3]| {
+        let mut m = dt.metadata(&tables, base.mixed.shape[0]);
+        decode_only(&mut m);
+        gpu.gdn_attention_core(inputs.args(pools, m, layout)).expect("decode step");
+    };
+    // Loads every kernel of the step before the capture.
+    step(&mut warm);
+    for _ in 0..3 {
+        step(&mut eager);
+    }
+    let be = gpu.cuda().expect("cuda backend");
+    be.synchronize().unwrap();
+    let stream = be.stream().clone();
+    stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
+    step(&mut graphed);
+    let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0)).unwrap().expect("a captured graph");
+    for _ in 0..3 {
+        graph.launch().unwrap();
+    }
+    be.synchronize().unwrap();
+    gpu.check().expect("device error word");
+    let down =
+        |p: &[StagedTensor; 3]| [dev.down(&p[0], &base.conv), dev.down(&p[1], &base.ssm), dev.down(&p[2], &out0)];
+    let (e, g) = (down(&eager), down(&graphed));
+    for (what, (e, g)) in ["conv_state", "ssm_state", "core_attn_out"].iter().zip(e.iter().zip(&g)) {
+        assert_eq!(e.bytes(), g.bytes(), "{what}: graph replay differs from eager calls");
+    }
+    // The steps did run, as the host core does them (within the tolerance of the first test).
+    let host = Runtime::new(&Config::cpu(Some(2))).unwrap();
+    let mut want = (base.conv.clone(), base.ssm.clone(), out0.clone());
+    for _ in 0..3 {
+        let mut m = tables.metadata(base.mixed.shape[0]);
+        decode_only(&mut m);
+        host.gdn_attention_core(core_args(&base, &base.dt_bias, layout, &mut want, m)).expect("host step");
+    }
+    assert_ne!(e[1].bytes(), base.ssm.bytes(), "the decode steps wrote their slot");
+    close("graph core_attn_out", &e[2], &want.2, 2e-3);
+    close("graph conv_state", &e[0], &want.0, 1e-5);
+    close("graph ssm_state", &e[1], &want.1, 2e-3);
 }
