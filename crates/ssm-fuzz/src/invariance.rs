@@ -250,3 +250,122 @@ pub fn assert_gdn_routes_batch_invariant(target: &dyn ssm_conformance::Target) {
         assert_batch_invariant::<crate::ops::GdnRecurrent>(target, &what, &case.recurrent_args(), batch, &POSITIONS);
     }
 }
+
+/// The chunked prefill routes on `target`: GDN (`chunk_gated_delta_rule`) and SSD, each a packed
+/// batch of 256 sequences with pool states through slot tables ([`assert_batch_invariant`]):
+/// the one check the CPU and the GPU tests run.
+pub fn assert_prefill_routes_batch_invariant(target: &dyn ssm_conformance::Target) {
+    assert_gdn_prefill_batch_invariant(target);
+    assert_ssd_prefill_batch_invariant(target);
+}
+
+fn view<'a>(d: &'a [f32], s: &[usize]) -> ssm_tensor::TensorRef<'a> {
+    ssm_tensor::TensorRef::from_slice(d, s).unwrap()
+}
+
+fn ri(d: &[i32]) -> ssm_tensor::TensorRef<'_> {
+    ssm_tensor::TensorRef::from_slice(d, &[d.len()]).unwrap()
+}
+
+fn offsets(lens: &[usize]) -> Vec<i32> {
+    std::iter::once(0)
+        .chain(lens.iter().scan(0, |acc, &l| {
+            *acc += l as i32;
+            Some(*acc)
+        }))
+        .collect()
+}
+
+/// A packed prefill of 256 sequences of 1–40 tokens through `chunk_gated_delta_rule`
+/// (Qwen3-Next's prefill: pool states read and written in place through a slot table, l2norm).
+fn assert_gdn_prefill_batch_invariant(target: &dyn ssm_conformance::Target) {
+    use ssm_gdn::ChunkGatedDeltaRuleArgs;
+    use ssm_tensor::{TensorMut, TensorRef};
+    const N: usize = 256;
+    let (hv, k, v) = (2, 16, 16);
+    let lens: Vec<usize> = (0..N).map(|i| 1 + i * 37 % 40).collect();
+    let t: usize = lens.iter().sum();
+    let cu = offsets(&lens);
+    let slots = N + 5;
+    let idx: Vec<i32> = (0..N as i32).map(|i| (i * 7 + 3) % slots as i32).collect();
+    let (q, kk, vv) = (
+        crate::cores::values(t * k, 1, 1.0, 0.0),
+        crate::cores::values(t * k, 2, 1.0, 0.0),
+        crate::cores::values(t * hv * v, 3, 1.0, 0.0),
+    );
+    let g: Vec<f32> = crate::cores::values(t * hv, 4, 0.1, 0.0).iter().map(|x| x - 0.1).collect();
+    let beta: Vec<f32> = crate::cores::values(t * hv, 5, 0.4, 0.0).iter().map(|x| x + 0.5).collect();
+    let mut pool = crate::cores::values(slots * hv * v * k, 6, 0.5, 0.0);
+    let mut o = vec![f32::NAN; t * hv * v];
+    let args = ChunkGatedDeltaRuleArgs {
+        initial_state: Some(TensorMut::from_slice(&mut pool, &[slots, hv, v, k]).unwrap()),
+        initial_state_indices: Some(TensorRef::from_slice(&idx, &[N]).unwrap()),
+        inplace_final_state: true,
+        cu_seqlens: Some(TensorRef::from_slice(&cu, &[N + 1]).unwrap()),
+        use_qk_l2norm_in_kernel: true,
+        ..ChunkGatedDeltaRuleArgs::new(
+            view(&q, &[1, t, 1, k]),
+            view(&kk, &[1, t, 1, k]),
+            view(&vv, &[1, t, hv, v]),
+            view(&g, &[1, t, hv]),
+            view(&beta, &[1, t, hv]),
+            TensorMut::from_slice(&mut o, &[1, t, hv, v]).unwrap(),
+        )
+    };
+    let batch = Batch { seqs: N, cu_seqlens: Some("cu_seqlens"), pools: &["initial_state"], fixup: None };
+    assert_batch_invariant::<crate::ops::GdnChunk>(target, "gdn chunked prefill", &args, batch, &POSITIONS);
+}
+
+/// A packed SSD prefill of 256 sequences of 1–70 tokens, some resumed mid-chunk (vLLM's chunk
+/// metadata, chunk 16), states read from and written to a pool through slot tables.
+fn assert_ssd_prefill_batch_invariant(target: &dyn ssm_conformance::Target) {
+    use ssm_ssd::{MambaChunkScanCombinedVarlenArgs as Args, compute_chunk_metadata};
+    use ssm_tensor::{TensorMut, TensorRef};
+    const N: usize = 256;
+    let (h, p, n, chunk) = (2, 8, 8, 16);
+    let lens: Vec<usize> = (0..N).map(|i| 1 + i * 29 % 70).collect();
+    let computed: Vec<i64> = (0..N).map(|i| (i * 13 % 50) as i64).collect();
+    let t: usize = lens.iter().sum();
+    let cu = offsets(&lens);
+    let cu64: Vec<i64> = cu.iter().map(|&v| v as i64).collect();
+    let meta = compute_chunk_metadata(&cu64, &computed, chunk);
+    let slots = N + 3;
+    let idx: Vec<i32> = (0..N as i32).map(|i| (i * 5 + 1) % slots as i32).collect();
+    let has: Vec<u8> = computed.iter().map(|&c| u8::from(c > 0)).collect();
+    let (x, b, c) = (
+        crate::cores::values(t * h * p, 11, 1.0, 0.0),
+        crate::cores::values(t * n, 12, 1.0, 0.0),
+        crate::cores::values(t * n, 13, 1.0, 0.0),
+    );
+    let dt = crate::cores::values(t * h, 14, 1.0, 0.0);
+    let a = [-0.7f32, -1.3];
+    let mut pool = crate::cores::values(slots * h * p * n, 15, 0.5, 0.0);
+    let mut out = vec![f32::NAN; t * h * p];
+    let args = Args {
+        out: Some(TensorMut::from_slice(&mut out, &[t, h, p]).unwrap()),
+        ssm_state: Some(TensorMut::from_slice(&mut pool, &[slots, h, p, n]).unwrap()),
+        initial_state_indices: Some(ri(&idx)),
+        has_initial_state: Some(TensorRef::from_slice(&has, &[N]).unwrap()),
+        final_state_indices: Some(ri(&idx)),
+        dt_softplus: true,
+        ..Args::new(
+            view(&x, &[t, h, p]),
+            view(&dt, &[t, h]),
+            view(&a, &[h]),
+            view(&b, &[t, 1, n]),
+            view(&c, &[t, 1, n]),
+            chunk,
+            [ri(&cu), ri(&meta.cu_chunk_seqlens), ri(&meta.last_chunk_indices), ri(&meta.seq_idx)],
+        )
+    };
+    // Alone, a sequence gets its own chunk metadata (the same chunks, re-based).
+    let fixup = |lone: &mut [TensorSpec], i: usize| {
+        let m = compute_chunk_metadata(&[0, lens[i] as i64], &[computed[i]], chunk);
+        let wide = |v: &[i32]| v.iter().map(|&x| x as i64).collect::<Vec<_>>();
+        set_values(lone, "cu_chunk_seqlens", &wide(&m.cu_chunk_seqlens));
+        set_values(lone, "seq_idx", &wide(&m.seq_idx));
+        set_values(lone, "last_chunk_indices", &wide(&m.last_chunk_indices));
+    };
+    let batch = Batch { seqs: N, cu_seqlens: Some("cu_seqlens"), pools: &["ssm_state"], fixup: Some(&fixup) };
+    assert_batch_invariant::<crate::ops::Ssd>(target, "ssd chunked prefill", &args, batch, &POSITIONS);
+}
