@@ -12,8 +12,8 @@
 use ssm_cuda::CudaBackend;
 use ssm_cuda::testing::{
     DeviceCheckpointingSsuArgs, DeviceChunkArgs, DeviceCommitTrackersArgs, DeviceConvFnArgs, DeviceConvUpdateArgs,
-    DeviceGdnGatingArgs, DeviceGdnRecurrentArgs, DeviceGdnSigmoidArgs, DeviceSsdArgs, DeviceSsuArgs,
-    DeviceUpdateTrackersArgs, MirrorError, StagedTensor, stage,
+    DeviceCopyRowsArgs, DeviceGdnGatingArgs, DeviceGdnRecurrentArgs, DeviceGdnSigmoidArgs, DeviceSsdArgs,
+    DeviceSsuArgs, DeviceUpdateTrackersArgs, MirrorError, StagedTensor, stage,
 };
 use ssm_dispatch::{GdnAttentionCoreArgs, GdnAttentionMetadata, Mamba2AttentionMetadata, Mamba2MixerCoreArgs, Runtime};
 use ssm_tensor::{TensorError, TensorRef};
@@ -69,6 +69,7 @@ impl Target for Staged {
         checkpointing_ssu: ssm_ring::CheckpointingSsuArgs<'_> => DeviceCheckpointingSsuArgs,
         mamba_chunk_scan_combined_varlen: ssm_ssd::MambaChunkScanCombinedVarlenArgs<'_> => DeviceSsdArgs,
         chunk_gated_delta_rule: ssm_gdn::ChunkGatedDeltaRuleArgs<'_> => DeviceChunkArgs,
+        copy_rows: ssm_tensor::CopyRowsArgs<'_> => DeviceCopyRowsArgs,
     }
 
     fn gdn_attention_core(&self, args: GdnAttentionCoreArgs<'_>) -> Result<(), TargetError> {

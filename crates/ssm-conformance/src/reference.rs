@@ -101,6 +101,16 @@ impl Target for Reference {
         }
         Ok(())
     }
+
+    fn copy_rows(&self, args: ssm_tensor::CopyRowsArgs<'_>) -> Result<(), TargetError> {
+        let call = Planned::new(args).map_err(failed)?;
+        if call.device() != ssm_tensor::Device::Cpu {
+            return Err(failed(format!("the reference runs host tensors, got one on {}", call.device())));
+        }
+        // Moves bytes: the same in both precisions.
+        ssm_tensor::copy_rows_reference(call);
+        Ok(())
+    }
 }
 
 impl Reference {

@@ -119,6 +119,11 @@ pub trait Target {
     fn mamba2_mixer_core(&self, _args: ssm_dispatch::Mamba2MixerCoreArgs<'_>) -> Result<(), TargetError> {
         Err(TargetError::unsupported())
     }
+    /// Runs `copy_rows` (the layer cores' row gather and scatter) on host tensors (no golden
+    /// vectors: the fuzz harness calls it).
+    fn copy_rows(&self, _args: ssm_tensor::CopyRowsArgs<'_>) -> Result<(), TargetError> {
+        Err(TargetError::unsupported())
+    }
 }
 
 /// The runtime runs host tensors as given (a CPU runtime; see [`crate::cuda`] for staging onto a
@@ -175,6 +180,9 @@ impl Target for ssm_dispatch::Runtime {
     fn mamba2_mixer_core(&self, args: ssm_dispatch::Mamba2MixerCoreArgs<'_>) -> Result<(), TargetError> {
         ssm_dispatch::Runtime::mamba2_mixer_core(self, args).map_err(TargetError::from)
     }
+    fn copy_rows(&self, args: ssm_tensor::CopyRowsArgs<'_>) -> Result<(), TargetError> {
+        ssm_dispatch::Runtime::copy_rows(self, args).map_err(TargetError::from)
+    }
 }
 
 /// A target under another name in reports (e.g. a runtime as `cpu-1t`).
@@ -198,6 +206,7 @@ macro_rules! non_ssu_ops {
             checkpointing_ssu: ssm_ring::CheckpointingSsuArgs<'_>,
             gdn_attention_core: ssm_dispatch::GdnAttentionCoreArgs<'_>,
             mamba2_mixer_core: ssm_dispatch::Mamba2MixerCoreArgs<'_>,
+            copy_rows: ssm_tensor::CopyRowsArgs<'_>,
         }
     };
 }

@@ -10,7 +10,7 @@ use ssm_gdn::{
 use ssm_ring::{CheckpointingSsuArgs, CommitRingTrackersArgs, RingError, RingTrackers, UpdateRingTrackersArgs};
 use ssm_ssd::{MambaChunkScanCombinedVarlenArgs, SsdError};
 use ssm_ssu::{SelectiveStateUpdateArgs, SsuError};
-use ssm_tensor::{DType, Op, Planned, Run, TensorError, TensorMut, TensorRef};
+use ssm_tensor::{CopyRowsArgs, DType, Op, Planned, RowDirection, RowsError, Run, TensorError, TensorMut, TensorRef};
 
 pub use crate::DeviceBuffer;
 use crate::{CudaBackend, CudaError};
@@ -50,6 +50,9 @@ pub enum MirrorError {
     /// The device arguments of an SSD prefill did not plan.
     #[error(transparent)]
     SsdPlan(#[from] SsdError),
+    /// The device arguments of a `copy_rows` did not plan.
+    #[error(transparent)]
+    RowsPlan(#[from] RowsError),
     /// A CUDA call failed.
     #[error(transparent)]
     Cuda(#[from] CudaError),
@@ -442,6 +445,40 @@ impl StagedGates {
             beta: self.beta,
             threshold: self.threshold,
         })
+    }
+}
+
+/// The tensors of one `copy_rows`, copied to the device, plus its direction.
+pub struct DeviceCopyRowsArgs {
+    src: StagedTensor,
+    dst: StagedTensor,
+    index: StagedTensor,
+    direction: RowDirection,
+}
+
+impl StageArgs for DeviceCopyRowsArgs {
+    type Args<'a> = CopyRowsArgs<'a>;
+    fn upload(backend: &CudaBackend, a: &CopyRowsArgs<'_>) -> Result<Self, MirrorError> {
+        Ok(DeviceCopyRowsArgs {
+            src: StagedTensor::upload(backend, &a.src)?,
+            dst: StagedTensor::upload(backend, &a.dst.as_ref())?,
+            index: StagedTensor::upload(backend, &a.index)?,
+            direction: a.direction,
+        })
+    }
+    fn args(&mut self) -> Result<CopyRowsArgs<'_>, TensorError> {
+        Ok(CopyRowsArgs {
+            src: self.src.view()?,
+            dst: self.dst.view_mut()?,
+            index: self.index.view()?,
+            direction: self.direction,
+        })
+    }
+    fn copy_back(&self, host: &mut CopyRowsArgs<'_>) -> Result<(), MirrorError> {
+        self.dst.copy_back(&mut host.dst)
+    }
+    fn launch(backend: &CudaBackend, args: CopyRowsArgs<'_>) -> Result<(), MirrorError> {
+        plan_and_run(backend, args)
     }
 }
 

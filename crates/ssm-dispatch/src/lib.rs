@@ -23,6 +23,7 @@ mod gdn_core;
 mod layer_core;
 mod mamba2_core;
 mod ring;
+mod rows;
 mod ssd;
 mod ssu;
 

@@ -1,6 +1,6 @@
 //! Template calls of the ops without golden vectors. The two layer cores: mixed batches (speculative sequences, decodes with a
 //! padded row, prefills with and without initial state), as the cores' own tests in
-//! `ssm-dispatch` build them; and `checkpointing_ssu` over rings with history.
+//! `ssm-dispatch` build them; `checkpointing_ssu` over rings with history; and `copy_rows`.
 
 use ssm_conv::{Activation, ConvStateLayout};
 use ssm_dispatch::{GdnAttentionCoreArgs, GdnAttentionMetadata, Mamba2AttentionMetadata, Mamba2MixerCoreArgs};
@@ -306,4 +306,61 @@ impl CheckpointCase {
             max_seqlen: Some(3),
         }
     }
+}
+
+/// A `copy_rows` call as the GDN core makes them: token rows of a strided batch tensor gathered
+/// into a dense buffer, or a dense buffer's rows scattered back into strided rows (distinct
+/// rows, in a shuffled order); dtype, sizes and direction from `seed`.
+pub struct RowsCase {
+    src: HostTensor,
+    dst: HostTensor,
+    index: HostTensor,
+    direction: ssm_tensor::RowDirection,
+    /// Row length and row stride of the strided side.
+    width: usize,
+    pitch: usize,
+}
+
+impl RowsCase {
+    /// The case, values from `seed`.
+    pub fn new(seed: u64) -> Self {
+        use ssm_tensor::RowDirection;
+        let dtype = [DType::F32, DType::BF16, DType::F16][seed as usize % 3];
+        let (rows, width) = (5 + seed as usize % 11, 1 + (seed as usize / 3) % 37);
+        let (n, pitch) = (1 + seed as usize % rows, width + seed as usize % 5);
+        let direction = if seed.is_multiple_of(2) { RowDirection::Gather } else { RowDirection::Scatter };
+        // Distinct rows in a shuffled order (a stride coprime to `rows`).
+        let step = (1..rows).rev().find(|s| gcd(*s, rows) == 1).unwrap_or(1);
+        let index: Vec<i64> = (0..n).map(|i| ((i * step + seed as usize) % rows) as i64).collect();
+        let strided = HostTensor::from_f32(dtype, vec![rows, pitch], &values(rows * pitch, seed, 1.0, 0.0));
+        let dense = HostTensor::from_f32(dtype, vec![n, width], &values(n * width, seed ^ 0x55, 1.0, 0.0));
+        let (src, dst) = match direction {
+            RowDirection::Gather => (strided, HostTensor::filled(dtype, vec![n, width], f32::NAN)),
+            RowDirection::Scatter => (dense, strided),
+        };
+        RowsCase { src, dst, index: HostTensor::from_i64(DType::I64, vec![n], &index), direction, width, pitch }
+    }
+
+    /// The call over the case's tensors (the strided side as a `[rows, width]` view of its
+    /// `[rows, pitch]` memory).
+    pub fn args(&mut self) -> ssm_tensor::CopyRowsArgs<'_> {
+        use ssm_tensor::RowDirection;
+        let (w, p) = (self.width, self.pitch as isize);
+        let rows = |t: &HostTensor| [t.shape[0], w];
+        let (src, dst) = match self.direction {
+            RowDirection::Gather => {
+                let shape = rows(&self.src);
+                (self.src.view().with_layout(&shape, &[p, 1], 0).expect("rows fit"), self.dst.view_mut())
+            }
+            RowDirection::Scatter => {
+                let shape = rows(&self.dst);
+                (self.src.view(), self.dst.view_mut().with_layout(&shape, &[p, 1], 0).expect("rows fit"))
+            }
+        };
+        ssm_tensor::CopyRowsArgs { src, dst, index: self.index.view(), direction: self.direction }
+    }
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 { a } else { gcd(b, a % b) }
 }

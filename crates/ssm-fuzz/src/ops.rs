@@ -319,3 +319,11 @@ fuzz_op! {
         metadata.num_decodes, metadata.num_decode_tokens, metadata.prep_initial_states, metadata.chunk_size,
     }
 }
+
+fuzz_op! {
+    /// `copy_rows` (the layer cores' row gather and scatter).
+    CopyRows: ssm_tensor::CopyRowsArgs => copy_rows;
+    tensors { ref src "src", mut dst "dst", ref index "index" }
+    nested {}
+    scalars { direction }
+}

@@ -211,4 +211,5 @@ macro_rules! cycle {
 cycle!(ssm_gdn::StateLayout: ssm_gdn::StateLayout::VK, ssm_gdn::StateLayout::KV);
 cycle!(ssm_conv::ConvStateLayout: ssm_conv::ConvStateLayout::DimStateLen, ssm_conv::ConvStateLayout::StateLenDim);
 cycle!(ssm_conv::Activation: ssm_conv::Activation::None, ssm_conv::Activation::Silu);
+cycle!(ssm_tensor::RowDirection: ssm_tensor::RowDirection::Gather, ssm_tensor::RowDirection::Scatter);
 cycle!(DType: DType::F32, DType::F16, DType::BF16, DType::I32, DType::I64, DType::Bool);

@@ -26,13 +26,14 @@ pub fn for_each_template(sink: &impl Sink, seed: u64, random: usize) {
             let _ = ssm_conformance::run_case_variant(&target, case, variant);
         }
     }
-    // The layer cores and `checkpointing_ssu` (no golden vectors): a template each, and one
-    // per random draw.
+    // The layer cores, `checkpointing_ssu` and `copy_rows` (no golden vectors): a template each,
+    // and one per random draw.
     for i in 0..=random {
         let s = seed.wrapping_add(i as u64);
         sink.take::<ops::GdnCore>(&format!("gdn-core{i}"), &crate::cores::GdnCoreCase::new(s).args());
         sink.take::<ops::Mamba2Core>(&format!("mamba2-core{i}"), &crate::cores::Mamba2CoreCase::new(s).args());
         sink.take::<ops::Checkpoint>(&format!("checkpoint{i}"), &crate::cores::CheckpointCase::new(s).args());
+        sink.take::<ops::CopyRows>(&format!("copy-rows{i}"), &crate::cores::RowsCase::new(s).args());
     }
     let mut rng = <rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(seed);
     for i in 0..random {

@@ -40,7 +40,7 @@ pub use layout::{Layout, MAX_RANK};
 pub use owned::HostTensor;
 pub use planned::{Op, Planned, Run, Unsupported};
 pub use precision::{Arithmetic, Precision};
-pub use rows::{CopyRowsArgs, CopyRowsPlan, RowDirection, RowsError};
+pub use rows::{CopyRowsArgs, CopyRowsPlan, RowDirection, RowsError, copy_rows_reference};
 pub use slots::{Slot, SlotConflict, SlotTable, SlotUse, first_slot_conflict};
 pub use strided::Strided;
 pub use view::{Device, TensorMut, TensorRef};

@@ -20,7 +20,7 @@
 //! assert!(args.plan().unwrap_err().to_string().contains("[0, 3)"));
 //! ```
 
-use crate::{ArgError, DType, Device, Op, TensorMut, TensorRef};
+use crate::{ArgError, DType, Device, Op, Planned, TensorMut, TensorRef};
 
 /// Which tensor the index list addresses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -186,6 +186,29 @@ impl Op for CopyRowsArgs<'_> {
     }
     fn device(plan: &CopyRowsPlan) -> Device {
         plan.device
+    }
+}
+
+/// The scalar reference of `copy_rows` on host tensors: every element of every named row moved
+/// as its bytes, through both layouts, in index order (a repeated scatter row ends with the
+/// last move). The oracle the backends and the fuzz harness are checked against.
+///
+/// # Panics
+/// If the call's tensors are not on the host (the plan admits device calls; run those on a
+/// backend).
+pub fn copy_rows_reference(call: Planned<CopyRowsArgs<'_>>) {
+    let (mut args, plan) = call.into_parts();
+    let es = args.src.dtype().size();
+    let index = plan.host_index.as_ref().expect("the reference runs host calls");
+    let (src_layout, dst_layout) = (*args.src.layout(), *args.dst.layout());
+    let src = args.src.host_bytes().expect("the reference runs host calls");
+    let dst = args.dst.host_bytes_mut().expect("the reference runs host calls");
+    for (i, &r) in index.iter().enumerate() {
+        let (s, d) = plan.rows_of_move(i, r);
+        for c in 0..plan.width {
+            let (from, to) = (src_layout.index(&[s, c]) * es, dst_layout.index(&[d, c]) * es);
+            dst[to..to + es].copy_from_slice(&src[from..from + es]);
+        }
     }
 }
 
