@@ -183,11 +183,11 @@ fn per_head<'a>(
 }
 
 /// Bytes of rows `rows` of a host `[T, H, P]` tensor, `width = H·P` elements each, in order
-/// (each row read element by element through its layout); nothing without rows.
+/// (each row read element by element through its layout).
 fn save_rows(out: &TensorMut<'_>, rows: &[usize], width: usize) -> Vec<u8> {
     let es = out.dtype().size();
     let (layout, p) = (*out.layout(), out.shape()[2]);
-    let Some(bytes) = out.as_ref().host_bytes().filter(|_| !rows.is_empty()) else { return Vec::new() };
+    let Some(bytes) = out.as_ref().host_bytes() else { return Vec::new() };
     let mut kept = Vec::with_capacity(rows.len() * width * es);
     for &r in rows {
         for e in 0..width {
@@ -202,9 +202,6 @@ fn save_rows(out: &TensorMut<'_>, rows: &[usize], width: usize) -> Vec<u8> {
 fn restore_rows(mut out: TensorMut<'_>, rows: &[usize], width: usize, kept: &[u8]) {
     let es = out.dtype().size();
     let (layout, p) = (*out.layout(), out.shape()[2]);
-    if rows.is_empty() {
-        return;
-    }
     let Some(bytes) = out.host_bytes_mut() else { return };
     for (i, &r) in rows.iter().enumerate() {
         for e in 0..width {

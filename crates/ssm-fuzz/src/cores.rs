@@ -329,9 +329,8 @@ impl RowsCase {
         let (rows, width) = (5 + seed as usize % 11, 1 + (seed as usize / 3) % 37);
         let (n, pitch) = (1 + seed as usize % rows, width + seed as usize % 5);
         let direction = if seed.is_multiple_of(2) { RowDirection::Gather } else { RowDirection::Scatter };
-        // Distinct rows in a shuffled order (a stride coprime to `rows`).
-        let step = (1..rows).rev().find(|s| gcd(*s, rows) == 1).unwrap_or(1);
-        let index: Vec<i64> = (0..n).map(|i| ((i * step + seed as usize) % rows) as i64).collect();
+        // Distinct rows (n ≤ rows), descending and wrapped around from a seed-chosen start.
+        let index: Vec<i64> = (0..n).rev().map(|i| ((i + seed as usize) % rows) as i64).collect();
         let strided = HostTensor::from_f32(dtype, vec![rows, pitch], &values(rows * pitch, seed, 1.0, 0.0));
         let dense = HostTensor::from_f32(dtype, vec![n, width], &values(n * width, seed ^ 0x55, 1.0, 0.0));
         let (src, dst) = match direction {
@@ -359,8 +358,4 @@ impl RowsCase {
         };
         ssm_tensor::CopyRowsArgs { src, dst, index: self.index.view(), direction: self.direction }
     }
-}
-
-fn gcd(a: usize, b: usize) -> usize {
-    if b == 0 { a } else { gcd(b, a % b) }
 }
