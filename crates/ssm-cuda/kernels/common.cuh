@@ -243,3 +243,173 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
+// Waits until at most N of this thread's most recent groups are still in flight.
+template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
+// ---------------------------------------------------------------------------------------------
+// Operands in shared memory and one warp's products over them, for the kernels compiled with an
+// operand kind (OP_KIND: 0 bf16, 1 f16, 2 tf32; ssd.cu, gdn_chunk.cu). PADE: the padding, in
+// elements, of a shared operand row (16 bytes: `ldmatrix` rows of a warp fall in distinct banks).
+#ifdef OP_KIND
+#if OP_KIND == 2
+typedef float op_st;  // tf32 operands kept as f32 bits; `mma_tile<2>` rounds at the fragment load
+#define KSTEP 8
+#define PADE 4
+#else
+typedef unsigned short op_st;
+#define KSTEP 16
+#define PADE 8
+#endif
+
+__device__ __forceinline__ op_st to_op(float v) {
+#if OP_KIND == 2
+    return v;
+#elif OP_KIND == 0
+    return from_f32<bf16_t>(v).bits;
+#else
+    return from_f32<f16_t>(v).bits;
+#endif
+}
+
+__device__ __forceinline__ float op_f32(op_st v) {
+#if OP_KIND == 2
+    return v;
+#elif OP_KIND == 0
+    return to_f32(bf16_t{v});
+#else
+    return to_f32(f16_t{v});
+#endif
+}
+
+// The value an operand of the operand type holds (identity for tf32: rounded in the product).
+__device__ __forceinline__ float round_op(float v) { return op_f32(to_op(v)); }
+
+// `ldmatrix` of four (two) 8×8 matrices of 16-bit operands, transposed when TRANS; `p` is this
+// lane's row address (16-byte aligned).
+template <bool TRANS> __device__ __forceinline__ void ldsm4(u32 (&r)[4], const op_st* p) {
+    const u32 s = smem_addr(p);
+    if constexpr (TRANS)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(s));
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(s));
+}
+template <bool TRANS> __device__ __forceinline__ void ldsm2(u32 (&r)[2], const op_st* p) {
+    const u32 s = smem_addr(p);
+    if constexpr (TRANS)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(s));
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(s));
+}
+
+// Element (r, k) of an operand stored k-contiguous (m[r·ld + k]) or, when TRANS, transposed
+// (m[k·ld + r]).
+template <bool TRANS> __device__ __forceinline__ const op_st* elem(const op_st* m, int ld, int r, int k) {
+    return TRANS ? m + k * ld + r : m + r * ld + k;
+}
+
+// A fragment: rows r0 .. r0 + 15, k0 .. k0 + KSTEP − 1 (16-bit operands: one `ldmatrix.x4`).
+template <bool TRANS> __device__ __forceinline__ void frag_a(u32 (&a)[4], const op_st* m, int ld, int r0, int k0, int lane) {
+#if OP_KIND == 2
+    const int g = lane >> 2, t = lane & 3;
+    a[0] = tf32_of(*elem<TRANS>(m, ld, r0 + g, k0 + t));
+    a[1] = tf32_of(*elem<TRANS>(m, ld, r0 + g + 8, k0 + t));
+    a[2] = tf32_of(*elem<TRANS>(m, ld, r0 + g, k0 + t + 4));
+    a[3] = tf32_of(*elem<TRANS>(m, ld, r0 + g + 8, k0 + t + 4));
+#else
+    // Matrices (rows, k): (0..7, 0..7), (8..15, 0..7), (0..7, 8..15), (8..15, 8..15), lanes 8i..8i+7.
+    if constexpr (TRANS) ldsm4<true>(a, m + (k0 + (lane & 7) + ((lane >> 4) << 3)) * ld + r0 + ((lane >> 3) & 1) * 8);
+    else ldsm4<false>(a, m + (r0 + (lane & 15)) * ld + k0 + (lane >> 4) * 8);
+#endif
+}
+
+// B fragment: columns n0 .. n0 + 7, k0 .. k0 + KSTEP − 1.
+template <bool TRANS> __device__ __forceinline__ void frag_b(u32 (&b)[2], const op_st* m, int ld, int n0, int k0, int lane) {
+#if OP_KIND == 2
+    const int g = lane >> 2, t = lane & 3;
+    b[0] = tf32_of(*elem<TRANS>(m, ld, n0 + g, k0 + t));
+    b[1] = tf32_of(*elem<TRANS>(m, ld, n0 + g, k0 + t + 4));
+#else
+    // Lanes 0..15 address the matrices (k0, k0 + 8); 16..31 repeat them (ignored by .x2).
+    if constexpr (TRANS) ldsm2<true>(b, m + (k0 + (lane & 15)) * ld + n0);
+    else ldsm2<false>(b, m + (n0 + (lane & 7)) * ld + k0 + ((lane >> 3) & 1) * 8);
+#endif
+}
+
+// Two B fragments: columns n0 .. n0 + 7 into b[0..1] and n0 + 8 .. n0 + 15 into b[2..3].
+template <bool TRANS> __device__ __forceinline__ void frag_b2(u32 (&b)[4], const op_st* m, int ld, int n0, int k0, int lane) {
+#if OP_KIND == 2
+    u32 lo[2], hi[2];
+    frag_b<TRANS>(lo, m, ld, n0, k0, lane);
+    frag_b<TRANS>(hi, m, ld, n0 + 8, k0, lane);
+    b[0] = lo[0];
+    b[1] = lo[1];
+    b[2] = hi[0];
+    b[3] = hi[1];
+#else
+    if constexpr (TRANS) ldsm4<true>(b, m + (k0 + (lane & 15)) * ld + n0 + (lane >> 4) * 8);
+    else ldsm4<false>(b, m + (n0 + (lane & 7) + ((lane >> 4) << 3)) * ld + k0 + ((lane >> 3) & 1) * 8);
+#endif
+}
+
+// acc[mt][nt] += Σ_{k < kend} A[r0 + 16 mt + ·][k] · B[n0 + 8 nt + ·][k] for nt < ntmax, from
+// shared memory; one warp. Each operand is stored k-contiguous (A[r][k] at A[r·lda + k]), or,
+// with TA / TB, transposed (A[r][k] at A[k·lda + r]).
+template <int MT, int NT, bool TA = false, bool TB = false>
+__device__ __forceinline__ void warp_gemm(float (&acc)[MT][NT][4], const op_st* A, int lda, int r0, const op_st* B,
+                                          int ldb, int n0, int kend, int lane, int ntmax = NT) {
+    for (int k = 0; k < kend; k += KSTEP) {
+        u32 a[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+            frag_a<TA>(a[mt], A, lda, r0 + 16 * mt, k, lane);
+        }
+#pragma unroll
+        for (int nt = 0; nt + 1 < NT; nt += 2) {
+            if (nt < ntmax) {
+                u32 b[4];
+                frag_b2<TB>(b, B, ldb, n0 + 8 * nt, k, lane);
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    mma_tile<OP_KIND>(acc[mt][nt], a[mt], b);
+                    if (nt + 1 < ntmax) mma_tile<OP_KIND>(acc[mt][nt + 1], a[mt], b + 2);
+                }
+            }
+        }
+        if constexpr (NT % 2 == 1) {
+            if (NT - 1 < ntmax) {
+                u32 b[2];
+                frag_b<TB>(b, B, ldb, n0 + 8 * (NT - 1), k, lane);
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) mma_tile<OP_KIND>(acc[mt][NT - 1], a[mt], b);
+            }
+        }
+    }
+}
+
+// Visits a warp's accumulators: f(row, col, value&) with row = r0 + 16 mt + g (+ 8), col =
+// n0 + 8 nt + 2t (+ 1).
+template <int MT, int NT, typename F>
+__device__ __forceinline__ void for_acc(float (&acc)[MT][NT][4], int r0, int n0, int lane, F f) {
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                f(r0 + 16 * mt + g + (e >= 2 ? 8 : 0), n0 + 8 * nt + 2 * t + (e & 1), acc[mt][nt][e]);
+}
+
+template <int MT, int NT> __device__ __forceinline__ void zero(float (&acc)[MT][NT][4]) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.f;
+}
+#endif  // OP_KIND

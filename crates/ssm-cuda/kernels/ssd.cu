@@ -25,9 +25,10 @@
 // Macros (crates/ssm-cuda/src/ssd.rs, `SsdKey::spec`): X_T DT_T A_T B_T C_T Z_T OUT_T D_T BIAS_T
 // INIT_T ST_T (element types), CU_T SEQ_T LAST_T II_T HI_T FI_T (index types), OP_KIND (0 bf16,
 // 1 f16, 2 tf32), flags HAS_Z HAS_D HAS_BIAS SOFTPLUS INIT_MODE (0 none, 1 initial_states,
-// 2 pool) HAS_HAS HAS_FINAL HAS_PAD HAS_VARLEN INTERMEDIATE, and X_VEC B_VEC C_VEC (x, B, C
+// 2 pool) HAS_HAS HAS_FINAL HAS_PAD HAS_VARLEN INTERMEDIATE, X_VEC B_VEC C_VEC (x, B, C
 // rows loadable eight elements at a time: token and head/group strides multiples of 8, base
-// 16-byte aligned).
+// 16-byte aligned), and the product kernels' STAGES_ASKED (pipeline buffers) and MINB (resident
+// blocks asked per multiprocessor).
 
 #define TILE 64
 #define KT 32
@@ -48,30 +49,29 @@ struct SsdParams {
 
 
 // ---------------------------------------------------------------------------------------------
-// Operand type and one warp's 32×32 tile of mma.sync products.
+// Operand tiles and the pipelined product loop.
+//
+// The products run over slices of KT along k. Every operand tile lives in shared memory in the
+// layout of its global rows, so that a warp's loads are whole 16-byte groups of a few rows:
+// "natural" tiles hold TILE rows × KT (k contiguous, rows of LDN), "transposed" tiles hold KT rows
+// × TILE (k = row, rows of LDT) and reach the products through `ldmatrix.trans` (common.cuh's
+// `warp_gemm`, TA / TB). A tile whose global rows already hold operands (bf16 x into bf16
+// products, f32 into tf32) is copied by `cp.async`; the others (the weighted B, the f32 scratch
+// state and causal weights, operands of another type) are loaded into registers and stored,
+// converted, after the current slice's products.
 
+#define LDN (KT + PADE)
+#define LDT (TILE + PADE)
+#define TILE_ELEMS (TILE * LDN > KT * LDT ? TILE * LDN : KT * LDT)
+// Buffers of each operand (STAGES_ASKED, 2 or 3): one or two slices in flight while another is
+// read (tf32 tiles, twice the bytes, keep one in flight: three would pass the 48 KiB of static
+// shared memory).
 #if OP_KIND == 2
-typedef float op_st;   // tf32 operands kept as f32 bits in shared memory
-#define KSTEP 8
-#define LDS (KT + 4)
+#define STAGES 2
 #else
-typedef unsigned short op_st;
-#define KSTEP 16
-#define LDS (KT + 8)
+#define STAGES STAGES_ASKED
 #endif
-
-// Two consecutive operands (k and k + 1 of one row) into shared memory, rounded to the operand
-// type (one `cvt.rn.{bf16,f16}x2.f32` and one 32-bit store; `dst` 4-byte aligned).
-__device__ __forceinline__ void store_pair(op_st* dst, float a, float b) {
-#if OP_KIND == 2
-    dst[0] = a;
-    dst[1] = b;
-#elif OP_KIND == 0
-    *reinterpret_cast<u32*>(dst) = pack2<bf16_t>(a, b);
-#else
-    *reinterpret_cast<u32*>(dst) = pack2<f16_t>(a, b);
-#endif
-}
+typedef op_st OperandTiles[STAGES][TILE_ELEMS];
 
 // exp(x) for x = y·log2(e) given as y·log2(e): one `ex2.approx` (Triton's `fast_exp`, which
 // vLLM's SSD kernels use for the decays).
@@ -82,30 +82,8 @@ __device__ __forceinline__ float exp2_fast(float y) {
 }
 #define LOG2E 1.4426950408889634f
 
-
-// Eight consecutive elements [col, col + 8) of row `row` of a row-major matrix (`base +
-// row·stride`), as f32: one vector load (`load_vec_ro`: 16 bytes for 16-bit types) when VEC
-// (strides and base 16-byte aligned, checked by the host) and all eight lie inside `limit`
-// columns, else element by element; zeros for a row at or past `rows` and for columns at or
-// past `limit`.
-template <bool VEC, typename T>
-__device__ __forceinline__ void load8(const T* base, int row, int rows, i64 stride, int col, int limit, float* out) {
-    if (row >= rows) {
-#pragma unroll
-        for (int c = 0; c < 8; ++c) out[c] = 0.f;
-        return;
-    }
-    const T* ptr = base + (i64)row * stride + col;
-    if (VEC && col + 8 <= limit) {
-        load_vec_ro<8, T>(ptr, out);
-        return;
-    }
-#pragma unroll
-    for (int c = 0; c < 8; ++c) out[c] = col + c < limit ? to_f32(ptr[c]) : 0.f;
-}
-
-// Eight operands of one row (k .. k + 7) into shared memory, rounded to the operand type
-// (`dst` 16-byte aligned): one 16-byte store (two for tf32).
+// Eight operands of one row into shared memory, rounded to the operand type (`dst` 16-byte
+// aligned): one 16-byte store (two for tf32).
 __device__ __forceinline__ void store8(op_st* dst, const float* v) {
 #if OP_KIND == 2
     *reinterpret_cast<float4*>(dst) = make_float4(v[0], v[1], v[2], v[3]);
@@ -119,108 +97,221 @@ __device__ __forceinline__ void store8(op_st* dst, const float* v) {
 #endif
 }
 
-// One thread's share of a transposed TILE × KT operand tile: rows (tokens) k0 + ip and
-// k0 + ip + 1 of a row-major [tokens][columns] matrix, eight columns c0 .. c0 + 7 of each
-// (two vector loads), stored as eight pairs in shared-memory rows c0 .. c0 + 7 (k contiguous),
-// each row scaled by its weight. `ip` runs fastest across the threads, so that the eight
-// 32-bit stores of a warp fall in distinct banks.
-template <bool VEC, typename T>
-__device__ __forceinline__ void fill_transposed(op_st* dst, const T* base, int k0, int rows, i64 stride, int col0,
-                                                int limit, float w0, float w1) {
-    const int ip = (threadIdx.x % (KT / 2)) * 2, c0 = (threadIdx.x / (KT / 2)) * 8;
-    float a[8], b[8];
-    load8<VEC>(base, k0 + ip, rows, stride, col0 + c0, limit, a);
-    load8<VEC>(base, k0 + ip + 1, rows, stride, col0 + c0, limit, b);
-#pragma unroll
-    for (int c = 0; c < 8; ++c) store_pair(dst + (c0 + c) * LDS + ip, a[c] * w0, b[c] * w1);
+// Eight consecutive elements of T as loaded, not yet widened: four words for a 16-bit T, eight
+// for f32. A slice's register loads land here, so that they stay in flight across the previous
+// slice's products; the widening happens when the slice is stored to shared memory.
+template <typename T> struct Raw8 {
+    u32 w[2 * sizeof(T)];
+};
+
+template <typename T> __device__ __forceinline__ float raw_at(const Raw8<T>& r, int c);
+template <> __device__ __forceinline__ float raw_at<float>(const Raw8<float>& r, int c) { return __uint_as_float(r.w[c]); }
+template <> __device__ __forceinline__ float raw_at<bf16_t>(const Raw8<bf16_t>& r, int c) {
+    const u32 w = r.w[c >> 1];
+    return __uint_as_float((c & 1) ? (w & 0xffff0000u) : (w << 16));
+}
+template <> __device__ __forceinline__ float raw_at<f16_t>(const Raw8<f16_t>& r, int c) {
+    f16_t h;
+    h.bits = (unsigned short)(r.w[c >> 1] >> ((c & 1) * 16));
+    return to_f32(h);
 }
 
-// One thread's share of a natural TILE × KT operand tile (k contiguous in memory and in shared
-// memory): rows row0 + rr, columns k0 + k8 .. k0 + k8 + 7, two groups of eight per thread.
+__device__ __forceinline__ void raw_set(Raw8<float>& r, int c, float v) { r.w[c] = __float_as_uint(v); }
+template <typename T> __device__ __forceinline__ void raw_set(Raw8<T>& r, int c, T v) {
+    r.w[c >> 1] |= (u32)v.bits << ((c & 1) * 16);
+}
+
+// Elements [col, col + 8) of row `row` of a row-major matrix (`base + row·stride`), as raw
+// bits: 16-byte loads (one for 16-bit types, two for f32; `ld.global.nc`) when VEC (strides
+// and base 16-byte aligned, checked by the host) and all eight lie inside `limit` columns, else
+// element by element; zero bits (+0.0) for a row at or past `rows` and for columns at or past
+// `limit`.
 template <bool VEC, typename T>
-__device__ __forceinline__ void fill_natural(op_st* dst, const T* base, int row0, int rows, i64 stride, int k0,
-                                             int limit) {
+__device__ __forceinline__ void load_raw8(const T* base, int row, int rows, i64 stride, int col, int limit, Raw8<T>& r) {
 #pragma unroll
-    for (int r = 0; r < TILE * KT / 8 / THREADS; ++r) {
-        const int q = threadIdx.x + r * THREADS, rr = q / (KT / 8), k8 = (q % (KT / 8)) * 8;
+    for (int i = 0; i < 2 * (int)sizeof(T); ++i) r.w[i] = 0u;
+    if (row >= rows) return;
+    const T* ptr = base + (i64)row * stride + col;
+    if (VEC && col + 8 <= limit) {
+#pragma unroll
+        for (int v = 0; v < (int)sizeof(T) / 2; ++v) {
+            const uint4 u = __ldg(reinterpret_cast<const uint4*>(ptr) + v);
+            r.w[4 * v] = u.x;
+            r.w[4 * v + 1] = u.y;
+            r.w[4 * v + 2] = u.z;
+            r.w[4 * v + 3] = u.w;
+        }
+        return;
+    }
+#pragma unroll
+    for (int c = 0; c < 8; ++c) {
+        if (col + c < limit) raw_set(r, c, ld_ro(ptr + c));
+    }
+}
+
+// Whether a T is already an operand (bf16 into bf16 products, f16 into f16, f32 into tf32,
+// whose operands are kept as f32 bits): its bits are copied as they are.
+template <typename T> struct IsOperand {
+    static constexpr bool value = false;
+};
+#if OP_KIND == 0
+template <> struct IsOperand<bf16_t> {
+    static constexpr bool value = true;
+};
+#elif OP_KIND == 1
+template <> struct IsOperand<f16_t> {
+    static constexpr bool value = true;
+};
+#else
+template <> struct IsOperand<float> {
+    static constexpr bool value = true;
+};
+#endif
+
+// Eight raw elements into shared memory as operands (`dst` 16-byte aligned), each scaled by
+// `w`: copied when they are already operands and unscaled, else widened, scaled and rounded.
+template <bool SCALED, typename T> __device__ __forceinline__ void store_raw8(op_st* dst, const Raw8<T>& r, float w) {
+    if constexpr (IsOperand<T>::value && !SCALED) {
+        uint4* d = reinterpret_cast<uint4*>(dst);
+#pragma unroll
+        for (int v = 0; v < (int)sizeof(T) / 2; ++v) d[v] = make_uint4(r.w[4 * v], r.w[4 * v + 1], r.w[4 * v + 2], r.w[4 * v + 3]);
+    } else {
         float v[8];
-        load8<VEC>(base, row0 + rr, rows, stride, k0 + k8, limit, v);
-        store8(dst + rr * LDS + k8, v);
+#pragma unroll
+        for (int c = 0; c < 8; ++c) v[c] = SCALED ? raw_at(r, c) * w : raw_at(r, c);
+        store8(dst, v);
     }
 }
 
-__device__ __forceinline__ u32 ld_pair(const op_st* p) { return *reinterpret_cast<const u32*>(p); }
+// One operand tile of R rows × C columns of a row-major global matrix (rows row0.., columns
+// col0..; zeros for rows at or past `rows` and columns at or past `limit`) into shared rows of
+// `ld`, in 16-byte groups, G per thread, consecutive threads along a row. ASYNC (the rows hold
+// operands, VEC, no scale): `issue` starts `cp.async` copies and `commit` has nothing to do;
+// otherwise `issue` loads the groups into registers and `commit` stores them, each row scaled
+// by `scale(row)` when SCALED.
+template <typename T, bool VEC, bool SCALED, int R, int C> struct TileCopy {
+    static constexpr int PER_ROW = C / 8;
+    static constexpr int G = R * PER_ROW / THREADS;
+    static constexpr bool ASYNC = VEC && IsOperand<T>::value && !SCALED;
+    static_assert(G * THREADS == R * PER_ROW, "TileCopy: whole groups per thread");
+    Raw8<T> v[ASYNC ? 1 : G];
 
-// acc[mt][nt][4] += A[m][k] · B[n][k]ᵀ over one KT slice held in shared memory (rows of LDS
-// elements, k contiguous): warp (wm, wn) owns rows wm*32.. and columns wn*32.. of the 64×64
-// tile; fragment layouts of the PTX ISA's m16n8k16 / m16n8k8.
-__device__ __forceinline__ void warp_mma(const op_st* As, const op_st* Bs, float (&acc)[2][4][4], int wm, int wn,
-                                         int lane) {
-    const int g = lane >> 2, t = lane & 3;
+    static __device__ __forceinline__ int row_of(int q) { return (threadIdx.x + q * THREADS) / PER_ROW; }
+    static __device__ __forceinline__ int col_of(int q) { return ((threadIdx.x + q * THREADS) % PER_ROW) * 8; }
+
+    __device__ __forceinline__ void issue(op_st* dst, int ld, const T* base, int row0, int rows, i64 stride, int col0,
+                                          int limit) {
 #pragma unroll
-    for (int k = 0; k < KT; k += KSTEP) {
-        u32 af[2][4], bfr[4][2];
+        for (int q = 0; q < G; ++q) {
+            const int r = row_of(q), c = col_of(q);
+            if constexpr (ASYNC) {
+                if (row0 + r < rows && col0 + c + 8 <= limit) {
+                    // Eight elements: one 16-byte copy for 16-bit types, two for f32.
+                    const T* src = base + (i64)(row0 + r) * stride + col0 + c;
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt) {
-            const op_st* r0 = As + (wm * 32 + mt * 16 + g) * LDS + k;
-            const op_st* r1 = r0 + 8 * LDS;
-#if OP_KIND == 2
-            af[mt][0] = tf32_of(r0[t]);
-            af[mt][1] = tf32_of(r1[t]);
-            af[mt][2] = tf32_of(r0[t + 4]);
-            af[mt][3] = tf32_of(r1[t + 4]);
-#else
-            af[mt][0] = ld_pair(r0 + 2 * t);
-            af[mt][1] = ld_pair(r1 + 2 * t);
-            af[mt][2] = ld_pair(r0 + 2 * t + 8);
-            af[mt][3] = ld_pair(r1 + 2 * t + 8);
-#endif
-        }
-#pragma unroll
-        for (int nt = 0; nt < 4; ++nt) {
-            const op_st* c0 = Bs + (wn * 32 + nt * 8 + g) * LDS + k;
-#if OP_KIND == 2
-            bfr[nt][0] = tf32_of(c0[t]);
-            bfr[nt][1] = tf32_of(c0[t + 4]);
-#else
-            bfr[nt][0] = ld_pair(c0 + 2 * t);
-            bfr[nt][1] = ld_pair(c0 + 2 * t + 8);
-#endif
-        }
-#pragma unroll
-        for (int mt = 0; mt < 2; ++mt) {
-#pragma unroll
-            for (int nt = 0; nt < 4; ++nt) {
-                mma_tile<OP_KIND>(acc[mt][nt], af[mt], bfr[nt]);
+                    for (int v = 0; v < (int)sizeof(T) / 2; ++v) {
+                        cp_async16(dst + r * ld + c + v * (16 / sizeof(T)), src + v * (16 / sizeof(T)));
+                    }
+                } else {
+                    Raw8<T> edge;
+                    load_raw8<VEC>(base, row0 + r, rows, stride, col0 + c, limit, edge);
+                    store_raw8<false>(dst + r * ld + c, edge, 1.f);
+                }
+            } else {
+                load_raw8<VEC>(base, row0 + r, rows, stride, col0 + c, limit, v[q]);
             }
         }
     }
-}
 
-// Visits the accumulator elements of warp (wm, wn): f(row, col, value&) in tile coordinates.
-template <typename F> __device__ __forceinline__ void for_acc(float (&acc)[2][4][4], int wm, int wn, int lane, F f) {
-    const int g = lane >> 2, t = lane & 3;
+    template <typename S> __device__ __forceinline__ void commit(op_st* dst, int ld, S scale) const {
+        if constexpr (!ASYNC) {
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt) {
-#pragma unroll
-        for (int nt = 0; nt < 4; ++nt) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int r = wm * 32 + mt * 16 + g + (e >= 2 ? 8 : 0);
-                const int col = wn * 32 + nt * 8 + 2 * t + (e & 1);
-                f(r, col, acc[mt][nt][e]);
+            for (int q = 0; q < G; ++q) {
+                const int r = row_of(q);
+                store_raw8<SCALED>(dst + r * ld + col_of(q), v[q], SCALED ? scale(r) : 1.f);
             }
         }
     }
+    __device__ __forceinline__ void commit(op_st* dst, int ld) const {
+        commit(dst, ld, [](int) { return 1.f; });
+    }
+};
+
+// A natural TILE × KT tile and a transposed KT × TILE tile.
+template <typename T, bool VEC, bool SCALED = false> using NaturalTile = TileCopy<T, VEC, SCALED, TILE, KT>;
+template <typename T, bool VEC, bool SCALED = false> using TransposedTile = TileCopy<T, VEC, SCALED, KT, TILE>;
+
+// A thread's groups of eight of a natural TILE × KT tile computed in f32 (the scratch
+// operands): (row, k) of group q.
+#define GROUPS (TILE * KT / 8 / THREADS)
+__device__ __forceinline__ int group_row(int q) { return (threadIdx.x + q * THREADS) / (KT / 8); }
+__device__ __forceinline__ int group_k(int q) { return ((threadIdx.x + q * THREADS) % (KT / 8)) * 8; }
+
+// Eight consecutive f32 scratch values (`row` 16-byte aligned: two vector loads, else eight).
+__device__ __forceinline__ void load_f32x8(const float* row, float* v) {
+    if ((reinterpret_cast<u64>(row) & 15) == 0) {
+        const float4 lo = __ldg(reinterpret_cast<const float4*>(row));
+        const float4 hi = __ldg(reinterpret_cast<const float4*>(row) + 1);
+        v[0] = lo.x; v[1] = lo.y; v[2] = lo.z; v[3] = lo.w;
+        v[4] = hi.x; v[5] = hi.y; v[6] = hi.z; v[7] = hi.w;
+    } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[e] = __ldg(row + e);
+    }
 }
 
-__device__ __forceinline__ void zero_acc(float (&acc)[2][4][4]) {
+// acc += Σ over the KT-slices [0, kend) of A_slice·B_sliceᵀ, one 32×32 quarter of the 64×64
+// output per warp (rows wm·32.., columns wn·32..), the operands stored transposed when TA / TB
+// (rows of LDT) else natural (rows of LDN). Software-pipelined over STAGES buffers with one
+// barrier per slice: `issue(k0, regs, a, b)` starts a slice's loads (cp.async into its buffers,
+// or register loads into `regs`, nothing that waits on them) STAGES − 1 slices ahead, and
+// `commit(regs, k0, a, b)` stores a slice's register part after the products of the slice
+// before it, so that STAGES − 1 slices' loads are in flight while the products run. Starts with
+// a barrier (earlier users of the buffers and of the block's shared data are done). `kend` is
+// the same across the block.
+template <bool TA, bool TB, typename Regs, typename Issue, typename Commit>
+__device__ __forceinline__ void pipelined_mma(OperandTiles& As, OperandTiles& Bs, int kend, float (&acc)[2][4][4],
+                                              Issue issue, Commit commit) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int lda = TA ? LDT : LDN, ldb = TB ? LDT : LDN;
+    __syncthreads();
+    if (kend <= 0) return;
+    const int slices = (kend + KT - 1) / KT;
+    // Slice j's registers are regs[j % (STAGES − 1)], its buffers As/Bs[j % STAGES].
+    Regs regs[STAGES - 1];
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.f;
+    for (int j = 0; j < STAGES - 1; ++j) {
+        if (j < slices) issue(j * KT, regs[j], As[j], Bs[j]);
+        cp_async_commit();
+    }
+    commit(regs[0], 0, As[0], Bs[0]);
+    cp_async_wait<STAGES - 2>();
+    // Slice i's products; slice i + STAGES − 1 started into `start` (slice i's registers, stored
+    // by now), slice i + 1 stored from `next`.
+    auto step = [&](int i, Regs& start, Regs& next) {
+        __syncthreads();
+        const int ahead = i + STAGES - 1;
+        if (ahead < slices) issue(ahead * KT, start, As[ahead % STAGES], Bs[ahead % STAGES]);
+        cp_async_commit();
+        warp_gemm<2, 4, TA, TB>(acc, As[i % STAGES], lda, (warp >> 1) * 32, Bs[i % STAGES], ldb, (warp & 1) * 32, KT,
+                                lane);
+        if (i + 1 < slices) commit(next, (i + 1) * KT, As[(i + 1) % STAGES], Bs[(i + 1) % STAGES]);
+        cp_async_wait<STAGES - 2>();
+    };
+#if STAGES == 3
+    for (int i = 0; i < slices; i += 2) {
+        step(i, regs[0], regs[1]);
+        if (i + 1 < slices) step(i + 1, regs[1], regs[0]);
+    }
+#else
+    for (int i = 0; i < slices; ++i) step(i, regs[0], regs[0]);
+#endif
+}
+
+// Visits this warp's accumulator elements: f(row, col, value&) in tile coordinates.
+template <typename F> __device__ __forceinline__ void for_tile(float (&acc)[2][4][4], F f) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for_acc(acc, (warp >> 1) * 32, (warp & 1) * 32, lane, f);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -279,10 +370,9 @@ __device__ __forceinline__ i64 state_off(const SsdParams& p, int c, int h) {
 // ---------------------------------------------------------------------------------------------
 // Stages 1 and 2.
 
-extern "C" __global__ void __launch_bounds__(THREADS, 4) ssd_state_kernel(const SsdParams p) {
+extern "C" __global__ void __launch_bounds__(THREADS, MINB) ssd_state_kernel(const SsdParams p) {
     __shared__ float s_dt[QCAP], s_da[QCAP], s_w[QCAP];
-    __shared__ __align__(16) op_st As[TILE * LDS];
-    __shared__ __align__(16) op_st Bs[TILE * LDS];
+    __shared__ __align__(16) OperandTiles As, Bs;
     const int c = blockIdx.x, h = blockIdx.y, tile = blockIdx.z;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int p0 = (tile / p.ntiles_n) * TILE, n0 = (tile % p.ntiles_n) * TILE;
@@ -336,27 +426,28 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) ssd_state_kernel(const 
     // Each token's weight exp(min(dA_last − dA_i, 0))·dt_i.
     for (int i = tid; i < p.q_row; i += THREADS) s_w[i] = expf(fminf(da_last - s_da[i], 0.f)) * s_dt[i];
 
-    // Stage 2: states[p][n] = Σ_i x[i][p] · (exp(min(dA_last − dA_i, 0))·dt_i·B[i][n]).
+    // Stage 2: states[p][n] = Σ_i x[i][p] · (exp(min(dA_last − dA_i, 0))·dt_i·B[i][n]), x and
+    // w ⊙ B in their token-major global layout (transposed operands).
     float acc[2][4][4];
-    zero_acc(acc);
-    const int wm = warp >> 1, wn = warp & 1;
-    const X_T* x = reinterpret_cast<const X_T*>(p.x);
-    const B_T* bm = reinterpret_cast<const B_T*>(p.b);
-    const X_T* xh = x + (i64)s * p.x_t + (i64)h * p.x_h;
-    const B_T* bg = bm + (i64)s * p.b_t + (i64)g * p.b_g;
-    const int ip = (tid % (KT / 2)) * 2;
-    for (int k0 = 0; k0 < len; k0 += KT) {
-        __syncthreads();
-        // x and w ⊙ B stored transposed (rows p and n, tokens contiguous).
-        fill_transposed<X_VEC>(As, xh, k0, len, p.x_t, p0, p.dim, 1.f, 1.f);
-        const int t0 = k0 + ip;
-        const float w0 = t0 < len ? s_w[t0] : 0.f, w1 = t0 + 1 < len ? s_w[t0 + 1] : 0.f;
-        fill_transposed<B_VEC>(Bs, bg, k0, len, p.b_t, n0, p.dstate, w0, w1);
-        __syncthreads();
-        warp_mma(As, Bs, acc, wm, wn, lane);
-    }
+    zero(acc);
+    const X_T* xh = reinterpret_cast<const X_T*>(p.x) + (i64)s * p.x_t + (i64)h * p.x_h;
+    const B_T* bg = reinterpret_cast<const B_T*>(p.b) + (i64)s * p.b_t + (i64)g * p.b_g;
+    struct Slice {
+        TransposedTile<X_T, X_VEC> x;
+        TransposedTile<B_T, B_VEC, true> b;
+    };
+    pipelined_mma<true, true, Slice>(
+        As, Bs, len, acc,
+        [&](int k0, Slice& r, op_st* a, op_st* b) {
+            r.x.issue(a, LDT, xh, k0, len, p.x_t, p0, p.dim);
+            r.b.issue(b, LDT, bg, k0, len, p.b_t, n0, p.dstate);
+        },
+        [&](const Slice& r, int k0, op_st* a, op_st* b) {
+            r.x.commit(a, LDT);
+            r.b.commit(b, LDT, [&](int row) { return k0 + row < len ? s_w[k0 + row] : 0.f; });
+        });
     float* st = ws(p) + state_off(p, c, h);
-    for_acc(acc, wm, wn, lane, [&](int r, int col, float& v) {
+    for_tile(acc, [&](int r, int col, float& v) {
         if (p0 + r < p.dim && n0 + col < p.dstate) st[(i64)(p0 + r) * p.state_row + n0 + col] = v;
     });
 }
@@ -364,9 +455,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) ssd_state_kernel(const 
 // ---------------------------------------------------------------------------------------------
 // Stage 4.
 
-extern "C" __global__ void __launch_bounds__(THREADS, 4) ssd_cb_kernel(const SsdParams p) {
-    __shared__ __align__(16) op_st As[TILE * LDS];
-    __shared__ __align__(16) op_st Bs[TILE * LDS];
+extern "C" __global__ void __launch_bounds__(THREADS, MINB) ssd_cb_kernel(const SsdParams p) {
+    __shared__ __align__(16) OperandTiles As, Bs;
     const int c = blockIdx.x, g = blockIdx.y;
     // Tile pair (ib, jb), jb <= ib, in row-major order of the lower triangle.
     int ib = 0, rest = blockIdx.z;
@@ -375,28 +465,31 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) ssd_cb_kernel(const Ssd
         ++ib;
     }
     const int jb = rest;
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int s, len;
     chunk_bounds(p, c, s, len, false);
     const int i0 = ib * TILE, j0 = jb * TILE;
     if (i0 >= len) return;
-    const C_T* cm = reinterpret_cast<const C_T*>(p.c);
-    const B_T* bm = reinterpret_cast<const B_T*>(p.b);
+    const C_T* cg = reinterpret_cast<const C_T*>(p.c) + (i64)s * p.c_t + (i64)g * p.c_g;
+    const B_T* bg = reinterpret_cast<const B_T*>(p.b) + (i64)s * p.b_t + (i64)g * p.b_g;
     float acc[2][4][4];
-    zero_acc(acc);
-    const int wm = warp >> 1, wn = warp & 1;
-    const C_T* cg = cm + (i64)s * p.c_t + (i64)g * p.c_g;
-    const B_T* bg = bm + (i64)s * p.b_t + (i64)g * p.b_g;
-    for (int k0 = 0; k0 < p.dstate; k0 += KT) {
-        __syncthreads();
-        // C of tokens i0.., B of tokens j0.., state columns contiguous.
-        fill_natural<C_VEC>(As, cg, i0, len, p.c_t, k0, p.dstate);
-        fill_natural<B_VEC>(Bs, bg, j0, len, p.b_t, k0, p.dstate);
-        __syncthreads();
-        warp_mma(As, Bs, acc, wm, wn, lane);
-    }
+    zero(acc);
+    // C of tokens i0.., B of tokens j0.., state columns contiguous (natural operands).
+    struct Slice {
+        NaturalTile<C_T, C_VEC> c;
+        NaturalTile<B_T, B_VEC> b;
+    };
+    pipelined_mma<false, false, Slice>(
+        As, Bs, p.dstate, acc,
+        [&](int k0, Slice& r, op_st* a, op_st* b) {
+            r.c.issue(a, LDN, cg, i0, len, p.c_t, k0, p.dstate);
+            r.b.issue(b, LDN, bg, j0, len, p.b_t, k0, p.dstate);
+        },
+        [&](const Slice& r, int, op_st* a, op_st* b) {
+            r.c.commit(a, LDN);
+            r.b.commit(b, LDN);
+        });
     float* cb = ws(p) + p.ws_cb + ((i64)c * p.groups + g) * p.chunk_rows * p.q_row;
-    for_acc(acc, wm, wn, lane, [&](int r, int col, float& v) {
+    for_tile(acc, [&](int r, int col, float& v) {
         const int i = i0 + r, j = j0 + col;
         if (i < len && j <= i) cb[(i64)i * p.q_row + j] = v;
     });
@@ -426,9 +519,11 @@ __device__ __forceinline__ bool seq_chunks(const SsdParams& p, i64 b, int& first
     return true;
 }
 
-// Element `k` of thread `tid`'s run in block z: (row pp, column n), or false past the state.
+// Element `k` of thread `tid` in block z: (row pp, column n), or false past the state. Block z
+// holds elements [z, z + 1)·ELEMS·STATE_THREADS, the threads consecutive within each of its
+// ELEMS runs, so that every load and store of a warp covers 128 contiguous bytes of a row.
 __device__ __forceinline__ bool state_elem(const SsdParams& p, int k, int& pp, int& n) {
-    const i64 e = ((i64)blockIdx.z * STATE_THREADS + threadIdx.x) * ELEMS + k;
+    const i64 e = ((i64)blockIdx.z * ELEMS + k) * STATE_THREADS + threadIdx.x;
     if (e >= (i64)p.dim * p.dstate) return false;
     pp = (int)(e / p.dstate);
     n = (int)(e - (i64)pp * p.dstate);
@@ -459,35 +554,47 @@ extern "C" __global__ void __launch_bounds__(STATE_THREADS) ssd_pass_kernel(cons
         at[k] = (i64)pp * p.state_row + n;
         S[k] = live[k] ? initial_state(p, b, h, pp, n) : 0.f;
     }
-    for (int c0 = first; c0 <= last; c0 += DECAYS) {
-        const int cn = min(DECAYS, last + 1 - c0);
-        __syncthreads();
-        for (int i = threadIdx.x; i < cn; i += STATE_THREADS) {
-            s_decay[i] = expf(ws(p)[p.ws_da + row_off(p, c0 + i, h) + p.chunk_rows - 1]);
-        }
-        __syncthreads();
-        for (int ci = 0; ci < cn; ++ci) {
-            const int c = c0 + ci;
-            float* st = ws(p) + state_off(p, c, h);
-            float v[ELEMS];
+    // Chunk c + 1's states are loaded before chunk c's are passed on, so that two chunks' loads
+    // are in flight (they never alias: each chunk has its own rows of the scratch).
+    float v[ELEMS];
 #pragma unroll
-            for (int k = 0; k < ELEMS; ++k) v[k] = live[k] ? st[at[k]] : 0.f;
-            const float decay = s_decay[ci];
-#pragma unroll
-            for (int k = 0; k < ELEMS; ++k) {
-                S[k] = fmaf(S[k], decay, v[k]);
-                if (live[k]) st[at[k]] = S[k];
+    for (int k = 0; k < ELEMS; ++k) v[k] = live[k] ? ws(p)[state_off(p, first, h) + at[k]] : 0.f;
+    for (int c = first; c <= last; ++c) {
+        const int ci = (c - first) % DECAYS;
+        if (ci == 0) {
+            const int cn = min(DECAYS, last + 1 - c);
+            __syncthreads();
+            for (int i = threadIdx.x; i < cn; i += STATE_THREADS) {
+                s_decay[i] = expf(ws(p)[p.ws_da + row_off(p, c + i, h) + p.chunk_rows - 1]);
             }
+            __syncthreads();
+        }
+        float next[ELEMS];
+        if (c < last) {
+            const float* nst = ws(p) + state_off(p, c + 1, h);
+#pragma unroll
+            for (int k = 0; k < ELEMS; ++k) next[k] = live[k] ? nst[at[k]] : 0.f;
+        }
+        float* st = ws(p) + state_off(p, c, h);
+        const float decay = s_decay[ci];
+#pragma unroll
+        for (int k = 0; k < ELEMS; ++k) {
+            S[k] = fmaf(S[k], decay, v[k]);
+            if (live[k]) st[at[k]] = S[k];
+        }
 #if HAS_VARLEN && INTERMEDIATE
 #pragma unroll
-            for (int k = 0; k < ELEMS; ++k) {
-                int pp = 0, n = 0;
-                if (state_elem(p, k, pp, n)) {
-                    reinterpret_cast<ST_T*>(p.varlen)[(i64)c * p.vs_r + (i64)h * p.vs_h + (i64)pp * p.vs_p + n] =
-                        from_f32<ST_T>(S[k]);
-                }
+        for (int k = 0; k < ELEMS; ++k) {
+            int pp = 0, n = 0;
+            if (state_elem(p, k, pp, n)) {
+                reinterpret_cast<ST_T*>(p.varlen)[(i64)c * p.vs_r + (i64)h * p.vs_h + (i64)pp * p.vs_p + n] =
+                    from_f32<ST_T>(S[k]);
             }
+        }
 #endif
+        if (c < last) {
+#pragma unroll
+            for (int k = 0; k < ELEMS; ++k) v[k] = next[k];
         }
     }
 }
@@ -539,14 +646,13 @@ extern "C" __global__ void __launch_bounds__(STATE_THREADS) ssd_final_kernel(con
 // ---------------------------------------------------------------------------------------------
 // Stage 5.
 
-extern "C" __global__ void __launch_bounds__(THREADS, 4) ssd_scan_kernel(const SsdParams p) {
+extern "C" __global__ void __launch_bounds__(THREADS, MINB) ssd_scan_kernel(const SsdParams p) {
     __shared__ float s_dt[QCAP], s_da[QCAP];
-    __shared__ __align__(16) op_st As[TILE * LDS];
-    __shared__ __align__(16) op_st Bs[TILE * LDS];
+    __shared__ __align__(16) OperandTiles As, Bs;
     const int c = blockIdx.x, h = blockIdx.y;
     const int ptiles = (p.dim + TILE - 1) / TILE;
     const int ib = blockIdx.z / ptiles, p0 = (blockIdx.z % ptiles) * TILE;
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int tid = threadIdx.x;
     int s, len;
     chunk_bounds(p, c, s, len, false);
     const int i0 = ib * TILE;
@@ -558,10 +664,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) ssd_scan_kernel(const S
         s_da[i] = ws(p)[p.ws_da + row_off(p, c, h) + i] * LOG2E;
     }
     const X_T* x = reinterpret_cast<const X_T*>(p.x);
-    const C_T* cm = reinterpret_cast<const C_T*>(p.c);
-    const int wm = warp >> 1, wn = warp & 1;
     float acc[2][4][4];
-    zero_acc(acc);
+    zero(acc);
 
     // Off-diagonal: the entering state seen through C, decayed to each token.
     const bool open = opens(p, c);
@@ -577,76 +681,92 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) ssd_scan_kernel(const S
     }
     if (has_prev && seq_ok) {
         const float* prev = open ? nullptr : ws(p) + state_off(p, c - 1, h);
-        const C_T* cg = cm + (i64)s * p.c_t + (i64)g * p.c_g;
-        for (int k0 = 0; k0 < p.dstate; k0 += KT) {
-            __syncthreads();
-            fill_natural<C_VEC>(As, cg, i0, len, p.c_t, k0, p.dstate);
+        const C_T* cg = reinterpret_cast<const C_T*>(p.c) + (i64)s * p.c_t + (i64)g * p.c_g;
+        // C of tokens i0.. and the entering state's head-dim rows p0.., state columns
+        // contiguous (natural operands); the state as f32 until stored.
+        struct Slice {
+            NaturalTile<C_T, C_VEC> c;
+            float st[GROUPS][8];
+        };
+        pipelined_mma<false, false, Slice>(
+            As, Bs, p.dstate, acc,
+            [&](int k0, Slice& r, op_st* a, op_st*) {
+                r.c.issue(a, LDN, cg, i0, len, p.c_t, k0, p.dstate);
 #pragma unroll
-            for (int r = 0; r < TILE * KT / 8 / THREADS; ++r) {
-                // The entering state's head-dim row p0 + rr, state columns n .. n + 7.
-                const int q = tid + r * THREADS, rr = q / (KT / 8), n = k0 + (q % (KT / 8)) * 8;
-                float v[8];
+                for (int q = 0; q < GROUPS; ++q) {
+                    const int row = p0 + group_row(q), n = k0 + group_k(q);
+                    float* v = r.st[q];
+                    if (!open && row < p.dim && n + 8 <= p.dstate) {
+                        load_f32x8(prev + (i64)row * p.state_row + n, v);
+                        continue;
+                    }
 #pragma unroll
-                for (int e = 0; e < 8; ++e) {
-                    v[e] = 0.f;
-                    if (p0 + rr < p.dim && n + e < p.dstate) {
-                        v[e] = open ? initial_state(p, seq, h, p0 + rr, n + e)
-                                    : prev[(i64)(p0 + rr) * p.state_row + n + e];
+                    for (int e = 0; e < 8; ++e) {
+                        v[e] = 0.f;
+                        if (row < p.dim && n + e < p.dstate) {
+                            v[e] = open ? initial_state(p, seq, h, row, n + e) : __ldg(prev + (i64)row * p.state_row + n + e);
+                        }
                     }
                 }
-                store8(Bs + rr * LDS + (n - k0), v);
-            }
-            __syncthreads();
-            warp_mma(As, Bs, acc, wm, wn, lane);
-        }
-        for_acc(acc, wm, wn, lane, [&](int r, int, float& v) {
+            },
+            [&](const Slice& r, int, op_st* a, op_st* b) {
+                r.c.commit(a, LDN);
+#pragma unroll
+                for (int q = 0; q < GROUPS; ++q) store8(b + group_row(q) * LDN + group_k(q), r.st[q]);
+            });
+        for_tile(acc, [&](int r, int, float& v) {
             if (i0 + r < len) v *= exp2_fast(s_da[i0 + r]);
         });
     }
 
-    // Diagonal block: Σ_{j ≤ i} CB[i][j]·exp(min(dA_i − dA_j, 0))·dt_j · x[j][p].
+    // Diagonal block: Σ_{j ≤ i} CB[i][j]·exp(min(dA_i − dA_j, 0))·dt_j · x[j][p]: the causal
+    // weights of rows i0.. (a natural operand, from the f32 CB rows) and x of tokens j.. in its
+    // token-major layout (a transposed operand).
     const float* cb = ws(p) + p.ws_cb + ((i64)c * p.groups + g) * p.chunk_rows * p.q_row;
     const X_T* xh = x + (i64)s * p.x_t + (i64)h * p.x_h;
     const int jend = min(i0 + TILE, len);
-    for (int k0 = 0; k0 < jend; k0 += KT) {
-        __syncthreads();
+    struct Slice {
+        float cb[GROUPS][8];
+        TransposedTile<X_T, X_VEC> x;
+    };
+    pipelined_mma<false, true, Slice>(
+        As, Bs, jend, acc,
+        [&](int k0, Slice& r, op_st*, op_st* b) {
 #pragma unroll
-        for (int r = 0; r < TILE * KT / 8 / THREADS; ++r) {
-            // The causal weights of row i0 + rr, columns j .. j + 7 (CB rows are 32-byte
-            // aligned in the scratch when its base is 16-byte aligned: two vector loads).
-            const int q = tid + r * THREADS, rr = q / (KT / 8), k8 = (q % (KT / 8)) * 8;
-            const int i = i0 + rr, j = k0 + k8;
-            float v[8];
-#pragma unroll
-            for (int e = 0; e < 8; ++e) v[e] = 0.f;
-            if (i < len && j <= i) {
-                const float* row = cb + (i64)i * p.q_row + j;
-                if ((reinterpret_cast<u64>(row) & 15) == 0) {
-                    const float4 lo = __ldg(reinterpret_cast<const float4*>(row));
-                    const float4 hi = __ldg(reinterpret_cast<const float4*>(row) + 1);
-                    v[0] = lo.x; v[1] = lo.y; v[2] = lo.z; v[3] = lo.w;
-                    v[4] = hi.x; v[5] = hi.y; v[6] = hi.z; v[7] = hi.w;
+            for (int q = 0; q < GROUPS; ++q) {
+                // CB rows are 32-byte aligned in the scratch when its base is 16-byte aligned.
+                const int i = i0 + group_row(q), j = k0 + group_k(q);
+                if (i < len && j <= i) {
+                    load_f32x8(cb + (i64)i * p.q_row + j, r.cb[q]);
                 } else {
 #pragma unroll
-                    for (int e = 0; e < 8; ++e) v[e] = row[e];
-                }
-                const float dai = s_da[i];
-#pragma unroll
-                for (int e = 0; e < 8; ++e) {
-                    v[e] = j + e <= i ? v[e] * exp2_fast(fminf(dai - s_da[j + e], 0.f)) * s_dt[j + e] : 0.f;
+                    for (int e = 0; e < 8; ++e) r.cb[q][e] = 0.f;
                 }
             }
-            store8(As + rr * LDS + k8, v);
-        }
-        // x of tokens k0.., stored transposed (rows p, tokens contiguous).
-        fill_transposed<X_VEC>(Bs, xh, k0, len, p.x_t, p0, p.dim, 1.f, 1.f);
-        __syncthreads();
-        warp_mma(As, Bs, acc, wm, wn, lane);
-    }
+            r.x.issue(b, LDT, xh, k0, len, p.x_t, p0, p.dim);
+        },
+        [&](const Slice& r, int k0, op_st* a, op_st* b) {
+#pragma unroll
+            for (int q = 0; q < GROUPS; ++q) {
+                const int i = i0 + group_row(q), j = k0 + group_k(q);
+                float v[8];
+#pragma unroll
+                for (int e = 0; e < 8; ++e) v[e] = 0.f;
+                if (i < len && j <= i) {
+                    const float dai = s_da[i];
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) {
+                        v[e] = j + e <= i ? r.cb[q][e] * exp2_fast(fminf(dai - s_da[j + e], 0.f)) * s_dt[j + e] : 0.f;
+                    }
+                }
+                store8(a + group_row(q) * LDN + group_k(q), v);
+            }
+            r.x.commit(b, LDT);
+        });
 
     // Epilogue: + D·x, gate, store.
     OUT_T* out = reinterpret_cast<OUT_T*>(p.out);
-    for_acc(acc, wm, wn, lane, [&](int r, int col, float& v) {
+    for_tile(acc, [&](int r, int col, float& v) {
         const int i = i0 + r, pp = p0 + col;
         if (i >= len || pp >= p.dim) return;
         const i64 tok = s + i;

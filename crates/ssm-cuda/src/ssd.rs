@@ -16,7 +16,7 @@ use ssm_ssd::{MambaChunkScanCombinedVarlenArgs, SsdPlan};
 use ssm_tensor::{DType, Planned, Run, Strided, TensorRef};
 
 use crate::compile::{KernelSource, KernelSpec, c_type, flag_defines};
-use crate::geometry::grid_x;
+use crate::geometry::{grid_x, tune_pairs_of};
 use crate::{CudaBackend, CudaError, addr_of};
 
 /// Longest chunk the kernels hold (`QCAP` in ssd.cu).
@@ -106,6 +106,34 @@ pub(crate) struct SsdKey {
     init_mode: u8,
     flags: u16,
     entry: SsdEntry,
+    /// The product kernels' pipeline depth (`STAGES`: buffers per operand; tf32 keeps 2) and
+    /// resident blocks asked per multiprocessor (`MINB`, the register cap).
+    tune: SsdTune,
+}
+
+/// Pipeline depth and register cap of the product kernels, for the state/CB and the scan
+/// kernels. Measured on an H200 (docs/PERF.md, `SSM_CUDA_SSD_TUNE` sweeps).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct SsdTune {
+    stages: u8,
+    minb: u8,
+}
+
+impl SsdTune {
+    /// The defaults, or `SSM_CUDA_SSD_TUNE="stages=N,minb=M,scan_minb=K"` (tuning sweeps; unset
+    /// in normal use).
+    fn of(entry: SsdEntry) -> SsdTune {
+        static TUNE: std::sync::OnceLock<Vec<(String, u32)>> = std::sync::OnceLock::new();
+        let pairs = TUNE.get_or_init(|| tune_pairs_of("SSM_CUDA_SSD_TUNE"));
+        let get = |k: &str, default: u8| {
+            pairs.iter().find(|(key, _)| key == k).map_or(default, |&(_, v)| v.clamp(1, 8) as u8)
+        };
+        let minb = match entry {
+            SsdEntry::Scan => get("scan_minb", 4),
+            _ => get("minb", 4),
+        };
+        SsdTune { stages: get("stages", 2).clamp(2, 3), minb }
+    }
 }
 
 const TYPE_MACROS: [&str; 17] = [
@@ -120,6 +148,8 @@ impl SsdKey {
             TYPE_MACROS.iter().zip(self.types).map(|(m, t)| (*m, c_type(t).to_string())).collect();
         defines.push(("OP_KIND", self.op.to_string()));
         defines.push(("INIT_MODE", self.init_mode.to_string()));
+        defines.push(("STAGES_ASKED", self.tune.stages.to_string()));
+        defines.push(("MINB", self.tune.minb.to_string()));
         defines.extend(flag_defines(
             self.flags,
             &[
@@ -195,7 +225,7 @@ impl SsdKey {
         set(rows_of_eight(&args.x, p.x), F_X_VEC);
         set(rows_of_eight(&args.b, p.b), F_B_VEC);
         set(rows_of_eight(&args.c, p.c), F_C_VEC);
-        SsdKey { types, op, init_mode, flags, entry }
+        SsdKey { types, op, init_mode, flags, entry, tune: SsdTune::of(entry) }
     }
 }
 
@@ -425,7 +455,7 @@ pub fn ssd_catalogue() -> Vec<(String, KernelSpec)> {
             _ => 2,
         };
         let types = [act, act, F32, act, act, act, act, F32, F32, state, state, I32, I32, I32, I32, Bool, I64];
-        SsdKey { types, op, init_mode, flags, entry }.spec()
+        SsdKey { types, op, init_mode, flags, entry, tune: SsdTune::of(entry) }.spec()
     };
     let vec = F_X_VEC | F_B_VEC | F_C_VEC;
     let pooled = F_D | F_BIAS | F_SOFTPLUS | F_HAS | F_FINAL | F_PAD | vec;
@@ -457,7 +487,7 @@ mod tests {
     #[test]
     fn catalogue_defines_every_macro() {
         for (label, spec) in ssd_catalogue() {
-            assert_eq!(spec.defines.len(), 17 + 2 + 12, "{label}");
+            assert_eq!(spec.defines.len(), 17 + 4 + 12, "{label}");
         }
     }
 }
