@@ -13,7 +13,7 @@ use ssm_tensor::Strided;
 use ssm_tensor::{DType, Planned, Run};
 
 use crate::compile::{KernelSource, KernelSpec, c_type};
-use crate::geometry::{BlockSplit, RowGeometry, fit_rows, grid_x, raw16_rows, rows_and_threads, tune_pairs_of};
+use crate::geometry::{BlockSplit, RowGeometry, TuneVar, fit_rows, grid_x, raw16_rows, rows_and_threads};
 use crate::{CudaBackend, CudaError, addr_of};
 
 // ---------------------------------------------------------------------------------------------
@@ -196,11 +196,8 @@ pub struct GdnGeometry {
     pub raw: bool,
 }
 
-/// `SSM_CUDA_GDN_TUNE`'s pairs, read once.
-fn gdn_tune_value(key: &str) -> Option<u32> {
-    static TUNE: std::sync::OnceLock<Vec<(String, u32)>> = std::sync::OnceLock::new();
-    TUNE.get_or_init(|| tune_pairs_of("SSM_CUDA_GDN_TUNE")).iter().find(|(k, _)| k == key).map(|&(_, v)| v)
-}
+/// `SSM_CUDA_GDN_TUNE`.
+static GDN_TUNE: TuneVar = TuneVar::new("SSM_CUDA_GDN_TUNE");
 
 impl GdnGeometry {
     /// The geometry for a `state` dtype, `head_k_dim` `k`, `head_v_dim` `v` and `layout`.
@@ -242,7 +239,7 @@ impl GdnGeometry {
             };
         }
         // Tuning sweeps (`SSM_CUDA_GDN_TUNE="rpt=N"`) may set the rows per lane.
-        if let Some(r) = gdn_tune_value("rpt").filter(|&r| r >= 1) {
+        if let Some(r) = GDN_TUNE.get("rpt").filter(|&r| r >= 1) {
             rpt = r as usize;
         }
         // Registers, not bandwidth, capped the `[V,K]` vector route's occupancy (Nsight Compute on
@@ -256,7 +253,7 @@ impl GdnGeometry {
             0
         };
         GdnGeometry {
-            row: RowGeometry::new(vec, tpr, vpt, rpt, threads, gdn_tune_value("minb").unwrap_or(default_min_blocks)),
+            row: RowGeometry::new(vec, tpr, vpt, rpt, threads, GDN_TUNE.get("minb").unwrap_or(default_min_blocks)),
             raw,
         }
     }

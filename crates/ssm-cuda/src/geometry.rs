@@ -137,18 +137,37 @@ pub(crate) fn grid_x(blocks: usize) -> Result<Option<u32>, crate::CudaError> {
     }
 }
 
-/// The `key=value` pairs of a tuning variable (`SSM_CUDA_SSU_TUNE`, `SSM_CUDA_GDN_TUNE`): comma
-/// separated, unsigned values; malformed pairs are ignored. For tuning sweeps on a GPU; unset in
-/// normal use.
-pub(crate) fn tune_pairs_of(var: &str) -> Vec<(String, u32)> {
-    std::env::var(var)
-        .unwrap_or_default()
-        .split(',')
-        .filter_map(|kv| {
-            let (k, v) = kv.split_once('=')?;
-            Some((k.trim().to_string(), v.trim().parse().ok()?))
+/// A tuning variable (`SSM_CUDA_SSU_TUNE`, `SSM_CUDA_GDN_TUNE`, `SSM_CUDA_SSD_TUNE`): comma
+/// separated `key=value` pairs with unsigned values, read once; malformed pairs are ignored. For
+/// tuning sweeps on a GPU; unset in normal use.
+pub(crate) struct TuneVar {
+    name: &'static str,
+    pairs: std::sync::OnceLock<Vec<(String, u32)>>,
+}
+
+impl TuneVar {
+    pub(crate) const fn new(name: &'static str) -> TuneVar {
+        TuneVar { name, pairs: std::sync::OnceLock::new() }
+    }
+
+    /// Every pair, in the variable's order.
+    pub(crate) fn pairs(&self) -> &[(String, u32)] {
+        self.pairs.get_or_init(|| {
+            std::env::var(self.name)
+                .unwrap_or_default()
+                .split(',')
+                .filter_map(|kv| {
+                    let (k, v) = kv.split_once('=')?;
+                    Some((k.trim().to_string(), v.trim().parse().ok()?))
+                })
+                .collect()
         })
-        .collect()
+    }
+
+    /// The value of `key`, if set.
+    pub(crate) fn get(&self, key: &str) -> Option<u32> {
+        self.pairs().iter().find(|(k, _)| k == key).map(|&(_, v)| v)
+    }
 }
 
 #[cfg(test)]

@@ -16,7 +16,7 @@ use ssm_ssd::{MambaChunkScanCombinedVarlenArgs, SsdPlan};
 use ssm_tensor::{DType, Planned, Run, Strided, TensorRef};
 
 use crate::compile::{KernelSource, KernelSpec, c_type, flag_defines};
-use crate::geometry::{grid_x, tune_pairs_of};
+use crate::geometry::{TuneVar, grid_x};
 use crate::{CudaBackend, CudaError, addr_of};
 
 /// Longest chunk the kernels hold (`QCAP` in ssd.cu).
@@ -123,11 +123,8 @@ impl SsdTune {
     /// The defaults, or `SSM_CUDA_SSD_TUNE="stages=N,minb=M,scan_minb=K"` (tuning sweeps; unset
     /// in normal use).
     fn of(entry: SsdEntry) -> SsdTune {
-        static TUNE: std::sync::OnceLock<Vec<(String, u32)>> = std::sync::OnceLock::new();
-        let pairs = TUNE.get_or_init(|| tune_pairs_of("SSM_CUDA_SSD_TUNE"));
-        let get = |k: &str, default: u8| {
-            pairs.iter().find(|(key, _)| key == k).map_or(default, |&(_, v)| v.clamp(1, 8) as u8)
-        };
+        static TUNE: TuneVar = TuneVar::new("SSM_CUDA_SSD_TUNE");
+        let get = |k: &str, default: u8| TUNE.get(k).map_or(default, |v| v.clamp(1, 8) as u8);
         let minb = match entry {
             SsdEntry::Scan => get("scan_minb", 4),
             _ => get("minb", 4),

@@ -8,9 +8,7 @@ use ssm_tensor::DType;
 use ssm_tensor::{Planned, Run};
 
 use crate::compile::{KernelSource, KernelSpec, c_type, flag_defines};
-use crate::geometry::{
-    BlockSplit, RowGeometry, WAVE_THREADS, fit_rows, grid_x, raw16_rows, rows_and_threads, tune_pairs_of,
-};
+use crate::geometry::{BlockSplit, RowGeometry, TuneVar, WAVE_THREADS, fit_rows, grid_x, raw16_rows, rows_and_threads};
 use crate::{CudaBackend, CudaError, addr_of};
 
 /// Strides of a per-token tensor as the kernel reads them (`struct TokStrides` in ssu.cu).
@@ -141,7 +139,7 @@ impl SsuGeometry {
         let per16 = 16 / state.size();
         let mut vec = if vectorized && dstate.is_multiple_of(per16) { per16 } else { 1 };
         // Tuning sweeps may ask for narrower state accesses (a power of two below 16 bytes).
-        if let Some(v) = tune_value("vec")
+        if let Some(v) = TUNE.get("vec")
             && v >= 1
             && (v as usize) < vec
             && (v as usize).is_power_of_two()
@@ -193,17 +191,10 @@ impl SsuGeometry {
 /// row-wise final stores and (narrower) state vector width (for tuning sweeps on a GPU; unset in
 /// normal use).
 /// Values that would break the tiling (threads not a multiple of 32 or below `tpr`) are ignored.
-fn tune_pairs() -> &'static [(String, u32)] {
-    static TUNE: std::sync::OnceLock<Vec<(String, u32)>> = std::sync::OnceLock::new();
-    TUNE.get_or_init(|| tune_pairs_of("SSM_CUDA_SSU_TUNE"))
-}
-
-fn tune_value(key: &str) -> Option<u32> {
-    tune_pairs().iter().find(|(k, _)| k == key).map(|&(_, v)| v)
-}
+static TUNE: TuneVar = TuneVar::new("SSM_CUDA_SSU_TUNE");
 
 fn tuning_override(mut g: SsuGeometry) -> SsuGeometry {
-    for (k, v) in tune_pairs() {
+    for (k, v) in TUNE.pairs() {
         match (k.as_str(), *v) {
             ("rpt", v) if v >= 1 => g.row.rpt = v,
             ("threads", v) if v.is_multiple_of(32) && v >= g.row.tpr && v <= 1024 => g.row.threads = v,
