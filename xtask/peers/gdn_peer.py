@@ -15,7 +15,12 @@ bf16 q/k/v/o, state `[slots, HV, V, K]` f32 or bf16, q/k l2norm in the kernel, i
 - `fused_sigmoid_gating_delta_rule_update` (op "sigmoid": gates fused), every shape;
 - `fused_recurrent_gated_delta_rule_packed_decode` (op "sigmoid", one token only: vLLM's
   fastest decode path; q/k/v packed in one `mixed_qkv` row, 1-D slot table);
-- `fused_recurrent_gated_delta_rule` (op "recurrent": g f32 and beta bf16 precomputed).
+- `fused_recurrent_gated_delta_rule` (op "recurrent": g f32 and beta bf16 precomputed);
+- vLLM's decode step (op "step", one token): `causal_conv1d_update` (from
+  `vllm/model_executor/layers/mamba/ops/causal_conv1d.py`, bf16, width 4, no bias, silu, the SD
+  conv-state storage `[slots, 3, dim]` passed transposed as the layer does, written to a separate
+  output) then the packed decode on its output, timed as one pair per call. Op "step_parts"
+  (our step as two launches) has no peer of its own.
 Plain decode: dense `[B, 1, ...]` inputs, 1-D table. Speculative (tokens > 1): packed
 `[1, B*T, ...]` inputs with `cu_seqlens`, a `[B, T]` table and `num_accepted_tokens` in 1..T,
 as vLLM's spec-decode path calls them.
@@ -28,14 +33,13 @@ Any failure (missing file, import error, kernel error) exits nonzero with a mess
 """
 
 import json
-import logging
 import os
 import sys
 import traceback
 
 from peer_common import (
     graph_median_us,
-    install_base_stubs,
+    install_mamba_stubs,
     parse_args,
     pool_counts,
     report,
@@ -51,6 +55,8 @@ NEEDED = ["fused_recurrent.py", "fused_sigmoid_gating.py", "op.py", "utils.py"]
 SIGMOID = "fused_sigmoid_gating_delta_rule_update"
 PACKED = "fused_recurrent_gated_delta_rule_packed_decode"
 RECURRENT = "fused_recurrent_gated_delta_rule"
+STEP = "causal_conv1d_update+fused_recurrent_gated_delta_rule_packed_decode"
+STEP_WIDTH = 4
 
 
 def die(msg: str) -> None:
@@ -71,7 +77,8 @@ def vllm_package_dir(root: str) -> str:
 
 
 def install_vllm_stubs(pkg_dir: str) -> None:
-    install_base_stubs(pkg_dir, init_logger=lambda name: logging.getLogger(name))
+    # The mamba stubs (a superset of the base ones) also let causal_conv1d.py import.
+    install_mamba_stubs(os.path.dirname(pkg_dir))
     # Package modules with their real folders but without running their __init__.py: the ops
     # package's would import the whole FLA stack (chunk, KDA, einops, vLLM custom ops).
     tp = os.path.join(pkg_dir, "third_party")
@@ -115,7 +122,15 @@ def bench(kernel, fn, s, torch):
             "state": u((slots + 1, hv, v, k), -0.5, 0.5, sdt),
             **spec_tables(torch, gen, dev, perm, b, t),
         }
-        if kernel == PACKED:
+        if kernel == STEP:
+            dim = 2 * h * k + hv * v
+            pool["x"] = u((b, dim), -1.0, 1.0, io)
+            pool["conv_state"] = u((slots + 1, STEP_WIDTH - 1, dim), -1.0, 1.0, io)
+            pool["conv_out"] = torch.empty((b, dim), device=dev, dtype=io)
+            pool["a"] = u((b, hv), -3.0, 3.0, io)
+            pool["b"] = u((b, hv), -3.0, 3.0, io)
+            pool["out"] = torch.empty((b, 1, hv, v), device=dev, dtype=io)
+        elif kernel == PACKED:
             pool["mixed_qkv"] = u((b, 2 * h * k + hv * v), -1.0, 1.0, io)
             pool["a"] = u((b, hv), -3.0, 3.0, io)
             pool["b"] = u((b, hv), -3.0, 3.0, io)
@@ -132,9 +147,20 @@ def bench(kernel, fn, s, torch):
                 pool["beta"] = u((bsz, tt, hv), 0.05, 0.95, io)
         ps.append(pool)
     scale = k**-0.5
+    conv_w = u((2 * h * k + hv * v, STEP_WIDTH), -0.5, 0.5, io) if kernel == STEP else None
 
     def call(p):
-        if kernel == PACKED:
+        if kernel == STEP:
+            conv_update, packed = fn
+            conv_update(
+                p["x"], p["conv_state"].transpose(-1, -2), conv_w, bias=None, activation="silu",
+                conv_state_indices=p["sbi"], out=p["conv_out"],
+            )
+            packed(
+                mixed_qkv=p["conv_out"], a=p["a"], b=p["b"], A_log=A_log, dt_bias=dt_bias, scale=scale,
+                initial_state=p["state"], out=p["out"], ssm_state_indices=p["sbi"], use_qk_l2norm_in_kernel=True,
+            )
+        elif kernel == PACKED:
             fn(
                 mixed_qkv=p["mixed_qkv"], a=p["a"], b=p["b"], A_log=A_log, dt_bias=dt_bias, scale=scale,
                 initial_state=p["state"], out=p["out"], ssm_state_indices=p["sbi"], use_qk_l2norm_in_kernel=True,
@@ -197,12 +223,23 @@ def main():
     }
 
     shapes = json.loads(a.shapes) if a.shapes else DEFAULT_SHAPES
+    if any(s["op"] == "step" for s in shapes):
+        try:
+            from vllm.model_executor.layers.mamba.ops.causal_conv1d import causal_conv1d_update
+        except Exception:
+            traceback.print_exc()
+            die(f"could not import vLLM's causal_conv1d_update from {pkg} (extract vllm/model_executor/layers/mamba/*)")
+        fns[STEP] = (causal_conv1d_update, fused_recurrent_gated_delta_rule_packed_decode)
     results = []
     for s in shapes:
         if s["op"] == "sigmoid":
             kernels = [SIGMOID] + ([PACKED] if s["tokens"] == 1 else [])
         elif s["op"] == "recurrent":
             kernels = [RECURRENT]
+        elif s["op"] == "step":
+            kernels = [STEP]
+        elif s["op"] == "step_parts":
+            kernels = []
         else:
             die(f"unknown op {s['op']!r} in shape {s}")
         for kernel in kernels:

@@ -51,6 +51,12 @@ class Platform:
 
         return torch.cuda.get_device_capability(device_id)
 
+    def is_arch_support_pdl(self) -> bool:
+        """vLLM's CUDA platform: programmatic dependent launch from compute capability 9."""
+        import torch
+
+        return torch.cuda.get_device_capability(torch.cuda.current_device())[0] >= 9
+
     def is_device_capability(self, capability: int, device_id: int = 0) -> bool:
         import torch
 

@@ -480,6 +480,9 @@ pub(crate) struct CudaGdnBenchArgs {
     /// Tokens per sequence of the speculative step.
     #[arg(long, default_value_t = 3)]
     pub(crate) spec_tokens: usize,
+    /// Batches of the decode step (`gdn_decode_step`, fused and as its two launches; empty: none).
+    #[arg(long, value_delimiter = ',', default_value = "1,8,64,256")]
+    pub(crate) step_batches: Vec<usize>,
     #[command(flatten)]
     pub(crate) common: CudaBenchCommon,
 }
@@ -498,8 +501,19 @@ pub(crate) fn gdn_shapes(args: &CudaGdnBenchArgs) -> Vec<GdnBenchShape> {
             }
         }
     }
+    for state in args.common.states.iter().map(|s| s.dtype()) {
+        for &b in &args.step_batches {
+            for op in [GdnBenchOp::Step, GdnBenchOp::StepParts] {
+                shapes.push(GdnBenchShape::qwen3_next(op, b, state, 1));
+            }
+        }
+    }
     shapes
 }
+
+/// vLLM's decode step as its layer runs it: `causal_conv1d_update`, then the packed decode on
+/// the conv output (the peer script times the pair in one graph).
+const STEP_PEER: &str = "causal_conv1d_update+fused_recurrent_gated_delta_rule_packed_decode";
 
 /// vLLM's packed single-token decode kernel (gates fused, q/k/v in one `mixed_qkv` row).
 const PACKED_DECODE: &str = "fused_recurrent_gated_delta_rule_packed_decode";
@@ -529,7 +543,7 @@ pub(crate) fn run_gdn(args: &CudaGdnBenchArgs) -> anyhow::Result<Value> {
         "speedup"
     );
     let mut rows = Vec::new();
-    for r in &m.ours {
+    for r in m.ours.iter().filter(|r| !r.shape.op.is_step()) {
         let s = r.shape;
         let vs = m.vs_peer(r, Some(s.op.name()));
         let (kus, kgbps) = if s.op == GdnBenchOp::SigmoidGating && s.tokens == 1 {
@@ -556,7 +570,52 @@ pub(crate) fn run_gdn(args: &CudaGdnBenchArgs) -> anyhow::Result<Value> {
             "speedup_vs_packed": kus / r.us,
         })));
     }
+    step_table(&m, &mut rows);
     m.write(&args.common, "gdn_cuda.json", rows)
+}
+
+/// The decode step: fused against its own two launches and against vLLM's conv + packed decode.
+fn step_table(m: &Measured<GdnBenchShape>, rows: &mut Vec<Value>) {
+    let fused: Vec<_> = m.ours.iter().filter(|r| r.shape.op == GdnBenchOp::Step).collect();
+    if fused.is_empty() {
+        return;
+    }
+    let copy_gbps = m.copy.best_gbps();
+    println!(
+        "decode step (gdn_decode_step): fused = one launch; parts = causal_conv1d_update + fused_sigmoid_gating_delta_rule_update; vLLM = {STEP_PEER}"
+    );
+    println!(
+        "{:<5} {:>5} | {:>9} {:>6} | {:>9} {:>6} {:>7} | {:>9} {:>6} {:>7}",
+        "state", "batch", "fused us", "copy", "parts us", "copy", "speedup", "vLLM us", "copy", "speedup"
+    );
+    for r in fused {
+        let s = r.shape;
+        let parts = m
+            .ours
+            .iter()
+            .find(|p| p.shape.op == GdnBenchOp::StepParts && p.shape.batch == s.batch && p.shape.state == s.state);
+        let (pus, pgbps) = parts.map_or((f64::NAN, f64::NAN), |p| (p.us, p.gbps));
+        let vs = m.vs_peer(r, Some(STEP_PEER));
+        println!(
+            "{:<5} {:>5} | {:>9.2} {:>6.3} | {:>9.2} {:>6.3} {:>7.2} | {:>9.2} {:>6.3} {:>7.2}",
+            state_name(s.state),
+            s.batch,
+            r.us,
+            r.gbps / copy_gbps,
+            pus,
+            pgbps / copy_gbps,
+            pus / r.us,
+            vs.peer_us,
+            vs.peer_gbps / copy_gbps,
+            vs.peer_us / r.us
+        );
+        rows.push(vs.json_row(json!({
+            "op": s.op.name(), "state": state_name(s.state), "batch": s.batch, "tokens": s.tokens,
+            "heads": s.heads, "v_heads": s.v_heads, "k": s.k, "v": s.v, "bytes": s.bytes(),
+            "peer_kernel": STEP_PEER, "parts_us": pus, "parts_fraction_of_copy": pgbps / copy_gbps,
+            "speedup_vs_parts": pus / r.us,
+        })));
+    }
 }
 
 /// A prefill bench shape: what the prefill table adds to [`CudaBenchShape`].

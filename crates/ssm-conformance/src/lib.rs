@@ -31,6 +31,7 @@ mod conv;
 pub mod cuda;
 mod gdn;
 pub mod gdn_random;
+pub mod gdn_step_random;
 mod harness;
 pub mod reference;
 mod ring;

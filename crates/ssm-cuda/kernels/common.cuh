@@ -76,6 +76,43 @@ __device__ __forceinline__ void split_block(const BlockSplit& b, u32 bid, i64& s
     seq = sq;
 }
 
+// The causal conv1d's parameter block (kernels/conv.cu, and gdn.cu's fused decode step).
+// Mirrored by `ConvParams` in crates/ssm-cuda/src/conv.rs (same field order, all 8-byte
+// fields first, no padding). Addresses include each tensor's element offset.
+struct ConvParams {
+    u64 x, w, bias, state, out, ci, nacc, qsl, init, blk, err;
+    i64 x_seq, x_tok, x_dim, out_seq, out_tok, out_dim;
+    i64 st_slot, st_col, st_dim, w_dim, w_tap, b_dim;
+    i64 ci_seq, ci_col, nacc_s, qsl_s, init_s, blk_s;
+    i64 slots, state_len, rows, pad, ci_cols;
+    int batch, dim, seqlen, chunk, cblocks, reserved;
+};
+
+// acc + round_T(a·b): the product of two storage values rounded to the storage dtype before
+// the f32 accumulate (exact in f32 for f16/bf16 operands, so one rounding), fused for f32
+// (Triton's and the CPU backend's contraction).
+template <typename T> __device__ __forceinline__ float conv_mac(float a, float b, float acc) {
+    if constexpr (sizeof(T) == 4) {
+        return fmaf(a, b, acc);
+    } else {
+        return acc + to_f32(from_f32<T>(__fmul_rn(a, b)));
+    }
+}
+
+// Programmatic dependent launch (sm_90+; no-ops before): a primary grid lets the next kernel of
+// the stream, launched with programmatic stream serialization, start early; that kernel waits
+// for the primary grid to complete, its writes visible, before it reads them.
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ i64 load_index(const int* p) { return (i64)*p; }
 __device__ __forceinline__ i64 load_index(const i64* p) { return *p; }
 __device__ __forceinline__ i64 load_index(const unsigned char* p) { return (i64)*p; }

@@ -31,16 +31,7 @@
 
 // (Error-word bits ERR_*: kernels/common.cuh.)
 
-// Mirrored by `ConvParams` in crates/ssm-cuda/src/conv.rs (same field order, all 8-byte
-// fields first, no padding). Addresses include each tensor's element offset.
-struct ConvParams {
-    u64 x, w, bias, state, out, ci, nacc, qsl, init, blk, err;
-    i64 x_seq, x_tok, x_dim, out_seq, out_tok, out_dim;
-    i64 st_slot, st_col, st_dim, w_dim, w_tap, b_dim;
-    i64 ci_seq, ci_col, nacc_s, qsl_s, init_s, blk_s;
-    i64 slots, state_len, rows, pad, ci_cols;
-    int batch, dim, seqlen, chunk, cblocks, reserved;
-};
+// (`struct ConvParams`: kernels/common.cuh, shared with gdn.cu's fused decode step.)
 
 // Every thread of a block meets the same index values; thread 0 (which always has channels)
 // reports them.
@@ -78,18 +69,10 @@ template <bool CONTIG> __device__ __forceinline__ void st_ch(ELEM_T* p, i64 s, i
     }
 }
 
-// acc + round_T(a·b): the product of two storage values rounded to the storage dtype before
-// the f32 accumulate (exact in f32 for f16/bf16 operands, so one rounding), fused for f32
-// (Triton's and the CPU backend's contraction).
-__device__ __forceinline__ float mac(float a, float b, float acc) {
-    if constexpr (sizeof(ELEM_T) == 4) {
-        return fmaf(a, b, acc);
-    } else {
-        return acc + to_f32(from_f32<ELEM_T>(__fmul_rn(a, b)));
-    }
-}
-
 extern "C" __global__ void __launch_bounds__(NTHREADS) conv_kernel(const ConvParams p) {
+    // A kernel launched after this one with programmatic stream serialization (the GDN decode
+    // step's recurrence) may start now; it waits for this grid's writes before reading them.
+    pdl_launch_dependents();
     const i64 seq = (i64)blockIdx.x / p.cblocks;
     const int cb = (int)((i64)blockIdx.x % p.cblocks);
     const int c0 = (cb * NTHREADS + (int)threadIdx.x) * VEC;
@@ -246,8 +229,8 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) conv_kernel(const ConvPar
             for (int e = 0; e < VEC; ++e) {
                 float acc = bias[e];
 #pragma unroll
-                for (int j = 0; j < WIDTH - 1; ++j) acc = mac(h[j][e], w[e][j], acc);
-                acc = mac(xv[e], w[e][WIDTH - 1], acc);
+                for (int j = 0; j < WIDTH - 1; ++j) acc = conv_mac<ELEM_T>(h[j][e], w[e][j], acc);
+                acc = conv_mac<ELEM_T>(xv[e], w[e][WIDTH - 1], acc);
 #if SILU
                 acc = acc / (1.f + expf(-acc));
 #endif

@@ -16,6 +16,9 @@
 //   L2NORM LAYOUT_KV QK_VEC RAW       0/1 (RAW: one token per sequence, state in place through
 //                                     a 1-D table or none, [V,K] 16-byte vectors: the tile is
 //                                     held in its storage form and rounded once)
+//   PDL_WAIT                          0/1: launched as the programmatic dependent of the kernel
+//                                     that writes q/k/v (the decode step's conv): slot and state
+//                                     loads first, then griddepcontrol.wait, then the inputs
 //
 // One block owns one (sequence, value head, tile of DIM_TILE = (NTHREADS / TPR) * RPT rows of
 // V). TPR lanes share one state row S[v][0..K); each lane holds VPT vectors of VEC elements of
@@ -149,6 +152,19 @@ __device__ __forceinline__ void load_qk(const RecurrentParams& p, float (&q)[VPT
     }
 }
 
+#if SIGMOID
+// g = −exp(A_log)·softplus(a + dt_bias), β = sigmoid(b), in f32 (semantics/gdn_conv.md §1.2);
+// `a_log_e` = exp(A_log).
+__device__ __forceinline__ void sigmoid_gates(const RecurrentParams& p, float av, float bv, float a_log_e, float dtb,
+                                              float& g, float& beta) {
+    const float x = av + dtb;
+    const float bx = p.softplus_beta * x;
+    const float sp = bx <= p.threshold ? (1.f / p.softplus_beta) * logf(1.f + expf(bx)) : x;
+    g = -a_log_e * sp;
+    beta = 1.f / (1.f + expf(-bv));
+}
+#endif
+
 __device__ __forceinline__ void load_token(const RecurrentParams& p, TokIn& in, i64 seq, i64 bos, int t, int hv,
                                            int h, const int (&prow)[RPT], int lane, float a_log_e, float dtb) {
     load_qk(p, in.q, in.k, tok(p.qs, seq, bos, t) + (i64)h * p.qs.h, tok(p.ks, seq, bos, t) + (i64)h * p.ks.h, lane);
@@ -164,11 +180,8 @@ __device__ __forceinline__ void load_token(const RecurrentParams& p, TokIn& in, 
     // g = −exp(A_log)·softplus(a + dt_bias), β = sigmoid(b), in f32 (semantics/gdn_conv.md §1.2).
     const float av = to_f32(ld_ro(reinterpret_cast<const A_T*>(p.a) + tok(p.as_, seq, bos, t) + (i64)hv * p.as_.h));
     const float bv = to_f32(ld_ro(reinterpret_cast<const B_T*>(p.b) + tok(p.bs, seq, bos, t) + (i64)hv * p.bs.h));
-    const float x = av + dtb;
-    const float bx = p.softplus_beta * x;
-    const float sp = bx <= p.threshold ? (1.f / p.softplus_beta) * logf(1.f + expf(bx)) : x;
-    in.g = -a_log_e * sp;
-    const float beta = 1.f / (1.f + expf(-bv));
+    float beta;
+    sigmoid_gates(p, av, bv, a_log_e, dtb, in.g, beta);
 #pragma unroll
     for (int r = 0; r < RPT; ++r) in.beta[r] = beta;
 #else
@@ -228,12 +241,85 @@ __device__ __forceinline__ void store_tile(T* base, const float (&s)[RPT][VPT][V
         }
 }
 
+// The lane's state tile: RPT rows of VPT 16-byte vectors in storage form (RAW), else in f32.
+#if RAW
+typedef uint4 Tile[RPT][VPT];
+#define TILE_OF raw
+#else
+typedef float Tile[RPT][VPT][VEC];
+#define TILE_OF s
+#endif
+
+// One token on the lane's rows of the tile: the l2norms, then per row S *= exp(g);
+// u = β(v − S k); S += u kᵀ; y = S q (semantics/gdn_conv.md §1.1, §1.3). Scales `cur.q`/`cur.k`.
+__device__ __forceinline__ void apply_token(const RecurrentParams& p, TokIn& cur, Tile& tile, float (&y)[RPT]) {
+#if L2NORM
+    // x·rsqrt(Σx² + eps), eps added to the sum of squares (semantics/gdn_conv.md §1.3).
+    float qq = 0.f, kk = 0.f;
+#pragma unroll
+    for (int w = 0; w < VPT; ++w)
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+            qq += cur.q[w][e] * cur.q[w][e];
+            kk += cur.k[w][e] * cur.k[w][e];
+        }
+    qq = row_sum(qq);
+    kk = row_sum(kk);
+    const float qinv = 1.f / sqrtf(qq + p.eps), kinv = 1.f / sqrtf(kk + p.eps);
+#else
+    const float qinv = 1.f, kinv = 1.f;
+#endif
+#pragma unroll
+    for (int w = 0; w < VPT; ++w)
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+            cur.q[w][e] = cur.q[w][e] * qinv * p.scale;
+            cur.k[w][e] = cur.k[w][e] * kinv;
+        }
+    const float decay = expf(cur.g);
+#pragma unroll
+    for (int r = 0; r < RPT; ++r) {
+#if RAW
+        float row[VPT][VEC];
+#pragma unroll
+        for (int w = 0; w < VPT; ++w) unpack_vec<STATE_T>(tile[r][w], row[w]);
+#else
+        float (&row)[VPT][VEC] = tile[r];
+#endif
+        // S *= exp(g); u = β(v − S k); S += u kᵀ; o = S q (semantics/gdn_conv.md §1.1).
+        float pred = 0.f;
+#pragma unroll
+        for (int w = 0; w < VPT; ++w)
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) {
+                row[w][e] *= decay;
+                pred += row[w][e] * cur.k[w][e];
+            }
+        pred = row_sum(pred);
+        const float u = (cur.v[r] - pred) * cur.beta[r];
+        float acc = 0.f;
+#pragma unroll
+        for (int w = 0; w < VPT; ++w)
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) {
+                row[w][e] += u * cur.k[w][e];
+                acc += row[w][e] * cur.q[w][e];
+            }
+        y[r] = row_sum(acc);
+#if RAW
+#pragma unroll
+        for (int w = 0; w < VPT; ++w) tile[r][w] = pack_vec<STATE_T>(row[w]);
+#endif
+    }
+}
+
 #if MINB > 0
 #define GDN_BOUNDS __launch_bounds__(NTHREADS, MINB)
 #else
 #define GDN_BOUNDS __launch_bounds__(NTHREADS)
 #endif
 
+#if !CONV_STEP
 extern "C" __global__ void GDN_BOUNDS gdn_recurrent_kernel(const RecurrentParams p) {
 #if LAYOUT_KV
     const int lane = (threadIdx.x % 32) / LANE_STRIDE;
@@ -286,7 +372,9 @@ extern "C" __global__ void GDN_BOUNDS gdn_recurrent_kernel(const RecurrentParams
     const float a_log_e = 0.f, dtb = 0.f;
 #endif
     TokIn cur;
+#if !PDL_WAIT
     load_token(p, cur, seq, bos, 0, hv, h, prow, lane, a_log_e, dtb);
+#endif
 
     // ---- the start state ----
     bool from_state = false;
@@ -349,6 +437,13 @@ extern "C" __global__ void GDN_BOUNDS gdn_recurrent_kernel(const RecurrentParams
     }
 #endif
 
+#if PDL_WAIT
+    // Launched as the dependent of the conv that writes q, k and v (the decode step): the slot
+    // and the state tile above were read while it ran; its writes are visible after the wait.
+    pdl_wait();
+    load_token(p, cur, seq, bos, 0, hv, h, prow, lane, a_log_e, dtb);
+#endif
+
 #if HAS_STATE && !HAS_FINAL && SLOTS == 2
     // Destination columns are checked while the state loads are in flight; a bad one skips
     // the whole sequence before anything is written.
@@ -383,65 +478,8 @@ extern "C" __global__ void GDN_BOUNDS gdn_recurrent_kernel(const RecurrentParams
 
     for (int t = 0; t < len; ++t) {
         if (t > 0) load_token(p, cur, seq, bos, t, hv, h, prow, lane, a_log_e, dtb);
-#if L2NORM
-        // x·rsqrt(Σx² + eps), eps added to the sum of squares (semantics/gdn_conv.md §1.3).
-        float qq = 0.f, kk = 0.f;
-#pragma unroll
-        for (int w = 0; w < VPT; ++w)
-#pragma unroll
-            for (int e = 0; e < VEC; ++e) {
-                qq += cur.q[w][e] * cur.q[w][e];
-                kk += cur.k[w][e] * cur.k[w][e];
-            }
-        qq = row_sum(qq);
-        kk = row_sum(kk);
-        const float qinv = 1.f / sqrtf(qq + p.eps), kinv = 1.f / sqrtf(kk + p.eps);
-#else
-        const float qinv = 1.f, kinv = 1.f;
-#endif
-#pragma unroll
-        for (int w = 0; w < VPT; ++w)
-#pragma unroll
-            for (int e = 0; e < VEC; ++e) {
-                cur.q[w][e] = cur.q[w][e] * qinv * p.scale;
-                cur.k[w][e] = cur.k[w][e] * kinv;
-            }
-        const float decay = expf(cur.g);
         float y[RPT];
-#pragma unroll
-        for (int r = 0; r < RPT; ++r) {
-#if RAW
-            float row[VPT][VEC];
-#pragma unroll
-            for (int w = 0; w < VPT; ++w) unpack_vec<STATE_T>(raw[r][w], row[w]);
-#else
-            float (&row)[VPT][VEC] = s[r];
-#endif
-            // S *= exp(g); u = β(v − S k); S += u kᵀ; o = S q (semantics/gdn_conv.md §1.1).
-            float pred = 0.f;
-#pragma unroll
-            for (int w = 0; w < VPT; ++w)
-#pragma unroll
-                for (int e = 0; e < VEC; ++e) {
-                    row[w][e] *= decay;
-                    pred += row[w][e] * cur.k[w][e];
-                }
-            pred = row_sum(pred);
-            const float u = (cur.v[r] - pred) * cur.beta[r];
-            float acc = 0.f;
-#pragma unroll
-            for (int w = 0; w < VPT; ++w)
-#pragma unroll
-                for (int e = 0; e < VEC; ++e) {
-                    row[w][e] += u * cur.k[w][e];
-                    acc += row[w][e] * cur.q[w][e];
-                }
-            y[r] = row_sum(acc);
-#if RAW
-#pragma unroll
-            for (int w = 0; w < VPT; ++w) raw[r][w] = pack_vec<STATE_T>(row[w]);
-#endif
-        }
+        apply_token(p, cur, TILE_OF, y);
         if (lane == 0) {
 #pragma unroll
             for (int r = 0; r < RPT; ++r)
@@ -475,5 +513,251 @@ extern "C" __global__ void GDN_BOUNDS gdn_recurrent_kernel(const RecurrentParams
     store_tile(reinterpret_cast<STATE_T*>(p.state) + src * p.state_row + hv * head_elems, s, prow, lane, p.vdim);
 #endif
 }
+
+#else  // CONV_STEP
+
+// ---- gdn_step_kernel: one decode step, conv update + gates + recurrence in one launch ----
+//
+// The RAW route (one token, in place, [V,K] 16-byte state vectors) with the conv update of
+// the projected row folded in front (crates/ssm-gdn decode_step.rs: the step is the conv
+// update, then fused_sigmoid_gating_delta_rule_update on its output). Extra macros:
+//   CELEM_T CI_T WIDTH HAS_CI HAS_PAD HAS_BIAS SILU   as in conv.cu
+// Block (seq, hv, tile) computes the conv of the 2·K q/k channels of its q/k head h and of the
+// V channels of its tile, into shared memory, rounded to CELEM_T as the conv stores them (so the
+// recurrence sees exactly the values the two-call path reads back). It writes the conv output
+// (q/k channels: the first block of head h only) and the new conv state of its own V channels.
+// The q/k channels' conv state is read by every block of (seq, h), so it is written by the last
+// of them to arrive: each block, once the values it read are consumed, adds 1 to
+// counters[seq·H + h] and runs its recurrence while the atomic returns; the one whose ticket is
+// group·tiles − 1 then shifts that state in place and sets the counter back to 0 (nothing waits
+// for another block, so the grid needs no co-residency).
+// A sequence whose conv is skipped (pad, bad slot) reads q/k/v from `out`, as the two calls do.
+
+// Mirrored by `StepParams` in crates/ssm-cuda/src/gdn.rs.
+struct StepParams {
+    RecurrentParams r;
+    ConvParams c;
+    u64 counters;  // u32 per (sequence, q/k head)
+    i64 hk;        // H·K: the first k channel (v channels start at 2·H·K)
+};
+
+#define QK_PER_THREAD ((2 * KDIM + NTHREADS - 1) / NTHREADS)
+
+// One channel of the conv at slot `slot`: its window (state columns 0..WIDTH−2) into `win`,
+// its input into `xv`; returns the output before rounding (conv.cu's arithmetic).
+__device__ __forceinline__ float conv_channel(const ConvParams& c, i64 seq, i64 slot, i64 ch, float (&win)[WIDTH - 1],
+                                              float& xv) {
+    const CELEM_T* st = reinterpret_cast<const CELEM_T*>(c.state) + slot * c.st_slot + ch * c.st_dim;
+#pragma unroll
+    for (int j = 0; j < WIDTH - 1; ++j) win[j] = to_f32(st[j * c.st_col]);
+    xv = to_f32(ld_ro(reinterpret_cast<const CELEM_T*>(c.x) + seq * c.x_seq + ch * c.x_dim));
+    const CELEM_T* wp = reinterpret_cast<const CELEM_T*>(c.w) + ch * c.w_dim;
+#if HAS_BIAS
+    float acc = to_f32(ld_ro(reinterpret_cast<const CELEM_T*>(c.bias) + ch * c.b_dim));
+#else
+    float acc = 0.f;
+#endif
+#pragma unroll
+    for (int j = 0; j < WIDTH - 1; ++j) acc = conv_mac<CELEM_T>(win[j], to_f32(ld_ro(wp + j * c.w_tap)), acc);
+    acc = conv_mac<CELEM_T>(xv, to_f32(ld_ro(wp + (WIDTH - 1) * c.w_tap)), acc);
+#if SILU
+    acc = acc / (1.f + expf(-acc));
+#endif
+    return acc;
+}
+
+// The new window of one channel (history[1..] ++ x) to state columns 0..WIDTH−2.
+__device__ __forceinline__ void conv_store_window(const ConvParams& c, i64 slot, i64 ch, const float (&win)[WIDTH - 1],
+                                                  float xv) {
+    CELEM_T* st = reinterpret_cast<CELEM_T*>(c.state) + slot * c.st_slot + ch * c.st_dim;
+#pragma unroll
+    for (int j = 0; j < WIDTH - 2; ++j) st[j * c.st_col] = from_f32<CELEM_T>(win[j + 1]);
+    st[(WIDTH - 2) * c.st_col] = from_f32<CELEM_T>(xv);
+}
+
+// The recurrence of one decode step on the block's tile (gdn_recurrent_kernel's RAW route) with
+// q/k/v from shared memory: the output rows, then the tile back in place.
+__device__ __forceinline__ void step_recurrence(const RecurrentParams& p, i64 seq, int hv, int lane,
+                                                const int (&prow)[RPT], i64 v0, const float* s_qk, const float* s_v,
+                                                float av, float bv, float a_log_e, float dtb, STATE_T* sbase,
+                                                uint4 (&raw)[RPT][VPT]) {
+    TokIn cur;
+#pragma unroll
+    for (int w = 0; w < VPT; ++w) {
+        const int vi = lane + w * TPR;
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+            const bool ok = vi < NVEC;
+            cur.q[w][e] = ok ? s_qk[vi * VEC + e] : 0.f;
+            cur.k[w][e] = ok ? s_qk[KDIM + vi * VEC + e] : 0.f;
+        }
+    }
+    float beta;
+    sigmoid_gates(p, av, bv, a_log_e, dtb, cur.g, beta);
+#pragma unroll
+    for (int r = 0; r < RPT; ++r) {
+        cur.v[r] = prow[r] < p.vdim ? s_v[prow[r] - v0] : 0.f;
+        cur.beta[r] = beta;
+    }
+    float y[RPT];
+    apply_token(p, cur, raw, y);
+    if (lane == 0) {
+        O_T* out = reinterpret_cast<O_T*>(p.o) + seq * p.os.b + (i64)hv * p.os.h;
+#pragma unroll
+        for (int r = 0; r < RPT; ++r)
+            if (prow[r] < p.vdim) out[(i64)prow[r] * p.os.d] = from_f32<O_T>(y[r]);
+    }
+#pragma unroll
+    for (int r = 0; r < RPT; ++r)
+#pragma unroll
+        for (int w = 0; w < VPT; ++w) {
+            const int vi = lane + w * TPR;
+            if (prow[r] < p.vdim && vi < NVEC) store16<false>(sbase + elem(prow[r], vi * VEC, p.vdim), raw[r][w]);
+        }
+}
+
+// The same, read back from the state in place (the last block of (seq, h), for the q/k
+// channels whose state no other block writes): columns shift down by one, x goes last.
+__device__ __forceinline__ void conv_shift_window(const ConvParams& c, i64 seq, i64 slot, i64 ch) {
+    CELEM_T* st = reinterpret_cast<CELEM_T*>(c.state) + slot * c.st_slot + ch * c.st_dim;
+#pragma unroll
+    for (int j = 0; j < WIDTH - 2; ++j) st[j * c.st_col] = st[(j + 1) * c.st_col];
+    st[(WIDTH - 2) * c.st_col] = ld_ro(reinterpret_cast<const CELEM_T*>(c.x) + seq * c.x_seq + ch * c.x_dim);
+}
+
+extern "C" __global__ void GDN_BOUNDS gdn_step_kernel(const StepParams sp) {
+    const RecurrentParams& p = sp.r;
+    const ConvParams& c = sp.c;
+    const int lane = threadIdx.x % TPR;
+    const int row_group = threadIdx.x / TPR;
+    i64 seq;
+    int hv, tile;
+    split_block(p.split, blockIdx.x, seq, hv, tile);
+    const int h = hv / p.group;
+    const i64 v0 = (i64)tile * DIM_TILE;
+
+    // ---- slots and gates, all loads issued first ----
+#if HAS_CI
+    const i64 cslot = load_index(reinterpret_cast<const CI_T*>(c.ci) + seq * c.ci_seq);
+#else
+    const i64 cslot = seq;
+#endif
+#if SLOTS == 1
+    const i64 src = load_index(reinterpret_cast<const IX_T*>(p.ix) + seq * p.ix_seq);
+#else
+    const i64 src = seq;
+#endif
+    const float a_log_e = expf(to_f32(ld_ro(reinterpret_cast<const ALOG_T*>(p.a_log) + (i64)hv * p.a_log_s)));
+    const float dtb = to_f32(ld_ro(reinterpret_cast<const DTB_T*>(p.dt_bias) + (i64)hv * p.dtb_s));
+    const float av = to_f32(ld_ro(reinterpret_cast<const A_T*>(p.a) + seq * p.as_.b + (i64)hv * p.as_.h));
+    const float bv = to_f32(ld_ro(reinterpret_cast<const B_T*>(p.b) + seq * p.bs.b + (i64)hv * p.bs.h));
+
+    // The recurrence's start state: in flight while the conv runs.
+    bool rule_runs = true;
+#if SLOTS == 1
+    if (src <= 0) rule_runs = false;  // null block: no output, no state
+#endif
+    if (rule_runs && src >= p.state_rows) {
+        rule_runs = false;
+        if (threadIdx.x == 0) atomicOr(reinterpret_cast<u32*>(p.err), ERR_SLOT);
+    }
+    int prow[RPT];
+#pragma unroll
+    for (int r = 0; r < RPT; ++r) prow[r] = (int)v0 + r * ROW_GROUPS + row_group;
+    const i64 head_elems = (i64)KDIM * p.vdim;
+    STATE_T* sbase = reinterpret_cast<STATE_T*>(p.state) + (rule_runs ? src : 0) * p.state_row + hv * head_elems;
+    uint4 raw[RPT][VPT];
+#pragma unroll
+    for (int r = 0; r < RPT; ++r)
+#pragma unroll
+        for (int w = 0; w < VPT; ++w) {
+            const int vi = lane + w * TPR;
+            raw[r][w] = make_uint4(0u, 0u, 0u, 0u);
+            if (rule_runs && prow[r] < p.vdim && vi < NVEC) raw[r][w] = load16<false>(sbase + elem(prow[r], vi * VEC, p.vdim));
+        }
+
+    // ---- the conv ----
+    bool conv_runs = true;
+    if (HAS_PAD && HAS_CI && cslot == c.pad) {
+        conv_runs = false;  // pad: the conv writes nothing for this sequence
+    } else if (cslot < 0 || cslot >= c.slots) {
+        conv_runs = false;
+        if (threadIdx.x == 0) atomicOr(reinterpret_cast<u32*>(c.err), ERR_SLOT);
+    }
+    __shared__ float s_qk[2 * KDIM];
+    __shared__ float s_v[DIM_TILE];
+    __shared__ int s_last;
+    CELEM_T* cout = reinterpret_cast<CELEM_T*>(c.out) + seq * c.out_seq;
+    const i64 vch0 = 2 * sp.hk + (i64)hv * p.vdim + v0;  // channel of row v0
+    u32 ticket = 0;
+    if (conv_runs) {
+        const bool qk_writer = hv % p.group == 0 && tile == 0;
+#pragma unroll
+        for (int i = 0; i < QK_PER_THREAD; ++i) {
+            const int idx = threadIdx.x + i * NTHREADS;
+            if (idx < 2 * KDIM) {
+                const i64 ch = idx < KDIM ? (i64)h * KDIM + idx : sp.hk + (i64)h * KDIM + (idx - KDIM);
+                float win[WIDTH - 1], xq;
+                const CELEM_T y = from_f32<CELEM_T>(conv_channel(c, seq, cslot, ch, win, xq));
+                s_qk[idx] = to_f32(y);
+                if (qk_writer) cout[ch * c.out_dim] = y;
+            }
+        }
+        // This tile's V channels belong to this block alone: their state is written at once.
+        for (int i = threadIdx.x; i < DIM_TILE; i += NTHREADS) {
+            if (v0 + i < p.vdim) {
+                float w2[WIDTH - 1], xv;
+                const i64 ch = vch0 + i;
+                const CELEM_T y = from_f32<CELEM_T>(conv_channel(c, seq, cslot, ch, w2, xv));
+                s_v[i] = to_f32(y);
+                cout[ch * c.out_dim] = y;
+                conv_store_window(c, cslot, ch, w2, xv);
+            }
+        }
+        __syncthreads();
+        // Every q/k state value this block read is consumed (in shared memory): arrive now;
+        // the ticket is looked at after the recurrence, so its round trip overlaps it.
+        if (threadIdx.x == 0) ticket = atomicAdd(reinterpret_cast<u32*>(sp.counters) + seq * p.heads + h, 1u);
+    } else {
+        // The conv skipped this sequence (no block of it writes `out`): q, k and v are what
+        // `out` holds, as the recurrence of the two-call path reads them.
+        for (int idx = threadIdx.x; idx < 2 * KDIM; idx += NTHREADS) {
+            const i64 ch = idx < KDIM ? (i64)h * KDIM + idx : sp.hk + (i64)h * KDIM + (idx - KDIM);
+            s_qk[idx] = to_f32(cout[ch * c.out_dim]);
+        }
+        for (int i = threadIdx.x; i < DIM_TILE; i += NTHREADS)
+            if (v0 + i < p.vdim) s_v[i] = to_f32(cout[(vch0 + i) * c.out_dim]);
+        __syncthreads();
+    }
+
+    if (rule_runs) step_recurrence(p, seq, hv, lane, prow, v0, s_qk, s_v, av, bv, a_log_e, dtb, sbase, raw);
+
+    // ---- the q/k channels' new conv state, by the last block of (seq, h) to arrive ----
+    if (conv_runs) {
+        if (threadIdx.x == 0) {
+            const bool last = ticket == (u32)p.group * p.split.tiles - 1;
+            if (last) {
+                // Every other block of (seq, h) has read the old state. Reset the counter for
+                // the next launch and order the writes below after the arrivals.
+                atomicExch(reinterpret_cast<u32*>(sp.counters) + seq * p.heads + h, 0u);
+                __threadfence();
+            }
+            s_last = last;
+        }
+        __syncthreads();
+        if (s_last) {
+#pragma unroll
+            for (int i = 0; i < QK_PER_THREAD; ++i) {
+                const int idx = threadIdx.x + i * NTHREADS;
+                if (idx < 2 * KDIM) {
+                    const i64 ch = idx < KDIM ? (i64)h * KDIM + idx : sp.hk + (i64)h * KDIM + (idx - KDIM);
+                    conv_shift_window(c, seq, cslot, ch);
+                }
+            }
+        }
+    }
+}
+
+#endif  // CONV_STEP
 
 #endif

@@ -36,7 +36,17 @@ pub enum GdnBenchOp {
     SigmoidGating,
     /// `fused_recurrent_gated_delta_rule`: `g` and `β` read (precomputed by `fused_gdn_gating`).
     Recurrent,
+    /// `gdn_decode_step`: the conv update of the projected rows (`[B, 2·H·K + HV·V]` bf16, width
+    /// 4, no bias, silu, conv state `[slots, 3, dim]` through the same slot table), then the
+    /// sigmoid-gated recurrence on its output, one token per sequence: one fused launch.
+    Step,
+    /// The same step as its two calls (`causal_conv1d_update`, then
+    /// `fused_sigmoid_gating_delta_rule_update`), two launches: what the fused step replaces.
+    StepParts,
 }
+
+/// Width of the bench step's conv.
+const STEP_WIDTH: usize = 4;
 
 impl GdnBenchOp {
     /// vLLM's name of the op.
@@ -44,7 +54,14 @@ impl GdnBenchOp {
         match self {
             GdnBenchOp::SigmoidGating => "fused_sigmoid_gating_delta_rule_update",
             GdnBenchOp::Recurrent => "fused_recurrent_gated_delta_rule",
+            GdnBenchOp::Step => "gdn_decode_step",
+            GdnBenchOp::StepParts => "causal_conv1d_update+fused_sigmoid_gating_delta_rule_update",
         }
+    }
+
+    /// Whether the op is the decode step (fused or as its parts).
+    pub fn is_step(self) -> bool {
+        matches!(self, GdnBenchOp::Step | GdnBenchOp::StepParts)
     }
 
     /// A short name: `sigmoid` or `recurrent`.
@@ -52,6 +69,8 @@ impl GdnBenchOp {
         match self {
             GdnBenchOp::SigmoidGating => "sigmoid",
             GdnBenchOp::Recurrent => "recurrent",
+            GdnBenchOp::Step => "step",
+            GdnBenchOp::StepParts => "step_parts",
         }
     }
 }
@@ -111,14 +130,27 @@ impl GdnBenchShape {
         self.batch * self.tokens
     }
 
+    /// Channels of the step's conv: `2·H·K + HV·V`.
+    pub fn conv_dim(&self) -> usize {
+        2 * self.heads * self.k + self.v_heads * self.v
+    }
+
     /// Bytes one call must move at least (see the module docs).
     pub fn bytes(&self) -> u64 {
         let (h, hv, k, v) = (self.heads as u64, self.v_heads as u64, self.k as u64, self.v as u64);
         let io = self.io.size() as u64;
         let rows = self.rows() as u64;
+        if self.op.is_step() {
+            // The step: x read, the conv output written (the op's contract), the conv window
+            // read and written, the weights, the gates, o, the state and the table.
+            let (dim, w) = (self.conv_dim() as u64, STEP_WIDTH as u64);
+            let conv = 2 * rows * dim * io + 2 * rows * dim * (w - 1) * io + dim * w * io;
+            let rest = rows * hv * v * io + 2 * rows * hv * io + 2 * hv * 4;
+            return state_and_table_bytes(self.batch, 1, hv * v * k * self.state.size() as u64) + conv + rest;
+        }
         let tok = 2 * rows * h * k * io + 2 * rows * hv * v * io;
         let gates = match self.op {
-            GdnBenchOp::SigmoidGating => 2 * rows * hv * io + 2 * hv * 4,
+            GdnBenchOp::SigmoidGating | GdnBenchOp::Step | GdnBenchOp::StepParts => 2 * rows * hv * io + 2 * hv * 4,
             GdnBenchOp::Recurrent => rows * hv * (4 + io),
         };
         state_and_table_bytes(self.batch, self.tokens, hv * v * k * self.state.size() as u64) + tok + gates
@@ -142,6 +174,8 @@ struct Pool {
     a_log: DeviceBuffer,
     dt_bias: DeviceBuffer,
     tables: SlotTables,
+    /// The step's conv: projected rows, weights, state pool, output (empty for the other ops).
+    conv: Vec<DeviceBuffer>,
 }
 
 /// The tensor views of one call (shared by both ops).
@@ -178,7 +212,24 @@ impl Pool {
             dt_bias: buf(hv, DType::F32)?,
             // Slots 1..=slots (0 is the null block).
             tables: SlotTables::new(be, s.batch, s.tokens, 1, seed)?,
+            conv: if s.op.is_step() {
+                let dim = s.conv_dim();
+                vec![
+                    buf(rows * dim, s.io)?,
+                    buf(dim * STEP_WIDTH, s.io)?,
+                    buf(pool_slots * (STEP_WIDTH - 1) * dim, s.io)?,
+                    buf(rows * dim, s.io)?,
+                ]
+            } else {
+                Vec::new()
+            },
         };
+        if s.op.is_step() {
+            let dim = s.conv_dim();
+            fill(be, pool.conv[0].addr(), rows * dim, s.io, seed + 8, -1.0, 1.0)?;
+            fill(be, pool.conv[1].addr(), dim * STEP_WIDTH, s.io, seed + 9, -0.5, 0.5)?;
+            fill(be, pool.conv[2].addr(), pool_slots * (STEP_WIDTH - 1) * dim, s.io, seed + 10, -1.0, 1.0)?;
+        }
         fill(be, pool.state.addr(), pool_slots * hv * v * k, s.state, seed, -0.5, 0.5)?;
         fill(be, pool.q.addr(), rows * h * k, s.io, seed + 1, -1.0, 1.0)?;
         fill(be, pool.k.addr(), rows * h * k, s.io, seed + 2, -1.0, 1.0)?;
@@ -226,8 +277,71 @@ impl Pool {
         })
     }
 
+    /// Plans one decode step over this pool (the conv and the SSM state share the slot table).
+    fn step(&mut self, s: &GdnBenchShape) -> Result<ssm_tensor::Planned<ssm_gdn::GdnDecodeStepArgs<'_>>, CudaError> {
+        let bad_plan = |e: ssm_gdn::GdnError| CudaError::Unsupported(format!("bench plan: {e}"));
+        let (hv, v, k, slots) = (s.v_heads as isize, s.v as isize, s.k as isize, s.slots() + 1);
+        let [x, w, cstate, out] = &mut self.conv[..] else {
+            return Err(CudaError::Unsupported("bench: a step over a pool without conv buffers".into()));
+        };
+        let (dim, rows) = (s.conv_dim(), s.rows());
+        let (d, wd) = (dim as isize, STEP_WIDTH as isize);
+        let conv = ssm_conv::CausalConv1dUpdateArgs {
+            x: x.view(s.io, &[rows, dim], &[d, 1], 0).map_err(tensor_err)?,
+            conv_state: cstate
+                .view_mut(s.io, &[slots, STEP_WIDTH - 1, dim], &[(wd - 1) * d, d, 1], 0)
+                .map_err(tensor_err)?,
+            conv_state_layout: ssm_conv::ConvStateLayout::StateLenDim,
+            weight: w.view(s.io, &[dim, STEP_WIDTH], &[wd, 1], 0).map_err(tensor_err)?,
+            bias: None,
+            activation: ssm_conv::Activation::Silu,
+            conv_state_indices: Some(self.tables.views().map_err(tensor_err)?.ix),
+            num_accepted_tokens: None,
+            query_start_loc: None,
+            pad_slot_id: Some(-1),
+            block_idx_last_scheduled_token: None,
+            initial_state_idx: None,
+            out: out.view_mut(s.io, &[rows, dim], &[d, 1], 0).map_err(tensor_err)?,
+        };
+        let gate = [rows, s.v_heads];
+        let gst = [hv, 1];
+        let args = ssm_gdn::GdnDecodeStepArgs::new(
+            conv,
+            s.heads,
+            GateInputs::new(
+                self.a_log.view(DType::F32, &[s.v_heads], &[1], 0).map_err(tensor_err)?,
+                self.ga.view(s.io, &gate, &gst, 0).map_err(tensor_err)?,
+                self.gb.view(s.io, &gate, &gst, 0).map_err(tensor_err)?,
+                self.dt_bias.view(DType::F32, &[s.v_heads], &[1], 0).map_err(tensor_err)?,
+            ),
+            self.state
+                .view_mut(s.state, &[slots, s.v_heads, s.v, s.k], &[hv * v * k, v * k, k, 1], 0)
+                .map_err(tensor_err)?,
+            Some(self.tables.views().map_err(tensor_err)?.ix),
+            ssm_gdn::StateLayout::VK,
+            self.o.view_mut(s.io, &[rows, 1, s.v_heads, s.v], &[hv * v, hv * v, v, 1], 0).map_err(tensor_err)?,
+        )
+        .map_err(bad_plan)?;
+        ssm_gdn::plan(args).map_err(bad_plan)
+    }
+
     /// Plans and launches one call of `s` over this pool (no allocation, no sync).
     fn launch(&mut self, be: &CudaBackend, s: &GdnBenchShape) -> Result<(), CudaError> {
+        let gates_given = match s.op {
+            GdnBenchOp::Step => {
+                let call = self.step(s)?;
+                return be.run(call);
+            }
+            GdnBenchOp::StepParts => {
+                let (args, _) = self.step(s)?.into_parts();
+                // SAFETY: both launches go to the backend's one stream, the conv first.
+                let (conv, rule) = unsafe { args.into_parts() };
+                be.run(conv)?;
+                return be.run(rule);
+            }
+            GdnBenchOp::SigmoidGating => false,
+            GdnBenchOp::Recurrent => true,
+        };
         let w = self.views(s).map_err(tensor_err)?;
         let bad_plan = |e: ssm_gdn::GdnError| CudaError::Unsupported(format!("bench plan: {e}"));
         // Both ops: in-place state, the slot tables, q/k l2norm with eps 1e-6, the VK layout.
@@ -239,18 +353,19 @@ impl Pool {
             use_qk_l2norm_in_kernel: true,
             ..DeltaRuleArgs::new(w.q, w.k, w.v, w.o)
         };
-        match s.op {
-            GdnBenchOp::SigmoidGating => be.run(
+        if gates_given {
+            be.run(
+                ssm_gdn::plan(FusedRecurrentGatedDeltaRuleArgs { g: w.ga, beta: Some(w.gb), rule })
+                    .map_err(bad_plan)?,
+            )
+        } else {
+            be.run(
                 ssm_gdn::plan(FusedSigmoidGatingDeltaRuleUpdateArgs {
                     gates: GateInputs::new(w.a_log, w.ga, w.gb, w.dt_bias),
                     rule,
                 })
                 .map_err(bad_plan)?,
-            ),
-            GdnBenchOp::Recurrent => be.run(
-                ssm_gdn::plan(FusedRecurrentGatedDeltaRuleArgs { g: w.ga, beta: Some(w.gb), rule })
-                    .map_err(bad_plan)?,
-            ),
+            )
         }
     }
 }

@@ -130,6 +130,39 @@ impl ConvKey {
         KernelSpec { source: KernelSource::Conv, entry: "conv_kernel", defines }
     }
 
+    /// Whether the fused GDN decode step (`gdn.cu`'s `gdn_step_kernel`) can run this conv: a
+    /// one-token update without token starts, accepted counts or prefix-caching columns.
+    pub(crate) fn one_token_update(&self) -> bool {
+        self.flags & (F_FN | F_VARLEN | F_SPEC | F_APC) == 0
+    }
+
+    /// The conv macros of the fused GDN decode step: dtype, table dtype, width and flags.
+    pub(crate) fn step_defines(&self) -> Vec<(&'static str, String)> {
+        let mut d = vec![
+            ("CELEM_T", c_type(self.dtype).to_string()),
+            ("CI_T", c_type(self.index[0]).to_string()),
+            ("WIDTH", self.width.to_string()),
+        ];
+        d.extend(flag_defines(
+            self.flags,
+            &[("HAS_CI", F_CI), ("HAS_PAD", F_PAD), ("HAS_BIAS", F_BIAS), ("SILU", F_SILU)],
+        ));
+        d
+    }
+
+    /// The key of a Qwen3-Next decode conv (`dtype`, width 4, `[B]` i32 table with a pad, no
+    /// bias, silu, 16-byte vectors), for the kernel catalogue.
+    pub(crate) fn qwen_decode(dtype: DType) -> ConvKey {
+        ConvKey {
+            dtype,
+            index: [DType::I32; 5],
+            width: 4,
+            vec: (16 / dtype.size()) as u8,
+            threads: 128,
+            flags: F_CI | F_PAD | F_SILU | F_X_VEC | F_OUT_VEC | F_ST_VEC | F_W_VEC,
+        }
+    }
+
     /// Channels per block.
     fn channels_per_block(&self) -> usize {
         self.threads as usize * self.vec as usize
@@ -137,7 +170,7 @@ impl ConvKey {
 }
 
 /// The tensors of one conv call, whichever op (device views: addresses and layouts).
-struct Call<'c, 'a> {
+pub(crate) struct Call<'c, 'a> {
     plan: &'c ConvPlan,
     x: &'c TensorRef<'a>,
     weight: &'c TensorRef<'a>,
@@ -174,7 +207,7 @@ impl Call<'_, '_> {
 
     /// The key of this call. `with_addrs`: take the tensors' device addresses into account
     /// for the vector flags (else allocation-aligned bases are assumed).
-    fn key(&self, with_addrs: bool) -> ConvKey {
+    pub(crate) fn key(&self, with_addrs: bool) -> ConvKey {
         let p = self.plan;
         let es = p.dtype.size();
         let addr = |a: Option<u64>| if with_addrs { a } else { None };
@@ -230,7 +263,7 @@ impl Call<'_, '_> {
         }
     }
 
-    fn params(&self, err: u64, key: &ConvKey) -> (ConvParams, u32) {
+    pub(crate) fn params(&self, err: u64, key: &ConvKey) -> (ConvParams, u32) {
         let p = self.plan;
         let dt = p.dtype;
         let tab = |t: Option<&TensorRef<'_>>| match t {
@@ -308,7 +341,7 @@ impl Call<'_, '_> {
     }
 }
 
-fn update_call<'c, 'a>(plan: &'c ConvPlan, a: &'c CausalConv1dUpdateArgs<'a>) -> Call<'c, 'a> {
+pub(crate) fn update_call<'c, 'a>(plan: &'c ConvPlan, a: &'c CausalConv1dUpdateArgs<'a>) -> Call<'c, 'a> {
     Call {
         plan,
         x: &a.x,

@@ -7,12 +7,13 @@ use cudarc::driver::DeviceRepr;
 use ssm_gdn::plan::{Gates, StateSlots, StateView};
 use ssm_gdn::{
     DeltaRuleArgs, FusedGdnGatingArgs, FusedRecurrentGatedDeltaRuleArgs, FusedSigmoidGatingDeltaRuleUpdateArgs,
-    GatingPlan, RecurrentPlan, StateLayout,
+    GatingPlan, GdnDecodeStepArgs, RecurrentPlan, StateLayout,
 };
 use ssm_tensor::Strided;
 use ssm_tensor::{DType, Planned, Run};
 
 use crate::compile::{KernelSource, KernelSpec, c_type};
+use crate::conv::{ConvKey, ConvParams, update_call};
 use crate::geometry::{BlockSplit, RowGeometry, TuneVar, fit_rows, grid_x, raw16_rows, rows_and_threads};
 use crate::{CudaBackend, CudaError, addr_of};
 
@@ -270,6 +271,7 @@ const F_VARLEN: u16 = 128;
 const F_L2NORM: u16 = 256;
 const F_KV: u16 = 512;
 const F_QK_VEC: u16 = 1024;
+const F_PDL: u16 = 2048;
 
 /// Everything that selects one compiled recurrent kernel (compact, hashed per call).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -287,6 +289,8 @@ pub(crate) enum GdnKey {
     /// `[A_log, dt_bias, a, b, beta_output]` dtypes.
     Gating([DType; 5]),
     Recurrent(RecurrentKey),
+    /// The fused decode step: its recurrence (the one-token in-place route) and its conv.
+    Step(RecurrentKey, ConvKey),
 }
 
 impl GdnKey {
@@ -294,8 +298,18 @@ impl GdnKey {
         match self {
             GdnKey::Gating([al, db, a, b, bo]) => gating_spec([*al, *db, *a, *b], *bo),
             GdnKey::Recurrent(k) => k.spec(),
+            GdnKey::Step(rule, conv) => step_spec(rule, conv),
         }
     }
+}
+
+/// The fused decode step's specialisation: the recurrence's macros with `CONV_STEP` and the conv's.
+fn step_spec(rule: &RecurrentKey, conv: &ConvKey) -> KernelSpec {
+    let mut spec = rule.spec();
+    spec.entry = "gdn_step_kernel";
+    spec.defines.push(("CONV_STEP", "1".to_string()));
+    spec.defines.extend(conv.step_defines());
+    spec
 }
 
 /// Device addresses of a recurrent call's tensors (0 for an absent one): base addresses in a
@@ -408,6 +422,29 @@ impl RecurrentKey {
         RecurrentKey { types, k: d.k, geometry, flags }
     }
 
+    /// The recurrence of a Qwen3-Next decode step (K = V = 128, bf16 q/k/v, sigmoid gates, 1-D
+    /// i32 table, in place, `[V,K]`) at batch 64, for the kernel catalogue.
+    fn catalogue_step(state: DType) -> Self {
+        use DType::{BF16, F32, I32};
+        let geometry = GdnGeometry::choose(state, 128, 128, StateLayout::VK, true, true, 64 * 32 * 128);
+        RecurrentKey {
+            types: [BF16, BF16, BF16, BF16, state, state, F32, F32, F32, F32, BF16, BF16, I32, I32, I32],
+            k: 128,
+            geometry,
+            flags: F_SIGMOID | F_STATE | F_SLOTS_1D | F_L2NORM | F_QK_VEC,
+        }
+    }
+
+    /// Whether the fused decode step (`gdn_step_kernel`) runs this recurrence: sigmoid gates,
+    /// one token per sequence, the state in place through a 1-D table (or row `n`), `[V,K]`
+    /// 16-byte vectors held in storage form (the `RAW` route).
+    fn one_token_in_place(&self) -> bool {
+        self.geometry.raw
+            && self.flags & F_SIGMOID != 0
+            && self.flags & F_STATE != 0
+            && self.flags & (F_FINAL | F_SLOTS_2D | F_NACC | F_VARLEN | F_KV) == 0
+    }
+
     /// The NVRTC specialisation.
     fn spec(&self) -> KernelSpec {
         const NAMES: [&str; 15] = [
@@ -439,6 +476,7 @@ impl RecurrentKey {
             ("LAYOUT_KV", f(F_KV)),
             ("QK_VEC", f(F_QK_VEC)),
             ("RAW", u8::from(g.raw).to_string()),
+            ("PDL_WAIT", f(F_PDL)),
         ]);
         KernelSpec { source: KernelSource::Gdn, entry: "gdn_recurrent_kernel", defines }
     }
@@ -529,12 +567,23 @@ pub fn gdn_catalogue() -> Vec<(String, KernelSpec)> {
             key(state, 128, 128, StateLayout::VK, true, F_STATE | F_FINAL | F_VARLEN | F_BETA | F_L2NORM),
         ));
         out.push((
+            format!("gdn decode sigmoid [V,K] chained after the conv (PDL) state={state} K=V=128"),
+            key(state, 128, 128, StateLayout::VK, true, decode | F_SIGMOID | F_PDL),
+        ));
+        out.push((
             format!("gdn decode sigmoid [V,K] state={state} K=256 V=128"),
             key(state, 256, 128, StateLayout::VK, true, decode | F_SIGMOID),
         ));
         out.push((
             format!("gdn decode given scalar [V,K] state={state} K=7 V=5"),
             key(state, 7, 5, StateLayout::VK, false, decode | F_BETA),
+        ));
+    }
+    for state in [F32, BF16] {
+        let rule = RecurrentKey::catalogue_step(state);
+        out.push((
+            format!("gdn decode step (conv + sigmoid) [V,K] state={state} K=V=128 conv=bf16 width=4"),
+            step_spec(&rule, &ConvKey::qwen_decode(BF16)),
         ));
     }
     out.push((
@@ -628,15 +677,20 @@ impl CudaBackend {
         p
     }
 
-    /// One recurrent launch on the backend's stream (both recurrent ops end here).
-    fn launch_recurrent(&self, plan: &RecurrentPlan, a: &RecurrentAddrs) -> Result<(), CudaError> {
+    /// One recurrent launch on the backend's stream (both recurrent ops end here). `after_conv`:
+    /// the launch is the programmatic dependent of the conv launched just before it, which
+    /// writes its q, k and v (the decode step's two-launch route).
+    fn launch_recurrent(&self, plan: &RecurrentPlan, a: &RecurrentAddrs, after_conv: bool) -> Result<(), CudaError> {
         let d = plan.dims;
         for (what, v) in [("sequences", d.seqs), ("value heads", d.v_heads), ("V", d.v), ("T", d.seqlen)] {
             if v > i32::MAX as usize {
                 return Err(CudaError::Unsupported(format!("{what} = {v} exceeds the kernel's 32-bit counters")));
             }
         }
-        let key = RecurrentKey::from_plan(plan, recurrent_types(plan), Some(a));
+        let mut key = RecurrentKey::from_plan(plan, recurrent_types(plan), Some(a));
+        if after_conv {
+            key.flags |= F_PDL;
+        }
         let dim_tiles = d.v.div_ceil(key.geometry.row.dim_tile() as usize);
         let blocks = d.seqs * d.v_heads * dim_tiles;
         let Some(grid) = grid_x(blocks)? else { return Ok(()) };
@@ -651,7 +705,15 @@ impl CudaBackend {
         // device for the call; the plan checked that every element the kernel can reach for valid
         // index values lies inside those views, and the kernel checks every index value it reads
         // (cu_seqlens, slots, accepted counts) before using it. The error word is owned by `self`.
-        unsafe { self.launch_kernel(&func, (grid, 1, 1), threads, &params, "cuLaunchKernel(gdn_recurrent_kernel)") }
+        // As a programmatic dependent, the kernel reads q/k/v only after `griddepcontrol.wait`
+        // and writes nothing the conv before it touches (o and the SSM state).
+        unsafe {
+            if after_conv {
+                self.launch_kernel_pdl(&func, (grid, 1, 1), threads, &params, "cuLaunchKernelEx(gdn_recurrent_kernel)")
+            } else {
+                self.launch_kernel(&func, (grid, 1, 1), threads, &params, "cuLaunchKernel(gdn_recurrent_kernel)")
+            }
+        }
     }
 
     fn gdn_function(&self, key: GdnKey) -> Result<cudarc::driver::CudaFunction, CudaError> {
@@ -677,7 +739,7 @@ impl Run<FusedRecurrentGatedDeltaRuleArgs<'_>> for CudaBackend {
             beta: a0(args.beta.as_ref().and_then(|t| t.device_addr())),
             ..RecurrentAddrs::of_rule(&args.rule)
         };
-        self.launch_recurrent(&plan, &a)
+        self.launch_recurrent(&plan, &a, false)
     }
 }
 
@@ -695,7 +757,196 @@ impl Run<FusedSigmoidGatingDeltaRuleUpdateArgs<'_>> for CudaBackend {
             b: a0(args.gates.b.device_addr()),
             ..RecurrentAddrs::of_rule(&args.rule)
         };
-        self.launch_recurrent(&plan, &a)
+        self.launch_recurrent(&plan, &a, false)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// the decode step (conv update + sigmoid-gated recurrence)
+
+/// Arrival counters of the fused decode step (one per sequence × q/k head of a call), allocated
+/// once per backend; a larger call runs as the two launches.
+pub(crate) const STEP_COUNTERS: usize = 1 << 16;
+
+/// The fused step kernel's parameter block (`struct StepParams` in gdn.cu: same order, no padding).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+pub(crate) struct StepParams {
+    rule: RecurrentParams,
+    conv: ConvParams,
+    counters: u64,
+    hk: i64,
+}
+
+// SAFETY: `StepParams` is `#[repr(C)]` plain old data whose layout equals `struct StepParams` in
+// gdn.cu; the driver copies it by value.
+unsafe impl DeviceRepr for StepParams {}
+
+/// The recurrence's addresses of a decode step.
+fn step_addrs(args: &GdnDecodeStepArgs<'_>) -> RecurrentAddrs {
+    let a = args.step().args();
+    RecurrentAddrs {
+        a_log: a0(a.gates.a_log.device_addr()),
+        dt_bias: a0(a.gates.dt_bias.device_addr()),
+        a: a0(a.gates.a.device_addr()),
+        b: a0(a.gates.b.device_addr()),
+        ..RecurrentAddrs::of_rule(&a.rule)
+    }
+}
+
+/// How a `gdn_decode_step` call runs on the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StepRoute {
+    /// One launch of `gdn_step_kernel` (conv and recurrence fused; the q/k conv is recomputed by
+    /// every block of a (sequence, q/k head)).
+    Fused,
+    /// The conv launch, then the recurrence as its programmatic dependent (sm_90+): the
+    /// recurrence's blocks load their slots and state tiles while the conv runs.
+    Chained,
+    /// The conv launch, then the recurrence launch.
+    Separate,
+}
+
+impl CudaBackend {
+    /// The fused kernel's key for a decode step, or `None` where the fused kernel does not cover
+    /// it (a conv or recurrence route it lacks, or more sequence × head pairs than
+    /// [`STEP_COUNTERS`]).
+    fn step_key(&self, args: &GdnDecodeStepArgs<'_>, addrs: Option<&RecurrentAddrs>) -> Option<GdnKey> {
+        let (rp, cp) = (args.step().plan(), args.conv().plan());
+        let rule = RecurrentKey::from_plan(rp, recurrent_types(rp), addrs);
+        let conv = update_call(cp, args.conv().args()).key(addrs.is_some());
+        let d = rp.dims;
+        let fits = d.seqs.checked_mul(d.heads).is_some_and(|n| n <= STEP_COUNTERS)
+            && d.k <= 256
+            && [d.seqs, d.v_heads, d.v].iter().all(|&n| n <= i32::MAX as usize)
+            && cp.dim <= i32::MAX as usize;
+        (fits && rule.one_token_in_place() && conv.one_token_update()).then_some(GdnKey::Step(rule, conv))
+    }
+
+    /// The route a `gdn_decode_step` call takes here.
+    ///
+    /// Measured on an H200 (docs/PERF.md, "GDN decode step"): the fused kernel wins only where
+    /// launch latency dominates (one sequence); past that its per-block q/k conv costs more
+    /// issue slots than the second launch costs time, and the chained launches win. On devices
+    /// without programmatic dependent launch (before sm_90) the launches are separate.
+    /// `SSM_CUDA_GDN_TUNE="step=N"` forces a route for sweeps: 0 separate, 1 fused (separate where
+    /// the fused kernel does not cover the call), 2 chained.
+    pub fn gdn_decode_step_route(&self, call: &Planned<GdnDecodeStepArgs<'_>>) -> StepRoute {
+        let args = call.args();
+        let fusable = self.step_key(args, Some(&step_addrs(args))).is_some();
+        let pdl = self.compiler.arch().major >= 9;
+        let chained_or_separate = if pdl { StepRoute::Chained } else { StepRoute::Separate };
+        match GDN_TUNE.get("step") {
+            Some(0) => StepRoute::Separate,
+            Some(1) if fusable => StepRoute::Fused,
+            Some(2) => chained_or_separate,
+            Some(_) => StepRoute::Separate,
+            None if fusable && args.step().plan().dims.seqs <= FUSED_STEP_MAX_SEQS => StepRoute::Fused,
+            None => chained_or_separate,
+        }
+    }
+
+    /// Whether the fused kernel covers a `gdn_decode_step` call ([`StepRoute::Fused`] is
+    /// possible), whichever route the call takes.
+    pub fn gdn_decode_step_fusable(&self, call: &Planned<GdnDecodeStepArgs<'_>>) -> bool {
+        self.step_key(call.args(), Some(&step_addrs(call.args()))).is_some()
+    }
+
+    /// [`prewarm`](Self::prewarm) for the kernels a `gdn_decode_step` call launches on its route.
+    pub fn prewarm_gdn_decode_step(&self, call: &Planned<GdnDecodeStepArgs<'_>>) -> Result<(), CudaError> {
+        let args = call.args();
+        let addrs = step_addrs(args);
+        let route = self.gdn_decode_step_route(call);
+        if let (StepRoute::Fused, Some(key)) = (route, self.step_key(args, Some(&addrs))) {
+            return self.gdn_function(key).map(|_| ());
+        }
+        self.prewarm_conv_update(args.conv())?;
+        let rp = args.step().plan();
+        let mut key = RecurrentKey::from_plan(rp, recurrent_types(rp), Some(&addrs));
+        if route == StepRoute::Chained {
+            key.flags |= F_PDL;
+        }
+        self.gdn_function(GdnKey::Recurrent(key)).map(|_| ())
+    }
+
+    /// Runs a decode step on `route` (where the fused kernel does not cover the call, `Fused`
+    /// runs separate): for tests and sweeps that compare the routes; [`Run::run`] picks the
+    /// route with [`gdn_decode_step_route`](Self::gdn_decode_step_route).
+    pub fn run_gdn_decode_step_on(
+        &self,
+        call: Planned<GdnDecodeStepArgs<'_>>,
+        route: StepRoute,
+    ) -> Result<(), CudaError> {
+        self.expect_device(&call)?;
+        let (args, _) = call.into_parts();
+        let addrs = step_addrs(&args);
+        match (route, self.step_key(&args, Some(&addrs))) {
+            (StepRoute::Fused, Some(GdnKey::Step(rule, conv_key))) => self.launch_step(&args, &addrs, rule, conv_key),
+            (StepRoute::Chained, _) if self.compiler.arch().major >= 9 => {
+                // SAFETY: the conv launch goes first on this backend's one stream; the recurrence,
+                // its programmatic dependent, reads q/k/v only after `griddepcontrol.wait`.
+                let (conv, step) = unsafe { args.into_parts() };
+                self.run(conv)?;
+                self.launch_recurrent(step.plan(), &addrs, true)
+            }
+            _ => {
+                // SAFETY: both launches go to this backend's one stream, the conv first, so the
+                // recurrence reads q/k/v after the conv has written them; no host slice is involved.
+                let (conv, step) = unsafe { args.into_parts() };
+                self.run(conv)?;
+                self.run(step)
+            }
+        }
+    }
+
+    fn launch_step(
+        &self,
+        args: &GdnDecodeStepArgs<'_>,
+        addrs: &RecurrentAddrs,
+        rule: RecurrentKey,
+        conv_key: ConvKey,
+    ) -> Result<(), CudaError> {
+        let rp = args.step().plan();
+        let d = rp.dims;
+        let dim_tiles = d.v.div_ceil(rule.geometry.row.dim_tile() as usize);
+        let Some(grid) = grid_x(d.seqs * d.v_heads * dim_tiles)? else { return Ok(()) };
+        let func = self.gdn_function(GdnKey::Step(rule, conv_key))?;
+        let (conv, _) = update_call(args.conv().plan(), args.conv().args()).params(self.error_word_addr(), &conv_key);
+        let params = StepParams {
+            rule: self.recurrent_params(rp, addrs, dim_tiles),
+            conv,
+            counters: self.step_counters_addr,
+            hk: (d.heads * d.k) as i64,
+        };
+        // SAFETY: every address comes from a device view whose creator promised it valid for the
+        // view's memory on this device for the call; both parts' plans checked that every element
+        // the kernel reaches for valid index values lies inside those views, and the kernel checks
+        // every slot it reads before using it. The counters (seqs × heads ≤ STEP_COUNTERS of them,
+        // zero between launches) and the error word are owned by `self`.
+        unsafe {
+            self.launch_kernel(
+                &func,
+                (grid, 1, 1),
+                rule.geometry.row.threads,
+                &params,
+                "cuLaunchKernel(gdn_step_kernel)",
+            )
+        }
+    }
+}
+
+/// Sequences up to which a decode step takes the fused kernel by default ([`StepRoute`]).
+const FUSED_STEP_MAX_SEQS: usize = 1;
+
+impl Run<GdnDecodeStepArgs<'_>> for CudaBackend {
+    type Error = CudaError;
+
+    /// One decode step on the route [`CudaBackend::gdn_decode_step_route`] picks: the fused
+    /// kernel, or the conv launch and the recurrence launch (chained by programmatic dependent
+    /// launch on sm_90+). No allocation, no host synchronisation.
+    fn run(&self, call: Planned<GdnDecodeStepArgs<'_>>) -> Result<(), CudaError> {
+        let route = self.gdn_decode_step_route(&call);
+        self.run_gdn_decode_step_on(call, route)
     }
 }
 

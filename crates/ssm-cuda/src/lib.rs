@@ -139,6 +139,10 @@ pub struct CudaBackend {
     shared_optin: usize,
     error_word: CudaSlice<u32>,
     error_word_addr: u64,
+    /// [`gdn::STEP_COUNTERS`] zeroed arrival counters of the fused GDN decode step (each launch
+    /// leaves them zero again).
+    _step_counters: CudaSlice<u32>,
+    step_counters_addr: u64,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -197,6 +201,12 @@ impl CudaBackend {
             let (addr, _sync) = error_word.device_ptr(&stream);
             addr
         };
+        let step_counters =
+            stream.alloc_zeros::<u32>(gdn::STEP_COUNTERS).map_err(CudaError::driver("cuMemAlloc(step counters)"))?;
+        let step_counters_addr = {
+            let (addr, _sync) = step_counters.device_ptr(&stream);
+            addr
+        };
         Ok(CudaBackend {
             ordinal: ctx.ordinal(),
             ctx,
@@ -213,6 +223,8 @@ impl CudaBackend {
             shared_optin,
             error_word,
             error_word_addr,
+            _step_counters: step_counters,
+            step_counters_addr,
         })
     }
 
@@ -302,6 +314,46 @@ impl CudaBackend {
         // SAFETY: the caller's contract above.
         unsafe { launch.launch(cfg) }.map_err(CudaError::driver(name))?;
         Ok(())
+    }
+
+    /// [`launch_kernel`](Self::launch_kernel) as the programmatic dependent of the kernel queued
+    /// before it on the stream (`CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`): it may
+    /// start while that kernel runs, and must execute `griddepcontrol.wait` (`pdl_wait` in
+    /// common.cuh) before it reads anything that kernel writes.
+    ///
+    /// # Safety
+    /// As [`launch_kernel`](Self::launch_kernel); the kernel waits before reading the previous
+    /// kernel's outputs and writes nothing that kernel reads or writes.
+    pub(crate) unsafe fn launch_kernel_pdl<P: cudarc::driver::DeviceRepr>(
+        &self,
+        func: &CudaFunction,
+        grid: (u32, u32, u32),
+        threads: u32,
+        params: &P,
+        name: &'static str,
+    ) -> Result<(), CudaError> {
+        // SAFETY: a zeroed attribute is a valid "ignore" value; id and value are set below.
+        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let config = sys::CUlaunchConfig {
+            gridDimX: grid.0,
+            gridDimY: grid.1,
+            gridDimZ: grid.2,
+            blockDimX: threads,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: 0,
+            hStream: self.stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        let mut args: [*mut std::ffi::c_void; 1] = [params as *const P as *mut std::ffi::c_void];
+        // SAFETY: `config` and `attr` live across the call; `args` points at the one parameter
+        // block the kernel takes (`P` mirrors it); the rest is the caller's contract.
+        unsafe { sys::cuLaunchKernelEx(&config, func.cu_function(), args.as_mut_ptr(), std::ptr::null_mut()) }
+            .result()
+            .map_err(CudaError::driver(name))
     }
 
     /// The device name (e.g. "NVIDIA H200").

@@ -1,6 +1,6 @@
 use ssm_gdn::{
     ChunkGatedDeltaRuleArgs, ChunkPlan, ChunkScratch, FusedGdnGatingArgs, FusedRecurrentGatedDeltaRuleArgs,
-    FusedSigmoidGatingDeltaRuleUpdateArgs,
+    FusedSigmoidGatingDeltaRuleUpdateArgs, GdnDecodeStepArgs,
 };
 use ssm_tensor::Device;
 
@@ -30,6 +30,14 @@ impl Runtime {
         &self,
         args: FusedSigmoidGatingDeltaRuleUpdateArgs<'_>,
     ) -> Result<(), Error> {
+        self.plan_and_run(args)
+    }
+
+    /// One decode step of a Qwen3-Next GDN layer: `causal_conv1d_update`, then
+    /// `fused_sigmoid_gating_delta_rule_update` on its output ([`ssm_gdn::GdnDecodeStepArgs`],
+    /// planned when the arguments were built). Writes what the two calls write; on CUDA one
+    /// launch for the Qwen3-Next decode shapes.
+    pub fn gdn_decode_step(&self, args: GdnDecodeStepArgs<'_>) -> Result<(), Error> {
         self.plan_and_run(args)
     }
 

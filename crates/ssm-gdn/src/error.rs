@@ -109,6 +109,17 @@ pub enum GdnError {
         /// The value that came.
         actual: f64,
     },
+    /// The conv part of `gdn_decode_step` was refused.
+    #[error("gdn_decode_step's conv update: {0}")]
+    Conv(Box<ssm_conv::ConvError>),
+    /// Arguments of `gdn_decode_step` that do not describe one decode step.
+    #[error("gdn_decode_step: `{arg}` {problem}")]
+    DecodeStep {
+        /// Argument name.
+        arg: &'static str,
+        /// What is wrong.
+        problem: String,
+    },
     /// The reference implementation runs on host tensors only.
     #[error("`{arg}` lives on {device}; the reference needs host tensors")]
     NotHost {
@@ -117,4 +128,10 @@ pub enum GdnError {
         /// Where it lives.
         device: Device,
     },
+}
+
+impl From<ssm_conv::ConvError> for GdnError {
+    fn from(e: ssm_conv::ConvError) -> Self {
+        GdnError::Conv(Box::new(e))
+    }
 }

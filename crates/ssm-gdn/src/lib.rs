@@ -7,7 +7,9 @@
 //!   [`fused_sigmoid_gating_delta_rule_update`](FusedSigmoidGatingDeltaRuleUpdateArgs): the
 //!   token-by-token recurrence (decode, varlen, speculative decoding) over a pool of state slots;
 //! - [`chunk_gated_delta_rule`](ChunkGatedDeltaRuleArgs): chunked prefill (chunk 64, WY/UT form),
-//!   with initial states read from a pool and final states written back.
+//!   with initial states read from a pool and final states written back;
+//! - [`gdn_decode_step`](GdnDecodeStepArgs): one decode step of the layer, the conv update
+//!   (`ssm_conv`) and then the sigmoid-gated recurrence on its output, as one call.
 //!
 //! The state of one value head is a `V × K` matrix `S` with `o_t = S_t q_t`. It is stored either
 //! V-major (`[slots, HV, V, K]`, vLLM's GPU layout) or K-major (`[slots, HV, K, V]`, FLA and
@@ -26,6 +28,7 @@
 //! project's pooled extension of vLLM's dense API and takes an explicit `pad_slot_id`.
 
 mod args;
+mod decode_step;
 mod error;
 pub mod plan;
 pub mod reference;
@@ -34,6 +37,7 @@ pub use args::{
     ChunkGatedDeltaRuleArgs, DeltaRuleArgs, FusedGdnGatingArgs, FusedRecurrentGatedDeltaRuleArgs,
     FusedSigmoidGatingDeltaRuleUpdateArgs, GateInputs, StateLayout,
 };
+pub use decode_step::{DecodeStepPlan, GdnDecodeStepArgs};
 pub use error::GdnError;
 pub use plan::{ChunkPlan, GatingPlan, RecurrentPlan};
 pub use ssm_tensor::{Op, Planned, Run};
@@ -60,6 +64,7 @@ ssm_tensor::op_family! {
     FusedRecurrentGatedDeltaRuleArgs => "fused_recurrent_gated_delta_rule", RecurrentPlan, plan::plan_fused_recurrent_gated_delta_rule;
     FusedSigmoidGatingDeltaRuleUpdateArgs => "fused_sigmoid_gating_delta_rule_update", RecurrentPlan, plan::plan_fused_sigmoid_gating_delta_rule_update;
     ChunkGatedDeltaRuleArgs => "chunk_gated_delta_rule", ChunkPlan, plan::plan_chunk_gated_delta_rule;
+    GdnDecodeStepArgs => "gdn_decode_step", DecodeStepPlan, decode_step::plan_gdn_decode_step;
 }
 
 /// The crate README's example runs as a doctest.

@@ -571,3 +571,18 @@ impl crate::ChunkScratch for Reference {
         0
     }
 }
+
+impl Run<crate::GdnDecodeStepArgs<'_>> for Reference {
+    type Error = GdnError;
+    /// The conv update (`ssm_conv`'s reference at the same precision), then the recurrence.
+    fn run(&self, call: Planned<crate::GdnDecodeStepArgs<'_>>) -> Result<(), GdnError> {
+        let (args, plan) = call.into_parts();
+        // SAFETY: the conv call runs to completion before the recurrence starts; no host slice
+        // of q/k/v is held meanwhile.
+        let (conv, step) = unsafe { args.into_parts() };
+        ssm_conv::reference::Reference { precision: self.precision }
+            .run(conv)
+            .map_err(|_| GdnError::NotHost { arg: "conv", device: plan.device })?;
+        self.run(step)
+    }
+}

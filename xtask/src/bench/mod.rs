@@ -115,6 +115,7 @@ impl Args {
                     batches,
                     spec_batch: 64,
                     spec_tokens: 3,
+                    step_batches: vec![1, 8, 64, 256],
                     common: crate::bench_cuda::CudaBenchCommon::new(self.peer_vllm.clone(), sibling("gdn")),
                 };
                 crate::bench_cuda::run_gdn(&args)?;

@@ -422,3 +422,16 @@ impl Run<FusedSigmoidGatingDeltaRuleUpdateArgs<'_>> for CpuBackend {
         self.run_recurrent(&plan, gates, &mut a.rule)
     }
 }
+
+impl Run<ssm_gdn::GdnDecodeStepArgs<'_>> for CpuBackend {
+    type Error = CpuError;
+    /// The conv update, then the recurrence on its output, each with this backend's kernel.
+    fn run(&self, call: Planned<ssm_gdn::GdnDecodeStepArgs<'_>>) -> Result<(), CpuError> {
+        let (args, _) = call.into_parts();
+        // SAFETY: the conv call returns only when its output is written; the recurrence runs
+        // after it, and no host slice of q/k/v is held in between.
+        let (conv, step) = unsafe { args.into_parts() };
+        self.run(conv)?;
+        self.run(step)
+    }
+}
