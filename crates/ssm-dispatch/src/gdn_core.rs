@@ -29,7 +29,7 @@
 use ssm_conv::{Activation, CausalConv1dFnArgs, CausalConv1dUpdateArgs, ConvStateLayout};
 use ssm_gdn::{
     ChunkGatedDeltaRuleArgs, DeltaRuleArgs, FusedGdnGatingArgs, FusedSigmoidGatingDeltaRuleUpdateArgs, GateInputs,
-    StateLayout,
+    GdnDecodeStepArgs, StateLayout,
 };
 use ssm_tensor::{CopyRowsArgs, DType, RowDirection, TensorMut, TensorRef};
 
@@ -149,6 +149,10 @@ enum Route {
     Speculative,
     /// Conv update, then the recurrence.
     Decode,
+    /// Decodes of one token each (`num_decode_tokens == num_decodes`): one `gdn_decode_step`
+    /// (the conv update and the recurrence as one call, fused or chained on CUDA), sequence `i`
+    /// at row `i` of the path (the token starts are implied and not read).
+    DecodeStep,
     /// Varlen conv, gating, then the chunked prefill (decodes of the batch included).
     Prefill,
 }
@@ -250,7 +254,11 @@ fn non_spec_path<'a>(m: &GdnAttentionMetadata<'a>, t: usize) -> Result<Option<Pa
         (nn, "num_prefills"),
         when,
     )?;
-    let route = if m.num_prefills > 0 { Route::Prefill } else { Route::Decode };
+    let route = match (m.num_prefills, m.num_decodes == m.num_decode_tokens) {
+        (0, true) => Route::DecodeStep,
+        (0, false) => Route::Decode,
+        _ => Route::Prefill,
+    };
     Ok(Some(Path { route, n: tokens, rows, starts, slots, conv_slots: slots }))
 }
 
@@ -454,6 +462,42 @@ impl Layer<'_> {
                 (x, a, b, o_view(go_op, 0, n, d)?)
             }
         };
+        if path.route == Route::DecodeStep {
+            let conv = CausalConv1dUpdateArgs {
+                x,
+                conv_state: w.conv_state,
+                conv_state_layout: self.conv_state_layout,
+                weight: self.conv_weight,
+                bias: self.conv_bias,
+                activation: self.activation,
+                conv_state_indices: Some(path.conv_slots),
+                num_accepted_tokens: None,
+                query_start_loc: None,
+                pad_slot_id: self.pad_slot_id,
+                block_idx_last_scheduled_token: None,
+                initial_state_idx: None,
+                out: bufs.conv_out.view_mut(),
+            };
+            let gates = GateInputs::new(self.a_log, a, b, self.dt_bias);
+            // The path's `o` `[1, n, HV, V]` as the step's `[n, 1, HV, V]`.
+            let (row, off) = (o.strides()[1], o.layout().offset());
+            let o = o
+                .with_layout(&[n, 1, d.hv, d.vd], &[row, row, d.vd as isize, 1], off)
+                .map_err(|e| core_err("core_attn_out", format!("cannot be viewed: {e}")))?;
+            schedule.plan(GdnDecodeStepArgs::new(
+                conv,
+                d.h,
+                gates,
+                w.ssm_state,
+                Some(path.slots),
+                self.ssm_state_layout,
+                o,
+            )?)?;
+            if let Some(args) = scatter {
+                schedule.plan(args)?;
+            }
+            return Ok(());
+        }
         // SAFETY: the conv writes `conv_out` and the recurrence reads it after, in schedule
         // order (layer_core: steps run one at a time).
         let [conv_out_w, conv_out_r] = unsafe { bufs.conv_out.view_mut().aliased() };

@@ -152,16 +152,20 @@ fn untouched_slots_kept(what: &str, base: &Batch, got: &(HostTensor, HostTensor,
     }
 }
 
+/// An edit of the batch's metadata.
+type Edit = fn(&mut GdnAttentionMetadata<'_>);
+
 #[test]
 fn gdn_core_on_the_gpu_equals_the_core_on_the_host() {
     let Some(gpu) = cuda("gdn_core_on_the_gpu_equals_the_core_on_the_host") else { return };
     let host = Runtime::new(&Config::cpu(Some(2))).unwrap();
-    let keep: fn(&mut GdnAttentionMetadata<'_>) = |_| {};
+    let keep: Edit = |_| {};
     for layout in [StateLayout::VK, StateLayout::KV] {
         let base = batch(layout);
         let tables = Tables::new(&base, ints(&NON_SPEC_SLOTS));
-        for (case, edit) in [("gathered", keep), ("in place", without_speculative as fn(&mut GdnAttentionMetadata<'_>))]
-        {
+        let cases: [(&str, Edit); 3] =
+            [("gathered", keep), ("in place", without_speculative), ("decode step", decode_only)];
+        for (case, edit) in cases {
             let what = format!("{layout:?} {case}");
             let want = run_core(&host, &base, layout, &tables, edit).unwrap();
             let got = run_core(&gpu, &base, layout, &tables, edit).unwrap();
