@@ -19,8 +19,8 @@ bf16 q/k/v/o, state `[slots, HV, V, K]` f32 or bf16, q/k l2norm in the kernel, i
 - vLLM's decode step (op "step", one token): `causal_conv1d_update` (from
   `vllm/model_executor/layers/mamba/ops/causal_conv1d.py`, bf16, width 4, no bias, silu, the SD
   conv-state storage `[slots, 3, dim]` passed transposed as the layer does, written to a separate
-  output) then the packed decode on its output, timed as one pair per call. Op "step_parts"
-  (our step as two launches) has no peer of its own.
+  output) then the packed decode on its output, timed as one pair per call. Ops "step_parts"
+  and "step_fused" (our step on its other routes) have no peer of their own.
 Plain decode: dense `[B, 1, ...]` inputs, 1-D table. Speculative (tokens > 1): packed
 `[1, B*T, ...]` inputs with `cu_seqlens`, a `[B, T]` table and `num_accepted_tokens` in 1..T,
 as vLLM's spec-decode path calls them.
@@ -238,7 +238,7 @@ def main():
             kernels = [RECURRENT]
         elif s["op"] == "step":
             kernels = [STEP]
-        elif s["op"] == "step_parts":
+        elif s["op"] in ("step_parts", "step_fused"):
             kernels = []
         else:
             die(f"unknown op {s['op']!r} in shape {s}")

@@ -503,7 +503,7 @@ pub(crate) fn gdn_shapes(args: &CudaGdnBenchArgs) -> Vec<GdnBenchShape> {
     }
     for state in args.common.states.iter().map(|s| s.dtype()) {
         for &b in &args.step_batches {
-            for op in [GdnBenchOp::Step, GdnBenchOp::StepParts] {
+            for op in [GdnBenchOp::Step, GdnBenchOp::StepParts, GdnBenchOp::StepFused] {
                 shapes.push(GdnBenchShape::qwen3_next(op, b, state, 1));
             }
         }
@@ -595,9 +595,14 @@ fn step_table(m: &Measured<GdnBenchShape>, rows: &mut Vec<Value>) {
             .iter()
             .find(|p| p.shape.op == GdnBenchOp::StepParts && p.shape.batch == s.batch && p.shape.state == s.state);
         let (pus, pgbps) = parts.map_or((f64::NAN, f64::NAN), |p| (p.us, p.gbps));
+        let fused = m
+            .ours
+            .iter()
+            .find(|p| p.shape.op == GdnBenchOp::StepFused && p.shape.batch == s.batch && p.shape.state == s.state);
+        let (fus, fgbps) = fused.map_or((f64::NAN, f64::NAN), |p| (p.us, p.gbps));
         let vs = m.vs_peer(r, Some(STEP_PEER));
         println!(
-            "{:<5} {:>5} | {:>9.2} {:>6.3} | {:>9.2} {:>6.3} {:>7.2} | {:>9.2} {:>6.3} {:>7.2}",
+            "{:<5} {:>5} | {:>9.2} {:>6.3} | {:>9.2} {:>6.3} {:>7.2} | {:>9.2} {:>6.3} {:>7.2} | {:>9.2} {:>6.3} {:>7.2}",
             state_name(s.state),
             s.batch,
             r.us,
@@ -605,6 +610,9 @@ fn step_table(m: &Measured<GdnBenchShape>, rows: &mut Vec<Value>) {
             pus,
             pgbps / copy_gbps,
             pus / r.us,
+            fus,
+            fgbps / copy_gbps,
+            fus / r.us,
             vs.peer_us,
             vs.peer_gbps / copy_gbps,
             vs.peer_us / r.us
@@ -613,7 +621,8 @@ fn step_table(m: &Measured<GdnBenchShape>, rows: &mut Vec<Value>) {
             "op": s.op.name(), "state": state_name(s.state), "batch": s.batch, "tokens": s.tokens,
             "heads": s.heads, "v_heads": s.v_heads, "k": s.k, "v": s.v, "bytes": s.bytes(),
             "peer_kernel": STEP_PEER, "parts_us": pus, "parts_fraction_of_copy": pgbps / copy_gbps,
-            "speedup_vs_parts": pus / r.us,
+            "speedup_vs_parts": pus / r.us, "fused_us": fus, "fused_fraction_of_copy": fgbps / copy_gbps,
+            "speedup_vs_fused": fus / r.us,
         })));
     }
 }

@@ -130,6 +130,21 @@ __device__ __forceinline__ bf16_t ld_ro(const bf16_t* p) {
     return v;
 }
 
+// Loads cached in L2 only (`ld.global.cg`): for inputs another grid writes while this one runs
+// (a programmatic dependent reads its primary's output after `pdl_wait`), where the
+// non-coherent path's read-only contract does not hold.
+__device__ __forceinline__ float ld_cg(const float* p) { return __ldcg(p); }
+__device__ __forceinline__ f16_t ld_cg(const f16_t* p) {
+    f16_t v;
+    v.bits = __ldcg(&p->bits);
+    return v;
+}
+__device__ __forceinline__ bf16_t ld_cg(const bf16_t* p) {
+    bf16_t v;
+    v.bits = __ldcg(&p->bits);
+    return v;
+}
+
 // One 16-byte vector of T (16 / sizeof(T) elements) widened to f32.
 template <typename T> __device__ __forceinline__ void unpack_vec(const uint4& u, float* out) {
     const T* e = reinterpret_cast<const T*>(&u);
@@ -159,6 +174,17 @@ template <int N, typename T> __device__ __forceinline__ void load_vec_ro(const T
     } else {
 #pragma unroll
         for (int i = 0; i < N; ++i) out[i] = to_f32(ld_ro(p + i));
+    }
+}
+
+// N consecutive elements through L2 only (see `ld_cg`): one 16-byte load when N * sizeof(T) is
+// 16 (the caller guarantees the alignment), else element by element.
+template <int N, typename T> __device__ __forceinline__ void load_vec_cg(const T* p, float* out) {
+    if constexpr (N * sizeof(T) == 16) {
+        unpack_vec<T>(__ldcg(reinterpret_cast<const uint4*>(p)), out);
+    } else {
+#pragma unroll
+        for (int i = 0; i < N; ++i) out[i] = to_f32(ld_cg(p + i));
     }
 }
 

@@ -125,6 +125,16 @@ struct TokIn {
     float g;
 };
 
+// q, k and v: read-only for this grid, except as the programmatic dependent of the conv that
+// writes them (PDL_WAIT), where they are read through L2 after the wait.
+#if PDL_WAIT
+#define LD_IN(ptr) ld_cg(ptr)
+#define LD_IN_VEC(ptr, out) load_vec_cg<VEC>(ptr, out)
+#else
+#define LD_IN(ptr) ld_ro(ptr)
+#define LD_IN_VEC(ptr, out) load_vec_ro<VEC>(ptr, out)
+#endif
+
 __device__ __forceinline__ void load_qk(const RecurrentParams& p, float (&q)[VPT][VEC], float (&k)[VPT][VEC], i64 qo,
                                         i64 ko, int lane) {
     const Q_T* qp = reinterpret_cast<const Q_T*>(p.q) + qo;
@@ -134,8 +144,8 @@ __device__ __forceinline__ void load_qk(const RecurrentParams& p, float (&q)[VPT
         const int vi = lane + w * TPR;
 #if QK_VEC
         if (vi < NVEC) {
-            load_vec_ro<VEC>(qp + vi * VEC, q[w]);
-            load_vec_ro<VEC>(kp + vi * VEC, k[w]);
+            LD_IN_VEC(qp + vi * VEC, q[w]);
+            LD_IN_VEC(kp + vi * VEC, k[w]);
         } else {
 #pragma unroll
             for (int e = 0; e < VEC; ++e) q[w][e] = k[w][e] = 0.f;
@@ -145,8 +155,8 @@ __device__ __forceinline__ void load_qk(const RecurrentParams& p, float (&q)[VPT
         for (int e = 0; e < VEC; ++e) {
             const int c = vi * VEC + e;
             const bool ok = c < KDIM;
-            q[w][e] = ok ? to_f32(ld_ro(qp + (i64)c * p.qs.d)) : 0.f;
-            k[w][e] = ok ? to_f32(ld_ro(kp + (i64)c * p.ks.d)) : 0.f;
+            q[w][e] = ok ? to_f32(LD_IN(qp + (i64)c * p.qs.d)) : 0.f;
+            k[w][e] = ok ? to_f32(LD_IN(kp + (i64)c * p.ks.d)) : 0.f;
         }
 #endif
     }
@@ -171,7 +181,7 @@ __device__ __forceinline__ void load_token(const RecurrentParams& p, TokIn& in, 
 #pragma unroll
     for (int r = 0; r < RPT; ++r) {
         const i64 pr = prow[r] < p.vdim ? prow[r] : 0;
-        in.v[r] = to_f32(ld_ro(reinterpret_cast<const V_T*>(p.v) + tok(p.vs, seq, bos, t) + (i64)hv * p.vs.h + pr * p.vs.d));
+        in.v[r] = to_f32(LD_IN(reinterpret_cast<const V_T*>(p.v) + tok(p.vs, seq, bos, t) + (i64)hv * p.vs.h + pr * p.vs.d));
 #if !SIGMOID && HAS_BETA
         in.beta[r] = to_f32(ld_ro(reinterpret_cast<const BETA_T*>(p.beta) + tok(p.betas, seq, bos, t) + (i64)hv * p.betas.h + pr * p.betas.d));
 #endif

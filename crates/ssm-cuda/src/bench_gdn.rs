@@ -38,11 +38,13 @@ pub enum GdnBenchOp {
     Recurrent,
     /// `gdn_decode_step`: the conv update of the projected rows (`[B, 2·H·K + HV·V]` bf16, width
     /// 4, no bias, silu, conv state `[slots, 3, dim]` through the same slot table), then the
-    /// sigmoid-gated recurrence on its output, one token per sequence: one fused launch.
+    /// sigmoid-gated recurrence on its output, one token per sequence, on its default route.
     Step,
     /// The same step as its two calls (`causal_conv1d_update`, then
-    /// `fused_sigmoid_gating_delta_rule_update`), two launches: what the fused step replaces.
+    /// `fused_sigmoid_gating_delta_rule_update`), two plain launches.
     StepParts,
+    /// The same step on the fused kernel (one launch), whichever route is the default.
+    StepFused,
 }
 
 /// Width of the bench step's conv.
@@ -56,12 +58,13 @@ impl GdnBenchOp {
             GdnBenchOp::Recurrent => "fused_recurrent_gated_delta_rule",
             GdnBenchOp::Step => "gdn_decode_step",
             GdnBenchOp::StepParts => "causal_conv1d_update+fused_sigmoid_gating_delta_rule_update",
+            GdnBenchOp::StepFused => "gdn_step_kernel",
         }
     }
 
     /// Whether the op is the decode step (fused or as its parts).
     pub fn is_step(self) -> bool {
-        matches!(self, GdnBenchOp::Step | GdnBenchOp::StepParts)
+        matches!(self, GdnBenchOp::Step | GdnBenchOp::StepParts | GdnBenchOp::StepFused)
     }
 
     /// A short name: `sigmoid` or `recurrent`.
@@ -71,6 +74,7 @@ impl GdnBenchOp {
             GdnBenchOp::Recurrent => "recurrent",
             GdnBenchOp::Step => "step",
             GdnBenchOp::StepParts => "step_parts",
+            GdnBenchOp::StepFused => "step_fused",
         }
     }
 }
@@ -150,7 +154,9 @@ impl GdnBenchShape {
         }
         let tok = 2 * rows * h * k * io + 2 * rows * hv * v * io;
         let gates = match self.op {
-            GdnBenchOp::SigmoidGating | GdnBenchOp::Step | GdnBenchOp::StepParts => 2 * rows * hv * io + 2 * hv * 4,
+            GdnBenchOp::SigmoidGating | GdnBenchOp::Step | GdnBenchOp::StepParts | GdnBenchOp::StepFused => {
+                2 * rows * hv * io + 2 * hv * 4
+            }
             GdnBenchOp::Recurrent => rows * hv * (4 + io),
         };
         state_and_table_bytes(self.batch, self.tokens, hv * v * k * self.state.size() as u64) + tok + gates
@@ -333,11 +339,12 @@ impl Pool {
                 return be.run(call);
             }
             GdnBenchOp::StepParts => {
-                let (args, _) = self.step(s)?.into_parts();
-                // SAFETY: both launches go to the backend's one stream, the conv first.
-                let (conv, rule) = unsafe { args.into_parts() };
-                be.run(conv)?;
-                return be.run(rule);
+                let call = self.step(s)?;
+                return be.run_gdn_decode_step_on(call, crate::gdn::StepRoute::Separate);
+            }
+            GdnBenchOp::StepFused => {
+                let call = self.step(s)?;
+                return be.run_gdn_decode_step_on(call, crate::gdn::StepRoute::Fused);
             }
             GdnBenchOp::SigmoidGating => false,
             GdnBenchOp::Recurrent => true,

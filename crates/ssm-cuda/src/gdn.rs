@@ -825,9 +825,10 @@ impl CudaBackend {
 
     /// The route a `gdn_decode_step` call takes here.
     ///
-    /// Measured on an H200 (docs/PERF.md, "GDN decode step"): the fused kernel wins only where
-    /// launch latency dominates (one sequence); past that its per-block q/k conv costs more
-    /// issue slots than the second launch costs time, and the chained launches win. On devices
+    /// Measured on an H200 (docs/PERF.md, "GDN decode step"): the chained launches are as fast as
+    /// the separate ones or faster at every batch (1.2× at batch 1), and faster than the fused
+    /// kernel, whose per-block q/k conv costs more issue slots than the second launch costs time
+    /// (0.7–0.8× the separate launches at batch ≥ 8). So the default is chained; on devices
     /// without programmatic dependent launch (before sm_90) the launches are separate.
     /// `SSM_CUDA_GDN_TUNE="step=N"` forces a route for sweeps: 0 separate, 1 fused (separate where
     /// the fused kernel does not cover the call), 2 chained.
@@ -841,7 +842,6 @@ impl CudaBackend {
             Some(1) if fusable => StepRoute::Fused,
             Some(2) => chained_or_separate,
             Some(_) => StepRoute::Separate,
-            None if fusable && args.step().plan().dims.seqs <= FUSED_STEP_MAX_SEQS => StepRoute::Fused,
             None => chained_or_separate,
         }
     }
@@ -934,9 +934,6 @@ impl CudaBackend {
         }
     }
 }
-
-/// Sequences up to which a decode step takes the fused kernel by default ([`StepRoute`]).
-const FUSED_STEP_MAX_SEQS: usize = 1;
 
 impl Run<GdnDecodeStepArgs<'_>> for CudaBackend {
     type Error = CudaError;
