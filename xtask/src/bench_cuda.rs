@@ -582,11 +582,25 @@ fn step_table(m: &Measured<GdnBenchShape>, rows: &mut Vec<Value>) {
     }
     let copy_gbps = m.copy.best_gbps();
     println!(
-        "decode step (gdn_decode_step): fused = one launch; parts = causal_conv1d_update + fused_sigmoid_gating_delta_rule_update; vLLM = {STEP_PEER}"
+        "decode step (gdn_decode_step): step = its default route; parts = causal_conv1d_update + \
+         fused_sigmoid_gating_delta_rule_update (two plain launches); fused = gdn_step_kernel (one launch); \
+         vLLM = {STEP_PEER}"
     );
     println!(
-        "{:<5} {:>5} | {:>9} {:>6} | {:>9} {:>6} {:>7} | {:>9} {:>6} {:>7}",
-        "state", "batch", "fused us", "copy", "parts us", "copy", "speedup", "vLLM us", "copy", "speedup"
+        "{:<5} {:>5} | {:>9} {:>6} | {:>9} {:>6} {:>7} | {:>9} {:>6} {:>7} | {:>9} {:>6} {:>7}",
+        "state",
+        "batch",
+        "step us",
+        "copy",
+        "parts us",
+        "copy",
+        "speedup",
+        "fused us",
+        "copy",
+        "speedup",
+        "vLLM us",
+        "copy",
+        "speedup"
     );
     for r in fused {
         let s = r.shape;

@@ -825,11 +825,12 @@ impl CudaBackend {
 
     /// The route a `gdn_decode_step` call takes here.
     ///
-    /// Measured on an H200 (docs/PERF.md, "GDN decode step"): the chained launches are as fast as
-    /// the separate ones or faster at every batch (1.2× at batch 1), and faster than the fused
-    /// kernel, whose per-block q/k conv costs more issue slots than the second launch costs time
-    /// (0.7–0.8× the separate launches at batch ≥ 8). So the default is chained; on devices
-    /// without programmatic dependent launch (before sm_90) the launches are separate.
+    /// Measured on an H200 (docs/PERF.md, "GDN decode step on CUDA"), every route in the same run:
+    /// with one sequence the chained launches (conv, then the recurrence as its programmatic
+    /// dependent) take 0.90× the time of the separate ones; from 8 sequences on they are no
+    /// faster (0.94–1.06×, within run-to-run spread), and the fused kernel is slower still
+    /// (its per-block q/k conv costs more issue slots than the second launch costs time). So:
+    /// chained for one sequence on sm_90+, separate launches otherwise.
     /// `SSM_CUDA_GDN_TUNE="step=N"` forces a route for sweeps: 0 separate, 1 fused (separate where
     /// the fused kernel does not cover the call), 2 chained.
     pub fn gdn_decode_step_route(&self, call: &Planned<GdnDecodeStepArgs<'_>>) -> StepRoute {
@@ -842,7 +843,8 @@ impl CudaBackend {
             Some(1) if fusable => StepRoute::Fused,
             Some(2) => chained_or_separate,
             Some(_) => StepRoute::Separate,
-            None => chained_or_separate,
+            None if args.step().plan().dims.seqs <= CHAINED_STEP_MAX_SEQS => chained_or_separate,
+            None => StepRoute::Separate,
         }
     }
 
@@ -934,6 +936,9 @@ impl CudaBackend {
         }
     }
 }
+
+/// Sequences up to which a decode step takes the chained route by default ([`StepRoute`]).
+const CHAINED_STEP_MAX_SEQS: usize = 1;
 
 impl Run<GdnDecodeStepArgs<'_>> for CudaBackend {
     type Error = CudaError;

@@ -35,8 +35,8 @@ impl Runtime {
 
     /// One decode step of a Qwen3-Next GDN layer: `causal_conv1d_update`, then
     /// `fused_sigmoid_gating_delta_rule_update` on its output ([`ssm_gdn::GdnDecodeStepArgs`],
-    /// planned when the arguments were built). Writes what the two calls write; on CUDA one
-    /// launch for the Qwen3-Next decode shapes.
+    /// planned when the arguments were built). Writes what the two calls write; on CUDA the route is
+    /// chosen per call (`ssm_cuda::gdn::StepRoute`: fused, chained or separate launches).
     pub fn gdn_decode_step(&self, args: GdnDecodeStepArgs<'_>) -> Result<(), Error> {
         self.plan_and_run(args)
     }

@@ -150,7 +150,7 @@ enum Route {
     /// Conv update, then the recurrence.
     Decode,
     /// Decodes of one token each (`num_decode_tokens == num_decodes`): one `gdn_decode_step`
-    /// (the conv update and the recurrence as one call, fused or chained on CUDA), sequence `i`
+    /// (the conv update and the recurrence as one call; on CUDA its route is the backend's), sequence `i`
     /// at row `i` of the path (the token starts are implied and not read).
     DecodeStep,
     /// Varlen conv, gating, then the chunked prefill (decodes of the batch included).
