@@ -117,33 +117,24 @@ __device__ __forceinline__ i64 load_index(const int* p) { return (i64)*p; }
 __device__ __forceinline__ i64 load_index(const i64* p) { return *p; }
 __device__ __forceinline__ i64 load_index(const unsigned char* p) { return (i64)*p; }
 
+// A 16-bit float from its bits.
+template <typename T> __device__ __forceinline__ T half_of(unsigned short bits) {
+    T v;
+    v.bits = bits;
+    return v;
+}
+
 // Read-only loads through the non-coherent cache (inputs the kernel never writes).
 __device__ __forceinline__ float ld_ro(const float* p) { return __ldg(p); }
-__device__ __forceinline__ f16_t ld_ro(const f16_t* p) {
-    f16_t v;
-    v.bits = __ldg(&p->bits);
-    return v;
-}
-__device__ __forceinline__ bf16_t ld_ro(const bf16_t* p) {
-    bf16_t v;
-    v.bits = __ldg(&p->bits);
-    return v;
-}
+__device__ __forceinline__ f16_t ld_ro(const f16_t* p) { return half_of<f16_t>(__ldg(&p->bits)); }
+__device__ __forceinline__ bf16_t ld_ro(const bf16_t* p) { return half_of<bf16_t>(__ldg(&p->bits)); }
 
 // Loads cached in L2 only (`ld.global.cg`): for inputs another grid writes while this one runs
 // (a programmatic dependent reads its primary's output after `pdl_wait`), where the
 // non-coherent path's read-only contract does not hold.
 __device__ __forceinline__ float ld_cg(const float* p) { return __ldcg(p); }
-__device__ __forceinline__ f16_t ld_cg(const f16_t* p) {
-    f16_t v;
-    v.bits = __ldcg(&p->bits);
-    return v;
-}
-__device__ __forceinline__ bf16_t ld_cg(const bf16_t* p) {
-    bf16_t v;
-    v.bits = __ldcg(&p->bits);
-    return v;
-}
+__device__ __forceinline__ f16_t ld_cg(const f16_t* p) { return half_of<f16_t>(__ldcg(&p->bits)); }
+__device__ __forceinline__ bf16_t ld_cg(const bf16_t* p) { return half_of<bf16_t>(__ldcg(&p->bits)); }
 
 // One 16-byte vector of T (16 / sizeof(T) elements) widened to f32.
 template <typename T> __device__ __forceinline__ void unpack_vec(const uint4& u, float* out) {

@@ -414,6 +414,33 @@ struct Writes<'a> {
 }
 
 impl Layer<'_> {
+    /// The conv update of a path: its conv slots, with the accepted counts and token starts of
+    /// a speculative path.
+    fn conv_update<'s>(
+        &'s self,
+        x: TensorRef<'s>,
+        conv_state: TensorMut<'s>,
+        path: &'s Path<'s>,
+        out: TensorMut<'s>,
+    ) -> CausalConv1dUpdateArgs<'s> {
+        let speculative = path.route == Route::Speculative;
+        CausalConv1dUpdateArgs {
+            x,
+            conv_state,
+            conv_state_layout: self.conv_state_layout,
+            weight: self.conv_weight,
+            bias: self.conv_bias,
+            activation: self.activation,
+            conv_state_indices: Some(path.conv_slots),
+            num_accepted_tokens: if speculative { self.num_accepted_tokens } else { None },
+            query_start_loc: speculative.then_some(path.starts),
+            pad_slot_id: self.pad_slot_id,
+            block_idx_last_scheduled_token: None,
+            initial_state_idx: None,
+            out,
+        }
+    }
+
     /// Plans one path's ops into `schedule`: the gathers of a listed path, the conv, (the
     /// gating,) the recurrence, then the scatter of its output rows.
     fn plan_path<'s>(
@@ -463,21 +490,7 @@ impl Layer<'_> {
             }
         };
         if path.route == Route::DecodeStep {
-            let conv = CausalConv1dUpdateArgs {
-                x,
-                conv_state: w.conv_state,
-                conv_state_layout: self.conv_state_layout,
-                weight: self.conv_weight,
-                bias: self.conv_bias,
-                activation: self.activation,
-                conv_state_indices: Some(path.conv_slots),
-                num_accepted_tokens: None,
-                query_start_loc: None,
-                pad_slot_id: self.pad_slot_id,
-                block_idx_last_scheduled_token: None,
-                initial_state_idx: None,
-                out: bufs.conv_out.view_mut(),
-            };
+            let conv = self.conv_update(x, w.conv_state, path, bufs.conv_out.view_mut());
             let gates = GateInputs::new(self.a_log, a, b, self.dt_bias);
             // The path's `o` `[1, n, HV, V]` as the step's `[n, 1, HV, V]`.
             let (row, off) = (o.strides()[1], o.layout().offset());
@@ -516,21 +529,7 @@ impl Layer<'_> {
                 out: conv_out_w,
             })?;
         } else {
-            schedule.plan(CausalConv1dUpdateArgs {
-                x,
-                conv_state: w.conv_state,
-                conv_state_layout: self.conv_state_layout,
-                weight: self.conv_weight,
-                bias: self.conv_bias,
-                activation: self.activation,
-                conv_state_indices: Some(path.conv_slots),
-                num_accepted_tokens: if speculative { self.num_accepted_tokens } else { None },
-                query_start_loc: speculative.then_some(path.starts),
-                pad_slot_id: self.pad_slot_id,
-                block_idx_last_scheduled_token: None,
-                initial_state_idx: None,
-                out: conv_out_w,
-            })?;
+            schedule.plan(self.conv_update(x, w.conv_state, path, conv_out_w))?;
         }
         let [q, k, v] = qkv_views(conv_out_r.into_ref(), d)?;
         if let Some([g, beta]) = bufs.gating.as_mut() {
