@@ -6,8 +6,8 @@ use bytemuck::{Pod, Zeroable};
 use cudarc::driver::DeviceRepr;
 use ssm_gdn::plan::{Gates, StateSlots, StateView};
 use ssm_gdn::{
-    DeltaRuleArgs, FusedGdnGatingArgs, FusedRecurrentGatedDeltaRuleArgs, FusedSigmoidGatingDeltaRuleUpdateArgs,
-    GatingPlan, GdnDecodeStepArgs, RecurrentPlan, StateLayout,
+    DeltaRuleArgs, DeviceParts, FusedGdnGatingArgs, FusedRecurrentGatedDeltaRuleArgs,
+    FusedSigmoidGatingDeltaRuleUpdateArgs, GatingPlan, GdnDecodeStepArgs, RecurrentPlan, StateLayout,
 };
 use ssm_tensor::Strided;
 use ssm_tensor::{DType, Planned, Run};
@@ -782,9 +782,15 @@ pub(crate) struct StepParams {
 // gdn.cu; the driver copies it by value.
 unsafe impl DeviceRepr for StepParams {}
 
+/// The planned parts of a decode step on a device (host tensors are refused: the CUDA backend
+/// runs device views only).
+fn parts<'c, 'a>(args: &'c GdnDecodeStepArgs<'a>) -> Result<DeviceParts<'c, 'a>, CudaError> {
+    args.device_parts().ok_or_else(|| CudaError::Unsupported("gdn_decode_step on host tensors".into()))
+}
+
 /// The recurrence's addresses of a decode step.
-fn step_addrs(args: &GdnDecodeStepArgs<'_>) -> RecurrentAddrs {
-    let a = args.step().args();
+fn step_addrs(step: &Planned<FusedSigmoidGatingDeltaRuleUpdateArgs<'_>>) -> RecurrentAddrs {
+    let a = step.args();
     RecurrentAddrs {
         a_log: a0(a.gates.a_log.device_addr()),
         dt_bias: a0(a.gates.dt_bias.device_addr()),
@@ -811,10 +817,10 @@ impl CudaBackend {
     /// The fused kernel's key for a decode step, or `None` where the fused kernel does not cover
     /// it (a conv or recurrence route it lacks, or more sequence × head pairs than
     /// [`STEP_COUNTERS`]).
-    fn step_key(&self, args: &GdnDecodeStepArgs<'_>, addrs: Option<&RecurrentAddrs>) -> Option<GdnKey> {
-        let (rp, cp) = (args.step().plan(), args.conv().plan());
+    fn step_key(&self, (conv, step): DeviceParts<'_, '_>, addrs: Option<&RecurrentAddrs>) -> Option<GdnKey> {
+        let (rp, cp) = (step.plan(), conv.plan());
         let rule = RecurrentKey::from_plan(rp, recurrent_types(rp), addrs);
-        let conv = update_call(cp, args.conv().args()).key(addrs.is_some());
+        let conv = update_call(cp, conv.args()).key(addrs.is_some());
         let d = rp.dims;
         let fits = d.seqs.checked_mul(d.heads).is_some_and(|n| n <= STEP_COUNTERS)
             && d.k <= 256
@@ -834,8 +840,8 @@ impl CudaBackend {
     /// `SSM_CUDA_GDN_TUNE="step=N"` forces a route for sweeps: 0 separate, 1 fused (separate where
     /// the fused kernel does not cover the call), 2 chained.
     pub fn gdn_decode_step_route(&self, call: &Planned<GdnDecodeStepArgs<'_>>) -> StepRoute {
-        let args = call.args();
-        let fusable = self.step_key(args, Some(&step_addrs(args))).is_some();
+        let Ok(p) = parts(call.args()) else { return StepRoute::Separate };
+        let fusable = self.step_key(p, Some(&step_addrs(p.1))).is_some();
         let pdl = self.compiler.arch().major >= 9;
         let chained_or_separate = if pdl { StepRoute::Chained } else { StepRoute::Separate };
         match GDN_TUNE.get("step") {
@@ -843,7 +849,7 @@ impl CudaBackend {
             Some(1) if fusable => StepRoute::Fused,
             Some(2) => chained_or_separate,
             Some(_) => StepRoute::Separate,
-            None if args.step().plan().dims.seqs <= CHAINED_STEP_MAX_SEQS => chained_or_separate,
+            None if p.1.plan().dims.seqs <= CHAINED_STEP_MAX_SEQS => chained_or_separate,
             None => StepRoute::Separate,
         }
     }
@@ -851,19 +857,19 @@ impl CudaBackend {
     /// Whether the fused kernel covers a `gdn_decode_step` call ([`StepRoute::Fused`] is
     /// possible), whichever route the call takes.
     pub fn gdn_decode_step_fusable(&self, call: &Planned<GdnDecodeStepArgs<'_>>) -> bool {
-        self.step_key(call.args(), Some(&step_addrs(call.args()))).is_some()
+        parts(call.args()).is_ok_and(|p| self.step_key(p, Some(&step_addrs(p.1))).is_some())
     }
 
     /// [`prewarm`](Self::prewarm) for the kernels a `gdn_decode_step` call launches on its route.
     pub fn prewarm_gdn_decode_step(&self, call: &Planned<GdnDecodeStepArgs<'_>>) -> Result<(), CudaError> {
-        let args = call.args();
-        let addrs = step_addrs(args);
+        let p = parts(call.args())?;
+        let addrs = step_addrs(p.1);
         let route = self.gdn_decode_step_route(call);
-        if let (StepRoute::Fused, Some(key)) = (route, self.step_key(args, Some(&addrs))) {
+        if let (StepRoute::Fused, Some(key)) = (route, self.step_key(p, Some(&addrs))) {
             return self.gdn_function(key).map(|_| ());
         }
-        self.prewarm_conv_update(args.conv())?;
-        let rp = args.step().plan();
+        self.prewarm_conv_update(p.0)?;
+        let rp = p.1.plan();
         let mut key = RecurrentKey::from_plan(rp, recurrent_types(rp), Some(&addrs));
         if route == StepRoute::Chained {
             key.flags |= F_PDL;
@@ -881,9 +887,10 @@ impl CudaBackend {
     ) -> Result<(), CudaError> {
         self.expect_device(&call)?;
         let (args, _) = call.into_parts();
-        let addrs = step_addrs(&args);
-        match (route, self.step_key(&args, Some(&addrs))) {
-            (StepRoute::Fused, Some(GdnKey::Step(rule, conv_key))) => self.launch_step(&args, &addrs, rule, conv_key),
+        let p = parts(&args)?;
+        let addrs = step_addrs(p.1);
+        match (route, self.step_key(p, Some(&addrs))) {
+            (StepRoute::Fused, Some(GdnKey::Step(rule, conv_key))) => self.launch_step(p, &addrs, rule, conv_key),
             (StepRoute::Chained, _) if self.compiler.arch().major >= 9 => {
                 // SAFETY: the conv launch goes first on this backend's one stream; the recurrence,
                 // its programmatic dependent, reads q/k/v only after `griddepcontrol.wait`.
@@ -903,17 +910,17 @@ impl CudaBackend {
 
     fn launch_step(
         &self,
-        args: &GdnDecodeStepArgs<'_>,
+        (conv, step): DeviceParts<'_, '_>,
         addrs: &RecurrentAddrs,
         rule: RecurrentKey,
         conv_key: ConvKey,
     ) -> Result<(), CudaError> {
-        let rp = args.step().plan();
+        let rp = step.plan();
         let d = rp.dims;
         let dim_tiles = d.v.div_ceil(rule.geometry.row.dim_tile() as usize);
         let Some(grid) = grid_x(d.seqs * d.v_heads * dim_tiles)? else { return Ok(()) };
         let func = self.gdn_function(GdnKey::Step(rule, conv_key))?;
-        let (conv, _) = update_call(args.conv().plan(), args.conv().args()).params(self.error_word_addr(), &conv_key);
+        let (conv, _) = update_call(conv.plan(), conv.args()).params(self.error_word_addr(), &conv_key);
         let params = StepParams {
             rule: self.recurrent_params(rp, addrs, dim_tiles),
             conv,

@@ -28,6 +28,11 @@ pub struct GdnDecodeStepArgs<'a> {
     step: Planned<FusedSigmoidGatingDeltaRuleUpdateArgs<'a>>,
 }
 
+/// The planned conv update and the planned recurrence of a step on a device
+/// ([`GdnDecodeStepArgs::device_parts`]).
+pub type DeviceParts<'c, 'a> =
+    (&'c Planned<CausalConv1dUpdateArgs<'a>>, &'c Planned<FusedSigmoidGatingDeltaRuleUpdateArgs<'a>>);
+
 /// What [`GdnDecodeStepArgs::new`] resolved (both parts' plans are in the parts).
 #[derive(Debug, Clone, Copy)]
 pub struct DecodeStepPlan {
@@ -107,9 +112,10 @@ impl<'a> GdnDecodeStepArgs<'a> {
         let (s0, s1, off) = (out.strides()[0], out.strides()[1], out.layout().offset());
         let mut conv = conv;
         // SAFETY: the write alias goes to the conv call, the read aliases (q, k, v) to the
-        // recurrence. Both are planned calls; this type runs them only through
-        // `into_parts`, whose contract makes the conv run (and finish) before the recurrence,
-        // and hands out no other access to their memory.
+        // recurrence. Both are planned calls; they run only through `into_parts`, whose
+        // contract makes the conv run (and finish) before the recurrence. The parts are
+        // otherwise handed out only for device tensors (`device_parts`), whose views give no
+        // host slices.
         let [out_w, out_r] = unsafe { conv.out.aliased() };
         conv.out = out_w;
         // The conv first, as it runs first.
@@ -142,14 +148,12 @@ impl<'a> GdnDecodeStepArgs<'a> {
         Ok(GdnDecodeStepArgs { conv, step })
     }
 
-    /// The planned conv update (its `out` is the recurrence's q/k/v).
-    pub fn conv(&self) -> &Planned<CausalConv1dUpdateArgs<'a>> {
-        &self.conv
-    }
-
-    /// The planned recurrence.
-    pub fn step(&self) -> &Planned<FusedSigmoidGatingDeltaRuleUpdateArgs<'a>> {
-        &self.step
+    /// The two planned parts, for a device backend that reads their plans and device addresses
+    /// (to fuse or chain them); `None` when the tensors live on the host. Host views would give
+    /// slices of the conv output (the recurrence's q/k/v) that outlive the borrow, while the
+    /// step writes it.
+    pub fn device_parts(&self) -> Option<DeviceParts<'_, 'a>> {
+        (self.conv.device() != Device::Cpu).then_some((&self.conv, &self.step))
     }
 
     /// The two planned calls, for a backend that runs them one after the other.

@@ -37,7 +37,7 @@ pub use args::{
     ChunkGatedDeltaRuleArgs, DeltaRuleArgs, FusedGdnGatingArgs, FusedRecurrentGatedDeltaRuleArgs,
     FusedSigmoidGatingDeltaRuleUpdateArgs, GateInputs, StateLayout,
 };
-pub use decode_step::{DecodeStepPlan, GdnDecodeStepArgs};
+pub use decode_step::{DecodeStepPlan, DeviceParts, GdnDecodeStepArgs};
 pub use error::GdnError;
 pub use plan::{ChunkPlan, GatingPlan, RecurrentPlan};
 pub use ssm_tensor::{Op, Planned, Run};
