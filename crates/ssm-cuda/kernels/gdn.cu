@@ -251,6 +251,31 @@ __device__ __forceinline__ void store_tile(T* base, const float (&s)[RPT][VPT][V
         }
 }
 
+// The RAW route's tile in storage form: the lane's 16-byte vectors of its rows of one head block
+// (`base`), zero bits (0.0 in every float format) where `from_state` is false or outside the block.
+__device__ __forceinline__ void load_raw_tile(const STATE_T* base, uint4 (&raw)[RPT][VPT], const int (&prow)[RPT],
+                                              int lane, int vdim, bool from_state) {
+#pragma unroll
+    for (int r = 0; r < RPT; ++r)
+#pragma unroll
+        for (int w = 0; w < VPT; ++w) {
+            const int vi = lane + w * TPR;
+            raw[r][w] = make_uint4(0u, 0u, 0u, 0u);
+            if (from_state && prow[r] < vdim && vi < NVEC) raw[r][w] = load16<false>(base + elem(prow[r], vi * VEC, vdim));
+        }
+}
+
+__device__ __forceinline__ void store_raw_tile(STATE_T* base, const uint4 (&raw)[RPT][VPT], const int (&prow)[RPT],
+                                               int lane, int vdim) {
+#pragma unroll
+    for (int r = 0; r < RPT; ++r)
+#pragma unroll
+        for (int w = 0; w < VPT; ++w) {
+            const int vi = lane + w * TPR;
+            if (prow[r] < vdim && vi < NVEC) store16<false>(base + elem(prow[r], vi * VEC, vdim), raw[r][w]);
+        }
+}
+
 // The lane's state tile: RPT rows of VPT 16-byte vectors in storage form (RAW), else in f32.
 #if RAW
 typedef uint4 Tile[RPT][VPT];
@@ -424,15 +449,8 @@ extern "C" __global__ void GDN_BOUNDS gdn_recurrent_kernel(const RecurrentParams
     // One token, in place, 16-byte state vectors: the tile stays in its storage form (half the
     // registers of f32 for a 16-bit state), widened one row at a time, rounded once.
     uint4 raw[RPT][VPT];
-    const STATE_T* sbase = reinterpret_cast<const STATE_T*>(p.state) + src * p.state_row + hv * head_elems;
-#pragma unroll
-    for (int r = 0; r < RPT; ++r)
-#pragma unroll
-        for (int w = 0; w < VPT; ++w) {
-            const int vi = lane + w * TPR;
-            raw[r][w] = make_uint4(0u, 0u, 0u, 0u);  // zero bits: 0.0 in every float format
-            if (from_state && prow[r] < p.vdim && vi < NVEC) raw[r][w] = load16<false>(sbase + elem(prow[r], vi * VEC, p.vdim));
-        }
+    load_raw_tile(reinterpret_cast<const STATE_T*>(p.state) + src * p.state_row + hv * head_elems, raw, prow, lane,
+                  p.vdim, from_state);
 #else
     float s[RPT][VPT][VEC];
     if (from_state) {
@@ -510,14 +528,7 @@ extern "C" __global__ void GDN_BOUNDS gdn_recurrent_kernel(const RecurrentParams
     }
 #if RAW
     // In place, once: the rows packed above, to the slot read (1-D table) or row bos (no table).
-    STATE_T* obase = reinterpret_cast<STATE_T*>(p.state) + src * p.state_row + hv * head_elems;
-#pragma unroll
-    for (int r = 0; r < RPT; ++r)
-#pragma unroll
-        for (int w = 0; w < VPT; ++w) {
-            const int vi = lane + w * TPR;
-            if (prow[r] < p.vdim && vi < NVEC) store16<false>(obase + elem(prow[r], vi * VEC, p.vdim), raw[r][w]);
-        }
+    store_raw_tile(reinterpret_cast<STATE_T*>(p.state) + src * p.state_row + hv * head_elems, raw, prow, lane, p.vdim);
 #elif !HAS_FINAL && HAS_STATE && SLOTS != 2
     // In place, once: to the slot read (1-D table) or row bos (no table).
     store_tile(reinterpret_cast<STATE_T*>(p.state) + src * p.state_row + hv * head_elems, s, prow, lane, p.vdim);
@@ -617,13 +628,7 @@ __device__ __forceinline__ void step_recurrence(const RecurrentParams& p, i64 se
         for (int r = 0; r < RPT; ++r)
             if (prow[r] < p.vdim) out[(i64)prow[r] * p.os.d] = from_f32<O_T>(y[r]);
     }
-#pragma unroll
-    for (int r = 0; r < RPT; ++r)
-#pragma unroll
-        for (int w = 0; w < VPT; ++w) {
-            const int vi = lane + w * TPR;
-            if (prow[r] < p.vdim && vi < NVEC) store16<false>(sbase + elem(prow[r], vi * VEC, p.vdim), raw[r][w]);
-        }
+    store_raw_tile(sbase, raw, prow, lane, p.vdim);
 }
 
 // The same, read back from the state in place (the last block of (seq, h), for the q/k
@@ -677,14 +682,7 @@ extern "C" __global__ void GDN_BOUNDS gdn_step_kernel(const StepParams sp) {
     const i64 head_elems = (i64)KDIM * p.vdim;
     STATE_T* sbase = reinterpret_cast<STATE_T*>(p.state) + (rule_runs ? src : 0) * p.state_row + hv * head_elems;
     uint4 raw[RPT][VPT];
-#pragma unroll
-    for (int r = 0; r < RPT; ++r)
-#pragma unroll
-        for (int w = 0; w < VPT; ++w) {
-            const int vi = lane + w * TPR;
-            raw[r][w] = make_uint4(0u, 0u, 0u, 0u);
-            if (rule_runs && prow[r] < p.vdim && vi < NVEC) raw[r][w] = load16<false>(sbase + elem(prow[r], vi * VEC, p.vdim));
-        }
+    load_raw_tile(sbase, raw, prow, lane, p.vdim, rule_runs);
 
     // ---- the conv ----
     bool conv_runs = true;

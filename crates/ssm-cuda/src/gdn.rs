@@ -841,12 +841,11 @@ impl CudaBackend {
     /// the fused kernel does not cover the call), 2 chained.
     pub fn gdn_decode_step_route(&self, call: &Planned<GdnDecodeStepArgs<'_>>) -> StepRoute {
         let Ok(p) = parts(call.args()) else { return StepRoute::Separate };
-        let fusable = self.step_key(p, Some(&step_addrs(p.1))).is_some();
         let pdl = self.compiler.arch().major >= 9;
         let chained_or_separate = if pdl { StepRoute::Chained } else { StepRoute::Separate };
         match GDN_TUNE.get("step") {
             Some(0) => StepRoute::Separate,
-            Some(1) if fusable => StepRoute::Fused,
+            Some(1) if self.step_key(p, Some(&step_addrs(p.1))).is_some() => StepRoute::Fused,
             Some(2) => chained_or_separate,
             Some(_) => StepRoute::Separate,
             None if p.1.plan().dims.seqs <= CHAINED_STEP_MAX_SEQS => chained_or_separate,
@@ -889,7 +888,9 @@ impl CudaBackend {
         let (args, _) = call.into_parts();
         let p = parts(&args)?;
         let addrs = step_addrs(p.1);
-        match (route, self.step_key(p, Some(&addrs))) {
+        // The fused kernel's key only for that route (the others launch the parts' own kernels).
+        let fused = if route == StepRoute::Fused { self.step_key(p, Some(&addrs)) } else { None };
+        match (route, fused) {
             (StepRoute::Fused, Some(GdnKey::Step(rule, conv_key))) => self.launch_step(p, &addrs, rule, conv_key),
             (StepRoute::Chained, _) if self.compiler.arch().major >= 9 => {
                 // SAFETY: the conv launch goes first on this backend's one stream; the recurrence,

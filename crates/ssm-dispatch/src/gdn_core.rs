@@ -127,10 +127,7 @@ impl Dims {
         let [_, hv, a, b] = st[..] else {
             return Err(core_err("ssm_state", format!("must have shape [slots, HV, ·, ·], got {st:?}")));
         };
-        let (kd, vd) = match layout {
-            StateLayout::VK => (b, a),
-            StateLayout::KV => (a, b),
-        };
+        let (kd, vd) = layout.head_dims(a, b);
         let conv_dim = add("mixed_qkv", product("mixed_qkv", &[2, h, kd])?, product("mixed_qkv", &[hv, vd])?)?;
         if h == 0 || mixed_qkv.rank() != 2 || mixed_qkv.shape()[1] != conv_dim {
             return Err(core_err(

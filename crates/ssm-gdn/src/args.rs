@@ -18,6 +18,15 @@ impl StateLayout {
         }
     }
 
+    /// The inverse of [`dims`](Self::dims): `(head_k_dim, head_v_dim)` of a head matrix stored as
+    /// `rows × cols`.
+    pub fn head_dims(self, rows: usize, cols: usize) -> (usize, usize) {
+        match self {
+            StateLayout::VK => (cols, rows),
+            StateLayout::KV => (rows, cols),
+        }
+    }
+
     /// The shape's name, e.g. `[slots, HV, V, K]`.
     pub fn name(self) -> &'static str {
         match self {

@@ -76,10 +76,7 @@ impl<'a> GdnDecodeStepArgs<'a> {
         let [_, hv, a, b] = st[..] else {
             return Err(step_err("ssm_state", format!("must have shape [slots, HV, ·, ·], got {st:?}")));
         };
-        let (kd, vd) = match state_layout {
-            StateLayout::VK => (b, a),
-            StateLayout::KV => (a, b),
-        };
+        let (kd, vd) = state_layout.head_dims(a, b);
         let h = num_k_heads;
         let dim = h
             .checked_mul(kd)
