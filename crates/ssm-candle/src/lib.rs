@@ -412,6 +412,9 @@ pub fn selective_state_update(
                 num_accepted_tokens: None,
                 cu_seqlens: None,
                 stochastic_rounding: None,
+                disable_state_update: false,
+                intermediate_states_buffer: None,
+                intermediate_state_indices: None,
             };
             Ok(rt.selective_state_update(args)?)
         }),

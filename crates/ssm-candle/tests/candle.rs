@@ -84,6 +84,9 @@ fn ssu_matches_the_runtime_bit_for_bit_on_strided_candle_layouts() {
         num_accepted_tokens: None,
         cu_seqlens: None,
         stochastic_rounding: None,
+        disable_state_update: false,
+        intermediate_states_buffer: None,
+        intermediate_state_indices: None,
     };
     rt.selective_state_update(args).unwrap();
 

@@ -192,6 +192,9 @@ pub fn ssu_decode<T: Target + Sync>(whole: &T, halves: [&T; 2], seed: u64) -> Sp
             num_accepted_tokens: None,
             cu_seqlens: None,
             stochastic_rounding: None,
+            disable_state_update: false,
+            intermediate_states_buffer: None,
+            intermediate_state_indices: None,
         })
     })
 }

@@ -36,6 +36,9 @@ pub(crate) fn run(target: &dyn Target, case: &Case) -> Produced {
         num_accepted_tokens: view("num_accepted_tokens"),
         cu_seqlens: view("cu_seqlens"),
         stochastic_rounding: None,
+        disable_state_update: false,
+        intermediate_states_buffer: None,
+        intermediate_state_indices: None,
     };
     target.selective_state_update(args).map_err(crate::TargetError::into_produced)?;
     Ok(vec![("out".into(), out), ("state".into(), state)])

@@ -29,6 +29,8 @@ struct Inputs<'a> {
     dst: Option<&'a [u8]>,
     nacc: Option<&'a [u8]>,
     cu: Option<&'a [u8]>,
+    /// `intermediate_state_indices`.
+    entries: Option<&'a [u8]>,
 }
 
 struct Item<'a, 's, St> {
@@ -36,6 +38,8 @@ struct Item<'a, 's, St> {
     plan: &'a SsuPlan,
     inp: &'a Inputs<'a>,
     state: SharedBuf<St>,
+    /// The intermediate-state buffer (the state's element type).
+    buffer: Option<SharedBuf<St>>,
     out: SharedBuf<u8>,
     seq: usize,
     head: usize,
@@ -44,7 +48,13 @@ struct Item<'a, 's, St> {
 }
 
 impl CpuBackend {
-    fn ssu_typed<St: Real>(&self, plan: &SsuPlan, inp: &Inputs<'_>, state: SharedBuf<St>, out: SharedBuf<u8>) {
+    fn ssu_typed<St: Real>(
+        &self,
+        plan: &SsuPlan,
+        inp: &Inputs<'_>,
+        (state, buffer): (SharedBuf<St>, Option<SharedBuf<St>>),
+        out: SharedBuf<u8>,
+    ) {
         let heads = plan.dims.heads;
         let dim = plan.dims.dim;
         // Few (sequence, head) items (Mamba1: one head per sequence; small batches) leave threads
@@ -61,7 +71,7 @@ impl CpuBackend {
         let body = |i: usize, scratch: &mut Scratch<'_>| {
             let (pair, k) = (i / chunks, i % chunks);
             let rows = (k * chunk, ((k + 1) * chunk).min(dim));
-            dispatch(Item { scratch, plan, inp, state, out, seq: pair / heads, head: pair % heads, rows });
+            dispatch(Item { scratch, plan, inp, state, buffer, out, seq: pair / heads, head: pair % heads, rows });
         };
         let per_item = item_scratch(plan, chunk);
         self.for_each_scratch(pairs * chunks, per_item, !plan.alias_free, None, body);
@@ -101,24 +111,37 @@ impl Run<SelectiveStateUpdateArgs<'_>> for CpuBackend {
             dst: opt(&args.dst_state_batch_indices).or(sbi),
             nacc: opt(&args.num_accepted_tokens),
             cu: opt(&args.cu_seqlens),
+            entries: opt(&args.intermediate_state_indices),
         };
         let out =
             SharedBuf::new(args.out.host_bytes_mut().ok_or(CpuError::NotHost { arg: "out", device: plan.device })?);
-        let state = &mut args.state;
+        let (state, buffer) = (&mut args.state, &mut args.intermediate_states_buffer);
         match plan.dtypes.state {
-            DType::F32 => self.ssu_typed(plan, &inp, state_buf::<f32>(state, plan)?, out),
-            DType::BF16 => self.ssu_typed(plan, &inp, state_buf::<bf16>(state, plan)?, out),
-            DType::F16 => self.ssu_typed(plan, &inp, state_buf::<f16>(state, plan)?, out),
+            DType::F32 => self.ssu_typed(plan, &inp, state_bufs::<f32>(state, buffer, plan)?, out),
+            DType::BF16 => self.ssu_typed(plan, &inp, state_bufs::<bf16>(state, buffer, plan)?, out),
+            DType::F16 => self.ssu_typed(plan, &inp, state_bufs::<f16>(state, buffer, plan)?, out),
             _ => unreachable!("plan admits float states only"),
         }
         Ok(())
     }
 }
 
-/// The state pool as `St` elements shared between items.
-fn state_buf<St: Real>(state: &mut TensorMut<'_>, plan: &SsuPlan) -> Result<SharedBuf<St>, CpuError> {
+/// The state pool and the intermediate buffer (the plan gave it the state's dtype) as `St`
+/// elements shared between items.
+fn state_bufs<St: Real>(
+    state: &mut TensorMut<'_>,
+    buffer: &mut Option<TensorMut<'_>>,
+    plan: &SsuPlan,
+) -> Result<(SharedBuf<St>, Option<SharedBuf<St>>), CpuError> {
     let s = state.host_data_mut::<St>().map_err(|_| CpuError::NotHost { arg: "state", device: plan.device })?;
-    Ok(SharedBuf::new(s))
+    let b = match buffer {
+        Some(b) => Some(SharedBuf::new(
+            b.host_data_mut::<St>()
+                .map_err(|_| CpuError::NotHost { arg: "intermediate_states_buffer", device: plan.device })?,
+        )),
+        None => None,
+    };
+    Ok((SharedBuf::new(s), b))
 }
 
 impl<St: Real> SimdKernel for Item<'_, '_, St> {
@@ -131,7 +154,7 @@ impl<St: Real> SimdKernel for Item<'_, '_, St> {
         // No closure in this body or the functions it calls may contain lane operations: a
         // closure is compiled without the caller's target features, which would turn every
         // intrinsic into a call. Lane code lives in `#[inline(always)]` functions.
-        let Item { scratch, plan, inp, state, out, seq, head, rows } = self;
+        let Item { scratch, plan, inp, state, buffer, out, seq, head, rows } = self;
         let Some(cx) = SeqCtx::resolve(plan, inp, seq, head) else { return };
         let nv = plan.dims.dstate.div_ceil(LANES) * LANES;
         let rp = (rows.1 - rows.0).div_ceil(LANES) * LANES;
@@ -142,7 +165,7 @@ impl<St: Real> SimdKernel for Item<'_, '_, St> {
             return;
         }
         row_factors::<S>(&cx, &mut bufs, rows);
-        if general_rows::<S, St>(&cx, &mut bufs, state, out, rows) {
+        if general_rows::<S, St>(&cx, &mut bufs, (state, buffer), out, rows) {
             S::store_fence();
         }
     }
@@ -171,6 +194,8 @@ struct SeqCtx<'a> {
     spec_dsts: bool,
     /// Non-speculative mode storing the final state.
     final_store: bool,
+    /// The intermediate-buffer entry every token's state goes to (a live source, not the pad).
+    entry: Option<usize>,
     /// Tied parameters (one dt per token and head).
     tied: bool,
     /// `A[h, 0, 0]`.
@@ -211,6 +236,17 @@ impl<'a> SeqCtx<'a> {
         };
         let table = plan.state_batch_indices.is_some();
         let live = !(table && plan.is_pad(src));
+        let entry = match (plan.intermediate, inp.entries) {
+            (Some(ip), Some(e)) => {
+                let (st, dtype) = ip.indices.unwrap();
+                Some(rd_int(e, dtype, st.at([b])))
+            }
+            (Some(_), None) => Some(src),
+            _ => None,
+        }
+        .filter(|&e| live && !plan.is_pad(e))
+        .map(|e| e as usize);
+        let writes = plan.writes_state();
         Some(SeqCtx {
             plan,
             inp,
@@ -222,15 +258,16 @@ impl<'a> SeqCtx<'a> {
             src,
             dst_final,
             live,
-            spec_dsts: plan.spec && live,
-            final_store: !plan.spec && live && !(table && plan.is_pad(dst_final)),
+            spec_dsts: writes && plan.spec && live,
+            final_store: writes && !plan.spec && live && !(table && plan.is_pad(dst_final)),
+            entry,
             tied: plan.form == ParamForm::Tied,
             a_head: rd(inp.mamba.a, ty.a, plan.a.at([h, 0, 0])),
         })
     }
 
     /// The plain decode step: one token, tied parameters, a live row, no stochastic rounding,
-    /// whole lanes.
+    /// no intermediate buffer, whole lanes.
     #[inline(always)]
     fn plain_decode(&self) -> bool {
         let plan = self.plan;
@@ -239,6 +276,7 @@ impl<'a> SeqCtx<'a> {
             && self.live
             && !plan.spec
             && plan.stochastic_rounding.is_none()
+            && self.entry.is_none()
             && plan.dims.dstate.is_multiple_of(LANES)
     }
 
@@ -439,13 +477,13 @@ fn row_factors<S: Simd + PowTwo>(cx: &SeqCtx<'_>, bufs: &mut Bufs<'_>, (p_lo, p_
 }
 
 /// The general path: each state row loaded once (zeros for a pad source), carried in f32
-/// through every token (per-token stores in speculative mode) and stored once. Returns whether
-/// streaming stores were issued (the caller fences).
+/// through every token (per-token stores in speculative mode and to the intermediate buffer)
+/// and stored once. Returns whether streaming stores were issued (the caller fences).
 #[inline(always)]
 fn general_rows<S: Simd + PowTwo, St: Real>(
     cx: &SeqCtx<'_>,
     bufs: &mut Bufs<'_>,
-    state: SharedBuf<St>,
+    (state, buffer): (SharedBuf<St>, Option<SharedBuf<St>>),
     out: SharedBuf<u8>,
     (p_lo, p_hi): (usize, usize),
 ) -> bool {
@@ -472,7 +510,16 @@ fn general_rows<S: Simd + PowTwo, St: Real>(
             let at = t * bufs.rp + (p - p_lo);
             let acc = if cx.tied { tied_step::<S>(bufs, t, xv) } else { channel_step::<S>(cx, bufs, t, p, at, xv) };
             if cx.spec_dsts && !plan.is_pad(ds) {
-                streamed |= spec_store::<S, St>(cx, state, bufs.row, ds, p);
+                let off = plan.state.at([ds as usize, h, p, 0]);
+                // `ds` was checked by the plan; (ds, h) is owned by this item (alias_free) or
+                // items run in order. A column other than the source is write-only here.
+                streamed |= store_token_row::<S, St>(state.elems::<St>(off, n_st), n_st, bufs.row, ds != cx.src);
+            }
+            if let (Some(e), Some(ip), Some(buffer)) = (cx.entry, plan.intermediate, buffer) {
+                // The plan checked the entry and the step against the buffer; entry rows are
+                // owned by this item (alias_free) or items run in order. Write-only.
+                let off = ip.at(e, t, h, p, 0);
+                streamed |= store_token_row::<S, St>(buffer.elems::<St>(off, n_st), n_st, bufs.row, true);
             }
             let mut y = acc + xv * d_p;
             if has_z {
@@ -543,25 +590,14 @@ fn channel_step<S: Simd + PowTwo>(cx: &SeqCtx<'_>, bufs: &mut Bufs<'_>, t: usize
     acc.reduce_add()
 }
 
-/// Speculative mode: stores the row after a token into slot `ds`. Returns whether it used
-/// streaming stores.
+/// Stores the row after a token at `dptr` (a speculative destination slot's row, or an
+/// intermediate-buffer row: `n_st` = dstate elements the plan checked and this item owns). A row that
+/// is `write_only` in this call gets streaming stores, which skip the read for ownership of its
+/// lines. Returns whether it used them.
 #[inline(always)]
-fn spec_store<S: Simd + PowTwo, St: Real>(
-    cx: &SeqCtx<'_>,
-    state: SharedBuf<St>,
-    row: &[f32],
-    ds: i64,
-    p: usize,
-) -> bool {
-    let (plan, n_st) = (cx.plan, cx.plan.dims.dstate);
-    let off = plan.state.at([ds as usize, cx.h, p, 0]);
-    // `ds` was checked by the plan; (ds, h) is owned by this item (alias_free) or items run in
-    // order.
-    let dptr = state.elems::<St>(off, n_st);
-    // A token's column other than the source is write-only in this call: streaming stores skip
-    // the read for ownership of its lines.
+fn store_token_row<S: Simd + PowTwo, St: Real>(dptr: *mut St, n_st: usize, row: &[f32], write_only: bool) -> bool {
     let lane_bytes = LANES * std::mem::size_of::<St>();
-    if ds != cx.src && n_st.is_multiple_of(LANES) && (dptr as usize).is_multiple_of(lane_bytes) {
+    if write_only && n_st.is_multiple_of(LANES) && (dptr as usize).is_multiple_of(lane_bytes) {
         for n in (0..n_st).step_by(LANES) {
             // SAFETY: `n + 8 ≤ dstate`, inside the destination row; aligned (checked above); no
             // reference to the row is alive.

@@ -88,6 +88,9 @@ fn decode_steps_do_not_allocate() {
                 num_accepted_tokens: None,
                 cu_seqlens: None,
                 stochastic_rounding: None,
+                disable_state_update: false,
+                intermediate_states_buffer: None,
+                intermediate_state_indices: None,
             };
             let before = ALLOCS.load(Ordering::SeqCst);
             cpu.run(ssm_tensor::Planned::new(args).unwrap()).unwrap();

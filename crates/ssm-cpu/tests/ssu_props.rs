@@ -27,8 +27,8 @@ fn tol(dtype: DType) -> f64 {
     }
 }
 
-/// Case `i` of the matrix, drawn from `seed`.
-fn run_one(seed: u64, i: usize, backend: &CpuBackend) {
+/// Case `i` of the matrix, drawn from `seed`. Returns whether it wrote intermediate-buffer rows.
+fn run_one(seed: u64, i: usize, backend: &CpuBackend) -> bool {
     let spec = Spec::draw(&mut ChaCha8Rng::seed_from_u64(seed), i);
     let initial = Case::build(spec.clone(), seed ^ 0x5eed);
     let (mut want, mut got) = (initial.clone(), initial.clone());
@@ -40,7 +40,7 @@ fn run_one(seed: u64, i: usize, backend: &CpuBackend) {
             assert_eq!(want.state, initial.state, "{ctx}: refused call wrote the state ({e})");
             assert!(want.out.to_f64_vec().iter().all(|v| v.is_nan()), "{ctx}: refused call wrote out ({e})");
             assert!(matches!(ssm_ssu::plan(got.args()), Err(SsuError::SlotConflict { .. })));
-            return;
+            return false;
         }
         Err(e) => panic!("{ctx}: plan failed: {e}"),
     };
@@ -49,15 +49,23 @@ fn run_one(seed: u64, i: usize, backend: &CpuBackend) {
     Reference.run(want_call).unwrap();
     backend.run(got_call).unwrap();
 
-    // Outputs: written exactly where the reference writes, and close.
-    let (w, g) = (want.out.to_f64_vec(), got.out.to_f64_vec());
-    let scale = w.iter().filter(|v| v.is_finite()).fold(1.0f64, |m, v| m.max(v.abs()));
+    let mut buffered = false;
+    // Outputs (and the intermediate buffer): written exactly where the reference writes, and close.
     let t = tol(spec.io).max(if spec.state == DType::F32 { 0.0 } else { tol(spec.state) });
-    for (i, (a, b)) in w.iter().zip(&g).enumerate() {
-        assert_eq!(a.is_nan(), b.is_nan(), "{ctx}: out[{i}] written by one side only (ref {a}, cpu {b})");
-        if !a.is_nan() && a != b {
-            assert!((a - b).abs() <= t * (scale + a.abs()), "{ctx}: out[{i}] ref {a} cpu {b}");
+    let written_alike = |what: &str, w: Vec<f64>, g: Vec<f64>| {
+        let scale = w.iter().filter(|v| v.is_finite()).fold(1.0f64, |m, v| m.max(v.abs()));
+        for (i, (a, b)) in w.iter().zip(&g).enumerate() {
+            assert_eq!(a.is_nan(), b.is_nan(), "{ctx}: {what}[{i}] written by one side only (ref {a}, cpu {b})");
+            if !a.is_nan() && a != b {
+                assert!((a - b).abs() <= t * (scale + a.abs()), "{ctx}: {what}[{i}] ref {a} cpu {b}");
+            }
         }
+    };
+    written_alike("out", want.out.to_f64_vec(), got.out.to_f64_vec());
+    if let (Some(w), Some(g)) = (&want.intermediate_states_buffer, &got.intermediate_states_buffer) {
+        let w = w.to_f64_vec();
+        buffered = w.iter().any(|v| !v.is_nan());
+        written_alike("intermediate_states_buffer", w, g.to_f64_vec());
     }
     // State: untouched slots bit-identical, updated ones close.
     let (sw, sg) = (want.state.memory.to_f64_vec(), got.state.memory.to_f64_vec());
@@ -82,6 +90,11 @@ fn run_one(seed: u64, i: usize, backend: &CpuBackend) {
             }
         }
     }
+    if spec.verify.is_some() {
+        // Verification without commit never writes the pool.
+        assert_eq!(got.state, initial.state, "{ctx}: a verifying call wrote the state");
+    }
+    buffered
 }
 
 #[test]
@@ -90,10 +103,12 @@ fn cpu_matches_reference_on_random_cases() {
     let seq = CpuBackend::new(Par::Seq).unwrap();
     let par = CpuBackend::new(Par::Rayon(2.try_into().unwrap())).unwrap();
     // 120 cases: every state/io pair meets every route at least twice.
+    let mut buffered = 0;
     for i in 0..120usize {
         let seed = base.wrapping_add(i as u64);
-        run_one(seed, i, if i % 2 == 0 { &seq } else { &par });
+        buffered += usize::from(run_one(seed, i, if i % 2 == 0 { &seq } else { &par }));
     }
+    assert!(buffered >= 5, "only {buffered} of 120 cases wrote intermediate-buffer rows");
 }
 
 #[test]
@@ -104,5 +119,61 @@ fn portable_and_avx2_paths_agree_with_reference() {
     let seq = CpuBackend::new(Par::Seq).unwrap();
     for seed in [1u64, 2, 3, 4, 5, 6, 7, 8] {
         run_one(seed, seed as usize * 7, &seq);
+    }
+}
+
+/// FlashInfer's verification modes against vLLM's committing call on the same tensors and
+/// backend: the intermediate buffer's row (source slot, token t) holds what the speculative
+/// call stores to `dst[b, t]`, `out` is the same, and neither verifying call writes the pool —
+/// on the reference and on the CPU backend.
+#[test]
+fn verification_modes_match_the_committing_call() {
+    use ssm_conformance::cases::ssu::{Tokens, Verify};
+    let cpu = CpuBackend::new(Par::Rayon(2.try_into().unwrap())).unwrap();
+    let on_reference = |c: &mut Case| Reference.run(ssm_ssu::plan(c.args()).unwrap()).unwrap();
+    let on_cpu = |c: &mut Case| cpu.run(ssm_ssu::plan(c.args()).unwrap()).unwrap();
+    for (name, run) in [("reference", &on_reference as &dyn Fn(&mut Case)), ("cpu", &on_cpu)] {
+        for (k, state) in [DType::F32, DType::BF16].into_iter().enumerate() {
+            let mut s = Spec::mamba2(6, state);
+            s.tokens = Tokens::Dense { seqs: 6, steps: 3 };
+            s.spec_width = Some(3);
+            s.separate_dst = false;
+            let mut committed = Case::build(s.clone(), 71 + k as u64);
+            run(&mut committed);
+            let dst = committed.dst_state_batch_indices.clone().expect("speculative calls store through a table");
+            let (sv, nv) =
+                (committed.state_batch_indices.clone().unwrap(), committed.num_accepted_tokens.clone().unwrap());
+            for verify in [
+                Verify::NoUpdate,
+                Verify::Buffer { indices: false, spare_steps: 1, no_update: false },
+                Verify::Buffer { indices: false, spare_steps: 0, no_update: true },
+            ] {
+                s.verify = Some(verify);
+                let initial = Case::build(s.clone(), 71 + k as u64);
+                assert!(initial.x == committed.x, "the same tensors");
+                let mut case = initial.clone();
+                run(&mut case);
+                let ctx = format!("{name} {state} {verify:?}");
+                assert!(case.out == committed.out, "{ctx}: out differs from the committing call");
+                assert!(case.state == initial.state, "{ctx}: the pool was written");
+                let Some(buf) = &case.intermediate_states_buffer else { continue };
+                let (row, size, steps) = (s.heads * s.dim * s.dstate, state.size(), buf.shape[1]);
+                let mut checked = 0;
+                for b in 0..6 {
+                    let col = ssm_ssu::start_column(nv.view().elem_i64(b));
+                    let src = sv.view().elem_i64(b * 3 + col);
+                    for t in 0..3 {
+                        let d = dst.view().elem_i64(b * 3 + t);
+                        if src == -1 || d == -1 {
+                            continue;
+                        }
+                        let got = &buf.bytes()[(src as usize * steps + t) * row * size..][..row * size];
+                        assert!(got == &committed.slot_bytes(d as usize)[..row * size], "{ctx}: seq {b} token {t}");
+                        checked += 1;
+                    }
+                }
+                assert!(checked > 6, "{ctx}: only {checked} rows compared");
+            }
+        }
     }
 }

@@ -326,6 +326,9 @@ impl Pool {
             num_accepted_tokens: tables.nacc,
             cu_seqlens: tables.cu,
             stochastic_rounding: None,
+            disable_state_update: false,
+            intermediate_states_buffer: None,
+            intermediate_state_indices: None,
         })
     }
 }

@@ -525,6 +525,11 @@ impl Run<SelectiveStateUpdateArgs<'_>> for CudaBackend {
                 return Err(CudaError::Unsupported(format!("{what} = {v} exceeds the kernel's 32-bit counters")));
             }
         }
+        if !plan.writes_state() {
+            return Err(CudaError::Unsupported(
+                "selective_state_update with disable_state_update or an intermediate_states_buffer".into(),
+            ));
+        }
         let addr = |a: Option<u64>| a.unwrap_or(0);
         let key = SsuKey::from_plan(
             plan,

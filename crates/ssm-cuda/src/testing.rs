@@ -268,6 +268,9 @@ impl StageArgs for DeviceSsuArgs {
             num_accepted_tokens: opt_view(&self.nacc)?,
             cu_seqlens: opt_view(&self.cu)?,
             stochastic_rounding: self.stochastic_rounding,
+            disable_state_update: false,
+            intermediate_states_buffer: None,
+            intermediate_state_indices: None,
         })
     }
     fn copy_back(&self, host: &mut SelectiveStateUpdateArgs<'_>) -> Result<(), MirrorError> {

@@ -120,6 +120,9 @@ impl Layer {
             num_accepted_tokens: ssu_tables.accepted.map(|a| TensorRef::from_slice(a, &[a.len()])).transpose()?,
             cu_seqlens: ssu_tables.cu_seqlens.map(|c| TensorRef::from_slice(c, &[c.len()])).transpose()?,
             stochastic_rounding: None,
+            disable_state_update: false,
+            intermediate_states_buffer: None,
+            intermediate_state_indices: None,
         })?;
         Ok(())
     }

@@ -153,6 +153,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         num_accepted_tokens: None,
         cu_seqlens: None,
         stochastic_rounding: None,
+        disable_state_update: false,
+        intermediate_states_buffer: None,
+        intermediate_state_indices: None,
     };
 
     // Prewarm: compile and load both kernels now, so that the capture launches only.

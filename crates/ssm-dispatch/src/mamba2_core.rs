@@ -520,6 +520,9 @@ impl<'a> Steps<'a> {
                 num_accepted_tokens: m.num_accepted_tokens,
                 cu_seqlens: m.query_start_loc_d,
                 stochastic_rounding: None,
+                disable_state_update: false,
+                intermediate_states_buffer: None,
+                intermediate_state_indices: None,
             }))?;
         }
         if m.num_prefills == 0 {

@@ -101,6 +101,9 @@ fn wrong_device_is_refused_before_anything_runs() {
             num_accepted_tokens: None,
             cu_seqlens: None,
             stochastic_rounding: None,
+            disable_state_update: false,
+            intermediate_states_buffer: None,
+            intermediate_state_indices: None,
         })
         .unwrap_err();
     insta::assert_snapshot!("wrong_device", e.to_string());

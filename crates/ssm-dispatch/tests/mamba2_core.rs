@@ -333,6 +333,9 @@ fn run_parts(rt: &Runtime, b: &Batch, dec: &Decodes, pre: &Prefills) -> (HostTen
         num_accepted_tokens: accepted.as_ref().map(HostTensor::view),
         cu_seqlens: qsl_d.as_ref().map(HostTensor::view),
         stochastic_rounding: None,
+        disable_state_update: false,
+        intermediate_states_buffer: None,
+        intermediate_state_indices: None,
     })
     .unwrap();
     // The core keeps the caller's rows of pad decodes (column-0 slot = the pad).

@@ -119,9 +119,11 @@ fuzz_op! {
         opt dt_bias "dt_bias", opt z "z", opt state_batch_indices "state_batch_indices",
         opt dst_state_batch_indices "dst_state_batch_indices", mut out "out",
         opt num_accepted_tokens "num_accepted_tokens", opt cu_seqlens "cu_seqlens",
+        optmut intermediate_states_buffer "intermediate_states_buffer",
+        opt intermediate_state_indices "intermediate_state_indices",
     }
     nested {}
-    scalars { dt_softplus, pad_slot_id, stochastic_rounding }
+    scalars { dt_softplus, pad_slot_id, stochastic_rounding, disable_state_update }
 }
 
 fuzz_op! {

@@ -491,6 +491,9 @@ fn selective_state_update(
             num_accepted_tokens: t.r_opt(nacc)?,
             cu_seqlens: t.r_opt(cu)?,
             stochastic_rounding: None,
+            disable_state_update: false,
+            intermediate_states_buffer: None,
+            intermediate_state_indices: None,
         }
     };
     rt.selective_state_update(args).map_err(op_err)

@@ -38,6 +38,22 @@ impl StochasticRounding {
 /// - `state_batch_indices`, `dst_state_batch_indices`: `[seqs]` or `[seqs, width]`, i32/i64.
 /// - `num_accepted_tokens`: `[seqs]`, i32/i64; needs a 2-D `state_batch_indices`.
 /// - `cu_seqlens`: `[seqs + 1]`, i32/i64, with a packed 3-D `x`.
+/// - `intermediate_states_buffer`: `[entries, steps, heads, dim, dstate]` (or
+///   `[entries, steps, dim, dstate]` with a 3-D state), the state's dtype, its last dimension
+///   contiguous; `intermediate_state_indices`: `[>= seqs]`, i32/i64.
+///
+/// Verification without commit (FlashInfer's `disable_state_update` and intermediate-state
+/// buffer, semantics/ssu.md §5.3–5.4):
+/// - `disable_state_update`: the pool is read and never written (neither the final store nor
+///   the per-token speculative stores); `out` and the intermediate buffer are still written.
+/// - `intermediate_states_buffer`: the state after token `t` of sequence `b` is stored (rounded
+///   to nearest even) to entry `intermediate_state_indices[b]` (default: the sequence's source
+///   slot), step `t`, and the pool is not written. A pad source or a pad entry writes no
+///   buffer row; `out` is still written. The steps axis is the capacity: a sequence longer
+///   than it is refused (host tables) or skipped and reported (device tables).
+/// - Refused, with typed errors: either of them with `dst_state_batch_indices` (FlashInfer's
+///   one-token and multi-token kernels disagree on what that combination writes), and the
+///   buffer with stochastic rounding (which applies to the pool's final store only).
 pub struct SelectiveStateUpdateArgs<'a> {
     /// The state pool, updated in place.
     pub state: TensorMut<'a>,
@@ -73,4 +89,11 @@ pub struct SelectiveStateUpdateArgs<'a> {
     pub cu_seqlens: Option<TensorRef<'a>>,
     /// Stochastic rounding of an fp16 state (final store only).
     pub stochastic_rounding: Option<StochasticRounding>,
+    /// Verify without committing: no write to `state` (FlashInfer's `disable_state_update`).
+    pub disable_state_update: bool,
+    /// Every token's state, cached for verification (FlashInfer's `intermediate_states_buffer`).
+    pub intermediate_states_buffer: Option<TensorMut<'a>>,
+    /// Buffer entry per sequence (FlashInfer's `intermediate_state_indices`); default: the
+    /// sequence's source slot.
+    pub intermediate_state_indices: Option<TensorRef<'a>>,
 }

@@ -106,6 +106,40 @@ pub enum SsuError {
         /// The rounds asked for.
         rounds: u32,
     },
+    /// An argument excludes another one that was given.
+    #[error("`{arg}` {why}")]
+    Combination {
+        /// The argument given.
+        arg: &'static str,
+        /// What it excludes, and why.
+        why: &'static str,
+    },
+    /// A sequence has more tokens than the intermediate-state buffer has steps.
+    #[error("sequence {seq} has {len} tokens, but `intermediate_states_buffer` holds {steps} steps per entry")]
+    IntermediateSteps {
+        /// The sequence.
+        seq: usize,
+        /// Its tokens.
+        len: usize,
+        /// Steps per buffer entry.
+        steps: usize,
+    },
+    /// A sequence's intermediate-buffer entry is neither the pad nor inside the buffer.
+    #[error(
+        "sequence {seq}: `intermediate_states_buffer` entry {entry} (from {from}) is outside [0, {entries}) and is not the pad value ({pad})"
+    )]
+    IntermediateEntry {
+        /// The sequence.
+        seq: usize,
+        /// The entry it names.
+        entry: i64,
+        /// Where the entry came from.
+        from: &'static str,
+        /// Entries of the buffer.
+        entries: usize,
+        /// The pad value, or "none".
+        pad: String,
+    },
     /// An unknown SSU algorithm name.
     #[error("unknown SSU algorithm `{name}`; expected one of auto, simple, vertical, horizontal")]
     UnknownAlgorithm {

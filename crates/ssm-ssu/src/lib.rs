@@ -62,7 +62,8 @@ pub mod reference;
 pub use args::{SelectiveStateUpdateArgs, StochasticRounding};
 pub use error::SsuError;
 pub use plan::{
-    IndexTable, ParamForm, Route, SsuAlgorithm, SsuDims, SsuDtypes, SsuPlan, Strided, TokenStrides, start_column,
+    IndexTable, IntermediatePlan, ParamForm, Route, SsuAlgorithm, SsuDims, SsuDtypes, SsuPlan, Strided, TokenStrides,
+    start_column,
 };
 pub use ssm_tensor::{Op, Planned, Run};
 

@@ -147,6 +147,28 @@ pub struct SsuDtypes {
     pub num_accepted_tokens: Option<DType>,
 }
 
+/// The intermediate-state buffer of a verification call (FlashInfer's
+/// `intermediate_states_buffer`), resolved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IntermediatePlan {
+    /// `[entries, steps, heads, dim, dstate]` (dstate stride 1; the state's dtype).
+    pub buffer: Strided<5>,
+    /// Entries of the buffer.
+    pub entries: usize,
+    /// Steps per entry: token `t` of a sequence goes to step `t`.
+    pub steps: usize,
+    /// `intermediate_state_indices` `[>= seqs]` and its dtype; `None`: the source slot.
+    pub indices: Option<(Strided<1>, DType)>,
+}
+
+impl IntermediatePlan {
+    /// Element index of `[entry, step, h, p, n]`.
+    #[inline(always)]
+    pub fn at(&self, entry: usize, step: usize, h: usize, p: usize, n: usize) -> usize {
+        self.buffer.at([entry, step, h, p, n])
+    }
+}
+
 /// A checked selective state update: everything a backend needs to run it, resolved once.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SsuPlan {
@@ -197,6 +219,10 @@ pub struct SsuPlan {
     pub dt_softplus: bool,
     /// Stochastic rounding of the final fp16 store.
     pub stochastic_rounding: Option<StochasticRounding>,
+    /// `disable_state_update`: the pool is never written.
+    pub disable_state_update: bool,
+    /// The intermediate-state buffer: every token's state goes there, the pool is not written.
+    pub intermediate: Option<IntermediatePlan>,
     /// Index values were on the host and were all checked.
     pub host_indices_checked: bool,
     /// No slot written by one sequence is read or written by another. Host plans always
@@ -210,6 +236,13 @@ impl SsuPlan {
     #[inline(always)]
     pub fn is_pad(&self, slot: i64) -> bool {
         self.pad_slot_id == Some(slot)
+    }
+
+    /// Whether the call writes the state pool: updates are not disabled and not redirected to
+    /// an intermediate buffer.
+    #[inline(always)]
+    pub fn writes_state(&self) -> bool {
+        !self.disable_state_update && self.intermediate.is_none()
     }
 
     /// Heads per group.
@@ -367,9 +400,10 @@ impl HostInts<'_> {
 }
 
 thread_local! {
-    /// Reused list of slot uses for the aliasing check, so that planning a host call
-    /// allocates only when a batch is larger than any before it on this thread.
-    static SLOT_USES: RefCell<Vec<SlotUse>> = const { RefCell::new(Vec::new()) };
+    /// Reused lists of slot uses for the aliasing checks (the pool's slots, the intermediate
+    /// buffer's entries), so that planning a host call allocates only when a batch is larger
+    /// than any before it on this thread.
+    static SLOT_USES: RefCell<(Vec<SlotUse>, Vec<SlotUse>)> = const { RefCell::new((Vec::new(), Vec::new())) };
 }
 
 /// Checks every argument of a selective state update and resolves how to run it.
@@ -401,10 +435,14 @@ pub(crate) fn plan_selective_state_update(args: &SelectiveStateUpdateArgs<'_>) -
         ("dst_state_batch_indices", &args.dst_state_batch_indices),
         ("num_accepted_tokens", &args.num_accepted_tokens),
         ("cu_seqlens", &args.cu_seqlens),
+        ("intermediate_state_indices", &args.intermediate_state_indices),
     ] {
         if let Some(t) = t {
             check_dev(arg, t.device())?;
         }
+    }
+    if let Some(buf) = &args.intermediate_states_buffer {
+        check_dev("intermediate_states_buffer", buf.device())?;
     }
 
     // dtypes
@@ -423,6 +461,7 @@ pub(crate) fn plan_selective_state_update(args: &SelectiveStateUpdateArgs<'_>) -
         ("dst_state_batch_indices", &args.dst_state_batch_indices),
         ("num_accepted_tokens", &args.num_accepted_tokens),
         ("cu_seqlens", &args.cu_seqlens),
+        ("intermediate_state_indices", &args.intermediate_state_indices),
     ] {
         if let Some(t) = t {
             dtype_in(arg, t.dtype(), INDICES, "i32 or i64")?;
@@ -641,6 +680,7 @@ pub(crate) fn plan_selective_state_update(args: &SelectiveStateUpdateArgs<'_>) -
         None => None,
     };
     let dst = dst_given.or(sbi);
+    let intermediate = plan_intermediate(args, route, seqs, [heads, dim, dstate])?;
 
     let mut plan = SsuPlan {
         route,
@@ -682,6 +722,8 @@ pub(crate) fn plan_selective_state_update(args: &SelectiveStateUpdateArgs<'_>) -
         pad_slot_id: args.pad_slot_id,
         dt_softplus: args.dt_softplus,
         stochastic_rounding: args.stochastic_rounding,
+        disable_state_update: args.disable_state_update,
+        intermediate,
         host_indices_checked: false,
         alias_free: false,
     };
@@ -689,6 +731,114 @@ pub(crate) fn plan_selective_state_update(args: &SelectiveStateUpdateArgs<'_>) -
         check_host_indices(&mut plan, args)?;
     }
     Ok(plan)
+}
+
+/// The verification arguments (FlashInfer's `disable_state_update`, `intermediate_states_buffer`
+/// and `intermediate_state_indices`): their combinations, and the buffer's shape against the
+/// state's `[heads, dim, dstate]`.
+fn plan_intermediate(
+    args: &SelectiveStateUpdateArgs<'_>,
+    route: Route,
+    seqs: usize,
+    [heads, dim, dstate]: [usize; 3],
+) -> Result<Option<IntermediatePlan>, SsuError> {
+    if args.disable_state_update && args.dst_state_batch_indices.is_some() {
+        return Err(SsuError::Combination {
+            arg: "disable_state_update",
+            why: "excludes `dst_state_batch_indices`: FlashInfer's one-token kernel drops those writes and its \
+                  multi-token kernel keeps them, so the combination has no one meaning",
+        });
+    }
+    let Some(buf) = &args.intermediate_states_buffer else {
+        if args.intermediate_state_indices.is_some() {
+            return Err(SsuError::from(ArgError::Requires {
+                arg: "intermediate_state_indices",
+                needs: "`intermediate_states_buffer`",
+            }));
+        }
+        return Ok(None);
+    };
+    if args.dst_state_batch_indices.is_some() {
+        return Err(SsuError::Combination {
+            arg: "intermediate_states_buffer",
+            why: "excludes `dst_state_batch_indices`: the buffer receives every token's state and the pool is not written",
+        });
+    }
+    if args.stochastic_rounding.is_some() {
+        return Err(SsuError::Combination {
+            arg: "intermediate_states_buffer",
+            why: "excludes `stochastic_rounding`, which rounds the pool's final store (a buffered call makes none)",
+        });
+    }
+    if buf.dtype() != args.state.dtype() {
+        return Err(SsuError::from(ArgError::DType {
+            arg: "intermediate_states_buffer",
+            expected: format!("{} (the state's dtype)", args.state.dtype()),
+            actual: buf.dtype(),
+        }));
+    }
+    let mut n = norm_mut(buf);
+    let four_d = args.state.shape().len() == 4;
+    match (n.shape.len(), four_d) {
+        (5, true) => {}
+        (4, false) => (n.shape, n.strides) = unsqueeze(&n.shape, &n.strides, 2),
+        _ => {
+            return Err(SsuError::from(ArgError::Rank {
+                arg: "intermediate_states_buffer",
+                expected: "5 ([entries, steps, heads, dim, dstate]; 4, without heads, with a 3-D state)",
+                actual: buf.shape().to_vec(),
+            }));
+        }
+    }
+    let min_steps = match route {
+        Route::Dense { steps } => steps.max(1),
+        _ => 1,
+    };
+    if n.shape[2..] != [heads, dim, dstate] || n.shape[1] < min_steps {
+        return Err(SsuError::from(ArgError::Shape {
+            arg: "intermediate_states_buffer",
+            expected: format!("[entries, steps >= {min_steps}, heads={heads}, dim={dim}, dstate={dstate}]"),
+            actual: buf.shape().to_vec(),
+        }));
+    }
+    if dstate > 1 && n.strides[4] != 1 {
+        return Err(SsuError::from(ArgError::Strides {
+            arg: "intermediate_states_buffer",
+            what: "contiguous along dstate (last stride 1)",
+            shape: buf.shape().to_vec(),
+            strides: buf.strides().to_vec(),
+        }));
+    }
+    written_disjoint("intermediate_states_buffer", (&n.shape, &n.strides), buf.shape(), buf.strides())?;
+    let indices = match &args.intermediate_state_indices {
+        None => None,
+        Some(t) => {
+            if t.rank() != 1 {
+                return Err(SsuError::from(ArgError::Rank {
+                    arg: "intermediate_state_indices",
+                    expected: "1",
+                    actual: t.shape().to_vec(),
+                }));
+            }
+            if t.shape()[0] < seqs {
+                return Err(SsuError::TableTooShort {
+                    arg: "intermediate_state_indices",
+                    needed: seqs,
+                    actual: t.shape().to_vec(),
+                });
+            }
+            Some((Strided::new(t.layout().offset(), [t.strides()[0]]), t.dtype()))
+        }
+    };
+    Ok(Some(IntermediatePlan {
+        buffer: Strided {
+            offset: n.offset,
+            strides: [n.strides[0], n.strides[1], n.strides[2], n.strides[3], n.strides[4]],
+        },
+        entries: n.shape[0],
+        steps: n.shape[1],
+        indices,
+    }))
 }
 
 /// Tokens of each sequence, read from host `cu_seqlens` (validated) or fixed by the route.
@@ -724,87 +874,124 @@ fn check_host_indices(plan: &mut SsuPlan, args: &SelectiveStateUpdateArgs<'_>) -
     let pad = plan.pad_slot_id;
     let pad_str = || pad.map_or("none".to_string(), |p| p.to_string());
 
-    let Some(sbi) = plan.state_batch_indices else {
+    if plan.state_batch_indices.is_none() && plan.dims.seqs > slots {
         // Without tables sequence b reads and writes slot b.
-        if plan.dims.seqs > slots {
-            return Err(SsuError::from(ArgError::Shape {
-                arg: "state",
-                expected: format!("[slots >= seqs={}, heads, dim, dstate] (no state_batch_indices)", plan.dims.seqs),
-                actual: args.state.shape().to_vec(),
-            }));
-        }
-        plan.host_indices_checked = true;
-        plan.alias_free = true;
-        return Ok(());
-    };
-    let dst = plan.dst_state_batch_indices.unwrap();
-    let sbi_t = args.state_batch_indices.as_ref().unwrap();
-    let src_ints = HostInts { bytes: sbi_t.host_bytes().unwrap(), dtype: sbi_t.dtype() };
-    let dst_t = args.dst_state_batch_indices.as_ref().unwrap_or(sbi_t);
-    let dst_ints = HostInts { bytes: dst_t.host_bytes().unwrap(), dtype: dst_t.dtype() };
+        return Err(SsuError::from(ArgError::Shape {
+            arg: "state",
+            expected: format!("[slots >= seqs={}, heads, dim, dstate] (no state_batch_indices)", plan.dims.seqs),
+            actual: args.state.shape().to_vec(),
+        }));
+    }
+    fn host<'t>(t: &TensorRef<'t>) -> HostInts<'t> {
+        HostInts { bytes: t.host_bytes().unwrap(), dtype: t.dtype() }
+    }
+    let src_ints = args.state_batch_indices.as_ref().map(host);
+    let dst_t = args.dst_state_batch_indices.as_ref().or(args.state_batch_indices.as_ref());
+    let dst_ints = dst_t.map(host);
     let dst_name =
         if args.dst_state_batch_indices.is_some() { "dst_state_batch_indices" } else { "state_batch_indices" };
-    let nacc = args.num_accepted_tokens.as_ref().map(|t| HostInts { bytes: t.host_bytes().unwrap(), dtype: t.dtype() });
+    let nacc = args.num_accepted_tokens.as_ref().map(host);
+    let entry_ints = args.intermediate_state_indices.as_ref().map(host);
+    let writes_state = plan.writes_state();
 
     SLOT_USES.with(|uses| {
-        let mut uses = uses.borrow_mut();
+        let (uses, entries) = &mut *uses.borrow_mut();
         uses.clear();
+        // Buffer entries written, per sequence (a second namespace of slots).
+        entries.clear();
         for b in 0..plan.dims.seqs {
             let (_, len) = host_seq_bounds(plan, args.cu_seqlens.as_ref(), b);
             if len == 0 {
                 continue;
             }
-            let col = match (&nacc, plan.num_accepted_tokens) {
-                (Some(n), Some(s)) => start_column(n.get(s.at([b]))),
-                _ => 0,
-            };
-            if col >= sbi.width {
-                return Err(SsuError::TableTooNarrow {
-                    arg: "state_batch_indices",
-                    width: sbi.width,
-                    seq: b,
-                    column: col,
-                });
-            }
-            let src = src_ints.get(sbi.strides.at([b, col]));
-            let src_slot = match Slot::resolve(src, pad, slots) {
-                Slot::Pad => continue,
-                Slot::Row(s) => s,
-                Slot::OutOfRange => {
-                    return Err(SsuError::IndexOutOfRange {
-                        arg: "state_batch_indices",
-                        seq: b,
-                        column: col,
-                        value: src,
-                        slots,
-                        pad: pad_str(),
-                    });
-                }
-            };
-            uses.push(SlotUse { slot: src_slot, written: false, seq: b });
-            let dst_cols = if plan.spec { 0..len } else { col..col + 1 };
-            for t in dst_cols {
-                if t >= dst.width {
-                    return Err(SsuError::TableTooNarrow { arg: dst_name, width: dst.width, seq: b, column: t });
-                }
-                let d = dst_ints.get(dst.strides.at([b, t]));
-                match Slot::resolve(d, pad, slots) {
-                    Slot::Pad => {}
-                    Slot::Row(s) => uses.push(SlotUse { slot: s, written: true, seq: b }),
-                    Slot::OutOfRange => {
-                        return Err(SsuError::IndexOutOfRange {
-                            arg: dst_name,
+            let src_slot = match (plan.state_batch_indices, &src_ints) {
+                (Some(sbi), Some(src_ints)) => {
+                    let col = match (&nacc, plan.num_accepted_tokens) {
+                        (Some(n), Some(s)) => start_column(n.get(s.at([b]))),
+                        _ => 0,
+                    };
+                    if col >= sbi.width {
+                        return Err(SsuError::TableTooNarrow {
+                            arg: "state_batch_indices",
+                            width: sbi.width,
                             seq: b,
-                            column: t,
-                            value: d,
-                            slots,
+                            column: col,
+                        });
+                    }
+                    let src = src_ints.get(sbi.strides.at([b, col]));
+                    let src_slot = match Slot::resolve(src, pad, slots) {
+                        Slot::Pad => continue,
+                        Slot::Row(s) => s,
+                        Slot::OutOfRange => {
+                            return Err(SsuError::IndexOutOfRange {
+                                arg: "state_batch_indices",
+                                seq: b,
+                                column: col,
+                                value: src,
+                                slots,
+                                pad: pad_str(),
+                            });
+                        }
+                    };
+                    uses.push(SlotUse { slot: src_slot, written: false, seq: b });
+                    if writes_state {
+                        let dst = plan.dst_state_batch_indices.unwrap();
+                        let dst_ints = dst_ints.as_ref().unwrap();
+                        let dst_cols = if plan.spec { 0..len } else { col..col + 1 };
+                        for t in dst_cols {
+                            if t >= dst.width {
+                                return Err(SsuError::TableTooNarrow {
+                                    arg: dst_name,
+                                    width: dst.width,
+                                    seq: b,
+                                    column: t,
+                                });
+                            }
+                            let d = dst_ints.get(dst.strides.at([b, t]));
+                            match Slot::resolve(d, pad, slots) {
+                                Slot::Pad => {}
+                                Slot::Row(s) => uses.push(SlotUse { slot: s, written: true, seq: b }),
+                                Slot::OutOfRange => {
+                                    return Err(SsuError::IndexOutOfRange {
+                                        arg: dst_name,
+                                        seq: b,
+                                        column: t,
+                                        value: d,
+                                        slots,
+                                        pad: pad_str(),
+                                    });
+                                }
+                            }
+                        }
+                    }
+                    src_slot
+                }
+                _ => b,
+            };
+            if let Some(ip) = plan.intermediate {
+                if len > ip.steps {
+                    return Err(SsuError::IntermediateSteps { seq: b, len, steps: ip.steps });
+                }
+                let (entry, from) = match (ip.indices, &entry_ints) {
+                    (Some((st, _)), Some(ints)) => (ints.get(st.at([b])), "intermediate_state_indices"),
+                    _ => (src_slot as i64, "the source slot; no intermediate_state_indices"),
+                };
+                match Slot::resolve(entry, pad, ip.entries) {
+                    Slot::Pad => {}
+                    Slot::Row(e) => entries.push(SlotUse { slot: e, written: true, seq: b }),
+                    Slot::OutOfRange => {
+                        return Err(SsuError::IntermediateEntry {
+                            seq: b,
+                            entry,
+                            from,
+                            entries: ip.entries,
                             pad: pad_str(),
                         });
                     }
                 }
             }
         }
-        if let Some(c) = first_slot_conflict(&mut uses) {
+        if let Some(c) = first_slot_conflict(uses) {
             let other = c.other();
             return Err(SsuError::SlotConflict {
                 arg: dst_name,
@@ -812,6 +999,15 @@ fn check_host_indices(plan: &mut SsuPlan, args: &SelectiveStateUpdateArgs<'_>) -
                 writer: c.writer().seq,
                 other: other.seq,
                 other_use: if other.written { "written" } else { "read" },
+            });
+        }
+        if let Some(c) = first_slot_conflict(entries) {
+            return Err(SsuError::SlotConflict {
+                arg: "intermediate_states_buffer",
+                slot: c.slot,
+                writer: c.writer().seq,
+                other: c.other().seq,
+                other_use: "written",
             });
         }
         plan.alias_free = true;

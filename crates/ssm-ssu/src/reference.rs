@@ -7,6 +7,9 @@
 //! to `dst[b, t]` (skipped when that entry is the pad) and there is no final store;
 //! `seq_len == 0` writes nothing. A pad destination in non-speculative mode is skipped too
 //! (vLLM would write the reserved null block; we never touch a pad slot).
+//! `disable_state_update` drops every pool write; an intermediate buffer receives each token's
+//! state at (entry, token) instead, and the pool is not written (FlashInfer's semantics,
+//! semantics/ssu.md §5.4).
 //!
 //! [`Reference`] runs it in f32 arithmetic (the peer's), [`ReferenceF64`] in f64 (for
 //! error bounds). Both sequence through the batch in order, so aliasing slot tables have a
@@ -131,6 +134,19 @@ fn run<F: Acc>(plan: &SsuPlan, mut args: SelectiveStateUpdateArgs<'_>) -> Result
         .state
         .host_bytes_mut()
         .ok_or(SsuError::from(ArgError::Tensor { arg: "state", source: TensorError::NotHost(dev) }))?;
+    let entry_ints = args
+        .intermediate_state_indices
+        .as_ref()
+        .map(|t| host("intermediate_state_indices", t.host_bytes(), dev))
+        .transpose()?;
+    let mut buffer = match args.intermediate_states_buffer.as_mut() {
+        Some(t) => Some(t.host_bytes_mut().ok_or(SsuError::from(ArgError::Tensor {
+            arg: "intermediate_states_buffer",
+            source: TensorError::NotHost(dev),
+        }))?),
+        None => None,
+    };
+    let writes_state = plan.writes_state();
 
     let sd = plan.dims;
     let (heads, dim, dstate) = (sd.heads, sd.dim, sd.dstate);
@@ -158,6 +174,16 @@ fn run<F: Acc>(plan: &SsuPlan, mut args: SelectiveStateUpdateArgs<'_>) -> Result
             _ => (b as i64, b as i64),
         };
         let live = !(plan.state_batch_indices.is_some() && plan.is_pad(src));
+        // The intermediate-buffer entry of the sequence (FlashInfer's `icache_idx`).
+        let entry = match (plan.intermediate, entry_ints) {
+            (Some(ip), Some(ints)) => {
+                let (st, dtype) = ip.indices.unwrap();
+                Some(read_int(ints, dtype, st.at([b])))
+            }
+            (Some(_), None) => Some(src),
+            _ => None,
+        }
+        .filter(|&e| live && !plan.is_pad(e));
         let base_row = match plan.route {
             Route::Varlen => start,
             _ => b,
@@ -199,7 +225,14 @@ fn run<F: Acc>(plan: &SsuPlan, mut args: SelectiveStateUpdateArgs<'_>) -> Result
                         s[i] = s[i] * da + (bv * dtv) * xv;
                     }
                 }
-                if plan.spec && live {
+                if let (Some(ip), Some(e), Some(buf)) = (plan.intermediate, entry, buffer.as_deref_mut()) {
+                    for p in 0..dim {
+                        for n in 0..dstate {
+                            write(buf, ty.state, ip.at(e as usize, t, h, p, n), s[p * dstate + n].to_f32());
+                        }
+                    }
+                }
+                if plan.spec && live && writes_state {
                     let dtab = plan.dst_state_batch_indices.unwrap();
                     let ds = read_int(dst.unwrap(), dtab.dtype, dtab.strides.at([b, t]));
                     if !plan.is_pad(ds) {
@@ -233,7 +266,7 @@ fn run<F: Acc>(plan: &SsuPlan, mut args: SelectiveStateUpdateArgs<'_>) -> Result
                     write(out, ty.out, oi, y.to_f32());
                 }
             }
-            if !plan.spec && live && !(plan.state_batch_indices.is_some() && plan.is_pad(dst_final)) {
+            if writes_state && !plan.spec && live && !(plan.state_batch_indices.is_some() && plan.is_pad(dst_final)) {
                 for p in 0..dim {
                     for n in 0..dstate {
                         let v = s[p * dstate + n].to_f32();

@@ -64,6 +64,9 @@ impl Base {
             num_accepted_tokens: None,
             cu_seqlens: None,
             stochastic_rounding: None,
+            disable_state_update: false,
+            intermediate_states_buffer: None,
+            intermediate_state_indices: None,
         }
     }
 }
@@ -262,4 +265,101 @@ fn unknown_algorithm() {
     let e = "fastest".parse::<SsuAlgorithm>().unwrap_err();
     insta::assert_snapshot!("unknown_algorithm", e.to_string());
     assert_eq!("horizontal".parse::<SsuAlgorithm>().unwrap(), SsuAlgorithm::Horizontal);
+}
+
+/// FlashInfer's verification arguments: `disable_state_update`, `intermediate_states_buffer`
+/// and `intermediate_state_indices`. Entries are checked like slots (range, pad, aliasing).
+#[test]
+fn verification_arguments() {
+    fn buf(dtype: DType, shape: &[usize]) -> ssm_tensor::TensorMut<'static> {
+        Box::leak(Box::new(HostTensor::filled(dtype, shape.to_vec(), f32::NAN))).view_mut()
+    }
+    fn ints(v: &[i64]) -> TensorRef<'static> {
+        Box::leak(Box::new(HostTensor::from_i64(DType::I32, vec![v.len()], v))).view()
+    }
+    let ok = [6, 1, 4, 8, 16];
+    insta::assert_snapshot!(
+        "disable_update_with_dst",
+        err(|a, _| {
+            a.disable_state_update = true;
+            a.dst_state_batch_indices = Some(ints(&[4, 5, 2]));
+        })
+    );
+    insta::assert_snapshot!(
+        "buffer_with_dst",
+        err(|a, _| {
+            a.intermediate_states_buffer = Some(buf(DType::F32, &ok));
+            a.dst_state_batch_indices = Some(ints(&[4, 5, 2]));
+        })
+    );
+    insta::assert_snapshot!(
+        "buffer_with_stochastic_rounding",
+        err(|a, _| {
+            a.state = buf(DType::F16, &[6, 4, 8, 16]);
+            a.intermediate_states_buffer = Some(buf(DType::F16, &ok));
+            a.stochastic_rounding = Some(StochasticRounding { seed: 1, philox_rounds: 0 });
+        })
+    );
+    insta::assert_snapshot!("buffer_dtype", err(|a, _| a.intermediate_states_buffer = Some(buf(DType::BF16, &ok))));
+    insta::assert_snapshot!(
+        "buffer_rank",
+        err(|a, _| a.intermediate_states_buffer = Some(buf(DType::F32, &[6, 4, 8, 16])))
+    );
+    insta::assert_snapshot!(
+        "buffer_shape",
+        err(|a, _| a.intermediate_states_buffer = Some(buf(DType::F32, &[6, 1, 4, 7, 16])))
+    );
+    insta::assert_snapshot!(
+        "buffer_no_steps",
+        err(|a, _| a.intermediate_states_buffer = Some(buf(DType::F32, &[6, 0, 4, 8, 16])))
+    );
+    insta::assert_snapshot!(
+        "indices_without_buffer",
+        err(|a, _| a.intermediate_state_indices = Some(ints(&[0, 1, 2])))
+    );
+    insta::assert_snapshot!(
+        "indices_too_short",
+        err(|a, _| {
+            a.intermediate_states_buffer = Some(buf(DType::F32, &ok));
+            a.intermediate_state_indices = Some(ints(&[0, 1]));
+        })
+    );
+    insta::assert_snapshot!(
+        "entry_past_buffer",
+        err(|a, _| {
+            a.intermediate_states_buffer = Some(buf(DType::F32, &[4, 1, 4, 8, 16]));
+            a.intermediate_state_indices = Some(ints(&[1, 9, 2]));
+        })
+    );
+    // Without indices the entry is the source slot (here 3, past a buffer of 3 entries).
+    insta::assert_snapshot!(
+        "source_slot_past_buffer",
+        err(|a, _| a.intermediate_states_buffer = Some(buf(DType::F32, &[3, 1, 4, 8, 16])))
+    );
+    insta::assert_snapshot!(
+        "entry_shared",
+        err(|a, _| {
+            a.intermediate_states_buffer = Some(buf(DType::F32, &ok));
+            a.intermediate_state_indices = Some(ints(&[2, 5, 2]));
+        })
+    );
+    insta::assert_snapshot!(
+        "sequence_longer_than_buffer",
+        err(|a, e| {
+            a.intermediate_states_buffer = Some(buf(DType::F32, &ok));
+            a.cu_seqlens = Some(ints(&[0, 0, 3, 3]));
+            let _ = e;
+        })
+    );
+    // Pad entries write nothing and may repeat; a verifying call may reuse one source slot.
+    let mut b = base();
+    let mut args = b.args();
+    args.intermediate_states_buffer = Some(buf(DType::F32, &ok));
+    args.intermediate_state_indices = Some(ints(&[0, 3, 0]));
+    ssm_ssu::plan(args).unwrap();
+    let mut b = base();
+    let mut args = b.args();
+    args.disable_state_update = true;
+    args.state_batch_indices = Some(ints(&[1, 1, 1]));
+    ssm_ssu::plan(args).unwrap();
 }

@@ -202,6 +202,9 @@ impl BenchCase for SsuCase {
                 num_accepted_tokens: nacc.as_ref().map(|t| t.view()),
                 cu_seqlens: cu.as_ref().map(|t| t.view()),
                 stochastic_rounding: None,
+                disable_state_update: false,
+                intermediate_states_buffer: None,
+                intermediate_state_indices: None,
             })?;
             Ok(())
         }))

@@ -509,6 +509,9 @@ where
             num_accepted_tokens: None,
             cu_seqlens: None,
             stochastic_rounding: None,
+            disable_state_update: false,
+            intermediate_states_buffer: None,
+            intermediate_state_indices: None,
         };
         backend.run(ssm_ssu::plan(ssu).map_err(|e| err("ssu plan", &e))?).map_err(|e| err("ssu", &e))?;
         let (got, want) = (case.out.to_f64_vec(), out.to_f64_vec());

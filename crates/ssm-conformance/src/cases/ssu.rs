@@ -65,6 +65,23 @@ impl Tokens {
     }
 }
 
+/// Verification without commit (FlashInfer's `disable_state_update` and intermediate buffer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verify {
+    /// `disable_state_update`: the pool is read, never written.
+    NoUpdate,
+    /// An intermediate-state buffer receives every token's state (the pool is not written).
+    Buffer {
+        /// `intermediate_state_indices` given (distinct entries, some the pad); without, the
+        /// entry is the source slot.
+        indices: bool,
+        /// Steps beyond the longest sequence (the buffer's spare capacity).
+        spare_steps: usize,
+        /// `disable_state_update` set as well (it changes nothing then).
+        no_update: bool,
+    },
+}
+
 /// The shape of one random case; [`Case::build`] makes its tensors.
 #[derive(Debug, Clone)]
 pub struct Spec {
@@ -119,6 +136,8 @@ pub struct Spec {
     pub zero_a: bool,
     /// Stochastic rounding of an fp16 state.
     pub sr: Option<StochasticRounding>,
+    /// Verification without commit (no `dst_state_batch_indices`, no stochastic rounding then).
+    pub verify: Option<Verify>,
 }
 
 impl Spec {
@@ -152,6 +171,7 @@ impl Spec {
             slot_pad: 0,
             zero_a: false,
             sr: None,
+            verify: None,
         }
     }
 
@@ -177,7 +197,16 @@ impl Spec {
         };
         let pad = *[Some(-1), Some(0), None].choose(rng).unwrap();
         let tables = spec_width.is_some() || rng.random_bool(0.85);
-        Spec {
+        let verify = match rng.random_range(0..8) {
+            0 => Some(Verify::NoUpdate),
+            1 | 2 => Some(Verify::Buffer {
+                indices: rng.random_bool(0.5),
+                spare_steps: rng.random_range(0..2),
+                no_update: rng.random_bool(0.3),
+            }),
+            _ => None,
+        };
+        let mut spec = Spec {
             tokens,
             spec_width,
             mamba1,
@@ -204,7 +233,21 @@ impl Spec {
             zero_a: false,
             sr: (state == DType::F16 && rng.random_bool(0.3))
                 .then(|| StochasticRounding { seed: rng.random(), philox_rounds: *[0, 7].choose(rng).unwrap() }),
+            verify,
+        };
+        if verify.is_some() {
+            // Both exclude a destination table (FlashInfer's kernels disagree on it), and the
+            // buffer excludes stochastic rounding (there is no final store to round).
+            spec.separate_dst = false;
+            spec.sr = None;
         }
+        spec
+    }
+
+    /// Whether the call has a `dst_state_batch_indices` table: when asked for, and always in
+    /// speculative mode unless the call verifies without commit.
+    fn has_dst(&self) -> bool {
+        self.tables && (self.separate_dst || (self.spec_width.is_some() && self.verify.is_none()))
     }
 }
 
@@ -242,6 +285,10 @@ pub struct Case {
     pub num_accepted_tokens: Option<HostTensor>,
     /// Sequence starts (varlen).
     pub cu_seqlens: Option<HostTensor>,
+    /// `[entries, steps, heads, dim, dstate]` (no heads axis for Mamba1), NaN before the call.
+    pub intermediate_states_buffer: Option<HostTensor>,
+    /// Buffer entry per sequence.
+    pub intermediate_state_indices: Option<HostTensor>,
 }
 
 fn randn(rng: &mut ChaCha8Rng, n: usize, scale: f32) -> Vec<f32> {
@@ -381,7 +428,33 @@ impl Case {
             None if spec.table_2d => vec![seqs, 1],
             None => vec![seqs],
         };
-        let has_dst = spec.tables && (spec.separate_dst || spec.spec_width.is_some());
+        let has_dst = spec.has_dst();
+        // The buffer: entries are the pool's slots (default entry: the source slot) or, with
+        // indices, a few more than the sequences, each sequence its own entry, some the pad.
+        let (intermediate_states_buffer, intermediate_state_indices) = match spec.verify {
+            Some(Verify::Buffer { indices, spare_steps, .. }) => {
+                let steps = lens.iter().copied().max().unwrap_or(0).max(1) + spare_steps;
+                let (entries, idx) = if indices {
+                    // Entry 0 stays free when it is the pad.
+                    let first = i64::from(spec.pad == Some(0));
+                    let entries = first as usize + seqs + 2;
+                    let mut free: Vec<i64> = (first..entries as i64).collect();
+                    free.shuffle(rng);
+                    let idx: Vec<i64> = (0..seqs)
+                        .map(|_| match spec.pad {
+                            Some(pad) if rng.random_bool(0.15) => pad,
+                            _ => free.pop().unwrap(),
+                        })
+                        .collect();
+                    (entries, Some(ints(&idx, vec![seqs])))
+                } else {
+                    (slots, None)
+                };
+                let shape = [vec![entries, steps], per_head(&[h, p, n])].concat();
+                (Some(HostTensor::filled(spec.state, shape, f32::NAN)), idx)
+            }
+            _ => (None, None),
+        };
         let cu_seqlens = matches!(spec.tokens, Tokens::Varlen { .. }).then(|| {
             let starts: Vec<i64> = std::iter::once(0)
                 .chain(lens.iter().scan(0i64, |acc, &l| {
@@ -396,6 +469,8 @@ impl Case {
             dst_state_batch_indices: has_dst.then(|| ints(&tables.dst, table_shape)),
             num_accepted_tokens: spec.spec_width.map(|_| ints(&tables.accepted, vec![seqs])),
             cu_seqlens,
+            intermediate_states_buffer,
+            intermediate_state_indices,
             spec,
             state,
             x,
@@ -430,6 +505,12 @@ impl Case {
             stochastic_rounding: self.spec.sr,
             state: self.state.view_mut(),
             out: self.out.view_mut(),
+            disable_state_update: matches!(
+                self.spec.verify,
+                Some(Verify::NoUpdate | Verify::Buffer { no_update: true, .. })
+            ),
+            intermediate_states_buffer: self.intermediate_states_buffer.as_mut().map(HostTensor::view_mut),
+            intermediate_state_indices: self.intermediate_state_indices.as_ref().map(HostTensor::view),
         }
     }
 
