@@ -236,15 +236,16 @@ impl<'a> SeqCtx<'a> {
         };
         let table = plan.state_batch_indices.is_some();
         let live = !(table && plan.is_pad(src));
+        // A pad entry in `intermediate_state_indices` writes no buffer row.
         let entry = match (plan.intermediate, inp.entries) {
             (Some(ip), Some(e)) => {
                 let (st, dtype) = ip.indices.unwrap();
-                Some(rd_int(e, dtype, st.at([b])))
+                Some(rd_int(e, dtype, st.at([b]))).filter(|&e| !plan.is_pad(e))
             }
             (Some(_), None) => Some(src),
             _ => None,
         }
-        .filter(|&e| live && !plan.is_pad(e))
+        .filter(|_| live)
         .map(|e| e as usize);
         let writes = plan.writes_state();
         Some(SeqCtx {

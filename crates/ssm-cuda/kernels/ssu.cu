@@ -7,8 +7,12 @@
 //       0 = none; STATE_CS: streaming cache hints on the state; ROWSTORE: one-token final state
 //       stored row by row as soon as computed)
 //   HAS_Z HAS_D HAS_DT_BIAS DT_SOFTPLUS TIED HAS_SBI HAS_PAD VARLEN DENSE SPEC STOCH_ROUND BC_VEC RAW   0/1
+//   NO_UPDATE ISTATES HAS_ISI ISI_T                                                     0/1, index type
 //   (BC_VEC: B and C are contiguous along dstate and VEC-element aligned: vector loads;
-//   RAW: one-token route with 16-byte state vectors, the tile held in its storage form)
+//   RAW: one-token route with 16-byte state vectors, the tile held in its storage form;
+//   NO_UPDATE: the pool is never written (disable_state_update, or the intermediate buffer);
+//   ISTATES: token t's state goes to the intermediate buffer's row (entry, t), the entry from
+//   intermediate_state_indices (HAS_ISI) or the source slot)
 //
 // One block owns one (sequence, head, tile of DIM_TILE = (NTHREADS / TPR) * RPT rows).
 // TPR lanes share one row of the state; each lane holds VPT vectors of VEC elements of a
@@ -32,13 +36,14 @@ struct TokStrides {
 // Mirrored by `SsuParams` in crates/ssm-cuda/src/ssu.rs (same field order, all 8-byte
 // fields first, no padding).
 struct SsuParams {
-    u64 state, x, dt, a, b, c, d, dt_bias, z, out, sbi, dst, nacc, cu, err;
+    u64 state, x, dt, a, b, c, d, dt_bias, z, out, sbi, dst, nacc, cu, err, ist, isi;
     i64 st_slot, st_head, st_dim;
     TokStrides xs, dts, zs, outs, bs, cs;
     i64 a_head, a_dim, a_n;
     i64 d_head, d_dim, dtb_head, dtb_dim;
     i64 sbi_seq, sbi_col, dst_seq, dst_col, nacc_s, cu_s;
     i64 slots, rows, pad, sbi_width, dst_width;
+    i64 ist_entry, ist_step, ist_head, ist_dim, ist_entries, ist_steps, isi_s;  // intermediate buffer
     u64 seed;
     int nseq, heads, dim, heads_per_group, steps, philox_rounds;
     BlockSplit split;  // grid = sequences × heads × row tiles
@@ -427,7 +432,7 @@ extern "C" __global__ void SSU_BOUNDS ssu_kernel(const SsuParams p) {
 #else
 #if SPEC
     const i64 col0 = accepted > 1 ? accepted - 1 : 0;  // no overflow at INT64_MIN
-    if (col0 >= p.sbi_width || len > p.dst_width) {
+    if (col0 >= p.sbi_width || (!NO_UPDATE && len > p.dst_width)) {
         raise_error(p, ERR_ACCEPTED);
         return;
     }
@@ -475,7 +480,7 @@ extern "C" __global__ void SSU_BOUNDS ssu_kernel(const SsuParams p) {
     }
 #endif
 
-#if HAS_SBI
+#if HAS_SBI && !NO_UPDATE
     // Destinations are checked while the state loads are in flight; an invalid one still
     // skips the whole sequence before anything is written.
     if (live) {
@@ -498,7 +503,34 @@ extern "C" __global__ void SSU_BOUNDS ssu_kernel(const SsuParams p) {
 
 #if !SPEC
     // The final state goes to `dst` unless the source is a pad or the destination is the pad.
-    const bool store_final = live && !(HAS_SBI && HAS_PAD && dst == p.pad);
+    const bool store_final = !NO_UPDATE && live && !(HAS_SBI && HAS_PAD && dst == p.pad);
+#endif
+
+#if ISTATES
+    // The intermediate buffer's entry: from intermediate_state_indices (whose pad value writes no
+    // buffer row) or the source slot. An entry outside the buffer, or a sequence longer than its
+    // steps, skips the whole sequence before anything is written.
+    STATE_T* ist_rows = nullptr;
+    if (live) {
+#if HAS_ISI
+        const i64 entry = load_index(reinterpret_cast<const ISI_T*>(p.isi) + seq * p.isi_s);
+        const bool pad_entry = HAS_PAD && entry == p.pad;
+#else
+        const i64 entry = src;
+        const bool pad_entry = false;
+#endif
+        if (!pad_entry) {
+            if (entry < 0 || entry >= p.ist_entries) {
+                raise_error(p, ERR_SLOT);
+                return;
+            }
+            if (len > p.ist_steps) {
+                raise_error(p, ERR_ACCEPTED);
+                return;
+            }
+            ist_rows = reinterpret_cast<STATE_T*>(p.ist) + entry * p.ist_entry + (i64)h * p.ist_head;
+        }
+    }
 #endif
 
     for (int t = 0; t < len; ++t) {
@@ -536,7 +568,7 @@ extern "C" __global__ void SSU_BOUNDS ssu_kernel(const SsuParams p) {
             y[r] = row_sum(acc);
         }
 
-#if SPEC
+#if SPEC && !NO_UPDATE && !ISTATES
         // Speculative mode: token t's state goes to column t of the destination table
         // (plain round-to-nearest; a pad entry writes nothing; a pad source writes nothing).
         if (live) {
@@ -552,6 +584,21 @@ extern "C" __global__ void SSU_BOUNDS ssu_kernel(const SsuParams p) {
                             store_vec<VEC, STATE_T, STATE_CS>(out_state + d * p.st_slot + (i64)h * p.st_head + (i64)prow[r] * p.st_dim + vi * VEC, s[r][v]);
                     }
             }
+        }
+#endif
+#if ISTATES
+        // Token t's state to the intermediate buffer's row (entry, t) (plain round-to-nearest; a
+        // pad source or a pad entry writes nothing).
+        if (ist_rows) {
+            STATE_T* rows = ist_rows + (i64)t * p.ist_step;
+#pragma unroll
+            for (int r = 0; r < RPT; ++r)
+#pragma unroll
+                for (int v = 0; v < VPT; ++v) {
+                    const int vi = lane + v * TPR;
+                    if (prow[r] < p.dim && vi < NVEC)
+                        store_vec<VEC, STATE_T, STATE_CS>(rows + (i64)prow[r] * p.ist_dim + vi * VEC, s[r][v]);
+                }
         }
 #endif
         write_out(p, y, cur, hi, prow, lane, seq, bos, t, h);

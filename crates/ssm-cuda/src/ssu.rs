@@ -47,6 +47,8 @@ pub(crate) struct SsuParams {
     nacc: u64,
     cu: u64,
     err: u64,
+    ist: u64,
+    isi: u64,
     st_slot: i64,
     st_head: i64,
     st_dim: i64,
@@ -74,6 +76,13 @@ pub(crate) struct SsuParams {
     pad: i64,
     sbi_width: i64,
     dst_width: i64,
+    ist_entry: i64,
+    ist_step: i64,
+    ist_head: i64,
+    ist_dim: i64,
+    ist_entries: i64,
+    ist_steps: i64,
+    isi_s: i64,
     seed: u64,
     nseq: i32,
     heads: i32,
@@ -93,7 +102,8 @@ unsafe impl DeviceRepr for SsuParams {}
 pub enum Walk {
     /// One token per sequence, the final state stored once.
     Decode,
-    /// One token per sequence, speculative (the state stored through a 2-D table).
+    /// One token per sequence, speculative (the state stored through a 2-D table) or
+    /// buffered (stored to the intermediate buffer).
     SpecDecode,
     /// Several tokens per sequence (varlen or dense).
     MultiToken,
@@ -210,7 +220,7 @@ fn tuning_override(mut g: SsuGeometry) -> SsuGeometry {
 /// Everything that selects one compiled SSU kernel (compact, hashed per call).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct SsuKey {
-    types: [DType; 14],
+    types: [DType; 15],
     dstate: usize,
     geometry: SsuGeometry,
     flags: u16,
@@ -228,13 +238,17 @@ const F_DENSE: u16 = 256;
 const F_SPEC: u16 = 512;
 const F_SR: u16 = 1024;
 const F_BC_VEC: u16 = 2048;
+const F_NO_UPDATE: u16 = 4096;
+const F_ISTATES: u16 = 8192;
+const F_ISI: u16 = 16384;
 
 impl SsuKey {
-    /// The key of `plan`. `addrs`: the device base addresses of `state`, `B` and `C` (their
-    /// alignment picks the vector widths); `None` assumes allocation-aligned bases.
-    pub(crate) fn from_plan(plan: &SsuPlan, addrs: Option<(u64, u64, u64)>) -> Self {
-        let (sa, ba, ca) = addrs.unwrap_or((0, 0, 0));
-        let vectorized = state_rows_aligned(plan, sa);
+    /// The key of `plan`. `addrs`: the device base addresses of `state`, `B`, `C` and the
+    /// intermediate buffer (their alignment picks the vector widths); `None` assumes
+    /// allocation-aligned bases.
+    pub(crate) fn from_plan(plan: &SsuPlan, addrs: Option<(u64, u64, u64, u64)>) -> Self {
+        let (sa, ba, ca, ia) = addrs.unwrap_or((0, 0, 0, 0));
+        let vectorized = state_rows_aligned(plan, sa, ia);
         let t = plan.dtypes;
         let idx = |o: Option<DType>| o.unwrap_or(DType::I32);
         let flt = |o: Option<DType>| o.unwrap_or(DType::F32);
@@ -256,13 +270,17 @@ impl SsuKey {
         set(matches!(plan.route, Route::Dense { .. }), F_DENSE);
         set(plan.spec, F_SPEC);
         set(plan.stochastic_rounding.is_some(), F_SR);
+        set(!plan.writes_state(), F_NO_UPDATE);
+        set(plan.intermediate.is_some(), F_ISTATES);
+        set(plan.intermediate.is_some_and(|ip| ip.indices.is_some()), F_ISI);
         let geometry = SsuGeometry::choose(
             t.state,
             plan.dims.dstate,
             plan.dims.dim,
             vectorized,
             tied,
-            Walk::of(plan.route != Route::OneToken, plan.spec),
+            // A buffered one-token call stores its token's state like a speculative one.
+            Walk::of(plan.route != Route::OneToken, plan.spec || plan.intermediate.is_some()),
             plan.dims.seqs * plan.dims.heads * plan.dims.dim,
         );
         let vec = geometry.row.vec as usize;
@@ -286,6 +304,7 @@ impl SsuKey {
                 idx(plan.dst_state_batch_indices.map(|s| s.dtype)),
                 idx(t.num_accepted_tokens),
                 idx(t.cu_seqlens),
+                idx(plan.intermediate.and_then(|ip| ip.indices).map(|(_, t)| t)),
             ],
             dstate: plan.dims.dstate,
             geometry,
@@ -295,9 +314,9 @@ impl SsuKey {
 
     /// The NVRTC specialisation.
     pub(crate) fn spec(&self) -> KernelSpec {
-        const TYPE_NAMES: [&str; 14] = [
+        const TYPE_NAMES: [&str; 15] = [
             "STATE_T", "X_T", "DT_T", "A_T", "B_T", "C_T", "D_T", "DTB_T", "Z_T", "OUT_T", "SBI_T", "DST_T", "NACC_T",
-            "CU_T",
+            "CU_T", "ISI_T",
         ];
         let mut defines: Vec<(&'static str, String)> =
             TYPE_NAMES.iter().zip(self.types).map(|(&n, t)| (n, c_type(t).to_string())).collect();
@@ -306,8 +325,9 @@ impl SsuKey {
         defines.extend(g.row.defines());
         defines
             .extend([("STATE_CS", u8::from(g.streaming).to_string()), ("ROWSTORE", u8::from(g.row_store).to_string())]);
-        // One token, not speculative, 16-byte state vectors: the tile is held in storage form.
-        let one_token = self.flags & (F_VARLEN | F_DENSE | F_SPEC) == 0;
+        // One token, not speculative, no intermediate buffer, 16-byte state vectors: the tile is
+        // held in storage form.
+        let one_token = self.flags & (F_VARLEN | F_DENSE | F_SPEC | F_ISTATES) == 0;
         let raw = one_token && g.row.vec as usize * self.types[0].size() == 16;
         defines.push(("RAW", u8::from(raw).to_string()));
         defines.extend(flag_defines(
@@ -325,6 +345,9 @@ impl SsuKey {
                 ("SPEC", F_SPEC),
                 ("STOCH_ROUND", F_SR),
                 ("BC_VEC", F_BC_VEC),
+                ("NO_UPDATE", F_NO_UPDATE),
+                ("ISTATES", F_ISTATES),
+                ("HAS_ISI", F_ISI),
             ],
         ));
         KernelSpec { source: KernelSource::Ssu, entry: "ssu_kernel", defines }
@@ -342,7 +365,7 @@ pub fn ssu_catalogue() -> Vec<(String, KernelSpec)> {
     let key = |state: DType, io: DType, idx: DType, dstate: usize, dim: usize, vectorized: bool, flags: u16| {
         let tied = flags & F_TIED != 0;
         SsuKey {
-            types: [state, io, io, F32, io, io, F32, F32, io, io, idx, idx, idx, I32],
+            types: [state, io, io, F32, io, io, F32, F32, io, io, idx, idx, idx, I32, idx],
             dstate,
             geometry: SsuGeometry::choose(
                 state,
@@ -350,7 +373,7 @@ pub fn ssu_catalogue() -> Vec<(String, KernelSpec)> {
                 dim,
                 vectorized,
                 tied,
-                Walk::of(flags & (F_VARLEN | F_DENSE) != 0, flags & F_SPEC != 0),
+                Walk::of(flags & (F_VARLEN | F_DENSE) != 0, flags & (F_SPEC | F_ISTATES) != 0),
                 64 * 80 * dim,
             ),
             flags: if vectorized { flags | F_BC_VEC } else { flags },
@@ -392,6 +415,22 @@ pub fn ssu_catalogue() -> Vec<(String, KernelSpec)> {
         key(F16, BF16, I32, 128, 64, true, base | F_TIED | F_VARLEN | F_SR),
     );
     push("one-token scalar SR state=f16 io=f16 dstate=7".into(), key(F16, F16, I32, 7, 5, false, base | F_SR));
+    // Verification without commit (FlashInfer's disable_state_update and intermediate buffer).
+    let verify = base | F_TIED | F_NO_UPDATE;
+    push("one-token tied no-update state=bf16 io=bf16".into(), key(BF16, BF16, I32, 128, 64, true, verify));
+    push("spec tied no-update state=f32 io=bf16".into(), key(F32, BF16, I32, 128, 64, true, verify | F_SPEC));
+    push(
+        "one-token tied buffer+indices state=bf16 io=bf16".into(),
+        key(BF16, BF16, I32, 128, 64, true, verify | F_ISTATES | F_ISI),
+    );
+    push(
+        "dense spec tied buffer state=f32 io=bf16".into(),
+        key(F32, BF16, I64, 128, 64, true, verify | F_ISTATES | F_DENSE | F_SPEC),
+    );
+    push(
+        "varlen per-channel buffer+indices state=f16 io=f32 dstate=7".into(),
+        key(F16, F32, I32, 7, 5, false, base | F_NO_UPDATE | F_ISTATES | F_ISI | F_VARLEN),
+    );
     out
 }
 
@@ -412,14 +451,24 @@ fn bc_aligned(ts: &TokenStrides, dtype: DType, addr: u64, vec: usize, dstate: us
     (ts.dim == 1 || dstate <= 1) && base % align == 0 && ok(ts.seq) && ok(ts.tok) && ok(ts.head)
 }
 
-/// Whether every state row `[slot, h, p, 0]` starts on a 16-byte boundary, for a base address `addr`.
-fn state_rows_aligned(plan: &SsuPlan, addr: u64) -> bool {
+/// Whether every state row `[slot, h, p, 0]` (and every intermediate-buffer row
+/// `[entry, step, h, p, 0]`) starts on a 16-byte boundary, for base addresses `addr` (and
+/// `ist_addr`).
+fn state_rows_aligned(plan: &SsuPlan, addr: u64, ist_addr: u64) -> bool {
     let es = plan.dtypes.state.size() as i64;
     let base = addr as i64 + plan.state.offset as i64 * es;
     let [s0, s1, s2, _] = plan.state.strides;
     let dims = plan.dims;
     let ok = |stride: isize, extent: usize| extent <= 1 || (stride as i64 * es) % 16 == 0;
-    base % 16 == 0 && ok(s0, dims.slots) && ok(s1, dims.heads) && ok(s2, dims.dim)
+    let buffer_ok = plan.intermediate.is_none_or(|ip| {
+        let [e, t, h, p, _] = ip.buffer.strides;
+        (ist_addr as i64 + ip.buffer.offset as i64 * es) % 16 == 0
+            && ok(e, ip.entries)
+            && ok(t, ip.steps)
+            && ok(h, dims.heads)
+            && ok(p, dims.dim)
+    });
+    base % 16 == 0 && ok(s0, dims.slots) && ok(s1, dims.heads) && ok(s2, dims.dim) && buffer_ok
 }
 
 impl CudaBackend {
@@ -429,6 +478,7 @@ impl CudaBackend {
         let sbi = plan.state_batch_indices;
         let dst = plan.dst_state_batch_indices;
         let ptr_or_dst = args.dst_state_batch_indices.as_ref().or(args.state_batch_indices.as_ref());
+        let ist = plan.intermediate;
         SsuParams {
             state: addr_of(args.state.device_addr(), plan.state.offset, t.state),
             x: addr_of(args.x.device_addr(), plan.x.offset, t.x),
@@ -466,6 +516,14 @@ impl CudaBackend {
                 _ => 0,
             },
             err: self.error_word_addr(),
+            ist: match (&args.intermediate_states_buffer, plan.intermediate) {
+                (Some(b), Some(ip)) => addr_of(b.device_addr(), ip.buffer.offset, t.state),
+                _ => 0,
+            },
+            isi: match (&args.intermediate_state_indices, plan.intermediate.and_then(|ip| ip.indices)) {
+                (Some(i), Some((s, ty))) => addr_of(i.device_addr(), s.offset, ty),
+                _ => 0,
+            },
             st_slot: plan.state.strides[0] as i64,
             st_head: plan.state.strides[1] as i64,
             st_dim: plan.state.strides[2] as i64,
@@ -493,6 +551,13 @@ impl CudaBackend {
             pad: plan.pad_slot_id.unwrap_or(0),
             sbi_width: sbi.map_or(1, |s| s.width as i64),
             dst_width: dst.map_or(1, |s| s.width as i64),
+            ist_entry: ist.map_or(0, |i| i.buffer.strides[0] as i64),
+            ist_step: ist.map_or(0, |i| i.buffer.strides[1] as i64),
+            ist_head: ist.map_or(0, |i| i.buffer.strides[2] as i64),
+            ist_dim: ist.map_or(0, |i| i.buffer.strides[3] as i64),
+            ist_entries: ist.map_or(0, |i| i.entries as i64),
+            ist_steps: ist.map_or(0, |i| i.steps as i64),
+            isi_s: ist.and_then(|i| i.indices).map_or(0, |(s, _)| s.strides[0] as i64),
             seed: plan.stochastic_rounding.map_or(0, |s| s.seed),
             nseq: plan.dims.seqs as i32,
             heads: plan.dims.heads as i32,
@@ -525,15 +590,15 @@ impl Run<SelectiveStateUpdateArgs<'_>> for CudaBackend {
                 return Err(CudaError::Unsupported(format!("{what} = {v} exceeds the kernel's 32-bit counters")));
             }
         }
-        if !plan.writes_state() {
-            return Err(CudaError::Unsupported(
-                "selective_state_update with disable_state_update or an intermediate_states_buffer".into(),
-            ));
-        }
         let addr = |a: Option<u64>| a.unwrap_or(0);
         let key = SsuKey::from_plan(
             plan,
-            Some((addr(args.state.device_addr()), addr(args.b.device_addr()), addr(args.c.device_addr()))),
+            Some((
+                addr(args.state.device_addr()),
+                addr(args.b.device_addr()),
+                addr(args.c.device_addr()),
+                addr(args.intermediate_states_buffer.as_ref().and_then(|b| b.device_addr())),
+            )),
         );
         let dim_tiles = dims.dim.div_ceil(key.geometry.row.dim_tile() as usize);
         let blocks = dims.seqs * dims.heads * dim_tiles;
@@ -557,9 +622,9 @@ mod tests {
 
     #[test]
     fn params_have_no_padding_and_match_the_kernel_layout() {
-        // 15 addresses, 3 state strides, 6 × 4 token strides, 3 + 4 + 6 + 5 scalars, seed, 6 ints,
-        // the block split (6 × u32).
-        let expected = 15 * 8 + 3 * 8 + 6 * 32 + (3 + 4 + 6 + 5) * 8 + 8 + 6 * 4 + 6 * 4;
+        // 17 addresses, 3 state strides, 6 × 4 token strides, 3 + 4 + 6 + 5 + 7 scalars, seed,
+        // 6 ints, the block split (6 × u32).
+        let expected = 17 * 8 + 3 * 8 + 6 * 32 + (3 + 4 + 6 + 5 + 7) * 8 + 8 + 6 * 4 + 6 * 4;
         assert_eq!(std::mem::size_of::<SsuParams>(), expected);
         assert_eq!(std::mem::align_of::<SsuParams>(), 8);
     }

@@ -210,6 +210,9 @@ pub struct DeviceSsuArgs {
     dt_softplus: bool,
     pad_slot_id: Option<i64>,
     stochastic_rounding: Option<ssm_ssu::StochasticRounding>,
+    disable_state_update: bool,
+    ist: Option<StagedTensor>,
+    isi: Option<StagedTensor>,
 }
 
 impl DeviceSsuArgs {
@@ -247,6 +250,12 @@ impl StageArgs for DeviceSsuArgs {
             dt_softplus: args.dt_softplus,
             pad_slot_id: args.pad_slot_id,
             stochastic_rounding: args.stochastic_rounding,
+            disable_state_update: args.disable_state_update,
+            ist: StagedTensor::upload_opt(
+                backend,
+                args.intermediate_states_buffer.as_ref().map(|t| t.as_ref()).as_ref(),
+            )?,
+            isi: opt(&args.intermediate_state_indices)?,
         })
     }
     fn args(&mut self) -> Result<SelectiveStateUpdateArgs<'_>, TensorError> {
@@ -268,13 +277,14 @@ impl StageArgs for DeviceSsuArgs {
             num_accepted_tokens: opt_view(&self.nacc)?,
             cu_seqlens: opt_view(&self.cu)?,
             stochastic_rounding: self.stochastic_rounding,
-            disable_state_update: false,
-            intermediate_states_buffer: None,
-            intermediate_state_indices: None,
+            disable_state_update: self.disable_state_update,
+            intermediate_states_buffer: opt_view_mut(&mut self.ist)?,
+            intermediate_state_indices: opt_view(&self.isi)?,
         })
     }
     fn copy_back(&self, host: &mut SelectiveStateUpdateArgs<'_>) -> Result<(), MirrorError> {
         self.state.copy_back(&mut host.state)?;
+        opt_copy_back(&self.ist, host.intermediate_states_buffer.as_mut())?;
         self.out.copy_back(&mut host.out)
     }
     fn launch(backend: &CudaBackend, args: SelectiveStateUpdateArgs<'_>) -> Result<(), MirrorError> {

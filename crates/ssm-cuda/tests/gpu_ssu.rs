@@ -38,6 +38,7 @@ fn cuda_matches_the_reference_on_random_cases() {
     let Some(be) = gpu("cuda_matches_the_reference_on_random_cases") else { return };
     let base = base_seed(Some(1000));
     // 108 cases: every state/io pair meets every route twice.
+    let mut buffered = 0;
     for i in 0..108usize {
         let seed = base.wrapping_add(i as u64);
         let spec = Spec::draw(&mut ChaCha8Rng::seed_from_u64(seed), i);
@@ -52,6 +53,13 @@ fn cuda_matches_the_reference_on_random_cases() {
         run_staged::<DeviceSsuArgs>(&be, got.args()).unwrap_or_else(|e| panic!("{ctx}: {e}"));
         compare("out", &got.out, &want.out).unwrap_or_else(|e| panic!("{ctx}: {e}"));
         compare("state", &got.state.memory, &want.state.memory).unwrap_or_else(|e| panic!("{ctx}: {e}"));
+        if let (Some(g), Some(w)) = (&got.intermediate_states_buffer, &want.intermediate_states_buffer) {
+            compare("intermediate_states_buffer", g, w).unwrap_or_else(|e| panic!("{ctx}: {e}"));
+            buffered += usize::from(w.to_f64_vec().iter().any(|v| !v.is_nan()));
+        }
+        if spec.verify.is_some() {
+            assert!(got.state == initial.state, "{ctx}: a verifying call wrote the state");
+        }
         // Slots no table names stay bit-identical.
         for (slot, named) in initial.named_slots().into_iter().enumerate() {
             if !named {
@@ -59,6 +67,7 @@ fn cuda_matches_the_reference_on_random_cases() {
             }
         }
     }
+    assert!(buffered >= 5, "only {buffered} of 108 cases wrote intermediate-buffer rows");
 }
 
 #[test]
@@ -200,6 +209,88 @@ fn garbage_indices_never_escape_their_tensors() {
                 }
             }
             assert!(flagged, "round {round}: the garbage left every row valid; the test proves nothing");
+        }
+    }
+}
+
+/// Garbage `intermediate_state_indices` (and sequences longer than the buffer's steps): no
+/// crash, the error word set, the pool untouched, and buffer rows written only for sequences
+/// whose entry is valid (each such row equal to the reference's).
+#[test]
+fn garbage_buffer_entries_never_escape_the_buffer() {
+    use ssm_conformance::cases::ssu::Verify;
+    let Some(be) = gpu("garbage_buffer_entries_never_escape_the_buffer") else { return };
+    let mut rng = ChaCha8Rng::seed_from_u64(7);
+    for round in 0..4 {
+        let mut s = Spec::mamba2(16, [DType::F32, DType::BF16][round % 2]);
+        s.index = DType::I64;
+        s.heads = 4;
+        s.groups = 1;
+        s.separate_dst = false;
+        s.pad_rows = false;
+        s.spec_width = (round >= 2).then_some(3);
+        s.tokens = Tokens::Varlen { lens: (0..16).map(|b| b % 4).collect() };
+        s.verify = Some(Verify::Buffer { indices: true, spare_steps: 0, no_update: round == 1 });
+        let mut case = Case::build(s.clone(), 1900 + round as u64);
+        let entries = case.intermediate_states_buffer.as_ref().unwrap().shape[0] as i64;
+        let mut bad = [false; 16];
+        {
+            let mut view = case.intermediate_state_indices.as_mut().unwrap().view_mut();
+            for (b, bad_b) in bad.iter_mut().enumerate() {
+                if rng.random_range(0..3) == 0 {
+                    let v = match rng.random_range(0..5) {
+                        0 => rng.random::<i64>(),
+                        1 => -rng.random_range(2..1_000_000i64),
+                        2 => entries + rng.random_range(0..1000i64),
+                        3 => i64::MIN,
+                        _ => i64::MAX,
+                    };
+                    view.set_i64(b, v);
+                    *bad_b = true;
+                }
+            }
+        }
+        // The steps axis holds 3 tokens; sequences of 3 fit, so shorten the buffer to 2 steps
+        // and every 3-token sequence is too long.
+        let buf = case.intermediate_states_buffer.as_mut().unwrap();
+        let mut shape = buf.shape.clone();
+        shape[1] = 2;
+        *buf = HostTensor::filled(buf.dtype, shape, f32::NAN);
+        let lens = s.tokens.lens();
+        let mut want = case.clone();
+        // The reference runs the valid sequences only: the same case with the invalid ones'
+        // entries (and the too-long ones') replaced by the pad.
+        {
+            let mut view = want.intermediate_state_indices.as_mut().unwrap().view_mut();
+            for b in 0..16 {
+                if bad[b] || lens[b] > 2 {
+                    view.set_i64(b, -1);
+                }
+            }
+        }
+        let initial = case.clone();
+        match run_staged::<DeviceSsuArgs>(&be, case.args()) {
+            Err(MirrorError::Cuda(CudaError::InvalidIndices(DeviceErrors(w)))) => assert_ne!(w, 0),
+            other => panic!("round {round}: expected the error word, got {other:?}"),
+        }
+        run_reference(&mut want);
+        assert!(case.state == initial.state, "round {round}: the pool was written");
+        let (got, exp) = (case.intermediate_states_buffer.unwrap(), want.intermediate_states_buffer.unwrap());
+        compare("intermediate_states_buffer", &got, &exp).unwrap_or_else(|e| panic!("round {round}: {e}"));
+        // Out: the valid sequences' rows as the reference's (skipped ones stay NaN on the device).
+        let (go, wo) = (case.out.to_f64_vec(), want.out.to_f64_vec());
+        let row = s.heads * s.dim;
+        let mut start = 0;
+        for (b, &len) in lens.iter().enumerate() {
+            let skipped = bad[b] || len > 2;
+            for e in start * row..(start + len) * row {
+                if skipped {
+                    assert!(go[e].is_nan(), "round {round}: skipped seq {b} wrote out");
+                } else {
+                    assert!((go[e] - wo[e]).abs() <= 3.2e-2 + 1.6e-2 * wo[e].abs(), "round {round}: seq {b} out");
+                }
+            }
+            start += len;
         }
     }
 }

@@ -48,8 +48,8 @@ impl StochasticRounding {
 ///   the per-token speculative stores); `out` and the intermediate buffer are still written.
 /// - `intermediate_states_buffer`: the state after token `t` of sequence `b` is stored (rounded
 ///   to nearest even) to entry `intermediate_state_indices[b]` (default: the sequence's source
-///   slot), step `t`, and the pool is not written. A pad source or a pad entry writes no
-///   buffer row; `out` is still written. The steps axis is the capacity: a sequence longer
+///   slot), step `t`, and the pool is not written. A pad source, or a pad value in
+///   `intermediate_state_indices`, writes no buffer row; `out` is still written. The steps axis is the capacity: a sequence longer
 ///   than it is refused (host tables) or skipped and reported (device tables).
 /// - Refused, with typed errors: either of them with `dst_state_batch_indices` (FlashInfer's
 ///   one-token and multi-token kernels disagree on what that combination writes), and the

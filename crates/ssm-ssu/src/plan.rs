@@ -969,16 +969,19 @@ fn check_host_indices(plan: &mut SsuPlan, args: &SelectiveStateUpdateArgs<'_>) -
                 _ => b,
             };
             if let Some(ip) = plan.intermediate {
-                if len > ip.steps {
-                    return Err(SsuError::IntermediateSteps { seq: b, len, steps: ip.steps });
-                }
-                let (entry, from) = match (ip.indices, &entry_ints) {
-                    (Some((st, _)), Some(ints)) => (ints.get(st.at([b])), "intermediate_state_indices"),
-                    _ => (src_slot as i64, "the source slot; no intermediate_state_indices"),
+                // Only an entry read from `intermediate_state_indices` can be the pad.
+                let (entry, from, entry_pad) = match (ip.indices, &entry_ints) {
+                    (Some((st, _)), Some(ints)) => (ints.get(st.at([b])), "intermediate_state_indices", pad),
+                    _ => (src_slot as i64, "the source slot; no intermediate_state_indices", None),
                 };
-                match Slot::resolve(entry, pad, ip.entries) {
+                match Slot::resolve(entry, entry_pad, ip.entries) {
                     Slot::Pad => {}
-                    Slot::Row(e) => entries.push(SlotUse { slot: e, written: true, seq: b }),
+                    Slot::Row(e) => {
+                        if len > ip.steps {
+                            return Err(SsuError::IntermediateSteps { seq: b, len, steps: ip.steps });
+                        }
+                        entries.push(SlotUse { slot: e, written: true, seq: b });
+                    }
                     Slot::OutOfRange => {
                         return Err(SsuError::IntermediateEntry {
                             seq: b,
