@@ -233,6 +233,9 @@ fn garbage_buffer_entries_never_escape_the_buffer() {
         s.verify = Some(Verify::Buffer { indices: true, spare_steps: 0, no_update: round == 1 });
         let mut case = Case::build(s.clone(), 1900 + round as u64);
         let entries = case.intermediate_states_buffer.as_ref().unwrap().shape[0] as i64;
+        // Sequences whose entry is the pad write no buffer row, so their length is never checked.
+        let view = case.intermediate_state_indices.as_ref().unwrap().view();
+        let mut pad_entry: Vec<bool> = (0..16).map(|b| view.elem_i64(b) == -1).collect();
         let mut bad = [false; 16];
         {
             let mut view = case.intermediate_state_indices.as_mut().unwrap().view_mut();
@@ -247,6 +250,7 @@ fn garbage_buffer_entries_never_escape_the_buffer() {
                     };
                     view.set_i64(b, v);
                     *bad_b = true;
+                    pad_entry[b] = false;
                 }
             }
         }
@@ -268,6 +272,8 @@ fn garbage_buffer_entries_never_escape_the_buffer() {
                 }
             }
         }
+        let skipped: Vec<bool> = (0..16).map(|b| bad[b] || (lens[b] > 2 && !pad_entry[b])).collect();
+        assert!(skipped.iter().any(|&s| s), "round {round}: nothing invalid; the test proves nothing");
         let initial = case.clone();
         match run_staged::<DeviceSsuArgs>(&be, case.args()) {
             Err(MirrorError::Cuda(CudaError::InvalidIndices(DeviceErrors(w)))) => assert_ne!(w, 0),
@@ -282,9 +288,8 @@ fn garbage_buffer_entries_never_escape_the_buffer() {
         let row = s.heads * s.dim;
         let mut start = 0;
         for (b, &len) in lens.iter().enumerate() {
-            let skipped = bad[b] || len > 2;
             for e in start * row..(start + len) * row {
-                if skipped {
+                if skipped[b] {
                     assert!(go[e].is_nan(), "round {round}: skipped seq {b} wrote out");
                 } else {
                     assert!((go[e] - wo[e]).abs() <= 3.2e-2 + 1.6e-2 * wo[e].abs(), "round {round}: seq {b} out");
