@@ -415,6 +415,7 @@ pub fn selective_state_update(
                 disable_state_update: false,
                 intermediate_states_buffer: None,
                 intermediate_state_indices: None,
+                rand_seed: None,
             };
             Ok(rt.selective_state_update(args)?)
         }),

@@ -87,6 +87,7 @@ fn ssu_matches_the_runtime_bit_for_bit_on_strided_candle_layouts() {
         disable_state_update: false,
         intermediate_states_buffer: None,
         intermediate_state_indices: None,
+        rand_seed: None,
     };
     rt.selective_state_update(args).unwrap();
 

@@ -195,6 +195,7 @@ pub fn ssu_decode<T: Target + Sync>(whole: &T, halves: [&T; 2], seed: u64) -> Sp
             disable_state_update: false,
             intermediate_states_buffer: None,
             intermediate_state_indices: None,
+            rand_seed: None,
         })
     })
 }

@@ -39,6 +39,7 @@ pub(crate) fn run(target: &dyn Target, case: &Case) -> Produced {
         disable_state_update: false,
         intermediate_states_buffer: None,
         intermediate_state_indices: None,
+        rand_seed: None,
     };
     target.selective_state_update(args).map_err(crate::TargetError::into_produced)?;
     Ok(vec![("out".into(), out), ("state".into(), state)])

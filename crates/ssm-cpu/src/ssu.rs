@@ -31,6 +31,8 @@ struct Inputs<'a> {
     cu: Option<&'a [u8]>,
     /// `intermediate_state_indices`.
     entries: Option<&'a [u8]>,
+    /// The Philox key of stochastic rounding (`rand_seed`'s value when given).
+    seed: u64,
 }
 
 struct Item<'a, 's, St> {
@@ -97,6 +99,9 @@ impl Run<SelectiveStateUpdateArgs<'_>> for CpuBackend {
         let (mut args, plan) = call.into_parts();
         let plan = &plan;
         require_host("state", args.state.device())?;
+        if let Some(t) = &args.rand_seed {
+            require_host("rand_seed", t.device())?;
+        }
         fn opt<'t>(t: &Option<ssm_tensor::TensorRef<'t>>) -> Option<&'t [u8]> {
             t.as_ref().and_then(|t| t.host_bytes())
         }
@@ -112,6 +117,7 @@ impl Run<SelectiveStateUpdateArgs<'_>> for CpuBackend {
             nacc: opt(&args.num_accepted_tokens),
             cu: opt(&args.cu_seqlens),
             entries: opt(&args.intermediate_state_indices),
+            seed: plan.host_seed(args.rand_seed.as_ref()).unwrap_or(0),
         };
         let out =
             SharedBuf::new(args.out.host_bytes_mut().ok_or(CpuError::NotHost { arg: "out", device: plan.device })?);
@@ -627,7 +633,7 @@ fn final_store_row<S: Simd + PowTwo, St: Real>(cx: &SeqCtx<'_>, state: SharedBuf
             let base = cx.src as isize * st[0] + h as isize * st[1] + p as isize * st[2];
             for n in 0..n_st {
                 let pair = (base + (n - n % 2) as isize * st[3]) as u64;
-                let r = sr_bits(sr.seed, sr.rounds(), pair, n % 2 == 1);
+                let r = sr_bits(cx.inp.seed, sr.rounds(), pair, n % 2 == 1);
                 let v = round_f16_stochastic(row[n], r);
                 // The plan admits stochastic rounding for f16 states only.
                 drow[n] = St::from_f32(v.to_f32());

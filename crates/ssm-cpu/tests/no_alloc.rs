@@ -91,6 +91,7 @@ fn decode_steps_do_not_allocate() {
                 disable_state_update: false,
                 intermediate_states_buffer: None,
                 intermediate_state_indices: None,
+                rand_seed: None,
             };
             let before = ALLOCS.load(Ordering::SeqCst);
             cpu.run(ssm_tensor::Planned::new(args).unwrap()).unwrap();

@@ -177,3 +177,33 @@ fn verification_modes_match_the_committing_call() {
         }
     }
 }
+
+/// `rand_seed` replaces the struct's key: a call whose `rand_seed` tensor holds `s` (and whose
+/// `stochastic_rounding.seed` is a decoy) stores the bits of a call keyed `s` directly, and not
+/// those of the decoy — on the reference and on the CPU backend.
+#[test]
+fn rand_seed_tensor_is_the_key() {
+    use ssm_ssu::StochasticRounding;
+    let cpu = CpuBackend::new(Par::Seq).unwrap();
+    let mut s = Spec::mamba2(5, DType::F16);
+    s.io = DType::F32;
+    s.sr = Some(StochasticRounding { seed: 0x1234_5678_9abc_def0, philox_rounds: 0 });
+    let direct = Case::build(s.clone(), 3);
+    s.rand_seed = true;
+    let keyed = Case::build(s.clone(), 3);
+    assert!(keyed.rand_seed.is_some());
+    let mut decoy = direct.clone();
+    decoy.spec.sr = Some(StochasticRounding { seed: !0x1234_5678_9abc_def0, philox_rounds: 0 });
+    let runs: [(&str, &dyn Fn(&mut Case)); 2] = [
+        ("reference", &|c: &mut Case| Reference.run(ssm_ssu::plan(c.args()).unwrap()).unwrap()),
+        ("cpu", &|c: &mut Case| cpu.run(ssm_ssu::plan(c.args()).unwrap()).unwrap()),
+    ];
+    for (name, run) in runs {
+        let (mut want, mut got, mut other) = (direct.clone(), keyed.clone(), decoy.clone());
+        run(&mut want);
+        run(&mut got);
+        run(&mut other);
+        assert!(got.state == want.state, "{name}: rand_seed's key was not used");
+        assert!(other.state != want.state, "{name}: the decoy key rounds alike; the test proves nothing");
+    }
+}

@@ -36,7 +36,7 @@ struct TokStrides {
 // Mirrored by `SsuParams` in crates/ssm-cuda/src/ssu.rs (same field order, all 8-byte
 // fields first, no padding).
 struct SsuParams {
-    u64 state, x, dt, a, b, c, d, dt_bias, z, out, sbi, dst, nacc, cu, err, ist, isi;
+    u64 state, x, dt, a, b, c, d, dt_bias, z, out, sbi, dst, nacc, cu, err, ist, isi, seed_ptr;
     i64 st_slot, st_head, st_dim;
     TokStrides xs, dts, zs, outs, bs, cs;
     i64 a_head, a_dim, a_n;
@@ -44,7 +44,7 @@ struct SsuParams {
     i64 sbi_seq, sbi_col, dst_seq, dst_col, nacc_s, cu_s;
     i64 slots, rows, pad, sbi_width, dst_width;
     i64 ist_entry, ist_step, ist_head, ist_dim, ist_entries, ist_steps, isi_s;  // intermediate buffer
-    u64 seed;
+    u64 seed;  // the Philox key, unless seed_ptr (rand_seed) names an i64 to read it from
     int nseq, heads, dim, heads_per_group, steps, philox_rounds;
     BlockSplit split;  // grid = sequences × heads × row tiles
 };
@@ -144,7 +144,7 @@ __device__ __forceinline__ float softplus_thr(float v) { return v <= 20.f ? logf
 // Stores one row of the final (non-speculative) state to slot `dst`. With stochastic rounding
 // the random offsets are element offsets of the *source* state (vLLM, semantics/ssu.md §2.7).
 __device__ __forceinline__ void store_final_row(const SsuParams& p, float (&row)[VPT][VEC], int prow, int lane, int h,
-                                                i64 src, i64 dst) {
+                                                i64 src, i64 dst, u64 seed) {
     if (prow >= p.dim) return;
     STATE_T* out_state = reinterpret_cast<STATE_T*>(p.state);
 #pragma unroll
@@ -154,9 +154,9 @@ __device__ __forceinline__ void store_final_row(const SsuParams& p, float (&row)
             STATE_T* q = out_state + dst * p.st_slot + (i64)h * p.st_head + (i64)prow * p.st_dim + vi * VEC;
 #if STOCH_ROUND
             const i64 off = src * p.st_slot + (i64)h * p.st_head + (i64)prow * p.st_dim + vi * VEC;
-            sr_store_f16<VEC>(q, row[v], p.seed, off, vi * VEC, p.philox_rounds);
+            sr_store_f16<VEC>(q, row[v], seed, off, vi * VEC, p.philox_rounds);
 #else
-            (void)src;
+            (void)src, (void)seed;
             store_vec<VEC, STATE_T, STATE_CS>(q, row[v]);
 #endif
         }
@@ -415,6 +415,13 @@ extern "C" __global__ void SSU_BOUNDS ssu_kernel(const SsuParams p) {
 #endif
     HeadIn hi;
     load_head(p, hi, h, prow);
+#if STOCH_ROUND
+    // The Philox key: rand_seed's value when given (read as the call runs, so a replayed graph
+    // sees the value of its replay), else the host's.
+    const u64 seed = p.seed_ptr ? (u64)__ldcg(reinterpret_cast<const long long*>(p.seed_ptr)) : p.seed;
+#else
+    const u64 seed = 0;
+#endif
 
     // ---- slots ----
     i64 src = seq;
@@ -552,7 +559,7 @@ extern "C" __global__ void SSU_BOUNDS ssu_kernel(const SsuParams p) {
             const float acc = update_row(p, row, cur, dA, r, prow[r], h, lane);
 #if ROWSTORE || STOCH_ROUND
             // This row's final state is known; store it now.
-            if (store_final) store_final_row(p, row, prow[r], lane, h, src, dst);
+            if (store_final) store_final_row(p, row, prow[r], lane, h, src, dst, seed);
 #else
             // Rounded once, as the final store rounds it; stored with the other rows below.
 #pragma unroll
@@ -562,7 +569,7 @@ extern "C" __global__ void SSU_BOUNDS ssu_kernel(const SsuParams p) {
             const float acc = update_row(p, s[r], cur, dA, r, prow[r], h, lane);
 #if !SPEC && !VARLEN && !DENSE && ROWSTORE
             // One token: this row's final state is known; store it now (ROWSTORE).
-            if (store_final) store_final_row(p, s[r], prow[r], lane, h, src, dst);
+            if (store_final) store_final_row(p, s[r], prow[r], lane, h, src, dst, seed);
 #endif
 #endif
             y[r] = row_sum(acc);
@@ -620,7 +627,7 @@ extern "C" __global__ void SSU_BOUNDS ssu_kernel(const SsuParams p) {
     // Final state (non-speculative): to the destination slot.
     if (store_final) {
 #pragma unroll
-        for (int r = 0; r < RPT; ++r) store_final_row(p, s[r], prow[r], lane, h, src, dst);
+        for (int r = 0; r < RPT; ++r) store_final_row(p, s[r], prow[r], lane, h, src, dst, seed);
     }
 #endif
 }

@@ -329,6 +329,7 @@ impl Pool {
             disable_state_update: false,
             intermediate_states_buffer: None,
             intermediate_state_indices: None,
+            rand_seed: None,
         })
     }
 }

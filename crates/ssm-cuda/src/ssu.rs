@@ -49,6 +49,7 @@ pub(crate) struct SsuParams {
     err: u64,
     ist: u64,
     isi: u64,
+    seed_ptr: u64,
     st_slot: i64,
     st_head: i64,
     st_dim: i64,
@@ -524,6 +525,10 @@ impl CudaBackend {
                 (Some(i), Some((s, ty))) => addr_of(i.device_addr(), s.offset, ty),
                 _ => 0,
             },
+            seed_ptr: match (&args.rand_seed, plan.rand_seed) {
+                (Some(r), Some(at)) => addr_of(r.device_addr(), at as isize, DType::I64),
+                _ => 0,
+            },
             st_slot: plan.state.strides[0] as i64,
             st_head: plan.state.strides[1] as i64,
             st_dim: plan.state.strides[2] as i64,
@@ -622,9 +627,9 @@ mod tests {
 
     #[test]
     fn params_have_no_padding_and_match_the_kernel_layout() {
-        // 17 addresses, 3 state strides, 6 × 4 token strides, 3 + 4 + 6 + 5 + 7 scalars, seed,
+        // 18 addresses, 3 state strides, 6 × 4 token strides, 3 + 4 + 6 + 5 + 7 scalars, seed,
         // 6 ints, the block split (6 × u32).
-        let expected = 17 * 8 + 3 * 8 + 6 * 32 + (3 + 4 + 6 + 5 + 7) * 8 + 8 + 6 * 4 + 6 * 4;
+        let expected = 18 * 8 + 3 * 8 + 6 * 32 + (3 + 4 + 6 + 5 + 7) * 8 + 8 + 6 * 4 + 6 * 4;
         assert_eq!(std::mem::size_of::<SsuParams>(), expected);
         assert_eq!(std::mem::align_of::<SsuParams>(), 8);
     }

@@ -213,6 +213,7 @@ pub struct DeviceSsuArgs {
     disable_state_update: bool,
     ist: Option<StagedTensor>,
     isi: Option<StagedTensor>,
+    seed: Option<StagedTensor>,
 }
 
 impl DeviceSsuArgs {
@@ -224,6 +225,11 @@ impl DeviceSsuArgs {
     /// The output's device buffer.
     pub fn out_buffer(&mut self) -> &mut DeviceBuffer {
         self.out.buffer()
+    }
+
+    /// The `rand_seed` tensor's device buffer, when staged.
+    pub fn seed_buffer(&mut self) -> Option<&mut DeviceBuffer> {
+        self.seed.as_mut().map(StagedTensor::buffer)
     }
 }
 
@@ -256,6 +262,7 @@ impl StageArgs for DeviceSsuArgs {
                 args.intermediate_states_buffer.as_ref().map(|t| t.as_ref()).as_ref(),
             )?,
             isi: opt(&args.intermediate_state_indices)?,
+            seed: opt(&args.rand_seed)?,
         })
     }
     fn args(&mut self) -> Result<SelectiveStateUpdateArgs<'_>, TensorError> {
@@ -280,6 +287,7 @@ impl StageArgs for DeviceSsuArgs {
             disable_state_update: self.disable_state_update,
             intermediate_states_buffer: opt_view_mut(&mut self.ist)?,
             intermediate_state_indices: opt_view(&self.isi)?,
+            rand_seed: opt_view(&self.seed)?,
         })
     }
     fn copy_back(&self, host: &mut SelectiveStateUpdateArgs<'_>) -> Result<(), MirrorError> {

@@ -123,6 +123,7 @@ impl Layer {
             disable_state_update: false,
             intermediate_states_buffer: None,
             intermediate_state_indices: None,
+            rand_seed: None,
         })?;
         Ok(())
     }

@@ -156,6 +156,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         disable_state_update: false,
         intermediate_states_buffer: None,
         intermediate_state_indices: None,
+        rand_seed: None,
     };
 
     // Prewarm: compile and load both kernels now, so that the capture launches only.

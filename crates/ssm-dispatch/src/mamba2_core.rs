@@ -523,6 +523,7 @@ impl<'a> Steps<'a> {
                 disable_state_update: false,
                 intermediate_states_buffer: None,
                 intermediate_state_indices: None,
+                rand_seed: None,
             }))?;
         }
         if m.num_prefills == 0 {

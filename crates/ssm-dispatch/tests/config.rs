@@ -104,6 +104,7 @@ fn wrong_device_is_refused_before_anything_runs() {
             disable_state_update: false,
             intermediate_states_buffer: None,
             intermediate_state_indices: None,
+            rand_seed: None,
         })
         .unwrap_err();
     insta::assert_snapshot!("wrong_device", e.to_string());

@@ -336,6 +336,7 @@ fn run_parts(rt: &Runtime, b: &Batch, dec: &Decodes, pre: &Prefills) -> (HostTen
         disable_state_update: false,
         intermediate_states_buffer: None,
         intermediate_state_indices: None,
+        rand_seed: None,
     })
     .unwrap();
     // The core keeps the caller's rows of pad decodes (column-0 slot = the pad).

@@ -120,7 +120,7 @@ fuzz_op! {
         opt dst_state_batch_indices "dst_state_batch_indices", mut out "out",
         opt num_accepted_tokens "num_accepted_tokens", opt cu_seqlens "cu_seqlens",
         optmut intermediate_states_buffer "intermediate_states_buffer",
-        opt intermediate_state_indices "intermediate_state_indices",
+        opt intermediate_state_indices "intermediate_state_indices", opt rand_seed "rand_seed",
     }
     nested {}
     scalars { dt_softplus, pad_slot_id, stochastic_rounding, disable_state_update }

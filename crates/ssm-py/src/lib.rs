@@ -494,6 +494,7 @@ fn selective_state_update(
             disable_state_update: false,
             intermediate_states_buffer: None,
             intermediate_state_indices: None,
+            rand_seed: None,
         }
     };
     rt.selective_state_update(args).map_err(op_err)

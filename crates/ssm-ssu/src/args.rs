@@ -96,4 +96,10 @@ pub struct SelectiveStateUpdateArgs<'a> {
     /// Buffer entry per sequence (FlashInfer's `intermediate_state_indices`); default: the
     /// sequence's source slot.
     pub intermediate_state_indices: Option<TensorRef<'a>>,
+    /// FlashInfer's `rand_seed`: the Philox key of stochastic rounding read from this one-element
+    /// i64 tensor (on the call's device) when the kernel runs, in place of
+    /// `stochastic_rounding.seed`; a CUDA graph captured with it draws fresh bits whenever the
+    /// tensor is rewritten between replays. Needs `stochastic_rounding` (its `philox_rounds`
+    /// still apply).
+    pub rand_seed: Option<TensorRef<'a>>,
 }

@@ -219,6 +219,9 @@ pub struct SsuPlan {
     pub dt_softplus: bool,
     /// Stochastic rounding of the final fp16 store.
     pub stochastic_rounding: Option<StochasticRounding>,
+    /// `rand_seed` given: the element offset of its one i64 element (the key is read from there
+    /// when the call runs, in place of `stochastic_rounding.seed`).
+    pub rand_seed: Option<usize>,
     /// `disable_state_update`: the pool is never written.
     pub disable_state_update: bool,
     /// The intermediate-state buffer: every token's state goes there, the pool is not written.
@@ -236,6 +239,17 @@ impl SsuPlan {
     #[inline(always)]
     pub fn is_pad(&self, slot: i64) -> bool {
         self.pad_slot_id == Some(slot)
+    }
+
+    /// The Philox key of a host call's stochastic rounding: read from `rand_seed` (the
+    /// tensor the plan was made from) when given, else `stochastic_rounding.seed`; `None`
+    /// without stochastic rounding or when `rand_seed` is not a host tensor.
+    pub fn host_seed(&self, rand_seed: Option<&TensorRef<'_>>) -> Option<u64> {
+        let sr = self.stochastic_rounding?;
+        match (self.rand_seed, rand_seed) {
+            (Some(at), Some(t)) => Some(ssm_tensor::elem::read_i64(t.host_bytes()?, DType::I64, at) as u64),
+            _ => Some(sr.seed),
+        }
     }
 
     /// Whether the call writes the state pool: updates are not disabled and not redirected to
@@ -436,6 +450,7 @@ pub(crate) fn plan_selective_state_update(args: &SelectiveStateUpdateArgs<'_>) -
         ("num_accepted_tokens", &args.num_accepted_tokens),
         ("cu_seqlens", &args.cu_seqlens),
         ("intermediate_state_indices", &args.intermediate_state_indices),
+        ("rand_seed", &args.rand_seed),
     ] {
         if let Some(t) = t {
             check_dev(arg, t.device())?;
@@ -467,6 +482,23 @@ pub(crate) fn plan_selective_state_update(args: &SelectiveStateUpdateArgs<'_>) -
             dtype_in(arg, t.dtype(), INDICES, "i32 or i64")?;
         }
     }
+    let rand_seed = match &args.rand_seed {
+        None => None,
+        Some(t) => {
+            if args.stochastic_rounding.is_none() {
+                return Err(SsuError::from(ArgError::Requires { arg: "rand_seed", needs: "`stochastic_rounding`" }));
+            }
+            dtype_in("rand_seed", t.dtype(), &[DType::I64], "i64")?;
+            if t.numel() != 1 || t.rank() > 1 {
+                return Err(SsuError::from(ArgError::Shape {
+                    arg: "rand_seed",
+                    expected: "[1] or [] (one element)".into(),
+                    actual: t.shape().to_vec(),
+                }));
+            }
+            Some(t.layout().offset())
+        }
+    };
     if let Some(sr) = args.stochastic_rounding {
         if args.state.dtype() != DType::F16 {
             return Err(SsuError::StochasticRoundingDtype { actual: args.state.dtype() });
@@ -722,6 +754,7 @@ pub(crate) fn plan_selective_state_update(args: &SelectiveStateUpdateArgs<'_>) -
         pad_slot_id: args.pad_slot_id,
         dt_softplus: args.dt_softplus,
         stochastic_rounding: args.stochastic_rounding,
+        rand_seed,
         disable_state_update: args.disable_state_update,
         intermediate,
         host_indices_checked: false,

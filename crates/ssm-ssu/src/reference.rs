@@ -147,6 +147,11 @@ fn run<F: Acc>(plan: &SsuPlan, mut args: SelectiveStateUpdateArgs<'_>) -> Result
         None => None,
     };
     let writes_state = plan.writes_state();
+    if let Some(t) = &args.rand_seed {
+        host("rand_seed", t.host_bytes(), dev)?;
+    }
+    // The Philox key: from `rand_seed` when given (host, checked above).
+    let seed = plan.host_seed(args.rand_seed.as_ref()).unwrap_or(0);
 
     let sd = plan.dims;
     let (heads, dim, dstate) = (sd.heads, sd.dim, sd.dstate);
@@ -279,7 +284,7 @@ fn run<F: Acc>(plan: &SsuPlan, mut args: SelectiveStateUpdateArgs<'_>) -> Result
                                     + h as isize * st[1]
                                     + p as isize * st[2]
                                     + (n - n % 2) as isize * st[3]) as u64;
-                                let r = sr_bits(sr.seed, sr.rounds(), pair, n % 2 == 1);
+                                let r = sr_bits(seed, sr.rounds(), pair, n % 2 == 1);
                                 state[idx * 2..idx * 2 + 2].copy_from_slice(&round_f16_stochastic(v, r).to_le_bytes());
                             }
                             None => write(state, ty.state, idx, v),

@@ -67,6 +67,7 @@ impl Base {
             disable_state_update: false,
             intermediate_states_buffer: None,
             intermediate_state_indices: None,
+            rand_seed: None,
         }
     }
 }
@@ -361,5 +362,38 @@ fn verification_arguments() {
     let mut args = b.args();
     args.disable_state_update = true;
     args.state_batch_indices = Some(ints(&[1, 1, 1]));
+    ssm_ssu::plan(args).unwrap();
+}
+
+/// FlashInfer's `rand_seed`: one i64 element, only with stochastic rounding.
+#[test]
+fn rand_seed_arguments() {
+    fn seed(dtype: DType, shape: &[usize]) -> TensorRef<'static> {
+        let n = shape.iter().product();
+        Box::leak(Box::new(HostTensor::from_i64(dtype, shape.to_vec(), &vec![7; n]))).view()
+    }
+    insta::assert_snapshot!("rand_seed_without_rounding", err(|a, _| a.rand_seed = Some(seed(DType::I64, &[1]))));
+    let sr = |a: &mut SelectiveStateUpdateArgs<'_>| {
+        a.state = Box::leak(Box::new(HostTensor::filled(DType::F16, vec![6, 4, 8, 16], 0.0))).view_mut();
+        a.stochastic_rounding = Some(StochasticRounding { seed: 1, philox_rounds: 0 });
+    };
+    insta::assert_snapshot!(
+        "rand_seed_dtype",
+        err(|a, _| {
+            sr(a);
+            a.rand_seed = Some(seed(DType::I32, &[1]));
+        })
+    );
+    insta::assert_snapshot!(
+        "rand_seed_shape",
+        err(|a, _| {
+            sr(a);
+            a.rand_seed = Some(seed(DType::I64, &[2]));
+        })
+    );
+    let mut b = base();
+    let mut args = b.args();
+    sr(&mut args);
+    args.rand_seed = Some(seed(DType::I64, &[]));
     ssm_ssu::plan(args).unwrap();
 }

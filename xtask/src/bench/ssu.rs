@@ -205,6 +205,7 @@ impl BenchCase for SsuCase {
                 disable_state_update: false,
                 intermediate_states_buffer: None,
                 intermediate_state_indices: None,
+                rand_seed: None,
             })?;
             Ok(())
         }))

@@ -138,6 +138,10 @@ pub struct Spec {
     pub sr: Option<StochasticRounding>,
     /// Verification without commit (no `dst_state_batch_indices`, no stochastic rounding then).
     pub verify: Option<Verify>,
+    /// With stochastic rounding: the key comes from a `rand_seed` tensor holding `sr.seed`,
+    /// and the struct's own `seed` is a decoy (its complement), so that reading the wrong
+    /// one shows.
+    pub rand_seed: bool,
 }
 
 impl Spec {
@@ -172,6 +176,7 @@ impl Spec {
             zero_a: false,
             sr: None,
             verify: None,
+            rand_seed: false,
         }
     }
 
@@ -234,12 +239,15 @@ impl Spec {
             sr: (state == DType::F16 && rng.random_bool(0.3))
                 .then(|| StochasticRounding { seed: rng.random(), philox_rounds: *[0, 7].choose(rng).unwrap() }),
             verify,
+            rand_seed: rng.random_bool(0.5),
         };
+        spec.rand_seed &= spec.sr.is_some();
         if verify.is_some() {
             // Both exclude a destination table (FlashInfer's kernels disagree on it), and the
             // buffer excludes stochastic rounding (there is no final store to round).
             spec.separate_dst = false;
             spec.sr = None;
+            spec.rand_seed = false;
         }
         spec
     }
@@ -289,6 +297,8 @@ pub struct Case {
     pub intermediate_states_buffer: Option<HostTensor>,
     /// Buffer entry per sequence.
     pub intermediate_state_indices: Option<HostTensor>,
+    /// `[1]` i64: the Philox key (when [`Spec::rand_seed`]).
+    pub rand_seed: Option<HostTensor>,
 }
 
 fn randn(rng: &mut ChaCha8Rng, n: usize, scale: f32) -> Vec<f32> {
@@ -471,6 +481,10 @@ impl Case {
             cu_seqlens,
             intermediate_states_buffer,
             intermediate_state_indices,
+            rand_seed: spec
+                .sr
+                .filter(|_| spec.rand_seed)
+                .map(|sr| HostTensor::from_i64(DType::I64, vec![1], &[sr.seed as i64])),
             spec,
             state,
             x,
@@ -502,7 +516,11 @@ impl Case {
             pad_slot_id: self.spec.pad,
             num_accepted_tokens: self.num_accepted_tokens.as_ref().map(HostTensor::view),
             cu_seqlens: self.cu_seqlens.as_ref().map(HostTensor::view),
-            stochastic_rounding: self.spec.sr,
+            // With `rand_seed` the struct's key is a decoy: the tensor's must win.
+            stochastic_rounding: self.spec.sr.map(|sr| match self.spec.rand_seed {
+                true => StochasticRounding { seed: !sr.seed, ..sr },
+                false => sr,
+            }),
             state: self.state.view_mut(),
             out: self.out.view_mut(),
             disable_state_update: matches!(
@@ -511,6 +529,7 @@ impl Case {
             ),
             intermediate_states_buffer: self.intermediate_states_buffer.as_mut().map(HostTensor::view_mut),
             intermediate_state_indices: self.intermediate_state_indices.as_ref().map(HostTensor::view),
+            rand_seed: self.rand_seed.as_ref().map(HostTensor::view),
         }
     }
 
