@@ -435,12 +435,13 @@ fn op_err(e: ssm_dispatch::Error) -> PyErr {
     SsmError::new_err(e.to_string())
 }
 
-/// `selective_state_update` (vLLM's signature; see the Python wrapper): `state` and `out`
-/// written in place.
+/// `selective_state_update` (vLLM's signature, plus FlashInfer's verification arguments; see
+/// the Python wrapper): `state`, `out` and `intermediate_states_buffer` written in place.
 #[pyfunction]
 #[pyo3(signature = (state, x, dt, a, b, c, out, d=None, dt_bias=None, z=None, dt_softplus=false,
     state_batch_indices=None, dst_state_batch_indices=None, pad_slot_id=None, num_accepted_tokens=None,
-    cu_seqlens=None, stream=None))]
+    cu_seqlens=None, disable_state_update=false, intermediate_states_buffer=None,
+    intermediate_state_indices=None, stream=None))]
 #[allow(clippy::too_many_arguments)]
 fn selective_state_update(
     state: &Bound<'_, PyAny>,
@@ -459,10 +460,15 @@ fn selective_state_update(
     pad_slot_id: Option<i64>,
     num_accepted_tokens: Option<&Bound<'_, PyAny>>,
     cu_seqlens: Option<&Bound<'_, PyAny>>,
+    disable_state_update: bool,
+    intermediate_states_buffer: Option<&Bound<'_, PyAny>>,
+    intermediate_state_indices: Option<&Bound<'_, PyAny>>,
     stream: Option<usize>,
 ) -> PyResult<()> {
     let mut t = Arrays::default();
     let (state, out) = (t.add_written("state", state)?, t.add_written("out", out)?);
+    let ist = t.opt_written("intermediate_states_buffer", intermediate_states_buffer)?;
+    let isi = t.opt("intermediate_state_indices", intermediate_state_indices)?;
     let (x, dt, a, b, c) = (t.add("x", x)?, t.add("dt", dt)?, t.add("A", a)?, t.add("B", b)?, t.add("C", c)?);
     let (d, dt_bias, z) = (t.opt("D", d)?, t.opt("dt_bias", dt_bias)?, t.opt("z", z)?);
     let sbi = t.opt("state_batch_indices", state_batch_indices)?;
@@ -491,9 +497,9 @@ fn selective_state_update(
             num_accepted_tokens: t.r_opt(nacc)?,
             cu_seqlens: t.r_opt(cu)?,
             stochastic_rounding: None,
-            disable_state_update: false,
-            intermediate_states_buffer: None,
-            intermediate_state_indices: None,
+            disable_state_update,
+            intermediate_states_buffer: t.w_opt(ist)?,
+            intermediate_state_indices: t.r_opt(isi)?,
             rand_seed: None,
         }
     };

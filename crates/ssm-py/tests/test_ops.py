@@ -64,6 +64,39 @@ def test_selective_state_update_matches_vllms_formula_in_place():
     np.testing.assert_array_equal(pool[:, 0], before[:, 0])
 
 
+def test_selective_state_update_verifies_without_commit():
+    """FlashInfer's verification arguments: with ``disable_state_update`` the pool is untouched
+    and ``out`` is the committing call's; with an intermediate buffer each sequence's new state
+    lands at its entry (step 0) instead of the pool."""
+    rng = np.random.default_rng(5)
+    batch, nheads, dim, dstate, slots = 3, 2, 8, 16, 5
+    state = rng.standard_normal((slots, nheads, dim, dstate)).astype(np.float32)
+    x = rng.standard_normal((batch, nheads, dim)).astype(np.float32)
+    dt = np.broadcast_to(rng.uniform(-2, 1, (batch, nheads, 1)).astype(np.float32), (batch, nheads, dim))
+    A = np.broadcast_to(-rng.uniform(0.1, 2, (nheads, 1, 1)).astype(np.float32), (nheads, dim, dstate))
+    B, C = (rng.standard_normal((batch, 1, dstate)).astype(np.float32) for _ in range(2))
+    table = np.array([4, 1, 2], dtype=np.int32)
+    committed = state.copy()
+    want_out = sk.selective_state_update(committed, x, dt, A, B, C, dt_softplus=True, state_batch_indices=table)
+
+    kept = state.copy()
+    out = sk.selective_state_update(kept, x, dt, A, B, C, dt_softplus=True, state_batch_indices=table,
+                                    disable_state_update=True)
+    np.testing.assert_array_equal(kept, state)
+    np.testing.assert_array_equal(out, want_out)
+
+    buf = np.full((5, 2, nheads, dim, dstate), np.nan, np.float32)
+    entries = np.array([2, 4, 1], dtype=np.int32)  # entry 0 would be the pad (null block 0)
+    kept = state.copy()
+    out = sk.selective_state_update(kept, x, dt, A, B, C, dt_softplus=True, state_batch_indices=table,
+                                    intermediate_states_buffer=buf, intermediate_state_indices=entries)
+    np.testing.assert_array_equal(kept, state)
+    np.testing.assert_array_equal(out, want_out)
+    for b in range(batch):
+        np.testing.assert_array_equal(buf[entries[b], 0], committed[table[b]])
+        assert np.isnan(buf[entries[b], 1]).all()
+
+
 def test_causal_conv1d_update_in_vllm_layouts():
     rng = np.random.default_rng(1)
     batch, dim, width, seqlen, slots = 3, 16, 4, 2, 5

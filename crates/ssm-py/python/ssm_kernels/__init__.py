@@ -81,17 +81,26 @@ def selective_state_update(
     out=None,
     num_accepted_tokens=None,
     cu_seqlens=None,
+    disable_state_update=False,
+    intermediate_states_buffer=None,
+    intermediate_state_indices=None,
 ):
     """vLLM's ``selective_state_update`` (``mamba_ssm.py``): one decode step, ``state`` updated
     in place through the slot tables, the output written to ``out`` (allocated like ``x`` when
     omitted) and returned. Shapes as vLLM documents them (Mamba1 ``[batch, dim]`` or Mamba2
     ``[batch, nheads, dim]``; tied ``dt``/``A``/``dt_bias`` as stride-0 broadcasts).
-    ``null_block_id`` marks pad rows of the slot tables (``None``: no pads)."""
+    ``null_block_id`` marks pad rows of the slot tables (``None``: no pads).
+
+    FlashInfer's verification arguments: ``disable_state_update`` leaves ``state`` unwritten;
+    ``intermediate_states_buffer`` ``[entries, steps, nheads, dim, dstate]`` (the state's dtype)
+    receives every token's state at (``intermediate_state_indices[b]`` or the sequence's source
+    slot, token), and ``state`` is not written."""
     if out is None:
         out = _empty_like(x)
     _core.selective_state_update(
         state, x, dt, A, B, C, out, D, dt_bias, z, bool(dt_softplus),
         state_batch_indices, dst_state_batch_indices, null_block_id, num_accepted_tokens, cu_seqlens,
+        bool(disable_state_update), intermediate_states_buffer, intermediate_state_indices,
         stream=_stream(state),
     )
     return out
