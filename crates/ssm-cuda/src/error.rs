@@ -92,14 +92,16 @@ impl CudaError {
 pub struct DeviceErrors(pub u32);
 
 impl DeviceErrors {
-    /// A slot index (`state_batch_indices` / `dst_state_batch_indices`) outside `[0, slots)` and not the pad.
+    /// A slot index (`state_batch_indices` / `dst_state_batch_indices`) outside `[0, slots)` and
+    /// not the pad; or an SSU intermediate-buffer entry outside the buffer.
     pub const SLOT: u32 = 1;
     /// `cu_seqlens` not non-decreasing within `[0, rows]` (or, for `checkpointing_ssu`, a
     /// sequence longer than its window's `max_seqlen`; for the SSD prefill, a chunk of
     /// `cu_chunk_seqlens` empty, outside `[0, tokens]` or longer than the chunk, or a
     /// `seq_idx` / `last_chunk_indices` entry out of range).
     pub const CU_SEQLENS: u32 = 2;
-    /// `num_accepted_tokens` (or the sequence length in speculative mode) beyond the slot table's width.
+    /// `num_accepted_tokens` (or the sequence length in speculative mode) beyond the slot table's
+    /// width; or an SSU sequence longer than the intermediate buffer's steps.
     pub const ACCEPTED: u32 = 4;
     /// A prefix-caching column (`initial_state_idx` / `block_idx_last_scheduled_token`) outside the slot table's width.
     pub const COLUMN: u32 = 8;
@@ -115,7 +117,9 @@ impl std::fmt::Display for DeviceErrors {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let mut parts = Vec::new();
         if self.0 & Self::SLOT != 0 {
-            parts.push("slot index outside [0, slots) and not the pad");
+            parts.push(
+                "slot index outside [0, slots) and not the pad (or an intermediate-buffer entry outside the buffer)",
+            );
         }
         if self.0 & Self::CU_SEQLENS != 0 {
             parts.push(
@@ -123,7 +127,9 @@ impl std::fmt::Display for DeviceErrors {
             );
         }
         if self.0 & Self::ACCEPTED != 0 {
-            parts.push("num_accepted_tokens or sequence length beyond the slot table's width");
+            parts.push(
+                "num_accepted_tokens or sequence length beyond the slot table's width (or the intermediate buffer's steps)",
+            );
         }
         if self.0 & Self::COLUMN != 0 {
             parts.push("prefix-caching column outside the slot table's width");
