@@ -194,8 +194,8 @@ fn rand_seed_tensor_is_the_key() {
     assert!(keyed.rand_seed.is_some());
     let mut decoy = direct.clone();
     decoy.spec.sr = Some(StochasticRounding { seed: !0x1234_5678_9abc_def0, philox_rounds: 0 });
-    type Run<'a> = (&'static str, &'a dyn Fn(&mut Case));
-    let runs: [Run<'_>; 2] = [
+    type Runner<'a> = (&'static str, &'a dyn Fn(&mut Case));
+    let runs: [Runner<'_>; 2] = [
         ("reference", &|c: &mut Case| Reference.run(ssm_ssu::plan(c.args()).unwrap()).unwrap()),
         ("cpu", &|c: &mut Case| cpu.run(ssm_ssu::plan(c.args()).unwrap()).unwrap()),
     ];
