@@ -345,6 +345,19 @@ __device__ __forceinline__ void write_out(const SsuParams& p, const float (&y)[R
     }
 }
 
+// Stores the lane's part of the f32 tile `s` (rounded to nearest) to the rows `rows + prow·row_stride`
+// (a slot's, or an intermediate-buffer row's, head).
+__device__ __forceinline__ void store_tile(STATE_T* rows, i64 row_stride, const float (&s)[RPT][VPT][VEC],
+                                           const int (&prow)[RPT], int lane, int dim) {
+#pragma unroll
+    for (int r = 0; r < RPT; ++r)
+#pragma unroll
+        for (int v = 0; v < VPT; ++v) {
+            const int vi = lane + v * TPR;
+            if (prow[r] < dim && vi < NVEC) store_vec<VEC, STATE_T, STATE_CS>(rows + (i64)prow[r] * row_stride + vi * VEC, s[r][v]);
+        }
+}
+
 __device__ __forceinline__ void lane_rows(int (&prow)[RPT], int tile, int row_group) {
 #pragma unroll
     for (int r = 0; r < RPT; ++r) prow[r] = tile * DIM_TILE + r * ROW_GROUPS + row_group;
@@ -580,33 +593,14 @@ extern "C" __global__ void SSU_BOUNDS ssu_kernel(const SsuParams p) {
         // (plain round-to-nearest; a pad entry writes nothing; a pad source writes nothing).
         if (live) {
             const i64 d = load_index(reinterpret_cast<const DST_T*>(p.dst) + seq * p.dst_seq + (i64)t * p.dst_col);
-            if (!(HAS_PAD && d == p.pad)) {
-                STATE_T* out_state = reinterpret_cast<STATE_T*>(p.state);
-#pragma unroll
-                for (int r = 0; r < RPT; ++r)
-#pragma unroll
-                    for (int v = 0; v < VPT; ++v) {
-                        const int vi = lane + v * TPR;
-                        if (prow[r] < p.dim && vi < NVEC)
-                            store_vec<VEC, STATE_T, STATE_CS>(out_state + d * p.st_slot + (i64)h * p.st_head + (i64)prow[r] * p.st_dim + vi * VEC, s[r][v]);
-                    }
-            }
+            if (!(HAS_PAD && d == p.pad))
+                store_tile(reinterpret_cast<STATE_T*>(p.state) + d * p.st_slot + (i64)h * p.st_head, p.st_dim, s, prow, lane, p.dim);
         }
 #endif
 #if ISTATES
         // Token t's state to the intermediate buffer's row (entry, t) (plain round-to-nearest; a
         // pad source or a pad entry writes nothing).
-        if (ist_rows) {
-            STATE_T* rows = ist_rows + (i64)t * p.ist_step;
-#pragma unroll
-            for (int r = 0; r < RPT; ++r)
-#pragma unroll
-                for (int v = 0; v < VPT; ++v) {
-                    const int vi = lane + v * TPR;
-                    if (prow[r] < p.dim && vi < NVEC)
-                        store_vec<VEC, STATE_T, STATE_CS>(rows + (i64)prow[r] * p.ist_dim + vi * VEC, s[r][v]);
-                }
-        }
+        if (ist_rows) store_tile(ist_rows + (i64)t * p.ist_step, p.ist_dim, s, prow, lane, p.dim);
 #endif
         write_out(p, y, cur, hi, prow, lane, seq, bos, t, h);
     }
