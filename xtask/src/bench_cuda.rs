@@ -401,6 +401,14 @@ pub(crate) fn run(args: &CudaSsuBenchArgs) -> anyhow::Result<Value> {
             }
         }
     }
+    // FlashInfer's verification (every token's state to an intermediate buffer, the pool not
+    // written) on the 4-token shapes; the peer column is vLLM's committing call (it has no such
+    // mode), which moves the same bytes.
+    for state in args.common.states.iter().map(|s| s.dtype()) {
+        for &b in &args.batches {
+            shapes.push(SsuBenchShape { verify: true, ..SsuBenchShape::mamba2_2p7b(b, state, 4) });
+        }
+    }
     let m = measure(&args.common, &shapes, bench_ssu, "ssu_peer.py")?;
     println!(
         "{:<6} {:>5} {:>6} | {:>9} {:>8} {:>6} | {:>9} {:>8} {:>6} | {:>7}",
@@ -411,10 +419,11 @@ pub(crate) fn run(args: &CudaSsuBenchArgs) -> anyhow::Result<Value> {
         let s = r.shape;
         let vs = m.vs_peer(r, None);
         let speedup = vs.peer_us / r.us;
-        println!("{:<6} {:>5} {:>6} | {} | {speedup:>7.2}", state_name(s.state), s.batch, s.tokens, vs.columns());
+        let tokens = if s.verify { format!("{}v", s.tokens) } else { s.tokens.to_string() };
+        println!("{:<6} {:>5} {:>6} | {} | {speedup:>7.2}", state_name(s.state), s.batch, tokens, vs.columns());
         rows.push(vs.json_row(json!({
-            "state": state_name(s.state), "batch": s.batch, "tokens": s.tokens, "heads": s.heads, "dim": s.dim,
-            "dstate": s.dstate, "groups": s.groups, "bytes": s.bytes(),
+            "state": state_name(s.state), "batch": s.batch, "tokens": s.tokens, "verify": s.verify, "heads": s.heads,
+            "dim": s.dim, "dstate": s.dstate, "groups": s.groups, "bytes": s.bytes(),
         })));
     }
     rows.extend(replayssm_rows(args, &m)?);

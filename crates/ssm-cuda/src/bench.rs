@@ -143,17 +143,32 @@ pub struct SsuBenchShape {
     pub io: DType,
     /// Tokens per sequence (1: plain decode; >1: speculative).
     pub tokens: usize,
+    /// FlashInfer's verification without commit: every token's state goes to an intermediate
+    /// buffer (`[batch, tokens, heads, dim, dstate]`, entry `b` for sequence `b`) and the pool is
+    /// not written; the same bytes as the committing call.
+    pub verify: bool,
 }
 
 impl SsuBenchShape {
     /// Mamba2-2.7B: 80 heads, dim 64, dstate 128, one group, bf16 io.
     pub fn mamba2_2p7b(batch: usize, state: DType, tokens: usize) -> Self {
-        SsuBenchShape { batch, heads: 80, dim: 64, dstate: 128, groups: 1, state, io: DType::BF16, tokens }
+        SsuBenchShape {
+            batch,
+            heads: 80,
+            dim: 64,
+            dstate: 128,
+            groups: 1,
+            state,
+            io: DType::BF16,
+            tokens,
+            verify: false,
+        }
     }
 
     /// A short label, e.g. `mamba2-2.7b f32 b64 spec4`.
     pub fn label(&self) -> String {
         let mode = if self.tokens > 1 { format!(" spec{}", self.tokens) } else { String::new() };
+        let mode = if self.verify { format!("{mode} verify") } else { mode };
         format!("h{} d{} n{} g{} {} b{}{mode}", self.heads, self.dim, self.dstate, self.groups, self.state, self.batch)
     }
 
@@ -169,7 +184,9 @@ impl SsuBenchShape {
         let rows = (self.batch * self.tokens) as u64;
         let tok = rows * h * p * io * 2 + rows * h * io + rows * g * n * io * 2;
         let params = 3 * h * 4;
-        state_and_table_bytes(self.batch, self.tokens, h * p * n * self.state.size() as u64) + tok + params
+        // Verification: the buffer rows replace the pool's per-token rows; plus its entry table.
+        let entries = if self.verify { self.batch as u64 * 4 } else { 0 };
+        state_and_table_bytes(self.batch, self.tokens, h * p * n * self.state.size() as u64) + tok + params + entries
     }
 }
 
@@ -272,6 +289,8 @@ struct Pool {
     dt_bias: DeviceBuffer,
     out: DeviceBuffer,
     tables: SlotTables,
+    /// The intermediate buffer and its entry table (verification shapes).
+    verify: Option<(DeviceBuffer, DeviceBuffer)>,
 }
 
 impl Pool {
@@ -291,6 +310,16 @@ impl Pool {
             dt_bias: buf(h, DType::F32)?,
             out: buf(rows * h * p, s.io)?,
             tables: SlotTables::new(be, s.batch, s.tokens, 0, seed)?,
+            verify: match s.verify {
+                true => {
+                    let entries: Vec<i32> = (0..s.batch as i32).collect();
+                    Some((
+                        buf(rows * h * p * n, s.state)?,
+                        DeviceBuffer::from_host(be, bytemuck::cast_slice(&entries))?,
+                    ))
+                }
+                false => None,
+            },
         };
         fill(be, pool.state.addr(), slots * h * p * n, s.state, seed, -1.0, 1.0)?;
         fill(be, pool.x.addr(), rows * h * p, s.io, seed + 1, -1.0, 1.0)?;
@@ -308,6 +337,19 @@ impl Pool {
         let rows = s.batch * s.tokens;
         let (hi, pi, ni) = (h as isize, p as isize, n as isize);
         let tables = self.tables.views()?;
+        let (t, ti) = (s.tokens, s.tokens as isize);
+        let (buffer, entries) = match &mut self.verify {
+            Some((b, e)) => (
+                Some(b.view_mut(
+                    s.state,
+                    &[s.batch, t, h, p, n],
+                    &[ti * hi * pi * ni, hi * pi * ni, pi * ni, ni, 1],
+                    0,
+                )?),
+                Some(e.view(DType::I32, &[s.batch], &[1], 0)?),
+            ),
+            None => (None, None),
+        };
         Ok(SelectiveStateUpdateArgs {
             state: self.state.view_mut(s.state, &[s.slots(), h, p, n], &[hi * pi * ni, pi * ni, ni, 1], 0)?,
             x: self.x.view(s.io, &[rows, h, p], &[hi * pi, pi, 1], 0)?,
@@ -327,8 +369,8 @@ impl Pool {
             cu_seqlens: tables.cu,
             stochastic_rounding: None,
             disable_state_update: false,
-            intermediate_states_buffer: None,
-            intermediate_state_indices: None,
+            intermediate_states_buffer: buffer,
+            intermediate_state_indices: entries,
             rand_seed: None,
         })
     }
