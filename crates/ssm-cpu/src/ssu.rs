@@ -99,9 +99,6 @@ impl Run<SelectiveStateUpdateArgs<'_>> for CpuBackend {
         let (mut args, plan) = call.into_parts();
         let plan = &plan;
         require_host("state", args.state.device())?;
-        if let Some(t) = &args.rand_seed {
-            require_host("rand_seed", t.device())?;
-        }
         fn opt<'t>(t: &Option<ssm_tensor::TensorRef<'t>>) -> Option<&'t [u8]> {
             t.as_ref().and_then(|t| t.host_bytes())
         }
@@ -242,17 +239,7 @@ impl<'a> SeqCtx<'a> {
         };
         let table = plan.state_batch_indices.is_some();
         let live = !(table && plan.is_pad(src));
-        // A pad entry in `intermediate_state_indices` writes no buffer row.
-        let entry = match (plan.intermediate, inp.entries) {
-            (Some(ip), Some(e)) => {
-                let (st, dtype) = ip.indices.unwrap();
-                Some(rd_int(e, dtype, st.at([b]))).filter(|&e| !plan.is_pad(e))
-            }
-            (Some(_), None) => Some(src),
-            _ => None,
-        }
-        .filter(|_| live)
-        .map(|e| e as usize);
+        let entry = plan.host_entry(inp.entries, b, src).filter(|_| live).map(|e| e as usize);
         let writes = plan.writes_state();
         Some(SeqCtx {
             plan,

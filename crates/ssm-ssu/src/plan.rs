@@ -252,6 +252,19 @@ impl SsuPlan {
         }
     }
 
+    /// The intermediate-buffer entry of sequence `b` whose source slot is `src`, read from the
+    /// host bytes of `intermediate_state_indices` when given, else the source slot; `None`
+    /// without a buffer or for a pad entry (which writes no buffer row).
+    pub fn host_entry(&self, indices: Option<&[u8]>, b: usize, src: i64) -> Option<i64> {
+        let ip = self.intermediate?;
+        match (ip.indices, indices) {
+            (Some((st, dtype)), Some(bytes)) => {
+                Some(ssm_tensor::elem::read_i64(bytes, dtype, st.at([b]))).filter(|&e| !self.is_pad(e))
+            }
+            _ => Some(src),
+        }
+    }
+
     /// Whether the call writes the state pool: updates are not disabled and not redirected to
     /// an intermediate buffer.
     #[inline(always)]

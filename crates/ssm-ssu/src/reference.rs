@@ -180,16 +180,7 @@ fn run<F: Acc>(plan: &SsuPlan, mut args: SelectiveStateUpdateArgs<'_>) -> Result
         };
         let live = !(plan.state_batch_indices.is_some() && plan.is_pad(src));
         // The intermediate-buffer entry of the sequence (FlashInfer's `icache_idx`).
-        // A pad entry in `intermediate_state_indices` writes no buffer row.
-        let entry = match (plan.intermediate, entry_ints) {
-            (Some(ip), Some(ints)) => {
-                let (st, dtype) = ip.indices.unwrap();
-                Some(read_int(ints, dtype, st.at([b]))).filter(|&e| !plan.is_pad(e))
-            }
-            (Some(_), None) => Some(src),
-            _ => None,
-        }
-        .filter(|_| live);
+        let entry = plan.host_entry(entry_ints, b, src).filter(|_| live);
         let base_row = match plan.route {
             Route::Varlen => start,
             _ => b,
