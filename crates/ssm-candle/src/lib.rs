@@ -416,6 +416,8 @@ pub fn selective_state_update(
                 intermediate_states_buffer: None,
                 intermediate_state_indices: None,
                 rand_seed: None,
+                state_scale: None,
+                intermediate_state_scales: None,
             };
             Ok(rt.selective_state_update(args)?)
         }),

@@ -88,6 +88,8 @@ fn ssu_matches_the_runtime_bit_for_bit_on_strided_candle_layouts() {
         intermediate_states_buffer: None,
         intermediate_state_indices: None,
         rand_seed: None,
+        state_scale: None,
+        intermediate_state_scales: None,
     };
     rt.selective_state_update(args).unwrap();
 

@@ -196,6 +196,8 @@ pub fn ssu_decode<T: Target + Sync>(whole: &T, halves: [&T; 2], seed: u64) -> Sp
             intermediate_states_buffer: None,
             intermediate_state_indices: None,
             rand_seed: None,
+            state_scale: None,
+            intermediate_state_scales: None,
         })
     })
 }

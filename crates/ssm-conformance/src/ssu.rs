@@ -40,6 +40,8 @@ pub(crate) fn run(target: &dyn Target, case: &Case) -> Produced {
         intermediate_states_buffer: None,
         intermediate_state_indices: None,
         rand_seed: None,
+        state_scale: None,
+        intermediate_state_scales: None,
     };
     target.selective_state_update(args).map_err(crate::TargetError::into_produced)?;
     Ok(vec![("out".into(), out), ("state".into(), state)])

@@ -35,6 +35,14 @@ struct Inputs<'a> {
     seed: u64,
 }
 
+/// The decode scales of a block-scaled i16 state (`state_scale`) and of its intermediate
+/// buffer (`intermediate_state_scales`); both `None` for a float state.
+#[derive(Clone, Copy)]
+struct Scales {
+    state: Option<SharedBuf<f32>>,
+    buffer: Option<SharedBuf<f32>>,
+}
+
 struct Item<'a, 's, St> {
     scratch: &'a mut Scratch<'s>,
     plan: &'a SsuPlan,
@@ -42,6 +50,7 @@ struct Item<'a, 's, St> {
     state: SharedBuf<St>,
     /// The intermediate-state buffer (the state's element type).
     buffer: Option<SharedBuf<St>>,
+    scales: Scales,
     out: SharedBuf<u8>,
     seq: usize,
     head: usize,
@@ -55,6 +64,7 @@ impl CpuBackend {
         plan: &SsuPlan,
         inp: &Inputs<'_>,
         (state, buffer): (SharedBuf<St>, Option<SharedBuf<St>>),
+        scales: Scales,
         out: SharedBuf<u8>,
     ) {
         let heads = plan.dims.heads;
@@ -73,7 +83,18 @@ impl CpuBackend {
         let body = |i: usize, scratch: &mut Scratch<'_>| {
             let (pair, k) = (i / chunks, i % chunks);
             let rows = (k * chunk, ((k + 1) * chunk).min(dim));
-            dispatch(Item { scratch, plan, inp, state, buffer, out, seq: pair / heads, head: pair % heads, rows });
+            dispatch(Item {
+                scratch,
+                plan,
+                inp,
+                state,
+                buffer,
+                scales,
+                out,
+                seq: pair / heads,
+                head: pair % heads,
+                rows,
+            });
         };
         let per_item = item_scratch(plan, chunk);
         self.for_each_scratch(pairs * chunks, per_item, !plan.alias_free, None, body);
@@ -118,12 +139,23 @@ impl Run<SelectiveStateUpdateArgs<'_>> for CpuBackend {
         };
         let out =
             SharedBuf::new(args.out.host_bytes_mut().ok_or(CpuError::NotHost { arg: "out", device: plan.device })?);
+        let scale = |t: Option<&mut TensorMut<'_>>, arg: &'static str| -> Result<Option<SharedBuf<f32>>, CpuError> {
+            t.map(|t| {
+                t.host_data_mut::<f32>().map(SharedBuf::new).map_err(|_| CpuError::NotHost { arg, device: plan.device })
+            })
+            .transpose()
+        };
+        let scales = Scales {
+            state: scale(args.state_scale.as_mut(), "state_scale")?,
+            buffer: scale(args.intermediate_state_scales.as_mut(), "intermediate_state_scales")?,
+        };
         let (state, buffer) = (&mut args.state, &mut args.intermediate_states_buffer);
         match plan.dtypes.state {
-            DType::F32 => self.ssu_typed(plan, &inp, state_bufs::<f32>(state, buffer, plan)?, out),
-            DType::BF16 => self.ssu_typed(plan, &inp, state_bufs::<bf16>(state, buffer, plan)?, out),
-            DType::F16 => self.ssu_typed(plan, &inp, state_bufs::<f16>(state, buffer, plan)?, out),
-            _ => unreachable!("plan admits float states only"),
+            DType::F32 => self.ssu_typed(plan, &inp, state_bufs::<f32>(state, buffer, plan)?, scales, out),
+            DType::BF16 => self.ssu_typed(plan, &inp, state_bufs::<bf16>(state, buffer, plan)?, scales, out),
+            DType::F16 => self.ssu_typed(plan, &inp, state_bufs::<f16>(state, buffer, plan)?, scales, out),
+            DType::I16 => self.ssu_typed(plan, &inp, state_bufs::<i16>(state, buffer, plan)?, scales, out),
+            _ => unreachable!("plan admits float and i16 states only"),
         }
         Ok(())
     }
@@ -157,7 +189,7 @@ impl<St: Real> SimdKernel for Item<'_, '_, St> {
         // No closure in this body or the functions it calls may contain lane operations: a
         // closure is compiled without the caller's target features, which would turn every
         // intrinsic into a call. Lane code lives in `#[inline(always)]` functions.
-        let Item { scratch, plan, inp, state, buffer, out, seq, head, rows } = self;
+        let Item { scratch, plan, inp, state, buffer, scales, out, seq, head, rows } = self;
         let Some(cx) = SeqCtx::resolve(plan, inp, seq, head) else { return };
         let nv = plan.dims.dstate.div_ceil(LANES) * LANES;
         let rp = (rows.1 - rows.0).div_ceil(LANES) * LANES;
@@ -168,7 +200,7 @@ impl<St: Real> SimdKernel for Item<'_, '_, St> {
             return;
         }
         row_factors::<S>(&cx, &mut bufs, rows);
-        if general_rows::<S, St>(&cx, &mut bufs, (state, buffer), out, rows) {
+        if general_rows::<S, St>(&cx, &mut bufs, (state, buffer), scales, out, rows) {
             S::store_fence();
         }
     }
@@ -261,7 +293,7 @@ impl<'a> SeqCtx<'a> {
     }
 
     /// The plain decode step: one token, tied parameters, a live row, no stochastic rounding,
-    /// no intermediate buffer, whole lanes.
+    /// no intermediate buffer, a float state, whole lanes.
     #[inline(always)]
     fn plain_decode(&self) -> bool {
         let plan = self.plan;
@@ -271,6 +303,7 @@ impl<'a> SeqCtx<'a> {
             && !plan.spec
             && plan.stochastic_rounding.is_none()
             && self.entry.is_none()
+            && plan.state_scale.is_none()
             && plan.dims.dstate.is_multiple_of(LANES)
     }
 
@@ -472,12 +505,15 @@ fn row_factors<S: Simd + PowTwo>(cx: &SeqCtx<'_>, bufs: &mut Bufs<'_>, (p_lo, p_
 
 /// The general path: each state row loaded once (zeros for a pad source), carried in f32
 /// through every token (per-token stores in speculative mode and to the intermediate buffer)
-/// and stored once. Returns whether streaming stores were issued (the caller fences).
+/// and stored once. An i16 state's rows are scaled on load and quantized on every store, their
+/// decode scales written beside them. Returns whether streaming stores were issued (the caller
+/// fences).
 #[inline(always)]
 fn general_rows<S: Simd + PowTwo, St: Real>(
     cx: &SeqCtx<'_>,
     bufs: &mut Bufs<'_>,
     (state, buffer): (SharedBuf<St>, Option<SharedBuf<St>>),
+    scales: Scales,
     out: SharedBuf<u8>,
     (p_lo, p_hi): (usize, usize),
 ) -> bool {
@@ -491,6 +527,12 @@ fn general_rows<S: Simd + PowTwo, St: Real>(
             // `off..off + dstate` is inside the state; this item owns (src, h) now.
             let srow = unsafe { std::slice::from_raw_parts(state.elems::<St>(off, n_st), n_st) };
             load_row::<S, St>(srow, bufs.row);
+            if let (Some(sc), Some(st)) = (scales.state, plan.state_scale) {
+                // SAFETY: the plan checked the scale tensor's shape against the pool's; (src, h) is
+                // this item's.
+                let decode = unsafe { *sc.elems::<f32>(st.at([cx.src as usize, h, p]), 1) };
+                bufs.row[..n_st].iter_mut().for_each(|v| *v *= decode);
+            }
         } else {
             bufs.row.iter_mut().for_each(|v| *v = 0.0);
         }
@@ -507,13 +549,24 @@ fn general_rows<S: Simd + PowTwo, St: Real>(
                 let off = plan.state.at([ds as usize, h, p, 0]);
                 // `ds` was checked by the plan; (ds, h) is owned by this item (alias_free) or
                 // items run in order. A column other than the source is write-only here.
-                streamed |= store_token_row::<S, St>(state.elems::<St>(off, n_st), n_st, bufs.row, ds != cx.src);
+                let dptr = state.elems::<St>(off, n_st);
+                match (scales.state, plan.state_scale) {
+                    (Some(sc), Some(st)) => {
+                        store_scaled_row(dptr, n_st, bufs.row, sc.elems::<f32>(st.at([ds as usize, h, p]), 1))
+                    }
+                    _ => streamed |= store_token_row::<S, St>(dptr, n_st, bufs.row, ds != cx.src),
+                }
             }
             if let (Some(e), Some(ip), Some(buffer)) = (cx.entry, plan.intermediate, buffer) {
                 // The plan checked the entry and the step against the buffer; entry rows are
                 // owned by this item (alias_free) or items run in order. Write-only.
-                let off = ip.at(e, t, h, p, 0);
-                streamed |= store_token_row::<S, St>(buffer.elems::<St>(off, n_st), n_st, bufs.row, true);
+                let dptr = buffer.elems::<St>(ip.at(e, t, h, p, 0), n_st);
+                match (scales.buffer, ip.scales) {
+                    (Some(sc), Some(st)) => {
+                        store_scaled_row(dptr, n_st, bufs.row, sc.elems::<f32>(st.at([e, t, h, p]), 1))
+                    }
+                    _ => streamed |= store_token_row::<S, St>(dptr, n_st, bufs.row, true),
+                }
             }
             let mut y = acc + xv * d_p;
             if has_z {
@@ -522,7 +575,7 @@ fn general_rows<S: Simd + PowTwo, St: Real>(
             cx.write_out(out, t, p, y);
         }
         if cx.final_store {
-            final_store_row::<S, St>(cx, state, bufs.row, p);
+            final_store_row::<S, St>(cx, state, scales, bufs.row, p);
         }
     }
     streamed
@@ -606,11 +659,40 @@ fn store_token_row<S: Simd + PowTwo, St: Real>(dptr: *mut St, n_st: usize, row: 
     }
 }
 
-/// Stores the final row into the destination slot (stochastic rounding if the plan asks).
+/// Stores a row of a block-scaled i16 state at `dptr` (`n_st` elements the plan checked and
+/// this item owns) quantized as [`ssm_ssu::quant`] defines it, and its decode scale at
+/// `scale` (checked and owned alike). `St` is `i16` (the plan admits scales with it only).
 #[inline(always)]
-fn final_store_row<S: Simd + PowTwo, St: Real>(cx: &SeqCtx<'_>, state: SharedBuf<St>, row: &[f32], p: usize) {
+fn store_scaled_row<St: Real>(dptr: *mut St, n_st: usize, row: &[f32], scale: *mut f32) {
+    use ssm_ssu::quant::{i16_scales, row_amax};
+    let (encode, decode) = i16_scales(row_amax(&row[..n_st]));
+    // SAFETY: as documented above; no other reference to the row or the scale is alive.
+    let drow = unsafe { std::slice::from_raw_parts_mut(dptr, n_st) };
+    for (q, &v) in drow.iter_mut().zip(row) {
+        *q = St::from_f32(v * encode);
+    }
+    // SAFETY: as above.
+    unsafe { *scale = decode };
+}
+
+/// Stores the final row into the destination slot (stochastic rounding if the plan asks;
+/// quantized with its scale for an i16 state).
+#[inline(always)]
+fn final_store_row<S: Simd + PowTwo, St: Real>(
+    cx: &SeqCtx<'_>,
+    state: SharedBuf<St>,
+    scales: Scales,
+    row: &[f32],
+    p: usize,
+) {
     let (plan, h, n_st) = (cx.plan, cx.h, cx.plan.dims.dstate);
     let off = plan.state.at([cx.dst_final as usize, h, p, 0]);
+    if let (Some(sc), Some(st)) = (scales.state, plan.state_scale) {
+        // `dst_final` was checked by the plan; (dst_final, h) is owned by this item.
+        let scale = sc.elems::<f32>(st.at([cx.dst_final as usize, h, p]), 1);
+        store_scaled_row(state.elems::<St>(off, n_st), n_st, row, scale);
+        return;
+    }
     // SAFETY: `dst_final` was checked by the plan; (dst_final, h) is owned by this item.
     let drow = unsafe { std::slice::from_raw_parts_mut(state.elems::<St>(off, n_st), n_st) };
     match plan.stochastic_rounding {

@@ -92,6 +92,8 @@ fn decode_steps_do_not_allocate() {
                 intermediate_states_buffer: None,
                 intermediate_state_indices: None,
                 rand_seed: None,
+                state_scale: None,
+                intermediate_state_scales: None,
             };
             let before = ALLOCS.load(Ordering::SeqCst);
             cpu.run(ssm_tensor::Planned::new(args).unwrap()).unwrap();

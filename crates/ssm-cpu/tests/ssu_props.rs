@@ -22,6 +22,8 @@ use ssm_tensor::DType;
 fn tol(dtype: DType) -> f64 {
     match dtype {
         DType::F32 => 2e-4,
+        // A block-scaled i16 row: one step is 1/32767 of its largest magnitude.
+        DType::I16 => 3e-4,
         DType::F16 => 4e-3,
         _ => 2e-2,
     }
@@ -62,13 +64,14 @@ fn run_one(seed: u64, i: usize, backend: &CpuBackend) -> bool {
         }
     };
     written_alike("out", want.out.to_f64_vec(), got.out.to_f64_vec());
-    if let (Some(w), Some(g)) = (&want.intermediate_states_buffer, &got.intermediate_states_buffer) {
+    if let (Some(w), Some(g)) = (want.buffer_values(), got.buffer_values()) {
         let w = w.to_f64_vec();
         buffered = w.iter().any(|v| !v.is_nan());
         written_alike("intermediate_states_buffer", w, g.to_f64_vec());
     }
-    // State: untouched slots bit-identical, updated ones close.
-    let (sw, sg) = (want.state.memory.to_f64_vec(), got.state.memory.to_f64_vec());
+    // State (an i16 one dequantized): untouched slots bit-identical (scales included), updated
+    // ones close.
+    let (sw, sg) = (want.state_values().to_f64_vec(), got.state_values().to_f64_vec());
     let sscale = sw.iter().fold(1.0f64, |m, v| m.max(v.abs()));
     // Stochastic rounding may pick the other neighbour when the f32 values differ in the last bits.
     let st = if spec.sr.is_some() { 2e-3 } else { tol(spec.state) };
@@ -91,8 +94,9 @@ fn run_one(seed: u64, i: usize, backend: &CpuBackend) -> bool {
         }
     }
     if spec.verify.is_some() {
-        // Verification without commit never writes the pool.
+        // Verification without commit never writes the pool (nor its scales).
         assert_eq!(got.state, initial.state, "{ctx}: a verifying call wrote the state");
+        assert_eq!(got.state_scale, initial.state_scale, "{ctx}: a verifying call wrote the scales");
     }
     buffered
 }
@@ -103,12 +107,14 @@ fn cpu_matches_reference_on_random_cases() {
     let seq = CpuBackend::new(Par::Seq).unwrap();
     let par = CpuBackend::new(Par::Rayon(2.try_into().unwrap())).unwrap();
     // 120 cases: every state/io pair meets every route at least twice.
-    let mut buffered = 0;
+    let (mut buffered, mut quantized) = (0, 0);
     for i in 0..120usize {
         let seed = base.wrapping_add(i as u64);
         buffered += usize::from(run_one(seed, i, if i % 2 == 0 { &seq } else { &par }));
+        quantized += usize::from(Spec::draw(&mut ChaCha8Rng::seed_from_u64(seed), i).state == DType::I16);
     }
     assert!(buffered >= 5, "only {buffered} of 120 cases wrote intermediate-buffer rows");
+    assert!(quantized >= 8, "only {quantized} of 120 cases had an i16 state");
 }
 
 #[test]
@@ -133,7 +139,7 @@ fn verification_modes_match_the_committing_call() {
     let on_reference = |c: &mut Case| Reference.run(ssm_ssu::plan(c.args()).unwrap()).unwrap();
     let on_cpu = |c: &mut Case| cpu.run(ssm_ssu::plan(c.args()).unwrap()).unwrap();
     for (name, run) in [("reference", &on_reference as &dyn Fn(&mut Case)), ("cpu", &on_cpu)] {
-        for (k, state) in [DType::F32, DType::BF16].into_iter().enumerate() {
+        for (k, state) in [DType::F32, DType::BF16, DType::I16].into_iter().enumerate() {
             let mut s = Spec::mamba2(6, state);
             s.tokens = Tokens::Dense { seqs: 6, steps: 3 };
             s.spec_width = Some(3);

@@ -372,6 +372,8 @@ impl Pool {
             intermediate_states_buffer: buffer,
             intermediate_state_indices: entries,
             rand_seed: None,
+            state_scale: None,
+            intermediate_state_scales: None,
         })
     }
 }

@@ -42,6 +42,7 @@ pub(crate) fn c_type(t: DType) -> &'static str {
         DType::F32 => "float",
         DType::F16 => "f16_t",
         DType::BF16 => "bf16_t",
+        DType::I16 => "short",
         DType::I32 => "int",
         DType::I64 => "i64",
         DType::Bool => "unsigned char",

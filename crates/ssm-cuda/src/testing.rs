@@ -214,6 +214,8 @@ pub struct DeviceSsuArgs {
     ist: Option<StagedTensor>,
     isi: Option<StagedTensor>,
     seed: Option<StagedTensor>,
+    scale: Option<StagedTensor>,
+    ist_scales: Option<StagedTensor>,
 }
 
 impl DeviceSsuArgs {
@@ -263,6 +265,11 @@ impl StageArgs for DeviceSsuArgs {
             )?,
             isi: opt(&args.intermediate_state_indices)?,
             seed: opt(&args.rand_seed)?,
+            scale: StagedTensor::upload_opt(backend, args.state_scale.as_ref().map(|t| t.as_ref()).as_ref())?,
+            ist_scales: StagedTensor::upload_opt(
+                backend,
+                args.intermediate_state_scales.as_ref().map(|t| t.as_ref()).as_ref(),
+            )?,
         })
     }
     fn args(&mut self) -> Result<SelectiveStateUpdateArgs<'_>, TensorError> {
@@ -288,11 +295,15 @@ impl StageArgs for DeviceSsuArgs {
             intermediate_states_buffer: opt_view_mut(&mut self.ist)?,
             intermediate_state_indices: opt_view(&self.isi)?,
             rand_seed: opt_view(&self.seed)?,
+            state_scale: opt_view_mut(&mut self.scale)?,
+            intermediate_state_scales: opt_view_mut(&mut self.ist_scales)?,
         })
     }
     fn copy_back(&self, host: &mut SelectiveStateUpdateArgs<'_>) -> Result<(), MirrorError> {
         self.state.copy_back(&mut host.state)?;
         opt_copy_back(&self.ist, host.intermediate_states_buffer.as_mut())?;
+        opt_copy_back(&self.scale, host.state_scale.as_mut())?;
+        opt_copy_back(&self.ist_scales, host.intermediate_state_scales.as_mut())?;
         self.out.copy_back(&mut host.out)
     }
     fn launch(backend: &CudaBackend, args: SelectiveStateUpdateArgs<'_>) -> Result<(), MirrorError> {

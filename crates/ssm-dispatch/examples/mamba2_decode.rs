@@ -124,6 +124,8 @@ impl Layer {
             intermediate_states_buffer: None,
             intermediate_state_indices: None,
             rand_seed: None,
+            state_scale: None,
+            intermediate_state_scales: None,
         })?;
         Ok(())
     }

@@ -157,6 +157,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         intermediate_states_buffer: None,
         intermediate_state_indices: None,
         rand_seed: None,
+        state_scale: None,
+        intermediate_state_scales: None,
     };
 
     // Prewarm: compile and load both kernels now, so that the capture launches only.

@@ -524,6 +524,8 @@ impl<'a> Steps<'a> {
                 intermediate_states_buffer: None,
                 intermediate_state_indices: None,
                 rand_seed: None,
+                state_scale: None,
+                intermediate_state_scales: None,
             }))?;
         }
         if m.num_prefills == 0 {

@@ -105,6 +105,8 @@ fn wrong_device_is_refused_before_anything_runs() {
             intermediate_states_buffer: None,
             intermediate_state_indices: None,
             rand_seed: None,
+            state_scale: None,
+            intermediate_state_scales: None,
         })
         .unwrap_err();
     insta::assert_snapshot!("wrong_device", e.to_string());

@@ -337,6 +337,8 @@ fn run_parts(rt: &Runtime, b: &Batch, dec: &Decodes, pre: &Prefills) -> (HostTen
         intermediate_states_buffer: None,
         intermediate_state_indices: None,
         rand_seed: None,
+        state_scale: None,
+        intermediate_state_scales: None,
     })
     .unwrap();
     // The core keeps the caller's rows of pad decodes (column-0 slot = the pad).

@@ -121,6 +121,7 @@ fuzz_op! {
         opt num_accepted_tokens "num_accepted_tokens", opt cu_seqlens "cu_seqlens",
         optmut intermediate_states_buffer "intermediate_states_buffer",
         opt intermediate_state_indices "intermediate_state_indices", opt rand_seed "rand_seed",
+        optmut state_scale "state_scale", optmut intermediate_state_scales "intermediate_state_scales",
     }
     nested {}
     scalars { dt_softplus, pad_slot_id, stochastic_rounding, disable_state_update }

@@ -65,9 +65,10 @@ impl TensorSpec {
         self.memory.len() / self.dtype.size()
     }
 
-    /// Whether the elements are indices or flags rather than floats.
+    /// Whether the elements are indices or flags rather than floats (or the integers of a
+    /// block-scaled i16 state, compared as values).
     pub fn is_integer(&self) -> bool {
-        !self.dtype.is_float()
+        !self.dtype.is_float() && self.dtype != ssm_tensor::DType::I16
     }
 }
 

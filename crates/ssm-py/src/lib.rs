@@ -501,6 +501,8 @@ fn selective_state_update(
             intermediate_states_buffer: t.w_opt(ist)?,
             intermediate_state_indices: t.r_opt(isi)?,
             rand_seed: None,
+            state_scale: None,
+            intermediate_state_scales: None,
         }
     };
     rt.selective_state_update(args).map_err(op_err)

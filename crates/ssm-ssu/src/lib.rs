@@ -57,6 +57,7 @@ mod args;
 mod error;
 pub mod philox;
 mod plan;
+pub mod quant;
 pub mod reference;
 
 pub use args::{SelectiveStateUpdateArgs, StochasticRounding};

@@ -159,6 +159,8 @@ pub struct IntermediatePlan {
     pub steps: usize,
     /// `intermediate_state_indices` `[>= seqs]` and its dtype; `None`: the source slot.
     pub indices: Option<(Strided<1>, DType)>,
+    /// `intermediate_state_scales` `[entries, steps, heads, dim]` (f32), with an i16 buffer.
+    pub scales: Option<Strided<4>>,
 }
 
 impl IntermediatePlan {
@@ -226,6 +228,9 @@ pub struct SsuPlan {
     pub disable_state_update: bool,
     /// The intermediate-state buffer: every token's state goes there, the pool is not written.
     pub intermediate: Option<IntermediatePlan>,
+    /// `state_scale` `[slots, heads, dim]` (f32): the decode scale of each row of an i16 state
+    /// (FlashInfer's block-scaled state, [`crate::quant`]); given exactly when the state is i16.
+    pub state_scale: Option<Strided<3>>,
     /// Index values were on the host and were all checked.
     pub host_indices_checked: bool,
     /// No slot written by one sequence is read or written by another. Host plans always
@@ -299,6 +304,7 @@ fn dtype_in(arg: &'static str, t: DType, allowed: &[DType], expected: &'static s
 }
 
 const FLOATS: &[DType] = &[DType::F32, DType::F16, DType::BF16];
+const STATES: &[DType] = &[DType::F32, DType::F16, DType::BF16, DType::I16];
 const INDICES: &[DType] = &[DType::I32, DType::I64];
 
 /// A short inline list (a shape or strides), so that planning never allocates.
@@ -469,12 +475,41 @@ pub(crate) fn plan_selective_state_update(args: &SelectiveStateUpdateArgs<'_>) -
             check_dev(arg, t.device())?;
         }
     }
-    if let Some(buf) = &args.intermediate_states_buffer {
-        check_dev("intermediate_states_buffer", buf.device())?;
+    for (arg, t) in [
+        ("intermediate_states_buffer", &args.intermediate_states_buffer),
+        ("state_scale", &args.state_scale),
+        ("intermediate_state_scales", &args.intermediate_state_scales),
+    ] {
+        if let Some(t) = t {
+            check_dev(arg, t.device())?;
+        }
     }
 
     // dtypes
-    dtype_in("state", args.state.dtype(), FLOATS, "f32, f16 or bf16")?;
+    dtype_in("state", args.state.dtype(), STATES, "f32, f16, bf16, or i16 with `state_scale`")?;
+    let quantized = args.state.dtype() == DType::I16;
+    match (quantized, &args.state_scale) {
+        (true, None) => {
+            return Err(SsuError::from(ArgError::Requires {
+                arg: "state",
+                needs: "`state_scale` when it is i16 (one f32 decode scale per row)",
+            }));
+        }
+        (false, Some(_)) => {
+            return Err(SsuError::Combination {
+                arg: "state_scale",
+                why: "needs an i16 `state` (it holds the decode scale of each i16 row)",
+            });
+        }
+        (true, Some(_)) if args.stochastic_rounding.is_some() || args.rand_seed.is_some() => {
+            return Err(SsuError::Combination {
+                arg: "state_scale",
+                why: "excludes `stochastic_rounding` and `rand_seed`: an i16 row is rounded to nearest (FlashInfer \
+                      refuses `rand_seed` with `state_scale`)",
+            });
+        }
+        _ => {}
+    }
     for (arg, t) in [("x", &args.x), ("dt", &args.dt), ("A", &args.a), ("B", &args.b), ("C", &args.c)] {
         dtype_in(arg, t.dtype(), FLOATS, "f32, f16 or bf16")?;
     }
@@ -544,6 +579,20 @@ pub(crate) fn plan_selective_state_update(args: &SelectiveStateUpdateArgs<'_>) -
         }));
     }
     written_disjoint("state", (&state.shape, &state.strides), args.state.shape(), args.state.strides())?;
+    let state_scale = match &args.state_scale {
+        None => None,
+        Some(t) => {
+            let n = row_scales("state_scale", t, args.state.shape().len() == 4, 3)?;
+            if n.shape[..3] != [slots, heads, dim] {
+                return Err(SsuError::from(ArgError::Shape {
+                    arg: "state_scale",
+                    expected: shape_str(&[("slots", slots), ("heads", heads), ("dim", dim)]),
+                    actual: t.shape().to_vec(),
+                }));
+            }
+            Some(Strided { offset: n.offset, strides: [n.strides[0], n.strides[1], n.strides[2]] })
+        }
+    };
 
     // x: route and rows
     let x0 = norm_ref(&args.x);
@@ -770,6 +819,7 @@ pub(crate) fn plan_selective_state_update(args: &SelectiveStateUpdateArgs<'_>) -
         rand_seed,
         disable_state_update: args.disable_state_update,
         intermediate,
+        state_scale,
         host_indices_checked: false,
         alias_free: false,
     };
@@ -777,6 +827,37 @@ pub(crate) fn plan_selective_state_update(args: &SelectiveStateUpdateArgs<'_>) -
         check_host_indices(&mut plan, args)?;
     }
     Ok(plan)
+}
+
+/// A scale tensor with one f32 per state row (`state_scale`, `intermediate_state_scales`):
+/// the rank of its rows' tensor less the dstate axis (`rows_rank`), or that rank plus a
+/// trailing axis of 1; without heads (a 3-D state) the heads axis is inserted before the last
+/// axis. Returns it normalized to `rows_rank` axes (heads included), refused if written
+/// elements overlap. The caller checks the extents.
+fn row_scales(arg: &'static str, t: &TensorMut<'_>, has_heads: bool, rows_rank: usize) -> Result<Norm, SsuError> {
+    dtype_in(arg, t.dtype(), &[DType::F32], "f32")?;
+    let given = rows_rank - usize::from(!has_heads);
+    let mut n = norm_mut(t);
+    if n.shape.len() == given + 1 && n.shape[given] == 1 {
+        n.shape.len -= 1;
+        n.strides.len -= 1;
+    }
+    if n.shape.len() != given {
+        return Err(SsuError::from(ArgError::Rank {
+            arg,
+            expected: if has_heads {
+                "one less than its state's (or with a trailing 1)"
+            } else {
+                "one less than its state's (no heads axis; or with a trailing 1)"
+            },
+            actual: t.shape().to_vec(),
+        }));
+    }
+    if !has_heads {
+        (n.shape, n.strides) = unsqueeze(&n.shape, &n.strides, given - 1);
+    }
+    written_disjoint(arg, (&n.shape, &n.strides), t.shape(), t.strides())?;
+    Ok(n)
 }
 
 /// The verification arguments (FlashInfer's `disable_state_update`, `intermediate_states_buffer`
@@ -796,11 +877,13 @@ fn plan_intermediate(
         });
     }
     let Some(buf) = &args.intermediate_states_buffer else {
-        if args.intermediate_state_indices.is_some() {
-            return Err(SsuError::from(ArgError::Requires {
-                arg: "intermediate_state_indices",
-                needs: "`intermediate_states_buffer`",
-            }));
+        for (arg, given) in [
+            ("intermediate_state_indices", args.intermediate_state_indices.is_some()),
+            ("intermediate_state_scales", args.intermediate_state_scales.is_some()),
+        ] {
+            if given {
+                return Err(SsuError::from(ArgError::Requires { arg, needs: "`intermediate_states_buffer`" }));
+            }
         }
         return Ok(None);
     };
@@ -876,7 +959,37 @@ fn plan_intermediate(
             Some((Strided::new(t.layout().offset(), [t.strides()[0]]), t.dtype()))
         }
     };
+    let scales = match (&args.intermediate_state_scales, buf.dtype() == DType::I16) {
+        (None, false) => None,
+        (None, true) => {
+            return Err(SsuError::from(ArgError::Requires {
+                arg: "intermediate_states_buffer",
+                needs: "`intermediate_state_scales` when it is i16 (one f32 decode scale per row)",
+            }));
+        }
+        (Some(_), false) => {
+            return Err(SsuError::Combination {
+                arg: "intermediate_state_scales",
+                why: "needs an i16 `intermediate_states_buffer` (it holds the decode scale of each i16 row)",
+            });
+        }
+        (Some(t), true) => {
+            let sn = row_scales("intermediate_state_scales", t, four_d, 4)?;
+            if sn.shape[..4] != n.shape[..4] {
+                return Err(SsuError::from(ArgError::Shape {
+                    arg: "intermediate_state_scales",
+                    expected: format!(
+                        "[entries={}, steps={}, heads={heads}, dim={dim}] (the buffer's, less dstate)",
+                        n.shape[0], n.shape[1]
+                    ),
+                    actual: t.shape().to_vec(),
+                }));
+            }
+            Some(Strided { offset: sn.offset, strides: [sn.strides[0], sn.strides[1], sn.strides[2], sn.strides[3]] })
+        }
+    };
     Ok(Some(IntermediatePlan {
+        scales,
         buffer: Strided {
             offset: n.offset,
             strides: [n.strides[0], n.strides[1], n.strides[2], n.strides[3], n.strides[4]],

@@ -9,7 +9,8 @@
 //! (vLLM would write the reserved null block; we never touch a pad slot).
 //! `disable_state_update` drops every pool write; an intermediate buffer receives each token's
 //! state at (entry, token) instead, and the pool is not written (FlashInfer's semantics,
-//! semantics/ssu.md §5.4).
+//! semantics/ssu.md §5.4). An i16 state is read as `q · state_scale` and every stored row is
+//! quantized with its decode scale written beside it ([`crate::quant`], §5.3).
 //!
 //! [`Reference`] runs it in f32 arithmetic (the peer's), [`ReferenceF64`] in f64 (for
 //! error bounds). Both sequence through the batch in order, so aliasing slot tables have a
@@ -146,6 +147,20 @@ fn run<F: Acc>(plan: &SsuPlan, mut args: SelectiveStateUpdateArgs<'_>) -> Result
         }))?),
         None => None,
     };
+    let mut scales = match args.state_scale.as_mut() {
+        Some(t) => Some(
+            t.host_bytes_mut()
+                .ok_or(SsuError::from(ArgError::Tensor { arg: "state_scale", source: TensorError::NotHost(dev) }))?,
+        ),
+        None => None,
+    };
+    let mut buffer_scales = match args.intermediate_state_scales.as_mut() {
+        Some(t) => Some(t.host_bytes_mut().ok_or(SsuError::from(ArgError::Tensor {
+            arg: "intermediate_state_scales",
+            source: TensorError::NotHost(dev),
+        }))?),
+        None => None,
+    };
     let writes_state = plan.writes_state();
     if let Some(t) = &args.rand_seed {
         host("rand_seed", t.host_bytes(), dev)?;
@@ -188,9 +203,14 @@ fn run<F: Acc>(plan: &SsuPlan, mut args: SelectiveStateUpdateArgs<'_>) -> Result
         for h in 0..heads {
             let g = h / hpg;
             for p in 0..dim {
+                // An i16 row is `q · scale` (a pad source reads zeros and no scale).
+                let decode = match (&scales, plan.state_scale) {
+                    (Some(sc), Some(st)) if live => F::from_f64(read(sc, DType::F32, st.at([src as usize, h, p]))),
+                    _ => F::from_f64(1.0),
+                };
                 for n in 0..dstate {
                     s[p * dstate + n] = if live {
-                        F::from_f64(read(state, ty.state, plan.state.at([src as usize, h, p, n])))
+                        F::from_f64(read(state, ty.state, plan.state.at([src as usize, h, p, n]))) * decode
                     } else {
                         F::ZERO
                     };
@@ -223,25 +243,29 @@ fn run<F: Acc>(plan: &SsuPlan, mut args: SelectiveStateUpdateArgs<'_>) -> Result
                     }
                 }
                 if let (Some(ip), Some(e), Some(buf)) = (plan.intermediate, entry, buffer.as_deref_mut()) {
+                    let e = e as usize;
                     for p in 0..dim {
-                        for n in 0..dstate {
-                            write(buf, ty.state, ip.at(e as usize, t, h, p, n), s[p * dstate + n].to_f32());
-                        }
+                        let scale = match (buffer_scales.as_deref_mut(), ip.scales) {
+                            (Some(b), Some(st)) => Some((b, st.at([e, t, h, p]))),
+                            _ => None,
+                        };
+                        store_row(buf, ty.state, |n| ip.at(e, t, h, p, n), &s[p * dstate..(p + 1) * dstate], scale);
                     }
                 }
                 if plan.spec && live && writes_state {
                     let dtab = plan.dst_state_batch_indices.unwrap();
                     let ds = read_int(dst.unwrap(), dtab.dtype, dtab.strides.at([b, t]));
                     if !plan.is_pad(ds) {
+                        let ds = ds as usize;
                         for p in 0..dim {
-                            for n in 0..dstate {
-                                write(
-                                    state,
-                                    ty.state,
-                                    plan.state.at([ds as usize, h, p, n]),
-                                    s[p * dstate + n].to_f32(),
-                                );
-                            }
+                            let scale = pool_scale(scales.as_deref_mut(), plan, ds, h, p);
+                            store_row(
+                                state,
+                                ty.state,
+                                |n| plan.state.at([ds, h, p, n]),
+                                &s[p * dstate..(p + 1) * dstate],
+                                scale,
+                            );
                         }
                     }
                 }
@@ -264,26 +288,65 @@ fn run<F: Acc>(plan: &SsuPlan, mut args: SelectiveStateUpdateArgs<'_>) -> Result
                 }
             }
             if writes_state && !plan.spec && live && !(plan.state_batch_indices.is_some() && plan.is_pad(dst_final)) {
+                let dst_final = dst_final as usize;
                 for p in 0..dim {
-                    for n in 0..dstate {
-                        let v = s[p * dstate + n].to_f32();
-                        let idx = plan.state.at([dst_final as usize, h, p, n]);
-                        match plan.stochastic_rounding {
-                            Some(sr) => {
-                                let st = plan.state.strides;
-                                let pair = (src as isize * st[0]
-                                    + h as isize * st[1]
-                                    + p as isize * st[2]
-                                    + (n - n % 2) as isize * st[3]) as u64;
-                                let r = sr_bits(seed, sr.rounds(), pair, n % 2 == 1);
-                                state[idx * 2..idx * 2 + 2].copy_from_slice(&round_f16_stochastic(v, r).to_le_bytes());
-                            }
-                            None => write(state, ty.state, idx, v),
-                        }
+                    let row = &s[p * dstate..(p + 1) * dstate];
+                    let Some(sr) = plan.stochastic_rounding else {
+                        let scale = pool_scale(scales.as_deref_mut(), plan, dst_final, h, p);
+                        store_row(state, ty.state, |n| plan.state.at([dst_final, h, p, n]), row, scale);
+                        continue;
+                    };
+                    let st = plan.state.strides;
+                    for (n, v) in row.iter().enumerate() {
+                        let idx = plan.state.at([dst_final, h, p, n]);
+                        let pair = (src as isize * st[0]
+                            + h as isize * st[1]
+                            + p as isize * st[2]
+                            + (n - n % 2) as isize * st[3]) as u64;
+                        let r = sr_bits(seed, sr.rounds(), pair, n % 2 == 1);
+                        state[idx * 2..idx * 2 + 2].copy_from_slice(&round_f16_stochastic(v.to_f32(), r).to_le_bytes());
                     }
                 }
             }
         }
     }
     Ok(())
+}
+
+/// Where the decode scale of pool row (`slot`, `h`, `p`) goes: with an i16 state only.
+fn pool_scale<'s>(
+    scales: Option<&'s mut [u8]>,
+    plan: &SsuPlan,
+    slot: usize,
+    h: usize,
+    p: usize,
+) -> Option<(&'s mut [u8], usize)> {
+    Some((scales?, plan.state_scale?.at([slot, h, p])))
+}
+
+/// Stores one state row (`row[n]` to element `at(n)` of `dst`): rounded to nearest in a float
+/// dtype, or quantized to i16 with its decode scale written to `scale` ([`crate::quant`]).
+fn store_row<F: Acc>(
+    dst: &mut [u8],
+    dtype: DType,
+    at: impl Fn(usize) -> usize,
+    row: &[F],
+    scale: Option<(&mut [u8], usize)>,
+) {
+    match scale {
+        None => {
+            for (n, v) in row.iter().enumerate() {
+                write(dst, dtype, at(n), v.to_f32());
+            }
+        }
+        Some((sc, si)) => {
+            let row: Vec<f32> = row.iter().map(|v| v.to_f32()).collect();
+            let mut q = vec![0i16; row.len()];
+            let decode = crate::quant::quantize_row_i16(&row, &mut q);
+            for (n, qi) in q.iter().enumerate() {
+                ssm_tensor::elem::write_i64(dst, DType::I16, at(n), i64::from(*qi));
+            }
+            ssm_tensor::elem::write_f32(sc, DType::F32, si, decode);
+        }
+    }
 }

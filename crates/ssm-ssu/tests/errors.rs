@@ -68,6 +68,8 @@ impl Base {
             intermediate_states_buffer: None,
             intermediate_state_indices: None,
             rand_seed: None,
+            state_scale: None,
+            intermediate_state_scales: None,
         }
     }
 }
@@ -395,5 +397,87 @@ fn rand_seed_arguments() {
     let mut args = b.args();
     sr(&mut args);
     args.rand_seed = Some(seed(DType::I64, &[]));
+    ssm_ssu::plan(args).unwrap();
+}
+
+/// FlashInfer's block-scaled int16 state: `state_scale` exactly with an i16 state, f32, one
+/// scale per row; `intermediate_state_scales` exactly with an i16 buffer; no stochastic
+/// rounding with it.
+#[test]
+fn int16_state_arguments() {
+    fn buf(dtype: DType, shape: &[usize]) -> ssm_tensor::TensorMut<'static> {
+        Box::leak(Box::new(HostTensor::filled(dtype, shape.to_vec(), 0.0))).view_mut()
+    }
+    fn scales(shape: &[usize]) -> ssm_tensor::TensorMut<'static> {
+        Box::leak(Box::new(HostTensor::filled(DType::F32, shape.to_vec(), 1.0))).view_mut()
+    }
+    let i16_state = |a: &mut SelectiveStateUpdateArgs<'_>| a.state = buf(DType::I16, &[6, 4, 8, 16]);
+    insta::assert_snapshot!("i16_without_scale", err(|a, _| i16_state(a)));
+    insta::assert_snapshot!("scale_with_float_state", err(|a, _| a.state_scale = Some(scales(&[6, 4, 8]))));
+    insta::assert_snapshot!(
+        "scale_dtype",
+        err(|a, _| {
+            i16_state(a);
+            a.state_scale = Some(buf(DType::BF16, &[6, 4, 8]));
+        })
+    );
+    insta::assert_snapshot!(
+        "scale_shape",
+        err(|a, _| {
+            i16_state(a);
+            a.state_scale = Some(scales(&[6, 4, 7]));
+        })
+    );
+    insta::assert_snapshot!(
+        "scale_rank",
+        err(|a, _| {
+            i16_state(a);
+            a.state_scale = Some(scales(&[6, 32]));
+        })
+    );
+    insta::assert_snapshot!(
+        "scale_with_rounding",
+        err(|a, _| {
+            i16_state(a);
+            a.state_scale = Some(scales(&[6, 4, 8]));
+            a.stochastic_rounding = Some(StochasticRounding { seed: 1, philox_rounds: 0 });
+        })
+    );
+    let ok = [6, 1, 4, 8, 16];
+    insta::assert_snapshot!(
+        "i16_buffer_without_scales",
+        err(|a, _| {
+            i16_state(a);
+            a.state_scale = Some(scales(&[6, 4, 8, 1]));
+            a.intermediate_states_buffer = Some(buf(DType::I16, &ok));
+        })
+    );
+    insta::assert_snapshot!(
+        "buffer_scales_shape",
+        err(|a, _| {
+            i16_state(a);
+            a.state_scale = Some(scales(&[6, 4, 8]));
+            a.intermediate_states_buffer = Some(buf(DType::I16, &ok));
+            a.intermediate_state_scales = Some(scales(&[6, 2, 4, 8]));
+        })
+    );
+    insta::assert_snapshot!(
+        "buffer_scales_with_float_buffer",
+        err(|a, _| {
+            a.intermediate_states_buffer = Some(buf(DType::F32, &ok));
+            a.intermediate_state_scales = Some(scales(&[6, 1, 4, 8]));
+        })
+    );
+    insta::assert_snapshot!(
+        "buffer_scales_without_buffer",
+        err(|a, _| a.intermediate_state_scales = Some(scales(&[6, 1, 4, 8])))
+    );
+    // Accepted: scales with or without a trailing axis of 1, and a scaled buffer.
+    let mut b = base();
+    let mut args = b.args();
+    i16_state(&mut args);
+    args.state_scale = Some(scales(&[6, 4, 8, 1]));
+    args.intermediate_states_buffer = Some(buf(DType::I16, &ok));
+    args.intermediate_state_scales = Some(scales(&[6, 1, 4, 8]));
     ssm_ssu::plan(args).unwrap();
 }

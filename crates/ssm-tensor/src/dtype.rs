@@ -9,6 +9,8 @@ pub enum DType {
     F16,
     /// bfloat16.
     BF16,
+    /// 16-bit signed integer (a block-scaled state: FlashInfer's int16 `state` with `state_scale`).
+    I16,
     /// 32-bit signed integer.
     I32,
     /// 64-bit signed integer.
@@ -22,7 +24,7 @@ impl DType {
     pub const fn size(self) -> usize {
         match self {
             DType::F32 | DType::I32 => 4,
-            DType::F16 | DType::BF16 => 2,
+            DType::F16 | DType::BF16 | DType::I16 => 2,
             DType::I64 => 8,
             DType::Bool => 1,
         }
@@ -44,6 +46,7 @@ impl DType {
             DType::F32 => "f32",
             DType::F16 => "f16",
             DType::BF16 => "bf16",
+            DType::I16 => "i16",
             DType::I32 => "i32",
             DType::I64 => "i64",
             DType::Bool => "bool",
@@ -70,4 +73,4 @@ macro_rules! element {
         }
     )*};
 }
-element!(f32 => F32, f16 => F16, bf16 => BF16, i32 => I32, i64 => I64, u8 => Bool);
+element!(f32 => F32, f16 => F16, bf16 => BF16, i16 => I16, i32 => I32, i64 => I64, u8 => Bool);

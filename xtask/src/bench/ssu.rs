@@ -206,6 +206,8 @@ impl BenchCase for SsuCase {
                 intermediate_states_buffer: None,
                 intermediate_state_indices: None,
                 rand_seed: None,
+                state_scale: None,
+                intermediate_state_scales: None,
             })?;
             Ok(())
         }))

@@ -513,6 +513,8 @@ where
             intermediate_states_buffer: None,
             intermediate_state_indices: None,
             rand_seed: None,
+            state_scale: None,
+            intermediate_state_scales: None,
         };
         backend.run(ssm_ssu::plan(ssu).map_err(|e| err("ssu plan", &e))?).map_err(|e| err("ssu", &e))?;
         let (got, want) = (case.out.to_f64_vec(), out.to_f64_vec());

@@ -6,7 +6,8 @@
 //! heads axis) or Mamba2, tied (stride-0 `dt`/`A`/`dt_bias`) or per-channel parameters,
 //! groups, odd sizes, pads −1 / 0 / none, pad rows, i32/i64 and 1-D/2-D tables, separate
 //! destination tables, unaligned state rows (padded slots), aliasing tables (which host plans
-//! refuse with `SsuError::SlotConflict`) and fp16 stochastic rounding. [`Case::build`] makes
+//! refuse with `SsuError::SlotConflict`), fp16 stochastic rounding and FlashInfer's
+//! block-scaled i16 state (in place of some f32 states). [`Case::build`] makes
 //! the tensors from a seed: outputs are poisoned with NaN, slots are distinct per sequence
 //! except where [`Spec::alias`] makes sequence 1 use what sequence 0 writes.
 
@@ -101,7 +102,7 @@ pub struct Spec {
     pub dstate: usize,
     /// Tied (Mamba2) parameters: `dt`, `A`, `dt_bias` stride-0 along `dim` (and `dstate`).
     pub tied: bool,
-    /// State dtype.
+    /// State dtype (I16: block-scaled, with `state_scale`).
     pub state: DType,
     /// Dtype of `x`, `dt`, `z`, `B`, `C`, `out`.
     pub io: DType,
@@ -185,6 +186,8 @@ impl Spec {
     /// `i / 9 mod 6`; everything else is drawn from `rng`.
     pub fn draw(rng: &mut impl Rng, i: usize) -> Spec {
         let (state, io) = (FLOATS[i % 3], FLOATS[i / 3 % 3]);
+        // FlashInfer's block-scaled i16 state in place of some f32 ones.
+        let state = if state == DType::F32 && rng.random_bool(0.4) { DType::I16 } else { state };
         let route = i / 9 % ROUTES;
         let dense = route >= 4;
         let mamba1 = !dense && rng.random_bool(0.2);
@@ -293,8 +296,15 @@ pub struct Case {
     pub num_accepted_tokens: Option<HostTensor>,
     /// Sequence starts (varlen).
     pub cu_seqlens: Option<HostTensor>,
-    /// `[entries, steps, heads, dim, dstate]` (no heads axis for Mamba1), NaN before the call.
+    /// `state_scale` of an i16 state: `[slots, heads, dim]` (no heads axis for Mamba1; some
+    /// cases add a trailing axis of 1), slots `heads·dim (+1)` apart.
+    pub state_scale: Option<StridedHost>,
+    /// `[entries, steps, heads, dim, dstate]` (no heads axis for Mamba1), NaN before the call
+    /// (an i16 buffer: 0x5A5A, its scales NaN).
     pub intermediate_states_buffer: Option<HostTensor>,
+    /// `intermediate_state_scales` `[entries, steps, heads, dim]` of an i16 buffer, NaN before
+    /// the call.
+    pub intermediate_state_scales: Option<HostTensor>,
     /// Buffer entry per sequence.
     pub intermediate_state_indices: Option<HostTensor>,
     /// `[1]` i64: the Philox key (when [`Spec::rand_seed`]).
@@ -355,6 +365,38 @@ impl Tables {
     }
 }
 
+/// An i16 pool holding `values` (`[slots, slot_len]`, `slot_len` = heads·dim·dstate + padding):
+/// each row quantized as the kernels store it ([`ssm_ssu::quant`]), padding as integers; and its
+/// `state_scale`, slots `heads·dim` or one more apart, sometimes with a trailing axis of 1.
+fn quantized_pool(spec: &Spec, values: &[f32], slots: usize, rng: &mut ChaCha8Rng) -> (HostTensor, StridedHost) {
+    let (n, rows) = (spec.dstate, spec.heads * spec.dim);
+    let slot_len = values.len() / slots;
+    let scale_slot = rows + usize::from(rng.random_bool(0.5));
+    let mut ints = vec![0i64; values.len()];
+    let mut scales = vec![7.0f32; slots * scale_slot];
+    let mut q = vec![0i16; n];
+    for slot in 0..slots {
+        for r in 0..rows {
+            let at = slot * slot_len + r * n;
+            scales[slot * scale_slot + r] = ssm_ssu::quant::quantize_row_i16(&values[at..at + n], &mut q);
+            ints[at..at + n].iter_mut().zip(&q).for_each(|(i, &v)| *i = i64::from(v));
+        }
+        ints[slot * slot_len + rows * n..(slot + 1) * slot_len].iter_mut().for_each(|i| *i = 1234);
+    }
+    let memory = HostTensor::from_i64(DType::I16, vec![values.len()], &ints);
+    let scale_memory = HostTensor::from_f32(DType::F32, vec![scales.len()], &scales);
+    let (mut shape, mut strides) = if spec.mamba1 {
+        (vec![slots, spec.dim], vec![scale_slot as isize, 1])
+    } else {
+        (vec![slots, spec.heads, spec.dim], vec![scale_slot as isize, spec.dim as isize, 1])
+    };
+    if rng.random_bool(0.3) {
+        shape.push(1);
+        strides.push(1);
+    }
+    (memory, StridedHost { memory: scale_memory, shape, strides })
+}
+
 impl Case {
     /// The tensors of `spec`, drawn from `seed` (the same seed gives the same bits).
     pub fn build(spec: Spec, seed: u64) -> Case {
@@ -366,7 +408,14 @@ impl Case {
         let slots = if spec.tables { tables.slots } else { seqs + 2 };
 
         let slot_len = h * p * n + spec.slot_pad;
-        let state_memory = HostTensor::from_f32(spec.state, vec![slots * slot_len], &randn(rng, slots * slot_len, 0.5));
+        let state_values = randn(rng, slots * slot_len, 0.5);
+        let (state_memory, state_scale) = match spec.state {
+            DType::I16 => {
+                let (memory, scale) = quantized_pool(&spec, &state_values, slots, rng);
+                (memory, Some(scale))
+            }
+            dtype => (HostTensor::from_f32(dtype, vec![slots * slot_len], &state_values), None),
+        };
         let (state_shape, state_strides): (Vec<usize>, Vec<isize>) = if spec.mamba1 {
             (vec![slots, p, n], vec![slot_len as isize, n as isize, 1])
         } else {
@@ -441,7 +490,7 @@ impl Case {
         let has_dst = spec.has_dst();
         // The buffer: entries are the pool's slots (default entry: the source slot) or, with
         // indices, a few more than the sequences, each sequence its own entry, some the pad.
-        let (intermediate_states_buffer, intermediate_state_indices) = match spec.verify {
+        let (intermediate_states_buffer, intermediate_state_indices, intermediate_state_scales) = match spec.verify {
             Some(Verify::Buffer { indices, spare_steps, .. }) => {
                 let steps = lens.iter().copied().max().unwrap_or(0).max(1) + spare_steps;
                 let (entries, idx) = if indices {
@@ -461,9 +510,15 @@ impl Case {
                     (slots, None)
                 };
                 let shape = [vec![entries, steps], per_head(&[h, p, n])].concat();
-                (Some(HostTensor::filled(spec.state, shape, f32::NAN)), idx)
+                if spec.state == DType::I16 {
+                    let numel = shape.iter().product();
+                    let scales = HostTensor::filled(DType::F32, shape[..shape.len() - 1].to_vec(), f32::NAN);
+                    (Some(HostTensor::from_i64(DType::I16, shape, &vec![0x5A5A; numel])), idx, Some(scales))
+                } else {
+                    (Some(HostTensor::filled(spec.state, shape, f32::NAN)), idx, None)
+                }
             }
-            _ => (None, None),
+            _ => (None, None, None),
         };
         let cu_seqlens = matches!(spec.tokens, Tokens::Varlen { .. }).then(|| {
             let starts: Vec<i64> = std::iter::once(0)
@@ -481,6 +536,8 @@ impl Case {
             cu_seqlens,
             intermediate_states_buffer,
             intermediate_state_indices,
+            intermediate_state_scales,
+            state_scale,
             rand_seed: spec
                 .sr
                 .filter(|_| spec.rand_seed)
@@ -530,7 +587,38 @@ impl Case {
             intermediate_states_buffer: self.intermediate_states_buffer.as_mut().map(HostTensor::view_mut),
             intermediate_state_indices: self.intermediate_state_indices.as_ref().map(HostTensor::view),
             rand_seed: self.rand_seed.as_ref().map(HostTensor::view),
+            state_scale: self.state_scale.as_mut().map(StridedHost::view_mut),
+            intermediate_state_scales: self.intermediate_state_scales.as_mut().map(HostTensor::view_mut),
         }
+    }
+
+    /// The state memory as f32 values: an i16 state dequantized (each row times its scale;
+    /// slot padding as stored), a float state as stored.
+    pub fn state_values(&self) -> HostTensor {
+        let memory = &self.state.memory;
+        let Some(scale) = &self.state_scale else { return memory.clone() };
+        let (n, slot_len) = (self.spec.dstate, self.state.strides[0] as usize);
+        let rows = self.spec.heads * self.spec.dim;
+        let (q, sc) = (memory.view(), scale.memory.view());
+        let scale_slot = scale.strides[0] as usize;
+        let values: Vec<f32> = (0..q.numel())
+            .map(|i| {
+                let (slot, rem) = (i / slot_len, i % slot_len);
+                let v = q.elem_f32(i);
+                if rem < rows * n { v * sc.elem_f32(slot * scale_slot + rem / n) } else { v }
+            })
+            .collect();
+        HostTensor::from_f32(DType::F32, memory.shape.clone(), &values)
+    }
+
+    /// The intermediate buffer as f32 values (an i16 buffer dequantized; rows never written
+    /// are NaN either way).
+    pub fn buffer_values(&self) -> Option<HostTensor> {
+        let buffer = self.intermediate_states_buffer.as_ref()?;
+        let Some(scales) = &self.intermediate_state_scales else { return Some(buffer.clone()) };
+        let (q, sc, n) = (buffer.view(), scales.view(), self.spec.dstate);
+        let values: Vec<f32> = (0..q.numel()).map(|i| q.elem_f32(i) * sc.elem_f32(i / n)).collect();
+        Some(HostTensor::from_f32(DType::F32, buffer.shape.clone(), &values))
     }
 
     /// State slots in the pool.
@@ -544,11 +632,17 @@ impl Case {
         slot * len..(slot + 1) * len
     }
 
-    /// The bytes of state slot `slot` (its padding included).
-    pub fn slot_bytes(&self, slot: usize) -> &[u8] {
+    /// The bytes of state slot `slot` (its padding included), then those of its scales (an
+    /// i16 state).
+    pub fn slot_bytes(&self, slot: usize) -> Vec<u8> {
         let size = self.spec.state.size();
         let elements = self.slot_elements(slot);
-        &self.state.memory.bytes()[elements.start * size..elements.end * size]
+        let mut bytes = self.state.memory.bytes()[elements.start * size..elements.end * size].to_vec();
+        if let Some(scale) = &self.state_scale {
+            let len = scale.strides[0] as usize * 4;
+            bytes.extend_from_slice(&scale.memory.bytes()[slot * len..(slot + 1) * len]);
+        }
+        bytes
     }
 
     /// Per slot: whether an in-range entry of a slot table names it (without tables, the
