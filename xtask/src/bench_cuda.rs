@@ -89,6 +89,9 @@ pub(crate) struct CudaSsuBenchArgs {
     /// Batches to time.
     #[arg(long, value_delimiter = ',', default_value = "1,8,64,256,1024")]
     pub(crate) batches: Vec<usize>,
+    /// Also time FlashInfer's block-scaled i16 state (one and four tokens; `--int16 false`: not).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub(crate) int16: bool,
     #[command(flatten)]
     pub(crate) common: CudaBenchCommon,
 }
@@ -98,6 +101,7 @@ fn state_name(t: DType) -> &'static str {
         DType::F32 => "f32",
         DType::BF16 => "bf16",
         DType::F16 => "f16",
+        DType::I16 => "i16",
         _ => "?",
     }
 }
@@ -166,6 +170,10 @@ trait CudaBenchShape {
             && row["tokens"].as_u64() == Some(tokens as u64)
             && row["state"].as_str() == Some(state_name(state))
     }
+    /// Whether the peer runs this shape at all.
+    fn has_peer(&self) -> bool {
+        true
+    }
 }
 
 impl CudaBenchShape for SsuBenchShape {
@@ -176,6 +184,10 @@ impl CudaBenchShape for SsuBenchShape {
     fn peer_json(&self) -> Value {
         json!({"batch": self.batch, "state": state_name(self.state), "tokens": self.tokens, "heads": self.heads,
                "dim": self.dim, "dstate": self.dstate, "groups": self.groups})
+    }
+    fn has_peer(&self) -> bool {
+        // vLLM has no block-scaled i16 state.
+        self.state != DType::I16
     }
     fn key(&self) -> (usize, usize, DType) {
         (self.batch, self.tokens, self.state)
@@ -299,7 +311,7 @@ fn measure<S: CudaBenchShape>(
         None => None,
         Some(dir) => {
             let script = common.peer_script.clone().unwrap_or_else(|| default_peer_script(script_name));
-            let shape_json: Vec<Value> = shapes.iter().map(S::peer_json).collect();
+            let shape_json: Vec<Value> = shapes.iter().filter(|s| s.has_peer()).map(S::peer_json).collect();
             Some(run_peer(&common.python, &script, dir, &shape_json)?)
         }
     };
@@ -409,6 +421,15 @@ pub(crate) fn run(args: &CudaSsuBenchArgs) -> anyhow::Result<Value> {
             shapes.push(SsuBenchShape { verify: true, ..SsuBenchShape::mamba2_2p7b(b, state, 4) });
         }
     }
+    // FlashInfer's block-scaled i16 state (no peer: vLLM has none); its column `vs f32` is the
+    // f32-state call's time over its own.
+    if args.int16 {
+        for tokens in [1usize, 4] {
+            for &b in &args.batches {
+                shapes.push(SsuBenchShape::mamba2_2p7b(b, DType::I16, tokens));
+            }
+        }
+    }
     let m = measure(&args.common, &shapes, bench_ssu, "ssu_peer.py")?;
     println!(
         "{:<6} {:>5} {:>6} | {:>9} {:>8} {:>6} | {:>9} {:>8} {:>6} | {:>7}",
@@ -420,11 +441,24 @@ pub(crate) fn run(args: &CudaSsuBenchArgs) -> anyhow::Result<Value> {
         let vs = m.vs_peer(r, None);
         let speedup = vs.peer_us / r.us;
         let tokens = if s.verify { format!("{}v", s.tokens) } else { s.tokens.to_string() };
-        println!("{:<6} {:>5} {:>6} | {} | {speedup:>7.2}", state_name(s.state), s.batch, tokens, vs.columns());
-        rows.push(vs.json_row(json!({
+        // An i16 row against the f32-state call of the same shape, same run.
+        let f32_us = m
+            .ours
+            .iter()
+            .find(|o| o.shape == SsuBenchShape { state: DType::F32, ..s })
+            .filter(|_| s.state == DType::I16)
+            .map_or(f64::NAN, |o| o.us);
+        let vs_f32 = if f32_us.is_nan() { String::new() } else { format!(" | vs f32 {:.2}", f32_us / r.us) };
+        println!("{:<6} {:>5} {:>6} | {} | {speedup:>7.2}{vs_f32}", state_name(s.state), s.batch, tokens, vs.columns());
+        let mut row = vs.json_row(json!({
             "state": state_name(s.state), "batch": s.batch, "tokens": s.tokens, "verify": s.verify, "heads": s.heads,
             "dim": s.dim, "dstate": s.dstate, "groups": s.groups, "bytes": s.bytes(),
-        })));
+        }));
+        if !f32_us.is_nan() {
+            row["f32_us"] = json!(f32_us);
+            row["speedup_vs_f32"] = json!(f32_us / r.us);
+        }
+        rows.push(row);
     }
     rows.extend(replayssm_rows(args, &m)?);
     m.write(&args.common, "ssu_cuda.json", rows)

@@ -28,6 +28,8 @@ __device__ __forceinline__ float to_f32(f16_t v) {
     return f;
 }
 __device__ __forceinline__ float to_f32(bf16_t v) { return __uint_as_float(((u32)v.bits) << 16); }
+// The integers of a block-scaled i16 state (the row's scale is the caller's).
+__device__ __forceinline__ float to_f32(short v) { return (float)v; }
 
 template <typename T> struct FromF32;
 template <> struct FromF32<float> {

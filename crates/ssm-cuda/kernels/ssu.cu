@@ -8,11 +8,15 @@
 //       stored row by row as soon as computed)
 //   HAS_Z HAS_D HAS_DT_BIAS DT_SOFTPLUS TIED HAS_SBI HAS_PAD VARLEN DENSE SPEC STOCH_ROUND BC_VEC RAW   0/1
 //   NO_UPDATE ISTATES HAS_ISI ISI_T                                                     0/1, index type
+//   QUANT                                                                               0/1
 //   (BC_VEC: B and C are contiguous along dstate and VEC-element aligned: vector loads;
 //   RAW: one-token route with 16-byte state vectors, the tile held in its storage form;
 //   NO_UPDATE: the pool is never written (disable_state_update, or the intermediate buffer);
 //   ISTATES: token t's state goes to the intermediate buffer's row (entry, t), the entry from
-//   intermediate_state_indices (HAS_ISI) or the source slot)
+//   intermediate_state_indices (HAS_ISI) or the source slot;
+//   QUANT: STATE_T is short, FlashInfer's block-scaled i16 state: a row is read as q · its decode
+//   scale and every stored row is quantized (ssm_ssu::quant) with its decode scale written
+//   beside it, in state_scale or, for the buffer, intermediate_state_scales)
 //
 // One block owns one (sequence, head, tile of DIM_TILE = (NTHREADS / TPR) * RPT rows).
 // TPR lanes share one row of the state; each lane holds VPT vectors of VEC elements of a
@@ -36,7 +40,7 @@ struct TokStrides {
 // Mirrored by `SsuParams` in crates/ssm-cuda/src/ssu.rs (same field order, all 8-byte
 // fields first, no padding).
 struct SsuParams {
-    u64 state, x, dt, a, b, c, d, dt_bias, z, out, sbi, dst, nacc, cu, err, ist, isi, seed_ptr;
+    u64 state, x, dt, a, b, c, d, dt_bias, z, out, sbi, dst, nacc, cu, err, ist, isi, seed_ptr, sc, ist_sc;
     i64 st_slot, st_head, st_dim;
     TokStrides xs, dts, zs, outs, bs, cs;
     i64 a_head, a_dim, a_n;
@@ -44,6 +48,7 @@ struct SsuParams {
     i64 sbi_seq, sbi_col, dst_seq, dst_col, nacc_s, cu_s;
     i64 slots, rows, pad, sbi_width, dst_width;
     i64 ist_entry, ist_step, ist_head, ist_dim, ist_entries, ist_steps, isi_s;  // intermediate buffer
+    i64 sc_slot, sc_head, sc_dim, isc_entry, isc_step, isc_head, isc_dim;       // i16 decode scales
     u64 seed;  // the Philox key, unless seed_ptr (rand_seed) names an i64 to read it from
     int nseq, heads, dim, heads_per_group, steps, philox_rounds;
     BlockSplit split;  // grid = sequences × heads × row tiles
@@ -140,7 +145,11 @@ __device__ __forceinline__ i64 tok_base(const TokStrides& ts, i64 seq, i64 bos, 
 
 __device__ __forceinline__ float softplus_thr(float v) { return v <= 20.f ? logf(expf(v) + 1.f) : v; }
 
-#if !SPEC
+#if QUANT && (STOCH_ROUND || ROWSTORE)
+#error "an i16 state is stored whole rows at a time, rounded to nearest"
+#endif
+
+#if !SPEC && !QUANT
 // Stores one row of the final (non-speculative) state to slot `dst`. With stochastic rounding
 // the random offsets are element offsets of the *source* state (vLLM, semantics/ssu.md §2.7).
 __device__ __forceinline__ void store_final_row(const SsuParams& p, float (&row)[VPT][VEC], int prow, int lane, int h,
@@ -345,6 +354,70 @@ __device__ __forceinline__ void write_out(const SsuParams& p, const float (&y)[R
     }
 }
 
+#if QUANT
+// FlashInfer's block-scaled i16 state, operation for operation as ssm_ssu::quant defines it.
+// The largest magnitude of one row over its TPR lanes (fmaxf from -FLT_MAX: NaN is ignored).
+// Every lane of the warp must call it (the shuffles span the warp).
+__device__ __forceinline__ float row_amax(const float (&row)[VPT][VEC]) {
+    float m = -3.402823466e38f;
+#pragma unroll
+    for (int v = 0; v < VPT; ++v)
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) m = fmaxf(m, fabsf(row[v][e]));
+#pragma unroll
+    for (int o = TPR / 2; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o, TPR));
+    return m;
+}
+
+__device__ __forceinline__ float encode_of(float amax) { return amax == 0.f ? 1.f : __fdiv_rn(32767.f, amax); }
+
+// One element: v · encode clamped to ±32767 (NaN becomes -32767), rounded to nearest even.
+__device__ __forceinline__ short quant1(float v, float enc) {
+    return (short)__float2int_rn(fminf(fmaxf(__fmul_rn(v, enc), -32767.f), 32767.f));
+}
+
+// VEC (= 8) quantized elements as one 16-byte vector.
+__device__ __forceinline__ uint4 quant_vec(const float (&v)[VEC], float enc) {
+    union {
+        uint4 u;
+        short q[8];
+    } pack;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) pack.q[e] = quant1(e < VEC ? v[e] : 0.f, enc);
+    return pack.u;
+}
+
+// Stores the lane's part of one row, quantized with `enc`, at `q` (the row's first element).
+__device__ __forceinline__ void store_quant_row(STATE_T* q, const float (&row)[VPT][VEC], int lane, float enc) {
+#pragma unroll
+    for (int v = 0; v < VPT; ++v) {
+        const int vi = lane + v * TPR;
+        if (vi < NVEC) {
+            if constexpr (VEC * 2 == 16) {
+                store16<STATE_CS>(q + vi * VEC, quant_vec(row[v], enc));
+            } else {
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) q[vi * VEC + e] = quant1(row[v][e], enc);
+            }
+        }
+    }
+}
+
+// Stores the f32 tile `s` quantized, row by row, to `rows + prow·row_stride`, and each row's decode
+// scale to `scales[prow·scale_stride]` (a slot's head and its scales, or an intermediate-buffer
+// row's). Called by every lane of the block.
+__device__ __forceinline__ void store_tile_q(STATE_T* rows, i64 row_stride, float* scales, i64 scale_stride,
+                                             const float (&s)[RPT][VPT][VEC], const int (&prow)[RPT], int lane, int dim) {
+#pragma unroll
+    for (int r = 0; r < RPT; ++r) {
+        const float enc = encode_of(row_amax(s[r]));
+        if (prow[r] < dim) {
+            store_quant_row(rows + (i64)prow[r] * row_stride, s[r], lane, enc);
+            if (lane == 0) scales[(i64)prow[r] * scale_stride] = __fdiv_rn(1.f, enc);
+        }
+    }
+}
+#else
 // Stores the lane's part of the f32 tile `s` (rounded to nearest) to the rows `rows + prow·row_stride`
 // (a slot's, or an intermediate-buffer row's, head).
 __device__ __forceinline__ void store_tile(STATE_T* rows, i64 row_stride, const float (&s)[RPT][VPT][VEC],
@@ -357,6 +430,7 @@ __device__ __forceinline__ void store_tile(STATE_T* rows, i64 row_stride, const 
             if (prow[r] < dim && vi < NVEC) store_vec<VEC, STATE_T, STATE_CS>(rows + (i64)prow[r] * row_stride + vi * VEC, s[r][v]);
         }
 }
+#endif
 
 __device__ __forceinline__ void lane_rows(int (&prow)[RPT], int tile, int row_group) {
 #pragma unroll
@@ -470,6 +544,15 @@ extern "C" __global__ void SSU_BOUNDS ssu_kernel(const SsuParams p) {
 
     // ---- load the state tile (all loads issued before any use) ----
     const STATE_T* state = reinterpret_cast<const STATE_T*>(p.state) + src * p.st_slot + (i64)h * p.st_head;
+#if QUANT
+    // The decode scales of the source rows (a pad source reads zeros and no scale).
+    float dec_in[RPT];
+    {
+        const float* sc = reinterpret_cast<const float*>(p.sc) + src * p.sc_slot + (i64)h * p.sc_head;
+#pragma unroll
+        for (int r = 0; r < RPT; ++r) dec_in[r] = live && prow[r] < p.dim ? __ldcs(sc + (i64)prow[r] * p.sc_dim) : 0.f;
+    }
+#endif
 #if RAW
     // One token: the tile stays in its storage form (16 bytes per vector; half the registers
     // of f32 for a 16-bit state) and is widened one row at a time.
@@ -521,6 +604,16 @@ extern "C" __global__ void SSU_BOUNDS ssu_kernel(const SsuParams p) {
     }
 #endif
 
+#if QUANT && !RAW
+    // An i16 tile is its integers times each row's decode scale.
+#pragma unroll
+    for (int r = 0; r < RPT; ++r)
+#pragma unroll
+        for (int v = 0; v < VPT; ++v)
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) s[r][v][e] = __fmul_rn(s[r][v][e], dec_in[r]);
+#endif
+
 #if !SPEC
     // The final state goes to `dst` unless the source is a pad or the destination is the pad.
     const bool store_final = !NO_UPDATE && live && !(HAS_SBI && HAS_PAD && dst == p.pad);
@@ -531,6 +624,9 @@ extern "C" __global__ void SSU_BOUNDS ssu_kernel(const SsuParams p) {
     // buffer row) or the source slot. An entry outside the buffer, or a sequence longer than its
     // steps, skips the whole sequence before anything is written.
     STATE_T* ist_rows = nullptr;
+#if QUANT
+    float* ist_sc_rows = nullptr;
+#endif
     if (live) {
 #if HAS_ISI
         const i64 entry = load_index(reinterpret_cast<const ISI_T*>(p.isi) + seq * p.isi_s);
@@ -549,10 +645,16 @@ extern "C" __global__ void SSU_BOUNDS ssu_kernel(const SsuParams p) {
                 return;
             }
             ist_rows = reinterpret_cast<STATE_T*>(p.ist) + entry * p.ist_entry + (i64)h * p.ist_head;
+#if QUANT
+            ist_sc_rows = reinterpret_cast<float*>(p.ist_sc) + entry * p.isc_entry + (i64)h * p.isc_head;
+#endif
         }
     }
 #endif
 
+#if QUANT && RAW
+    float dec_out[RPT];  // the new decode scale of each row (one token: the final store's)
+#endif
     for (int t = 0; t < len; ++t) {
         // Later tokens' inputs: loaded as a group before any is used (token 0's were loaded
         // before the state).
@@ -569,8 +671,22 @@ extern "C" __global__ void SSU_BOUNDS ssu_kernel(const SsuParams p) {
             float row[VPT][VEC];
 #pragma unroll
             for (int v = 0; v < VPT; ++v) unpack_vec<STATE_T>(raw[r][v], row[v]);
+#if QUANT
+#pragma unroll
+            for (int v = 0; v < VPT; ++v)
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) row[v][e] = __fmul_rn(row[v][e], dec_in[r]);
+#endif
             const float acc = update_row(p, row, cur, dA, r, prow[r], h, lane);
-#if ROWSTORE || STOCH_ROUND
+#if QUANT
+            // Quantized once, as the final store stores it; stored with the other rows below.
+            {
+                const float enc = encode_of(row_amax(row));
+                dec_out[r] = __fdiv_rn(1.f, enc);
+#pragma unroll
+                for (int v = 0; v < VPT; ++v) raw[r][v] = quant_vec(row[v], enc);
+            }
+#elif ROWSTORE || STOCH_ROUND
             // This row's final state is known; store it now.
             if (store_final) store_final_row(p, row, prow[r], lane, h, src, dst, seed);
 #else
@@ -593,14 +709,27 @@ extern "C" __global__ void SSU_BOUNDS ssu_kernel(const SsuParams p) {
         // (plain round-to-nearest; a pad entry writes nothing; a pad source writes nothing).
         if (live) {
             const i64 d = load_index(reinterpret_cast<const DST_T*>(p.dst) + seq * p.dst_seq + (i64)t * p.dst_col);
-            if (!(HAS_PAD && d == p.pad))
-                store_tile(reinterpret_cast<STATE_T*>(p.state) + d * p.st_slot + (i64)h * p.st_head, p.st_dim, s, prow, lane, p.dim);
+            if (!(HAS_PAD && d == p.pad)) {
+                STATE_T* rows = reinterpret_cast<STATE_T*>(p.state) + d * p.st_slot + (i64)h * p.st_head;
+#if QUANT
+                float* scales = reinterpret_cast<float*>(p.sc) + d * p.sc_slot + (i64)h * p.sc_head;
+                store_tile_q(rows, p.st_dim, scales, p.sc_dim, s, prow, lane, p.dim);
+#else
+                store_tile(rows, p.st_dim, s, prow, lane, p.dim);
+#endif
+            }
         }
 #endif
 #if ISTATES
         // Token t's state to the intermediate buffer's row (entry, t) (plain round-to-nearest; a
         // pad source or a pad entry writes nothing).
+#if QUANT
+        if (ist_rows)
+            store_tile_q(ist_rows + (i64)t * p.ist_step, p.ist_dim, ist_sc_rows + (i64)t * p.isc_step, p.isc_dim, s, prow, lane,
+                         p.dim);
+#else
         if (ist_rows) store_tile(ist_rows + (i64)t * p.ist_step, p.ist_dim, s, prow, lane, p.dim);
+#endif
 #endif
         write_out(p, y, cur, hi, prow, lane, seq, bos, t, h);
     }
@@ -616,6 +745,21 @@ extern "C" __global__ void SSU_BOUNDS ssu_kernel(const SsuParams p) {
                 const int vi = lane + v * TPR;
                 if (prow[r] < p.dim && vi < NVEC) store16<STATE_CS>(out_state + (i64)prow[r] * p.st_dim + vi * VEC, raw[r][v]);
             }
+#if QUANT
+        if (lane == 0) {
+            float* scales = reinterpret_cast<float*>(p.sc) + dst * p.sc_slot + (i64)h * p.sc_head;
+#pragma unroll
+            for (int r = 0; r < RPT; ++r)
+                if (prow[r] < p.dim) scales[(i64)prow[r] * p.sc_dim] = dec_out[r];
+        }
+#endif
+    }
+#elif !RAW && !SPEC && QUANT
+    // Final state (non-speculative): quantized to the destination slot, with its scales.
+    if (store_final) {
+        STATE_T* rows = reinterpret_cast<STATE_T*>(p.state) + dst * p.st_slot + (i64)h * p.st_head;
+        float* scales = reinterpret_cast<float*>(p.sc) + dst * p.sc_slot + (i64)h * p.sc_head;
+        store_tile_q(rows, p.st_dim, scales, p.sc_dim, s, prow, lane, p.dim);
     }
 #elif !RAW && !SPEC && (VARLEN || DENSE || !ROWSTORE)
     // Final state (non-speculative): to the destination slot.

@@ -137,7 +137,7 @@ pub struct SsuBenchShape {
     pub dstate: usize,
     /// Groups of B/C.
     pub groups: usize,
-    /// State dtype.
+    /// State dtype (I16: FlashInfer's block-scaled state, with one f32 decode scale per row).
     pub state: DType,
     /// Dtype of x, dt, B, C, out.
     pub io: DType,
@@ -186,7 +186,12 @@ impl SsuBenchShape {
         let params = 3 * h * 4;
         // Verification: the buffer rows replace the pool's per-token rows; plus its entry table.
         let entries = if self.verify { self.batch as u64 * 4 } else { 0 };
-        state_and_table_bytes(self.batch, self.tokens, h * p * n * self.state.size() as u64) + tok + params + entries
+        // An i16 row carries its f32 decode scale, read and written with it.
+        let scales = if self.state == DType::I16 { h * p * 4 } else { 0 };
+        state_and_table_bytes(self.batch, self.tokens, h * p * n * self.state.size() as u64 + scales)
+            + tok
+            + params
+            + entries
     }
 }
 
@@ -291,6 +296,8 @@ struct Pool {
     tables: SlotTables,
     /// The intermediate buffer and its entry table (verification shapes).
     verify: Option<(DeviceBuffer, DeviceBuffer)>,
+    /// An i16 state's decode scales `[slots, heads, dim]`, and the buffer's (verification).
+    scales: Option<(DeviceBuffer, Option<DeviceBuffer>)>,
 }
 
 impl Pool {
@@ -320,8 +327,21 @@ impl Pool {
                 }
                 false => None,
             },
+            scales: match s.state {
+                DType::I16 => Some((
+                    buf(slots * h * p, DType::F32)?,
+                    s.verify.then(|| buf(rows * h * p, DType::F32)).transpose()?,
+                )),
+                _ => None,
+            },
         };
-        fill(be, pool.state.addr(), slots * h * p * n, s.state, seed, -1.0, 1.0)?;
+        // An i16 state's integers: the bit patterns of bf16 values (arbitrary integers, as a
+        // quantized state holds), each row decoded by a scale near 1/32767.
+        let fill_as = if s.state == DType::I16 { DType::BF16 } else { s.state };
+        fill(be, pool.state.addr(), slots * h * p * n, fill_as, seed, -1.0, 1.0)?;
+        if let Some((scales, _)) = &pool.scales {
+            fill(be, scales.addr(), slots * h * p, DType::F32, seed + 8, 1e-5, 4e-5)?;
+        }
         fill(be, pool.x.addr(), rows * h * p, s.io, seed + 1, -1.0, 1.0)?;
         fill(be, pool.dt.addr(), rows * h, s.io, seed + 2, -3.0, 1.0)?;
         fill(be, pool.a.addr(), h, DType::F32, seed + 3, -2.0, -0.1)?;
@@ -350,6 +370,18 @@ impl Pool {
             ),
             None => (None, None),
         };
+        let (state_scale, intermediate_state_scales) = match &mut self.scales {
+            Some((sc, isc)) => (
+                Some(sc.view_mut(DType::F32, &[s.slots(), h, p], &[hi * pi, pi, 1], 0)?),
+                match isc {
+                    Some(isc) => {
+                        Some(isc.view_mut(DType::F32, &[s.batch, t, h, p], &[ti * hi * pi, hi * pi, pi, 1], 0)?)
+                    }
+                    None => None,
+                },
+            ),
+            None => (None, None),
+        };
         Ok(SelectiveStateUpdateArgs {
             state: self.state.view_mut(s.state, &[s.slots(), h, p, n], &[hi * pi * ni, pi * ni, ni, 1], 0)?,
             x: self.x.view(s.io, &[rows, h, p], &[hi * pi, pi, 1], 0)?,
@@ -372,8 +404,8 @@ impl Pool {
             intermediate_states_buffer: buffer,
             intermediate_state_indices: entries,
             rand_seed: None,
-            state_scale: None,
-            intermediate_state_scales: None,
+            state_scale,
+            intermediate_state_scales,
         })
     }
 }

@@ -50,6 +50,8 @@ pub(crate) struct SsuParams {
     ist: u64,
     isi: u64,
     seed_ptr: u64,
+    sc: u64,
+    ist_sc: u64,
     st_slot: i64,
     st_head: i64,
     st_dim: i64,
@@ -84,6 +86,13 @@ pub(crate) struct SsuParams {
     ist_entries: i64,
     ist_steps: i64,
     isi_s: i64,
+    sc_slot: i64,
+    sc_head: i64,
+    sc_dim: i64,
+    isc_entry: i64,
+    isc_step: i64,
+    isc_head: i64,
+    isc_dim: i64,
     seed: u64,
     nseq: i32,
     heads: i32,
@@ -186,7 +195,9 @@ impl SsuGeometry {
             if state.size() == 4 && tied && vpt == 1 && rows_total * tpr / 8 >= 2 * WAVE_THREADS && dim >= 32 {
                 rpt = 8;
             }
-            min_blocks = if state.size() == 4 || rows_total * tpr / rpt < WAVE_THREADS { 6 } else { 8 };
+            // An i16 state's quantized stores need more registers: six blocks (no spills).
+            let quant = state == DType::I16;
+            min_blocks = if state.size() == 4 || quant || rows_total * tpr / rpt < WAVE_THREADS { 6 } else { 8 };
         }
         let g = SsuGeometry {
             row: RowGeometry::new(vec, tpr, vpt, rpt, threads, min_blocks),
@@ -325,8 +336,13 @@ impl SsuKey {
         let g = self.geometry;
         defines.push(("DSTATE", self.dstate.to_string()));
         defines.extend(g.row.defines());
-        defines
-            .extend([("STATE_CS", u8::from(g.streaming).to_string()), ("ROWSTORE", u8::from(g.row_store).to_string())]);
+        // A block-scaled i16 state stores whole rows (no row-wise early final store).
+        let quant = self.types[0] == DType::I16;
+        defines.extend([
+            ("STATE_CS", u8::from(g.streaming).to_string()),
+            ("ROWSTORE", u8::from(g.row_store && !quant).to_string()),
+            ("QUANT", u8::from(quant).to_string()),
+        ]);
         // One token, not speculative, no intermediate buffer, 16-byte state vectors: the tile is
         // held in storage form.
         let one_token = self.flags & (F_VARLEN | F_DENSE | F_SPEC | F_ISTATES) == 0;
@@ -361,7 +377,7 @@ impl SsuKey {
 /// per-channel (Mamba1) form, other dstates, the scalar (unaligned) fallback, i64 index
 /// tables and stochastic rounding. Each entry is `(label, spec)`.
 pub fn ssu_catalogue() -> Vec<(String, KernelSpec)> {
-    use DType::{BF16, F16, F32, I32, I64};
+    use DType::{BF16, F16, F32, I16, I32, I64};
     let floats = [F32, F16, BF16];
     let base = F_D | F_DT_BIAS | F_SOFTPLUS | F_SBI | F_PAD;
     let key = |state: DType, io: DType, idx: DType, dstate: usize, dim: usize, vectorized: bool, flags: u16| {
@@ -433,6 +449,16 @@ pub fn ssu_catalogue() -> Vec<(String, KernelSpec)> {
         "varlen per-channel buffer+indices state=f16 io=f32 dstate=7".into(),
         key(F16, F32, I32, 7, 5, false, base | F_NO_UPDATE | F_ISTATES | F_ISI | F_VARLEN),
     );
+    // FlashInfer's block-scaled i16 state.
+    let tied = base | F_TIED;
+    push("one-token tied state=i16 io=bf16".into(), key(I16, BF16, I32, 128, 64, true, tied));
+    push("varlen spec tied state=i16 io=bf16".into(), key(I16, BF16, I32, 128, 64, true, tied | F_SPEC | F_VARLEN));
+    push("dense tied state=i16 io=bf16".into(), key(I16, BF16, I32, 128, 64, true, tied | F_DENSE));
+    push(
+        "dense spec tied buffer state=i16 io=bf16".into(),
+        key(I16, BF16, I32, 128, 64, true, tied | F_NO_UPDATE | F_ISTATES | F_DENSE | F_SPEC),
+    );
+    push("one-token per-channel scalar state=i16 io=f16 dstate=7".into(), key(I16, F16, I32, 7, 5, false, base | F_Z));
     out
 }
 
@@ -530,6 +556,14 @@ impl CudaBackend {
                 (Some(r), Some(at)) => addr_of(r.device_addr(), at as isize, DType::I64),
                 _ => 0,
             },
+            sc: match (&args.state_scale, plan.state_scale) {
+                (Some(t), Some(st)) => addr_of(t.device_addr(), st.offset, DType::F32),
+                _ => 0,
+            },
+            ist_sc: match (&args.intermediate_state_scales, ist.and_then(|i| i.scales)) {
+                (Some(t), Some(st)) => addr_of(t.device_addr(), st.offset, DType::F32),
+                _ => 0,
+            },
             st_slot: plan.state.strides[0] as i64,
             st_head: plan.state.strides[1] as i64,
             st_dim: plan.state.strides[2] as i64,
@@ -564,6 +598,13 @@ impl CudaBackend {
             ist_entries: ist.map_or(0, |i| i.entries as i64),
             ist_steps: ist.map_or(0, |i| i.steps as i64),
             isi_s: ist.and_then(|i| i.indices).map_or(0, |(s, _)| s.strides[0] as i64),
+            sc_slot: plan.state_scale.map_or(0, |s| s.strides[0] as i64),
+            sc_head: plan.state_scale.map_or(0, |s| s.strides[1] as i64),
+            sc_dim: plan.state_scale.map_or(0, |s| s.strides[2] as i64),
+            isc_entry: ist.and_then(|i| i.scales).map_or(0, |s| s.strides[0] as i64),
+            isc_step: ist.and_then(|i| i.scales).map_or(0, |s| s.strides[1] as i64),
+            isc_head: ist.and_then(|i| i.scales).map_or(0, |s| s.strides[2] as i64),
+            isc_dim: ist.and_then(|i| i.scales).map_or(0, |s| s.strides[3] as i64),
             seed: plan.stochastic_rounding.map_or(0, |s| s.seed),
             nseq: plan.dims.seqs as i32,
             heads: plan.dims.heads as i32,
@@ -628,9 +669,9 @@ mod tests {
 
     #[test]
     fn params_have_no_padding_and_match_the_kernel_layout() {
-        // 18 addresses, 3 state strides, 6 × 4 token strides, 3 + 4 + 6 + 5 + 7 scalars, seed,
-        // 6 ints, the block split (6 × u32).
-        let expected = 18 * 8 + 3 * 8 + 6 * 32 + (3 + 4 + 6 + 5 + 7) * 8 + 8 + 6 * 4 + 6 * 4;
+        // 20 addresses, 3 state strides, 6 × 4 token strides, 3 + 4 + 6 + 5 + 7 + 7 scalars,
+        // seed, 6 ints, the block split (6 × u32).
+        let expected = 20 * 8 + 3 * 8 + 6 * 32 + (3 + 4 + 6 + 5 + 7 + 7) * 8 + 8 + 6 * 4 + 6 * 4;
         assert_eq!(std::mem::size_of::<SsuParams>(), expected);
         assert_eq!(std::mem::align_of::<SsuParams>(), 8);
     }

@@ -229,6 +229,11 @@ impl DeviceSsuArgs {
         self.out.buffer()
     }
 
+    /// The `state_scale` tensor's device buffer, when staged (an i16 state).
+    pub fn scale_buffer(&mut self) -> Option<&mut DeviceBuffer> {
+        self.scale.as_mut().map(StagedTensor::buffer)
+    }
+
     /// The `rand_seed` tensor's device buffer, when staged.
     pub fn seed_buffer(&mut self) -> Option<&mut DeviceBuffer> {
         self.seed.as_mut().map(StagedTensor::buffer)

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{compare, gpu};
+use common::{compare, compare_within, gpu, tolerance};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use ssm_conformance::cases::base_seed;
@@ -28,6 +28,37 @@ fn assert_bit_identical(what: &str, got: &HostTensor, want: &HostTensor) {
     }
 }
 
+/// The largest finite value of `t` (0 if none).
+fn max_finite(t: &HostTensor) -> f64 {
+    t.to_f64_vec().into_iter().filter(|v| v.is_finite()).fold(0.0, f64::max)
+}
+
+/// The state pool against the reference's: a float state within its dtype's tolerance; an i16
+/// state dequantized, within f32's tolerance plus two quantization steps of its coarsest row
+/// (the rounding of an element follows the f32 state across a step boundary).
+fn compare_state(got: &Case, want: &Case) -> Result<(), String> {
+    match &want.state_scale {
+        None => compare("state", &got.state.memory, &want.state.memory),
+        Some(scale) => {
+            let (atol, rtol) = tolerance(DType::F32);
+            let step = max_finite(&scale.memory);
+            compare_within("state", &got.state_values(), &want.state_values(), atol + 2.0 * step, rtol)
+        }
+    }
+}
+
+/// The intermediate buffer against the reference's, as [`compare_state`] compares the pool.
+fn compare_buffer(got: &Case, want: &Case) -> Result<(), String> {
+    let (Some(g), Some(w)) = (got.buffer_values(), want.buffer_values()) else { return Ok(()) };
+    match &want.intermediate_state_scales {
+        None => compare("intermediate_states_buffer", &g, &w),
+        Some(scales) => {
+            let (atol, rtol) = tolerance(DType::F32);
+            compare_within("intermediate_states_buffer", &g, &w, atol + 2.0 * max_finite(scales), rtol)
+        }
+    }
+}
+
 /// The random matrix of the CPU property tests (the one generator, `Spec::draw`): every route,
 /// both parameter forms, every state/io dtype pair, groups, odd sizes, pads (−1, 0, none),
 /// empty varlen sequences, i32/i64 tables, unaligned state rows, fp16 stochastic rounding.
@@ -38,7 +69,7 @@ fn cuda_matches_the_reference_on_random_cases() {
     let Some(be) = gpu("cuda_matches_the_reference_on_random_cases") else { return };
     let base = base_seed(Some(1000));
     // 108 cases: every state/io pair meets every route twice.
-    let mut buffered = 0;
+    let (mut buffered, mut quantized) = (0, 0);
     for i in 0..108usize {
         let seed = base.wrapping_add(i as u64);
         let spec = Spec::draw(&mut ChaCha8Rng::seed_from_u64(seed), i);
@@ -52,13 +83,15 @@ fn cuda_matches_the_reference_on_random_cases() {
         }
         run_staged::<DeviceSsuArgs>(&be, got.args()).unwrap_or_else(|e| panic!("{ctx}: {e}"));
         compare("out", &got.out, &want.out).unwrap_or_else(|e| panic!("{ctx}: {e}"));
-        compare("state", &got.state.memory, &want.state.memory).unwrap_or_else(|e| panic!("{ctx}: {e}"));
-        if let (Some(g), Some(w)) = (&got.intermediate_states_buffer, &want.intermediate_states_buffer) {
-            compare("intermediate_states_buffer", g, w).unwrap_or_else(|e| panic!("{ctx}: {e}"));
+        compare_state(&got, &want).unwrap_or_else(|e| panic!("{ctx}: {e}"));
+        compare_buffer(&got, &want).unwrap_or_else(|e| panic!("{ctx}: {e}"));
+        if let Some(w) = want.buffer_values() {
             buffered += usize::from(w.to_f64_vec().iter().any(|v| !v.is_nan()));
         }
+        quantized += usize::from(spec.state == DType::I16);
         if spec.verify.is_some() {
             assert!(got.state == initial.state, "{ctx}: a verifying call wrote the state");
+            assert!(got.state_scale == initial.state_scale, "{ctx}: a verifying call wrote the scales");
         }
         // Slots no table names stay bit-identical.
         for (slot, named) in initial.named_slots().into_iter().enumerate() {
@@ -68,6 +101,7 @@ fn cuda_matches_the_reference_on_random_cases() {
         }
     }
     assert!(buffered >= 5, "only {buffered} of 108 cases wrote intermediate-buffer rows");
+    assert!(quantized >= 6, "only {quantized} of 108 cases had an i16 state");
 }
 
 #[test]
@@ -77,9 +111,12 @@ fn mamba2_shapes_match_the_reference() {
     for (i, (state, tokens, spec_width)) in [
         (DType::F32, one_token.clone(), None),
         (DType::BF16, one_token.clone(), None),
-        (DType::F16, one_token, None),
+        (DType::F16, one_token.clone(), None),
+        (DType::I16, one_token, None),
         (DType::F32, Tokens::Dense { seqs: 9, steps: 4 }, Some(4)),
         (DType::BF16, Tokens::Varlen { lens: vec![3, 0, 4, 1, 2, 4, 0, 1, 3] }, Some(4)),
+        (DType::I16, Tokens::Varlen { lens: vec![3, 0, 4, 1, 2, 4, 0, 1, 3] }, Some(4)),
+        (DType::I16, Tokens::Dense { seqs: 9, steps: 3 }, None),
     ]
     .into_iter()
     .enumerate()
@@ -92,7 +129,7 @@ fn mamba2_shapes_match_the_reference() {
         run_reference(&mut want);
         run_staged::<DeviceSsuArgs>(&be, got.args()).unwrap();
         compare("out", &got.out, &want.out).unwrap_or_else(|e| panic!("{s:?}: {e}"));
-        compare("state", &got.state.memory, &want.state.memory).unwrap_or_else(|e| panic!("{s:?}: {e}"));
+        compare_state(&got, &want).unwrap_or_else(|e| panic!("{s:?}: {e}"));
     }
 }
 
@@ -143,7 +180,7 @@ fn garbage_indices_never_escape_their_tensors() {
     let Some(be) = gpu("garbage_indices_never_escape_their_tensors") else { return };
     let mut rng = ChaCha8Rng::seed_from_u64(99);
     for round in 0..6 {
-        let mut s = Spec::mamba2(16, [DType::F32, DType::BF16][round % 2]);
+        let mut s = Spec::mamba2(16, [DType::F32, DType::BF16, DType::I16][round % 3]);
         s.index = DType::I64;
         s.heads = 4;
         s.groups = 1;
@@ -272,7 +309,7 @@ fn garbage_buffer_entries_never_escape_the_buffer() {
     let Some(be) = gpu("garbage_buffer_entries_never_escape_the_buffer") else { return };
     let mut rng = ChaCha8Rng::seed_from_u64(7);
     for round in 0..4 {
-        let mut s = Spec::mamba2(16, [DType::F32, DType::BF16][round % 2]);
+        let mut s = Spec::mamba2(16, [DType::F32, DType::BF16, DType::I16, DType::I16][round]);
         s.index = DType::I64;
         s.heads = 4;
         s.groups = 1;
@@ -310,6 +347,11 @@ fn garbage_buffer_entries_never_escape_the_buffer() {
         let mut shape = buf.shape.clone();
         shape[1] = 2;
         *buf = HostTensor::filled(buf.dtype, shape, f32::NAN);
+        if let Some(scales) = case.intermediate_state_scales.as_mut() {
+            let mut shape = scales.shape.clone();
+            shape[1] = 2;
+            *scales = HostTensor::filled(DType::F32, shape, f32::NAN);
+        }
         let lens = s.tokens.lens();
         let mut want = case.clone();
         // The reference runs the valid sequences only: the same case with the invalid ones'
@@ -331,8 +373,8 @@ fn garbage_buffer_entries_never_escape_the_buffer() {
         }
         run_reference(&mut want);
         assert!(case.state == initial.state, "round {round}: the pool was written");
-        let (got, exp) = (case.intermediate_states_buffer.unwrap(), want.intermediate_states_buffer.unwrap());
-        compare("intermediate_states_buffer", &got, &exp).unwrap_or_else(|e| panic!("round {round}: {e}"));
+        assert!(case.state_scale == initial.state_scale, "round {round}: the pool's scales were written");
+        compare_buffer(&case, &want).unwrap_or_else(|e| panic!("round {round}: {e}"));
         // Out: the valid sequences' rows as the reference's (skipped ones stay NaN on the device).
         let (go, wo) = (case.out.to_f64_vec(), want.out.to_f64_vec());
         let row = s.heads * s.dim;
@@ -350,18 +392,25 @@ fn garbage_buffer_entries_never_escape_the_buffer() {
     }
 }
 
-/// A decode step captured in a CUDA graph and replayed 100 times equals 100 eager calls.
+/// A decode step captured in a CUDA graph and replayed 100 times equals 100 eager calls (an
+/// i16 state's scales included).
 #[test]
 fn graph_replay_equals_eager_execution() {
     let Some(be) = gpu("graph_replay_equals_eager_execution") else { return };
-    let mut case = Case::build(Spec::mamba2(32, DType::F32), 4242);
-    common::assert_graph_replay_equals_eager::<DeviceSsuArgs>(
-        &be,
-        &case.args(),
-        100,
-        |a| be.prewarm_ssu(ssm_ssu::plan(a).unwrap().plan()).unwrap(),
-        |d| vec![d.state_buffer().download().unwrap(), d.out_buffer().download().unwrap()],
-    );
+    for state in [DType::F32, DType::I16] {
+        let mut case = Case::build(Spec::mamba2(32, state), 4242);
+        common::assert_graph_replay_equals_eager::<DeviceSsuArgs>(
+            &be,
+            &case.args(),
+            100,
+            |a| be.prewarm_ssu(ssm_ssu::plan(a).unwrap().plan()).unwrap(),
+            |d| {
+                let mut written = vec![d.state_buffer().download().unwrap(), d.out_buffer().download().unwrap()];
+                written.extend(d.scale_buffer().map(|b| b.download().unwrap()));
+                written
+            },
+        );
+    }
 }
 
 /// With `out` given, a call allocates no device memory (free memory is unchanged over many

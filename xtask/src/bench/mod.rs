@@ -106,6 +106,7 @@ impl Args {
             if want("ssu") {
                 let args = crate::bench_cuda::CudaSsuBenchArgs {
                     batches: batches.clone(),
+                    int16: true,
                     common: crate::bench_cuda::CudaBenchCommon::new(self.peer_vllm.clone(), self.json.clone()),
                 };
                 crate::bench_cuda::run(&args)?;
