@@ -671,6 +671,11 @@ extern "C" __global__ void SSU_BOUNDS ssu_kernel(const SsuParams p) {
             float row[VPT][VEC];
 #pragma unroll
             for (int v = 0; v < VPT; ++v) unpack_vec<STATE_T>(raw[r][v], row[v]);
+#if QUANT && TIED
+            // q·(dA·decode): the row's decode scale folded into the head's decay (one FMA per
+            // element, as for a float state; within an ulp of (q·decode)·dA).
+            const float acc = update_row(p, row, cur, __fmul_rn(dA, dec_in[r]), r, prow[r], h, lane);
+#else
 #if QUANT
 #pragma unroll
             for (int v = 0; v < VPT; ++v)
@@ -678,6 +683,7 @@ extern "C" __global__ void SSU_BOUNDS ssu_kernel(const SsuParams p) {
                 for (int e = 0; e < VEC; ++e) row[v][e] = __fmul_rn(row[v][e], dec_in[r]);
 #endif
             const float acc = update_row(p, row, cur, dA, r, prow[r], h, lane);
+#endif
 #if QUANT
             // Quantized once, as the final store stores it; stored with the other rows below.
             {

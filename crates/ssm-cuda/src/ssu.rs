@@ -167,7 +167,17 @@ impl SsuGeometry {
             vec = v as usize;
         }
         let nvec = dstate.div_ceil(vec).max(1);
-        let tpr = nvec.next_power_of_two().min(32);
+        // An i16 state's row maximum and encode scale cost a cross-lane reduction and two
+        // divisions per row: at most eight lanes per row spread them over more elements.
+        let quant = state == DType::I16;
+        let mut tpr = nvec.next_power_of_two().min(if quant { 8 } else { 32 });
+        if let Some(t) = TUNE.get("tpr")
+            && t >= 1
+            && (t as usize).is_power_of_two()
+            && (t as usize) <= 32
+        {
+            tpr = t as usize;
+        }
         let vpt = nvec.div_ceil(tpr);
         // About four 16-byte loads in flight per lane; fewer rows per lane for the per-channel
         // form, whose per-element A tile costs registers.
@@ -181,7 +191,8 @@ impl SsuGeometry {
         // - multi-token routes of small calls: each lane's work is long already, so fewer than
         //   four rows per lane (two for the smallest calls) only cost more blocks.
         if walk == Walk::Decode && state.size() == 2 && vec * 2 == 16 && tied {
-            rpt = raw16_rows(rows_total, tpr, threads, dim, 2);
+            // The same raw vectors per lane whatever the lanes per row.
+            rpt = (raw16_rows(rows_total, tpr * vpt, threads, dim, 2) / vpt).max(1);
         } else if multi_token && tied && vpt == 1 {
             let want = if rows_total * tpr / 4 >= WAVE_THREADS / 2 { 4 } else { 2 };
             rpt = rpt.max(fit_rows(want, tpr, threads, dim));
@@ -196,7 +207,6 @@ impl SsuGeometry {
                 rpt = 8;
             }
             // An i16 state's quantized stores need more registers: six blocks (no spills).
-            let quant = state == DType::I16;
             min_blocks = if state.size() == 4 || quant || rows_total * tpr / rpt < WAVE_THREADS { 6 } else { 8 };
         }
         let g = SsuGeometry {
@@ -209,9 +219,9 @@ impl SsuGeometry {
     }
 }
 
-/// `SSM_CUDA_SSU_TUNE="rpt=2,threads=256,minb=6,cs=1,rowstore=1,vec=4"` overrides the chosen
+/// `SSM_CUDA_SSU_TUNE="rpt=2,threads=256,minb=6,cs=1,rowstore=1,vec=4,tpr=8"` overrides the chosen
 /// geometry's rows per lane, threads per block, minimum blocks per SM, streaming cache hints,
-/// row-wise final stores and (narrower) state vector width (for tuning sweeps on a GPU; unset in
+/// row-wise final stores, (narrower) state vector width and lanes per row (for tuning sweeps on a GPU; unset in
 /// normal use).
 /// Values that would break the tiling (threads not a multiple of 32 or below `tpr`) are ignored.
 static TUNE: TuneVar = TuneVar::new("SSM_CUDA_SSU_TUNE");

@@ -109,6 +109,7 @@ fn dtype_of(name: &'static str, typestr: &str) -> PyResult<DType> {
     Ok(match typestr {
         "<f4" => DType::F32,
         "<f2" => DType::F16,
+        "<i2" => DType::I16,
         "<i4" => DType::I32,
         "<i8" => DType::I64,
         "|b1" => DType::Bool,
@@ -117,13 +118,12 @@ fn dtype_of(name: &'static str, typestr: &str) -> PyResult<DType> {
                 "<f8" => " (float64)",
                 "|u1" => " (uint8)",
                 "|i1" => " (int8)",
-                "<i2" => " (int16)",
                 "<u4" => " (uint32)",
                 "<V2" | "|V2" => " (a 2-byte void type, e.g. ml_dtypes' bfloat16)",
                 _ => "",
             };
             return Err(PyTypeError::new_err(format!(
-                "`{name}`: dtype {other}{known} is not supported (float32, float16, int32, int64, bool)"
+                "`{name}`: dtype {other}{known} is not supported (float32, float16, int16, int32, int64, bool)"
             )));
         }
     })
@@ -252,12 +252,13 @@ fn dlpack<'py>(name: &'static str, obj: &Bound<'py, PyAny>, keep: &mut Vec<Bound
         (2, 32, 1) => DType::F32,
         (2, 16, 1) => DType::F16,
         (4, 16, 1) => DType::BF16,
+        (0, 16, 1) => DType::I16,
         (0, 32, 1) => DType::I32,
         (0, 64, 1) => DType::I64,
         (6, 8, 1) => DType::Bool,
         (code, bits, lanes) => {
             return Err(PyTypeError::new_err(format!(
-                "`{name}`: DLPack dtype (code {code}, {bits} bits, {lanes} lanes) is not supported (float32, float16, bfloat16, int32, int64, bool)"
+                "`{name}`: DLPack dtype (code {code}, {bits} bits, {lanes} lanes) is not supported (float32, float16, bfloat16, int16, int32, int64, bool)"
             )));
         }
     };
@@ -435,13 +436,14 @@ fn op_err(e: ssm_dispatch::Error) -> PyErr {
     SsmError::new_err(e.to_string())
 }
 
-/// `selective_state_update` (vLLM's signature, plus FlashInfer's verification arguments; see
-/// the Python wrapper): `state`, `out` and `intermediate_states_buffer` written in place.
+/// `selective_state_update` (vLLM's signature, plus FlashInfer's verification arguments and
+/// block-scaled int16 state; see the Python wrapper): `state`, `out`, `state_scale`,
+/// `intermediate_states_buffer` and `intermediate_state_scales` written in place.
 #[pyfunction]
 #[pyo3(signature = (state, x, dt, a, b, c, out, d=None, dt_bias=None, z=None, dt_softplus=false,
     state_batch_indices=None, dst_state_batch_indices=None, pad_slot_id=None, num_accepted_tokens=None,
     cu_seqlens=None, disable_state_update=false, intermediate_states_buffer=None,
-    intermediate_state_indices=None, stream=None))]
+    intermediate_state_indices=None, state_scale=None, intermediate_state_scales=None, stream=None))]
 #[allow(clippy::too_many_arguments)]
 fn selective_state_update(
     state: &Bound<'_, PyAny>,
@@ -463,11 +465,15 @@ fn selective_state_update(
     disable_state_update: bool,
     intermediate_states_buffer: Option<&Bound<'_, PyAny>>,
     intermediate_state_indices: Option<&Bound<'_, PyAny>>,
+    state_scale: Option<&Bound<'_, PyAny>>,
+    intermediate_state_scales: Option<&Bound<'_, PyAny>>,
     stream: Option<usize>,
 ) -> PyResult<()> {
     let mut t = Arrays::default();
     let (state, out) = (t.add_written("state", state)?, t.add_written("out", out)?);
     let ist = t.opt_written("intermediate_states_buffer", intermediate_states_buffer)?;
+    let scale = t.opt_written("state_scale", state_scale)?;
+    let ist_scales = t.opt_written("intermediate_state_scales", intermediate_state_scales)?;
     let isi = t.opt("intermediate_state_indices", intermediate_state_indices)?;
     let (x, dt, a, b, c) = (t.add("x", x)?, t.add("dt", dt)?, t.add("A", a)?, t.add("B", b)?, t.add("C", c)?);
     let (d, dt_bias, z) = (t.opt("D", d)?, t.opt("dt_bias", dt_bias)?, t.opt("z", z)?);
@@ -501,8 +507,8 @@ fn selective_state_update(
             intermediate_states_buffer: t.w_opt(ist)?,
             intermediate_state_indices: t.r_opt(isi)?,
             rand_seed: None,
-            state_scale: None,
-            intermediate_state_scales: None,
+            state_scale: t.w_opt(scale)?,
+            intermediate_state_scales: t.w_opt(ist_scales)?,
         }
     };
     rt.selective_state_update(args).map_err(op_err)

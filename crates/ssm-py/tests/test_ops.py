@@ -97,6 +97,39 @@ def test_selective_state_update_verifies_without_commit():
         assert np.isnan(buf[entries[b], 1]).all()
 
 
+def test_selective_state_update_int16_state():
+    """FlashInfer's block-scaled int16 state: rows read as ``q * scale``, the new rows quantized
+    with ``32767 / max|row|`` and their decode scales rewritten; close to the f32-state call."""
+    rng = np.random.default_rng(9)
+    batch, nheads, dim, dstate, slots = 3, 2, 8, 16, 5
+    f32_state = rng.standard_normal((slots, nheads, dim, dstate)).astype(np.float32)
+    amax = np.abs(f32_state).max(axis=-1)
+    scale = (amax / 32767).astype(np.float32)
+    q = np.clip(np.rint(f32_state / scale[..., None]), -32767, 32767).astype(np.int16)
+    x = rng.standard_normal((batch, nheads, dim)).astype(np.float32)
+    dt = np.broadcast_to(rng.uniform(-2, 1, (batch, nheads, 1)).astype(np.float32), (batch, nheads, dim))
+    A = np.broadcast_to(-rng.uniform(0.1, 2, (nheads, 1, 1)).astype(np.float32), (nheads, dim, dstate))
+    B, C = (rng.standard_normal((batch, 1, dstate)).astype(np.float32) for _ in range(2))
+    table = np.array([4, 1, 2], dtype=np.int32)
+    dequant = (q * scale[..., None]).astype(np.float32)
+    want_state = dequant.copy()
+    want_out = sk.selective_state_update(want_state, x, dt, A, B, C, dt_softplus=True, state_batch_indices=table)
+    state, sc = q.copy(), scale.copy()
+    out = sk.selective_state_update(state, x, dt, A, B, C, dt_softplus=True, state_batch_indices=table,
+                                    state_scale=sc)
+    np.testing.assert_allclose(out, want_out, rtol=1e-5, atol=1e-5)
+    for s in table:
+        row_amax = np.abs(want_state[s]).max(axis=-1)
+        np.testing.assert_allclose(sc[s], row_amax / 32767, rtol=1e-5)
+        assert np.abs(state[s]).max(axis=-1).min() == 32767
+        np.testing.assert_allclose(state[s] * sc[s][..., None], want_state[s], atol=float(sc[s].max()))
+    for s in (0, 3):
+        np.testing.assert_array_equal(state[s], q[s])
+        np.testing.assert_array_equal(sc[s], scale[s])
+    with pytest.raises(sk.SsmError, match="state_scale"):
+        sk.selective_state_update(q.copy(), x, dt, A, B, C, state_batch_indices=table)
+
+
 def test_causal_conv1d_update_in_vllm_layouts():
     rng = np.random.default_rng(1)
     batch, dim, width, seqlen, slots = 3, 16, 4, 2, 5

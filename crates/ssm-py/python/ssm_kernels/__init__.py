@@ -84,6 +84,8 @@ def selective_state_update(
     disable_state_update=False,
     intermediate_states_buffer=None,
     intermediate_state_indices=None,
+    state_scale=None,
+    intermediate_state_scales=None,
 ):
     """vLLM's ``selective_state_update`` (``mamba_ssm.py``): one decode step, ``state`` updated
     in place through the slot tables, the output written to ``out`` (allocated like ``x`` when
@@ -94,14 +96,20 @@ def selective_state_update(
     FlashInfer's verification arguments: ``disable_state_update`` leaves ``state`` unwritten;
     ``intermediate_states_buffer`` ``[entries, steps, nheads, dim, dstate]`` (the state's dtype)
     receives every token's state at (``intermediate_state_indices[b]`` or the sequence's source
-    slot, token), and ``state`` is not written."""
+    slot, token), and ``state`` is not written.
+
+    FlashInfer's block-scaled int16 state: an ``int16`` ``state`` with ``state_scale``
+    ``[slots, nheads, dim]`` (float32, one decode scale per row) is read as ``state * scale``;
+    every stored row is quantized (``32767 / max|row|``, rounded to nearest, clipped to ±32767)
+    and its decode scale rewritten. An int16 ``intermediate_states_buffer`` takes
+    ``intermediate_state_scales`` ``[entries, steps, nheads, dim]`` likewise."""
     if out is None:
         out = _empty_like(x)
     _core.selective_state_update(
         state, x, dt, A, B, C, out, D, dt_bias, z, bool(dt_softplus),
         state_batch_indices, dst_state_batch_indices, null_block_id, num_accepted_tokens, cu_seqlens,
         bool(disable_state_update), intermediate_states_buffer, intermediate_state_indices,
-        stream=_stream(state),
+        state_scale, intermediate_state_scales, stream=_stream(state),
     )
     return out
 
