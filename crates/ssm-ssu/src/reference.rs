@@ -17,7 +17,7 @@
 //! defined result. Host tensors only; slow on purpose.
 
 use ssm_tensor::ArgError;
-use ssm_tensor::{DType, Device, TensorError};
+use ssm_tensor::{DType, Device, TensorError, TensorMut};
 
 use crate::philox::{round_f16_stochastic, sr_bits};
 use crate::plan::{ParamForm, Route, host_seq_bounds};
@@ -107,6 +107,16 @@ fn host<'b>(arg: &'static str, b: Option<&'b [u8]>, device: Device) -> Result<&'
     b.ok_or(SsuError::from(ArgError::Tensor { arg, source: TensorError::NotHost(device) }))
 }
 
+/// The host bytes of a written tensor `arg`, when given.
+fn host_mut<'b>(
+    arg: &'static str,
+    t: Option<&'b mut TensorMut<'_>>,
+    device: Device,
+) -> Result<Option<&'b mut [u8]>, SsuError> {
+    t.map(|t| t.host_bytes_mut().ok_or(SsuError::from(ArgError::Tensor { arg, source: TensorError::NotHost(device) })))
+        .transpose()
+}
+
 fn run<F: Acc>(plan: &SsuPlan, mut args: SelectiveStateUpdateArgs<'_>) -> Result<(), SsuError> {
     let dev = plan.device;
     let x = host("x", args.x.host_bytes(), dev)?;
@@ -127,40 +137,16 @@ fn run<F: Acc>(plan: &SsuPlan, mut args: SelectiveStateUpdateArgs<'_>) -> Result
         args.num_accepted_tokens.as_ref().map(|t| host("num_accepted_tokens", t.host_bytes(), dev)).transpose()?;
     let cu = args.cu_seqlens;
     let ty = plan.dtypes;
-    let out = args
-        .out
-        .host_bytes_mut()
-        .ok_or(SsuError::from(ArgError::Tensor { arg: "out", source: TensorError::NotHost(dev) }))?;
-    let state = args
-        .state
-        .host_bytes_mut()
-        .ok_or(SsuError::from(ArgError::Tensor { arg: "state", source: TensorError::NotHost(dev) }))?;
+    let out = host_mut("out", Some(&mut args.out), dev)?.expect("given");
+    let state = host_mut("state", Some(&mut args.state), dev)?.expect("given");
     let entry_ints = args
         .intermediate_state_indices
         .as_ref()
         .map(|t| host("intermediate_state_indices", t.host_bytes(), dev))
         .transpose()?;
-    let mut buffer = match args.intermediate_states_buffer.as_mut() {
-        Some(t) => Some(t.host_bytes_mut().ok_or(SsuError::from(ArgError::Tensor {
-            arg: "intermediate_states_buffer",
-            source: TensorError::NotHost(dev),
-        }))?),
-        None => None,
-    };
-    let mut scales = match args.state_scale.as_mut() {
-        Some(t) => Some(
-            t.host_bytes_mut()
-                .ok_or(SsuError::from(ArgError::Tensor { arg: "state_scale", source: TensorError::NotHost(dev) }))?,
-        ),
-        None => None,
-    };
-    let mut buffer_scales = match args.intermediate_state_scales.as_mut() {
-        Some(t) => Some(t.host_bytes_mut().ok_or(SsuError::from(ArgError::Tensor {
-            arg: "intermediate_state_scales",
-            source: TensorError::NotHost(dev),
-        }))?),
-        None => None,
-    };
+    let mut buffer = host_mut("intermediate_states_buffer", args.intermediate_states_buffer.as_mut(), dev)?;
+    let mut scales = host_mut("state_scale", args.state_scale.as_mut(), dev)?;
+    let mut buffer_scales = host_mut("intermediate_state_scales", args.intermediate_state_scales.as_mut(), dev)?;
     let writes_state = plan.writes_state();
     if let Some(t) = &args.rand_seed {
         host("rand_seed", t.host_bytes(), dev)?;
