@@ -214,3 +214,89 @@ fn rand_seed_tensor_is_the_key() {
         assert!(other.state != want.state, "{name}: the decoy key rounds alike; the test proves nothing");
     }
 }
+
+/// FlashInfer's block-scaled int16 state over a long decode: 512 steps of a Mamba2 head on the CPU
+/// backend, once with an i16 state (quantized at every step) and once with an f32 state, both
+/// from the same (quantized) start and the same random inputs. The outputs stay within 1e-4 of the
+/// largest f32 output and the final states within 1e-4 of the largest f32 state (measured: 1.1e-5
+/// and 1.5e-5, printed): the per-step rounding (half a step of 1/32767 of each row's maximum)
+/// decays with the state instead of accumulating.
+#[test]
+fn int16_state_tracks_f32_over_a_long_decode() {
+    use rand::Rng;
+    use ssm_tensor::HostTensor;
+    let cpu = CpuBackend::new(Par::Seq).unwrap();
+    let (batch, heads, dim, dstate, steps) = (4usize, 2usize, 16usize, 32usize, 512usize);
+    let rows = batch * heads * dim;
+    let rng = &mut ChaCha8Rng::seed_from_u64(0x1616);
+    let mut normal = |n: usize, scale: f32| -> Vec<f32> {
+        (0..n).map(|_| (rng.random::<f32>() + rng.random::<f32>() + rng.random::<f32>() - 1.5) * 2.0 * scale).collect()
+    };
+    // The start: random rows quantized, the f32 twin holding exactly their values.
+    let start = normal(rows * dstate, 0.5);
+    let (mut q, mut scale) = (vec![0i16; rows * dstate], vec![0f32; rows]);
+    for r in 0..rows {
+        scale[r] = ssm_ssu::quant::quantize_row_i16(
+            &start[r * dstate..(r + 1) * dstate],
+            &mut q[r * dstate..(r + 1) * dstate],
+        );
+    }
+    let shape = vec![batch, heads, dim, dstate];
+    let ints: Vec<i64> = q.iter().map(|&v| i64::from(v)).collect();
+    let mut i16_state = HostTensor::from_i64(DType::I16, shape.clone(), &ints);
+    let mut i16_scale = HostTensor::from_f32(DType::F32, vec![batch, heads, dim], &scale);
+    let dequant: Vec<f32> = (0..rows * dstate).map(|i| f32::from(q[i]) * scale[i / dstate]).collect();
+    let mut f32_state = HostTensor::from_f32(DType::F32, shape, &dequant);
+    let a = HostTensor::from_f32(DType::F32, vec![heads, 1, 1], &[-0.8, -2.5]);
+    let (mut out_err, mut out_max) = (0f64, 0f64);
+    for _ in 0..steps {
+        let x = HostTensor::from_f32(DType::F32, vec![batch, heads, dim], &normal(rows, 1.0));
+        let dt = HostTensor::from_f32(DType::F32, vec![batch, heads, 1], &normal(batch * heads, 1.0));
+        let b = HostTensor::from_f32(DType::F32, vec![batch, 1, dstate], &normal(batch * dstate, 1.0));
+        let c = HostTensor::from_f32(DType::F32, vec![batch, 1, dstate], &normal(batch * dstate, 1.0));
+        let mut outs = Vec::new();
+        for quantized in [false, true] {
+            let mut out = HostTensor::filled(DType::F32, vec![batch, heads, dim], f32::NAN);
+            let args = ssm_ssu::SelectiveStateUpdateArgs {
+                state: if quantized { i16_state.view_mut() } else { f32_state.view_mut() },
+                x: x.view(),
+                dt: dt.view().expand(&[batch, heads, dim]).unwrap(),
+                a: a.view().expand(&[heads, dim, dstate]).unwrap(),
+                b: b.view(),
+                c: c.view(),
+                d: None,
+                dt_bias: None,
+                z: None,
+                dt_softplus: true,
+                state_batch_indices: None,
+                dst_state_batch_indices: None,
+                pad_slot_id: None,
+                out: out.view_mut(),
+                num_accepted_tokens: None,
+                cu_seqlens: None,
+                stochastic_rounding: None,
+                disable_state_update: false,
+                intermediate_states_buffer: None,
+                intermediate_state_indices: None,
+                rand_seed: None,
+                state_scale: quantized.then(|| i16_scale.view_mut()),
+                intermediate_state_scales: None,
+            };
+            cpu.run(ssm_ssu::plan(args).unwrap()).unwrap();
+            outs.push(out.to_f64_vec());
+        }
+        for (w, g) in outs[0].iter().zip(&outs[1]) {
+            out_err = out_err.max((w - g).abs());
+            out_max = out_max.max(w.abs());
+        }
+    }
+    let (sf, qs, sc) = (f32_state.to_f64_vec(), i16_state.to_f64_vec(), i16_scale.to_f64_vec());
+    let state_max = sf.iter().fold(0f64, |m, v| m.max(v.abs()));
+    let state_err = (0..sf.len()).map(|i| (qs[i] * sc[i / dstate] - sf[i]).abs()).fold(0f64, f64::max);
+    eprintln!(
+        "int16 vs f32 state over {steps} steps: out max |err| {out_err:.3e} (max |out| {out_max:.3}), \
+         final state max |err| {state_err:.3e} (max |state| {state_max:.3})"
+    );
+    assert!(out_err <= 1e-4 * out_max, "out drifted: {out_err:e} of {out_max}");
+    assert!(state_err <= 1e-4 * state_max, "state drifted: {state_err:e} of {state_max}");
+}
