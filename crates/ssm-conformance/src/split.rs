@@ -175,29 +175,21 @@ pub fn ssu_decode<T: Target + Sync>(whole: &T, halves: [&T; 2], seed: u64) -> Sp
         let b = v[1].shape[0];
         let [state, out, x, dt, a, bb, c, d, bias, z, sbi] = v else { unreachable!("11 parts") };
         t.selective_state_update(SelectiveStateUpdateArgs {
-            state: state.view_mut(),
-            x: x.view(),
-            dt: dt.view().with_layout(&[b, h, p], &[h as isize, 1, 0], 0).expect("dt broadcast"),
-            a: tied(a, &[p, n]),
-            b: bb.view(),
-            c: c.view(),
             d: Some(tied(d, &[p])),
             dt_bias: Some(tied(bias, &[p])),
             z: Some(z.view()),
             dt_softplus: true,
             state_batch_indices: Some(sbi.view()),
-            dst_state_batch_indices: None,
             pad_slot_id: Some(-1),
-            out: out.view_mut(),
-            num_accepted_tokens: None,
-            cu_seqlens: None,
-            stochastic_rounding: None,
-            disable_state_update: false,
-            intermediate_states_buffer: None,
-            intermediate_state_indices: None,
-            rand_seed: None,
-            state_scale: None,
-            intermediate_state_scales: None,
+            ..SelectiveStateUpdateArgs::new(
+                state.view_mut(),
+                x.view(),
+                dt.view().with_layout(&[b, h, p], &[h as isize, 1, 0], 0).expect("dt broadcast"),
+                tied(a, &[p, n]),
+                bb.view(),
+                c.view(),
+                out.view_mut(),
+            )
         })
     })
 }

@@ -19,12 +19,6 @@ pub(crate) fn run(target: &dyn Target, case: &Case) -> Produced {
         return Err((true, "stochastic rounding draws its seed inside the peer; no vector can pin it".into()));
     }
     let args = SelectiveStateUpdateArgs {
-        state: state.view_mut(),
-        x: req("x")?,
-        dt: req("dt")?,
-        a: req("A")?,
-        b: req("B")?,
-        c: req("C")?,
         d: view("D"),
         dt_bias: view("dt_bias"),
         z: view("z"),
@@ -32,16 +26,17 @@ pub(crate) fn run(target: &dyn Target, case: &Case) -> Produced {
         state_batch_indices: view("state_batch_indices"),
         dst_state_batch_indices: view("dst_state_batch_indices"),
         pad_slot_id: pad,
-        out: out.view_mut(),
         num_accepted_tokens: view("num_accepted_tokens"),
         cu_seqlens: view("cu_seqlens"),
-        stochastic_rounding: None,
-        disable_state_update: false,
-        intermediate_states_buffer: None,
-        intermediate_state_indices: None,
-        rand_seed: None,
-        state_scale: None,
-        intermediate_state_scales: None,
+        ..SelectiveStateUpdateArgs::new(
+            state.view_mut(),
+            req("x")?,
+            req("dt")?,
+            req("A")?,
+            req("B")?,
+            req("C")?,
+            out.view_mut(),
+        )
     };
     target.selective_state_update(args).map_err(crate::TargetError::into_produced)?;
     Ok(vec![("out".into(), out), ("state".into(), state)])

@@ -71,29 +71,20 @@ fn decode_steps_do_not_allocate() {
         ALL_THREADS.store(par != Par::Seq, Ordering::SeqCst);
         let mut step = |_count: bool| -> usize {
             let args = SelectiveStateUpdateArgs {
-                state: state.view_mut(),
-                x: x.view(),
-                dt: dt.view().expand(&[batch, heads, dim]).unwrap(),
-                a: a.view().expand(&[heads, dim, dstate]).unwrap(),
-                b: b.view(),
-                c: c.view(),
                 d: Some(d.view().expand(&[heads, dim]).unwrap()),
                 dt_bias: Some(d.view().expand(&[heads, dim]).unwrap()),
-                z: None,
                 dt_softplus: true,
                 state_batch_indices: Some(sbi.view()),
-                dst_state_batch_indices: None,
                 pad_slot_id: Some(0),
-                out: out.view_mut(),
-                num_accepted_tokens: None,
-                cu_seqlens: None,
-                stochastic_rounding: None,
-                disable_state_update: false,
-                intermediate_states_buffer: None,
-                intermediate_state_indices: None,
-                rand_seed: None,
-                state_scale: None,
-                intermediate_state_scales: None,
+                ..SelectiveStateUpdateArgs::new(
+                    state.view_mut(),
+                    x.view(),
+                    dt.view().expand(&[batch, heads, dim]).unwrap(),
+                    a.view().expand(&[heads, dim, dstate]).unwrap(),
+                    b.view(),
+                    c.view(),
+                    out.view_mut(),
+                )
             };
             let before = ALLOCS.load(Ordering::SeqCst);
             cpu.run(ssm_tensor::Planned::new(args).unwrap()).unwrap();

@@ -258,29 +258,17 @@ fn int16_state_tracks_f32_over_a_long_decode() {
         for quantized in [false, true] {
             let mut out = HostTensor::filled(DType::F32, vec![batch, heads, dim], f32::NAN);
             let args = ssm_ssu::SelectiveStateUpdateArgs {
-                state: if quantized { i16_state.view_mut() } else { f32_state.view_mut() },
-                x: x.view(),
-                dt: dt.view().expand(&[batch, heads, dim]).unwrap(),
-                a: a.view().expand(&[heads, dim, dstate]).unwrap(),
-                b: b.view(),
-                c: c.view(),
-                d: None,
-                dt_bias: None,
-                z: None,
                 dt_softplus: true,
-                state_batch_indices: None,
-                dst_state_batch_indices: None,
-                pad_slot_id: None,
-                out: out.view_mut(),
-                num_accepted_tokens: None,
-                cu_seqlens: None,
-                stochastic_rounding: None,
-                disable_state_update: false,
-                intermediate_states_buffer: None,
-                intermediate_state_indices: None,
-                rand_seed: None,
                 state_scale: quantized.then(|| i16_scale.view_mut()),
-                intermediate_state_scales: None,
+                ..ssm_ssu::SelectiveStateUpdateArgs::new(
+                    if quantized { i16_state.view_mut() } else { f32_state.view_mut() },
+                    x.view(),
+                    dt.view().expand(&[batch, heads, dim]).unwrap(),
+                    a.view().expand(&[heads, dim, dstate]).unwrap(),
+                    b.view(),
+                    c.view(),
+                    out.view_mut(),
+                )
             };
             cpu.run(ssm_ssu::plan(args).unwrap()).unwrap();
             outs.push(out.to_f64_vec());

@@ -383,29 +383,26 @@ impl Pool {
             None => (None, None),
         };
         Ok(SelectiveStateUpdateArgs {
-            state: self.state.view_mut(s.state, &[s.slots(), h, p, n], &[hi * pi * ni, pi * ni, ni, 1], 0)?,
-            x: self.x.view(s.io, &[rows, h, p], &[hi * pi, pi, 1], 0)?,
-            dt: self.dt.view(s.io, &[rows, h, p], &[hi, 1, 0], 0)?,
-            a: self.a.view(DType::F32, &[h, p, n], &[1, 0, 0], 0)?,
-            b: self.b.view(s.io, &[rows, g, n], &[g as isize * ni, ni, 1], 0)?,
-            c: self.c.view(s.io, &[rows, g, n], &[g as isize * ni, ni, 1], 0)?,
             d: Some(self.d.view(DType::F32, &[h, p], &[1, 0], 0)?),
             dt_bias: Some(self.dt_bias.view(DType::F32, &[h, p], &[1, 0], 0)?),
-            z: None,
             dt_softplus: true,
             state_batch_indices: Some(tables.ix),
-            dst_state_batch_indices: None,
             pad_slot_id: Some(-1),
-            out: self.out.view_mut(s.io, &[rows, h, p], &[hi * pi, pi, 1], 0)?,
             num_accepted_tokens: tables.nacc,
             cu_seqlens: tables.cu,
-            stochastic_rounding: None,
-            disable_state_update: false,
             intermediate_states_buffer: buffer,
             intermediate_state_indices: entries,
-            rand_seed: None,
             state_scale,
             intermediate_state_scales,
+            ..SelectiveStateUpdateArgs::new(
+                self.state.view_mut(s.state, &[s.slots(), h, p, n], &[hi * pi * ni, pi * ni, ni, 1], 0)?,
+                self.x.view(s.io, &[rows, h, p], &[hi * pi, pi, 1], 0)?,
+                self.dt.view(s.io, &[rows, h, p], &[hi, 1, 0], 0)?,
+                self.a.view(DType::F32, &[h, p, n], &[1, 0, 0], 0)?,
+                self.b.view(s.io, &[rows, g, n], &[g as isize * ni, ni, 1], 0)?,
+                self.c.view(s.io, &[rows, g, n], &[g as isize * ni, ni, 1], 0)?,
+                self.out.view_mut(s.io, &[rows, h, p], &[hi * pi, pi, 1], 0)?,
+            )
         })
     }
 }

@@ -279,12 +279,6 @@ impl StageArgs for DeviceSsuArgs {
     }
     fn args(&mut self) -> Result<SelectiveStateUpdateArgs<'_>, TensorError> {
         Ok(SelectiveStateUpdateArgs {
-            state: self.state.view_mut()?,
-            x: self.x.view()?,
-            dt: self.dt.view()?,
-            a: self.a.view()?,
-            b: self.b.view()?,
-            c: self.c.view()?,
             d: opt_view(&self.d)?,
             dt_bias: opt_view(&self.dt_bias)?,
             z: opt_view(&self.z)?,
@@ -292,7 +286,6 @@ impl StageArgs for DeviceSsuArgs {
             state_batch_indices: opt_view(&self.sbi)?,
             dst_state_batch_indices: opt_view(&self.dst)?,
             pad_slot_id: self.pad_slot_id,
-            out: self.out.view_mut()?,
             num_accepted_tokens: opt_view(&self.nacc)?,
             cu_seqlens: opt_view(&self.cu)?,
             stochastic_rounding: self.stochastic_rounding,
@@ -302,6 +295,15 @@ impl StageArgs for DeviceSsuArgs {
             rand_seed: opt_view(&self.seed)?,
             state_scale: opt_view_mut(&mut self.scale)?,
             intermediate_state_scales: opt_view_mut(&mut self.ist_scales)?,
+            ..SelectiveStateUpdateArgs::new(
+                self.state.view_mut()?,
+                self.x.view()?,
+                self.dt.view()?,
+                self.a.view()?,
+                self.b.view()?,
+                self.c.view()?,
+                self.out.view_mut()?,
+            )
         })
     }
     fn copy_back(&self, host: &mut SelectiveStateUpdateArgs<'_>) -> Result<(), MirrorError> {

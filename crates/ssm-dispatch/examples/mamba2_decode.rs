@@ -103,29 +103,22 @@ impl Layer {
         };
         let (h, p, n) = (HEADS as isize, DIM as isize, DSTATE as isize);
         rt.selective_state_update(SelectiveStateUpdateArgs {
-            state: TensorMut::from_slice(&mut self.ssm_state, &[SLOTS, HEADS, DIM, DSTATE])?,
-            x: view(&[rows, HEADS, DIM], &[row, p, 1], 0)?,
-            dt: TensorRef::from_slice(dt, &[rows, HEADS])?.with_layout(&[rows, HEADS, DIM], &[h, 1, 0], 0)?,
-            a: TensorRef::from_slice(&self.a, &[HEADS])?.with_layout(&[HEADS, DIM, DSTATE], &[1, 0, 0], 0)?,
-            b: view(&[rows, GROUPS, DSTATE], &[row, n, 1], HEADS * DIM)?,
-            c: view(&[rows, GROUPS, DSTATE], &[row, n, 1], HEADS * DIM + GROUPS * DSTATE)?,
             d: Some(TensorRef::from_slice(&self.d, &[HEADS])?.with_layout(&[HEADS, DIM], &[1, 0], 0)?),
             dt_bias: Some(TensorRef::from_slice(&self.dt_bias, &[HEADS])?.with_layout(&[HEADS, DIM], &[1, 0], 0)?),
-            z: None,
             dt_softplus: true,
             state_batch_indices: Some(TensorRef::from_slice(ssu_tables.slots, &ssu_tables.shape)?),
-            dst_state_batch_indices: None,
             pad_slot_id: Some(PAD as i64),
-            out: TensorMut::from_slice(out, &[rows, HEADS, DIM])?,
             num_accepted_tokens: ssu_tables.accepted.map(|a| TensorRef::from_slice(a, &[a.len()])).transpose()?,
             cu_seqlens: ssu_tables.cu_seqlens.map(|c| TensorRef::from_slice(c, &[c.len()])).transpose()?,
-            stochastic_rounding: None,
-            disable_state_update: false,
-            intermediate_states_buffer: None,
-            intermediate_state_indices: None,
-            rand_seed: None,
-            state_scale: None,
-            intermediate_state_scales: None,
+            ..SelectiveStateUpdateArgs::new(
+                TensorMut::from_slice(&mut self.ssm_state, &[SLOTS, HEADS, DIM, DSTATE])?,
+                view(&[rows, HEADS, DIM], &[row, p, 1], 0)?,
+                TensorRef::from_slice(dt, &[rows, HEADS])?.with_layout(&[rows, HEADS, DIM], &[h, 1, 0], 0)?,
+                TensorRef::from_slice(&self.a, &[HEADS])?.with_layout(&[HEADS, DIM, DSTATE], &[1, 0, 0], 0)?,
+                view(&[rows, GROUPS, DSTATE], &[row, n, 1], HEADS * DIM)?,
+                view(&[rows, GROUPS, DSTATE], &[row, n, 1], HEADS * DIM + GROUPS * DSTATE)?,
+                TensorMut::from_slice(out, &[rows, HEADS, DIM])?,
+            )
         })?;
         Ok(())
     }

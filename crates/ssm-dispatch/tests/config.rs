@@ -84,29 +84,7 @@ fn wrong_device_is_refused_before_anything_runs() {
     };
     let e = rt
         .selective_state_update(SelectiveStateUpdateArgs {
-            state: st.reborrow(),
-            x,
-            dt,
-            a,
-            b,
-            c: b,
-            d: None,
-            dt_bias: None,
-            z: None,
-            dt_softplus: false,
-            state_batch_indices: None,
-            dst_state_batch_indices: None,
-            pad_slot_id: None,
-            out,
-            num_accepted_tokens: None,
-            cu_seqlens: None,
-            stochastic_rounding: None,
-            disable_state_update: false,
-            intermediate_states_buffer: None,
-            intermediate_state_indices: None,
-            rand_seed: None,
-            state_scale: None,
-            intermediate_state_scales: None,
+            ..SelectiveStateUpdateArgs::new(st.reborrow(), x, dt, a, b, b, out)
         })
         .unwrap_err();
     insta::assert_snapshot!("wrong_device", e.to_string());

@@ -316,29 +316,22 @@ fn run_parts(rt: &Runtime, b: &Batch, dec: &Decodes, pre: &Prefills) -> (HostTen
     );
     let dt_d = expand_dt(0, td);
     rt.selective_state_update(SelectiveStateUpdateArgs {
-        state: ssm.view_mut(),
-        x: xs.view(),
-        dt: dt_d.view(),
-        a: a_full.view(),
-        b: bs.view(),
-        c: cs.view(),
         d: Some(d_full.view()),
         dt_bias: Some(dtb_full.view()),
-        z: None,
         dt_softplus: true,
         state_batch_indices: Some(dec.table.view()),
-        dst_state_batch_indices: None,
         pad_slot_id: Some(0),
-        out: o_d.view_mut(),
         num_accepted_tokens: accepted.as_ref().map(HostTensor::view),
         cu_seqlens: qsl_d.as_ref().map(HostTensor::view),
-        stochastic_rounding: None,
-        disable_state_update: false,
-        intermediate_states_buffer: None,
-        intermediate_state_indices: None,
-        rand_seed: None,
-        state_scale: None,
-        intermediate_state_scales: None,
+        ..SelectiveStateUpdateArgs::new(
+            ssm.view_mut(),
+            xs.view(),
+            dt_d.view(),
+            a_full.view(),
+            bs.view(),
+            cs.view(),
+            o_d.view_mut(),
+        )
     })
     .unwrap();
     // The core keeps the caller's rows of pad decodes (column-0 slot = the pad).

@@ -120,3 +120,45 @@ pub struct SelectiveStateUpdateArgs<'a> {
     /// i16 `intermediate_states_buffer`. Required with one, refused otherwise.
     pub intermediate_state_scales: Option<TensorMut<'a>>,
 }
+
+impl<'a> SelectiveStateUpdateArgs<'a> {
+    /// A call with the required tensors only: no `D`, `dt_bias`, `z` or tables, no pads, no
+    /// softplus, not speculative or varlen, no stochastic rounding, no verification arguments
+    /// and a float state. Callers set what they need with struct update syntax:
+    /// `SelectiveStateUpdateArgs { dt_softplus: true, ..SelectiveStateUpdateArgs::new(…) }`.
+    pub fn new(
+        state: TensorMut<'a>,
+        x: TensorRef<'a>,
+        dt: TensorRef<'a>,
+        a: TensorRef<'a>,
+        b: TensorRef<'a>,
+        c: TensorRef<'a>,
+        out: TensorMut<'a>,
+    ) -> Self {
+        SelectiveStateUpdateArgs {
+            state,
+            x,
+            dt,
+            a,
+            b,
+            c,
+            d: None,
+            dt_bias: None,
+            z: None,
+            dt_softplus: false,
+            state_batch_indices: None,
+            dst_state_batch_indices: None,
+            pad_slot_id: None,
+            out,
+            num_accepted_tokens: None,
+            cu_seqlens: None,
+            stochastic_rounding: None,
+            disable_state_update: false,
+            intermediate_states_buffer: None,
+            intermediate_state_indices: None,
+            rand_seed: None,
+            state_scale: None,
+            intermediate_state_scales: None,
+        }
+    }
+}

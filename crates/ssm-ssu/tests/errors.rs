@@ -47,29 +47,20 @@ fn base() -> Base {
 impl Base {
     fn args(&mut self) -> SelectiveStateUpdateArgs<'_> {
         SelectiveStateUpdateArgs {
-            state: self.state.view_mut(),
-            x: self.x.view(),
-            dt: self.dt.view().expand(&[3, 4, 8]).unwrap(),
-            a: self.a.view().expand(&[4, 8, 16]).unwrap(),
-            b: self.b.view(),
-            c: self.c.view(),
             d: Some(self.d.view().expand(&[4, 8]).unwrap()),
             dt_bias: Some(self.dt_bias.view().expand(&[4, 8]).unwrap()),
-            z: None,
             dt_softplus: true,
             state_batch_indices: Some(self.sbi.view()),
-            dst_state_batch_indices: None,
             pad_slot_id: Some(0),
-            out: self.out.view_mut(),
-            num_accepted_tokens: None,
-            cu_seqlens: None,
-            stochastic_rounding: None,
-            disable_state_update: false,
-            intermediate_states_buffer: None,
-            intermediate_state_indices: None,
-            rand_seed: None,
-            state_scale: None,
-            intermediate_state_scales: None,
+            ..SelectiveStateUpdateArgs::new(
+                self.state.view_mut(),
+                self.x.view(),
+                self.dt.view().expand(&[3, 4, 8]).unwrap(),
+                self.a.view().expand(&[4, 8, 16]).unwrap(),
+                self.b.view(),
+                self.c.view(),
+                self.out.view_mut(),
+            )
         }
     }
 }

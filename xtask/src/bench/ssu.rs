@@ -185,29 +185,15 @@ impl BenchCase for SsuCase {
                 )
             };
             rt.selective_state_update(SelectiveStateUpdateArgs {
-                state: state.view_mut(),
-                x: x.view(),
-                dt: dtv,
-                a: av,
-                b: b.view(),
-                c: c.view(),
                 d: Some(dv),
                 dt_bias: Some(dbv),
                 z: z.as_ref().map(|z| z.view()),
                 dt_softplus: true,
                 state_batch_indices: Some(table.view()),
-                dst_state_batch_indices: None,
                 pad_slot_id: Some(-1),
-                out: out.view_mut(),
                 num_accepted_tokens: nacc.as_ref().map(|t| t.view()),
                 cu_seqlens: cu.as_ref().map(|t| t.view()),
-                stochastic_rounding: None,
-                disable_state_update: false,
-                intermediate_states_buffer: None,
-                intermediate_state_indices: None,
-                rand_seed: None,
-                state_scale: None,
-                intermediate_state_scales: None,
+                ..SelectiveStateUpdateArgs::new(state.view_mut(), x.view(), dtv, av, b.view(), c.view(), out.view_mut())
             })?;
             Ok(())
         }))

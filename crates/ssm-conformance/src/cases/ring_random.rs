@@ -492,29 +492,20 @@ where
         // The plain SSU: tied dt / A / dt_bias / D broadcast over the head dim and dstate.
         let mut out = HostTensor::filled(spec.io, vec![4, h, p], f32::NAN);
         let ssu = SelectiveStateUpdateArgs {
-            state: plain.view_mut(),
-            x: case.x.view(),
-            dt: tied(&case.dt, &[4, h, p], &[h as isize, 1, 0]),
-            a: tied(&case.a, &[h, p, n], &[1, 0, 0]),
-            b: case.b.view(),
-            c: case.c.view(),
             d: case.d.as_ref().map(|d| tied(d, &[h, p], &[1, 0])),
             dt_bias: case.dt_bias.as_ref().map(|b| tied(b, &[h, p], &[1, 0])),
-            z: None,
             dt_softplus: spec.softplus,
             state_batch_indices: case.sbi.as_ref().map(|t| t.view()),
-            dst_state_batch_indices: None,
             pad_slot_id: Some(0),
-            out: out.view_mut(),
-            num_accepted_tokens: None,
-            cu_seqlens: None,
-            stochastic_rounding: None,
-            disable_state_update: false,
-            intermediate_states_buffer: None,
-            intermediate_state_indices: None,
-            rand_seed: None,
-            state_scale: None,
-            intermediate_state_scales: None,
+            ..SelectiveStateUpdateArgs::new(
+                plain.view_mut(),
+                case.x.view(),
+                tied(&case.dt, &[4, h, p], &[h as isize, 1, 0]),
+                tied(&case.a, &[h, p, n], &[1, 0, 0]),
+                case.b.view(),
+                case.c.view(),
+                out.view_mut(),
+            )
         };
         backend.run(ssm_ssu::plan(ssu).map_err(|e| err("ssu plan", &e))?).map_err(|e| err("ssu", &e))?;
         let (got, want) = (case.out.to_f64_vec(), out.to_f64_vec());
