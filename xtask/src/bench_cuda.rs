@@ -92,6 +92,13 @@ pub(crate) struct CudaSsuBenchArgs {
     /// Also time FlashInfer's block-scaled i16 state (one and four tokens; `--int16 false`: not).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub(crate) int16: bool,
+    /// Also time the block-scaled i8 state (one and four tokens; `--int8 false`: not).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub(crate) int8: bool,
+    /// Tokens per sequence to time (1: decode; 4: the speculative, verification and ReplaySSM
+    /// rows, which need 4). `--tokens 1` times the decode rows alone (tuning sweeps).
+    #[arg(long, value_delimiter = ',', default_value = "1,4")]
+    pub(crate) tokens: Vec<usize>,
     #[command(flatten)]
     pub(crate) common: CudaBenchCommon,
 }
@@ -102,6 +109,7 @@ fn state_name(t: DType) -> &'static str {
         DType::BF16 => "bf16",
         DType::F16 => "f16",
         DType::I16 => "i16",
+        DType::I8 => "i8",
         _ => "?",
     }
 }
@@ -186,8 +194,8 @@ impl CudaBenchShape for SsuBenchShape {
                "dim": self.dim, "dstate": self.dstate, "groups": self.groups})
     }
     fn has_peer(&self) -> bool {
-        // vLLM has no block-scaled i16 state.
-        self.state != DType::I16
+        // vLLM has no block-scaled integer state.
+        ssm_ssu::quant::limit(self.state).is_none()
     }
     fn key(&self) -> (usize, usize, DType) {
         (self.batch, self.tokens, self.state)
@@ -406,7 +414,8 @@ impl<S: CudaBenchShape> Measured<S> {
 
 pub(crate) fn run(args: &CudaSsuBenchArgs) -> anyhow::Result<Value> {
     let mut shapes = Vec::new();
-    for tokens in [1usize, 4] {
+    let four = args.tokens.contains(&4);
+    for &tokens in &args.tokens {
         for state in args.common.states.iter().map(|s| s.dtype()) {
             for &b in &args.batches {
                 shapes.push(SsuBenchShape::mamba2_2p7b(b, state, tokens));
@@ -416,17 +425,20 @@ pub(crate) fn run(args: &CudaSsuBenchArgs) -> anyhow::Result<Value> {
     // FlashInfer's verification (every token's state to an intermediate buffer, the pool not
     // written) on the 4-token shapes; the peer column is vLLM's committing call (it has no such
     // mode), which moves the same bytes.
-    for state in args.common.states.iter().map(|s| s.dtype()) {
+    for state in args.common.states.iter().map(|s| s.dtype()).filter(|_| four) {
         for &b in &args.batches {
             shapes.push(SsuBenchShape { verify: true, ..SsuBenchShape::mamba2_2p7b(b, state, 4) });
         }
     }
-    // FlashInfer's block-scaled i16 state (no peer: vLLM has none); its column `vs f32` is the
-    // f32-state call's time over its own.
-    if args.int16 {
-        for tokens in [1usize, 4] {
+    // Block-scaled integer states (no peer: vLLM has none); their column `vs f32` is the
+    // f32-state call's time over their own.
+    for (on, state) in [(args.int16, DType::I16), (args.int8, DType::I8)] {
+        if !on {
+            continue;
+        }
+        for &tokens in &args.tokens {
             for &b in &args.batches {
-                shapes.push(SsuBenchShape::mamba2_2p7b(b, DType::I16, tokens));
+                shapes.push(SsuBenchShape::mamba2_2p7b(b, state, tokens));
             }
         }
     }
@@ -441,12 +453,12 @@ pub(crate) fn run(args: &CudaSsuBenchArgs) -> anyhow::Result<Value> {
         let vs = m.vs_peer(r, None);
         let speedup = vs.peer_us / r.us;
         let tokens = if s.verify { format!("{}v", s.tokens) } else { s.tokens.to_string() };
-        // An i16 row against the f32-state call of the same shape, same run.
+        // An integer-state row against the f32-state call of the same shape, same run.
         let f32_us = m
             .ours
             .iter()
             .find(|o| o.shape == SsuBenchShape { state: DType::F32, ..s })
-            .filter(|_| s.state == DType::I16)
+            .filter(|_| ssm_ssu::quant::limit(s.state).is_some())
             .map_or(f64::NAN, |o| o.us);
         let vs_f32 = if f32_us.is_nan() { String::new() } else { format!(" | vs f32 {:.2}", f32_us / r.us) };
         println!("{:<6} {:>5} {:>6} | {} | {speedup:>7.2}{vs_f32}", state_name(s.state), s.batch, tokens, vs.columns());
@@ -460,7 +472,9 @@ pub(crate) fn run(args: &CudaSsuBenchArgs) -> anyhow::Result<Value> {
         }
         rows.push(row);
     }
-    rows.extend(replayssm_rows(args, &m)?);
+    if four {
+        rows.extend(replayssm_rows(args, &m)?);
+    }
     m.write(&args.common, "ssu_cuda.json", rows)
 }
 

@@ -394,30 +394,16 @@ pub fn selective_state_update(
         [("state", t.state), ("out", t.out)],
         &reads,
         Box::new(move |[state, out], mut r| {
+            // The reader hands the tensors out in `reads`' order: the five required ones first.
+            let (x, dt, a, b, c) = (r.given(), r.given(), r.given(), r.given(), r.given());
             let args = SelectiveStateUpdateArgs {
-                state,
-                x: r.given(),
-                dt: r.given(),
-                a: r.given(),
-                b: r.given(),
-                c: r.given(),
                 d: r.opt(),
                 z: r.opt(),
                 dt_bias: r.opt(),
                 dt_softplus,
                 state_batch_indices: r.opt(),
-                dst_state_batch_indices: None,
                 pad_slot_id,
-                out,
-                num_accepted_tokens: None,
-                cu_seqlens: None,
-                stochastic_rounding: None,
-                disable_state_update: false,
-                intermediate_states_buffer: None,
-                intermediate_state_indices: None,
-                rand_seed: None,
-                state_scale: None,
-                intermediate_state_scales: None,
+                ..SelectiveStateUpdateArgs::new(state, x, dt, a, b, c, out)
             };
             Ok(rt.selective_state_update(args)?)
         }),

@@ -64,32 +64,23 @@ fn ssu_matches_the_runtime_bit_for_bit_on_strided_candle_layouts() {
     let (bv, cv) = (values(&b), values(&c));
     let (hs, ps, ns) = (h as isize, p as isize, n as isize);
     let args = SelectiveStateUpdateArgs {
-        state: TensorMut::from_slice(&mut want_state, &[slots * 2 * h * p * n])
-            .unwrap()
-            .with_layout(&[slots, h, p, n], &[2 * hs * ps * ns, ps * ns, ns, 1], 0)
-            .unwrap(),
-        x: TensorRef::from_slice(&x_host, &[batch, h, p]).unwrap(),
-        dt: TensorRef::from_slice(&dt_h, &[batch, h]).unwrap().with_layout(&[batch, h, p], &[hs, 1, 0], 0).unwrap(),
-        a: TensorRef::from_slice(&a_h, &[h]).unwrap().with_layout(&[h, p, n], &[1, 0, 0], 0).unwrap(),
-        b: TensorRef::from_slice(&bv, &[batch, g, n]).unwrap(),
-        c: TensorRef::from_slice(&cv, &[batch, g, n]).unwrap(),
         d: Some(TensorRef::from_slice(&d_h, &[h]).unwrap().with_layout(&[h, p], &[1, 0], 0).unwrap()),
-        z: None,
         dt_bias: Some(TensorRef::from_slice(&bias_h, &[h]).unwrap().with_layout(&[h, p], &[1, 0], 0).unwrap()),
         dt_softplus: true,
         state_batch_indices: Some(TensorRef::from_slice(&slot_table, &[batch]).unwrap()),
-        dst_state_batch_indices: None,
         pad_slot_id: Some(-1),
-        out: TensorMut::from_slice(&mut want_out, &[batch, h, p]).unwrap(),
-        num_accepted_tokens: None,
-        cu_seqlens: None,
-        stochastic_rounding: None,
-        disable_state_update: false,
-        intermediate_states_buffer: None,
-        intermediate_state_indices: None,
-        rand_seed: None,
-        state_scale: None,
-        intermediate_state_scales: None,
+        ..SelectiveStateUpdateArgs::new(
+            TensorMut::from_slice(&mut want_state, &[slots * 2 * h * p * n])
+                .unwrap()
+                .with_layout(&[slots, h, p, n], &[2 * hs * ps * ns, ps * ns, ns, 1], 0)
+                .unwrap(),
+            TensorRef::from_slice(&x_host, &[batch, h, p]).unwrap(),
+            TensorRef::from_slice(&dt_h, &[batch, h]).unwrap().with_layout(&[batch, h, p], &[hs, 1, 0], 0).unwrap(),
+            TensorRef::from_slice(&a_h, &[h]).unwrap().with_layout(&[h, p, n], &[1, 0, 0], 0).unwrap(),
+            TensorRef::from_slice(&bv, &[batch, g, n]).unwrap(),
+            TensorRef::from_slice(&cv, &[batch, g, n]).unwrap(),
+            TensorMut::from_slice(&mut want_out, &[batch, h, p]).unwrap(),
+        )
     };
     rt.selective_state_update(args).unwrap();
 

@@ -609,44 +609,51 @@ macro_rules! real_half {
 real_half!(bf16, load_bf16, store_bf16, round_bf16, stream_bf16);
 real_half!(f16, load_f16, store_f16, round_f16, stream_f16);
 
-/// The integers of a block-scaled i16 state (FlashInfer's `state_scale`, [`ssm_ssu::quant`]):
+/// The integers of a block-scaled i16 / i8 state (`state_scale`, [`ssm_ssu::quant`]):
 /// `to_f32` widens the stored integer and `from_f32` stores an *already encoded* value
-/// (clamped to ±32767, rounded to nearest even). The row's scale is the caller's: it multiplies
+/// (clamped to ±LIMIT, rounded to nearest even). The row's scale is the caller's: it multiplies
 /// a loaded row by the decode scale and a stored row by the encode scale. Lanes go through
 /// scalars (the SSU's quantized rows are the only user).
-impl Real for i16 {
-    #[inline(always)]
-    fn to_f32(self) -> f32 {
-        f32::from(self)
-    }
-    #[inline(always)]
-    fn from_f32(v: f32) -> Self {
-        ssm_ssu::quant::quantize_i16(v, 1.0)
-    }
-    #[inline(always)]
-    fn load<S: Simd>(s: &[Self]) -> S {
-        let mut v = [0.0f32; LANES];
-        v.iter_mut().zip(&s[..LANES]).for_each(|(v, &q)| *v = f32::from(q));
-        S::load(&v)
-    }
-    #[inline(always)]
-    fn store<S: Simd>(v: S, s: &mut [Self]) {
-        let mut t = [0.0f32; LANES];
-        v.store(&mut t);
-        s[..LANES].iter_mut().zip(t).for_each(|(q, v)| *q = Self::from_f32(v));
-    }
-    #[inline(always)]
-    fn round<S: Simd>(v: S) -> S {
-        let mut q = [0i16; LANES];
-        Self::store(v, &mut q);
-        Self::load(&q)
-    }
-    #[inline(always)]
-    unsafe fn stream<S: Simd>(v: S, p: *mut Self) {
-        // SAFETY: caller's contract (8 valid elements at `p`).
-        Self::store(v, unsafe { std::slice::from_raw_parts_mut(p, LANES) })
-    }
+macro_rules! real_int {
+    ($t:ty) => {
+        impl Real for $t {
+            #[inline(always)]
+            fn to_f32(self) -> f32 {
+                f32::from(self)
+            }
+            #[inline(always)]
+            fn from_f32(v: f32) -> Self {
+                ssm_ssu::quant::quantize::<$t>(v, 1.0)
+            }
+            #[inline(always)]
+            fn load<S: Simd>(s: &[Self]) -> S {
+                let mut v = [0.0f32; LANES];
+                v.iter_mut().zip(&s[..LANES]).for_each(|(v, &q)| *v = f32::from(q));
+                S::load(&v)
+            }
+            #[inline(always)]
+            fn store<S: Simd>(v: S, s: &mut [Self]) {
+                let mut t = [0.0f32; LANES];
+                v.store(&mut t);
+                s[..LANES].iter_mut().zip(t).for_each(|(q, v)| *q = Self::from_f32(v));
+            }
+            #[inline(always)]
+            fn round<S: Simd>(v: S) -> S {
+                let mut q = [0 as $t; LANES];
+                Self::store(v, &mut q);
+                Self::load(&q)
+            }
+            #[inline(always)]
+            unsafe fn stream<S: Simd>(v: S, p: *mut Self) {
+                // SAFETY: caller's contract (8 valid elements at `p`).
+                Self::store(v, unsafe { std::slice::from_raw_parts_mut(p, LANES) })
+            }
+        }
+    };
 }
+
+real_int!(i16);
+real_int!(i8);
 
 #[cfg(test)]
 mod tests {

@@ -35,7 +35,7 @@ struct Inputs<'a> {
     seed: u64,
 }
 
-/// The decode scales of a block-scaled i16 state (`state_scale`) and of its intermediate
+/// The decode scales of a block-scaled i16 / i8 state (`state_scale`) and of its intermediate
 /// buffer (`intermediate_state_scales`); both `None` for a float state.
 #[derive(Clone, Copy)]
 struct Scales {
@@ -155,7 +155,8 @@ impl Run<SelectiveStateUpdateArgs<'_>> for CpuBackend {
             DType::BF16 => self.ssu_typed(plan, &inp, state_bufs::<bf16>(state, buffer, plan)?, scales, out),
             DType::F16 => self.ssu_typed(plan, &inp, state_bufs::<f16>(state, buffer, plan)?, scales, out),
             DType::I16 => self.ssu_typed(plan, &inp, state_bufs::<i16>(state, buffer, plan)?, scales, out),
-            _ => unreachable!("plan admits float and i16 states only"),
+            DType::I8 => self.ssu_typed(plan, &inp, state_bufs::<i8>(state, buffer, plan)?, scales, out),
+            _ => unreachable!("plan admits float, i16 and i8 states only"),
         }
         Ok(())
     }
@@ -505,7 +506,7 @@ fn row_factors<S: Simd + PowTwo>(cx: &SeqCtx<'_>, bufs: &mut Bufs<'_>, (p_lo, p_
 
 /// The general path: each state row loaded once (zeros for a pad source), carried in f32
 /// through every token (per-token stores in speculative mode and to the intermediate buffer)
-/// and stored once. An i16 state's rows are scaled on load and quantized on every store, their
+/// and stored once. An i16 / i8 state's rows are scaled on load and quantized on every store, their
 /// decode scales written beside them. Returns whether streaming stores were issued (the caller
 /// fences).
 #[inline(always)]
@@ -659,13 +660,15 @@ fn store_token_row<S: Simd + PowTwo, St: Real>(dptr: *mut St, n_st: usize, row: 
     }
 }
 
-/// Stores a row of a block-scaled i16 state at `dptr` (`n_st` elements the plan checked and
+/// Stores a row of a block-scaled state at `dptr` (`n_st` elements the plan checked and
 /// this item owns) quantized as [`ssm_ssu::quant`] defines it, and its decode scale at
-/// `scale` (checked and owned alike). `St` is `i16` (the plan admits scales with it only).
+/// `scale` (checked and owned alike). `St` is `i16` or `i8` (the plan admits scales with them
+/// only).
 #[inline(always)]
 fn store_scaled_row<St: Real>(dptr: *mut St, n_st: usize, row: &[f32], scale: *mut f32) {
-    use ssm_ssu::quant::{i16_scales, row_amax};
-    let (encode, decode) = i16_scales(row_amax(&row[..n_st]));
+    use ssm_ssu::quant::{limit, row_amax, scales};
+    let lim = limit(St::DTYPE).expect("the plan admits scales with an integer state only");
+    let (encode, decode) = scales(row_amax(&row[..n_st]), lim);
     // SAFETY: as documented above; no other reference to the row or the scale is alive.
     let drow = unsafe { std::slice::from_raw_parts_mut(dptr, n_st) };
     for (q, &v) in drow.iter_mut().zip(row) {
@@ -676,7 +679,7 @@ fn store_scaled_row<St: Real>(dptr: *mut St, n_st: usize, row: &[f32], scale: *m
 }
 
 /// Stores the final row into the destination slot (stochastic rounding if the plan asks;
-/// quantized with its scale for an i16 state).
+/// quantized with its scale for an i16 / i8 state).
 #[inline(always)]
 fn final_store_row<S: Simd + PowTwo, St: Real>(
     cx: &SeqCtx<'_>,

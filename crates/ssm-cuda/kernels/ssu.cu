@@ -8,15 +8,16 @@
 //       stored row by row as soon as computed)
 //   HAS_Z HAS_D HAS_DT_BIAS DT_SOFTPLUS TIED HAS_SBI HAS_PAD VARLEN DENSE SPEC STOCH_ROUND BC_VEC RAW   0/1
 //   NO_UPDATE ISTATES HAS_ISI ISI_T                                                     0/1, index type
-//   QUANT                                                                               0/1
+//   QUANT QLIMIT                                                                        0/1, f32
 //   (BC_VEC: B and C are contiguous along dstate and VEC-element aligned: vector loads;
 //   RAW: one-token route with 16-byte state vectors, the tile held in its storage form;
 //   NO_UPDATE: the pool is never written (disable_state_update, or the intermediate buffer);
 //   ISTATES: token t's state goes to the intermediate buffer's row (entry, t), the entry from
 //   intermediate_state_indices (HAS_ISI) or the source slot;
-//   QUANT: STATE_T is short, FlashInfer's block-scaled i16 state: a row is read as q · its decode
-//   scale and every stored row is quantized (ssm_ssu::quant) with its decode scale written
-//   beside it, in state_scale or, for the buffer, intermediate_state_scales)
+//   QUANT: STATE_T is short or signed char, a block-scaled integer state (FlashInfer's i16, or
+//   i8) whose integers reach ±QLIMIT (32767 or 127): a row is read as q · its decode scale and
+//   every stored row is quantized (ssm_ssu::quant) with its decode scale written beside it, in
+//   state_scale or, for the buffer, intermediate_state_scales)
 //
 // One block owns one (sequence, head, tile of DIM_TILE = (NTHREADS / TPR) * RPT rows).
 // TPR lanes share one row of the state; each lane holds VPT vectors of VEC elements of a
@@ -355,7 +356,7 @@ __device__ __forceinline__ void write_out(const SsuParams& p, const float (&y)[R
 }
 
 #if QUANT
-// FlashInfer's block-scaled i16 state, operation for operation as ssm_ssu::quant defines it.
+// A block-scaled integer state, operation for operation as ssm_ssu::quant defines it.
 // The largest magnitude of one row over its TPR lanes (fmaxf from -FLT_MAX: NaN is ignored).
 // Every lane of the warp must call it (the shuffles span the warp).
 __device__ __forceinline__ float row_amax(const float (&row)[VPT][VEC]) {
@@ -369,32 +370,83 @@ __device__ __forceinline__ float row_amax(const float (&row)[VPT][VEC]) {
     return m;
 }
 
-__device__ __forceinline__ float encode_of(float amax) { return amax == 0.f ? 1.f : __fdiv_rn(32767.f, amax); }
+__device__ __forceinline__ float encode_of(float amax) { return amax == 0.f ? 1.f : __fdiv_rn(QLIMIT, amax); }
 
-// One element: v · encode clamped to ±32767 (NaN becomes -32767), rounded to nearest even.
-__device__ __forceinline__ short quant1(float v, float enc) {
-    return (short)__float2int_rn(fminf(fmaxf(__fmul_rn(v, enc), -32767.f), 32767.f));
+// One element: v · encode clamped to ±QLIMIT (NaN becomes -QLIMIT), rounded to nearest even.
+__device__ __forceinline__ STATE_T quant1(float v, float enc) {
+    return (STATE_T)__float2int_rn(fminf(fmaxf(__fmul_rn(v, enc), -QLIMIT), QLIMIT));
 }
 
-// VEC (= 8) quantized elements as one 16-byte vector.
-__device__ __forceinline__ uint4 quant_vec(const float (&v)[VEC], float enc) {
-    union {
-        uint4 u;
-        short q[8];
-    } pack;
+// The largest magnitude of one row over its TPR lanes, NaN if any element is NaN (`max.NaN`).
+__device__ __forceinline__ float row_amax_nan(const float (&row)[VPT][VEC]) {
+    float m = 0.f;
 #pragma unroll
-    for (int e = 0; e < 8; ++e) pack.q[e] = quant1(e < VEC ? v[e] : 0.f, enc);
-    return pack.u;
+    for (int v = 0; v < VPT; ++v)
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) asm("max.NaN.f32 %0, %0, %1;" : "+f"(m) : "f"(fabsf(row[v][e])));
+#pragma unroll
+    for (int o = TPR / 2; o > 0; o >>= 1) {
+        const float other = __shfl_xor_sync(0xffffffffu, m, o, TPR);
+        asm("max.NaN.f32 %0, %0, %1;" : "+f"(m) : "f"(other));
+    }
+    return m;
+}
+
+// The encode scale of a row (every lane of the warp calls it), and whether quantizing with it
+// needs the clamp. A row whose elements are all finite has a finite positive encode scale, and
+// then |v · encode| rounds to at most QLIMIT: the clamp changes nothing and is skipped (two of
+// the per-element instructions). A NaN element or an infinite maximum takes the clamped path,
+// with the maximum that ignores NaN, exactly as ssm_ssu::quant defines it.
+__device__ __forceinline__ float row_encode(const float (&row)[VPT][VEC], bool& clamp) {
+    float enc = encode_of(row_amax_nan(row));
+    clamp = !(enc > 0.f && enc <= 3.402823466e38f);  // false for NaN
+    if (__any_sync(0xffffffffu, clamp)) {
+        const float exact = encode_of(row_amax(row));  // every lane: the shuffles span the warp
+        if (clamp) enc = exact;
+    }
+    return enc;
+}
+
+// quant1 without the conversion unit: the (clamped) value plus 1.5 · 2^23 is rounded to an
+// integer (nearest even, as __float2int_rn) whose two's complement is the sum's low mantissa bits.
+template <bool CLAMP> __device__ __forceinline__ u32 quant1_bits(float v, float enc) {
+    float t = __fmul_rn(v, enc);
+    if constexpr (CLAMP) t = fminf(fmaxf(t, -QLIMIT), QLIMIT);
+    return __float_as_uint(__fadd_rn(t, 12582912.f));
+}
+
+// 16 / sizeof(STATE_T) quantized elements (the first VEC of `v`, zeros after) as one 16-byte
+// vector: the low bytes of each element's bits gathered by byte permutes.
+template <bool CLAMP> __device__ __forceinline__ uint4 quant_vec_as(const float (&v)[VEC], float enc) {
+    constexpr int K = 16 / sizeof(STATE_T);  // elements per vector
+    u32 r[K];
+#pragma unroll
+    for (int e = 0; e < K; ++e) r[e] = quant1_bits<CLAMP>(e < VEC ? v[e] : 0.f, enc);
+    u32 w[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        if constexpr (sizeof(STATE_T) == 2) {
+            w[i] = __byte_perm(r[2 * i], r[2 * i + 1], 0x5410);
+        } else {
+            const u32 lo = __byte_perm(r[4 * i], r[4 * i + 1], 0x0040);
+            const u32 hi = __byte_perm(r[4 * i + 2], r[4 * i + 3], 0x0040);
+            w[i] = __byte_perm(lo, hi, 0x5410);
+        }
+    }
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
+__device__ __forceinline__ uint4 quant_vec(const float (&v)[VEC], float enc, bool clamp) {
+    return clamp ? quant_vec_as<true>(v, enc) : quant_vec_as<false>(v, enc);
 }
 
 // Stores the lane's part of one row, quantized with `enc`, at `q` (the row's first element).
-__device__ __forceinline__ void store_quant_row(STATE_T* q, const float (&row)[VPT][VEC], int lane, float enc) {
+__device__ __forceinline__ void store_quant_row(STATE_T* q, const float (&row)[VPT][VEC], int lane, float enc, bool clamp) {
 #pragma unroll
     for (int v = 0; v < VPT; ++v) {
         const int vi = lane + v * TPR;
         if (vi < NVEC) {
-            if constexpr (VEC * 2 == 16) {
-                store16<STATE_CS>(q + vi * VEC, quant_vec(row[v], enc));
+            if constexpr (VEC * sizeof(STATE_T) == 16) {
+                store16<STATE_CS>(q + vi * VEC, quant_vec(row[v], enc, clamp));
             } else {
 #pragma unroll
                 for (int e = 0; e < VEC; ++e) q[vi * VEC + e] = quant1(row[v][e], enc);
@@ -410,9 +462,10 @@ __device__ __forceinline__ void store_tile_q(STATE_T* rows, i64 row_stride, floa
                                              const float (&s)[RPT][VPT][VEC], const int (&prow)[RPT], int lane, int dim) {
 #pragma unroll
     for (int r = 0; r < RPT; ++r) {
-        const float enc = encode_of(row_amax(s[r]));
+        bool clamp;
+        const float enc = row_encode(s[r], clamp);
         if (prow[r] < dim) {
-            store_quant_row(rows + (i64)prow[r] * row_stride, s[r], lane, enc);
+            store_quant_row(rows + (i64)prow[r] * row_stride, s[r], lane, enc, clamp);
             if (lane == 0) scales[(i64)prow[r] * scale_stride] = __fdiv_rn(1.f, enc);
         }
     }
@@ -605,7 +658,7 @@ extern "C" __global__ void SSU_BOUNDS ssu_kernel(const SsuParams p) {
 #endif
 
 #if QUANT && !RAW
-    // An i16 tile is its integers times each row's decode scale.
+    // An integer tile is its integers times each row's decode scale.
 #pragma unroll
     for (int r = 0; r < RPT; ++r)
 #pragma unroll
@@ -687,10 +740,11 @@ extern "C" __global__ void SSU_BOUNDS ssu_kernel(const SsuParams p) {
 #if QUANT
             // Quantized once, as the final store stores it; stored with the other rows below.
             {
-                const float enc = encode_of(row_amax(row));
+                bool clamp;
+                const float enc = row_encode(row, clamp);
                 dec_out[r] = __fdiv_rn(1.f, enc);
 #pragma unroll
-                for (int v = 0; v < VPT; ++v) raw[r][v] = quant_vec(row[v], enc);
+                for (int v = 0; v < VPT; ++v) raw[r][v] = quant_vec(row[v], enc, clamp);
             }
 #elif ROWSTORE || STOCH_ROUND
             // This row's final state is known; store it now.

@@ -137,7 +137,8 @@ pub struct SsuBenchShape {
     pub dstate: usize,
     /// Groups of B/C.
     pub groups: usize,
-    /// State dtype (I16: FlashInfer's block-scaled state, with one f32 decode scale per row).
+    /// State dtype (I16 / I8: block-scaled states, FlashInfer's and the 8-bit one, with one f32
+    /// decode scale per row).
     pub state: DType,
     /// Dtype of x, dt, B, C, out.
     pub io: DType,
@@ -186,8 +187,8 @@ impl SsuBenchShape {
         let params = 3 * h * 4;
         // Verification: the buffer rows replace the pool's per-token rows; plus its entry table.
         let entries = if self.verify { self.batch as u64 * 4 } else { 0 };
-        // An i16 row carries its f32 decode scale, read and written with it.
-        let scales = if self.state == DType::I16 { h * p * 4 } else { 0 };
+        // An integer row carries its f32 decode scale, read and written with it.
+        let scales = if ssm_ssu::quant::limit(self.state).is_some() { h * p * 4 } else { 0 };
         state_and_table_bytes(self.batch, self.tokens, h * p * n * self.state.size() as u64 + scales)
             + tok
             + params
@@ -296,7 +297,7 @@ struct Pool {
     tables: SlotTables,
     /// The intermediate buffer and its entry table (verification shapes).
     verify: Option<(DeviceBuffer, DeviceBuffer)>,
-    /// An i16 state's decode scales `[slots, heads, dim]`, and the buffer's (verification).
+    /// An integer state's decode scales `[slots, heads, dim]`, and the buffer's (verification).
     scales: Option<(DeviceBuffer, Option<DeviceBuffer>)>,
 }
 
@@ -328,17 +329,22 @@ impl Pool {
                 false => None,
             },
             scales: match s.state {
-                DType::I16 => Some((
+                DType::I16 | DType::I8 => Some((
                     buf(slots * h * p, DType::F32)?,
                     s.verify.then(|| buf(rows * h * p, DType::F32)).transpose()?,
                 )),
                 _ => None,
             },
         };
-        // An i16 state's integers: the bit patterns of bf16 values (arbitrary integers, as a
-        // quantized state holds), each row decoded by a scale near 1/32767.
-        let fill_as = if s.state == DType::I16 { DType::BF16 } else { s.state };
-        fill(be, pool.state.addr(), slots * h * p * n, fill_as, seed, -1.0, 1.0)?;
+        // An integer state's integers: the bit patterns of bf16 values (arbitrary integers, as a
+        // quantized state holds), each row decoded by a small scale.
+        let elems = slots * h * p * n;
+        let (fill_as, fill_elems) = match s.state {
+            DType::I16 => (DType::BF16, elems),
+            DType::I8 => (DType::BF16, elems / 2),
+            other => (other, elems),
+        };
+        fill(be, pool.state.addr(), fill_elems, fill_as, seed, -1.0, 1.0)?;
         if let Some((scales, _)) = &pool.scales {
             fill(be, scales.addr(), slots * h * p, DType::F32, seed + 8, 1e-5, 4e-5)?;
         }

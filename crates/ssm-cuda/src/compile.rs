@@ -43,6 +43,7 @@ pub(crate) fn c_type(t: DType) -> &'static str {
         DType::F16 => "f16_t",
         DType::BF16 => "bf16_t",
         DType::I16 => "short",
+        DType::I8 => "signed char",
         DType::I32 => "int",
         DType::I64 => "i64",
         DType::Bool => "unsigned char",

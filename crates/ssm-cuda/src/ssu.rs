@@ -167,10 +167,17 @@ impl SsuGeometry {
             vec = v as usize;
         }
         let nvec = dstate.div_ceil(vec).max(1);
-        // An i16 state's row maximum and encode scale cost a cross-lane reduction and two
-        // divisions per row: at most eight lanes per row spread them over more elements.
-        let quant = state == DType::I16;
-        let mut tpr = nvec.next_power_of_two().min(if quant { 8 } else { 32 });
+        // An integer state's row maximum and encode scale cost a cross-lane reduction and two
+        // divisions per row: at most eight lanes per row spread them over more elements, four for
+        // an i8 decode (measured on an H200, batch 1024 of Mamba2-2.7B: 594 µs against 674 with
+        // eight; i16 and the multi-token routes measured better with eight).
+        let quant = ssm_ssu::quant::limit(state).is_some();
+        let max_tpr = match (quant, state.size(), walk) {
+            (false, _, _) => 32,
+            (true, 1, Walk::Decode) => 4,
+            (true, _, _) => 8,
+        };
+        let mut tpr = nvec.next_power_of_two().min(max_tpr);
         if let Some(t) = TUNE.get("tpr")
             && t >= 1
             && (t as usize).is_power_of_two()
@@ -185,6 +192,11 @@ impl SsuGeometry {
         if !tied {
             rpt = rpt.min(2);
         }
+        // An integer state's f32 tile (multi-token routes) is wider per 16-byte vector: at most 32
+        // elements per lane (an i8 row's one vector is 16), so that six blocks fit without spills.
+        if quant && multi_token {
+            rpt = rpt.min((32 / (vpt * vec)).max(1));
+        }
         let (mut rpt, threads) = rows_and_threads(rpt, tpr, dim, rows_total);
         // Measured on an H200 (docs/PERF.md, SSM_CUDA_SSU_TUNE sweeps):
         // - decode with a 16-bit state held in storage form (`RAW`): `raw16_rows`, from two waves;
@@ -193,7 +205,7 @@ impl SsuGeometry {
         if walk == Walk::Decode && state.size() == 2 && vec * 2 == 16 && tied {
             // The same raw vectors per lane whatever the lanes per row.
             rpt = (raw16_rows(rows_total, tpr * vpt, threads, dim, 2) / vpt).max(1);
-        } else if multi_token && tied && vpt == 1 {
+        } else if multi_token && tied && vpt == 1 && !quant {
             let want = if rows_total * tpr / 4 >= WAVE_THREADS / 2 { 4 } else { 2 };
             rpt = rpt.max(fit_rows(want, tpr, threads, dim));
         }
@@ -206,7 +218,7 @@ impl SsuGeometry {
             if state.size() == 4 && tied && vpt == 1 && rows_total * tpr / 8 >= 2 * WAVE_THREADS && dim >= 32 {
                 rpt = 8;
             }
-            // An i16 state's quantized stores need more registers: six blocks (no spills).
+            // An integer state's quantized stores need more registers: six blocks (no spills).
             min_blocks = if state.size() == 4 || quant || rows_total * tpr / rpt < WAVE_THREADS { 6 } else { 8 };
         }
         let g = SsuGeometry {
@@ -346,12 +358,13 @@ impl SsuKey {
         let g = self.geometry;
         defines.push(("DSTATE", self.dstate.to_string()));
         defines.extend(g.row.defines());
-        // A block-scaled i16 state stores whole rows (no row-wise early final store).
-        let quant = self.types[0] == DType::I16;
+        // A block-scaled integer state stores whole rows (no row-wise early final store).
+        let limit = ssm_ssu::quant::limit(self.types[0]);
         defines.extend([
             ("STATE_CS", u8::from(g.streaming).to_string()),
-            ("ROWSTORE", u8::from(g.row_store && !quant).to_string()),
-            ("QUANT", u8::from(quant).to_string()),
+            ("ROWSTORE", u8::from(g.row_store && limit.is_none()).to_string()),
+            ("QUANT", u8::from(limit.is_some()).to_string()),
+            ("QLIMIT", format!("{:.1}f", limit.unwrap_or(0.0))),
         ]);
         // One token, not speculative, no intermediate buffer, 16-byte state vectors: the tile is
         // held in storage form.
@@ -387,7 +400,7 @@ impl SsuKey {
 /// per-channel (Mamba1) form, other dstates, the scalar (unaligned) fallback, i64 index
 /// tables and stochastic rounding. Each entry is `(label, spec)`.
 pub fn ssu_catalogue() -> Vec<(String, KernelSpec)> {
-    use DType::{BF16, F16, F32, I16, I32, I64};
+    use DType::{BF16, F16, F32, I8, I16, I32, I64};
     let floats = [F32, F16, BF16];
     let base = F_D | F_DT_BIAS | F_SOFTPLUS | F_SBI | F_PAD;
     let key = |state: DType, io: DType, idx: DType, dstate: usize, dim: usize, vectorized: bool, flags: u16| {
@@ -459,16 +472,22 @@ pub fn ssu_catalogue() -> Vec<(String, KernelSpec)> {
         "varlen per-channel buffer+indices state=f16 io=f32 dstate=7".into(),
         key(F16, F32, I32, 7, 5, false, base | F_NO_UPDATE | F_ISTATES | F_ISI | F_VARLEN),
     );
-    // FlashInfer's block-scaled i16 state.
+    // Block-scaled integer states (FlashInfer's i16, and i8).
     let tied = base | F_TIED;
-    push("one-token tied state=i16 io=bf16".into(), key(I16, BF16, I32, 128, 64, true, tied));
-    push("varlen spec tied state=i16 io=bf16".into(), key(I16, BF16, I32, 128, 64, true, tied | F_SPEC | F_VARLEN));
-    push("dense tied state=i16 io=bf16".into(), key(I16, BF16, I32, 128, 64, true, tied | F_DENSE));
-    push(
-        "dense spec tied buffer state=i16 io=bf16".into(),
-        key(I16, BF16, I32, 128, 64, true, tied | F_NO_UPDATE | F_ISTATES | F_DENSE | F_SPEC),
-    );
-    push("one-token per-channel scalar state=i16 io=f16 dstate=7".into(), key(I16, F16, I32, 7, 5, false, base | F_Z));
+    for q in [I16, I8] {
+        push(format!("one-token tied state={q} io=bf16"), key(q, BF16, I32, 128, 64, true, tied));
+        push(format!("varlen spec tied state={q} io=bf16"), key(q, BF16, I32, 128, 64, true, tied | F_SPEC | F_VARLEN));
+        push(format!("dense tied state={q} io=bf16"), key(q, BF16, I32, 128, 64, true, tied | F_DENSE));
+        push(
+            format!("dense spec tied buffer state={q} io=bf16"),
+            key(q, BF16, I32, 128, 64, true, tied | F_NO_UPDATE | F_ISTATES | F_DENSE | F_SPEC),
+        );
+        push(
+            format!("one-token per-channel scalar state={q} io=f16 dstate=7"),
+            key(q, F16, I32, 7, 5, false, base | F_Z),
+        );
+    }
+    push("one-token tied state=i8 io=bf16 dstate=64".into(), key(I8, BF16, I32, 64, 64, true, tied));
     out
 }
 

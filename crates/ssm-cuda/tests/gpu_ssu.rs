@@ -33,9 +33,9 @@ fn max_finite(t: &HostTensor) -> f64 {
     t.to_f64_vec().into_iter().filter(|v| v.is_finite()).fold(0.0, f64::max)
 }
 
-/// The state pool against the reference's: a float state within its dtype's tolerance; an i16
-/// state dequantized, within f32's tolerance plus two quantization steps of its coarsest row
-/// (the rounding of an element follows the f32 state across a step boundary).
+/// The state pool against the reference's: a float state within its dtype's tolerance; an
+/// integer (i16 / i8) state dequantized, within f32's tolerance plus two quantization steps of
+/// its coarsest row (the rounding of an element follows the f32 state across a step boundary).
 fn compare_state(got: &Case, want: &Case) -> Result<(), String> {
     match &want.state_scale {
         None => compare("state", &got.state.memory, &want.state.memory),
@@ -88,7 +88,7 @@ fn cuda_matches_the_reference_on_random_cases() {
         if let Some(w) = want.buffer_values() {
             buffered += usize::from(w.to_f64_vec().iter().any(|v| !v.is_nan()));
         }
-        quantized += usize::from(spec.state == DType::I16);
+        quantized += usize::from(ssm_ssu::quant::limit(spec.state).is_some());
         if spec.verify.is_some() {
             assert!(got.state == initial.state, "{ctx}: a verifying call wrote the state");
             assert!(got.state_scale == initial.state_scale, "{ctx}: a verifying call wrote the scales");
@@ -101,7 +101,7 @@ fn cuda_matches_the_reference_on_random_cases() {
         }
     }
     assert!(buffered >= 5, "only {buffered} of 108 cases wrote intermediate-buffer rows");
-    assert!(quantized >= 6, "only {quantized} of 108 cases had an i16 state");
+    assert!(quantized >= 6, "only {quantized} of 108 cases had an integer state");
 }
 
 #[test]
@@ -112,11 +112,14 @@ fn mamba2_shapes_match_the_reference() {
         (DType::F32, one_token.clone(), None),
         (DType::BF16, one_token.clone(), None),
         (DType::F16, one_token.clone(), None),
-        (DType::I16, one_token, None),
+        (DType::I16, one_token.clone(), None),
+        (DType::I8, one_token, None),
         (DType::F32, Tokens::Dense { seqs: 9, steps: 4 }, Some(4)),
         (DType::BF16, Tokens::Varlen { lens: vec![3, 0, 4, 1, 2, 4, 0, 1, 3] }, Some(4)),
         (DType::I16, Tokens::Varlen { lens: vec![3, 0, 4, 1, 2, 4, 0, 1, 3] }, Some(4)),
         (DType::I16, Tokens::Dense { seqs: 9, steps: 3 }, None),
+        (DType::I8, Tokens::Dense { seqs: 9, steps: 4 }, Some(4)),
+        (DType::I8, Tokens::Varlen { lens: vec![3, 0, 4, 1, 2, 4, 0, 1, 3] }, None),
     ]
     .into_iter()
     .enumerate()
@@ -130,6 +133,55 @@ fn mamba2_shapes_match_the_reference() {
         run_staged::<DeviceSsuArgs>(&be, got.args()).unwrap();
         compare("out", &got.out, &want.out).unwrap_or_else(|e| panic!("{s:?}: {e}"));
         compare_state(&got, &want).unwrap_or_else(|e| panic!("{s:?}: {e}"));
+    }
+}
+
+/// Integer-state rows whose new values hold NaN or infinities take the kernels' clamped path,
+/// as `ssm_ssu::quant` defines it (NaN → −LIMIT, the maximum ignores NaN; an infinite maximum
+/// gives encode 0), and a huge finite row the unclamped one: `x` NaN, ±∞ and 1e30 in four rows
+/// of ordinary cases; the non-finite rows' integers and decode scales bit-identical to the
+/// reference's, everything else within the usual tolerance. Decode (the tile in storage form) and a dense
+/// two-token call (the f32 tile), for i16 and i8.
+#[test]
+fn integer_rows_with_nan_and_infinity_quantize_as_the_reference() {
+    let Some(be) = gpu("integer_rows_with_nan_and_infinity_quantize_as_the_reference") else { return };
+    let poked =
+        [(0usize, 1usize, 3usize, f32::NAN), (1, 0, 0, f32::INFINITY), (2, 7, 63, f32::NEG_INFINITY), (3, 2, 10, 1e30)];
+    for (k, state) in [DType::I16, DType::I8].into_iter().enumerate() {
+        for (steps, tokens) in [(1, Tokens::OneToken { seqs: 4 }), (2, Tokens::Dense { seqs: 4, steps: 2 })] {
+            let mut s = Spec::mamba2(4, state);
+            s.tokens = tokens;
+            s.tables = false;
+            s.pad_rows = false;
+            s.io = DType::F32;
+            let mut want = Case::build(s.clone(), 900 + k as u64);
+            let (h, p, n) = (s.heads, s.dim, s.dstate);
+            for &(b, hh, pp, v) in &poked {
+                // Token 0 of sequence b: slot b (no tables) gets the row.
+                want.x.view_mut().set_f32(((b * steps) * h + hh) * p + pp, v);
+            }
+            let mut got = want.clone();
+            run_reference(&mut want);
+            run_staged::<DeviceSsuArgs>(&be, got.args()).unwrap();
+            let ctx = format!("{state} steps {steps}");
+            compare("out", &got.out, &want.out).unwrap_or_else(|e| panic!("{ctx}: {e}"));
+            compare_state(&got, &want).unwrap_or_else(|e| panic!("{ctx}: {e}"));
+            let (slot_len, size) = (want.state.strides[0] as usize, state.size());
+            let (gs, ws) = (got.state_scale.as_ref().unwrap(), want.state_scale.as_ref().unwrap());
+            let scale_slot = ws.strides[0] as usize;
+            // The non-finite rows are determined exactly; the 1e30 row's f32 values may differ
+            // by an ulp of evaluation order (compared within tolerance above).
+            for &(b, hh, pp, v) in poked.iter().filter(|r| !r.3.is_finite()) {
+                let at = (b * slot_len + (hh * p + pp) * n) * size;
+                let row = at..at + n * size;
+                assert!(
+                    got.state.memory.bytes()[row.clone()] == want.state.memory.bytes()[row],
+                    "{ctx}: x = {v}: integers"
+                );
+                let sc = (b * scale_slot + hh * p + pp) * 4..(b * scale_slot + hh * p + pp) * 4 + 4;
+                assert!(gs.memory.bytes()[sc.clone()] == ws.memory.bytes()[sc], "{ctx}: x = {v}: decode scale");
+            }
+        }
     }
 }
 
@@ -180,7 +232,7 @@ fn garbage_indices_never_escape_their_tensors() {
     let Some(be) = gpu("garbage_indices_never_escape_their_tensors") else { return };
     let mut rng = ChaCha8Rng::seed_from_u64(99);
     for round in 0..6 {
-        let mut s = Spec::mamba2(16, [DType::F32, DType::BF16, DType::I16][round % 3]);
+        let mut s = Spec::mamba2(16, [DType::F32, DType::BF16, DType::I16, DType::I8][round % 4]);
         s.index = DType::I64;
         s.heads = 4;
         s.groups = 1;
@@ -309,7 +361,7 @@ fn garbage_buffer_entries_never_escape_the_buffer() {
     let Some(be) = gpu("garbage_buffer_entries_never_escape_the_buffer") else { return };
     let mut rng = ChaCha8Rng::seed_from_u64(7);
     for round in 0..4 {
-        let mut s = Spec::mamba2(16, [DType::F32, DType::BF16, DType::I16, DType::I16][round]);
+        let mut s = Spec::mamba2(16, [DType::F32, DType::BF16, DType::I16, DType::I8][round]);
         s.index = DType::I64;
         s.heads = 4;
         s.groups = 1;
@@ -393,11 +445,11 @@ fn garbage_buffer_entries_never_escape_the_buffer() {
 }
 
 /// A decode step captured in a CUDA graph and replayed 100 times equals 100 eager calls (an
-/// i16 state's scales included).
+/// integer state's scales included).
 #[test]
 fn graph_replay_equals_eager_execution() {
     let Some(be) = gpu("graph_replay_equals_eager_execution") else { return };
-    for state in [DType::F32, DType::I16] {
+    for state in [DType::F32, DType::I16, DType::I8] {
         let mut case = Case::build(Spec::mamba2(32, state), 4242);
         common::assert_graph_replay_equals_eager::<DeviceSsuArgs>(
             &be,

@@ -128,37 +128,28 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let co = conv_out_a;
     let (bo, coff) = (HEADS * DIM, HEADS * DIM + DSTATE);
     let ssu_args = || SelectiveStateUpdateArgs {
-        state: view_mut(
-            ssm_state_a,
-            SLOTS * HEADS * DIM * DSTATE,
-            DType::F32,
-            dev,
-            &[SLOTS, HEADS, DIM, DSTATE],
-            &[h * p * n, p * n, n, 1],
-        ),
-        // x, B and C: column ranges of the conv output (strided views, no copies).
-        x: view(co, BATCH * CONV_DIM, DType::BF16, dev, &[BATCH, HEADS, DIM], &[c, p, 1]),
-        dt: view(dt_a, BATCH * HEADS, DType::BF16, dev, &[BATCH, HEADS, DIM], &[h, 1, 0]),
-        a: view(a_a, HEADS, DType::F32, dev, &[HEADS, DIM, DSTATE], &[1, 0, 0]),
-        b: view(co + 2 * bo as u64, BATCH * CONV_DIM - bo, DType::BF16, dev, &[BATCH, 1, DSTATE], &[c, n, 1]),
-        c: view(co + 2 * coff as u64, BATCH * CONV_DIM - coff, DType::BF16, dev, &[BATCH, 1, DSTATE], &[c, n, 1]),
         d: Some(view(d_a, HEADS, DType::F32, dev, &[HEADS, DIM], &[1, 0])),
         dt_bias: Some(view(dt_bias_a, HEADS, DType::F32, dev, &[HEADS, DIM], &[1, 0])),
-        z: None,
         dt_softplus: true,
         state_batch_indices: Some(view(slots_a, BATCH, DType::I64, dev, &[BATCH], &[1])),
-        dst_state_batch_indices: None,
         pad_slot_id: Some(PAD),
-        out: view_mut(out_a, BATCH * HEADS * DIM, DType::BF16, dev, &[BATCH, HEADS, DIM], &[h * p, p, 1]),
-        num_accepted_tokens: None,
-        cu_seqlens: None,
-        stochastic_rounding: None,
-        disable_state_update: false,
-        intermediate_states_buffer: None,
-        intermediate_state_indices: None,
-        rand_seed: None,
-        state_scale: None,
-        intermediate_state_scales: None,
+        ..SelectiveStateUpdateArgs::new(
+            view_mut(
+                ssm_state_a,
+                SLOTS * HEADS * DIM * DSTATE,
+                DType::F32,
+                dev,
+                &[SLOTS, HEADS, DIM, DSTATE],
+                &[h * p * n, p * n, n, 1],
+            ),
+            // x, B and C: column ranges of the conv output (strided views, no copies).
+            view(co, BATCH * CONV_DIM, DType::BF16, dev, &[BATCH, HEADS, DIM], &[c, p, 1]),
+            view(dt_a, BATCH * HEADS, DType::BF16, dev, &[BATCH, HEADS, DIM], &[h, 1, 0]),
+            view(a_a, HEADS, DType::F32, dev, &[HEADS, DIM, DSTATE], &[1, 0, 0]),
+            view(co + 2 * bo as u64, BATCH * CONV_DIM - bo, DType::BF16, dev, &[BATCH, 1, DSTATE], &[c, n, 1]),
+            view(co + 2 * coff as u64, BATCH * CONV_DIM - coff, DType::BF16, dev, &[BATCH, 1, DSTATE], &[c, n, 1]),
+            view_mut(out_a, BATCH * HEADS * DIM, DType::BF16, dev, &[BATCH, HEADS, DIM], &[h * p, p, 1]),
+        )
     };
 
     // Prewarm: compile and load both kernels now, so that the capture launches only.

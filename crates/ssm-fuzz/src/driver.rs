@@ -201,7 +201,7 @@ fn guarded<T>(label: &str, f: impl FnOnce() -> T) -> Result<T, String> {
 // ---- comparing -------------------------------------------------------------------------
 
 /// The first element where the runtime's buffers differ from the reference's beyond the
-/// tolerance: integers and flags exactly; floats (and a block-scaled i16 state's integers, whose
+/// tolerance: integers and flags exactly; floats (and a block-scaled i16 / i8 state's integers, whose
 /// rounding follows the f32 state by a step) `|a − b| ≤ tol·(1 + |b| + max|b|/10)`, two diverged
 /// values (non-finite, or past 1e4 from inputs of order 1) equal. After an extreme float input
 /// (`loose`: NaN, infinity or 1e30 spread differently through a chunked and a sequential
@@ -223,6 +223,8 @@ fn first_difference(
             ssm_tensor::DType::F32 => 2e-3,
             // One step of 32767 each side of a row's largest value, a tenth of which is `scale`.
             ssm_tensor::DType::I16 => 1e-3,
+            // One step of 127 each side (a tenth of 127 is `scale`: 0.1 · 13.7 covers a step).
+            ssm_tensor::DType::I8 => 0.1,
             _ => 3e-2,
         };
         // Errors of a long evaluation scale with the largest value it produces.

@@ -66,9 +66,9 @@ impl TensorSpec {
     }
 
     /// Whether the elements are indices or flags rather than floats (or the integers of a
-    /// block-scaled i16 state, compared as values).
+    /// block-scaled i16 / i8 state, compared as values).
     pub fn is_integer(&self) -> bool {
-        !self.dtype.is_float() && self.dtype != ssm_tensor::DType::I16
+        !self.dtype.is_float() && ssm_ssu::quant::limit(self.dtype).is_none()
     }
 }
 

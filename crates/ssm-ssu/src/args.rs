@@ -25,10 +25,10 @@ impl StochasticRounding {
 /// Arguments of one selective state update, named as vLLM's Python API names them.
 ///
 /// Shapes (vLLM's unsqueeze rules apply: a rank one lower means "no heads axis" / "one group"):
-/// - `state` `[slots, heads, dim, dstate]` (or `[slots, dim, dstate]`), f32/f16/bf16, or i16 with
-///   `state_scale`; updated in place; its last dimension must be contiguous.
+/// - `state` `[slots, heads, dim, dstate]` (or `[slots, dim, dstate]`), f32/f16/bf16, or i16 / i8
+///   with `state_scale`; updated in place; its last dimension must be contiguous.
 /// - `state_scale` `[slots, heads, dim]` (or `[slots, dim]` with a 3-D state; a trailing axis of
-///   1 is accepted), f32: the decode scale of each i16 state row, rewritten with the row.
+///   1 is accepted), f32: the decode scale of each i16 / i8 state row, rewritten with the row.
 /// - `x`, `dt`, `z`, `out`: `[rows, heads, dim]` (or `[rows, dim]`), or dense `[batch, steps, heads, dim]`.
 ///   `rows` is the batch (one token per sequence) or the packed token count with `cu_seqlens`.
 /// - `a` (vLLM's `A`) `[heads, dim, dstate]` (or `[dim, dstate]`), already negative (`-exp(A_log)`).
@@ -53,13 +53,14 @@ impl StochasticRounding {
 ///   slot), step `t`, and the pool is not written. A pad source, or a pad value in
 ///   `intermediate_state_indices`, writes no buffer row; `out` is still written. The steps axis is the capacity: a sequence longer
 ///   than it is refused (host tables) or skipped and reported (device tables).
-/// - With an i16 state the buffer is i16 too, and `intermediate_state_scales`
+/// - With an i16 / i8 state the buffer has the same dtype, and `intermediate_state_scales`
 ///   `[entries, steps, heads, dim]` (f32) receives each buffered row's decode scale.
 ///
-/// Block-scaled int16 state (FlashInfer's `state_scale`, semantics/ssu.md §5.3, [`crate::quant`]):
-/// a row is read as `state · state_scale`; every stored row (final, speculative per-token and
-/// buffered) is quantized with `encode = 32767 / max|row|` and its decode scale `1 / encode`
-/// written beside it. A pad source reads zeros and never reads its scale. Stochastic rounding
+/// Block-scaled integer state (FlashInfer's `state_scale`, semantics/ssu.md §5.3, [`crate::quant`]):
+/// i16, or i8 (the 8-bit state, one scale per (slot, head, row) likewise). A row is read as
+/// `state · state_scale`; every stored row (final, speculative per-token and buffered) is
+/// quantized with `encode = LIMIT / max|row|` (LIMIT 32767 for i16, 127 for i8) and its decode
+/// scale `1 / encode` written beside it. A pad source reads zeros and never reads its scale. Stochastic rounding
 /// and `rand_seed` are refused with it (FlashInfer refuses `rand_seed` with `state_scale`).
 ///
 /// - Refused, with typed errors: either of them with `dst_state_batch_indices` (FlashInfer's
@@ -113,11 +114,11 @@ pub struct SelectiveStateUpdateArgs<'a> {
     /// tensor is rewritten between replays. Needs `stochastic_rounding` (its `philox_rounds`
     /// still apply).
     pub rand_seed: Option<TensorRef<'a>>,
-    /// FlashInfer's `state_scale`: the f32 decode scale of every row of an i16 `state`,
-    /// rewritten in place with the rows. Required with an i16 state, refused otherwise.
+    /// FlashInfer's `state_scale`: the f32 decode scale of every row of an i16 / i8 `state`,
+    /// rewritten in place with the rows. Required with an integer state, refused otherwise.
     pub state_scale: Option<TensorMut<'a>>,
     /// FlashInfer's `intermediate_state_scales`: the decode scale of every buffered row of an
-    /// i16 `intermediate_states_buffer`. Required with one, refused otherwise.
+    /// i16 / i8 `intermediate_states_buffer`. Required with one, refused otherwise.
     pub intermediate_state_scales: Option<TensorMut<'a>>,
 }
 

@@ -159,7 +159,7 @@ pub struct IntermediatePlan {
     pub steps: usize,
     /// `intermediate_state_indices` `[>= seqs]` and its dtype; `None`: the source slot.
     pub indices: Option<(Strided<1>, DType)>,
-    /// `intermediate_state_scales` `[entries, steps, heads, dim]` (f32), with an i16 buffer.
+    /// `intermediate_state_scales` `[entries, steps, heads, dim]` (f32), with an i16 / i8 buffer.
     pub scales: Option<Strided<4>>,
 }
 
@@ -228,8 +228,8 @@ pub struct SsuPlan {
     pub disable_state_update: bool,
     /// The intermediate-state buffer: every token's state goes there, the pool is not written.
     pub intermediate: Option<IntermediatePlan>,
-    /// `state_scale` `[slots, heads, dim]` (f32): the decode scale of each row of an i16 state
-    /// (FlashInfer's block-scaled state, [`crate::quant`]); given exactly when the state is i16.
+    /// `state_scale` `[slots, heads, dim]` (f32): the decode scale of each row of an i16 / i8
+    /// state (block-scaled, [`crate::quant`]); given exactly when the state is i16 or i8.
     pub state_scale: Option<Strided<3>>,
     /// Index values were on the host and were all checked.
     pub host_indices_checked: bool,
@@ -304,7 +304,7 @@ fn dtype_in(arg: &'static str, t: DType, allowed: &[DType], expected: &'static s
 }
 
 const FLOATS: &[DType] = &[DType::F32, DType::F16, DType::BF16];
-const STATES: &[DType] = &[DType::F32, DType::F16, DType::BF16, DType::I16];
+const STATES: &[DType] = &[DType::F32, DType::F16, DType::BF16, DType::I16, DType::I8];
 const INDICES: &[DType] = &[DType::I32, DType::I64];
 
 /// A short inline list (a shape or strides), so that planning never allocates.
@@ -486,25 +486,25 @@ pub(crate) fn plan_selective_state_update(args: &SelectiveStateUpdateArgs<'_>) -
     }
 
     // dtypes
-    dtype_in("state", args.state.dtype(), STATES, "f32, f16, bf16, or i16 with `state_scale`")?;
-    let quantized = args.state.dtype() == DType::I16;
+    dtype_in("state", args.state.dtype(), STATES, "f32, f16, bf16, or i16 / i8 with `state_scale`")?;
+    let quantized = crate::quant::limit(args.state.dtype()).is_some();
     match (quantized, &args.state_scale) {
         (true, None) => {
             return Err(SsuError::from(ArgError::Requires {
                 arg: "state",
-                needs: "`state_scale` when it is i16 (one f32 decode scale per row)",
+                needs: "`state_scale` when it is i16 or i8 (one f32 decode scale per row)",
             }));
         }
         (false, Some(_)) => {
             return Err(SsuError::Combination {
                 arg: "state_scale",
-                why: "needs an i16 `state` (it holds the decode scale of each i16 row)",
+                why: "needs an i16 or i8 `state` (it holds the decode scale of each integer row)",
             });
         }
         (true, Some(_)) if args.stochastic_rounding.is_some() || args.rand_seed.is_some() => {
             return Err(SsuError::Combination {
                 arg: "state_scale",
-                why: "excludes `stochastic_rounding` and `rand_seed`: an i16 row is rounded to nearest (FlashInfer \
+                why: "excludes `stochastic_rounding` and `rand_seed`: an integer row is rounded to nearest (FlashInfer \
                       refuses `rand_seed` with `state_scale`)",
             });
         }
@@ -959,18 +959,18 @@ fn plan_intermediate(
             Some((Strided::new(t.layout().offset(), [t.strides()[0]]), t.dtype()))
         }
     };
-    let scales = match (&args.intermediate_state_scales, buf.dtype() == DType::I16) {
+    let scales = match (&args.intermediate_state_scales, crate::quant::limit(buf.dtype()).is_some()) {
         (None, false) => None,
         (None, true) => {
             return Err(SsuError::from(ArgError::Requires {
                 arg: "intermediate_states_buffer",
-                needs: "`intermediate_state_scales` when it is i16 (one f32 decode scale per row)",
+                needs: "`intermediate_state_scales` when it is i16 or i8 (one f32 decode scale per row)",
             }));
         }
         (Some(_), false) => {
             return Err(SsuError::Combination {
                 arg: "intermediate_state_scales",
-                why: "needs an i16 `intermediate_states_buffer` (it holds the decode scale of each i16 row)",
+                why: "needs an i16 or i8 `intermediate_states_buffer` (it holds the decode scale of each integer row)",
             });
         }
         (Some(t), true) => {

@@ -9,7 +9,7 @@
 //! (vLLM would write the reserved null block; we never touch a pad slot).
 //! `disable_state_update` drops every pool write; an intermediate buffer receives each token's
 //! state at (entry, token) instead, and the pool is not written (FlashInfer's semantics,
-//! semantics/ssu.md §5.4). An i16 state is read as `q · state_scale` and every stored row is
+//! semantics/ssu.md §5.4). An i16 or i8 state is read as `q · state_scale` and every stored row is
 //! quantized with its decode scale written beside it ([`crate::quant`], §5.3).
 //!
 //! [`Reference`] runs it in f32 arithmetic (the peer's), [`ReferenceF64`] in f64 (for
@@ -189,7 +189,7 @@ fn run<F: Acc>(plan: &SsuPlan, mut args: SelectiveStateUpdateArgs<'_>) -> Result
         for h in 0..heads {
             let g = h / hpg;
             for p in 0..dim {
-                // An i16 row is `q · scale` (a pad source reads zeros and no scale).
+                // An i16 / i8 row is `q · scale` (a pad source reads zeros and no scale).
                 let decode = match (&scales, plan.state_scale) {
                     (Some(sc), Some(st)) if live => F::from_f64(read(sc, DType::F32, st.at([src as usize, h, p]))),
                     _ => F::from_f64(1.0),
@@ -299,7 +299,7 @@ fn run<F: Acc>(plan: &SsuPlan, mut args: SelectiveStateUpdateArgs<'_>) -> Result
     Ok(())
 }
 
-/// Where the decode scale of pool row (`slot`, `h`, `p`) goes: with an i16 state only.
+/// Where the decode scale of pool row (`slot`, `h`, `p`) goes: with an i16 / i8 state only.
 fn pool_scale<'s>(
     scales: Option<&'s mut [u8]>,
     plan: &SsuPlan,
@@ -311,7 +311,7 @@ fn pool_scale<'s>(
 }
 
 /// Stores one state row (`row[n]` to element `at(n)` of `dst`): rounded to nearest in a float
-/// dtype, or quantized to i16 with its decode scale written to `scale` ([`crate::quant`]).
+/// dtype, or quantized to i16 / i8 with its decode scale written to `scale` ([`crate::quant`]).
 fn store_row<F: Acc>(
     dst: &mut [u8],
     dtype: DType,
@@ -327,10 +327,9 @@ fn store_row<F: Acc>(
         }
         Some((sc, si)) => {
             let row: Vec<f32> = row.iter().map(|v| v.to_f32()).collect();
-            let mut q = vec![0i16; row.len()];
-            let decode = crate::quant::quantize_row_i16(&row, &mut q);
+            let (q, decode) = crate::quant::quantize_row_as(dtype, &row);
             for (n, qi) in q.iter().enumerate() {
-                ssm_tensor::elem::write_i64(dst, DType::I16, at(n), i64::from(*qi));
+                ssm_tensor::elem::write_i64(dst, dtype, at(n), *qi);
             }
             ssm_tensor::elem::write_f32(sc, DType::F32, si, decode);
         }

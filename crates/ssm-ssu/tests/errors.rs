@@ -391,9 +391,9 @@ fn rand_seed_arguments() {
     ssm_ssu::plan(args).unwrap();
 }
 
-/// FlashInfer's block-scaled int16 state: `state_scale` exactly with an i16 state, f32, one
-/// scale per row; `intermediate_state_scales` exactly with an i16 buffer; no stochastic
-/// rounding with it.
+/// Block-scaled integer states (FlashInfer's int16, and i8): `state_scale` exactly with an
+/// i16 / i8 state, f32, one scale per row; `intermediate_state_scales` exactly with an integer
+/// buffer; no stochastic rounding with it.
 #[test]
 fn int16_state_arguments() {
     fn buf(dtype: DType, shape: &[usize]) -> ssm_tensor::TensorMut<'static> {
@@ -463,12 +463,34 @@ fn int16_state_arguments() {
         "buffer_scales_without_buffer",
         err(|a, _| a.intermediate_state_scales = Some(scales(&[6, 1, 4, 8])))
     );
+    let i8_state = |a: &mut SelectiveStateUpdateArgs<'_>| a.state = buf(DType::I8, &[6, 4, 8, 16]);
+    insta::assert_snapshot!("i8_without_scale", err(|a, _| i8_state(a)));
+    insta::assert_snapshot!(
+        "i8_buffer_without_scales",
+        err(|a, _| {
+            i8_state(a);
+            a.state_scale = Some(scales(&[6, 4, 8]));
+            a.intermediate_states_buffer = Some(buf(DType::I8, &ok));
+        })
+    );
+    insta::assert_snapshot!(
+        "i8_buffer_with_i16_state",
+        err(|a, _| {
+            i16_state(a);
+            a.state_scale = Some(scales(&[6, 4, 8]));
+            a.intermediate_states_buffer = Some(buf(DType::I8, &ok));
+            a.intermediate_state_scales = Some(scales(&[6, 1, 4, 8]));
+        })
+    );
     // Accepted: scales with or without a trailing axis of 1, and a scaled buffer.
-    let mut b = base();
-    let mut args = b.args();
-    i16_state(&mut args);
-    args.state_scale = Some(scales(&[6, 4, 8, 1]));
-    args.intermediate_states_buffer = Some(buf(DType::I16, &ok));
-    args.intermediate_state_scales = Some(scales(&[6, 1, 4, 8]));
-    ssm_ssu::plan(args).unwrap();
+    for (dtype, set) in [(DType::I16, &i16_state as &dyn Fn(&mut SelectiveStateUpdateArgs<'_>)), (DType::I8, &i8_state)]
+    {
+        let mut b = base();
+        let mut args = b.args();
+        set(&mut args);
+        args.state_scale = Some(scales(&[6, 4, 8, 1]));
+        args.intermediate_states_buffer = Some(buf(dtype, &ok));
+        args.intermediate_state_scales = Some(scales(&[6, 1, 4, 8]));
+        ssm_ssu::plan(args).unwrap();
+    }
 }

@@ -11,6 +11,8 @@ pub enum DType {
     BF16,
     /// 16-bit signed integer (a block-scaled state: FlashInfer's int16 `state` with `state_scale`).
     I16,
+    /// 8-bit signed integer (a block-scaled 8-bit state: `state` with `state_scale`, as for `I16`).
+    I8,
     /// 32-bit signed integer.
     I32,
     /// 64-bit signed integer.
@@ -26,7 +28,7 @@ impl DType {
             DType::F32 | DType::I32 => 4,
             DType::F16 | DType::BF16 | DType::I16 => 2,
             DType::I64 => 8,
-            DType::Bool => 1,
+            DType::I8 | DType::Bool => 1,
         }
     }
 
@@ -47,6 +49,7 @@ impl DType {
             DType::F16 => "f16",
             DType::BF16 => "bf16",
             DType::I16 => "i16",
+            DType::I8 => "i8",
             DType::I32 => "i32",
             DType::I64 => "i64",
             DType::Bool => "bool",
@@ -73,4 +76,4 @@ macro_rules! element {
         }
     )*};
 }
-element!(f32 => F32, f16 => F16, bf16 => BF16, i16 => I16, i32 => I32, i64 => I64, u8 => Bool);
+element!(f32 => F32, f16 => F16, bf16 => BF16, i16 => I16, i8 => I8, i32 => I32, i64 => I64, u8 => Bool);

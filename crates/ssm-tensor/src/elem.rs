@@ -24,6 +24,7 @@ pub fn read_f64(bytes: &[u8], dtype: DType, i: usize) -> f64 {
         DType::F16 => f16::from_le_bytes(le(bytes, i)).to_f64(),
         DType::BF16 => bf16::from_le_bytes(le(bytes, i)).to_f64(),
         DType::I16 => i16::from_le_bytes(le(bytes, i)) as f64,
+        DType::I8 => bytes[i] as i8 as f64,
         DType::I32 => i32::from_le_bytes(le(bytes, i)) as f64,
         DType::I64 => i64::from_le_bytes(le(bytes, i)) as f64,
         DType::Bool => bytes[i] as f64,
@@ -41,7 +42,7 @@ pub fn read_f32(bytes: &[u8], dtype: DType, i: usize) -> f32 {
         DType::F32 => f32::from_le_bytes(le(bytes, i)),
         DType::F16 => f16::from_le_bytes(le(bytes, i)).to_f32(),
         DType::BF16 => bf16::from_le_bytes(le(bytes, i)).to_f32(),
-        DType::I16 | DType::I32 | DType::I64 | DType::Bool => read_i64(bytes, dtype, i) as f32,
+        DType::I16 | DType::I8 | DType::I32 | DType::I64 | DType::Bool => read_i64(bytes, dtype, i) as f32,
     }
 }
 
@@ -54,6 +55,7 @@ pub fn read_f32(bytes: &[u8], dtype: DType, i: usize) -> f32 {
 pub fn read_i64(bytes: &[u8], dtype: DType, i: usize) -> i64 {
     match dtype {
         DType::I16 => i16::from_le_bytes(le(bytes, i)) as i64,
+        DType::I8 => bytes[i] as i8 as i64,
         DType::I32 => i32::from_le_bytes(le(bytes, i)) as i64,
         DType::I64 => i64::from_le_bytes(le(bytes, i)),
         DType::Bool => bytes[i] as i64,
@@ -72,7 +74,7 @@ pub fn write_f32(bytes: &mut [u8], dtype: DType, i: usize, v: f32) {
         DType::F32 => bytes[i * 4..i * 4 + 4].copy_from_slice(&v.to_le_bytes()),
         DType::F16 => bytes[i * 2..i * 2 + 2].copy_from_slice(&f16::from_f32(v).to_le_bytes()),
         DType::BF16 => bytes[i * 2..i * 2 + 2].copy_from_slice(&bf16::from_f32(v).to_le_bytes()),
-        DType::I16 | DType::I32 | DType::I64 | DType::Bool => write_i64(bytes, dtype, i, v as i64),
+        DType::I16 | DType::I8 | DType::I32 | DType::I64 | DType::Bool => write_i64(bytes, dtype, i, v as i64),
     }
 }
 
@@ -88,11 +90,11 @@ pub fn write_f64(bytes: &mut [u8], dtype: DType, i: usize, v: f64) {
         DType::F32 => bytes[i * 4..i * 4 + 4].copy_from_slice(&(v as f32).to_le_bytes()),
         DType::F16 => bytes[i * 2..i * 2 + 2].copy_from_slice(&f16::from_f64(v).to_le_bytes()),
         DType::BF16 => bytes[i * 2..i * 2 + 2].copy_from_slice(&bf16::from_f64(v).to_le_bytes()),
-        DType::I16 | DType::I32 | DType::I64 | DType::Bool => write_i64(bytes, dtype, i, v as i64),
+        DType::I16 | DType::I8 | DType::I32 | DType::I64 | DType::Bool => write_i64(bytes, dtype, i, v as i64),
     }
 }
 
-/// Writes `v` as element `i` of an integer buffer (wrapping to i16 / i32 for `I16` / `I32`, `v != 0` for
+/// Writes `v` as element `i` of an integer buffer (wrapping to i8 / i16 / i32 for `I8` / `I16` / `I32`, `v != 0` for
 /// `Bool`). Float buffers take `v` converted.
 ///
 /// # Panics
@@ -101,6 +103,7 @@ pub fn write_f64(bytes: &mut [u8], dtype: DType, i: usize, v: f64) {
 pub fn write_i64(bytes: &mut [u8], dtype: DType, i: usize, v: i64) {
     match dtype {
         DType::I16 => bytes[i * 2..i * 2 + 2].copy_from_slice(&(v as i16).to_le_bytes()),
+        DType::I8 => bytes[i] = v as i8 as u8,
         DType::I32 => bytes[i * 4..i * 4 + 4].copy_from_slice(&(v as i32).to_le_bytes()),
         DType::I64 => bytes[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes()),
         DType::Bool => bytes[i] = (v != 0) as u8,
@@ -186,7 +189,7 @@ mod tests {
 
     #[test]
     fn round_trips_every_dtype() {
-        for dtype in [DType::F32, DType::F16, DType::BF16, DType::I16, DType::I32, DType::I64, DType::Bool] {
+        for dtype in [DType::F32, DType::F16, DType::BF16, DType::I16, DType::I8, DType::I32, DType::I64, DType::Bool] {
             let mut b = vec![0u8; 3 * dtype.size()];
             write_f32(&mut b, dtype, 2, 1.0);
             assert_eq!(read_f32(&b, dtype, 2), 1.0, "{dtype}");

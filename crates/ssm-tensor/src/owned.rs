@@ -80,11 +80,12 @@ impl HostTensor {
         Self::from_bytes(dtype, shape, &bytes)
     }
 
-    /// An integer tensor (I16, I32 or I64; values wrap) from i64 values, or a Bool tensor
+    /// An integer tensor (I8, I16, I32 or I64; values wrap) from i64 values, or a Bool tensor
     /// (nonzero = true).
     pub fn from_i64(dtype: DType, shape: Vec<usize>, values: &[i64]) -> Self {
         assert_eq!(values.len(), Self::numel_of(&shape), "values must fill the shape");
         let bytes: Vec<u8> = match dtype {
+            DType::I8 => values.iter().map(|&v| v as i8 as u8).collect(),
             DType::I16 => values.iter().flat_map(|&v| (v as i16).to_le_bytes()).collect(),
             DType::I32 => values.iter().flat_map(|&v| (v as i32).to_le_bytes()).collect(),
             DType::I64 => values.iter().flat_map(|&v| v.to_le_bytes()).collect(),

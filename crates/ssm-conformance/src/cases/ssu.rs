@@ -6,8 +6,8 @@
 //! heads axis) or Mamba2, tied (stride-0 `dt`/`A`/`dt_bias`) or per-channel parameters,
 //! groups, odd sizes, pads −1 / 0 / none, pad rows, i32/i64 and 1-D/2-D tables, separate
 //! destination tables, unaligned state rows (padded slots), aliasing tables (which host plans
-//! refuse with `SsuError::SlotConflict`), fp16 stochastic rounding and FlashInfer's
-//! block-scaled i16 state (in place of some f32 states). [`Case::build`] makes
+//! refuse with `SsuError::SlotConflict`), fp16 stochastic rounding and the block-scaled i16
+//! (FlashInfer's) and i8 states (in place of some f32 states). [`Case::build`] makes
 //! the tensors from a seed: outputs are poisoned with NaN, slots are distinct per sequence
 //! except where [`Spec::alias`] makes sequence 1 use what sequence 0 writes.
 
@@ -102,7 +102,7 @@ pub struct Spec {
     pub dstate: usize,
     /// Tied (Mamba2) parameters: `dt`, `A`, `dt_bias` stride-0 along `dim` (and `dstate`).
     pub tied: bool,
-    /// State dtype (I16: block-scaled, with `state_scale`).
+    /// State dtype (I16 / I8: block-scaled, with `state_scale`).
     pub state: DType,
     /// Dtype of `x`, `dt`, `z`, `B`, `C`, `out`.
     pub io: DType,
@@ -186,8 +186,14 @@ impl Spec {
     /// `i / 9 mod 6`; everything else is drawn from `rng`.
     pub fn draw(rng: &mut impl Rng, i: usize) -> Spec {
         let (state, io) = (FLOATS[i % 3], FLOATS[i / 3 % 3]);
-        // FlashInfer's block-scaled i16 state in place of some f32 ones.
-        let state = if state == DType::F32 && rng.random_bool(0.4) { DType::I16 } else { state };
+        // Block-scaled integer states (FlashInfer's i16, and i8) in place of two f32 states in
+        // five, chosen by case number so that every seed covers them: f32 case j = i / 3 with
+        // j mod 5 = 1 (i16) or 3 (i8) meets every io dtype and every route within 108 cases.
+        let state = match (state, i / 3 % 5) {
+            (DType::F32, 1) => DType::I16,
+            (DType::F32, 3) => DType::I8,
+            _ => state,
+        };
         let route = i / 9 % ROUTES;
         let dense = route >= 4;
         let mamba1 = !dense && rng.random_bool(0.2);
@@ -296,13 +302,13 @@ pub struct Case {
     pub num_accepted_tokens: Option<HostTensor>,
     /// Sequence starts (varlen).
     pub cu_seqlens: Option<HostTensor>,
-    /// `state_scale` of an i16 state: `[slots, heads, dim]` (no heads axis for Mamba1; some
+    /// `state_scale` of an i16 / i8 state: `[slots, heads, dim]` (no heads axis for Mamba1; some
     /// cases add a trailing axis of 1), slots `heads·dim (+1)` apart.
     pub state_scale: Option<StridedHost>,
     /// `[entries, steps, heads, dim, dstate]` (no heads axis for Mamba1), NaN before the call
-    /// (an i16 buffer: 0x5A5A, its scales NaN).
+    /// (an integer buffer: 0x5A5A wrapped to its width, its scales NaN).
     pub intermediate_states_buffer: Option<HostTensor>,
-    /// `intermediate_state_scales` `[entries, steps, heads, dim]` of an i16 buffer, NaN before
+    /// `intermediate_state_scales` `[entries, steps, heads, dim]` of an integer buffer, NaN before
     /// the call.
     pub intermediate_state_scales: Option<HostTensor>,
     /// Buffer entry per sequence.
@@ -365,7 +371,7 @@ impl Tables {
     }
 }
 
-/// An i16 pool holding `values` (`[slots, slot_len]`, `slot_len` = heads·dim·dstate + padding):
+/// An i16 / i8 pool holding `values` (`[slots, slot_len]`, `slot_len` = heads·dim·dstate + padding):
 /// each row quantized as the kernels store it ([`ssm_ssu::quant`]), padding as integers; and its
 /// `state_scale`, slots `heads·dim` or one more apart, sometimes with a trailing axis of 1.
 fn quantized_pool(spec: &Spec, values: &[f32], slots: usize, rng: &mut ChaCha8Rng) -> (HostTensor, StridedHost) {
@@ -374,16 +380,16 @@ fn quantized_pool(spec: &Spec, values: &[f32], slots: usize, rng: &mut ChaCha8Rn
     let scale_slot = rows + usize::from(rng.random_bool(0.5));
     let mut ints = vec![0i64; values.len()];
     let mut scales = vec![7.0f32; slots * scale_slot];
-    let mut q = vec![0i16; n];
     for slot in 0..slots {
         for r in 0..rows {
             let at = slot * slot_len + r * n;
-            scales[slot * scale_slot + r] = ssm_ssu::quant::quantize_row_i16(&values[at..at + n], &mut q);
-            ints[at..at + n].iter_mut().zip(&q).for_each(|(i, &v)| *i = i64::from(v));
+            let (q, decode) = ssm_ssu::quant::quantize_row_as(spec.state, &values[at..at + n]);
+            scales[slot * scale_slot + r] = decode;
+            ints[at..at + n].copy_from_slice(&q);
         }
         ints[slot * slot_len + rows * n..(slot + 1) * slot_len].iter_mut().for_each(|i| *i = 1234);
     }
-    let memory = HostTensor::from_i64(DType::I16, vec![values.len()], &ints);
+    let memory = HostTensor::from_i64(spec.state, vec![values.len()], &ints);
     let scale_memory = HostTensor::from_f32(DType::F32, vec![scales.len()], &scales);
     let (mut shape, mut strides) = if spec.mamba1 {
         (vec![slots, spec.dim], vec![scale_slot as isize, 1])
@@ -410,7 +416,7 @@ impl Case {
         let slot_len = h * p * n + spec.slot_pad;
         let state_values = randn(rng, slots * slot_len, 0.5);
         let (state_memory, state_scale) = match spec.state {
-            DType::I16 => {
+            DType::I16 | DType::I8 => {
                 let (memory, scale) = quantized_pool(&spec, &state_values, slots, rng);
                 (memory, Some(scale))
             }
@@ -510,10 +516,10 @@ impl Case {
                     (slots, None)
                 };
                 let shape = [vec![entries, steps], per_head(&[h, p, n])].concat();
-                if spec.state == DType::I16 {
+                if ssm_ssu::quant::limit(spec.state).is_some() {
                     let numel = shape.iter().product();
                     let scales = HostTensor::filled(DType::F32, shape[..shape.len() - 1].to_vec(), f32::NAN);
-                    (Some(HostTensor::from_i64(DType::I16, shape, &vec![0x5A5A; numel])), idx, Some(scales))
+                    (Some(HostTensor::from_i64(spec.state, shape, &vec![0x5A5A; numel])), idx, Some(scales))
                 } else {
                     (Some(HostTensor::filled(spec.state, shape, f32::NAN)), idx, None)
                 }
@@ -592,7 +598,7 @@ impl Case {
         }
     }
 
-    /// The state memory as f32 values: an i16 state dequantized (each row times its scale;
+    /// The state memory as f32 values: an integer state dequantized (each row times its scale;
     /// slot padding as stored), a float state as stored.
     pub fn state_values(&self) -> HostTensor {
         let memory = &self.state.memory;
@@ -611,7 +617,7 @@ impl Case {
         HostTensor::from_f32(DType::F32, memory.shape.clone(), &values)
     }
 
-    /// The intermediate buffer as f32 values (an i16 buffer dequantized; rows never written
+    /// The intermediate buffer as f32 values (an integer buffer dequantized; rows never written
     /// are NaN either way).
     pub fn buffer_values(&self) -> Option<HostTensor> {
         let buffer = self.intermediate_states_buffer.as_ref()?;
@@ -633,7 +639,7 @@ impl Case {
     }
 
     /// The bytes of state slot `slot` (its padding included), then those of its scales (an
-    /// i16 state).
+    /// integer state).
     pub fn slot_bytes(&self, slot: usize) -> Vec<u8> {
         let size = self.spec.state.size();
         let elements = self.slot_elements(slot);
