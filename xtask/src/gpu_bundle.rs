@@ -5,7 +5,8 @@
 //! - `bin.tar.gz`: the release test executables of every workspace package, unit and integration
 //!   (collected from cargo's JSON messages of `cargo test --no-run --release --workspace
 //!   --all-features`, CI's feature set), and the xtask binary with the `cuda` feature (for the
-//!   bench), stripped of debug info and compressed (about 75 MiB as files, 30 as the archive);
+//!   bench), stripped (test binaries of their symbols too) and compressed (about 125 MiB as
+//!   files, 48 as the archive);
 //!   its `gpu-tests.txt` names those of the GPU packages, which the sanitizer stage runs.
 //!   `run.sh` unpacks it into `bin/` (or `$OUT/bin/` where the bundle is read-only);
 //! - `workspace/`: every insta `snapshots/` folder at its workspace path, so
@@ -17,7 +18,8 @@
 //!   `peers/peer_common.py` they import (the peer's own code is carried separately);
 //! - `kernels/`: the CUDA sources (also embedded in the binaries), for reading there;
 //! - `run.sh`: tests, `xtask conformance --backend cuda`, compute-sanitizer (memcheck,
-//!   racecheck) over the GPU tests, bench.
+//!   racecheck) over the GPU tests, bench; and, asked for by name, vLLM's own mamba kernel tests
+//!   against the Python package (`vllm-tests`, the folder `xtask/peers/vllm_tests/fetch.sh` fills).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -162,8 +164,11 @@ fn collect_binaries(root: &Path, bin: &Path) -> anyhow::Result<()> {
     for exe in tests.iter().chain(&xtask).chain(&examples) {
         let to = bin.join(&exe.name);
         std::fs::copy(&exe.path, &to).with_context(|| format!("copying {}", exe.path.display()))?;
-        // Debug info is most of a release test binary; the bundle must stay small.
-        let _ = Command::new("strip").arg("--strip-debug").arg(&to).status();
+        // Debug info is most of a release test binary; the bundle must stay small. Test and
+        // example binaries lose their symbol table too (4 MB of the archive; a panic still names
+        // its file and line, a backtrace only addresses); xtask keeps it for the bench's.
+        let level = if exe.name == "xtask" { "--strip-debug" } else { "--strip-unneeded" };
+        let _ = Command::new("strip").arg(level).arg(&to).status();
         println!("bin/{}", exe.name);
     }
     let gpu: Vec<&str> = tests
@@ -287,6 +292,7 @@ const RUN_SH: &str = r#"#!/usr/bin/env bash
 #   SSM_BENCH_OPS="ssu" SSM_BENCH_ARGS="--batches 64" bash run.sh bench # a subset of the benches
 #   SSM_TEST_BINS="test-ssm-cuda-gpu_ring" bash run.sh tests          # a subset of the tests
 #   SSM_REQUIRE_GPU=0 bash run.sh tests         # without a GPU: the GPU tests skip, printing why
+#   VLLM_TESTS=/path/to/peers/vllm_tests bash run.sh vllm-tests   # vLLM's mamba kernel tests on ours
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 out="${OUT:-$here/out}"
@@ -338,6 +344,23 @@ run_python() {
         note "python: ok ($(grep -c ': ok$' "$out/python.log") CUDA tests; $(head -n1 "$out/python.log"))"
     else
         note "python: FAILED ($(tail -n1 "$out/python.log"))"; status=1; failed+=(python)
+    fi
+}
+
+run_vllm_tests() {
+    # vLLM 0.33.0's own mamba, SSD and FLA (GDN) kernel tests with vLLM's ops replaced by the
+    # Python package's (VLLM_TESTS: the folder xtask/peers/vllm_tests/fetch.sh filled, its
+    # conftest.py the shim).
+    if [ -z "${VLLM_TESTS:-}" ]; then
+        note "vllm-tests: FAILED (VLLM_TESTS is not set)"; status=1; failed+=(vllm-tests); return
+    fi
+    if (cd "$VLLM_TESTS" && PYTHONPATH="$here/py${PYTHONPATH:+:$PYTHONPATH}" python3 -m pytest -q -p no:cacheprovider -rs \
+        tests/kernels/mamba/test_mamba_ssm.py tests/kernels/mamba/test_causal_conv1d.py \
+        tests/kernels/mamba/test_mamba_ssm_ssd.py tests/kernels/fla/test_fused_sigmoid_gating_delta_rule.py \
+        tests/kernels/fla/test_fused_recurrent_packed_decode.py) >"$out/vllm-tests.log" 2>&1; then
+        note "vllm-tests: ok ($(tail -n1 "$out/vllm-tests.log"))"
+    else
+        note "vllm-tests: FAILED ($(tail -n1 "$out/vllm-tests.log"))"; status=1; failed+=(vllm-tests)
     fi
 }
 
@@ -414,6 +437,7 @@ for stage in ${*:-tests conformance examples python sanitize bench}; do
     case "$stage" in
         tests) run_tests ;;
         python) run_python ;;
+        vllm-tests) run_vllm_tests ;;
         conformance) run_conformance ;;
         sanitize) run_sanitize ;;
         bench) run_bench ;;

@@ -163,6 +163,19 @@ fn check_1d(arg: &'static str, t: &TensorRef<'_>, len: usize, name: &str) -> Res
     Ok(())
 }
 
+/// A 1-D table of at least `len` entries (vLLM's kernels read entry `b` of each sequence `b`
+/// and ignore the rest: a wider table, as vLLM's own tests pass, is accepted).
+fn check_1d_at_least(arg: &'static str, t: &TensorRef<'_>, len: usize, name: &str) -> Result<(), ConvError> {
+    if t.rank() != 1 || t.shape()[0] < len {
+        return Err(ConvError::from(ArgError::Shape {
+            arg,
+            expected: format!("[n ≥ {name}={len}]"),
+            actual: t.shape().to_vec(),
+        }));
+    }
+    Ok(())
+}
+
 /// Reads one host index (the plan checked dtype and device before).
 fn read(t: &TensorRef<'_>, idx: &[usize]) -> i64 {
     t.get_i64(idx).expect("host index tensor of checked dtype")
@@ -631,7 +644,7 @@ pub(crate) fn plan_causal_conv1d_fn(args: &CausalConv1dFnArgs<'_>) -> Result<Con
     if let Some(ci) = &args.cache_indices {
         check_index_dtype("cache_indices", ci)?;
         check_device("cache_indices", ci.device(), device)?;
-        check_1d("cache_indices", ci, batch, "batch (len(query_start_loc) - 1)")?;
+        check_1d_at_least("cache_indices", ci, batch, "batch (len(query_start_loc) - 1)")?;
     } else if batch > slots {
         return Err(ConvError::from(ArgError::Shape {
             arg: "conv_states",
@@ -648,7 +661,7 @@ pub(crate) fn plan_causal_conv1d_fn(args: &CausalConv1dFnArgs<'_>) -> Result<Con
             }));
         }
         check_device("has_initial_state", h.device(), device)?;
-        check_1d("has_initial_state", h, batch, "batch (len(query_start_loc) - 1)")?;
+        check_1d_at_least("has_initial_state", h, batch, "batch (len(query_start_loc) - 1)")?;
     }
 
     let mut plan = shared.plan(ConvOp::Fn, batch, args.activation, x_tok, out_tok);
