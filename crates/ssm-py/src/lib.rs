@@ -110,6 +110,7 @@ fn dtype_of(name: &'static str, typestr: &str) -> PyResult<DType> {
         "<f4" => DType::F32,
         "<f2" => DType::F16,
         "<i2" => DType::I16,
+        "|i1" => DType::I8,
         "<i4" => DType::I32,
         "<i8" => DType::I64,
         "|b1" => DType::Bool,
@@ -123,7 +124,7 @@ fn dtype_of(name: &'static str, typestr: &str) -> PyResult<DType> {
                 _ => "",
             };
             return Err(PyTypeError::new_err(format!(
-                "`{name}`: dtype {other}{known} is not supported (float32, float16, int16, int32, int64, bool)"
+                "`{name}`: dtype {other}{known} is not supported (float32, float16, int16, int8, int32, int64, bool)"
             )));
         }
     })
@@ -253,12 +254,13 @@ fn dlpack<'py>(name: &'static str, obj: &Bound<'py, PyAny>, keep: &mut Vec<Bound
         (2, 16, 1) => DType::F16,
         (4, 16, 1) => DType::BF16,
         (0, 16, 1) => DType::I16,
+        (0, 8, 1) => DType::I8,
         (0, 32, 1) => DType::I32,
         (0, 64, 1) => DType::I64,
         (6, 8, 1) => DType::Bool,
         (code, bits, lanes) => {
             return Err(PyTypeError::new_err(format!(
-                "`{name}`: DLPack dtype (code {code}, {bits} bits, {lanes} lanes) is not supported (float32, float16, bfloat16, int16, int32, int64, bool)"
+                "`{name}`: DLPack dtype (code {code}, {bits} bits, {lanes} lanes) is not supported (float32, float16, bfloat16, int16, int8, int32, int64, bool)"
             )));
         }
     };
@@ -437,7 +439,7 @@ fn op_err(e: ssm_dispatch::Error) -> PyErr {
 }
 
 /// `selective_state_update` (vLLM's signature, plus FlashInfer's verification arguments and
-/// block-scaled int16 state; see the Python wrapper): `state`, `out`, `state_scale`,
+/// block-scaled int16 / int8 states; see the Python wrapper): `state`, `out`, `state_scale`,
 /// `intermediate_states_buffer` and `intermediate_state_scales` written in place.
 #[pyfunction]
 #[pyo3(signature = (state, x, dt, a, b, c, out, d=None, dt_bias=None, z=None, dt_softplus=false,

@@ -97,15 +97,17 @@ def test_selective_state_update_verifies_without_commit():
         assert np.isnan(buf[entries[b], 1]).all()
 
 
-def test_selective_state_update_int16_state():
-    """FlashInfer's block-scaled int16 state: rows read as ``q * scale``, the new rows quantized
-    with ``32767 / max|row|`` and their decode scales rewritten; close to the f32-state call."""
+@pytest.mark.parametrize("dtype,limit", [(np.int16, 32767), (np.int8, 127)])
+def test_selective_state_update_integer_state(dtype, limit):
+    """Block-scaled integer states (FlashInfer's int16, and int8): rows read as ``q * scale``, the
+    new rows quantized with ``limit / max|row|`` and their decode scales rewritten; close to the
+    f32-state call."""
     rng = np.random.default_rng(9)
     batch, nheads, dim, dstate, slots = 3, 2, 8, 16, 5
     f32_state = rng.standard_normal((slots, nheads, dim, dstate)).astype(np.float32)
     amax = np.abs(f32_state).max(axis=-1)
-    scale = (amax / 32767).astype(np.float32)
-    q = np.clip(np.rint(f32_state / scale[..., None]), -32767, 32767).astype(np.int16)
+    scale = (amax / limit).astype(np.float32)
+    q = np.clip(np.rint(f32_state / scale[..., None]), -limit, limit).astype(dtype)
     x = rng.standard_normal((batch, nheads, dim)).astype(np.float32)
     dt = np.broadcast_to(rng.uniform(-2, 1, (batch, nheads, 1)).astype(np.float32), (batch, nheads, dim))
     A = np.broadcast_to(-rng.uniform(0.1, 2, (nheads, 1, 1)).astype(np.float32), (nheads, dim, dstate))
@@ -120,8 +122,8 @@ def test_selective_state_update_int16_state():
     np.testing.assert_allclose(out, want_out, rtol=1e-5, atol=1e-5)
     for s in table:
         row_amax = np.abs(want_state[s]).max(axis=-1)
-        np.testing.assert_allclose(sc[s], row_amax / 32767, rtol=1e-5)
-        assert np.abs(state[s]).max(axis=-1).min() == 32767
+        np.testing.assert_allclose(sc[s], row_amax / limit, rtol=1e-5)
+        assert np.abs(state[s].astype(np.int32)).max(axis=-1).min() == limit
         np.testing.assert_allclose(state[s] * sc[s][..., None], want_state[s], atol=float(sc[s].max()))
     for s in (0, 3):
         np.testing.assert_array_equal(state[s], q[s])
@@ -255,6 +257,44 @@ def test_sigmoid_gating_gdn_computes_vllms_gates():
                                                      ssm_state_indices=table)
     np.testing.assert_allclose(o, want_o, rtol=2e-4, atol=2e-4)
     np.testing.assert_allclose(state, want_state, rtol=2e-4, atol=2e-4)
+
+
+@pytest.mark.parametrize("strided", [False, True])
+def test_packed_decode_reads_q_k_v_in_place_and_zeroes_pads(strided):
+    # vLLM's packed decode: one token per sequence from [q heads | k heads | v heads] rows (a
+    # strided view of a wider projection when `strided`), pads (<= 0) give zero rows and keep
+    # every slot; the rest equals fused_sigmoid_gating_delta_rule_update on the split tensors.
+    rng = np.random.default_rng(7)
+    n, h, hv, kd, vd = 5, 2, 4, 8, 6
+    width = 2 * h * kd + hv * vd
+    proj = rng.standard_normal((n, width + (16 if strided else 0))).astype(np.float32)
+    mixed = proj[:, :width]
+    a = rng.standard_normal((n, hv)).astype(np.float32)
+    b = rng.standard_normal((n, hv)).astype(np.float32)
+    A_log = rng.uniform(-1, 1, hv).astype(np.float32)
+    dt_bias = rng.uniform(-1, 1, hv).astype(np.float32)
+    pool = rng.standard_normal((7, hv, vd, kd)).astype(np.float32) * 0.3
+    table = np.array([3, -1, 6, 0, 1], dtype=np.int32)
+    want_pool = pool.copy()
+    q = mixed[:, : h * kd].reshape(n, 1, h, kd).copy()
+    k = mixed[:, h * kd : 2 * h * kd].reshape(n, 1, h, kd).copy()
+    v = mixed[:, 2 * h * kd :].reshape(n, 1, hv, vd).copy()
+    want_o, _ = sk.fused_sigmoid_gating_delta_rule_update(A_log, a, b, dt_bias, q, k, v, scale=0.3,
+                                                          initial_state=want_pool, ssm_state_indices=table,
+                                                          use_qk_l2norm_in_kernel=True)
+    before = pool.copy()
+    out = np.full((n, 1, hv, vd), np.nan, dtype=np.float32)
+    got, final = sk.fused_recurrent_gated_delta_rule_packed_decode(mixed, a, b, A_log, dt_bias, 0.3, pool, out, table,
+                                                                   use_qk_l2norm_in_kernel=True)
+    assert got is out and final is pool
+    live = table > 0
+    np.testing.assert_array_equal(out[live], want_o[live])
+    np.testing.assert_array_equal(out[~live], 0)
+    np.testing.assert_array_equal(pool, want_pool)
+    for s in (0, 2, 4, 5):
+        np.testing.assert_array_equal(pool[s], before[s])
+    with pytest.raises(sk.SsmError, match="mixed_qkv"):
+        sk.fused_recurrent_gated_delta_rule_packed_decode(mixed[:, 1:], a, b, A_log, dt_bias, 0.3, pool, out, table)
 
 
 class DLPackOnly:

@@ -7,8 +7,9 @@ CPU backend with every core. A call the op refuses raises :class:`SsmError` (a `
 the op's typed message and writes nothing.
 
 Supported today: ``selective_state_update``, ``causal_conv1d_update``,
-``fused_recurrent_gated_delta_rule``, ``fused_sigmoid_gating_delta_rule_update`` (the
-decode-path ops of Mamba2 and Qwen3-Next layers) and ``mamba_chunk_scan_combined_varlen`` (Mamba2
+``fused_recurrent_gated_delta_rule``, ``fused_sigmoid_gating_delta_rule_update``,
+``fused_recurrent_gated_delta_rule_packed_decode`` (the decode-path ops of Mamba2 and Qwen3-Next
+layers) and ``mamba_chunk_scan_combined_varlen`` (Mamba2
 prefill, with :func:`compute_chunk_metadata`), float32/float16 data and int32/int64 index
 tables; CUDA tensors through DLPack (torch), launched on torch's current stream with no host
 synchronisation (:func:`check` reads the device error word). Not yet: ``__cuda_array_interface__``
@@ -30,6 +31,7 @@ __all__ = [
     "causal_conv1d_update",
     "fused_recurrent_gated_delta_rule",
     "fused_sigmoid_gating_delta_rule_update",
+    "fused_recurrent_gated_delta_rule_packed_decode",
     "mamba_chunk_scan_combined_varlen",
     "compute_chunk_metadata",
     "causal_conv1d_fn",
@@ -98,11 +100,12 @@ def selective_state_update(
     receives every token's state at (``intermediate_state_indices[b]`` or the sequence's source
     slot, token), and ``state`` is not written.
 
-    FlashInfer's block-scaled int16 state: an ``int16`` ``state`` with ``state_scale``
-    ``[slots, nheads, dim]`` (float32, one decode scale per row) is read as ``state * scale``;
-    every stored row is quantized (``32767 / max|row|``, rounded to nearest, clipped to ±32767)
-    and its decode scale rewritten. An int16 ``intermediate_states_buffer`` takes
-    ``intermediate_state_scales`` ``[entries, steps, nheads, dim]`` likewise."""
+    Block-scaled integer states (FlashInfer's int16, and int8): an ``int16`` or ``int8``
+    ``state`` with ``state_scale`` ``[slots, nheads, dim]`` (float32, one decode scale per row)
+    is read as ``state * scale``; every stored row is quantized (``LIMIT / max|row|``, rounded to
+    nearest, clipped to ±LIMIT; LIMIT 32767 for int16, 127 for int8) and its decode scale
+    rewritten. An integer ``intermediate_states_buffer`` takes ``intermediate_state_scales``
+    ``[entries, steps, nheads, dim]`` likewise."""
     if out is None:
         out = _empty_like(x)
     _core.selective_state_update(
@@ -215,6 +218,60 @@ def fused_sigmoid_gating_delta_rule_update(
         softplus_beta=float(beta), threshold=float(threshold), stream=_stream(q),
     )
     return o, initial_state if final is None else final
+
+
+def _heads_of(t, start, heads, dim):
+    """Columns ``[start, start + heads·dim)`` of the rows of ``t [B, width]`` as ``[B, 1, heads,
+    dim]``, a view of ``t``'s memory (rows may be strided)."""
+    cols = t[:, start : start + heads * dim]
+    if hasattr(cols, "unflatten"):
+        return cols.unflatten(1, (heads, dim)).unsqueeze(1)
+    return np.lib.stride_tricks.as_strided(
+        cols, (t.shape[0], 1, heads, dim), (cols.strides[0], cols.strides[0], dim * cols.strides[1], cols.strides[1])
+    )
+
+
+def fused_recurrent_gated_delta_rule_packed_decode(
+    mixed_qkv,
+    a,
+    b,
+    A_log,
+    dt_bias,
+    scale,
+    initial_state,
+    out,
+    ssm_state_indices,
+    use_qk_l2norm_in_kernel=False,
+):
+    """vLLM's packed GDN decode (one token per sequence, semantics/gdn_conv.md §2.3): q, k and v
+    read in place from ``mixed_qkv [B, 2·H·K + HV·V]`` (all q heads, then all k heads, then all
+    v heads; rows may be strided), the gates computed from ``a, b [B, HV]``, ``A_log`` and
+    ``dt_bias`` as :func:`fused_sigmoid_gating_delta_rule_update` does (beta in float32), the
+    ``[slots, HV, V, K]`` pool ``initial_state`` updated in place through the 1-D
+    ``ssm_state_indices``. Writes ``out [B, 1, HV, V]``: each sequence's output, zeros where its
+    index is a pad (≤ 0). ``H`` is inferred from the widths. Returns ``(out, initial_state)``."""
+    hv, vd, kd = initial_state.shape[-3:]
+    width = mixed_qkv.shape[1] - hv * vd
+    h = width // (2 * kd) if kd else 0
+    if h <= 0 or 2 * h * kd != width or hv % h:
+        raise SsmError(
+            f"`mixed_qkv`: width {mixed_qkv.shape[1]} is not 2·H·K + HV·V with K = {kd}, HV·V = {hv * vd} "
+            f"and HV a multiple of H"
+        )
+    q, k = _heads_of(mixed_qkv, 0, h, kd), _heads_of(mixed_qkv, h * kd, h, kd)
+    v = _heads_of(mixed_qkv, 2 * h * kd, hv, vd)
+    # One token per sequence as a dense batch of B sequences of T = 1: `out` is `o` itself.
+    _core.gated_delta_rule(
+        q, k, v, out, scale, initial_state, None, None, ssm_state_indices, None,
+        bool(use_qk_l2norm_in_kernel), a_log=A_log, a=a, b=b, dt_bias=dt_bias, stream=_stream(mixed_qkv),
+    )
+    # vLLM's kernel writes zeros for a pad; the recurrent op leaves those rows alone.
+    pads = ssm_state_indices <= 0
+    if hasattr(out, "masked_fill_"):
+        out.masked_fill_(pads.view(-1, 1, 1, 1), 0)  # on the device, no host synchronisation
+    else:
+        out[np.asarray(pads)] = 0
+    return out, initial_state
 
 
 def compute_chunk_metadata(query_start_loc, num_computed_tokens, chunk_size):
