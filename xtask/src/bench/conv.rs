@@ -82,6 +82,14 @@ impl BenchCase for ConvCase {
         self.steps
     }
 
+    fn peer_case(&self) -> Option<serde_json::Value> {
+        let kind = if self.kind == Kind::Update { "update" } else { "prefill" };
+        Some(serde_json::json!({
+            "op": "conv", "dim": self.dim, "width": WIDTH, "kind": kind, "batch": self.batch,
+            "steps": self.steps, "rotations": self.rotations(),
+        }))
+    }
+
     fn bytes(&self) -> u64 {
         let (dim, b, steps) = (self.dim as u64, self.batch as u64, self.steps as u64);
         let rows = b * steps;

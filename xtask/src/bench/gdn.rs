@@ -113,6 +113,15 @@ impl BenchCase for GdnCase {
         self.steps
     }
 
+    fn peer_case(&self) -> Option<serde_json::Value> {
+        let kind = if self.kind == Kind::Decode { "decode" } else { "prefill" };
+        let layout = if self.layout == StateLayout::VK { "VK" } else { "KV" };
+        Some(serde_json::json!({
+            "op": "gdn", "kind": kind, "layout": layout, "batch": self.batch, "steps": self.steps,
+            "rotations": self.rotations(), "h": H, "hv": HV, "k": K, "v": V,
+        }))
+    }
+
     fn bytes(&self) -> u64 {
         let tokens = (self.batch * self.steps) as u64;
         // q, k (bf16), v and o (bf16), gates: once per token.

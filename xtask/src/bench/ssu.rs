@@ -90,6 +90,15 @@ impl BenchCase for SsuCase {
         self.steps
     }
 
+    fn peer_case(&self) -> Option<serde_json::Value> {
+        let m = self.model;
+        Some(serde_json::json!({
+            "op": "ssu", "heads": m.heads, "dim": m.dim, "dstate": m.dstate, "groups": m.groups,
+            "mamba1": m.mamba1, "state": self.state.name(), "batch": self.batch, "steps": self.steps,
+            "rotations": self.rotations(),
+        }))
+    }
+
     fn bytes(&self) -> u64 {
         let m = self.model;
         let slot = (self.slot_elems() * self.state.size()) as u64;
