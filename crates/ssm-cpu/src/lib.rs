@@ -9,6 +9,7 @@
 
 mod conv;
 mod gdn;
+mod gemm;
 mod host;
 mod lanes;
 mod ring;

@@ -26,8 +26,9 @@
 use ssm_ssd::{MambaChunkScanCombinedVarlenArgs, ScratchLayout, SsdPlan, StateSource};
 use ssm_tensor::{DType, Planned, Run, Strided};
 
+use crate::gemm::{Operands, gemm};
 use crate::host::{MambaInputs, host_opt, host_ref, host_shared, rd, rd_int, rd_shared, wr};
-use crate::lanes::{axpy, dot};
+use crate::lanes::{dot, gather, round8, scal, scatter};
 use crate::shared::{ItemOp, Scratch, SharedBuf};
 use crate::simd::{LANES, PowTwo, Simd};
 use crate::{CpuBackend, CpuError, require_host};
@@ -96,11 +97,12 @@ impl Ctx<'_> {
     }
     /// Widens `rows` consecutive tokens of a `[T, i, j]` tensor at `(first, i)` into
     /// `dst` rows of `row` elements (zero tails).
-    fn widen(
+    #[inline(always)]
+    fn widen<S: Simd>(
         &self,
         bytes: &[u8],
         dtype: DType,
-        s: ssm_tensor::Strided<3>,
+        s: Strided<3>,
         first: usize,
         rows: usize,
         i: usize,
@@ -110,9 +112,7 @@ impl Ctx<'_> {
     ) {
         for r in 0..rows {
             let d = &mut dst[r * row..(r + 1) * row];
-            for (k, v) in d[..n].iter_mut().enumerate() {
-                *v = rd(bytes, dtype, s.at([first + r, i, k]));
-            }
+            gather::<S>(bytes, dtype, s.at([first + r, i, 0]), s.strides[2], &mut d[..n]);
             d[n..].fill(0.0);
         }
     }
@@ -196,20 +196,19 @@ fn chunk_state<S: Simd + PowTwo>(ctx: &Ctx<'_>, c: usize, h: usize, scratch: &mu
         cum += a * v;
         da[i] = cum;
     }
-    // Stage 2: the chunk's own state, decayed to the chunk's end.
+    // Stage 2: the chunk's own state decayed to the chunk's end, `st[pp][n] = Σ_i x_i[pp]·w_i·B_i[n]`
+    // with `w_i = e^{dA_last − dA_i}·dt_i`: a `[dim × len]·[len × dstate]` product of the
+    // chunk's widened rows.
     let da_last = da[len.max(1) - 1];
-    st.fill(0.0);
-    let wb = scratch.take(nr);
+    let pr = round8(p.dim);
+    let (xs, bw) = scratch.take(len * (pr + nr)).split_at_mut(len * pr);
+    ctx.widen::<S>(inp.mamba.x, p.io_dtypes.x, p.x, s, len, h, p.dim, pr, xs);
+    ctx.widen::<S>(inp.mamba.b, p.io_dtypes.b, p.b, s, len, g, p.dstate, nr, bw);
     for i in 0..len {
-        let w = (da_last - da[i]).min(0.0).exp() * dt_out[i];
-        for (n, v) in wb.iter_mut().enumerate() {
-            *v = if n < p.dstate { rd(inp.mamba.b, p.io_dtypes.b, p.b.at([s + i, g, n])) * w } else { 0.0 };
-        }
-        for pp in 0..p.dim {
-            let xv = rd(inp.mamba.x, p.io_dtypes.x, p.x.at([s + i, h, pp]));
-            axpy::<S>(&mut st[pp * nr..(pp + 1) * nr], xv, wb);
-        }
+        scal::<S>(&mut bw[i * nr..(i + 1) * nr], (da_last - da[i]).min(0.0).exp() * dt_out[i]);
     }
+    st.fill(0.0);
+    gemm::<S>(p.dim, nr, Operands::transposed(len, xs, pr, bw, nr), st, nr);
 }
 
 #[inline(always)]
@@ -221,8 +220,8 @@ fn chunk_cb<S: Simd + PowTwo>(ctx: &Ctx<'_>, c: usize, g: usize, scratch: &mut S
     // SAFETY: the CB block of (c, g) belongs to this item.
     let cb = unsafe { ctx.ws(ctx.cb_off(c, g), p.chunk_rows * q_row) };
     let (cs, bs) = scratch.take(2 * len * nr).split_at_mut(len * nr);
-    ctx.widen(ctx.inp.mamba.c, p.io_dtypes.c, p.c, s, len, g, p.dstate, nr, cs);
-    ctx.widen(ctx.inp.mamba.b, p.io_dtypes.b, p.b, s, len, g, p.dstate, nr, bs);
+    ctx.widen::<S>(ctx.inp.mamba.c, p.io_dtypes.c, p.c, s, len, g, p.dstate, nr, cs);
+    ctx.widen::<S>(ctx.inp.mamba.b, p.io_dtypes.b, p.b, s, len, g, p.dstate, nr, bs);
     for i in 0..len {
         let row = &mut cb[i * q_row..(i + 1) * q_row];
         let ci = &cs[i * nr..(i + 1) * nr];
@@ -381,75 +380,99 @@ fn scan_item<S: Simd + PowTwo>(ctx: &Ctx<'_>, item: usize, scratch: &mut Scratch
     };
     let opens = ctx.opens(c);
     let has_prev = !opens || p.initial_states.is_some() || p.initial_state_indices.is_some();
-    let buf = scratch.take(len * pr + len * nr + len * pr + q_row + per);
-    {
-        let (xs, rest) = buf.split_at_mut(len * pr);
-        let (cs, rest) = rest.split_at_mut(len * nr);
-        let (ys, rest) = rest.split_at_mut(len * pr);
-        let (wrow, sin_buf) = rest.split_at_mut(q_row);
-        ctx.widen(inp.mamba.x, p.io_dtypes.x, p.x, s, len, h, p.dim, pr, xs);
-        ctx.widen(inp.mamba.c, p.io_dtypes.c, p.c, s, len, g, p.dstate, nr, cs);
-        ys.fill(0.0);
-        // Off-diagonal: the entering state seen through C, decayed to each token.
-        if has_prev {
-            let sin: &[f32] = if opens {
-                load_init(ctx, ctx.seq(c), h, sin_buf);
-                sin_buf
-            } else {
-                // SAFETY: read only in this stage.
-                unsafe { &*ctx.ws(ctx.state_off(c - 1, h), per) }
-            };
-            for i in 0..len {
-                let scale = da[i].exp();
-                let ci = &cs[i * nr..(i + 1) * nr];
-                let yi = &mut ys[i * pr..(i + 1) * pr];
-                for pp in 0..p.dim {
-                    yi[pp] = scale * dot::<S>(&sin[pp * nr..(pp + 1) * nr], ci);
-                }
-            }
-        }
-        // Diagonal block: causal CB weighted by the decay between tokens and dt.
-        for i in 0..len {
-            let dai = S::splat(da[i]);
-            let cbi = &cb[i * q_row..(i + 1) * q_row];
-            let upto = (i + 1).div_ceil(LANES) * LANES;
-            for j in (0..upto).step_by(LANES) {
-                let dec = dai.sub(S::load(&da[j..])).min_(S::splat(0.0)).exp();
-                dec.mul(S::load(&dt_out[j..])).mul(S::load(&cbi[j..])).store(&mut wrow[j..]);
-            }
-            let yi = &mut ys[i * pr..(i + 1) * pr];
-            for j in 0..=i {
-                axpy::<S>(yi, wrow[j], &xs[j * pr..(j + 1) * pr]);
-            }
-        }
-        let out = ctx.out.expect("stage 5 runs only with an output");
-        let out_dtype = p.io_dtypes.out.expect("output dtype");
-        let op = p.out.expect("output strides");
-        for i in 0..len {
+    let buf = scratch.take(scan_scratch(p, &ctx.w));
+    let (xs, rest) = buf.split_at_mut(len * pr);
+    let (cs, rest) = rest.split_at_mut(len * nr);
+    let (ys, rest) = rest.split_at_mut(len * pr);
+    let (wm, rest) = rest.split_at_mut(len * q_row);
+    let (sin_buf, rest) = rest.split_at_mut(per);
+    let (sin_t, rest) = rest.split_at_mut(p.dstate * pr);
+    let (dvec, zrow) = rest.split_at_mut(pr);
+    ctx.widen::<S>(inp.mamba.x, p.io_dtypes.x, p.x, s, len, h, p.dim, pr, xs);
+    ys.fill(0.0);
+    // Off-diagonal: the entering state seen through C, decayed to each token:
+    // `y_i = e^{dA_i}·C_i·S_inᵀ`, a `[len × dstate]·[dstate × dim]` product.
+    if has_prev {
+        ctx.widen::<S>(inp.mamba.c, p.io_dtypes.c, p.c, s, len, g, p.dstate, nr, cs);
+        let sin: &[f32] = if opens {
+            load_init(ctx, ctx.seq(c), h, sin_buf);
+            sin_buf
+        } else {
+            // SAFETY: read only in this stage.
+            unsafe { &*ctx.ws(ctx.state_off(c - 1, h), per) }
+        };
+        for n in 0..p.dstate {
+            let row = &mut sin_t[n * pr..(n + 1) * pr];
             for pp in 0..p.dim {
-                let xv = xs[i * pr + pp];
-                let mut y = ys[i * pr + pp];
-                if let (Some((d, t)), Some(dp)) = (inp.d, p.d) {
-                    y += rd(d, t, dp.at([h, pp, 0])) * xv;
-                }
-                if let (Some(z), Some(zp)) = (inp.z, p.z) {
-                    let zv = rd(z, p.io_dtypes.z.unwrap(), zp.at([s + i, h, pp]));
-                    y *= zv / (1.0 + (-zv).exp());
-                }
-                // SAFETY: the plan checked `out`'s shape and that its elements do not overlap;
-                // token s+i, head h is written by this (chunk, head) item only.
-                unsafe { wr(out, out_dtype, op.at([s + i, h, pp]), y) };
+                row[pp] = sin[pp * nr + n];
+            }
+            row[p.dim..].fill(0.0);
+        }
+        gemm::<S>(len, pr, Operands::new(p.dstate, cs, nr, sin_t, pr), ys, pr);
+        for i in 0..len {
+            scal::<S>(&mut ys[i * pr..(i + 1) * pr], da[i].exp());
+        }
+    }
+    // Diagonal block: `y_i += Σ_{j≤i} CB_ij·e^{min(dA_i − dA_j, 0)}·dt_j·x_j`, a lower-triangular
+    // `[len × len]·[len × dim]` product (the weights past the diagonal stored as zeros).
+    for i in 0..len {
+        let dai = S::splat(da[i]);
+        let cbi = &cb[i * q_row..(i + 1) * q_row];
+        let wi = &mut wm[i * q_row..(i + 1) * q_row];
+        let upto = round8(i + 1);
+        for j in (0..upto).step_by(LANES) {
+            let dec = dai.sub(S::load(&da[j..])).min_(S::splat(0.0)).exp();
+            dec.mul(S::load(&dt_out[j..])).mul(S::load(&cbi[j..])).store(&mut wi[j..]);
+        }
+        wi[i + 1..].fill(0.0);
+    }
+    gemm::<S>(len, pr, Operands::new(len, wm, q_row, xs, pr).lower(), ys, pr);
+    // `D·x`, the gate `z·σ(z)`, the output row.
+    let out = ctx.out.expect("stage 5 runs only with an output");
+    let out_dtype = p.io_dtypes.out.expect("output dtype");
+    let op = p.out.expect("output strides");
+    let d = inp.d.zip(p.d);
+    if let Some(((bytes, t), dp)) = d {
+        for (pp, v) in dvec.iter_mut().enumerate() {
+            *v = if pp < p.dim { rd(bytes, t, dp.at([h, pp, 0])) } else { 0.0 };
+        }
+    }
+    let z = inp.z.zip(p.z).zip(p.io_dtypes.z);
+    for i in 0..len {
+        let (xi, yi) = (&xs[i * pr..(i + 1) * pr], &mut ys[i * pr..(i + 1) * pr]);
+        if d.is_some() {
+            for k in (0..pr).step_by(LANES) {
+                S::load(&dvec[k..]).mul_add(S::load(&xi[k..]), S::load(&yi[k..])).store(&mut yi[k..]);
             }
         }
+        if let Some(((bytes, zp), zt)) = z {
+            gather::<S>(bytes, zt, zp.at([s + i, h, 0]), zp.strides[2], &mut zrow[..p.dim]);
+            zrow[p.dim..].fill(0.0);
+            let one = S::splat(1.0);
+            for k in (0..pr).step_by(LANES) {
+                let zv = S::load(&zrow[k..]);
+                let silu = zv.div(one.add(S::splat(0.0).sub(zv).exp()));
+                S::load(&yi[k..]).mul(silu).store(&mut yi[k..]);
+            }
+        }
+        // SAFETY: the plan checked `out`'s shape and that its elements do not overlap; token
+        // s+i, head h is written by this (chunk, head) item only.
+        unsafe { scatter::<S>(out, out_dtype, op.at([s + i, h, 0]), op.strides[2], &yi[..p.dim]) };
     }
 }
 
-/// f32 scratch of one item of any stage, from the plan's dimensions alone (the largest: stage 4's
-/// C and B rows of a chunk, or stage 5's x, C and output rows with a chunk row and a state).
+/// f32 scratch of one stage-5 item: x, C and output rows, the diagonal block's weights, an
+/// entering state and its transpose, `D` and a `z` row.
+fn scan_scratch(p: &SsdPlan, w: &ScratchLayout) -> usize {
+    let (len, nr, pr) = (p.chunk_rows, w.state_row, round8(p.dim));
+    len * (2 * pr + nr + w.q_row) + p.dim * nr + p.dstate * pr + 2 * pr
+}
+
+/// f32 scratch of one item of any stage, from the plan's dimensions alone (the largest: stage 2's
+/// x and weighted B rows of a chunk, stage 4's C and B rows, or stage 5's [`scan_scratch`]).
 fn item_scratch(p: &SsdPlan, w: &ScratchLayout) -> usize {
-    let (len, nr, pr) = (p.chunk_rows, w.state_row, p.dim.div_ceil(LANES) * LANES);
-    let per = p.dim * nr;
-    (2 * len * nr).max(len * pr + len * nr + len * pr + w.q_row + per)
+    let (len, nr, pr) = (p.chunk_rows, w.state_row, round8(p.dim));
+    (len * (pr + nr)).max(2 * len * nr).max(scan_scratch(p, w))
 }
 
 impl CpuBackend {

@@ -8,10 +8,11 @@ use ssm_gdn::{CHUNK_SIZE, ChunkGatedDeltaRuleArgs, StateLayout};
 use ssm_tensor::{DType, Planned, Run, TensorRef};
 
 use super::{Io, normalize};
+use crate::gemm::{Operands, gemm};
 use crate::host::{host_opt, host_ref, rd};
 use crate::lanes::{axpy, dot, gather, round8, scal, scatter};
 use crate::shared::{ItemOp, Scratch, SharedBuf};
-use crate::simd::{LANES, PowTwo, Simd};
+use crate::simd::{PowTwo, Simd};
 use crate::{CpuBackend, CpuError, require_host};
 
 /// Offsets (in f32 elements) of one worker's chunked-prefill scratch.
@@ -48,77 +49,6 @@ impl ChunkLayout {
         let bt = gc + c;
         let len = bt + c;
         ChunkLayout { kp, vp, q, k, w, u, o, kdt, a, pm, gc, bt, len }
-    }
-}
-
-/// The operands of `alpha·A·B` with `kd` inner terms: `A[i][p] = a[i·lda + p]`,
-/// `B[p][j] = b[p·ldb + j]`.
-#[derive(Clone, Copy)]
-struct Operands<'a> {
-    kd: usize,
-    a: &'a [f32],
-    lda: usize,
-    b: &'a [f32],
-    ldb: usize,
-    alpha: f32,
-}
-
-/// `out[i][..np] += alpha·Σ_{p<kd} A[i][p]·B[p][..np]` for `i < m`; `np` a multiple of 8.
-#[inline(always)]
-fn gemm<S: Simd>(m: usize, np: usize, ab: Operands<'_>, out: &mut [f32], ldo: usize) {
-    let mut i = 0;
-    while i + 2 <= m {
-        gemm_rows::<S, 2>(i, np, ab, out, ldo);
-        i += 2;
-    }
-    if i < m {
-        gemm_rows::<S, 1>(i, np, ab, out, ldo);
-    }
-}
-
-/// Rows `i..i + R` of [`gemm`]: four lane groups of columns at a time, then one.
-#[inline(always)]
-fn gemm_rows<S: Simd, const R: usize>(i: usize, np: usize, ab: Operands<'_>, out: &mut [f32], ldo: usize) {
-    let mut c = 0;
-    while c + 4 * LANES <= np {
-        gemm_tile::<S, R, 4>(i, c, ab, out, ldo);
-        c += 4 * LANES;
-    }
-    while c < np {
-        gemm_tile::<S, R, 1>(i, c, ab, out, ldo);
-        c += LANES;
-    }
-}
-
-#[inline(always)]
-fn gemm_tile<S: Simd, const R: usize, const G: usize>(
-    i: usize,
-    c: usize,
-    ab: Operands<'_>,
-    out: &mut [f32],
-    ldo: usize,
-) {
-    let Operands { kd, a, lda, b, ldb, alpha } = ab;
-    let mut acc = [[S::splat(0.0); G]; R];
-    for p in 0..kd {
-        let brow = &b[p * ldb + c..p * ldb + c + G * LANES];
-        // A plain loop, not `array::from_fn`: a closure would not inherit the caller's target features.
-        let mut bv = [S::splat(0.0); G];
-        for j in 0..G {
-            bv[j] = S::load(&brow[j * LANES..]);
-        }
-        for r in 0..R {
-            let av = S::splat(a[(i + r) * lda + p] * alpha);
-            for j in 0..G {
-                acc[r][j] = bv[j].mul_add(av, acc[r][j]);
-            }
-        }
-    }
-    for r in 0..R {
-        let orow = &mut out[(i + r) * ldo + c..(i + r) * ldo + c + G * LANES];
-        for j in 0..G {
-            S::load(&orow[j * LANES..]).add(acc[r][j]).store(&mut orow[j * LANES..]);
-        }
     }
 }
 
@@ -331,7 +261,7 @@ fn chunk_solve<S: Simd>(ctx: &ChunkCtx<'_>, cl: usize, m: &mut ChunkBufs<'_>) {
             axpy::<S>(&mut wi[..kp], aij, &wj[j * kp..(j + 1) * kp]);
         }
     }
-    gemm::<S>(cl, vp, Operands { kd, a: m.w, lda: kp, b: m.h, ldb: vp, alpha: -1.0 }, m.u, vp);
+    gemm::<S>(cl, vp, Operands::new(kd, m.w, kp, m.h, vp).scaled(-1.0), m.u, vp);
 }
 
 /// `O = (e^{G_i} q_i)·H + P·V'`, scattered to `o`.
@@ -343,8 +273,9 @@ fn chunk_outputs<S: Simd>(ctx: &ChunkCtx<'_>, b: usize, t0: usize, cl: usize, hv
     for i in 0..cl {
         scal::<S>(&mut m.q[i * kp..(i + 1) * kp], m.gc[i].exp());
     }
-    gemm::<S>(cl, vp, Operands { kd, a: m.q, lda: kp, b: m.h, ldb: vp, alpha: 1.0 }, m.o, vp);
-    gemm::<S>(cl, vp, Operands { kd: cl, a: m.p, lda: CHUNK_SIZE, b: m.u, ldb: vp, alpha: 1.0 }, m.o, vp);
+    gemm::<S>(cl, vp, Operands::new(kd, m.q, kp, m.h, vp), m.o, vp);
+    // `P` is lower triangular, its upper part the scratch's zeros (never written).
+    gemm::<S>(cl, vp, Operands::new(cl, m.p, CHUNK_SIZE, m.u, vp).lower(), m.o, vp);
     for i in 0..cl {
         let at = o_at.at([b, t0 + i, hv, 0]);
         // SAFETY: the output row of (sequence, token t0 + i, head hv) belongs to this item.
@@ -364,7 +295,7 @@ fn chunk_state_update<S: Simd>(ctx: &ChunkCtx<'_>, cl: usize, m: &mut ChunkBufs<
             m.kdt[ki * cs + i] = m.k[i * kp + ki] * f;
         }
     }
-    gemm::<S>(kd, vp, Operands { kd: cl, a: m.kdt, lda: cs, b: m.u, ldb: vp, alpha: 1.0 }, m.h, vp);
+    gemm::<S>(kd, vp, Operands::new(cl, m.kdt, cs, m.u, vp), m.h, vp);
 }
 
 impl Run<ChunkGatedDeltaRuleArgs<'_>> for CpuBackend {

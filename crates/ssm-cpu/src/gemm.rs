@@ -1,0 +1,178 @@
+//! Register-tiled f32 matrix products on the lanes, `out += alpha·A·B`: `A` read one element at a
+//! time through two strides (so a transposed operand needs no copy), `B` and `out` by rows of
+//! whole lanes. Shared by the chunked prefills: GDN's WY/UT chunk and Mamba2's SSD stages 2
+//! (`xᵀ·(w ⊙ B)`) and 5 (`C·S_inᵀ`, `(C·Bᵀ ⊙ decay)·x`).
+//!
+//! A tile of `R` output rows × `G` lane groups is held in registers over a block of [`KB`] inner
+//! terms; the blocks of `B`'s rows it streams (`KB` rows × `8G` lanes) stay in L1 while every row
+//! tile of the output passes over them.
+
+use crate::simd::{LANES, Simd};
+
+/// Inner terms per pass over `B` (64 rows of 32 lanes: 8 KiB).
+const KB: usize = 64;
+
+/// The operands of `alpha·A·B` with `kd` inner terms: `A[i][p] = a[i·lda + p·ldp]`,
+/// `B[p][j] = b[p·ldb + j]`.
+#[derive(Clone, Copy)]
+pub(crate) struct Operands<'a> {
+    pub(crate) kd: usize,
+    pub(crate) a: &'a [f32],
+    pub(crate) lda: usize,
+    pub(crate) ldp: usize,
+    pub(crate) b: &'a [f32],
+    pub(crate) ldb: usize,
+    pub(crate) alpha: f32,
+    /// `A` is lower triangular, its zeros stored (`A[i][p] = 0` for `p > i`): terms past a row
+    /// tile's last row are skipped.
+    pub(crate) lower: bool,
+}
+
+impl<'a> Operands<'a> {
+    /// `A·B` with a row-major `A` (`lda` elements per row).
+    pub(crate) fn new(kd: usize, a: &'a [f32], lda: usize, b: &'a [f32], ldb: usize) -> Self {
+        Operands { kd, a, lda, ldp: 1, b, ldb, alpha: 1.0, lower: false }
+    }
+    /// `Aᵀ·B` for a row-major `A` (`ld` elements per row): `Aᵀ[i][p] = a[p·ld + i]`.
+    pub(crate) fn transposed(kd: usize, a: &'a [f32], ld: usize, b: &'a [f32], ldb: usize) -> Self {
+        Operands { lda: 1, ldp: ld, ..Operands::new(kd, a, ld, b, ldb) }
+    }
+    /// The same product times `alpha`.
+    pub(crate) fn scaled(self, alpha: f32) -> Self {
+        Operands { alpha, ..self }
+    }
+    /// The same product with `A` lower triangular (see [`Operands::lower`]).
+    pub(crate) fn lower(self) -> Self {
+        Operands { lower: true, ..self }
+    }
+}
+
+/// `out[i][..np] += alpha·Σ_{p<kd} A[i][p]·B[p][..np]` for `i < m`; `np` a multiple of 8.
+#[inline(always)]
+pub(crate) fn gemm<S: Simd>(m: usize, np: usize, ab: Operands<'_>, out: &mut [f32], ldo: usize) {
+    debug_assert!(np.is_multiple_of(LANES));
+    let mut p0 = 0;
+    while p0 < ab.kd {
+        let p1 = (p0 + KB).min(ab.kd);
+        // A lower-triangular `A` has no terms of this block in rows above `p0`.
+        let mut i = if ab.lower { p0 } else { 0 };
+        while i + 4 <= m {
+            gemm_rows::<S, 4>(i, np, p0, p1, ab, out, ldo);
+            i += 4;
+        }
+        while i < m {
+            gemm_rows::<S, 1>(i, np, p0, p1, ab, out, ldo);
+            i += 1;
+        }
+        p0 = p1;
+    }
+}
+
+/// Rows `i..i + R` of [`gemm`] over terms `p0..p1`: two lane groups of columns at a time, then one.
+#[inline(always)]
+fn gemm_rows<S: Simd, const R: usize>(
+    i: usize,
+    np: usize,
+    p0: usize,
+    p1: usize,
+    ab: Operands<'_>,
+    out: &mut [f32],
+    ldo: usize,
+) {
+    let p1 = if ab.lower { p1.min(i + R) } else { p1 };
+    let mut c = 0;
+    while c + 2 * LANES <= np {
+        gemm_tile::<S, R, 2>(i, c, p0, p1, ab, out, ldo);
+        c += 2 * LANES;
+    }
+    if c < np {
+        gemm_tile::<S, R, 1>(i, c, p0, p1, ab, out, ldo);
+    }
+}
+
+#[inline(always)]
+fn gemm_tile<S: Simd, const R: usize, const G: usize>(
+    i: usize,
+    c: usize,
+    p0: usize,
+    p1: usize,
+    ab: Operands<'_>,
+    out: &mut [f32],
+    ldo: usize,
+) {
+    let Operands { a, lda, ldp, b, ldb, alpha, .. } = ab;
+    let mut acc = [[S::splat(0.0); G]; R];
+    for p in p0..p1 {
+        let brow = &b[p * ldb + c..p * ldb + c + G * LANES];
+        // A plain loop, not `array::from_fn`: a closure would not inherit the caller's target features.
+        let mut bv = [S::splat(0.0); G];
+        for j in 0..G {
+            bv[j] = S::load(&brow[j * LANES..]);
+        }
+        for r in 0..R {
+            let av = S::splat(a[(i + r) * lda + p * ldp]);
+            for j in 0..G {
+                acc[r][j] = bv[j].mul_add(av, acc[r][j]);
+            }
+        }
+    }
+    let al = S::splat(alpha);
+    for r in 0..R {
+        let orow = &mut out[(i + r) * ldo + c..(i + r) * ldo + c + G * LANES];
+        for j in 0..G {
+            acc[r][j].mul_add(al, S::load(&orow[j * LANES..])).store(&mut orow[j * LANES..]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::simd::Portable;
+
+    /// Every shape class (row and column tails, several term blocks, transposed and lower
+    /// triangular `A`) against the plain triple loop.
+    #[test]
+    fn matches_the_triple_loop() {
+        let val = |k: usize| ((k * 7919) % 23) as f32 / 8.0 - 1.4;
+        for (m, np, kd) in [(1, 8, 1), (5, 24, 70), (9, 40, 130), (64, 128, 256), (3, 16, 0)] {
+            for (transposed, lower) in [(false, false), (true, false), (false, true)] {
+                if lower && m > kd {
+                    continue;
+                }
+                let ld = if transposed { m + 3 } else { kd + 5 };
+                let a: Vec<f32> = (0..ld * kd.max(m) + 8)
+                    .map(|k| {
+                        let (i, p) = if transposed { (k % ld, k / ld) } else { (k / ld, k % ld) };
+                        if lower && p > i { 0.0 } else { val(k) }
+                    })
+                    .collect();
+                let ldb = np + 8;
+                let b: Vec<f32> = (0..kd * ldb).map(|k| val(k + 3)).collect();
+                let mut ab = if transposed {
+                    Operands::transposed(kd, &a, ld, &b, ldb)
+                } else {
+                    Operands::new(kd, &a, ld, &b, ldb)
+                }
+                .scaled(-0.5);
+                if lower {
+                    ab = ab.lower();
+                }
+                let ldo = np + 16;
+                let mut out: Vec<f32> = (0..m * ldo).map(|k| val(k + 11)).collect();
+                let mut want = out.clone();
+                for i in 0..m {
+                    for j in 0..np {
+                        let s: f64 =
+                            (0..kd).map(|p| f64::from(a[i * ab.lda + p * ab.ldp]) * f64::from(b[p * ldb + j])).sum();
+                        want[i * ldo + j] += (-0.5 * s) as f32;
+                    }
+                }
+                gemm::<Portable>(m, np, ab, &mut out, ldo);
+                for (k, (g, w)) in out.iter().zip(&want).enumerate() {
+                    assert!((g - w).abs() <= 1e-4 * (1.0 + w.abs()), "m {m} np {np} kd {kd} at {k}: {g} vs {w}");
+                }
+            }
+        }
+    }
+}
