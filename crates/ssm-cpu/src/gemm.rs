@@ -48,21 +48,37 @@ impl<'a> Operands<'a> {
 }
 
 /// `out[i][..np] += alpha·Σ_{p<kd} A[i][p]·B[p][..np]` for `i < m`; `np` a multiple of 8.
+///
+/// # Panics
+/// If an operand is too short for these extents (checked once, here: the tiles read unchecked).
 #[inline(always)]
 pub(crate) fn gemm<S: Simd>(m: usize, np: usize, ab: Operands<'_>, out: &mut [f32], ldo: usize) {
-    debug_assert!(np.is_multiple_of(LANES));
+    assert!(np.is_multiple_of(LANES), "{np} columns: not whole lanes");
+    if m == 0 || np == 0 || ab.kd == 0 {
+        return;
+    }
+    assert!((m - 1) * ab.lda + (ab.kd - 1) * ab.ldp < ab.a.len(), "A too short");
+    assert!((ab.kd - 1) * ab.ldb + np <= ab.b.len(), "B too short");
+    assert!((m - 1) * ldo + np <= out.len(), "out too short");
     let mut p0 = 0;
     while p0 < ab.kd {
         let p1 = (p0 + KB).min(ab.kd);
         // A lower-triangular `A` has no terms of this block in rows above `p0`.
         let mut i = if ab.lower { p0 } else { 0 };
-        while i + 4 <= m {
+        while i + 6 <= m {
+            gemm_rows::<S, 6>(i, np, p0, p1, ab, out, ldo);
+            i += 6;
+        }
+        if i + 4 <= m {
             gemm_rows::<S, 4>(i, np, p0, p1, ab, out, ldo);
             i += 4;
         }
-        while i < m {
+        if i + 2 <= m {
+            gemm_rows::<S, 2>(i, np, p0, p1, ab, out, ldo);
+            i += 2;
+        }
+        if i < m {
             gemm_rows::<S, 1>(i, np, p0, p1, ab, out, ldo);
-            i += 1;
         }
         p0 = p1;
     }
@@ -82,16 +98,24 @@ fn gemm_rows<S: Simd, const R: usize>(
     let p1 = if ab.lower { p1.min(i + R) } else { p1 };
     let mut c = 0;
     while c + 2 * LANES <= np {
-        gemm_tile::<S, R, 2>(i, c, p0, p1, ab, out, ldo);
+        // SAFETY: rows i..i + R < m, terms below kd, columns c..c + 16 ≤ np: inside the extents
+        // `gemm` checked.
+        unsafe { gemm_tile::<S, R, 2>(i, c, p0, p1, ab, out, ldo) };
         c += 2 * LANES;
     }
     if c < np {
-        gemm_tile::<S, R, 1>(i, c, p0, p1, ab, out, ldo);
+        // SAFETY: as above, columns c..c + 8 ≤ np.
+        unsafe { gemm_tile::<S, R, 1>(i, c, p0, p1, ab, out, ldo) };
     }
 }
 
+/// One `R × 8G` tile of the output over terms `p0..p1`, in registers.
+///
+/// # Safety
+/// Rows `i..i + R`, terms `p0..p1` and columns `c..c + 8G` must lie within the extents that
+/// [`gemm`] checked against the operands' lengths.
 #[inline(always)]
-fn gemm_tile<S: Simd, const R: usize, const G: usize>(
+unsafe fn gemm_tile<S: Simd, const R: usize, const G: usize>(
     i: usize,
     c: usize,
     p0: usize,
@@ -101,18 +125,22 @@ fn gemm_tile<S: Simd, const R: usize, const G: usize>(
     ldo: usize,
 ) {
     let Operands { a, lda, ldp, b, ldb, alpha, .. } = ab;
+    let (ap, bp) = (a.as_ptr(), b.as_ptr());
     let mut acc = [[S::splat(0.0); G]; R];
     for p in p0..p1 {
-        let brow = &b[p * ldb + c..p * ldb + c + G * LANES];
-        // A plain loop, not `array::from_fn`: a closure would not inherit the caller's target features.
-        let mut bv = [S::splat(0.0); G];
-        for j in 0..G {
-            bv[j] = S::load(&brow[j * LANES..]);
-        }
-        for r in 0..R {
-            let av = S::splat(a[(i + r) * lda + p * ldp]);
+        // SAFETY: row p of B, columns c..c + 8G, and A's elements (i + r, p) are in bounds (the
+        // caller's contract).
+        unsafe {
+            let brow = bp.add(p * ldb + c);
+            let mut bv = [S::splat(0.0); G];
             for j in 0..G {
-                acc[r][j] = bv[j].mul_add(av, acc[r][j]);
+                bv[j] = S::load(std::slice::from_raw_parts(brow.add(j * LANES), LANES));
+            }
+            for r in 0..R {
+                let av = S::splat(*ap.add((i + r) * lda + p * ldp));
+                for j in 0..G {
+                    acc[r][j] = bv[j].mul_add(av, acc[r][j]);
+                }
             }
         }
     }

@@ -27,7 +27,7 @@ use ssm_ssd::{MambaChunkScanCombinedVarlenArgs, ScratchLayout, SsdPlan, StateSou
 use ssm_tensor::{DType, Planned, Run, Strided};
 
 use crate::gemm::{Operands, gemm};
-use crate::host::{MambaInputs, host_opt, host_ref, host_shared, rd, rd_int, rd_shared, wr};
+use crate::host::{MambaInputs, host_opt, host_ref, host_shared, rd, rd_int, rd_shared};
 use crate::lanes::{dot, gather, round8, scal, scatter};
 use crate::shared::{ItemOp, Scratch, SharedBuf};
 use crate::simd::{LANES, PowTwo, Simd};
@@ -110,7 +110,16 @@ impl Ctx<'_> {
         row: usize,
         dst: &mut [f32],
     ) {
+        // Token rows lie a whole `[i, j]` plane apart: fetch a few rows ahead.
+        const AHEAD: usize = 8;
+        let row_bytes = n * dtype.size();
         for r in 0..rows {
+            if r + AHEAD < rows {
+                let at = s.at([first + r + AHEAD, i, 0]) * dtype.size();
+                for line in (0..row_bytes).step_by(64) {
+                    S::prefetch(bytes.as_ptr().wrapping_add(at + line));
+                }
+            }
             let d = &mut dst[r * row..(r + 1) * row];
             gather::<S>(bytes, dtype, s.at([first + r, i, 0]), s.strides[2], &mut d[..n]);
             d[n..].fill(0.0);
@@ -144,7 +153,7 @@ impl ItemOp for PassRun<'_> {
             Pass::Chunks => chunk_item::<S>(self.ctx, item, scratch),
             Pass::States => pass_item::<S>(self.ctx, item, scratch),
             Pass::Scan => scan_item::<S>(self.ctx, item, scratch),
-            Pass::Final => final_item(self.ctx, item, scratch),
+            Pass::Final => final_item::<S>(self.ctx, item, scratch),
         }
     }
 }
@@ -246,7 +255,7 @@ fn pass_item<S: Simd + PowTwo>(ctx: &Ctx<'_>, item: usize, scratch: &mut Scratch
             // An empty sequence: its final state is written in the last pass.
             return;
         }
-        load_init(ctx, b, h, sin);
+        load_init::<S>(ctx, b, h, sin);
         let last = last as usize;
         let mut first = last;
         while first > 0 && !ctx.opens(first) {
@@ -270,7 +279,7 @@ fn pass_item<S: Simd + PowTwo>(ctx: &Ctx<'_>, item: usize, scratch: &mut Scratch
                 && let (Some(dst), Some(at)) = (ctx.states_out, p.varlen_states)
             {
                 // SAFETY: row `c`, head `h` of `varlen_states` is written by this item only.
-                unsafe { store_state(ctx, dst, at, c, h, st) };
+                unsafe { store_state::<S>(ctx, dst, at, c, h, st) };
             }
         }
     }
@@ -279,7 +288,7 @@ fn pass_item<S: Simd + PowTwo>(ctx: &Ctx<'_>, item: usize, scratch: &mut Scratch
 /// The last pass, for (sequence, head): the final state into `varlen_states[b, h]` (without
 /// intermediate states) and into `ssm_state[final_state_indices[b], h]`.
 #[inline(always)]
-fn final_item(ctx: &Ctx<'_>, item: usize, scratch: &mut Scratch<'_>) {
+fn final_item<S: Simd>(ctx: &Ctx<'_>, item: usize, scratch: &mut Scratch<'_>) {
     let p = ctx.p;
     let per = p.dim * ctx.w.state_row;
     let (b, h) = (item / p.heads, item % p.heads);
@@ -293,7 +302,7 @@ fn final_item(ctx: &Ctx<'_>, item: usize, scratch: &mut Scratch<'_>) {
     let fin: &[f32] = if last < 0 {
         // An empty sequence returns the state it entered with.
         let sin = scratch.take(per);
-        load_init(ctx, b, h, sin);
+        load_init::<S>(ctx, b, h, sin);
         sin
     } else {
         // SAFETY: stage 3 is done; the scratch is only read from here on.
@@ -301,18 +310,19 @@ fn final_item(ctx: &Ctx<'_>, item: usize, scratch: &mut Scratch<'_>) {
     };
     if let Some((dst, at)) = returned {
         // SAFETY: row `b`, head `h` of `varlen_states` is written by this item only.
-        unsafe { store_state(ctx, dst, at, b, h, fin) };
+        unsafe { store_state::<S>(ctx, dst, at, b, h, fin) };
     }
     if let Some(((dst, at), slot)) = pooled {
         // SAFETY: slot `slot` is written by sequence `b` alone and read by no other sequence
         // (the plan's aliasing rule); head `h` of it by this item only.
-        unsafe { store_state(ctx, dst, at, slot, h, fin) };
+        unsafe { store_state::<S>(ctx, dst, at, slot, h, fin) };
     }
 }
 
 /// The state entering sequence `b`, head `h` (its initial state, its `ssm_state` slot, or
 /// zeros), as padded f32 rows.
-fn load_init(ctx: &Ctx<'_>, b: usize, h: usize, dst: &mut [f32]) {
+#[inline(always)]
+fn load_init<S: Simd>(ctx: &Ctx<'_>, b: usize, h: usize, dst: &mut [f32]) {
     let p = ctx.p;
     let nr = ctx.w.state_row;
     dst.fill(0.0);
@@ -320,19 +330,30 @@ fn load_init(ctx: &Ctx<'_>, b: usize, h: usize, dst: &mut [f32]) {
         Some(StateSource::InitialStates(row)) => {
             if let (Some((bytes, t)), Some(ip)) = (ctx.inp.init, p.initial_states) {
                 for pp in 0..p.dim {
-                    for n in 0..p.dstate {
-                        dst[pp * nr + n] = rd(bytes, t, ip.at([row, h, pp, n]));
-                    }
+                    let d = &mut dst[pp * nr..pp * nr + p.dstate];
+                    gather::<S>(bytes, t, ip.at([row, h, pp, 0]), ip.strides[3], d);
                 }
             }
         }
         Some(StateSource::Pool(slot)) => {
             if let (Some(pool), Some(sp)) = (ctx.pool, p.ssm_state) {
+                let (t, size) = (p.state_dtype, p.state_dtype.size());
                 for pp in 0..p.dim {
-                    for n in 0..p.dstate {
-                        // SAFETY: the plan checked the slot and `ssm_state`'s shape; pool slots
-                        // are written only in the last pass, after every read of this one.
-                        dst[pp * nr + n] = unsafe { rd_shared(pool, p.state_dtype, sp.at([slot, h, pp, n])) };
+                    let d = &mut dst[pp * nr..pp * nr + p.dstate];
+                    let at = sp.at([slot, h, pp, 0]);
+                    if sp.strides[3] == 1 {
+                        // SAFETY: the plan checked the slot and `ssm_state`'s shape, so the row's
+                        // bytes lie in the pool; pool slots are written only in the last pass,
+                        // after every read of this one, so nothing writes them now.
+                        let row = unsafe {
+                            std::slice::from_raw_parts(pool.elems::<u8>(at * size, d.len() * size), d.len() * size)
+                        };
+                        gather::<S>(row, t, 0, 1, d);
+                    } else {
+                        for (n, v) in d.iter_mut().enumerate() {
+                            // SAFETY: as above, element by element.
+                            *v = unsafe { rd_shared(pool, t, sp.at([slot, h, pp, n])) };
+                        }
                     }
                 }
             }
@@ -347,14 +368,15 @@ fn load_init(ctx: &Ctx<'_>, b: usize, h: usize, dst: &mut [f32]) {
 /// # Safety
 /// `at` must address `dst` as the plan checked it, and row `row`, head `h` of `dst` must be
 /// accessed by no other thread now.
-unsafe fn store_state(ctx: &Ctx<'_>, dst: SharedBuf<u8>, at: Strided<4>, row: usize, h: usize, src: &[f32]) {
+#[inline(always)]
+unsafe fn store_state<S: Simd>(ctx: &Ctx<'_>, dst: SharedBuf<u8>, at: Strided<4>, row: usize, h: usize, src: &[f32]) {
     let p = ctx.p;
     let nr = ctx.w.state_row;
     for pp in 0..p.dim {
-        for n in 0..p.dstate {
-            // SAFETY: in bounds and exclusive (caller's contract).
-            unsafe { wr(dst, p.state_dtype, at.at([row, h, pp, n]), src[pp * nr + n]) };
-        }
+        // SAFETY: in bounds and exclusive (caller's contract).
+        unsafe {
+            scatter::<S>(dst, p.state_dtype, at.at([row, h, pp, 0]), at.strides[3], &src[pp * nr..pp * nr + p.dstate])
+        };
     }
 }
 
@@ -395,7 +417,7 @@ fn scan_item<S: Simd + PowTwo>(ctx: &Ctx<'_>, item: usize, scratch: &mut Scratch
     if has_prev {
         ctx.widen::<S>(inp.mamba.c, p.io_dtypes.c, p.c, s, len, g, p.dstate, nr, cs);
         let sin: &[f32] = if opens {
-            load_init(ctx, ctx.seq(c), h, sin_buf);
+            load_init::<S>(ctx, ctx.seq(c), h, sin_buf);
             sin_buf
         } else {
             // SAFETY: read only in this stage.
