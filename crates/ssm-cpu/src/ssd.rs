@@ -28,7 +28,7 @@ use ssm_tensor::{DType, Planned, Run, Strided};
 
 use crate::gemm::{Operands, gemm};
 use crate::host::{MambaInputs, host_opt, host_ref, host_shared, rd, rd_int, rd_shared};
-use crate::lanes::{dot, gather, round8, scal, scatter};
+use crate::lanes::{dot, gather, prefetch_row, round8, scal, scatter};
 use crate::shared::{ItemOp, Scratch, SharedBuf};
 use crate::simd::{LANES, PowTwo, Simd};
 use crate::{CpuBackend, CpuError, require_host};
@@ -112,13 +112,9 @@ impl Ctx<'_> {
     ) {
         // Token rows lie a whole `[i, j]` plane apart: fetch a few rows ahead.
         const AHEAD: usize = 8;
-        let row_bytes = n * dtype.size();
         for r in 0..rows {
             if r + AHEAD < rows {
-                let at = s.at([first + r + AHEAD, i, 0]) * dtype.size();
-                for line in (0..row_bytes).step_by(64) {
-                    S::prefetch(bytes.as_ptr().wrapping_add(at + line));
-                }
+                prefetch_row::<S>(bytes, dtype, s.at([first + r + AHEAD, i, 0]), n);
             }
             let d = &mut dst[r * row..(r + 1) * row];
             gather::<S>(bytes, dtype, s.at([first + r, i, 0]), s.strides[2], &mut d[..n]);

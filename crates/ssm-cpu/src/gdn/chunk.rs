@@ -10,7 +10,7 @@ use ssm_tensor::{DType, Planned, Run, TensorRef};
 use super::{Io, normalize};
 use crate::gemm::{Operands, gemm};
 use crate::host::{host_opt, host_ref, rd};
-use crate::lanes::{axpy, dot, gather, round8, scal, scatter};
+use crate::lanes::{axpy, dot, gather, prefetch_row, round8, scal, scatter};
 use crate::shared::{ItemOp, Scratch, SharedBuf};
 use crate::simd::{PowTwo, Simd};
 use crate::{CpuBackend, CpuError, require_host};
@@ -214,8 +214,16 @@ fn chunk_inputs<S: Simd>(ctx: &ChunkCtx<'_>, b: usize, t0: usize, cl: usize, hv:
     let h = hv / p.dims.group();
     let ((q_at, q_dt), (k_at, k_dt), (v_at, v_dt), (g_at, g_dt), (b_at, b_dt)) = (p.q, p.k, p.v, p.g, p.beta);
     let mut acc = 0.0f32;
+    // Token rows lie a whole plane of heads apart: fetch a few tokens ahead.
+    const AHEAD: usize = 4;
     for i in 0..cl {
         let tt = t0 + i;
+        if i + AHEAD < cl {
+            let ta = tt + AHEAD;
+            prefetch_row::<S>(ctx.io.q, q_dt, q_at.at([b, ta, h, 0]), kd);
+            prefetch_row::<S>(ctx.io.k, k_dt, k_at.at([b, ta, h, 0]), kd);
+            prefetch_row::<S>(ctx.io.v, v_dt, v_at.at([b, ta, hv, 0]), vd);
+        }
         let qi = &mut m.q[i * kp..(i + 1) * kp];
         gather::<S>(ctx.io.q, q_dt, q_at.at([b, tt, h, 0]), q_at.strides[3], &mut qi[..kd]);
         normalize::<S>(qi, kd, p.l2norm, p.eps, p.scale);
@@ -253,12 +261,27 @@ fn chunk_solve<S: Simd>(ctx: &ChunkCtx<'_>, cl: usize, m: &mut ChunkBufs<'_>) {
         let wi = &mut m.w[i * kp..(i + 1) * kp];
         wi.copy_from_slice(&m.k[i * kp..(i + 1) * kp]);
         scal::<S>(wi, bt[i] * gc[i].exp());
-        for j in 0..i {
-            let aij = -m.a[i * cs + j];
-            let (uj, ui) = m.u.split_at_mut(i * vp);
-            axpy::<S>(&mut ui[..vp], aij, &uj[j * vp..(j + 1) * vp]);
-            let (wj, wi) = m.w.split_at_mut(i * kp);
-            axpy::<S>(&mut wi[..kp], aij, &wj[j * kp..(j + 1) * kp]);
+    }
+    // The forward substitution in blocks of rows: the rows solved before a block enter it as one
+    // product, the block's own rows one by one.
+    const BLOCK: usize = 16;
+    for i0 in (0..cl).step_by(BLOCK) {
+        let i1 = (i0 + BLOCK).min(cl);
+        if i0 > 0 {
+            let a = &m.a[i0 * cs..];
+            let (done, rows) = m.u.split_at_mut(i0 * vp);
+            gemm::<S>(i1 - i0, vp, Operands::new(i0, a, cs, done, vp).scaled(-1.0), rows, vp);
+            let (done, rows) = m.w.split_at_mut(i0 * kp);
+            gemm::<S>(i1 - i0, kp, Operands::new(i0, a, cs, done, kp).scaled(-1.0), rows, kp);
+        }
+        for i in i0 + 1..i1 {
+            for j in i0..i {
+                let aij = -m.a[i * cs + j];
+                let (uj, ui) = m.u.split_at_mut(i * vp);
+                axpy::<S>(&mut ui[..vp], aij, &uj[j * vp..(j + 1) * vp]);
+                let (wj, wi) = m.w.split_at_mut(i * kp);
+                axpy::<S>(&mut wi[..kp], aij, &wj[j * kp..(j + 1) * kp]);
+            }
         }
     }
     gemm::<S>(cl, vp, Operands::new(kd, m.w, kp, m.h, vp).scaled(-1.0), m.u, vp);
