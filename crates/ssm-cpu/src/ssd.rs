@@ -405,7 +405,8 @@ fn scan_item<S: Simd + PowTwo>(ctx: &Ctx<'_>, item: usize, scratch: &mut Scratch
     let (wm, rest) = rest.split_at_mut(len * q_row);
     let (sin_buf, rest) = rest.split_at_mut(per);
     let (sin_t, rest) = rest.split_at_mut(p.dstate * pr);
-    let (dvec, zrow) = rest.split_at_mut(pr);
+    let (dvec, rest) = rest.split_at_mut(pr);
+    let (zrow, fact) = rest.split_at_mut(pr);
     ctx.widen::<S>(inp.mamba.x, p.io_dtypes.x, p.x, s, len, h, p.dim, pr, xs);
     ys.fill(0.0);
     // Off-diagonal: the entering state seen through C, decayed to each token:
@@ -433,17 +434,7 @@ fn scan_item<S: Simd + PowTwo>(ctx: &Ctx<'_>, item: usize, scratch: &mut Scratch
     }
     // Diagonal block: `y_i += Σ_{j≤i} CB_ij·e^{min(dA_i − dA_j, 0)}·dt_j·x_j`, a lower-triangular
     // `[len × len]·[len × dim]` product (the weights past the diagonal stored as zeros).
-    for i in 0..len {
-        let dai = S::splat(da[i]);
-        let cbi = &cb[i * q_row..(i + 1) * q_row];
-        let wi = &mut wm[i * q_row..(i + 1) * q_row];
-        let upto = round8(i + 1);
-        for j in (0..upto).step_by(LANES) {
-            let dec = dai.sub(S::load(&da[j..])).min_(S::splat(0.0)).exp();
-            dec.mul(S::load(&dt_out[j..])).mul(S::load(&cbi[j..])).store(&mut wi[j..]);
-        }
-        wi[i + 1..].fill(0.0);
-    }
+    diag_weights::<S>(len, q_row, da, dt_out, cb, wm, fact);
     gemm::<S>(len, pr, Operands::new(len, wm, q_row, xs, pr).lower(), ys, pr);
     // `D·x`, the gate `z·σ(z)`, the output row.
     let out = ctx.out.expect("stage 5 runs only with an output");
@@ -480,10 +471,69 @@ fn scan_item<S: Simd + PowTwo>(ctx: &Ctx<'_>, item: usize, scratch: &mut Scratch
 }
 
 /// f32 scratch of one stage-5 item: x, C and output rows, the diagonal block's weights, an
-/// entering state and its transpose, `D` and a `z` row.
+/// entering state and its transpose, `D`, a `z` row and [`diag_weights`]' factors.
 fn scan_scratch(p: &SsdPlan, w: &ScratchLayout) -> usize {
     let (len, nr, pr) = (p.chunk_rows, w.state_row, round8(p.dim));
-    len * (2 * pr + nr + w.q_row) + p.dim * nr + p.dstate * pr + 2 * pr
+    len * (2 * pr + nr + w.q_row) + p.dim * nr + p.dstate * pr + 2 * pr + fact_len(w.q_row)
+}
+
+/// f32 of [`diag_weights`]' factors for chunk rows of `q_row`: one per column, and two per
+/// block of eight columns (padded to whole lanes).
+fn fact_len(q_row: usize) -> usize {
+    q_row + 2 * round8(q_row / LANES)
+}
+
+/// The weights of stage 5's diagonal block, `W_ij = CB_ij·e^{min(dA_i − dA_j, 0)}·dt_j` for
+/// `j ≤ i` and 0 past the diagonal, as `len` rows of `q_row` (`fact`: [`fact_len`] elements).
+///
+/// Where `dA` does not increase along the chunk (`A·dt ≤ 0`, every real model), the decay of a
+/// block of eight columns `J` lying wholly at or before row `i` factors through the block's last
+/// column `l`: `e^{dA_i − dA_j} = e^{dA_i − dA_l}·e^{dA_l − dA_j}`, both factors at most 1 (no
+/// overflow), the second shared by every row. A row then costs one vector `exp` per eight such
+/// blocks plus one for the block holding its diagonal, instead of one per block. Otherwise (or
+/// with a NaN) every block takes the direct `exp` of the clamped difference.
+#[inline(always)]
+fn diag_weights<S: Simd + PowTwo>(
+    len: usize,
+    q_row: usize,
+    da: &[f32],
+    dt: &[f32],
+    cb: &[f32],
+    wm: &mut [f32],
+    fact: &mut [f32],
+) {
+    let nb = q_row / LANES;
+    let (g, rest) = fact.split_at_mut(q_row);
+    let (last, f) = rest.split_at_mut(round8(nb));
+    let monotone = (1..len).all(|i| da[i] <= da[i - 1]);
+    if monotone {
+        for jb in 0..nb {
+            let l = da[jb * LANES + LANES - 1];
+            last[jb] = l;
+            let j = jb * LANES;
+            S::splat(l).sub(S::load(&da[j..])).exp().mul(S::load(&dt[j..])).store(&mut g[j..]);
+        }
+        last[nb..].fill(0.0);
+    }
+    for i in 0..len {
+        let dai = S::splat(da[i]);
+        let cbi = &cb[i * q_row..(i + 1) * q_row];
+        let wi = &mut wm[i * q_row..(i + 1) * q_row];
+        // Blocks wholly at or before row i (their last column ≤ i) take the factored decay.
+        let full = if monotone { (i + 1) / LANES } else { 0 };
+        for jb in (0..full).step_by(LANES) {
+            dai.sub(S::load(&last[jb..])).exp().store(&mut f[jb..]);
+        }
+        for jb in 0..full {
+            let j = jb * LANES;
+            S::splat(f[jb]).mul(S::load(&g[j..])).mul(S::load(&cbi[j..])).store(&mut wi[j..]);
+        }
+        for j in (full * LANES..round8(i + 1)).step_by(LANES) {
+            let dec = dai.sub(S::load(&da[j..])).min_(S::splat(0.0)).exp();
+            dec.mul(S::load(&dt[j..])).mul(S::load(&cbi[j..])).store(&mut wi[j..]);
+        }
+        wi[i + 1..].fill(0.0);
+    }
 }
 
 /// f32 scratch of one item of any stage, from the plan's dimensions alone (the largest: stage 2's
@@ -559,5 +609,48 @@ impl Run<MambaChunkScanCombinedVarlenArgs<'_>> for CpuBackend {
         // Final states (per sequence and head), after every read of an initial state.
         run(Pass::Final, plan.batch * plan.heads);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::simd::Portable;
+
+    /// The factored decay (non-increasing `dA`, steep enough that far blocks underflow) and the
+    /// direct one (an increasing step) against `CB·e^{min(dA_i − dA_j, 0)}·dt` in f64.
+    #[test]
+    fn diag_weights_match_the_formula() {
+        let (len, q_row) = (45, 48);
+        for (steep, rising) in [(0.05f32, false), (3.0, false), (0.05, true)] {
+            let dt: Vec<f32> = (0..q_row).map(|j| if j < len { 0.5 + (j % 7) as f32 * 0.1 } else { 0.0 }).collect();
+            let mut da = vec![0.0f32; q_row];
+            let mut cum = 0.0;
+            for j in 0..q_row {
+                cum += if rising && j == 20 { 0.7 } else { -steep * dt[j] };
+                da[j] = cum;
+            }
+            let cb: Vec<f32> = (0..len * q_row)
+                .map(|k| if k % q_row <= k / q_row { ((k * 31) % 17) as f32 / 9.0 - 0.8 } else { 0.0 })
+                .collect();
+            let mut wm = vec![f32::NAN; len * q_row];
+            let mut fact = vec![f32::NAN; fact_len(q_row)];
+            diag_weights::<Portable>(len, q_row, &da, &dt, &cb, &mut wm, &mut fact);
+            for i in 0..len {
+                for j in 0..q_row {
+                    let want = if j <= i {
+                        let dec = (f64::from(da[i]) - f64::from(da[j])).min(0.0).exp();
+                        f64::from(cb[i * q_row + j]) * dec * f64::from(dt[j])
+                    } else {
+                        0.0
+                    };
+                    let got = f64::from(wm[i * q_row + j]);
+                    assert!(
+                        (got - want).abs() <= 1e-6 * (1.0 + want.abs()),
+                        "({i}, {j}) steep {steep} rising {rising}: {got} vs {want}"
+                    );
+                }
+            }
+        }
     }
 }
