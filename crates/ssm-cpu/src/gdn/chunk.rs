@@ -10,9 +10,9 @@ use ssm_tensor::{DType, Planned, Run, TensorRef};
 use super::{Io, normalize};
 use crate::gemm::{Operands, gemm};
 use crate::host::{host_opt, host_ref, rd};
-use crate::lanes::{axpy, dot, gather, prefetch_row, round8, scal, scatter};
+use crate::lanes::{axpy, gather, prefetch_row, round8, scal, scatter};
 use crate::shared::{ItemOp, Scratch, SharedBuf};
-use crate::simd::{PowTwo, Simd};
+use crate::simd::{LANES, PowTwo, Simd};
 use crate::{CpuBackend, CpuError, require_host};
 
 /// Offsets (in f32 elements) of one worker's chunked-prefill scratch.
@@ -245,16 +245,33 @@ fn chunk_inputs<S: Simd>(ctx: &ChunkCtx<'_>, b: usize, t0: usize, cl: usize, hv:
 fn chunk_solve<S: Simd>(ctx: &ChunkCtx<'_>, cl: usize, m: &mut ChunkBufs<'_>) {
     let (kd, kp, vp, cs) = (ctx.plan.dims.k, ctx.layout.kp, ctx.layout.vp, CHUNK_SIZE);
     let (gc, bt) = (&*m.gc, &*m.beta);
-    for i in 0..cl {
-        let (qi, ki) = (&m.q[i * kp..(i + 1) * kp], &m.k[i * kp..(i + 1) * kp]);
-        for j in 0..=i {
-            let kj = &m.k[j * kp..(j + 1) * kp];
-            let decay = (gc[i] - gc[j]).exp();
-            m.p[i * cs + j] = dot::<S>(qi, kj) * decay;
-            if j < i {
-                m.a[i * cs + j] = bt[i] * dot::<S>(ki, kj) * decay;
-            }
+    // `Q·Kᵀ` and `K·Kᵀ` as tiled products over `Kᵀ` (in the state update's buffer, free until
+    // then), on whole lanes of columns; then the decay `e^{G_i − G_j}` (and `β_i` for `A`) on the
+    // lower triangle, zeros past it (`P`'s are read by the lower-triangular `P·V'`).
+    let cp = round8(cl);
+    for ki in 0..kd {
+        let row = &mut m.kdt[ki * cs..ki * cs + cp];
+        for (i, v) in row[..cl].iter_mut().enumerate() {
+            *v = m.k[i * kp + ki];
         }
+        row[cl..].fill(0.0);
+    }
+    for i in 0..cl {
+        m.p[i * cs..i * cs + cp].fill(0.0);
+        m.a[i * cs..i * cs + cp].fill(0.0);
+    }
+    gemm::<S>(cl, cp, Operands::new(kd, m.q, kp, m.kdt, cs), m.p, cs);
+    gemm::<S>(cl, cp, Operands::new(kd, m.k, kp, m.kdt, cs), m.a, cs);
+    for i in 0..cl {
+        let (gi, bi) = (S::splat(gc[i]), S::splat(bt[i]));
+        let (pi, ai) = (&mut m.p[i * cs..i * cs + cp], &mut m.a[i * cs..i * cs + cp]);
+        for j in (0..round8(i + 1)).step_by(LANES) {
+            let decay = gi.sub(S::load(&gc[j..])).exp();
+            S::load(&pi[j..]).mul(decay).store(&mut pi[j..]);
+            S::load(&ai[j..]).mul(decay.mul(bi)).store(&mut ai[j..]);
+        }
+        pi[i + 1..].fill(0.0);
+        ai[i..].fill(0.0);
     }
     for i in 0..cl {
         scal::<S>(&mut m.u[i * vp..(i + 1) * vp], bt[i]);
@@ -309,13 +326,20 @@ fn chunk_outputs<S: Simd>(ctx: &ChunkCtx<'_>, b: usize, t0: usize, cl: usize, hv
 /// `H ← e^{G_last}·H + Σ_i e^{G_last − G_i} k_i V'_iᵀ`.
 #[inline(always)]
 fn chunk_state_update<S: Simd>(ctx: &ChunkCtx<'_>, cl: usize, m: &mut ChunkBufs<'_>) {
-    let (kd, kp, vp, cs) = (ctx.plan.dims.k, ctx.layout.kp, ctx.layout.vp, CHUNK_SIZE);
+    let (kd, vp, cs) = (ctx.plan.dims.k, ctx.layout.vp, CHUNK_SIZE);
     let glast = m.gc[cl - 1];
     scal::<S>(m.h, glast.exp());
-    for i in 0..cl {
-        let f = (glast - m.gc[i]).exp();
-        for ki in 0..kd {
-            m.kdt[ki * cs + i] = m.k[i * kp + ki] * f;
+    // `kdt` still holds `Kᵀ` from `chunk_solve`: scale its columns by `e^{G_last − G_i}` (zero past
+    // the chunk's tokens, whose columns the product does not read).
+    let cp = round8(cl);
+    let mut f = [0.0f32; CHUNK_SIZE];
+    for (i, v) in f[..cl].iter_mut().enumerate() {
+        *v = (glast - m.gc[i]).exp();
+    }
+    for ki in 0..kd {
+        let row = &mut m.kdt[ki * cs..ki * cs + cp];
+        for j in (0..cp).step_by(LANES) {
+            S::load(&row[j..]).mul(S::load(&f[j..])).store(&mut row[j..]);
         }
     }
     gemm::<S>(kd, vp, Operands::new(cl, m.kdt, cs, m.u, vp), m.h, vp);
