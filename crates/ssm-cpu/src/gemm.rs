@@ -66,46 +66,46 @@ pub(crate) fn gemm<S: Simd>(m: usize, np: usize, ab: Operands<'_>, out: &mut [f3
         // A lower-triangular `A` has no terms of this block in rows above `p0`.
         let mut i = if ab.lower { p0 } else { 0 };
         while i + 6 <= m {
-            gemm_rows::<S, 6>(i, np, p0, p1, ab, out, ldo);
+            gemm_rows::<S, 6>(Rows { i, p0, p1 }, np, ab, out, ldo);
             i += 6;
         }
         if i + 4 <= m {
-            gemm_rows::<S, 4>(i, np, p0, p1, ab, out, ldo);
+            gemm_rows::<S, 4>(Rows { i, p0, p1 }, np, ab, out, ldo);
             i += 4;
         }
         if i + 2 <= m {
-            gemm_rows::<S, 2>(i, np, p0, p1, ab, out, ldo);
+            gemm_rows::<S, 2>(Rows { i, p0, p1 }, np, ab, out, ldo);
             i += 2;
         }
         if i < m {
-            gemm_rows::<S, 1>(i, np, p0, p1, ab, out, ldo);
+            gemm_rows::<S, 1>(Rows { i, p0, p1 }, np, ab, out, ldo);
         }
         p0 = p1;
     }
 }
 
-/// Rows `i..i + R` of [`gemm`] over terms `p0..p1`: two lane groups of columns at a time, then one.
-#[inline(always)]
-fn gemm_rows<S: Simd, const R: usize>(
+/// A tile row's place: output rows from `i`, inner terms `p0..p1`.
+#[derive(Clone, Copy)]
+struct Rows {
     i: usize,
-    np: usize,
     p0: usize,
     p1: usize,
-    ab: Operands<'_>,
-    out: &mut [f32],
-    ldo: usize,
-) {
-    let p1 = if ab.lower { p1.min(i + R) } else { p1 };
+}
+
+/// Rows `i..i + R` of [`gemm`] over terms `p0..p1`: two lane groups of columns at a time, then one.
+#[inline(always)]
+fn gemm_rows<S: Simd, const R: usize>(rows: Rows, np: usize, ab: Operands<'_>, out: &mut [f32], ldo: usize) {
+    let rows = if ab.lower { Rows { p1: rows.p1.min(rows.i + R), ..rows } } else { rows };
     let mut c = 0;
     while c + 2 * LANES <= np {
         // SAFETY: rows i..i + R < m, terms below kd, columns c..c + 16 ≤ np: inside the extents
         // `gemm` checked.
-        unsafe { gemm_tile::<S, R, 2>(i, c, p0, p1, ab, out, ldo) };
+        unsafe { gemm_tile::<S, R, 2>(rows, c, ab, out, ldo) };
         c += 2 * LANES;
     }
     if c < np {
         // SAFETY: as above, columns c..c + 8 ≤ np.
-        unsafe { gemm_tile::<S, R, 1>(i, c, p0, p1, ab, out, ldo) };
+        unsafe { gemm_tile::<S, R, 1>(rows, c, ab, out, ldo) };
     }
 }
 
@@ -116,10 +116,8 @@ fn gemm_rows<S: Simd, const R: usize>(
 /// [`gemm`] checked against the operands' lengths.
 #[inline(always)]
 unsafe fn gemm_tile<S: Simd, const R: usize, const G: usize>(
-    i: usize,
+    Rows { i, p0, p1 }: Rows,
     c: usize,
-    p0: usize,
-    p1: usize,
     ab: Operands<'_>,
     out: &mut [f32],
     ldo: usize,
