@@ -21,7 +21,8 @@
 //!
 //! Everything is f32 (no intermediate bf16 rounding, unlike the Triton kernels, so results
 //! are closer to the f64 recurrence); inner loops run on eight lanes over `dstate`, `dim` or
-//! the chunk's token axis.
+//! the chunk's token axis, and stage 2's `xᵀ·(w ⊙ B)` and stage 5's `C·S_inᵀ` and
+//! `(CB ⊙ decay)·x` are register-tiled products ([`crate::gemm`]) of the chunk's widened rows.
 
 use ssm_ssd::{MambaChunkScanCombinedVarlenArgs, ScratchLayout, SsdPlan, StateSource};
 use ssm_tensor::{DType, Planned, Run, Strided};
