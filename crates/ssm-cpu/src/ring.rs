@@ -21,7 +21,7 @@ use ssm_ring::{
 use ssm_tensor::{DType, Planned, Run, TensorMut};
 
 use crate::host::{MambaInputs, host_opt, host_ref, host_shared, rd, rd_int, wr};
-use crate::lanes::{axpy, dot};
+use crate::lanes::{axpy, dot, round8};
 use crate::shared::{ItemOp, Scratch, SharedBuf};
 use crate::simd::{LANES, PowTwo, Simd};
 use crate::{CpuBackend, CpuError, require_host};
@@ -168,7 +168,7 @@ fn ssu_item<S: Simd + PowTwo>(ctx: &Ctx<'_>, row: [usize; 6], h: usize, scratch:
     let ty = &inp.dtypes;
     let [state_t, xc_t, bc_t] = ctx.dtypes;
     let (pd, nd, l) = (p.dim, p.dstate, p.ring_len);
-    let (pr, nr) = (pd.div_ceil(LANES) * LANES, nd.div_ceil(LANES) * LANES);
+    let (pr, nr) = (round8(pd), round8(nd));
     let g = h / p.heads_per_group();
     let m = k + n; // history + new tokens
     let flush = m > p.window;
@@ -413,7 +413,7 @@ impl Run<CommitRingTrackersArgs<'_>> for CpuBackend {
 /// tokens` history and new tokens (dt, cumsum, x and B rows), the new tokens' C and outputs, and
 /// the base state.
 fn item_scratch(p: &CheckpointingSsuPlan) -> usize {
-    let (pr, nr) = (p.dim.div_ceil(LANES) * LANES, p.dstate.div_ceil(LANES) * LANES);
+    let (pr, nr) = (round8(p.dim), round8(p.dstate));
     let (m, n) = (p.ring_len + p.tokens, p.tokens);
     2 * m + m * (pr + nr) + n * nr + n * pr + p.dim * nr
 }

@@ -387,7 +387,7 @@ fn scan_item<S: Simd + PowTwo>(ctx: &Ctx<'_>, item: usize, scratch: &mut Scratch
     let g = h / p.heads_per_group();
     let (s, e) = ctx.chunk(c);
     let len = e - s;
-    let pr = p.dim.div_ceil(LANES) * LANES;
+    let pr = round8(p.dim);
     let per = p.dim * nr;
     // SAFETY: stages 1–4 are done; this stage only reads the scratch.
     let (dt_out, da, cb) = unsafe {

@@ -192,8 +192,8 @@ impl<St: Real> SimdKernel for Item<'_, '_, St> {
         // intrinsic into a call. Lane code lives in `#[inline(always)]` functions.
         let Item { scratch, plan, inp, state, buffer, scales, out, seq, head, rows } = self;
         let Some(cx) = SeqCtx::resolve(plan, inp, seq, head) else { return };
-        let nv = plan.dims.dstate.div_ceil(LANES) * LANES;
-        let rp = (rows.1 - rows.0).div_ceil(LANES) * LANES;
+        let nv = round8(plan.dims.dstate);
+        let rp = round8(rows.1 - rows.0);
         let mut bufs = Bufs::split(scratch.take(Bufs::len(cx.len, nv, rp)), cx.len, nv, rp);
         fill_tokens(&cx, &mut bufs);
         if cx.plain_decode() {

@@ -328,12 +328,12 @@ impl Pool {
                 }
                 false => None,
             },
-            scales: match s.state {
-                DType::I16 | DType::I8 => Some((
+            scales: match ssm_ssu::quant::limit(s.state) {
+                Some(_) => Some((
                     buf(slots * h * p, DType::F32)?,
                     s.verify.then(|| buf(rows * h * p, DType::F32)).transpose()?,
                 )),
-                _ => None,
+                None => None,
             },
         };
         // An integer state's integers: the bit patterns of bf16 values (arbitrary integers, as a
