@@ -121,12 +121,13 @@ pub(crate) struct SsdTune {
 
 impl SsdTune {
     /// The defaults, or `SSM_CUDA_SSD_TUNE="stages=N,minb=M,scan_minb=K"` (tuning sweeps; unset
-    /// in normal use).
+    /// in normal use). The scan asks for five blocks per SM: 3.6–5.8 % faster than four on the
+    /// H200, six slower (docs/PERF.md, run of 2026-12-04).
     fn of(entry: SsdEntry) -> SsdTune {
         static TUNE: TuneVar = TuneVar::new("SSM_CUDA_SSD_TUNE");
         let get = |k: &str, default: u8| TUNE.get(k).map_or(default, |v| v.clamp(1, 8) as u8);
         let minb = match entry {
-            SsdEntry::Scan => get("scan_minb", 4),
+            SsdEntry::Scan => get("scan_minb", 5),
             _ => get("minb", 4),
         };
         SsdTune { stages: get("stages", 2).clamp(2, 3), minb }
