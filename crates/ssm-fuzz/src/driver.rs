@@ -205,16 +205,19 @@ fn guarded<T>(label: &str, f: impl FnOnce() -> T) -> Result<T, String> {
 /// rounding follows the f32 state by a step) `|a − b| ≤ tol·(1 + |b| + max|b|/10)`, two diverged
 /// values (non-finite, or past 1e4 from inputs of order 1) equal. After an extreme float input
 /// (`loose`: NaN, infinity or 1e30 spread differently through a chunked and a sequential
-/// evaluation) only the elements the reference left alone are compared, bit for bit. A
-/// scratch's contents are the backend's own and are not compared.
+/// evaluation) only the elements the reference left alone are compared, bit for bit: those it
+/// left unchanged both in `want` and in `probe` (a second reference run from `before` with every
+/// writable float element's lowest bit flipped), so that a value the reference computed equal to
+/// the old one by chance (likely somewhere among thousands of bf16 elements) is not taken for
+/// an element it never wrote. A scratch's contents are the backend's own and are not compared.
 fn first_difference(
     specs: &[TensorSpec],
     before: &Buffers,
     got: &Buffers,
     want: &Buffers,
-    loose: bool,
+    loose: Option<&Probe>,
 ) -> Option<String> {
-    for (((s, b0), g), w) in specs.iter().zip(&before.0).zip(&got.0).zip(&want.0) {
+    for (t, (((s, b0), g), w)) in specs.iter().zip(&before.0).zip(&got.0).zip(&want.0).enumerate() {
         if g.bytes() == w.bytes() || s.name.ends_with("scratch") {
             continue;
         }
@@ -251,9 +254,9 @@ fn first_difference(
             }
             let (a, b, old) =
                 (elem::read_f64(gb, s.dtype, i), elem::read_f64(wb, s.dtype, i), elem::read_f64(bb, s.dtype, i));
-            if loose {
+            if let Some(probe) = loose {
                 // A NaN-poisoned output that the reference also made NaN looks untouched.
-                if !old.is_nan() && wb[r.clone()] == bb[r] && !close(a, old) {
+                if !old.is_nan() && wb[r.clone()] == bb[r.clone()] && probe.untouched(t, r) && !close(a, old) {
                     return Some(format!(
                         "{}[{i}]: written by the runtime ({old} -> {a}), not by the reference",
                         s.name
@@ -265,6 +268,34 @@ fn first_difference(
         }
     }
     None
+}
+
+/// A second reference run from perturbed buffers: which elements the reference leaves alone.
+struct Probe {
+    before: Buffers,
+    after: Buffers,
+}
+
+impl Probe {
+    /// `before` with the lowest bit of every writable float element flipped (inputs that are
+    /// not written stay as they were, so the call's plan is the same).
+    fn perturbed(specs: &[TensorSpec], before: &Buffers) -> Buffers {
+        let mut b = before.clone();
+        for (s, t) in specs.iter().zip(b.0.iter_mut()) {
+            if s.present && s.writable && s.dtype.is_float() {
+                let es = s.dtype.size();
+                for e in t.bytes_mut().chunks_exact_mut(es) {
+                    e[0] ^= 1;
+                }
+            }
+        }
+        b
+    }
+
+    /// Whether the bytes `r` of tensor `t` came out of the probe run as they went in.
+    fn untouched(&self, t: usize, r: std::ops::Range<usize>) -> bool {
+        self.before.0[t].bytes()[r.clone()] == self.after.0[t].bytes()[r]
+    }
 }
 
 // ---- the loop ---------------------------------------------------------------------------
@@ -415,14 +446,33 @@ impl Fuzzer {
                     scalars(&mut args, &mut Vec::new());
                     guarded(case, || O::run(&self.reference, args))
                 };
-                match reference {
-                    Err(panic) => fail(mutations, format!("reference panicked: {panic}")),
-                    Ok(Err(TargetError::Unsupported(_))) => Outcome::Unchecked,
-                    Ok(Err(e)) => fail(mutations, format!("the runtime ran a call the reference refused: {e}")),
-                    Ok(Ok(())) => match first_difference(&specs, &before, &got, &want, loose) {
-                        None => Outcome::Matched,
-                        Some(d) => fail(mutations, format!("differs from the reference: {d}")),
-                    },
+                // After an extreme input, the reference once more from perturbed buffers
+                // (`first_difference`): it must run as the first run did.
+                let probe = loose.then(|| {
+                    let before = Probe::perturbed(&specs, &before);
+                    let mut after = before.clone();
+                    let mut views = Views::new(&specs, &mut after).expect("the views were built once already");
+                    let mut args = O::respin(template, &mut views);
+                    views.finish();
+                    scalars(&mut args, &mut Vec::new());
+                    let ran = guarded(case, || O::run(&self.reference, args));
+                    (Probe { before, after }, ran)
+                });
+                match (reference, probe) {
+                    (Err(panic), _) | (_, Some((_, Err(panic)))) => {
+                        fail(mutations, format!("reference panicked: {panic}"))
+                    }
+                    (Ok(Err(TargetError::Unsupported(_))), _) => Outcome::Unchecked,
+                    (Ok(Err(e)), _) => fail(mutations, format!("the runtime ran a call the reference refused: {e}")),
+                    (Ok(Ok(())), Some((_, Ok(Err(e))))) => {
+                        fail(mutations, format!("the reference refused its probe run from perturbed states: {e}"))
+                    }
+                    (Ok(Ok(())), probe) => {
+                        match first_difference(&specs, &before, &got, &want, probe.as_ref().map(|(p, _)| p)) {
+                            None => Outcome::Matched,
+                            Some(d) => fail(mutations, format!("differs from the reference: {d}")),
+                        }
+                    }
                 }
             }
         }
@@ -450,5 +500,55 @@ enum Outcome {
 impl crate::templates::Sink for Fuzzer {
     fn take<O: FuzzOp>(&self, label: &str, template: &O::At<'_>) {
         self.fuzz::<O>(label, template);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(values: &[f32]) -> (TensorSpec, Buffers) {
+        let mut memory = vec![0u8; 2 * values.len()];
+        for (i, &v) in values.iter().enumerate() {
+            elem::write_f32(&mut memory, ssm_tensor::DType::BF16, i, v);
+        }
+        let spec = TensorSpec {
+            name: "initial_state",
+            writable: true,
+            optional: true,
+            present: true,
+            dtype: ssm_tensor::DType::BF16,
+            device: ssm_tensor::Device::Cpu,
+            shape: vec![values.len()],
+            strides: vec![1],
+            offset: 0,
+            memory,
+        };
+        let b = Buffers::new(std::slice::from_ref(&spec));
+        (spec, b)
+    }
+
+    /// After an extreme input, an element the reference computed equal to its old value by
+    /// chance is not one it left alone (its probe run writes it); one it never writes is.
+    #[test]
+    fn loose_comparison_tells_a_chance_equal_value_from_an_untouched_one() {
+        let (spec, before) = state(&[-0.0796, 0.5]);
+        let specs = [spec];
+        // The runtime made both NaN; the reference wrote element 0 with its old value and left
+        // element 1 alone.
+        let (_, got) = state(&[f32::NAN, f32::NAN]);
+        let want = before.clone();
+        // The probe run from perturbed buffers writes element 0 (the same computed value, not the
+        // perturbed one) and leaves element 1 perturbed.
+        let probe_before = Probe::perturbed(&specs, &before);
+        let mut probe_after = probe_before.clone();
+        elem::write_f32(probe_after.0[0].bytes_mut(), ssm_tensor::DType::BF16, 0, -0.0796);
+        let probe = Probe { before: probe_before, after: probe_after };
+        let d = first_difference(&specs, &before, &got, &want, Some(&probe));
+        assert_eq!(d.as_deref(), Some("initial_state[1]: written by the runtime (0.5 -> NaN), not by the reference"));
+        // Without the probe's evidence (both left alone), element 0 is reported first.
+        let untouched = Probe { before: probe.before.clone(), after: probe.before.clone() };
+        let d = first_difference(&specs, &before, &got, &want, Some(&untouched)).unwrap();
+        assert!(d.starts_with("initial_state[0]: written by the runtime"), "{d}");
     }
 }
