@@ -19,6 +19,9 @@ use crate::{CpuBackend, CpuError, require_host};
 
 /// How many state rows ahead the plain decode step prefetches.
 const PREFETCH_ROWS: usize = 4;
+/// The longest speculative step [`spec_rows`] takes (one instantiation per length; vLLM's
+/// speculative decoding verifies up to a few draft tokens, longer steps take the general path).
+const SPEC_MAX: usize = 4;
 
 struct Inputs<'a> {
     mamba: MambaInputs<'a>,
@@ -201,7 +204,19 @@ impl<St: Real> SimdKernel for Item<'_, '_, St> {
             return;
         }
         row_factors::<S>(&cx, &mut bufs, rows);
-        if general_rows::<S, St>(&cx, &mut bufs, (state, buffer), scales, out, rows) {
+        // A 16-bit state's speculative rows advance a whole cache line (four chunks of lanes)
+        // per token, so that each token's streaming stores fill whole lines; f32 takes two chunks.
+        let wide = std::mem::size_of::<St>() < 4;
+        let streamed = match (cx.plain_speculative(), cx.len, wide) {
+            (true, 2, false) => spec_rows::<S, St, 2, 2>(&cx, &bufs, state, out, rows),
+            (true, 3, false) => spec_rows::<S, St, 3, 2>(&cx, &bufs, state, out, rows),
+            (true, 4, false) => spec_rows::<S, St, 4, 2>(&cx, &bufs, state, out, rows),
+            (true, 2, true) => spec_rows::<S, St, 2, 4>(&cx, &bufs, state, out, rows),
+            (true, 3, true) => spec_rows::<S, St, 3, 4>(&cx, &bufs, state, out, rows),
+            (true, 4, true) => spec_rows::<S, St, 4, 4>(&cx, &bufs, state, out, rows),
+            _ => general_rows::<S, St>(&cx, &mut bufs, (state, buffer), scales, out, rows),
+        };
+        if streamed {
             S::store_fence();
         }
     }
@@ -306,6 +321,20 @@ impl<'a> SeqCtx<'a> {
             && self.entry.is_none()
             && plan.state_scale.is_none()
             && plan.dims.dstate.is_multiple_of(LANES)
+    }
+
+    /// The plain speculative step: 2 to [`SPEC_MAX`] tokens, tied parameters, a live source
+    /// storing every token's state to its destination row, no intermediate buffer, a float
+    /// state, rows of whole cache lines of lanes (dstate a multiple of 32: [`spec_rows`]).
+    #[inline(always)]
+    fn plain_speculative(&self) -> bool {
+        let plan = self.plan;
+        (2..=SPEC_MAX).contains(&self.len)
+            && self.tied
+            && self.spec_dsts
+            && self.entry.is_none()
+            && plan.state_scale.is_none()
+            && plan.dims.dstate.is_multiple_of(4 * LANES)
     }
 
     /// Element offset of token `t` of the sequence in a token-strided tensor.
@@ -467,6 +496,103 @@ fn decode_rows<S: Simd + PowTwo, St: Real>(
         }
         cx.write_out(out, 0, p, y);
     }
+}
+
+/// The plain speculative step ([`SeqCtx::plain_speculative`]) of `T` tokens: per row, `L`
+/// chunks of lanes of the source row at a time are read once and carried in registers through
+/// the tokens, stored after each token to that token's destination row (streaming stores for a
+/// row other than the source; `L` chunks make whole cache lines, so that each token's streaming
+/// stores fill their lines), and folded into the token's output sum. The same operations in the
+/// same order as [`general_rows`] (bit-identical), without its f32 row buffer written and read
+/// back per token or its per-(row, token) reads of the destination table. Returns whether
+/// streaming stores were issued (the caller fences).
+#[inline(always)]
+fn spec_rows<S: Simd + PowTwo, St: Real, const T: usize, const L: usize>(
+    cx: &SeqCtx<'_>,
+    bufs: &Bufs<'_>,
+    state: SharedBuf<St>,
+    out: SharedBuf<u8>,
+    (p_lo, p_hi): (usize, usize),
+) -> bool {
+    let (plan, h, n_st, nv) = (cx.plan, cx.h, cx.plan.dims.dstate, bufs.nv);
+    let src = cx.src as usize;
+    // Each token's destination slot (`None`: the pad, no store), read once per item.
+    let mut dst = [None; T];
+    for (t, d) in dst.iter_mut().enumerate() {
+        let ds = match plan.dst_state_batch_indices {
+            Some(dtab) => rd_int(cx.inp.dst.unwrap(), dtab.dtype, dtab.strides.at([cx.b, t])),
+            None => 0,
+        };
+        *d = (!plan.is_pad(ds)).then_some(ds as usize);
+    }
+    let mut da = [S::splat(0.0); T];
+    for t in 0..T {
+        da[t] = S::splat(bufs.das[t]);
+    }
+    let has_z = cx.inp.z.is_some() && plan.z.is_some();
+    let lane_bytes = LANES * std::mem::size_of::<St>();
+    let mut streamed = false;
+    for p in p_lo..p_hi {
+        let src_off = plan.state.at([src, h, p, 0]);
+        if p + PREFETCH_ROWS < p_hi {
+            let ahead = plan.state.at([src, h, p + PREFETCH_ROWS, 0]);
+            for line in (0..n_st * std::mem::size_of::<St>()).step_by(64) {
+                S::prefetch(state.elems::<St>(ahead, 0).cast::<u8>().wrapping_add(line));
+            }
+        }
+        let (mut xv, mut xs) = ([0.0f32; T], [S::splat(0.0); T]);
+        let (mut dptr, mut stream) = ([std::ptr::null_mut::<St>(); T], [false; T]);
+        for t in 0..T {
+            xv[t] = cx.x_of(t, p);
+            xs[t] = S::splat(xv[t]);
+            if let Some(d) = dst[t] {
+                // `d` was checked by the plan; (d, h) is owned by this item (alias_free) or
+                // items run in order. A row other than the source is write-only here.
+                dptr[t] = state.elems::<St>(plan.state.at([d, h, p, 0]), n_st);
+                stream[t] = d != src && (dptr[t] as usize).is_multiple_of(lane_bytes);
+            }
+        }
+        let mut acc = [S::splat(0.0); T];
+        for n in (0..n_st).step_by(L * LANES) {
+            let mut v = [S::splat(0.0); L];
+            for (l, vl) in v.iter_mut().enumerate() {
+                // SAFETY: the plan checked `src` against the pool; `n + L·LANES ≤ dstate` (whole
+                // lines of lanes); the chunk is read through a slice that ends before any store
+                // below (a destination may be the source row).
+                *vl = St::load::<S>(unsafe {
+                    std::slice::from_raw_parts(state.elems::<St>(src_off + n + l * LANES, LANES), LANES)
+                });
+            }
+            for t in 0..T {
+                for (l, vl) in v.iter_mut().enumerate() {
+                    *vl = vl.mul_add(da[t], S::load(&bufs.bv[t * nv + n + l * LANES..]).mul(xs[t]));
+                }
+                for (l, &vl) in v.iter().enumerate() {
+                    if stream[t] {
+                        // SAFETY: inside the destination row (`n + L·LANES ≤ dstate`), aligned
+                        // (checked above), no reference to it alive.
+                        unsafe { St::stream::<S>(vl, dptr[t].add(n + l * LANES)) };
+                    } else if dst[t].is_some() {
+                        // SAFETY: as above; no other reference to this chunk is alive.
+                        St::store(vl, unsafe { std::slice::from_raw_parts_mut(dptr[t].add(n + l * LANES), LANES) });
+                    }
+                }
+                for (l, &vl) in v.iter().enumerate() {
+                    acc[t] = vl.mul_add(S::load(&bufs.cv[t * nv + n + l * LANES..]), acc[t]);
+                }
+            }
+        }
+        let d_p = cx.d_of(p);
+        for t in 0..T {
+            let mut y = acc[t].reduce_add() + xv[t] * d_p;
+            if has_z {
+                y *= bufs.z_rows[t * bufs.rp + (p - p_lo)];
+            }
+            cx.write_out(out, t, p, y);
+            streamed |= stream[t];
+        }
+    }
+    streamed
 }
 
 /// The scalar per-row work of the general path, eight rows at a time: softplus of dt + dt_bias
