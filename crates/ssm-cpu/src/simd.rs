@@ -60,6 +60,16 @@ pub trait Simd: Copy + Send + Sync + 'static {
     fn exp(self) -> Self;
     /// Sum of the lanes.
     fn reduce_add(self) -> f32;
+    /// Lane `r` of the result is `v[r].reduce_add()`, bit for bit (the same additions in the
+    /// same order): eight rows' sums at once, for kernels that keep one accumulator per row.
+    #[inline(always)]
+    fn reduce_add_rows(v: [Self; LANES]) -> Self {
+        let mut s = [0.0f32; LANES];
+        for (sr, vr) in s.iter_mut().zip(v) {
+            *sr = vr.reduce_add();
+        }
+        Self::load(&s)
+    }
     /// Hints that the cache line holding `p` will be read soon (a no-op where unsupported).
     #[inline(always)]
     fn prefetch<T>(_p: *const T) {}
@@ -400,6 +410,38 @@ mod avx2 {
                 _mm_cvtss_f32(s)
             }
         }
+        #[inline(always)]
+        fn reduce_add_rows(v: [Self; 8]) -> Self {
+            // SAFETY: see the module-wide note. `reduce_add`'s tree, eight rows at a time:
+            // (i, i + 4), then (j, j + 2) of those, then (0, 1).
+            unsafe {
+                let (l01, l23) = (halves(v[0], v[1]), halves(v[2], v[3]));
+                let (l45, l67) = (halves(v[4], v[5]), halves(v[6], v[7]));
+                // [A0+A2, A1+A3, C0+C2, C1+C3 | B.., D..] for rows A, B of `l01` and C, D of `l23`.
+                let m0123 = _mm256_add_ps(
+                    _mm256_shuffle_ps::<0b01_00_01_00>(l01, l23),
+                    _mm256_shuffle_ps::<0b11_10_11_10>(l01, l23),
+                );
+                let m4567 = _mm256_add_ps(
+                    _mm256_shuffle_ps::<0b01_00_01_00>(l45, l67),
+                    _mm256_shuffle_ps::<0b11_10_11_10>(l45, l67),
+                );
+                // [r0, r2, r4, r6 | r1, r3, r5, r7]
+                let r = _mm256_add_ps(
+                    _mm256_shuffle_ps::<0b10_00_10_00>(m0123, m4567),
+                    _mm256_shuffle_ps::<0b11_01_11_01>(m0123, m4567),
+                );
+                Avx2(_mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)))
+            }
+        }
+    }
+
+    /// `[a0+a4 .. a3+a7 | b0+b4 .. b3+b7]`: the first step of `reduce_add` for two rows. A
+    /// function, not a closure: a closure would be compiled without the caller's features.
+    #[inline(always)]
+    fn halves(a: Avx2, b: Avx2) -> __m256 {
+        // SAFETY: see the module-wide note.
+        unsafe { _mm256_add_ps(_mm256_permute2f128_ps::<0x20>(a.0, b.0), _mm256_permute2f128_ps::<0x31>(a.0, b.0)) }
     }
 
     impl Avx2 {
@@ -740,6 +782,42 @@ mod tests {
             for (i, &v) in xs.iter().enumerate() {
                 assert_eq!(b[i].to_bits(), bf16::from_f32(v).to_f32().to_bits(), "bf16 of {v:e}");
                 assert_eq!(h[i].to_bits(), f16::from_f32(v).to_f32().to_bits(), "f16 of {v:e}");
+            }
+        }
+    }
+
+    /// `reduce_add_rows` against eight `reduce_add` calls, bit for bit (random magnitudes and
+    /// signs, so that the order of the additions shows in the last bits).
+    struct RowSums(Vec<f32>);
+    impl SimdKernel for RowSums {
+        type Output = Vec<(f32, f32)>;
+        #[inline(always)]
+        fn run<S: Simd + PowTwo>(self) -> Self::Output {
+            let mut got = Vec::new();
+            for block in self.0.chunks_exact(64) {
+                let v: [S; LANES] = std::array::from_fn(|r| S::load(&block[r * LANES..]));
+                let mut rows = [0.0f32; LANES];
+                S::reduce_add_rows(v).store(&mut rows);
+                got.extend(rows.iter().zip(v).map(|(&g, vr)| (g, vr.reduce_add())));
+            }
+            got
+        }
+    }
+
+    #[test]
+    fn row_sums_match_reduce_add() {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let xs: Vec<f32> = (0..64 * 64)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                ((x >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 10f32.powi((x % 13) as i32 - 6)
+            })
+            .collect();
+        for got in [dispatch(RowSums(xs.clone())), RowSums(xs).run::<Portable>()] {
+            for (i, (g, want)) in got.into_iter().enumerate() {
+                assert_eq!(g.to_bits(), want.to_bits(), "row {i}: {g} against {want}");
             }
         }
     }

@@ -12,7 +12,7 @@ use ssm_ssu::{ParamForm, Route, SelectiveStateUpdateArgs, SsuPlan, TokenStrides}
 use ssm_tensor::{DType, Planned, Run, TensorMut};
 
 use crate::host::{MambaInputs, rd, rd_int, wr};
-use crate::lanes::round8;
+use crate::lanes::{gather, round8, scatter};
 use crate::shared::{Scratch, SharedBuf};
 use crate::simd::{LANES, PowTwo, Real, Simd, SimdKernel, dispatch};
 use crate::{CpuBackend, CpuError, require_host};
@@ -204,6 +204,10 @@ impl<St: Real> SimdKernel for Item<'_, '_, St> {
             return;
         }
         row_factors::<S>(&cx, &mut bufs, rows);
+        if cx.plain_channel_decode() {
+            channel_rows::<S, St>(&cx, &bufs, state, out, rows);
+            return;
+        }
         // A 16-bit state's speculative rows advance a whole cache line (four chunks of lanes)
         // per token, so that each token's streaming stores fill whole lines; f32 takes two chunks.
         let wide = std::mem::size_of::<St>() < 4;
@@ -321,6 +325,49 @@ impl<'a> SeqCtx<'a> {
             && self.entry.is_none()
             && plan.state_scale.is_none()
             && plan.dims.dstate.is_multiple_of(LANES)
+    }
+
+    /// The plain per-channel (Mamba1) decode step: as [`Self::plain_decode`] with per-row
+    /// A, dt and dt_bias instead of tied ones.
+    #[inline(always)]
+    fn plain_channel_decode(&self) -> bool {
+        let plan = self.plan;
+        self.len == 1
+            && !self.tied
+            && self.live
+            && !plan.spec
+            && plan.stochastic_rounding.is_none()
+            && self.entry.is_none()
+            && plan.state_scale.is_none()
+            && plan.dims.dstate.is_multiple_of(LANES)
+    }
+
+    /// All of `A` as f32 elements when it is f32 with unit stride along dstate (the usual
+    /// Mamba1 `A = -exp(A_log)`), so that a row's lanes load straight from memory.
+    #[inline(always)]
+    fn a_f32(&self) -> Option<&'a [f32]> {
+        (self.plan.dtypes.a == DType::F32 && self.plan.a.strides[2] == 1)
+            .then(|| bytemuck::try_cast_slice::<u8, f32>(self.inp.mamba.a).ok())
+            .flatten()
+    }
+
+    /// Lanes `n..n + LANES` of A's row `[h, p, :]` (zeros past dstate): from `a_f32` (see
+    /// [`Self::a_f32`]) when given, else element by element.
+    #[inline(always)]
+    fn a_lanes<S: Simd>(&self, a_f32: Option<&[f32]>, p: usize, n: usize) -> S {
+        let (plan, n_st) = (self.plan, self.plan.dims.dstate);
+        match a_f32 {
+            Some(a) if n + LANES <= n_st => S::load(&a[plan.a.at([self.h, p, n])..]),
+            _ => {
+                let mut av = [0.0f32; LANES];
+                for (k, a) in av.iter_mut().enumerate() {
+                    if n + k < n_st {
+                        *a = rd(self.inp.mamba.a, plan.dtypes.a, plan.a.at([self.h, p, n + k]));
+                    }
+                }
+                S::load(&av)
+            }
+        }
     }
 
     /// The plain speculative step: 2 to [`SPEC_MAX`] tokens, tied parameters, a live source
@@ -498,6 +545,77 @@ fn decode_rows<S: Simd + PowTwo, St: Real>(
     }
 }
 
+/// The plain per-channel decode step ([`SeqCtx::plain_channel_decode`], Mamba1's decode), eight
+/// rows at a time: per row one fused pass as [`decode_rows`], with the row's `exp(A·dt)` and
+/// `B·dt` in lanes and no f32 row buffer; per block of rows `x`, `D`, the z factor and `out` in
+/// lanes and the eight row sums reduced together ([`Simd::reduce_add_rows`]). The same operations
+/// in the same order as [`general_rows`] with [`channel_step`] (bit-identical); the row factors
+/// (dt after softplus, z's factor) were computed before by [`row_factors`].
+#[inline(always)]
+fn channel_rows<S: Simd + PowTwo, St: Real>(
+    cx: &SeqCtx<'_>,
+    bufs: &Bufs<'_>,
+    state: SharedBuf<St>,
+    out: SharedBuf<u8>,
+    (p_lo, p_hi): (usize, usize),
+) {
+    let (plan, inp, ty, h, n_st) = (cx.plan, cx.inp, &cx.plan.dtypes, cx.h, cx.plan.dims.dstate);
+    let (src, dst) = (cx.src as usize, cx.dst_final as usize);
+    let has_z = inp.z.is_some() && plan.z.is_some();
+    let a_f32 = cx.a_f32();
+    let (xb, ob) = (cx.tok(&plan.x, 0), cx.tok(&plan.out, 0));
+    let mut p = p_lo;
+    while p < p_hi {
+        let m = LANES.min(p_hi - p);
+        let at = p - p_lo;
+        let mut xr = [0.0f32; LANES];
+        gather::<S>(inp.mamba.x, ty.x, plan.x.at(xb, h, p), plan.x.dim, &mut xr[..m]);
+        let mut acc = [S::splat(0.0); LANES];
+        for (r, acc_r) in acc.iter_mut().enumerate().take(m) {
+            let q = p + r;
+            let src_off = plan.state.at([src, h, q, 0]);
+            let dst_off = plan.state.at([dst, h, q, 0]);
+            if q + PREFETCH_ROWS < p_hi {
+                let ahead = plan.state.at([src, h, q + PREFETCH_ROWS, 0]);
+                for line in (0..n_st * std::mem::size_of::<St>()).step_by(64) {
+                    S::prefetch(state.elems::<St>(ahead, 0).cast::<u8>().wrapping_add(line));
+                }
+            }
+            let (dtl, xs) = (S::splat(bufs.dt_rows[at + r]), S::splat(xr[r]));
+            for n in (0..n_st).step_by(LANES) {
+                let da = cx.a_lanes::<S>(a_f32, q, n).mul(dtl).exp();
+                let bdt = S::load(&bufs.bv[n..]).mul(dtl);
+                // SAFETY: as in `decode_rows`: rows checked by the plan and owned by this item,
+                // the chunk read through a slice that ends before the store.
+                let v =
+                    St::load::<S>(unsafe { std::slice::from_raw_parts(state.elems::<St>(src_off + n, LANES), LANES) })
+                        .mul_add(da, bdt.mul(xs));
+                if cx.final_store {
+                    // SAFETY: as above; no other reference to this chunk is alive.
+                    St::store(v, unsafe {
+                        std::slice::from_raw_parts_mut(state.elems::<St>(dst_off + n, LANES), LANES)
+                    });
+                }
+                *acc_r = v.mul_add(S::load(&bufs.cv[n..]), *acc_r);
+            }
+        }
+        let mut d = [0.0f32; LANES];
+        if let (Some(dv), Some(s)) = (inp.d, plan.d) {
+            gather::<S>(dv, ty.d.unwrap(), s.at([h, p]), s.strides[1], &mut d[..m]);
+        }
+        let mut y = S::reduce_add_rows(acc).add(S::load(&xr).mul(S::load(&d)));
+        if has_z {
+            y = y.mul(S::load(&bufs.z_rows[at..]));
+        }
+        let mut yr = [0.0f32; LANES];
+        y.store(&mut yr);
+        // SAFETY: the plan checked `out`'s shape and that its elements do not overlap; rows
+        // `p..p + m` of this token and head are written by this item only.
+        unsafe { scatter::<S>(out, ty.out, plan.out.at(ob, h, p), plan.out.dim, &yr[..m]) };
+        p += m;
+    }
+}
+
 /// The plain speculative step ([`SeqCtx::plain_speculative`]) of `T` tokens: per row, `L`
 /// chunks of lanes of the source row at a time are read once and carried in registers through
 /// the tokens, stored after each token to that token's destination row (streaming stores for a
@@ -600,28 +718,29 @@ fn spec_rows<S: Simd + PowTwo, St: Real, const T: usize, const L: usize>(
 /// scalar `exp`/`ln` calls.
 #[inline(always)]
 fn row_factors<S: Simd + PowTwo>(cx: &SeqCtx<'_>, bufs: &mut Bufs<'_>, (p_lo, p_hi): (usize, usize)) {
-    let plan = cx.plan;
-    let z = cx.inp.z.zip(plan.z);
+    let (plan, inp, ty, h) = (cx.plan, cx.inp, &cx.plan.dtypes, cx.h);
+    let z = inp.z.zip(plan.z);
     for t in 0..cx.len {
-        let zb = plan.z.map_or(0, |zs| cx.tok(&zs, t));
+        let (zb, db) = (plan.z.map_or(0, |zs| cx.tok(&zs, t)), cx.tok(&plan.dt, t));
         let mut p = p_lo;
         while p < p_hi {
             let m = LANES.min(p_hi - p);
             let at = t * bufs.rp + (p - p_lo);
             if !cx.tied {
-                let mut v = [0.0f32; LANES];
-                for (k, vk) in v.iter_mut().enumerate().take(m) {
-                    *vk = cx.dt_raw(t, p + k);
+                // dt + dt_bias of eight rows (`SeqCtx::dt_raw`'s sum, lane-wise).
+                let (mut v, mut bias) = ([0.0f32; LANES], [0.0f32; LANES]);
+                gather::<S>(inp.mamba.dt, ty.dt, plan.dt.at(db, h, p), plan.dt.dim, &mut v[..m]);
+                let mut lanes = S::load(&v);
+                if let (Some(b), Some(s)) = (inp.dt_bias, plan.dt_bias) {
+                    gather::<S>(b, ty.dt_bias.unwrap(), s.at([h, p]), s.strides[1], &mut bias[..m]);
+                    lanes = lanes.add(S::load(&bias));
                 }
-                let lanes = S::load(&v);
                 let lanes = if plan.dt_softplus { softplus_lanes(lanes) } else { lanes };
                 lanes.store(&mut bufs.dt_rows[at..]);
             }
             if let Some((z, zs)) = z {
                 let mut v = [0.0f32; LANES];
-                for (k, vk) in v.iter_mut().enumerate().take(m) {
-                    *vk = rd(z, plan.dtypes.z.unwrap(), zs.at(zb, cx.h, p + k));
-                }
+                gather::<S>(z, ty.z.unwrap(), zs.at(zb, h, p), zs.dim, &mut v[..m]);
                 let zl = S::load(&v);
                 zl.div(S::splat(1.0).add(S::splat(0.0).sub(zl).exp())).store(&mut bufs.z_rows[at..]);
             }
@@ -727,31 +846,12 @@ fn tied_step<S: Simd + PowTwo>(bufs: &mut Bufs<'_>, t: usize, xv: f32) -> f32 {
 /// (at `at` of the row factors); returns `Σ s·C`.
 #[inline(always)]
 fn channel_step<S: Simd + PowTwo>(cx: &SeqCtx<'_>, bufs: &mut Bufs<'_>, t: usize, p: usize, at: usize, xv: f32) -> f32 {
-    let (plan, inp, ty, h) = (cx.plan, cx.inp, &cx.plan.dtypes, cx.h);
-    let (nv, n_st) = (bufs.nv, plan.dims.dstate);
+    let nv = bufs.nv;
     let (bt, ct) = (&bufs.bv[t * nv..(t + 1) * nv], &bufs.cv[t * nv..(t + 1) * nv]);
     let dtl = S::splat(bufs.dt_rows[at]);
-    // A's row [h, p, :]: straight from memory when it is f32 with unit stride (the usual Mamba1
-    // `A = -exp(A_log)`), else element by element.
-    let a0 = plan.a.at([h, p, 0]);
-    let a_row: Option<&[f32]> = (ty.a == DType::F32 && plan.a.strides[2] == 1)
-        .then(|| bytemuck::try_cast_slice::<u8, f32>(inp.mamba.a).ok())
-        .flatten()
-        .map(|a| &a[a0..a0 + n_st]);
+    let a_f32 = cx.a_f32();
     for n in (0..nv).step_by(LANES) {
-        let av = match a_row {
-            Some(ar) if n + LANES <= n_st => S::load(&ar[n..]),
-            _ => {
-                let mut av = [0.0f32; LANES];
-                for (k, a) in av.iter_mut().enumerate() {
-                    if n + k < n_st {
-                        *a = rd(inp.mamba.a, ty.a, plan.a.at([h, p, n + k]));
-                    }
-                }
-                S::load(&av)
-            }
-        };
-        av.mul(dtl).exp().store(&mut bufs.da_row[n..]);
+        cx.a_lanes::<S>(a_f32, p, n).mul(dtl).exp().store(&mut bufs.da_row[n..]);
         S::load(&bt[n..]).mul(dtl).store(&mut bufs.bdt_row[n..]);
     }
     let xs = S::splat(xv);

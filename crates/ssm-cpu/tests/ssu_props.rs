@@ -190,6 +190,43 @@ fn verification_modes_match_the_committing_call() {
     }
 }
 
+/// The per-channel (Mamba1) one-token decode, which has its own row loop, against the same call
+/// made as a one-token speculative step (tables `[seqs, 1]`, one accepted token: the general row
+/// loop): `out` and the pool bit for bit. Row counts with a tail of fewer than eight rows, pads,
+/// z and D, every float state.
+#[test]
+fn per_channel_decode_matches_the_general_path() {
+    use ssm_tensor::HostTensor;
+    let cpu = CpuBackend::new(Par::Rayon(2.try_into().unwrap())).unwrap();
+    let cases = [
+        (81u64, DType::F32, DType::F32, 45usize),
+        (82, DType::BF16, DType::F32, 203),
+        (83, DType::F16, DType::BF16, 64),
+    ];
+    for (seed, state, io, dim) in cases {
+        let seqs = 5;
+        let mut s = Spec::mamba2(seqs, state);
+        (s.mamba1, s.tied, s.heads, s.groups, s.dim, s.dstate, s.z, s.io) = (true, false, 1, 1, dim, 16, true, io);
+        let mut plain = Case::build(s, seed);
+        let mut general = plain.clone();
+        let column = |t: &HostTensor| HostTensor::from_bytes(t.dtype, vec![seqs, 1], t.bytes());
+        let src = column(plain.state_batch_indices.as_ref().expect("tables"));
+        general.dst_state_batch_indices = Some(plain.dst_state_batch_indices.as_ref().map_or(src.clone(), column));
+        general.state_batch_indices = Some(src);
+        general.num_accepted_tokens = Some(HostTensor::from_i64(DType::I32, vec![seqs], &[1; 5]));
+        let initial = plain.state.clone();
+        cpu.run(ssm_ssu::plan(plain.args()).unwrap()).unwrap();
+        let call = ssm_ssu::plan(general.args()).unwrap();
+        assert!(call.plan().spec, "the twin must be a speculative call");
+        cpu.run(call).unwrap();
+        let ctx = format!("{state} state, {io} io, dim {dim}");
+        assert!(plain.state != initial, "{ctx}: nothing was written");
+        assert!(plain.out.to_f64_vec().iter().any(|v| !v.is_nan()), "{ctx}: no output");
+        assert!(plain.out.bytes() == general.out.bytes(), "{ctx}: out differs from the general path");
+        assert!(plain.state == general.state, "{ctx}: the pool differs from the general path");
+    }
+}
+
 /// `rand_seed` replaces the struct's key: a call whose `rand_seed` tensor holds `s` (and whose
 /// `stochastic_rounding.seed` is a decoy) stores the bits of a call keyed `s` directly, and not
 /// those of the decoy — on the reference and on the CPU backend.
