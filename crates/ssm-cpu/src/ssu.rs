@@ -12,7 +12,7 @@ use ssm_ssu::{ParamForm, Route, SelectiveStateUpdateArgs, SsuPlan, TokenStrides}
 use ssm_tensor::{DType, Planned, Run, TensorMut};
 
 use crate::host::{MambaInputs, rd, rd_int, wr};
-use crate::lanes::{gather, round8, scatter};
+use crate::lanes::{gather, ld, round8, scatter, st};
 use crate::shared::{Scratch, SharedBuf};
 use crate::simd::{LANES, PowTwo, Real, Simd, SimdKernel, dispatch};
 use crate::{CpuBackend, CpuError, require_host};
@@ -198,14 +198,17 @@ impl<St: Real> SimdKernel for Item<'_, '_, St> {
         let nv = round8(plan.dims.dstate);
         let rp = round8(rows.1 - rows.0);
         let mut bufs = Bufs::split(scratch.take(Bufs::len(cx.len, nv, rp)), cx.len, nv, rp);
-        fill_tokens(&cx, &mut bufs);
+        fill_tokens::<S>(&cx, &mut bufs);
         if cx.plain_decode() {
             decode_rows::<S, St>(&cx, &bufs, state, out, rows);
             return;
         }
         row_factors::<S>(&cx, &mut bufs, rows);
         if cx.plain_channel_decode() {
-            channel_rows::<S, St>(&cx, &bufs, state, out, rows);
+            match cx.final_store {
+                true => channel_rows::<S, St, true>(&cx, &mut bufs, state, out, rows),
+                false => channel_rows::<S, St, false>(&cx, &mut bufs, state, out, rows),
+            }
             return;
         }
         // A 16-bit state's speculative rows advance a whole cache line (four chunks of lanes)
@@ -475,7 +478,7 @@ impl<'s> Bufs<'s> {
 
 /// Per-token vectors: B (times dt in the tied form) and C, zero-padded to `nv`; tied dt and dA.
 #[inline(always)]
-fn fill_tokens(cx: &SeqCtx<'_>, bufs: &mut Bufs<'_>) {
+fn fill_tokens<S: Simd>(cx: &SeqCtx<'_>, bufs: &mut Bufs<'_>) {
     let (plan, inp, ty, nv) = (cx.plan, cx.inp, &cx.plan.dtypes, bufs.nv);
     let n_st = plan.dims.dstate;
     for t in 0..cx.len {
@@ -483,14 +486,14 @@ fn fill_tokens(cx: &SeqCtx<'_>, bufs: &mut Bufs<'_>) {
         let dtv = if cx.tied { cx.dt_of(t, 0) } else { 1.0 };
         bufs.dts[t] = dtv;
         bufs.das[t] = (cx.a_head * dtv).exp();
-        for n in 0..nv {
-            let (bval, cval) = if n < n_st {
-                (rd(inp.mamba.b, ty.b, plan.b.at(bb, cx.g, n)), rd(inp.mamba.c, ty.c, plan.c.at(cb, cx.g, n)))
-            } else {
-                (0.0, 0.0)
-            };
-            bufs.bv[t * nv + n] = bval * dtv;
-            bufs.cv[t * nv + n] = cval;
+        let (brow, crow) = (&mut bufs.bv[t * nv..(t + 1) * nv], &mut bufs.cv[t * nv..(t + 1) * nv]);
+        gather::<S>(inp.mamba.b, ty.b, plan.b.at(bb, cx.g, 0), plan.b.dim, &mut brow[..n_st]);
+        gather::<S>(inp.mamba.c, ty.c, plan.c.at(cb, cx.g, 0), plan.c.dim, &mut crow[..n_st]);
+        brow[n_st..].fill(0.0);
+        crow[n_st..].fill(0.0);
+        let dts = S::splat(dtv);
+        for n in (0..nv).step_by(LANES) {
+            S::load(&brow[n..]).mul(dts).store(&mut brow[n..]);
         }
     }
 }
@@ -550,11 +553,12 @@ fn decode_rows<S: Simd + PowTwo, St: Real>(
 /// `B·dt` in lanes and no f32 row buffer; per block of rows `x`, `D`, the z factor and `out` in
 /// lanes and the eight row sums reduced together ([`Simd::reduce_add_rows`]). The same operations
 /// in the same order as [`general_rows`] with [`channel_step`] (bit-identical); the row factors
-/// (dt after softplus, z's factor) were computed before by [`row_factors`].
+/// (dt after softplus, z's factor) were computed before by [`row_factors`]. `STORE`: the final
+/// state is stored (`SeqCtx::final_store`).
 #[inline(always)]
-fn channel_rows<S: Simd + PowTwo, St: Real>(
+fn channel_rows<S: Simd + PowTwo, St: Real, const STORE: bool>(
     cx: &SeqCtx<'_>,
-    bufs: &Bufs<'_>,
+    bufs: &mut Bufs<'_>,
     state: SharedBuf<St>,
     out: SharedBuf<u8>,
     (p_lo, p_hi): (usize, usize),
@@ -564,6 +568,8 @@ fn channel_rows<S: Simd + PowTwo, St: Real>(
     let has_z = inp.z.is_some() && plan.z.is_some();
     let a_f32 = cx.a_f32();
     let (xb, ob) = (cx.tok(&plan.x, 0), cx.tok(&plan.out, 0));
+    let ahead = PREFETCH_ROWS as isize * plan.state.strides[2];
+    let row_bytes = n_st * std::mem::size_of::<St>();
     let mut p = p_lo;
     while p < p_hi {
         let m = LANES.min(p_hi - p);
@@ -573,30 +579,41 @@ fn channel_rows<S: Simd + PowTwo, St: Real>(
         let mut acc = [S::splat(0.0); LANES];
         for (r, acc_r) in acc.iter_mut().enumerate().take(m) {
             let q = p + r;
-            let src_off = plan.state.at([src, h, q, 0]);
-            let dst_off = plan.state.at([dst, h, q, 0]);
+            // A's row [h, q, :] as f32: in place when A is f32 with unit stride, else widened into
+            // the scratch row.
+            let a_row: &[f32] = match a_f32 {
+                Some(a) => &a[plan.a.at([h, q, 0])..][..n_st],
+                None => {
+                    gather::<S>(inp.mamba.a, ty.a, plan.a.at([h, q, 0]), plan.a.strides[2], &mut bufs.da_row[..n_st]);
+                    &bufs.da_row[..n_st]
+                }
+            };
+            let sp = state.elems::<St>(plan.state.at([src, h, q, 0]), n_st);
+            // Without a final store the destination may be the pad: no address is formed.
+            let dp = if STORE { state.elems::<St>(plan.state.at([dst, h, q, 0]), n_st) } else { sp };
             if q + PREFETCH_ROWS < p_hi {
-                let ahead = plan.state.at([src, h, q + PREFETCH_ROWS, 0]);
-                for line in (0..n_st * std::mem::size_of::<St>()).step_by(64) {
-                    S::prefetch(state.elems::<St>(ahead, 0).cast::<u8>().wrapping_add(line));
+                for line in (0..row_bytes).step_by(64) {
+                    S::prefetch(sp.wrapping_offset(ahead).cast::<u8>().wrapping_add(line));
                 }
             }
             let (dtl, xs) = (S::splat(bufs.dt_rows[at + r]), S::splat(xr[r]));
-            for n in (0..n_st).step_by(LANES) {
-                let da = cx.a_lanes::<S>(a_f32, q, n).mul(dtl).exp();
-                let bdt = S::load(&bufs.bv[n..]).mul(dtl);
-                // SAFETY: as in `decode_rows`: rows checked by the plan and owned by this item,
-                // the chunk read through a slice that ends before the store.
-                let v =
-                    St::load::<S>(unsafe { std::slice::from_raw_parts(state.elems::<St>(src_off + n, LANES), LANES) })
-                        .mul_add(da, bdt.mul(xs));
-                if cx.final_store {
-                    // SAFETY: as above; no other reference to this chunk is alive.
-                    St::store(v, unsafe {
-                        std::slice::from_raw_parts_mut(state.elems::<St>(dst_off + n, LANES), LANES)
-                    });
+            let (bt, ct) = (&bufs.bv[..n_st], &bufs.cv[..n_st]);
+            let mut n = 0;
+            while n < n_st {
+                // SAFETY: `n + LANES ≤ dstate` (a multiple of LANES): inside A's row, B, C and both
+                // state rows, which the plan checked and this item owns; each state chunk is read
+                // before it is stored (source and destination may be the same row), through no
+                // live reference.
+                unsafe {
+                    let da = ld::<S, f32>(a_row.as_ptr().add(n)).mul(dtl).exp();
+                    let bdt = ld::<S, f32>(bt.as_ptr().add(n)).mul(dtl);
+                    let v = ld::<S, St>(sp.add(n)).mul_add(da, bdt.mul(xs));
+                    if STORE {
+                        st::<S, St>(v, dp.add(n));
+                    }
+                    *acc_r = v.mul_add(ld::<S, f32>(ct.as_ptr().add(n)), *acc_r);
                 }
-                *acc_r = v.mul_add(S::load(&bufs.cv[n..]), *acc_r);
+                n += LANES;
             }
         }
         let mut d = [0.0f32; LANES];
