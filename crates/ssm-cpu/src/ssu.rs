@@ -200,7 +200,10 @@ impl<St: Real> SimdKernel for Item<'_, '_, St> {
         let mut bufs = Bufs::split(scratch.take(Bufs::len(cx.len, nv, rp)), cx.len, nv, rp);
         fill_tokens::<S>(&cx, &mut bufs);
         if cx.plain_decode() {
-            decode_rows::<S, St>(&cx, &bufs, state, out, rows);
+            match cx.final_store {
+                true => decode_rows::<S, St, true>(&cx, &bufs, state, out, rows),
+                false => decode_rows::<S, St, false>(&cx, &bufs, state, out, rows),
+            }
             return;
         }
         row_factors::<S>(&cx, &mut bufs, rows);
@@ -498,54 +501,114 @@ fn fill_tokens<S: Simd>(cx: &SeqCtx<'_>, bufs: &mut Bufs<'_>) {
     }
 }
 
-/// The plain decode step ([`SeqCtx::plain_decode`]): one fused pass per row, the state read,
-/// updated and stored chunk by chunk without the f32 row buffer.
+/// The plain decode step ([`SeqCtx::plain_decode`]), eight rows at a time: per row one fused
+/// pass, the state read, updated and stored chunk by chunk without the f32 row buffer; per block
+/// of rows `x`, `D`, z's factor and `out` in lanes ([`x_rows`], [`finish_rows`]). `STORE`: the
+/// final state is stored (`SeqCtx::final_store`).
 #[inline(always)]
-fn decode_rows<S: Simd + PowTwo, St: Real>(
+fn decode_rows<S: Simd + PowTwo, St: Real, const STORE: bool>(
     cx: &SeqCtx<'_>,
     bufs: &Bufs<'_>,
     state: SharedBuf<St>,
     out: SharedBuf<u8>,
     (p_lo, p_hi): (usize, usize),
 ) {
-    let (plan, h, n_st, nv) = (cx.plan, cx.h, cx.plan.dims.dstate, bufs.nv);
+    let (plan, inp, h, n_st) = (cx.plan, cx.inp, cx.h, cx.plan.dims.dstate);
     let (src, dst) = (cx.src as usize, cx.dst_final as usize);
     let zb = plan.z.map_or(0, |zs| cx.tok(&zs, 0));
-    let (da, bt, ct) = (S::splat(bufs.das[0]), &bufs.bv[..nv], &bufs.cv[..nv]);
-    for p in p_lo..p_hi {
-        let xv = cx.x_of(0, p);
-        let xs = S::splat(xv);
-        let src_off = plan.state.at([src, h, p, 0]);
-        let dst_off = plan.state.at([dst, h, p, 0]);
-        // Keep several rows of loads in flight: prefetch the row PREFETCH_ROWS ahead (a hint
-        // only; an address past the head is harmless).
-        if p + PREFETCH_ROWS < p_hi {
-            let ahead = plan.state.at([src, h, p + PREFETCH_ROWS, 0]);
-            let row_bytes = n_st * std::mem::size_of::<St>();
-            for line in (0..row_bytes).step_by(64) {
-                S::prefetch(state.elems::<St>(ahead, 0).cast::<u8>().wrapping_add(line));
+    let (da, bt, ct) = (S::splat(bufs.das[0]), &bufs.bv[..n_st], &bufs.cv[..n_st]);
+    // Keep several rows of loads in flight: prefetch the row PREFETCH_ROWS ahead (a hint only).
+    let ahead = PREFETCH_ROWS as isize * plan.state.strides[2];
+    let row_bytes = n_st * std::mem::size_of::<St>();
+    let mut p = p_lo;
+    while p < p_hi {
+        let m = LANES.min(p_hi - p);
+        let xr = x_rows::<S>(cx, p, m);
+        let mut acc = [S::splat(0.0); LANES];
+        for (r, acc_r) in acc.iter_mut().enumerate().take(m) {
+            let q = p + r;
+            let sp = state.elems::<St>(plan.state.at([src, h, q, 0]), n_st);
+            // Without a final store the destination may be the pad: no address is formed.
+            let dp = if STORE { state.elems::<St>(plan.state.at([dst, h, q, 0]), n_st) } else { sp };
+            if q + PREFETCH_ROWS < p_hi {
+                for line in (0..row_bytes).step_by(64) {
+                    S::prefetch(sp.wrapping_offset(ahead).cast::<u8>().wrapping_add(line));
+                }
             }
-        }
-        let mut acc = S::splat(0.0);
-        for n in (0..n_st).step_by(LANES) {
-            // SAFETY: both rows were checked by the plan and belong to this item; each chunk is
-            // read through a slice that ends before the write below (source and destination may
-            // be the same row).
-            let v = St::load::<S>(unsafe { std::slice::from_raw_parts(state.elems::<St>(src_off + n, LANES), LANES) })
-                .mul_add(da, S::load(&bt[n..]).mul(xs));
-            if cx.final_store {
-                // SAFETY: as above; no other reference to this chunk is alive.
-                St::store(v, unsafe { std::slice::from_raw_parts_mut(state.elems::<St>(dst_off + n, LANES), LANES) });
+            let xs = S::splat(xr[r]);
+            let mut a = S::splat(0.0);
+            let mut n = 0;
+            while n < n_st {
+                // SAFETY: `n + LANES ≤ dstate` (a multiple of LANES): inside B, C and both state
+                // rows, which the plan checked and this item owns; each state chunk is read before
+                // it is stored (source and destination may be the same row), through no live
+                // reference.
+                unsafe {
+                    let v = ld::<S, St>(sp.add(n)).mul_add(da, ld::<S, f32>(bt.as_ptr().add(n)).mul(xs));
+                    if STORE {
+                        st::<S, St>(v, dp.add(n));
+                    }
+                    a = v.mul_add(ld::<S, f32>(ct.as_ptr().add(n)), a);
+                }
+                n += LANES;
             }
-            acc = v.mul_add(S::load(&ct[n..]), acc);
+            *acc_r = a;
         }
-        let mut y = acc.reduce_add() + xv * cx.d_of(p);
-        if let (Some(z), Some(zs)) = (cx.inp.z, plan.z) {
-            let zv = rd(z, plan.dtypes.z.unwrap(), zs.at(zb, h, p));
-            y *= zv / (1.0 + (-zv).exp());
-        }
-        cx.write_out(out, 0, p, y);
+        let z = match (inp.z, plan.z) {
+            (Some(z), Some(zs)) => {
+                let mut v = [0.0f32; LANES];
+                gather::<S>(z, plan.dtypes.z.unwrap(), zs.at(zb, h, p), zs.dim, &mut v[..m]);
+                Some(silu_factor(S::load(&v)))
+            }
+            _ => None,
+        };
+        finish_rows::<S>(cx, out, acc, &xr, z, p, m);
+        p += m;
     }
+}
+
+/// `x` of rows `p..p + m` (token 0) as f32, zeros past `m`.
+#[inline(always)]
+fn x_rows<S: Simd>(cx: &SeqCtx<'_>, p: usize, m: usize) -> [f32; LANES] {
+    let plan = cx.plan;
+    let mut xr = [0.0f32; LANES];
+    gather::<S>(cx.inp.mamba.x, plan.dtypes.x, plan.x.at(cx.tok(&plan.x, 0), cx.h, p), plan.x.dim, &mut xr[..m]);
+    xr
+}
+
+/// The end of a block of rows `p..p + m` of token 0: `y = Σ + x·D` lane-wise from the rows'
+/// accumulators (`acc[r]` of row `p + r`; [`Simd::reduce_add_rows`]), times z's factor when given,
+/// written to `out`.
+#[inline(always)]
+fn finish_rows<S: Simd>(
+    cx: &SeqCtx<'_>,
+    out: SharedBuf<u8>,
+    acc: [S; LANES],
+    xr: &[f32; LANES],
+    z: Option<S>,
+    p: usize,
+    m: usize,
+) {
+    let (plan, inp, ty) = (cx.plan, cx.inp, &cx.plan.dtypes);
+    let mut d = [0.0f32; LANES];
+    if let (Some(dv), Some(s)) = (inp.d, plan.d) {
+        gather::<S>(dv, ty.d.unwrap(), s.at([cx.h, p]), s.strides[1], &mut d[..m]);
+    }
+    let mut y = S::reduce_add_rows(acc).add(S::load(xr).mul(S::load(&d)));
+    if let Some(z) = z {
+        y = y.mul(z);
+    }
+    let mut yr = [0.0f32; LANES];
+    y.store(&mut yr);
+    // SAFETY: the plan checked `out`'s shape and that its elements do not overlap; rows
+    // `p..p + m` of this token and head are written by this item only.
+    unsafe { scatter::<S>(out, ty.out, plan.out.at(cx.tok(&plan.out, 0), cx.h, p), plan.out.dim, &yr[..m]) };
+}
+
+/// z's gate factor `z / (1 + e^-z)` (silu(z) = z·sigmoid(z)) lane-wise.
+#[inline(always)]
+fn silu_factor<S: Simd + PowTwo>(z: S) -> S {
+    z.div(S::splat(1.0).add(S::splat(0.0).sub(z).exp()))
 }
 
 /// The plain per-channel decode step ([`SeqCtx::plain_channel_decode`], Mamba1's decode), eight
@@ -567,15 +630,13 @@ fn channel_rows<S: Simd + PowTwo, St: Real, const STORE: bool>(
     let (src, dst) = (cx.src as usize, cx.dst_final as usize);
     let has_z = inp.z.is_some() && plan.z.is_some();
     let a_f32 = cx.a_f32();
-    let (xb, ob) = (cx.tok(&plan.x, 0), cx.tok(&plan.out, 0));
     let ahead = PREFETCH_ROWS as isize * plan.state.strides[2];
     let row_bytes = n_st * std::mem::size_of::<St>();
     let mut p = p_lo;
     while p < p_hi {
         let m = LANES.min(p_hi - p);
         let at = p - p_lo;
-        let mut xr = [0.0f32; LANES];
-        gather::<S>(inp.mamba.x, ty.x, plan.x.at(xb, h, p), plan.x.dim, &mut xr[..m]);
+        let xr = x_rows::<S>(cx, p, m);
         let mut acc = [S::splat(0.0); LANES];
         for (r, acc_r) in acc.iter_mut().enumerate().take(m) {
             let q = p + r;
@@ -598,6 +659,7 @@ fn channel_rows<S: Simd + PowTwo, St: Real, const STORE: bool>(
             }
             let (dtl, xs) = (S::splat(bufs.dt_rows[at + r]), S::splat(xr[r]));
             let (bt, ct) = (&bufs.bv[..n_st], &bufs.cv[..n_st]);
+            let mut a = S::splat(0.0);
             let mut n = 0;
             while n < n_st {
                 // SAFETY: `n + LANES ≤ dstate` (a multiple of LANES): inside A's row, B, C and both
@@ -611,24 +673,14 @@ fn channel_rows<S: Simd + PowTwo, St: Real, const STORE: bool>(
                     if STORE {
                         st::<S, St>(v, dp.add(n));
                     }
-                    *acc_r = v.mul_add(ld::<S, f32>(ct.as_ptr().add(n)), *acc_r);
+                    a = v.mul_add(ld::<S, f32>(ct.as_ptr().add(n)), a);
                 }
                 n += LANES;
             }
+            *acc_r = a;
         }
-        let mut d = [0.0f32; LANES];
-        if let (Some(dv), Some(s)) = (inp.d, plan.d) {
-            gather::<S>(dv, ty.d.unwrap(), s.at([h, p]), s.strides[1], &mut d[..m]);
-        }
-        let mut y = S::reduce_add_rows(acc).add(S::load(&xr).mul(S::load(&d)));
-        if has_z {
-            y = y.mul(S::load(&bufs.z_rows[at..]));
-        }
-        let mut yr = [0.0f32; LANES];
-        y.store(&mut yr);
-        // SAFETY: the plan checked `out`'s shape and that its elements do not overlap; rows
-        // `p..p + m` of this token and head are written by this item only.
-        unsafe { scatter::<S>(out, ty.out, plan.out.at(ob, h, p), plan.out.dim, &yr[..m]) };
+        let z = if has_z { Some(S::load(&bufs.z_rows[at..])) } else { None };
+        finish_rows::<S>(cx, out, acc, &xr, z, p, m);
         p += m;
     }
 }
@@ -759,7 +811,7 @@ fn row_factors<S: Simd + PowTwo>(cx: &SeqCtx<'_>, bufs: &mut Bufs<'_>, (p_lo, p_
                 let mut v = [0.0f32; LANES];
                 gather::<S>(z, ty.z.unwrap(), zs.at(zb, h, p), zs.dim, &mut v[..m]);
                 let zl = S::load(&v);
-                zl.div(S::splat(1.0).add(S::splat(0.0).sub(zl).exp())).store(&mut bufs.z_rows[at..]);
+                silu_factor(zl).store(&mut bufs.z_rows[at..]);
             }
             p += LANES;
         }
