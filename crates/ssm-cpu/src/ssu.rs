@@ -523,7 +523,7 @@ fn decode_rows<S: Simd + PowTwo, St: Real, const STORE: bool>(
     let mut p = p_lo;
     while p < p_hi {
         let m = LANES.min(p_hi - p);
-        let xr = x_rows::<S>(cx, p, m);
+        let xr = x_rows::<S>(cx, 0, p, m);
         let mut acc = [S::splat(0.0); LANES];
         for (r, acc_r) in acc.iter_mut().enumerate().take(m) {
             let q = p + r;
@@ -562,30 +562,32 @@ fn decode_rows<S: Simd + PowTwo, St: Real, const STORE: bool>(
             }
             _ => None,
         };
-        finish_rows::<S>(cx, out, acc, &xr, z, p, m);
+        finish_rows::<S>(cx, out, acc, &xr, z, 0, p, m);
         p += m;
     }
 }
 
-/// `x` of rows `p..p + m` (token 0) as f32, zeros past `m`.
+/// `x` of rows `p..p + m` of token `t` as f32, zeros past `m`.
 #[inline(always)]
-fn x_rows<S: Simd>(cx: &SeqCtx<'_>, p: usize, m: usize) -> [f32; LANES] {
+fn x_rows<S: Simd>(cx: &SeqCtx<'_>, t: usize, p: usize, m: usize) -> [f32; LANES] {
     let plan = cx.plan;
     let mut xr = [0.0f32; LANES];
-    gather::<S>(cx.inp.mamba.x, plan.dtypes.x, plan.x.at(cx.tok(&plan.x, 0), cx.h, p), plan.x.dim, &mut xr[..m]);
+    gather::<S>(cx.inp.mamba.x, plan.dtypes.x, plan.x.at(cx.tok(&plan.x, t), cx.h, p), plan.x.dim, &mut xr[..m]);
     xr
 }
 
-/// The end of a block of rows `p..p + m` of token 0: `y = Σ + x·D` lane-wise from the rows'
+/// The end of a block of rows `p..p + m` of token `t`: `y = Σ + x·D` lane-wise from the rows'
 /// accumulators (`acc[r]` of row `p + r`; [`Simd::reduce_add_rows`]), times z's factor when given,
-/// written to `out`.
+/// written to `out`. The same operations as the scalar `acc.reduce_add() + x·D` per row.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 fn finish_rows<S: Simd>(
     cx: &SeqCtx<'_>,
     out: SharedBuf<u8>,
     acc: [S; LANES],
     xr: &[f32; LANES],
     z: Option<S>,
+    t: usize,
     p: usize,
     m: usize,
 ) {
@@ -602,7 +604,7 @@ fn finish_rows<S: Simd>(
     y.store(&mut yr);
     // SAFETY: the plan checked `out`'s shape and that its elements do not overlap; rows
     // `p..p + m` of this token and head are written by this item only.
-    unsafe { scatter::<S>(out, ty.out, plan.out.at(cx.tok(&plan.out, 0), cx.h, p), plan.out.dim, &yr[..m]) };
+    unsafe { scatter::<S>(out, ty.out, plan.out.at(cx.tok(&plan.out, t), cx.h, p), plan.out.dim, &yr[..m]) };
 }
 
 /// z's gate factor `z / (1 + e^-z)` (silu(z) = z·sigmoid(z)) lane-wise.
@@ -636,7 +638,7 @@ fn channel_rows<S: Simd + PowTwo, St: Real, const STORE: bool>(
     while p < p_hi {
         let m = LANES.min(p_hi - p);
         let at = p - p_lo;
-        let xr = x_rows::<S>(cx, p, m);
+        let xr = x_rows::<S>(cx, 0, p, m);
         let mut acc = [S::splat(0.0); LANES];
         for (r, acc_r) in acc.iter_mut().enumerate().take(m) {
             let q = p + r;
@@ -680,7 +682,7 @@ fn channel_rows<S: Simd + PowTwo, St: Real, const STORE: bool>(
             *acc_r = a;
         }
         let z = if has_z { Some(S::load(&bufs.z_rows[at..])) } else { None };
-        finish_rows::<S>(cx, out, acc, &xr, z, p, m);
+        finish_rows::<S>(cx, out, acc, &xr, z, 0, p, m);
         p += m;
     }
 }
@@ -691,8 +693,9 @@ fn channel_rows<S: Simd + PowTwo, St: Real, const STORE: bool>(
 /// row other than the source; `L` chunks make whole cache lines, so that each token's streaming
 /// stores fill their lines), and folded into the token's output sum. The same operations in the
 /// same order as [`general_rows`] (bit-identical), without its f32 row buffer written and read
-/// back per token or its per-(row, token) reads of the destination table. Returns whether
-/// streaming stores were issued (the caller fences).
+/// back per token or its per-(row, token) reads of the destination table. Rows go eight at a
+/// time, each token's `x`, `D`, z's factor and `out` in lanes ([`x_rows`], [`finish_rows`]).
+/// Returns whether streaming stores were issued (the caller fences).
 #[inline(always)]
 fn spec_rows<S: Simd + PowTwo, St: Real, const T: usize, const L: usize>(
     cx: &SeqCtx<'_>,
@@ -719,65 +722,74 @@ fn spec_rows<S: Simd + PowTwo, St: Real, const T: usize, const L: usize>(
     let has_z = cx.inp.z.is_some() && plan.z.is_some();
     let lane_bytes = LANES * std::mem::size_of::<St>();
     let mut streamed = false;
-    for p in p_lo..p_hi {
-        let src_off = plan.state.at([src, h, p, 0]);
-        if p + PREFETCH_ROWS < p_hi {
-            let ahead = plan.state.at([src, h, p + PREFETCH_ROWS, 0]);
-            for line in (0..n_st * std::mem::size_of::<St>()).step_by(64) {
-                S::prefetch(state.elems::<St>(ahead, 0).cast::<u8>().wrapping_add(line));
-            }
+    let mut p = p_lo;
+    while p < p_hi {
+        let m = LANES.min(p_hi - p);
+        let mut xr = [[0.0f32; LANES]; T];
+        for (t, x) in xr.iter_mut().enumerate() {
+            *x = x_rows::<S>(cx, t, p, m);
         }
-        let (mut xv, mut xs) = ([0.0f32; T], [S::splat(0.0); T]);
-        let (mut dptr, mut stream) = ([std::ptr::null_mut::<St>(); T], [false; T]);
-        for t in 0..T {
-            xv[t] = cx.x_of(t, p);
-            xs[t] = S::splat(xv[t]);
-            if let Some(d) = dst[t] {
-                // `d` was checked by the plan; (d, h) is owned by this item (alias_free) or
-                // items run in order. A row other than the source is write-only here.
-                dptr[t] = state.elems::<St>(plan.state.at([d, h, p, 0]), n_st);
-                stream[t] = d != src && (dptr[t] as usize).is_multiple_of(lane_bytes);
-            }
-        }
-        let mut acc = [S::splat(0.0); T];
-        for n in (0..n_st).step_by(L * LANES) {
-            let mut v = [S::splat(0.0); L];
-            for (l, vl) in v.iter_mut().enumerate() {
-                // SAFETY: the plan checked `src` against the pool; `n + L·LANES ≤ dstate` (whole
-                // lines of lanes); the chunk is read through a slice that ends before any store
-                // below (a destination may be the source row).
-                *vl = St::load::<S>(unsafe {
-                    std::slice::from_raw_parts(state.elems::<St>(src_off + n + l * LANES, LANES), LANES)
-                });
-            }
-            for t in 0..T {
-                for (l, vl) in v.iter_mut().enumerate() {
-                    *vl = vl.mul_add(da[t], S::load(&bufs.bv[t * nv + n + l * LANES..]).mul(xs[t]));
+        let mut acc = [[S::splat(0.0); LANES]; T];
+        for r in 0..m {
+            let q = p + r;
+            let src_off = plan.state.at([src, h, q, 0]);
+            if q + PREFETCH_ROWS < p_hi {
+                let ahead = plan.state.at([src, h, q + PREFETCH_ROWS, 0]);
+                for line in (0..n_st * std::mem::size_of::<St>()).step_by(64) {
+                    S::prefetch(state.elems::<St>(ahead, 0).cast::<u8>().wrapping_add(line));
                 }
-                for (l, &vl) in v.iter().enumerate() {
-                    if stream[t] {
-                        // SAFETY: inside the destination row (`n + L·LANES ≤ dstate`), aligned
-                        // (checked above), no reference to it alive.
-                        unsafe { St::stream::<S>(vl, dptr[t].add(n + l * LANES)) };
-                    } else if dst[t].is_some() {
-                        // SAFETY: as above; no other reference to this chunk is alive.
-                        St::store(vl, unsafe { std::slice::from_raw_parts_mut(dptr[t].add(n + l * LANES), LANES) });
+            }
+            let mut xs = [S::splat(0.0); T];
+            let (mut dptr, mut stream) = ([std::ptr::null_mut::<St>(); T], [false; T]);
+            for t in 0..T {
+                xs[t] = S::splat(xr[t][r]);
+                if let Some(d) = dst[t] {
+                    // `d` was checked by the plan; (d, h) is owned by this item (alias_free) or
+                    // items run in order. A row other than the source is write-only here.
+                    dptr[t] = state.elems::<St>(plan.state.at([d, h, q, 0]), n_st);
+                    stream[t] = d != src && (dptr[t] as usize).is_multiple_of(lane_bytes);
+                }
+            }
+            let mut a = [S::splat(0.0); T];
+            for n in (0..n_st).step_by(L * LANES) {
+                let mut v = [S::splat(0.0); L];
+                for (l, vl) in v.iter_mut().enumerate() {
+                    // SAFETY: the plan checked `src` against the pool; `n + L·LANES ≤ dstate`
+                    // (whole lines of lanes); the chunk is read through a slice that ends before
+                    // any store below (a destination may be the source row).
+                    *vl = St::load::<S>(unsafe {
+                        std::slice::from_raw_parts(state.elems::<St>(src_off + n + l * LANES, LANES), LANES)
+                    });
+                }
+                for t in 0..T {
+                    for (l, vl) in v.iter_mut().enumerate() {
+                        *vl = vl.mul_add(da[t], S::load(&bufs.bv[t * nv + n + l * LANES..]).mul(xs[t]));
+                    }
+                    for (l, &vl) in v.iter().enumerate() {
+                        if stream[t] {
+                            // SAFETY: inside the destination row (`n + L·LANES ≤ dstate`), aligned
+                            // (checked above), no reference to it alive.
+                            unsafe { St::stream::<S>(vl, dptr[t].add(n + l * LANES)) };
+                        } else if dst[t].is_some() {
+                            // SAFETY: as above; no other reference to this chunk is alive.
+                            St::store(vl, unsafe { std::slice::from_raw_parts_mut(dptr[t].add(n + l * LANES), LANES) });
+                        }
+                    }
+                    for (l, &vl) in v.iter().enumerate() {
+                        a[t] = vl.mul_add(S::load(&bufs.cv[t * nv + n + l * LANES..]), a[t]);
                     }
                 }
-                for (l, &vl) in v.iter().enumerate() {
-                    acc[t] = vl.mul_add(S::load(&bufs.cv[t * nv + n + l * LANES..]), acc[t]);
-                }
+            }
+            for t in 0..T {
+                acc[t][r] = a[t];
+                streamed |= stream[t];
             }
         }
-        let d_p = cx.d_of(p);
         for t in 0..T {
-            let mut y = acc[t].reduce_add() + xv[t] * d_p;
-            if has_z {
-                y *= bufs.z_rows[t * bufs.rp + (p - p_lo)];
-            }
-            cx.write_out(out, t, p, y);
-            streamed |= stream[t];
+            let z = if has_z { Some(S::load(&bufs.z_rows[t * bufs.rp + (p - p_lo)..])) } else { None };
+            finish_rows::<S>(cx, out, acc[t], &xr[t], z, t, p, m);
         }
+        p += m;
     }
     streamed
 }
