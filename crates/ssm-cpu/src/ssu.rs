@@ -199,7 +199,7 @@ impl<St: Real> SimdKernel for Item<'_, '_, St> {
         let rp = round8(rows.1 - rows.0);
         let mut bufs = Bufs::split(scratch.take(Bufs::len(cx.len, nv, rp)), cx.len, nv, rp);
         fill_tokens::<S>(&cx, &mut bufs);
-        if cx.plain_decode() {
+        if cx.plain_one_token(true) {
             match cx.final_store {
                 true => decode_rows::<S, St, true>(&cx, &bufs, state, out, rows),
                 false => decode_rows::<S, St, false>(&cx, &bufs, state, out, rows),
@@ -207,7 +207,7 @@ impl<St: Real> SimdKernel for Item<'_, '_, St> {
             return;
         }
         row_factors::<S>(&cx, &mut bufs, rows);
-        if cx.plain_channel_decode() {
+        if cx.plain_one_token(false) {
             match cx.final_store {
                 true => channel_rows::<S, St, true>(&cx, &mut bufs, state, out, rows),
                 false => channel_rows::<S, St, false>(&cx, &mut bufs, state, out, rows),
@@ -318,28 +318,14 @@ impl<'a> SeqCtx<'a> {
         })
     }
 
-    /// The plain decode step: one token, tied parameters, a live row, no stochastic rounding,
-    /// no intermediate buffer, a float state, whole lanes.
+    /// The plain one-token step of the form `tied` (true: [`decode_rows`], false: the
+    /// per-channel Mamba1 step, [`channel_rows`]): one token, a live row, no stochastic
+    /// rounding, no intermediate buffer, a float state, whole lanes.
     #[inline(always)]
-    fn plain_decode(&self) -> bool {
+    fn plain_one_token(&self, tied: bool) -> bool {
         let plan = self.plan;
         self.len == 1
-            && self.tied
-            && self.live
-            && !plan.spec
-            && plan.stochastic_rounding.is_none()
-            && self.entry.is_none()
-            && plan.state_scale.is_none()
-            && plan.dims.dstate.is_multiple_of(LANES)
-    }
-
-    /// The plain per-channel (Mamba1) decode step: as [`Self::plain_decode`] with per-row
-    /// A, dt and dt_bias instead of tied ones.
-    #[inline(always)]
-    fn plain_channel_decode(&self) -> bool {
-        let plan = self.plan;
-        self.len == 1
-            && !self.tied
+            && self.tied == tied
             && self.live
             && !plan.spec
             && plan.stochastic_rounding.is_none()
@@ -501,7 +487,7 @@ fn fill_tokens<S: Simd>(cx: &SeqCtx<'_>, bufs: &mut Bufs<'_>) {
     }
 }
 
-/// The plain decode step ([`SeqCtx::plain_decode`]), eight rows at a time: per row one fused
+/// The plain decode step ([`SeqCtx::plain_one_token`]), eight rows at a time: per row one fused
 /// pass, the state read, updated and stored chunk by chunk without the f32 row buffer; per block
 /// of rows `x`, `D`, z's factor and `out` in lanes ([`x_rows`], [`finish_rows`]). `STORE`: the
 /// final state is stored (`SeqCtx::final_store`).
@@ -613,7 +599,7 @@ fn silu_factor<S: Simd + PowTwo>(z: S) -> S {
     z.div(S::splat(1.0).add(S::splat(0.0).sub(z).exp()))
 }
 
-/// The plain per-channel decode step ([`SeqCtx::plain_channel_decode`], Mamba1's decode), eight
+/// The plain per-channel decode step ([`SeqCtx::plain_one_token`], Mamba1's decode), eight
 /// rows at a time: per row one fused pass as [`decode_rows`], with the row's `exp(A·dt)` and
 /// `B·dt` in lanes and no f32 row buffer; per block of rows `x`, `D`, the z factor and `out` in
 /// lanes and the eight row sums reduced together ([`Simd::reduce_add_rows`]). The same operations
