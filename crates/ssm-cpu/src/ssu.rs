@@ -105,16 +105,15 @@ impl CpuBackend {
 }
 
 /// f32 scratch of one item of `rows` state rows, from the plan's dimensions alone: per token
-/// B and C (`nv` each), dt and dA, per token and row the processed dt and z factor, and three
-/// rows. A sequence is at most one token (decode), `steps` (dense) or all rows (varlen) long.
+/// B and C (`nv` each), dt and dA, per token and row the processed dt and z factor, and two
+/// rows ([`Bufs`]). A sequence is at most one token (decode), `steps` (dense) or all rows (varlen) long.
 fn item_scratch(plan: &SsuPlan, rows: usize) -> usize {
     let len = match plan.route {
         Route::OneToken => 1,
         Route::Dense { steps } => steps,
         Route::Varlen => plan.dims.rows,
     };
-    let nv = round8(plan.dims.dstate);
-    len * (2 * nv + 2) + 3 * nv + 2 * len * round8(rows)
+    Bufs::len(len, round8(plan.dims.dstate), round8(rows))
 }
 
 impl Run<SelectiveStateUpdateArgs<'_>> for CpuBackend {
@@ -343,21 +342,19 @@ impl<'a> SeqCtx<'a> {
             .flatten()
     }
 
-    /// Lanes `n..n + LANES` of A's row `[h, p, :]` (zeros past dstate): from `a_f32` (see
-    /// [`Self::a_f32`]) when given, else element by element.
+    /// A's row `[h, p, :]` as f32, zero-padded to `buf.len()` (whole lanes): `a_f32`'s own
+    /// elements (see [`Self::a_f32`]) when given and the row needs no padding, else widened into
+    /// `buf`.
     #[inline(always)]
-    fn a_lanes<S: Simd>(&self, a_f32: Option<&[f32]>, p: usize, n: usize) -> S {
+    fn a_row<'b, S: Simd>(&self, a_f32: Option<&'b [f32]>, p: usize, buf: &'b mut [f32]) -> &'b [f32] {
         let (plan, n_st) = (self.plan, self.plan.dims.dstate);
+        let at = plan.a.at([self.h, p, 0]);
         match a_f32 {
-            Some(a) if n + LANES <= n_st => S::load(&a[plan.a.at([self.h, p, n])..]),
+            Some(a) if n_st == buf.len() => &a[at..at + n_st],
             _ => {
-                let mut av = [0.0f32; LANES];
-                for (k, a) in av.iter_mut().enumerate() {
-                    if n + k < n_st {
-                        *a = rd(self.inp.mamba.a, plan.dtypes.a, plan.a.at([self.h, p, n + k]));
-                    }
-                }
-                S::load(&av)
+                gather::<S>(self.inp.mamba.a, plan.dtypes.a, at, plan.a.strides[2], &mut buf[..n_st]);
+                buf[n_st..].fill(0.0);
+                buf
             }
         }
     }
@@ -426,17 +423,16 @@ impl<'a> SeqCtx<'a> {
     }
 }
 
-/// The item's f32 scratch: per token B (times dt when tied) and C (`nv` each), dt and dA; three
-/// rows (the state row, dA and B·dt of the per-channel form); per token and row of the item the
-/// processed dt and the z factor (`rp` each).
+/// The item's f32 scratch: per token B (times dt when tied) and C (`nv` each), dt and dA; two
+/// rows (the state row and A's row of the per-channel form, where A is not f32 in place); per
+/// token and row of the item the processed dt and the z factor (`rp` each).
 struct Bufs<'s> {
     bv: &'s mut [f32],
     cv: &'s mut [f32],
     dts: &'s mut [f32],
     das: &'s mut [f32],
     row: &'s mut [f32],
-    da_row: &'s mut [f32],
-    bdt_row: &'s mut [f32],
+    a_row: &'s mut [f32],
     dt_rows: &'s mut [f32],
     z_rows: &'s mut [f32],
     nv: usize,
@@ -447,7 +443,7 @@ impl<'s> Bufs<'s> {
     /// Elements of the scratch of a sequence of `len` tokens.
     #[inline(always)]
     fn len(len: usize, nv: usize, rp: usize) -> usize {
-        len * (2 * nv + 2) + 3 * nv + 2 * len * rp
+        len * (2 * nv + 2) + 2 * nv + 2 * len * rp
     }
 
     #[inline(always)]
@@ -457,11 +453,10 @@ impl<'s> Bufs<'s> {
         let (dts, rest) = rest.split_at_mut(len);
         let (das, rest) = rest.split_at_mut(len);
         let (row, rest) = rest.split_at_mut(nv);
-        let (da_row, rest) = rest.split_at_mut(nv);
-        let (bdt_row, rest) = rest.split_at_mut(nv);
+        let (a_row, rest) = rest.split_at_mut(nv);
         let (dt_rows, rest) = rest.split_at_mut(len * rp);
         let z_rows = &mut rest[..len * rp];
-        Bufs { bv, cv, dts, das, row, da_row, bdt_row, dt_rows, z_rows, nv, rp }
+        Bufs { bv, cv, dts, das, row, a_row, dt_rows, z_rows, nv, rp }
     }
 }
 
@@ -503,9 +498,6 @@ fn decode_rows<S: Simd + PowTwo, St: Real, const STORE: bool>(
     let (src, dst) = (cx.src as usize, cx.dst_final as usize);
     let zb = plan.z.map_or(0, |zs| cx.tok(&zs, 0));
     let (da, bt, ct) = (S::splat(bufs.das[0]), &bufs.bv[..n_st], &bufs.cv[..n_st]);
-    // Keep several rows of loads in flight: prefetch the row PREFETCH_ROWS ahead (a hint only).
-    let ahead = PREFETCH_ROWS as isize * plan.state.strides[2];
-    let row_bytes = n_st * std::mem::size_of::<St>();
     let mut p = p_lo;
     while p < p_hi {
         let m = LANES.min(p_hi - p);
@@ -516,11 +508,7 @@ fn decode_rows<S: Simd + PowTwo, St: Real, const STORE: bool>(
             let sp = state.elems::<St>(plan.state.at([src, h, q, 0]), n_st);
             // Without a final store the destination may be the pad: no address is formed.
             let dp = if STORE { state.elems::<St>(plan.state.at([dst, h, q, 0]), n_st) } else { sp };
-            if q + PREFETCH_ROWS < p_hi {
-                for line in (0..row_bytes).step_by(64) {
-                    S::prefetch(sp.wrapping_offset(ahead).cast::<u8>().wrapping_add(line));
-                }
-            }
+            prefetch_ahead::<S, St>(plan, sp, q, p_hi);
             let xs = S::splat(xr[r]);
             let mut a = S::splat(0.0);
             let mut n = 0;
@@ -550,6 +538,19 @@ fn decode_rows<S: Simd + PowTwo, St: Real, const STORE: bool>(
         };
         finish_rows::<S>(cx, out, acc, &xr, z, 0, p, m);
         p += m;
+    }
+}
+
+/// Prefetches the state row [`PREFETCH_ROWS`] rows after row `q` (whose first element is at
+/// `row`) while that is still one of the item's rows (`< p_hi`), every cache line of it, so that
+/// several rows of loads are in flight. A hint only: it never faults.
+#[inline(always)]
+fn prefetch_ahead<S: Simd, St>(plan: &SsuPlan, row: *const St, q: usize, p_hi: usize) {
+    if q + PREFETCH_ROWS < p_hi {
+        let ahead = row.wrapping_offset(PREFETCH_ROWS as isize * plan.state.strides[2]).cast::<u8>();
+        for line in (0..plan.dims.dstate * std::mem::size_of::<St>()).step_by(64) {
+            S::prefetch(ahead.wrapping_add(line));
+        }
     }
 }
 
@@ -614,12 +615,10 @@ fn channel_rows<S: Simd + PowTwo, St: Real, const STORE: bool>(
     out: SharedBuf<u8>,
     (p_lo, p_hi): (usize, usize),
 ) {
-    let (plan, inp, ty, h, n_st) = (cx.plan, cx.inp, &cx.plan.dtypes, cx.h, cx.plan.dims.dstate);
+    let (plan, inp, h, n_st) = (cx.plan, cx.inp, cx.h, cx.plan.dims.dstate);
     let (src, dst) = (cx.src as usize, cx.dst_final as usize);
     let has_z = inp.z.is_some() && plan.z.is_some();
     let a_f32 = cx.a_f32();
-    let ahead = PREFETCH_ROWS as isize * plan.state.strides[2];
-    let row_bytes = n_st * std::mem::size_of::<St>();
     let mut p = p_lo;
     while p < p_hi {
         let m = LANES.min(p_hi - p);
@@ -628,23 +627,11 @@ fn channel_rows<S: Simd + PowTwo, St: Real, const STORE: bool>(
         let mut acc = [S::splat(0.0); LANES];
         for (r, acc_r) in acc.iter_mut().enumerate().take(m) {
             let q = p + r;
-            // A's row [h, q, :] as f32: in place when A is f32 with unit stride, else widened into
-            // the scratch row.
-            let a_row: &[f32] = match a_f32 {
-                Some(a) => &a[plan.a.at([h, q, 0])..][..n_st],
-                None => {
-                    gather::<S>(inp.mamba.a, ty.a, plan.a.at([h, q, 0]), plan.a.strides[2], &mut bufs.da_row[..n_st]);
-                    &bufs.da_row[..n_st]
-                }
-            };
+            let a_row = cx.a_row::<S>(a_f32, q, bufs.a_row);
             let sp = state.elems::<St>(plan.state.at([src, h, q, 0]), n_st);
             // Without a final store the destination may be the pad: no address is formed.
             let dp = if STORE { state.elems::<St>(plan.state.at([dst, h, q, 0]), n_st) } else { sp };
-            if q + PREFETCH_ROWS < p_hi {
-                for line in (0..row_bytes).step_by(64) {
-                    S::prefetch(sp.wrapping_offset(ahead).cast::<u8>().wrapping_add(line));
-                }
-            }
+            prefetch_ahead::<S, St>(plan, sp, q, p_hi);
             let (dtl, xs) = (S::splat(bufs.dt_rows[at + r]), S::splat(xr[r]));
             let (bt, ct) = (&bufs.bv[..n_st], &bufs.cv[..n_st]);
             let mut a = S::splat(0.0);
@@ -719,12 +706,7 @@ fn spec_rows<S: Simd + PowTwo, St: Real, const T: usize, const L: usize>(
         for r in 0..m {
             let q = p + r;
             let src_off = plan.state.at([src, h, q, 0]);
-            if q + PREFETCH_ROWS < p_hi {
-                let ahead = plan.state.at([src, h, q + PREFETCH_ROWS, 0]);
-                for line in (0..n_st * std::mem::size_of::<St>()).step_by(64) {
-                    S::prefetch(state.elems::<St>(ahead, 0).cast::<u8>().wrapping_add(line));
-                }
-            }
+            prefetch_ahead::<S, St>(plan, state.elems::<St>(src_off, n_st), q, p_hi);
             let mut xs = [S::splat(0.0); T];
             let (mut dptr, mut stream) = ([std::ptr::null_mut::<St>(); T], [false; T]);
             for t in 0..T {
@@ -915,16 +897,12 @@ fn tied_step<S: Simd + PowTwo>(bufs: &mut Bufs<'_>, t: usize, xv: f32) -> f32 {
 fn channel_step<S: Simd + PowTwo>(cx: &SeqCtx<'_>, bufs: &mut Bufs<'_>, t: usize, p: usize, at: usize, xv: f32) -> f32 {
     let nv = bufs.nv;
     let (bt, ct) = (&bufs.bv[t * nv..(t + 1) * nv], &bufs.cv[t * nv..(t + 1) * nv]);
-    let dtl = S::splat(bufs.dt_rows[at]);
-    let a_f32 = cx.a_f32();
-    for n in (0..nv).step_by(LANES) {
-        cx.a_lanes::<S>(a_f32, p, n).mul(dtl).exp().store(&mut bufs.da_row[n..]);
-        S::load(&bt[n..]).mul(dtl).store(&mut bufs.bdt_row[n..]);
-    }
-    let xs = S::splat(xv);
+    let (dtl, xs) = (S::splat(bufs.dt_rows[at]), S::splat(xv));
+    let a_row = cx.a_row::<S>(cx.a_f32(), p, bufs.a_row);
     let mut acc = S::splat(0.0);
     for n in (0..nv).step_by(LANES) {
-        let s = S::load(&bufs.row[n..]).mul_add(S::load(&bufs.da_row[n..]), S::load(&bufs.bdt_row[n..]).mul(xs));
+        let da = S::load(&a_row[n..]).mul(dtl).exp();
+        let s = S::load(&bufs.row[n..]).mul_add(da, S::load(&bt[n..]).mul(dtl).mul(xs));
         s.store(&mut bufs.row[n..]);
         acc = s.mul_add(S::load(&ct[n..]), acc);
     }

@@ -438,24 +438,22 @@ impl Fuzzer {
                 }
             }
             Ok(Ok(())) => {
-                let mut want = before.clone();
-                let reference = {
-                    let mut views = Views::new(&specs, &mut want).expect("the views were built once already");
+                // The same call on the reference, over `buffers`.
+                let on_reference = |buffers: &mut Buffers| {
+                    let mut views = Views::new(&specs, buffers).expect("the views were built once already");
                     let mut args = O::respin(template, &mut views);
                     views.finish();
                     scalars(&mut args, &mut Vec::new());
                     guarded(case, || O::run(&self.reference, args))
                 };
+                let mut want = before.clone();
+                let reference = on_reference(&mut want);
                 // After an extreme input, the reference once more from perturbed buffers
                 // (`first_difference`): it must run as the first run did.
                 let probe = loose.then(|| {
                     let before = Probe::perturbed(&specs, &before);
                     let mut after = before.clone();
-                    let mut views = Views::new(&specs, &mut after).expect("the views were built once already");
-                    let mut args = O::respin(template, &mut views);
-                    views.finish();
-                    scalars(&mut args, &mut Vec::new());
-                    let ran = guarded(case, || O::run(&self.reference, args));
+                    let ran = on_reference(&mut after);
                     (Probe { before, after }, ran)
                 });
                 match (reference, probe) {
