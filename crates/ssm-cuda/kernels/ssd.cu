@@ -27,8 +27,8 @@
 // 1 f16, 2 tf32), flags HAS_Z HAS_D HAS_BIAS SOFTPLUS INIT_MODE (0 none, 1 initial_states,
 // 2 pool) HAS_HAS HAS_FINAL HAS_PAD HAS_VARLEN INTERMEDIATE, X_VEC B_VEC C_VEC (x, B, C
 // rows loadable eight elements at a time: token and head/group strides multiples of 8, base
-// 16-byte aligned), and the product kernels' STAGES_ASKED (pipeline buffers) and MINB (resident
-// blocks asked per multiprocessor).
+// 16-byte aligned), the product kernels' STAGES_ASKED (pipeline buffers) and MINB (resident
+// blocks asked per multiprocessor), and the scan's REG_WEIGHTS (causal weights in registers).
 
 #define TILE 64
 #define KT 32
@@ -260,20 +260,26 @@ __device__ __forceinline__ void load_f32x8(const float* row, float* v) {
     }
 }
 
-// acc += Σ over the KT-slices [0, kend) of A_slice·B_sliceᵀ, one 32×32 quarter of the 64×64
-// output per warp (rows wm·32.., columns wn·32..), the operands stored transposed when TA / TB
-// (rows of LDT) else natural (rows of LDN). Software-pipelined over STAGES buffers with one
-// barrier per slice: `issue(k0, regs, a, b)` starts a slice's loads (cp.async into its buffers,
-// or register loads into `regs`, nothing that waits on them) STAGES − 1 slices ahead, and
-// `commit(regs, k0, a, b)` stores a slice's register part after the products of the slice
-// before it, so that STAGES − 1 slices' loads are in flight while the products run. Starts with
-// a barrier (earlier users of the buffers and of the block's shared data are done). `kend` is
-// the same across the block.
-template <bool TA, bool TB, typename Regs, typename Issue, typename Commit>
-__device__ __forceinline__ void pipelined_mma(OperandTiles& As, OperandTiles& Bs, int kend, float (&acc)[2][4][4],
-                                              Issue issue, Commit commit) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int lda = TA ? LDT : LDN, ldb = TB ? LDT : LDN;
+// Where a warp's part of a 64×64 product lies when each warp holds MT 16-row × NT 8-column
+// accumulator tiles: (MT, NT) = (2, 4), four 32×32 quarters (rows wm·32.., columns wn·32..), or
+// (1, 8), four 16-row bands across all 64 columns (each warp's A rows its own, so that an A
+// operand computed in registers is computed once per block).
+template <int MT, int NT> __device__ __forceinline__ int warp_r0() {
+    static_assert((TILE / (16 * MT)) * (TILE / (8 * NT)) == THREADS / 32, "warp_r0: four warps cover the tile");
+    return (threadIdx.x >> 5) / (TILE / (8 * NT)) * 16 * MT;
+}
+template <int MT, int NT> __device__ __forceinline__ int warp_n0() { return (threadIdx.x >> 5) % (TILE / (8 * NT)) * 8 * NT; }
+
+// Σ over the KT-slices [0, kend): `product(i, a, b)` for each slice i with its operand tiles
+// in shared memory. Software-pipelined over STAGES buffers with one barrier per slice:
+// `issue(k0, regs, a, b)` starts a slice's loads (cp.async into its buffers, or register loads
+// into `regs`, nothing that waits on them) STAGES − 1 slices ahead, and `commit(regs, k0, a, b)`
+// stores a slice's register part after the products of the slice before it, so that STAGES − 1
+// slices' loads are in flight while the products run. Starts with a barrier (earlier users of
+// the buffers and of the block's shared data are done). `kend` is the same across the block.
+template <typename Regs, typename Issue, typename Commit, typename Product>
+__device__ __forceinline__ void pipelined(OperandTiles& As, OperandTiles& Bs, int kend, Issue issue, Commit commit,
+                                          Product product) {
     __syncthreads();
     if (kend <= 0) return;
     const int slices = (kend + KT - 1) / KT;
@@ -293,8 +299,7 @@ __device__ __forceinline__ void pipelined_mma(OperandTiles& As, OperandTiles& Bs
         const int ahead = i + STAGES - 1;
         if (ahead < slices) issue(ahead * KT, start, As[ahead % STAGES], Bs[ahead % STAGES]);
         cp_async_commit();
-        warp_gemm<2, 4, TA, TB>(acc, As[i % STAGES], lda, (warp >> 1) * 32, Bs[i % STAGES], ldb, (warp & 1) * 32, KT,
-                                lane);
+        product(i, As[i % STAGES], Bs[i % STAGES]);
         if (i + 1 < slices) commit(next, (i + 1) * KT, As[(i + 1) % STAGES], Bs[(i + 1) % STAGES]);
         cp_async_wait<STAGES - 2>();
     };
@@ -308,10 +313,22 @@ __device__ __forceinline__ void pipelined_mma(OperandTiles& As, OperandTiles& Bs
 #endif
 }
 
+// acc += Σ over the KT-slices [0, kend) of A_slice·B_sliceᵀ, this warp's part of the 64×64
+// output (`warp_r0` / `warp_n0`), the operands stored transposed when TA / TB (rows of LDT)
+// else natural (rows of LDN), pipelined as `pipelined` says.
+template <bool TA, bool TB, typename Regs, int MT, int NT, typename Issue, typename Commit>
+__device__ __forceinline__ void pipelined_mma(OperandTiles& As, OperandTiles& Bs, int kend, float (&acc)[MT][NT][4],
+                                              Issue issue, Commit commit) {
+    const int lane = threadIdx.x & 31;
+    pipelined<Regs>(As, Bs, kend, issue, commit, [&](int, const op_st* a, const op_st* b) {
+        warp_gemm<MT, NT, TA, TB>(acc, a, TA ? LDT : LDN, warp_r0<MT, NT>(), b, TB ? LDT : LDN, warp_n0<MT, NT>(), KT,
+                                  lane);
+    });
+}
+
 // Visits this warp's accumulator elements: f(row, col, value&) in tile coordinates.
-template <typename F> __device__ __forceinline__ void for_tile(float (&acc)[2][4][4], F f) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    for_acc(acc, (warp >> 1) * 32, (warp & 1) * 32, lane, f);
+template <int MT, int NT, typename F> __device__ __forceinline__ void for_tile(float (&acc)[MT][NT][4], F f) {
+    for_acc(acc, warp_r0<MT, NT>(), warp_n0<MT, NT>(), threadIdx.x & 31, f);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -646,8 +663,57 @@ extern "C" __global__ void __launch_bounds__(STATE_THREADS) ssd_final_kernel(con
 // ---------------------------------------------------------------------------------------------
 // Stage 5.
 
+// The causal weights as A operands in registers (REG_WEIGHTS, 16-bit operands only): each warp
+// owns 16 rows of the block's 64 and computes the weights of its rows straight into its `mma`
+// A fragments, from CB pairs loaded in the fragment layout: no shared round trip, no
+// `ldmatrix`, each weight computed once per block. Otherwise (and for tf32) the weights are
+// stored to shared memory as a natural operand and the warps hold 32×32 quarters.
+#if REG_WEIGHTS && OP_KIND != 2
+#define SCAN_REG 1
+#define SCAN_MT 1
+#define SCAN_NT 8
+#else
+#define SCAN_REG 0
+#define SCAN_MT 2
+#define SCAN_NT 4
+#endif
+
+#if SCAN_REG
+// A lane's causal weights for one KT-slice from k0: rows i[r] (r = 0, 1: g and g + 8 of the
+// warp's band), columns k0 + 8q + 2t + e (q < 4, e < 2), packed as the two k-steps' A fragments
+// (`a[ks]`: rows g / g + 8 at columns 2t.. and 2t + 8.. of k-step ks). `cb[r][2q + e]` holds
+// CB[i][j] (zero where not loaded); weights are CB·exp(min(dA_i − dA_j, 0))·dt_j, zero above the
+// diagonal when MASK.
+template <bool MASK>
+__device__ __forceinline__ void causal_weights(u32 (&a)[2][4], const float (&cb)[2][8], const int (&i)[2],
+                                               const float (&dai)[2], const float* s_da, const float* s_dt, int k0,
+                                               int t) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+        const int j = k0 + 8 * q + 2 * t;
+        const float2 daj = *reinterpret_cast<const float2*>(s_da + j);
+        const float2 dtj = *reinterpret_cast<const float2*>(s_dt + j);
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            float w0 = cb[r][2 * q] * exp2_fast(fminf(dai[r] - daj.x, 0.f)) * dtj.x;
+            float w1 = cb[r][2 * q + 1] * exp2_fast(fminf(dai[r] - daj.y, 0.f)) * dtj.y;
+            if (MASK) {
+                w0 = j <= i[r] ? w0 : 0.f;
+                w1 = j + 1 <= i[r] ? w1 : 0.f;
+            }
+#if OP_KIND == 0
+            a[q >> 1][(q & 1) * 2 + r] = pack2<bf16_t>(w0, w1);
+#else
+            a[q >> 1][(q & 1) * 2 + r] = pack2<f16_t>(w0, w1);
+#endif
+        }
+    }
+}
+#endif
+
 extern "C" __global__ void __launch_bounds__(THREADS, MINB) ssd_scan_kernel(const SsdParams p) {
-    __shared__ float s_dt[QCAP], s_da[QCAP];
+    __shared__ __align__(16) float s_dt[QCAP];
+    __shared__ __align__(16) float s_da[QCAP];
     __shared__ __align__(16) OperandTiles As, Bs;
     const int c = blockIdx.x, h = blockIdx.y;
     const int ptiles = (p.dim + TILE - 1) / TILE;
@@ -664,7 +730,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MINB) ssd_scan_kernel(cons
         s_da[i] = ws(p)[p.ws_da + row_off(p, c, h) + i] * LOG2E;
     }
     const X_T* x = reinterpret_cast<const X_T*>(p.x);
-    float acc[2][4][4];
+    float acc[SCAN_MT][SCAN_NT][4];
     zero(acc);
 
     // Off-diagonal: the entering state seen through C, decayed to each token.
@@ -720,11 +786,70 @@ extern "C" __global__ void __launch_bounds__(THREADS, MINB) ssd_scan_kernel(cons
     }
 
     // Diagonal block: Σ_{j ≤ i} CB[i][j]·exp(min(dA_i − dA_j, 0))·dt_j · x[j][p]: the causal
-    // weights of rows i0.. (a natural operand, from the f32 CB rows) and x of tokens j.. in its
-    // token-major layout (a transposed operand).
+    // weights of rows i0.. (from the f32 CB rows) and x of tokens j.. in its token-major layout
+    // (a transposed operand).
     const float* cb = ws(p) + p.ws_cb + ((i64)c * p.groups + g) * p.chunk_rows * p.q_row;
     const X_T* xh = x + (i64)s * p.x_t + (i64)h * p.x_h;
     const int jend = min(i0 + TILE, len);
+#if SCAN_REG
+    {
+        const int lane = tid & 31, gq = lane >> 2, t = lane & 3;
+        const int r0 = warp_r0<SCAN_MT, SCAN_NT>();
+        const int i[2] = {i0 + r0 + gq, i0 + r0 + gq + 8};
+        // CB rows are 8-byte aligned when the scratch's base is (q_row is a multiple of 8).
+        const bool pairs = (reinterpret_cast<u64>(cb) & 7) == 0;
+        struct Slice {
+            float cb[2][8];
+            TransposedTile<X_T, X_VEC> x;
+        };
+        u32 wa[2][4];
+        float dai[2];
+        pipelined<Slice>(
+            As, Bs, jend,
+            [&](int k0, Slice& r, op_st*, op_st* b) {
+#pragma unroll
+                for (int rr = 0; rr < 2; ++rr) {
+#pragma unroll
+                    for (int q = 0; q < 4; ++q) {
+                        const int j = k0 + 8 * q + 2 * t;
+                        float2 v = make_float2(0.f, 0.f);
+                        if (i[rr] < len && j <= i[rr]) {
+                            const float* src = cb + (i64)i[rr] * p.q_row + j;
+                            if (pairs) {
+                                v = __ldg(reinterpret_cast<const float2*>(src));
+                            } else {
+                                v.x = __ldg(src);
+                                if (j + 1 <= i[rr]) v.y = __ldg(src + 1);
+                            }
+                        }
+                        r.cb[rr][2 * q] = v.x;
+                        r.cb[rr][2 * q + 1] = v.y;
+                    }
+                }
+                r.x.issue(b, LDT, xh, k0, len, p.x_t, p0, p.dim);
+            },
+            [&](const Slice& r, int k0, op_st*, op_st* b) {
+                // dA_i of this lane's rows (s_da is complete: `pipelined` starts with a barrier).
+                dai[0] = s_da[i[0]];
+                dai[1] = s_da[i[1]];
+                if (k0 + KT - 1 <= i0 + r0) causal_weights<false>(wa, r.cb, i, dai, s_da, s_dt, k0, t);
+                else causal_weights<true>(wa, r.cb, i, dai, s_da, s_dt, k0, t);
+                r.x.commit(b, LDT);
+            },
+            [&](int, const op_st*, const op_st* b) {
+#pragma unroll
+                for (int ks = 0; ks < 2; ++ks) {
+#pragma unroll
+                    for (int nt = 0; nt < SCAN_NT; nt += 2) {
+                        u32 bf[4];
+                        frag_b2<true>(bf, b, LDT, 8 * nt, ks * KSTEP, lane);
+                        mma_tile<OP_KIND>(acc[0][nt], wa[ks], bf);
+                        mma_tile<OP_KIND>(acc[0][nt + 1], wa[ks], bf + 2);
+                    }
+                }
+            });
+    }
+#else
     struct Slice {
         float cb[GROUPS][8];
         TransposedTile<X_T, X_VEC> x;
@@ -763,6 +888,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MINB) ssd_scan_kernel(cons
             }
             r.x.commit(b, LDT);
         });
+#endif
 
     // Epilogue: + D·x, gate, store.
     OUT_T* out = reinterpret_cast<OUT_T*>(p.out);

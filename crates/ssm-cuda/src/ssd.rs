@@ -117,12 +117,16 @@ pub(crate) struct SsdKey {
 pub(crate) struct SsdTune {
     stages: u8,
     minb: u8,
+    /// The scan's causal weights computed in registers as `mma` A fragments (`REG_WEIGHTS`;
+    /// 16-bit operands only; `regw=1`), else through shared memory (the default). Always false
+    /// for the other entries.
+    reg_weights: bool,
 }
 
 impl SsdTune {
-    /// The defaults, or `SSM_CUDA_SSD_TUNE="stages=N,minb=M,scan_minb=K"` (tuning sweeps; unset
-    /// in normal use). The scan asks for five blocks per SM: 3.6–5.8 % faster than four on the
-    /// H200, six slower (docs/PERF.md, run of 2026-12-04).
+    /// The defaults, or `SSM_CUDA_SSD_TUNE="stages=N,minb=M,scan_minb=K,regw=0|1"` (tuning
+    /// sweeps; unset in normal use). The scan asks for five blocks per SM: 3.6–5.8 % faster than
+    /// four on the H200, six slower (docs/PERF.md, run of 2026-12-04).
     fn of(entry: SsdEntry) -> SsdTune {
         static TUNE: TuneVar = TuneVar::new("SSM_CUDA_SSD_TUNE");
         let get = |k: &str, default: u8| TUNE.get(k).map_or(default, |v| v.clamp(1, 8) as u8);
@@ -130,7 +134,9 @@ impl SsdTune {
             SsdEntry::Scan => get("scan_minb", 5),
             _ => get("minb", 4),
         };
-        SsdTune { stages: get("stages", 2).clamp(2, 3), minb }
+        // Off by default until measured on the H200 (written in a session without the device).
+        let reg_weights = entry == SsdEntry::Scan && TUNE.get("regw").is_some_and(|v| v != 0);
+        SsdTune { stages: get("stages", 2).clamp(2, 3), minb, reg_weights }
     }
 }
 
@@ -148,6 +154,7 @@ impl SsdKey {
         defines.push(("INIT_MODE", self.init_mode.to_string()));
         defines.push(("STAGES_ASKED", self.tune.stages.to_string()));
         defines.push(("MINB", self.tune.minb.to_string()));
+        defines.push(("REG_WEIGHTS", u8::from(self.tune.reg_weights).to_string()));
         defines.extend(flag_defines(
             self.flags,
             &[
@@ -446,15 +453,16 @@ impl Run<MambaChunkScanCombinedVarlenArgs<'_>> for CudaBackend {
 /// operands, `initial_states`, intermediate states, z, bf16 state), each of the five kernels.
 pub fn ssd_catalogue() -> Vec<(String, KernelSpec)> {
     use DType::{BF16, Bool, F16, F32, I32, I64};
-    let key = |act: DType, state: DType, init_mode: u8, flags: u16, entry: SsdEntry| {
+    let key_tuned = |act: DType, state: DType, init_mode: u8, flags: u16, entry: SsdEntry, tune: SsdTune| {
         let op = match act {
             BF16 => 0,
             F16 => 1,
             _ => 2,
         };
         let types = [act, act, F32, act, act, act, act, F32, F32, state, state, I32, I32, I32, I32, Bool, I64];
-        SsdKey { types, op, init_mode, flags, entry, tune: SsdTune::of(entry) }.spec()
+        SsdKey { types, op, init_mode, flags, entry, tune }.spec()
     };
+    let key = |act, state, init_mode, flags, entry| key_tuned(act, state, init_mode, flags, entry, SsdTune::of(entry));
     let vec = F_X_VEC | F_B_VEC | F_C_VEC;
     let pooled = F_D | F_BIAS | F_SOFTPLUS | F_HAS | F_FINAL | F_PAD | vec;
     let mut out = Vec::new();
@@ -467,6 +475,16 @@ pub fn ssd_catalogue() -> Vec<(String, KernelSpec)> {
             key(F32, F32, 0, F_VARLEN | F_INTERMEDIATE | F_D | vec, entry),
         ));
         out.push((format!("ssd {name} act=bf16 state=bf16 pool"), key(BF16, BF16, 2, pooled | F_VARLEN, entry)));
+    }
+    // The scan's other form of the causal weights (`SSM_CUDA_SSD_TUNE=regw=…`), so that both compile.
+    let scan = SsdTune::of(SsdEntry::Scan);
+    let other = SsdTune { reg_weights: !scan.reg_weights, ..scan };
+    let label = if other.reg_weights { "regw=1" } else { "regw=0" };
+    for (act, state, init_mode, flags, what) in
+        [(BF16, F32, 2, pooled, "act=bf16 state=f32 pool"), (F16, F16, 1, F_Z | F_VARLEN, "act=f16 state=f16 init z")]
+    {
+        let spec = key_tuned(act, state, init_mode, flags, SsdEntry::Scan, other);
+        out.push((format!("ssd ssd_scan_kernel {what} {label}"), spec));
     }
     out
 }
@@ -485,7 +503,7 @@ mod tests {
     #[test]
     fn catalogue_defines_every_macro() {
         for (label, spec) in ssd_catalogue() {
-            assert_eq!(spec.defines.len(), 17 + 4 + 12, "{label}");
+            assert_eq!(spec.defines.len(), 17 + 5 + 12, "{label}");
         }
     }
 }
