@@ -3,10 +3,14 @@
 //! Kernels are written once against [`Simd`] and run through [`dispatch`]: on an
 //! x86-64 CPU with AVX2, FMA and F16C the body is instantiated inside a
 //! `#[target_feature]` function with [`Avx2`] lanes (fused multiply-add, hardware
-//! f16 conversion); elsewhere it runs on `wide::f32x8` ([`Portable`]). A
-//! downstream crate's plain `cargo build --release` therefore gets the fast path
-//! without `-C target-cpu` flags. The two paths differ only in rounding of
-//! `mul_add` (fused or not) and in `exp`'s last ulp, within every tolerance.
+//! f16 conversion); where the CPU also has AVX-512 F/VL/BW/DQ and BF16, inside one
+//! with those features too ([`Avx512`]: the same eight lanes with 32 registers,
+//! `vcvtneps2bf16` and `vscalefps`, bit-identical to `Avx2`); elsewhere it runs on
+//! `wide::f32x8` ([`Portable`]). A downstream crate's plain `cargo build --release`
+//! therefore gets the fast path without `-C target-cpu` flags. The x86 paths and the
+//! portable one differ only in rounding of `mul_add` (fused or not) and in `exp`'s
+//! last ulp, within every tolerance. `SSM_CPU_SIMD=avx2` or `=portable` picks a
+//! lesser path (tests of every path on one machine).
 
 use half::{bf16, f16};
 
@@ -249,36 +253,47 @@ fn scale2(v: f32, n: i32) -> f32 {
 }
 
 #[cfg(target_arch = "x86_64")]
-pub use avx2::Avx2;
+pub use x86::{Avx2, Avx512, Ymm};
 
 #[cfg(target_arch = "x86_64")]
-mod avx2 {
+mod x86 {
     use std::arch::x86_64::*;
 
     use half::{bf16, f16};
 
     use super::{PowTwo, Simd};
 
-    /// AVX2 + FMA + F16C lanes. Only constructed inside [`super::dispatch`] after the
-    /// CPU features were detected, so the intrinsics below always run on a CPU that has them.
+    /// Eight f32 lanes in a 256-bit register. Only constructed inside [`super::dispatch`]
+    /// after the CPU features were detected, so the intrinsics below always run on a CPU that
+    /// has them. `X512 = false` is [`Avx2`] (AVX2 + FMA + F16C); `X512 = true` is [`Avx512`]:
+    /// the same lanes compiled with AVX-512 F/VL/BW/DQ and BF16, which gives the kernels 32
+    /// vector registers, bf16 rounding by `vcvtneps2bf16` and `exp`'s scaling by `vscalefps`,
+    /// with results bit-identical to `Avx2`'s.
     #[derive(Clone, Copy)]
-    pub struct Avx2(__m256);
+    pub struct Ymm<const X512: bool>(__m256);
+
+    /// AVX2 + FMA + F16C lanes.
+    pub type Avx2 = Ymm<false>;
+    /// AVX2 lanes with AVX-512 (F, VL, BW, DQ, BF16) available: see [`Ymm`].
+    pub type Avx512 = Ymm<true>;
 
     // SAFETY (module-wide): `Avx2` values exist only inside the `#[target_feature(enable =
-    // "avx2,fma,f16c")]` function that `dispatch` calls after `is_x86_feature_detected!`
-    // confirmed those features, so every intrinsic here runs on a CPU that supports it.
-    // Loads and stores check the slice length before touching 8 elements.
-    impl Simd for Avx2 {
+    // "avx2,fma,f16c")]` function, and `Avx512` values only inside the one that adds
+    // "avx512f,avx512vl,avx512bw,avx512dq,avx512bf16", that `dispatch` calls after
+    // `is_x86_feature_detected!` confirmed those features, so every intrinsic here runs on a CPU
+    // that supports it (the AVX-512 ones only in `X512` branches). Loads and stores check the
+    // slice length before touching 8 elements.
+    impl<const X512: bool> Simd for Ymm<X512> {
         #[inline(always)]
         fn splat(x: f32) -> Self {
             // SAFETY: see the module-wide note.
-            unsafe { Avx2(_mm256_set1_ps(x)) }
+            unsafe { Ymm(_mm256_set1_ps(x)) }
         }
         #[inline(always)]
         fn load(s: &[f32]) -> Self {
             assert!(s.len() >= 8);
             // SAFETY: 8 elements are in bounds (asserted); unaligned load.
-            unsafe { Avx2(_mm256_loadu_ps(s.as_ptr())) }
+            unsafe { Ymm(_mm256_loadu_ps(s.as_ptr())) }
         }
         #[inline(always)]
         fn store(self, s: &mut [f32]) {
@@ -293,26 +308,20 @@ mod avx2 {
             unsafe {
                 let h = _mm_loadu_si128(s.as_ptr().cast());
                 let w = _mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h));
-                Avx2(_mm256_castsi256_ps(w))
+                Ymm(_mm256_castsi256_ps(w))
             }
         }
         #[inline(always)]
         fn store_bf16(self, s: &mut [bf16]) {
             assert!(s.len() >= 8);
-            // SAFETY: 16 bytes are in bounds (asserted). Round to nearest even:
-            // bits + 0x7fff + lsb, then the high half; NaN keeps a quiet payload like `half`.
-            unsafe {
-                let hi = _mm256_srli_epi32::<16>(self.bf16_bits());
-                let packed = _mm256_packus_epi32(hi, hi);
-                let packed = _mm256_permute4x64_epi64::<0b1000>(packed);
-                _mm_storeu_si128(s.as_mut_ptr().cast(), _mm256_castsi256_si128(packed));
-            }
+            // SAFETY: 16 bytes are in bounds (asserted).
+            unsafe { _mm_storeu_si128(s.as_mut_ptr().cast(), self.bf16_packed()) }
         }
         #[inline(always)]
         fn load_f16(s: &[f16]) -> Self {
             assert!(s.len() >= 8);
             // SAFETY: 16 bytes are in bounds (asserted); F16C conversion is exact.
-            unsafe { Avx2(_mm256_cvtph_ps(_mm_loadu_si128(s.as_ptr().cast()))) }
+            unsafe { Ymm(_mm256_cvtph_ps(_mm_loadu_si128(s.as_ptr().cast()))) }
         }
         #[inline(always)]
         fn store_f16(self, s: &mut [f16]) {
@@ -326,46 +335,49 @@ mod avx2 {
         #[inline(always)]
         fn add(self, b: Self) -> Self {
             // SAFETY: see the module-wide note.
-            unsafe { Avx2(_mm256_add_ps(self.0, b.0)) }
+            unsafe { Ymm(_mm256_add_ps(self.0, b.0)) }
         }
         #[inline(always)]
         fn sub(self, b: Self) -> Self {
             // SAFETY: see the module-wide note.
-            unsafe { Avx2(_mm256_sub_ps(self.0, b.0)) }
+            unsafe { Ymm(_mm256_sub_ps(self.0, b.0)) }
         }
         #[inline(always)]
         fn mul(self, b: Self) -> Self {
             // SAFETY: see the module-wide note.
-            unsafe { Avx2(_mm256_mul_ps(self.0, b.0)) }
+            unsafe { Ymm(_mm256_mul_ps(self.0, b.0)) }
         }
         #[inline(always)]
         fn mul_add(self, b: Self, c: Self) -> Self {
             // SAFETY: see the module-wide note.
-            unsafe { Avx2(_mm256_fmadd_ps(self.0, b.0, c.0)) }
+            unsafe { Ymm(_mm256_fmadd_ps(self.0, b.0, c.0)) }
         }
         #[inline(always)]
         fn div(self, b: Self) -> Self {
             // SAFETY: see the module-wide note.
-            unsafe { Avx2(_mm256_div_ps(self.0, b.0)) }
+            unsafe { Ymm(_mm256_div_ps(self.0, b.0)) }
         }
         #[inline(always)]
         fn round_bf16(self) -> Self {
             // SAFETY: see the module-wide note. The same rounding as `store_bf16`, kept in lanes:
             // the rounded bits with the low half cleared.
             unsafe {
+                if X512 && let Some(h) = self.bf16_hw() {
+                    return Ymm(_mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h))));
+                }
                 let r = self.bf16_bits();
-                Avx2(_mm256_castsi256_ps(_mm256_and_si256(r, _mm256_set1_epi32(0xffff_0000u32 as i32))))
+                Ymm(_mm256_castsi256_ps(_mm256_and_si256(r, _mm256_set1_epi32(0xffff_0000u32 as i32))))
             }
         }
         #[inline(always)]
         fn round_f16(self) -> Self {
             // SAFETY: see the module-wide note; F16C rounds to nearest even and widens exactly.
-            unsafe { Avx2(_mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(self.0))) }
+            unsafe { Ymm(_mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(self.0))) }
         }
         #[inline(always)]
         fn max(self, b: Self) -> Self {
             // SAFETY: see the module-wide note.
-            unsafe { Avx2(_mm256_max_ps(self.0, b.0)) }
+            unsafe { Ymm(_mm256_max_ps(self.0, b.0)) }
         }
         #[inline(always)]
         fn exp(self) -> Self {
@@ -373,7 +385,7 @@ mod avx2 {
         }
         #[inline(always)]
         fn prefetch<T>(p: *const T) {
-            Avx2::prefetch_line(p)
+            Self::prefetch_line(p)
         }
         #[inline(always)]
         unsafe fn stream(self, p: *mut f32) {
@@ -382,10 +394,8 @@ mod avx2 {
         }
         #[inline(always)]
         unsafe fn stream_bf16(self, p: *mut bf16) {
-            let mut tmp = [bf16::ZERO; super::LANES];
-            self.store_bf16(&mut tmp);
             // SAFETY: 16 writable, 16-byte aligned bytes at `p` (caller's contract).
-            unsafe { _mm_stream_si128(p.cast(), _mm_loadu_si128(tmp.as_ptr().cast())) }
+            unsafe { _mm_stream_si128(p.cast(), self.bf16_packed()) }
         }
         #[inline(always)]
         unsafe fn stream_f16(self, p: *mut f16) {
@@ -431,7 +441,7 @@ mod avx2 {
                     _mm256_shuffle_ps::<0b10_00_10_00>(m0123, m4567),
                     _mm256_shuffle_ps::<0b11_01_11_01>(m0123, m4567),
                 );
-                Avx2(_mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)))
+                Ymm(_mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)))
             }
         }
     }
@@ -439,12 +449,12 @@ mod avx2 {
     /// `[a0+a4 .. a3+a7 | b0+b4 .. b3+b7]`: the first step of `reduce_add` for two rows. A
     /// function, not a closure: a closure would be compiled without the caller's features.
     #[inline(always)]
-    fn halves(a: Avx2, b: Avx2) -> __m256 {
+    fn halves<const X512: bool>(a: Ymm<X512>, b: Ymm<X512>) -> __m256 {
         // SAFETY: see the module-wide note.
         unsafe { _mm256_add_ps(_mm256_permute2f128_ps::<0x20>(a.0, b.0), _mm256_permute2f128_ps::<0x31>(a.0, b.0)) }
     }
 
-    impl Avx2 {
+    impl<const X512: bool> Ymm<X512> {
         /// Each lane's bits rounded to bf16 in the high half (round to nearest even: bits +
         /// 0x7fff + lsb); NaN keeps a quiet payload like `half`. The low half is garbage.
         #[inline(always)]
@@ -460,6 +470,37 @@ mod avx2 {
             }
         }
 
+        /// The eight lanes rounded to bf16 (nearest even; NaN keeps a quiet payload like
+        /// `half`), packed into 16 bytes.
+        #[inline(always)]
+        fn bf16_packed(self) -> __m128i {
+            // SAFETY: see the module-wide note.
+            unsafe {
+                if X512 && let Some(h) = self.bf16_hw() {
+                    return h;
+                }
+                let hi = _mm256_srli_epi32::<16>(self.bf16_bits());
+                let packed = _mm256_packus_epi32(hi, hi);
+                _mm256_castsi256_si128(_mm256_permute4x64_epi64::<0b1000>(packed))
+            }
+        }
+
+        /// `vcvtneps2bf16` (`X512` only): the same rounding as `bf16_bits` (nearest even, NaN
+        /// quietened by setting bit 6 of the result), except that it flushes subnormal inputs
+        /// to zero; `None` when a lane is subnormal, for the integer rounding to handle.
+        #[inline(always)]
+        fn bf16_hw(self) -> Option<__m128i> {
+            debug_assert!(X512);
+            // SAFETY: see the module-wide note: called in `X512` branches only, inside the
+            // AVX-512 BF16 target-feature function. The transmute reinterprets 128 bits.
+            unsafe {
+                if _mm256_fpclass_ps_mask::<0x20>(self.0) != 0 {
+                    return None;
+                }
+                Some(std::mem::transmute::<__m128bh, __m128i>(_mm256_cvtneps_pbh(self.0)))
+            }
+        }
+
         /// Prefetch into all cache levels; never faults, even for an address past the tensor.
         #[inline(always)]
         pub fn prefetch_line<T>(p: *const T) {
@@ -468,23 +509,27 @@ mod avx2 {
         }
     }
 
-    impl PowTwo for Avx2 {
+    impl<const X512: bool> PowTwo for Ymm<X512> {
         #[inline(always)]
         fn scale_pow2(self, n: Self) -> Self {
-            // SAFETY: see the module-wide note. Two factors 2^h and 2^(n-h), each a normal float.
+            // SAFETY: see the module-wide note. Two factors 2^h and 2^(n-h), each a normal float
+            // (the product rounded once, as `vscalefps` rounds it with AVX-512).
             unsafe {
+                if X512 {
+                    return Ymm(_mm256_scalef_ps(self.0, n.0));
+                }
                 let n = _mm256_cvtps_epi32(n.0);
                 let h = _mm256_srai_epi32::<1>(n);
                 let bias = _mm256_set1_epi32(127);
                 let f1 = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(h, bias)));
                 let f2 = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(_mm256_sub_epi32(n, h), bias)));
-                Avx2(_mm256_mul_ps(_mm256_mul_ps(self.0, f1), f2))
+                Ymm(_mm256_mul_ps(_mm256_mul_ps(self.0, f1), f2))
             }
         }
         #[inline(always)]
         fn min_(self, b: Self) -> Self {
             // SAFETY: see the module-wide note.
-            unsafe { Avx2(_mm256_min_ps(self.0, b.0)) }
+            unsafe { Ymm(_mm256_min_ps(self.0, b.0)) }
         }
     }
 }
@@ -501,46 +546,91 @@ pub trait SimdKernel {
 /// Which instruction set [`dispatch`] uses on this CPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SimdLevel {
+    /// AVX2 + FMA + F16C with AVX-512 F, VL, BW, DQ and BF16 ([`Avx512`]).
+    Avx512,
     /// AVX2 + FMA + F16C.
     Avx2,
     /// `wide`'s compile-time baseline (SSE2 on x86-64).
     Portable,
 }
 
-/// The instruction set detected once per process; `SSM_CPU_SIMD=portable` forces the portable path.
+/// The instruction set detected once per process. `SSM_CPU_SIMD=portable` forces the portable
+/// path, `SSM_CPU_SIMD=avx2` stops at AVX2 on a CPU with AVX-512 (tests of every path).
 pub fn simd_level() -> SimdLevel {
     static LEVEL: std::sync::OnceLock<SimdLevel> = std::sync::OnceLock::new();
     *LEVEL.get_or_init(|| {
-        if std::env::var("SSM_CPU_SIMD").is_ok_and(|v| v == "portable") {
+        let asked = std::env::var("SSM_CPU_SIMD").unwrap_or_default();
+        if asked == "portable" {
             return SimdLevel::Portable;
         }
-        #[cfg(target_arch = "x86_64")]
-        {
-            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c") {
-                return SimdLevel::Avx2;
-            }
-        }
-        SimdLevel::Portable
+        let best = supported_levels()[0];
+        if asked == "avx2" && best == SimdLevel::Avx512 { SimdLevel::Avx2 } else { best }
     })
 }
 
-/// Runs `k` with the best lanes this CPU supports.
+/// Every instruction set this CPU runs, the best first (the portable path always last);
+/// detected once per process.
+pub fn supported_levels() -> &'static [SimdLevel] {
+    static LEVELS: std::sync::OnceLock<Vec<SimdLevel>> = std::sync::OnceLock::new();
+    LEVELS.get_or_init(detect_levels)
+}
+
+fn detect_levels() -> Vec<SimdLevel> {
+    let mut levels = Vec::new();
+    #[cfg(target_arch = "x86_64")]
+    {
+        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c") {
+            if is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512vl")
+                && is_x86_feature_detected!("avx512bw")
+                && is_x86_feature_detected!("avx512dq")
+                && is_x86_feature_detected!("avx512bf16")
+            {
+                levels.push(SimdLevel::Avx512);
+            }
+            levels.push(SimdLevel::Avx2);
+        }
+    }
+    levels.push(SimdLevel::Portable);
+    levels
+}
+
+/// Runs `k` with the best lanes this CPU supports ([`simd_level`]). No allocation: the
+/// detection is done once per process.
 #[inline]
 pub fn dispatch<K: SimdKernel>(k: K) -> K::Output {
-    match simd_level() {
-        #[cfg(target_arch = "x86_64")]
-        SimdLevel::Avx2 => {
-            // SAFETY: `simd_level` returned Avx2 only after detecting avx2, fma and f16c.
-            unsafe { run_avx2(k) }
+    dispatch_at(simd_level(), k)
+}
+
+/// Runs `k` with the lanes of `level`, one of [`supported_levels`] (any other runs portable).
+#[inline]
+pub fn dispatch_at<K: SimdKernel>(level: SimdLevel, k: K) -> K::Output {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let supported = supported_levels();
+        if level == SimdLevel::Avx512 && supported.contains(&level) {
+            // SAFETY: `supported_levels` lists Avx512 only after detecting avx2, fma, f16c,
+            // avx512f, avx512vl, avx512bw, avx512dq and avx512bf16.
+            return unsafe { run_avx512(k) };
         }
-        _ => k.run::<Portable>(),
+        if level == SimdLevel::Avx2 && supported.contains(&level) {
+            // SAFETY: `supported_levels` lists Avx2 only after detecting avx2, fma and f16c.
+            return unsafe { run_avx2(k) };
+        }
     }
+    k.run::<Portable>()
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn run_avx2<K: SimdKernel>(k: K) -> K::Output {
     k.run::<Avx2>()
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512dq,avx512bf16")]
+unsafe fn run_avx512<K: SimdKernel>(k: K) -> K::Output {
+    k.run::<Avx512>()
 }
 
 /// A state or activation element type the kernels load into and store from lanes.
@@ -721,12 +811,12 @@ mod tests {
         }
     }
 
-    fn check_level() {
+    fn check_level(level: SimdLevel) {
         let xs: Vec<f32> = (0..4096)
             .map(|i| (i as f32 - 2048.0) * 0.0521 + 0.013)
             .chain([-104.0, -87.5, -50.0, 0.0, 1e-8, 88.5, 100.0, f32::NAN])
             .collect();
-        let (e, b, h, _) = dispatch(RoundTrip(xs.clone()));
+        let (e, b, h, _) = dispatch_at(level, RoundTrip(xs.clone()));
         for (i, &x) in xs.iter().enumerate() {
             let want = (x as f64).exp();
             if x.is_nan() {
@@ -747,7 +837,7 @@ mod tests {
     }
 
     /// `round_bf16`/`round_f16` in lanes against `half`'s scalar rounding, on ties, subnormals,
-    /// infinities, NaN and random bit patterns (the dispatched path, then the portable one).
+    /// infinities, NaN and random bit patterns (every path this CPU has, the portable one last).
     struct Rounds(Vec<f32>);
     impl SimdKernel for Rounds {
         type Output = (Vec<f32>, Vec<f32>);
@@ -778,7 +868,7 @@ mod tests {
         while !xs.len().is_multiple_of(8) {
             xs.push(0.5);
         }
-        for (b, h) in [dispatch(Rounds(xs.clone())), Rounds(xs.clone()).run::<Portable>()] {
+        for (b, h) in supported_levels().iter().map(|&l| dispatch_at(l, Rounds(xs.clone()))) {
             for (i, &v) in xs.iter().enumerate() {
                 assert_eq!(b[i].to_bits(), bf16::from_f32(v).to_f32().to_bits(), "bf16 of {v:e}");
                 assert_eq!(h[i].to_bits(), f16::from_f32(v).to_f32().to_bits(), "f16 of {v:e}");
@@ -815,16 +905,41 @@ mod tests {
                 ((x >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 10f32.powi((x % 13) as i32 - 6)
             })
             .collect();
-        for got in [dispatch(RowSums(xs.clone())), RowSums(xs).run::<Portable>()] {
+        for got in supported_levels().iter().map(|&l| dispatch_at(l, RowSums(xs.clone()))) {
             for (i, (g, want)) in got.into_iter().enumerate() {
                 assert_eq!(g.to_bits(), want.to_bits(), "row {i}: {g} against {want}");
             }
         }
     }
 
+    /// The AVX-512 lanes give the AVX2 lanes' results bit for bit (`exp` scaled by `vscalefps`,
+    /// bf16 rounded by `vcvtneps2bf16` or, with a subnormal lane, by the integer sequence),
+    /// over the whole range of `exp`, subnormals and NaN; checked where the CPU has both.
     #[test]
-    fn both_paths_agree_with_scalar() {
-        check_level();
+    fn avx512_lanes_match_avx2_bit_for_bit() {
+        if !supported_levels().contains(&SimdLevel::Avx512) {
+            eprintln!("skipping avx512_lanes_match_avx2_bit_for_bit: this CPU has no AVX-512 BF16");
+            return;
+        }
+        let mut xs: Vec<f32> = (0..8192).map(|i| (i as f32 - 4096.0) * 0.0257 + 0.0031).collect();
+        xs.extend([-103.5, -87.4, -1e-41, 1e-40, 2e-39, 88.7, 89.0, f32::NAN, f32::INFINITY, -f32::INFINITY]);
+        while !xs.len().is_multiple_of(8) {
+            xs.push(0.25);
+        }
+        let (e2, b2, _, s2) = dispatch_at(SimdLevel::Avx2, RoundTrip(xs.clone()));
+        let (e5, b5, _, s5) = dispatch_at(SimdLevel::Avx512, RoundTrip(xs.clone()));
+        for (i, &x) in xs.iter().enumerate() {
+            assert_eq!(e2[i].to_bits(), e5[i].to_bits(), "exp({x:e})");
+            assert_eq!(b2[i].to_bits(), b5[i].to_bits(), "bf16 of {x:e}");
+        }
+        assert_eq!(s2.to_bits(), s5.to_bits(), "sum");
+    }
+
+    #[test]
+    fn every_path_agrees_with_scalar() {
+        for &level in supported_levels() {
+            check_level(level);
+        }
         // The portable path, whatever this CPU supports.
         let xs: Vec<f32> = (0..64).map(|i| i as f32 * 0.37 - 11.0).collect();
         let (e, ..) = RoundTrip(xs.clone()).run::<Portable>();
