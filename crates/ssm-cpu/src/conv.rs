@@ -278,8 +278,11 @@ impl<T: Real> Item<'_, T> {
             for g in 0..groups {
                 let cg = c + g * LANES;
                 let n = LANES.min(end - cg);
-                let tg = taps[g];
-                let mut h = hist[g];
+                let tg = &taps[g];
+                // The window in three named lanes (h0 oldest; W − 1 of them live), not an array:
+                // an array's shift compiled to overlapping 64-byte stack copies with AVX-512,
+                // whose loads stalled on the store forwarding of the previous token's stores.
+                let [mut h0, mut h1, mut h2] = hist[g];
                 for t in t0..t1 {
                     let xt = load_ro::<T, S>(
                         x,
@@ -287,15 +290,20 @@ impl<T: Real> Item<'_, T> {
                         plan.x.dim,
                         n,
                     );
-                    let mut acc = b0[g];
-                    for j in 0..W - 1 {
-                        acc = mac::<T, S>(h[j], tg[j], acc);
+                    // Taps in order, oldest first, then the token's own.
+                    let mut acc = mac::<T, S>(h0, tg[0], b0[g]);
+                    if W > 2 {
+                        acc = mac::<T, S>(h1, tg[1], acc);
+                    }
+                    if W > 3 {
+                        acc = mac::<T, S>(h2, tg[2], acc);
                     }
                     acc = mac::<T, S>(xt, tg[W - 1], acc);
-                    for j in 0..W - 2 {
-                        h[j] = h[j + 1];
+                    match W {
+                        2 => h0 = xt,
+                        3 => (h0, h1) = (h1, xt),
+                        _ => (h0, h1, h2) = (h1, h2, xt),
                     }
-                    h[W - 2] = xt;
                     if silu_on {
                         acc = silu(acc);
                     }
@@ -306,7 +314,7 @@ impl<T: Real> Item<'_, T> {
                         n,
                     );
                 }
-                hist[g] = h;
+                hist[g] = [h0, h1, h2];
             }
             t0 = t1;
         }

@@ -60,6 +60,8 @@ pub trait Simd: Copy + Send + Sync + 'static {
     }
     /// Lane-wise maximum.
     fn max(self, b: Self) -> Self;
+    /// `self`, with +0 in the lanes where `x < t` (ordered: a NaN `x` keeps its lane).
+    fn zero_where_lt(self, x: Self, t: Self) -> Self;
     /// Lane-wise `e^x`.
     fn exp(self) -> Self;
     /// Sum of the lanes.
@@ -186,6 +188,10 @@ impl Simd for Portable {
         // x86 `maxps` semantics on every target: the second operand when either is NaN (wide's
         // `max` returns the non-NaN lane, which turned `exp(NaN)` into 0 on this path).
         Portable(self.0.simd_gt(b.0).bitselect(self.0, b.0))
+    }
+    #[inline(always)]
+    fn zero_where_lt(self, x: Self, t: Self) -> Self {
+        Portable(x.0.simd_lt(t.0).bitselect(wide::f32x8::splat(0.0), self.0))
     }
     #[inline(always)]
     fn exp(self) -> Self {
@@ -378,6 +384,11 @@ mod x86 {
         fn max(self, b: Self) -> Self {
             // SAFETY: see the module-wide note.
             unsafe { Ymm(_mm256_max_ps(self.0, b.0)) }
+        }
+        #[inline(always)]
+        fn zero_where_lt(self, x: Self, t: Self) -> Self {
+            // SAFETY: see the module-wide note. `x < t` ordered: false (lane kept) for NaN.
+            unsafe { Ymm(_mm256_andnot_ps(_mm256_cmp_ps::<_CMP_LT_OQ>(x.0, t.0), self.0)) }
         }
         #[inline(always)]
         fn exp(self) -> Self {
@@ -933,6 +944,35 @@ mod tests {
             assert_eq!(b2[i].to_bits(), b5[i].to_bits(), "bf16 of {x:e}");
         }
         assert_eq!(s2.to_bits(), s5.to_bits(), "sum");
+    }
+
+    struct ZeroBelow(Vec<f32>, Vec<f32>);
+    impl SimdKernel for ZeroBelow {
+        type Output = Vec<f32>;
+        #[inline(always)]
+        fn run<S: Simd + PowTwo>(self) -> Self::Output {
+            let mut out = vec![0.0; self.0.len()];
+            for i in (0..self.0.len()).step_by(LANES) {
+                S::load(&self.0[i..]).zero_where_lt(S::load(&self.1[i..]), S::splat(-1.0)).store(&mut out[i..]);
+            }
+            out
+        }
+    }
+
+    /// `zero_where_lt` on every path: zero where `x < t`, the value kept where `x ≥ t` and
+    /// where `x` is NaN.
+    #[test]
+    fn zero_where_lt_keeps_nan_and_ties() {
+        let v: Vec<f32> = (0..16).map(|i| i as f32 + 0.5).collect();
+        let x = [-2.0, -1.0, -0.5, f32::NAN, f32::NEG_INFINITY, f32::INFINITY, -1.000_001, 0.0];
+        let x: Vec<f32> = x.iter().chain(x.iter().rev()).copied().collect();
+        for &level in supported_levels() {
+            let got = dispatch_at(level, ZeroBelow(v.clone(), x.clone()));
+            for i in 0..16 {
+                let want = if x[i] < -1.0 { 0.0 } else { v[i] };
+                assert_eq!(got[i].to_bits(), want.to_bits(), "{level:?} lane {i}: x {}", x[i]);
+            }
+        }
     }
 
     #[test]
