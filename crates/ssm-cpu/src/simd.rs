@@ -606,30 +606,37 @@ fn detect_levels() -> Vec<SimdLevel> {
     levels
 }
 
-/// Runs `k` with the best lanes this CPU supports ([`simd_level`]). No allocation: the
-/// detection is done once per process.
+/// Runs `k` with the best lanes this CPU supports ([`simd_level`]). No allocation and no
+/// feature check per call: the detection is done once per process.
 #[inline]
 pub fn dispatch<K: SimdKernel>(k: K) -> K::Output {
-    dispatch_at(simd_level(), k)
+    run_supported(simd_level(), k)
 }
 
-/// Runs `k` with the lanes of `level`, one of [`supported_levels`] (any other runs portable).
+/// Runs `k` with the lanes of `level` when it is one of [`supported_levels`], else portable.
 #[inline]
 pub fn dispatch_at<K: SimdKernel>(level: SimdLevel, k: K) -> K::Output {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let supported = supported_levels();
-        if level == SimdLevel::Avx512 && supported.contains(&level) {
+    run_supported(if supported_levels().contains(&level) { level } else { SimdLevel::Portable }, k)
+}
+
+/// Runs `k` with the lanes of `level`, which must be one of [`supported_levels`] ([`simd_level`]
+/// returns only those).
+#[inline]
+fn run_supported<K: SimdKernel>(level: SimdLevel, k: K) -> K::Output {
+    match level {
+        #[cfg(target_arch = "x86_64")]
+        SimdLevel::Avx512 => {
             // SAFETY: `supported_levels` lists Avx512 only after detecting avx2, fma, f16c,
-            // avx512f, avx512vl, avx512bw, avx512dq and avx512bf16.
-            return unsafe { run_avx512(k) };
+            // avx512f, avx512vl, avx512bw, avx512dq and avx512bf16 (this function's contract).
+            unsafe { run_avx512(k) }
         }
-        if level == SimdLevel::Avx2 && supported.contains(&level) {
+        #[cfg(target_arch = "x86_64")]
+        SimdLevel::Avx2 => {
             // SAFETY: `supported_levels` lists Avx2 only after detecting avx2, fma and f16c.
-            return unsafe { run_avx2(k) };
+            unsafe { run_avx2(k) }
         }
+        _ => k.run::<Portable>(),
     }
-    k.run::<Portable>()
 }
 
 #[cfg(target_arch = "x86_64")]
