@@ -3,14 +3,18 @@
 //! whole lanes. Shared by the chunked prefills: GDN's WY/UT chunk and Mamba2's SSD stages 2
 //! (`xᵀ·(w ⊙ B)`) and 5 (`C·S_inᵀ`, `(C·Bᵀ ⊙ decay)·x`).
 //!
-//! A tile of `R` output rows × `G` lane groups is held in registers over a block of [`KB`] inner
-//! terms; the blocks of `B`'s rows it streams (`KB` rows × `8G` lanes) stay in L1 while every row
-//! tile of the output passes over them.
+//! A tile of `R` output rows × `G` vectors is held in registers over a block of [`KB`] inner
+//! terms; the blocks of `B`'s rows it streams (`KB` rows × `G` vectors) stay in L1 while every row
+//! tile of the output passes over them. The vectors are the level's widest ([`Simd::Wide`]:
+//! sixteen lanes with AVX-512), so each output element sees the same fused multiply-adds in the
+//! same order on every x86 level: the AVX-512 products are bit-identical to AVX2's.
 
-use crate::simd::{LANES, Simd};
+use crate::simd::{LANES, Narrow, Simd, WideLanes};
 
-/// Inner terms per pass over `B` (64 rows of 32 lanes: 8 KiB).
+/// Inner terms per pass over `B` (64 rows of a tile's two vectors: 4 KiB of eight lanes, 8 KiB of
+/// sixteen).
 const KB: usize = 64;
+const BIGR: usize = 8;
 
 /// The operands of `alpha·A·B` with `kd` inner terms: `A[i][p] = a[i·lda + p·ldp]`,
 /// `B[p][j] = b[p·ldb + j]`.
@@ -65,6 +69,12 @@ pub(crate) fn gemm<S: Simd>(m: usize, np: usize, ab: Operands<'_>, out: &mut [f3
         let p1 = (p0 + KB).min(ab.kd);
         // A lower-triangular `A` has no terms of this block in rows above `p0`.
         let mut i = if ab.lower { p0 } else { 0 };
+        if <S::Wide as WideLanes>::WIDTH == 16 {
+            while i + BIGR <= m {
+                gemm_rows::<S, BIGR>(Rows { i, p0, p1 }, np, ab, out, ldo);
+                i += BIGR;
+            }
+        }
         while i + 6 <= m {
             gemm_rows::<S, 6>(Rows { i, p0, p1 }, np, ab, out, ldo);
             i += 6;
@@ -92,30 +102,37 @@ struct Rows {
     p1: usize,
 }
 
-/// Rows `i..i + R` of [`gemm`] over terms `p0..p1`: two lane groups of columns at a time, then one.
+/// Rows `i..i + R` of [`gemm`] over terms `p0..p1`: two of the level's widest vectors of
+/// columns at a time ([`Simd::Wide`]: 16 lanes with AVX-512), then one, then eight lanes.
 #[inline(always)]
 fn gemm_rows<S: Simd, const R: usize>(rows: Rows, np: usize, ab: Operands<'_>, out: &mut [f32], ldo: usize) {
     let rows = if ab.lower { Rows { p1: rows.p1.min(rows.i + R), ..rows } } else { rows };
+    let w = <S::Wide as WideLanes>::WIDTH;
     let mut c = 0;
-    while c + 2 * LANES <= np {
-        // SAFETY: rows i..i + R < m, terms below kd, columns c..c + 16 ≤ np: inside the extents
+    while c + 2 * w <= np {
+        // SAFETY: rows i..i + R < m, terms below kd, columns c..c + 2w ≤ np: inside the extents
         // `gemm` checked.
-        unsafe { gemm_tile::<S, R, 2>(rows, c, ab, out, ldo) };
-        c += 2 * LANES;
+        unsafe { gemm_tile::<S::Wide, R, 2>(rows, c, ab, out, ldo) };
+        c += 2 * w;
+    }
+    if c + w <= np {
+        // SAFETY: as above, columns c..c + w ≤ np.
+        unsafe { gemm_tile::<S::Wide, R, 1>(rows, c, ab, out, ldo) };
+        c += w;
     }
     if c < np {
-        // SAFETY: as above, columns c..c + 8 ≤ np.
-        unsafe { gemm_tile::<S, R, 1>(rows, c, ab, out, ldo) };
+        // SAFETY: as above, columns c..c + 8 ≤ np (`np` is whole eight-lane groups).
+        unsafe { gemm_tile::<Narrow<S>, R, 1>(rows, c, ab, out, ldo) };
     }
 }
 
-/// One `R × 8G` tile of the output over terms `p0..p1`, in registers.
+/// One `R × G·V::WIDTH` tile of the output over terms `p0..p1`, in registers.
 ///
 /// # Safety
-/// Rows `i..i + R`, terms `p0..p1` and columns `c..c + 8G` must lie within the extents that
-/// [`gemm`] checked against the operands' lengths.
+/// Rows `i..i + R`, terms `p0..p1` and columns `c..c + G·V::WIDTH` must lie within the extents
+/// that [`gemm`] checked against the operands' lengths.
 #[inline(always)]
-unsafe fn gemm_tile<S: Simd, const R: usize, const G: usize>(
+unsafe fn gemm_tile<V: WideLanes, const R: usize, const G: usize>(
     Rows { i, p0, p1 }: Rows,
     c: usize,
     ab: Operands<'_>,
@@ -124,29 +141,34 @@ unsafe fn gemm_tile<S: Simd, const R: usize, const G: usize>(
 ) {
     let Operands { a, lda, ldp, b, ldb, alpha, .. } = ab;
     let (ap, bp) = (a.as_ptr(), b.as_ptr());
-    let mut acc = [[S::splat(0.0); G]; R];
+    let mut acc = [[V::splat(0.0); G]; R];
     for p in p0..p1 {
-        // SAFETY: row p of B, columns c..c + 8G, and A's elements (i + r, p) are in bounds (the
-        // caller's contract).
+        // SAFETY: row p of B, columns c..c + G·WIDTH, and A's elements (i + r, p) are in bounds
+        // (the caller's contract).
         unsafe {
             let brow = bp.add(p * ldb + c);
-            let mut bv = [S::splat(0.0); G];
+            let mut bv = [V::splat(0.0); G];
             for j in 0..G {
-                bv[j] = S::load(std::slice::from_raw_parts(brow.add(j * LANES), LANES));
+                bv[j] = V::load(brow.add(j * V::WIDTH));
             }
             for r in 0..R {
-                let av = S::splat(*ap.add((i + r) * lda + p * ldp));
+                let av = V::splat(*ap.add((i + r) * lda + p * ldp));
                 for j in 0..G {
                     acc[r][j] = bv[j].mul_add(av, acc[r][j]);
                 }
             }
         }
     }
-    let al = S::splat(alpha);
+    let al = V::splat(alpha);
+    let op = out.as_mut_ptr();
     for r in 0..R {
-        let orow = &mut out[(i + r) * ldo + c..(i + r) * ldo + c + G * LANES];
         for j in 0..G {
-            acc[r][j].mul_add(al, S::load(&orow[j * LANES..])).store(&mut orow[j * LANES..]);
+            // SAFETY: row i + r, columns c + j·WIDTH.. + WIDTH of `out` are in bounds (the caller's
+            // contract); `out` is borrowed mutably, so nothing else aliases it.
+            unsafe {
+                let o = op.add((i + r) * ldo + c + j * V::WIDTH);
+                acc[r][j].mul_add(al, V::load(o)).store(o);
+            }
         }
     }
 }
@@ -154,49 +176,104 @@ unsafe fn gemm_tile<S: Simd, const R: usize, const G: usize>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::simd::Portable;
+    use crate::simd::{PowTwo, SimdKernel, SimdLevel, dispatch_at, supported_levels};
 
-    /// Every shape class (row and column tails, several term blocks, transposed and lower
-    /// triangular `A`) against the plain triple loop.
+    /// One product of the test's shapes, `out` its initial value, on the lanes `dispatch_at`
+    /// picks.
+    struct Product {
+        m: usize,
+        np: usize,
+        kd: usize,
+        transposed: bool,
+        lower: bool,
+    }
+
+    const fn val(k: usize) -> f32 {
+        ((k * 7919) % 23) as f32 / 8.0 - 1.4
+    }
+
+    impl Product {
+        fn lda(&self) -> usize {
+            if self.transposed { self.m + 3 } else { self.kd + 5 }
+        }
+        fn a(&self) -> Vec<f32> {
+            let ld = self.lda();
+            (0..ld * self.kd.max(self.m) + 8)
+                .map(|k| {
+                    let (i, p) = if self.transposed { (k % ld, k / ld) } else { (k / ld, k % ld) };
+                    if self.lower && p > i { 0.0 } else { val(k) }
+                })
+                .collect()
+        }
+        fn b(&self) -> Vec<f32> {
+            (0..self.kd * (self.np + 8)).map(|k| val(k + 3)).collect()
+        }
+        fn ldo(&self) -> usize {
+            self.np + 16
+        }
+        fn operands<'a>(&self, a: &'a [f32], b: &'a [f32]) -> Operands<'a> {
+            let (ld, ldb) = (self.lda(), self.np + 8);
+            let ab = if self.transposed {
+                Operands::transposed(self.kd, a, ld, b, ldb)
+            } else {
+                Operands::new(self.kd, a, ld, b, ldb)
+            }
+            .scaled(-0.5);
+            if self.lower { ab.lower() } else { ab }
+        }
+    }
+
+    impl SimdKernel for &Product {
+        type Output = Vec<f32>;
+        #[inline(always)]
+        fn run<S: Simd + PowTwo>(self) -> Vec<f32> {
+            let (a, b) = (self.a(), self.b());
+            let mut out: Vec<f32> = (0..self.m * self.ldo()).map(|k| val(k + 11)).collect();
+            gemm::<S>(self.m, self.np, self.operands(&a, &b), &mut out, self.ldo());
+            out
+        }
+    }
+
+    /// Every shape class (row tails, column tails of sixteen and eight lanes, several term
+    /// blocks, transposed and lower triangular `A`) on every lane level against the plain triple
+    /// loop; the x86 levels bit for bit alike.
     #[test]
-    fn matches_the_triple_loop() {
-        let val = |k: usize| ((k * 7919) % 23) as f32 / 8.0 - 1.4;
-        for (m, np, kd) in [(1, 8, 1), (5, 24, 70), (9, 40, 130), (64, 128, 256), (3, 16, 0)] {
+    fn matches_the_triple_loop_on_every_level() {
+        for (m, np, kd) in [(1, 8, 1), (5, 24, 70), (9, 40, 130), (13, 56, 9), (64, 128, 256), (3, 16, 0)] {
             for (transposed, lower) in [(false, false), (true, false), (false, true)] {
                 if lower && m > kd {
                     continue;
                 }
-                let ld = if transposed { m + 3 } else { kd + 5 };
-                let a: Vec<f32> = (0..ld * kd.max(m) + 8)
-                    .map(|k| {
-                        let (i, p) = if transposed { (k % ld, k / ld) } else { (k / ld, k % ld) };
-                        if lower && p > i { 0.0 } else { val(k) }
-                    })
-                    .collect();
-                let ldb = np + 8;
-                let b: Vec<f32> = (0..kd * ldb).map(|k| val(k + 3)).collect();
-                let mut ab = if transposed {
-                    Operands::transposed(kd, &a, ld, &b, ldb)
-                } else {
-                    Operands::new(kd, &a, ld, &b, ldb)
-                }
-                .scaled(-0.5);
-                if lower {
-                    ab = ab.lower();
-                }
-                let ldo = np + 16;
-                let mut out: Vec<f32> = (0..m * ldo).map(|k| val(k + 11)).collect();
-                let mut want = out.clone();
+                let pr = Product { m, np, kd, transposed, lower };
+                let (a, b, ldo) = (pr.a(), pr.b(), pr.ldo());
+                let ab = pr.operands(&a, &b);
+                let mut want: Vec<f32> = (0..m * ldo).map(|k| val(k + 11)).collect();
                 for i in 0..m {
                     for j in 0..np {
                         let s: f64 =
-                            (0..kd).map(|p| f64::from(a[i * ab.lda + p * ab.ldp]) * f64::from(b[p * ldb + j])).sum();
+                            (0..kd).map(|p| f64::from(a[i * ab.lda + p * ab.ldp]) * f64::from(b[p * ab.ldb + j])).sum();
                         want[i * ldo + j] += (-0.5 * s) as f32;
                     }
                 }
-                gemm::<Portable>(m, np, ab, &mut out, ldo);
-                for (k, (g, w)) in out.iter().zip(&want).enumerate() {
-                    assert!((g - w).abs() <= 1e-4 * (1.0 + w.abs()), "m {m} np {np} kd {kd} at {k}: {g} vs {w}");
+                let mut x86: Option<Vec<f32>> = None;
+                for &level in supported_levels() {
+                    let out = dispatch_at(level, &pr);
+                    for (k, (g, w)) in out.iter().zip(&want).enumerate() {
+                        assert!(
+                            (g - w).abs() <= 1e-4 * (1.0 + w.abs()),
+                            "{level:?} m {m} np {np} kd {kd} at {k}: {g} vs {w}"
+                        );
+                    }
+                    if level == SimdLevel::Portable {
+                        continue;
+                    }
+                    match &x86 {
+                        Some(first) => assert!(
+                            first.iter().zip(&out).all(|(x, y)| x.to_bits() == y.to_bits()),
+                            "{level:?} differs from the other x86 level: m {m} np {np} kd {kd}"
+                        ),
+                        None => x86 = Some(out),
+                    }
                 }
             }
         }

@@ -19,6 +19,9 @@ pub const LANES: usize = 8;
 
 /// Eight f32 lanes. All loads and stores take the first [`LANES`] elements of a slice.
 pub trait Simd: Copy + Send + Sync + 'static {
+    /// The widest f32 vector of this level, for register-tiled products (`gemm`): sixteen
+    /// lanes with AVX-512 ([`Zmm`]), these eight lanes elsewhere ([`Narrow`]).
+    type Wide: WideLanes;
     /// Every lane `x`.
     fn splat(x: f32) -> Self;
     /// Loads 8 f32.
@@ -113,6 +116,53 @@ pub trait Simd: Copy + Send + Sync + 'static {
     fn store_fence() {}
 }
 
+/// The f32 vector a register-tiled product runs on ([`Simd::Wide`]): only what such a product
+/// needs, through raw pointers (the product checks its extents once, the tiles read unchecked).
+pub trait WideLanes: Copy {
+    /// Lanes per vector: 8 or 16.
+    const WIDTH: usize;
+    /// Every lane `x`.
+    fn splat(x: f32) -> Self;
+    /// Loads [`WideLanes::WIDTH`] f32 from `p`.
+    ///
+    /// # Safety
+    /// `p` must be valid for reading `WIDTH` f32 (any alignment).
+    unsafe fn load(p: *const f32) -> Self;
+    /// Stores [`WideLanes::WIDTH`] f32 to `p`.
+    ///
+    /// # Safety
+    /// `p` must be valid for writing `WIDTH` f32 (any alignment).
+    unsafe fn store(self, p: *mut f32);
+    /// `self * b + c`, rounded as [`Simd::mul_add`] rounds it.
+    fn mul_add(self, b: Self, c: Self) -> Self;
+}
+
+/// A level's own eight lanes as its [`WideLanes`].
+#[derive(Clone, Copy)]
+pub struct Narrow<S>(S);
+
+impl<S: Simd> WideLanes for Narrow<S> {
+    const WIDTH: usize = LANES;
+    #[inline(always)]
+    fn splat(x: f32) -> Self {
+        Narrow(S::splat(x))
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> Self {
+        // SAFETY: `LANES` f32 at `p` are readable (the caller's contract).
+        Narrow(S::load(unsafe { std::slice::from_raw_parts(p, LANES) }))
+    }
+    #[inline(always)]
+    unsafe fn store(self, p: *mut f32) {
+        // SAFETY: `LANES` f32 at `p` are writable (the caller's contract).
+        self.0.store(unsafe { std::slice::from_raw_parts_mut(p, LANES) })
+    }
+    #[inline(always)]
+    fn mul_add(self, b: Self, c: Self) -> Self {
+        Narrow(self.0.mul_add(b.0, c.0))
+    }
+}
+
 /// Portable lanes on `wide::f32x8`.
 #[derive(Clone, Copy)]
 pub struct Portable(wide::f32x8);
@@ -134,6 +184,7 @@ impl Portable {
 }
 
 impl Simd for Portable {
+    type Wide = Narrow<Portable>;
     #[inline(always)]
     fn splat(x: f32) -> Self {
         Portable(wide::f32x8::splat(x))
@@ -259,7 +310,7 @@ fn scale2(v: f32, n: i32) -> f32 {
 }
 
 #[cfg(target_arch = "x86_64")]
-pub use x86::{Avx2, Avx512, Ymm};
+pub use x86::{Avx2, Avx512, Ymm, Zmm};
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
@@ -267,7 +318,7 @@ mod x86 {
 
     use half::{bf16, f16};
 
-    use super::{PowTwo, Simd};
+    use super::{Narrow, PowTwo, Simd, WideLanes};
 
     /// Eight f32 lanes in a 256-bit register. Only constructed inside [`super::dispatch`]
     /// after the CPU features were detected, so the intrinsics below always run on a CPU that
@@ -289,7 +340,54 @@ mod x86 {
     // `is_x86_feature_detected!` confirmed those features, so every intrinsic here runs on a CPU
     // that supports it (the AVX-512 ones only in `X512` branches). Loads and stores check the
     // slice length before touching 8 elements.
-    impl<const X512: bool> Simd for Ymm<X512> {
+    /// Sixteen f32 lanes in a 512-bit register: [`Avx512`]'s [`Simd::Wide`], for register-tiled
+    /// products. Only constructed inside the AVX-512 target-feature function of `dispatch`.
+    #[derive(Clone, Copy)]
+    pub struct Zmm(__m512);
+
+    // SAFETY (impl-wide): `Zmm` values exist only where `Avx512` lanes do (see the module-wide
+    // note below), so AVX-512 F is present.
+    impl WideLanes for Zmm {
+        const WIDTH: usize = 16;
+        #[inline(always)]
+        fn splat(x: f32) -> Self {
+            // SAFETY: see the impl-wide note.
+            unsafe { Zmm(_mm512_set1_ps(x)) }
+        }
+        #[inline(always)]
+        unsafe fn load(p: *const f32) -> Self {
+            // SAFETY: 16 f32 at `p` are readable (the caller's contract); unaligned load.
+            unsafe { Zmm(_mm512_loadu_ps(p)) }
+        }
+        #[inline(always)]
+        unsafe fn store(self, p: *mut f32) {
+            // SAFETY: 16 f32 at `p` are writable (the caller's contract); unaligned store.
+            unsafe { _mm512_storeu_ps(p, self.0) }
+        }
+        #[inline(always)]
+        fn mul_add(self, b: Self, c: Self) -> Self {
+            // SAFETY: see the impl-wide note. Fused, as `Ymm::mul_add`.
+            unsafe { Zmm(_mm512_fmadd_ps(self.0, b.0, c.0)) }
+        }
+    }
+
+    /// Picks [`Simd::Wide`] for each `Ymm` level.
+    pub trait Widest {
+        /// [`Simd::Wide`] of this level.
+        type Wide: WideLanes;
+    }
+    impl Widest for Ymm<false> {
+        type Wide = Narrow<Ymm<false>>;
+    }
+    impl Widest for Ymm<true> {
+        type Wide = Zmm;
+    }
+
+    impl<const X512: bool> Simd for Ymm<X512>
+    where
+        Self: Widest,
+    {
+        type Wide = <Self as Widest>::Wide;
         #[inline(always)]
         fn splat(x: f32) -> Self {
             // SAFETY: see the module-wide note.
