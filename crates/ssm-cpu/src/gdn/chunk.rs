@@ -281,7 +281,7 @@ fn chunk_solve<S: Simd>(ctx: &ChunkCtx<'_>, cl: usize, m: &mut ChunkBufs<'_>) {
     }
     // The forward substitution in blocks of rows: the rows solved before a block enter it as one
     // product, the block's own rows one by one.
-    const BLOCK: usize = 16;
+    const BLOCK: usize = 8;
     for i0 in (0..cl).step_by(BLOCK) {
         let i1 = (i0 + BLOCK).min(cl);
         if i0 > 0 {
