@@ -11,10 +11,9 @@
 
 use crate::simd::{LANES, Narrow, Simd, WideLanes};
 
-/// Inner terms per pass over `B` (64 rows of a tile's two vectors: 4 KiB of eight lanes, 8 KiB of
-/// sixteen).
+/// Inner terms per pass over `B` (64 rows of a tile's vectors: 4 KiB of two eight-lane vectors,
+/// 16 KiB of four sixteen-lane ones).
 const KB: usize = 64;
-const BIGR: usize = 8;
 
 /// The operands of `alpha·A·B` with `kd` inner terms: `A[i][p] = a[i·lda + p·ldp]`,
 /// `B[p][j] = b[p·ldb + j]`.
@@ -69,12 +68,6 @@ pub(crate) fn gemm<S: Simd>(m: usize, np: usize, ab: Operands<'_>, out: &mut [f3
         let p1 = (p0 + KB).min(ab.kd);
         // A lower-triangular `A` has no terms of this block in rows above `p0`.
         let mut i = if ab.lower { p0 } else { 0 };
-        if <S::Wide as WideLanes>::WIDTH == 16 {
-            while i + BIGR <= m {
-                gemm_rows::<S, BIGR>(Rows { i, p0, p1 }, np, ab, out, ldo);
-                i += BIGR;
-            }
-        }
         while i + 6 <= m {
             gemm_rows::<S, 6>(Rows { i, p0, p1 }, np, ab, out, ldo);
             i += 6;
@@ -102,16 +95,24 @@ struct Rows {
     p1: usize,
 }
 
-/// Rows `i..i + R` of [`gemm`] over terms `p0..p1`: two of the level's widest vectors of
-/// columns at a time ([`Simd::Wide`]: 16 lanes with AVX-512), then one, then eight lanes.
+/// Rows `i..i + R` of [`gemm`] over terms `p0..p1`: as many of the level's widest vectors of
+/// columns at a time as its registers hold ([`WideLanes::TILE_VECTORS`]: four of sixteen lanes
+/// with AVX-512, two of eight with AVX2), then fewer, then eight lanes.
 #[inline(always)]
 fn gemm_rows<S: Simd, const R: usize>(rows: Rows, np: usize, ab: Operands<'_>, out: &mut [f32], ldo: usize) {
     let rows = if ab.lower { Rows { p1: rows.p1.min(rows.i + R), ..rows } } else { rows };
-    let w = <S::Wide as WideLanes>::WIDTH;
+    let (w, g) = (<S::Wide as WideLanes>::WIDTH, <S::Wide as WideLanes>::TILE_VECTORS);
     let mut c = 0;
+    if g >= 4 {
+        while c + 4 * w <= np {
+            // SAFETY: rows i..i + R < m, terms below kd, columns c..c + 4w ≤ np: inside the
+            // extents `gemm` checked.
+            unsafe { gemm_tile::<S::Wide, R, 4>(rows, c, ab, out, ldo) };
+            c += 4 * w;
+        }
+    }
     while c + 2 * w <= np {
-        // SAFETY: rows i..i + R < m, terms below kd, columns c..c + 2w ≤ np: inside the extents
-        // `gemm` checked.
+        // SAFETY: as above, columns c..c + 2w ≤ np.
         unsafe { gemm_tile::<S::Wide, R, 2>(rows, c, ab, out, ldo) };
         c += 2 * w;
     }
@@ -239,7 +240,8 @@ mod tests {
     /// loop; the x86 levels bit for bit alike.
     #[test]
     fn matches_the_triple_loop_on_every_level() {
-        for (m, np, kd) in [(1, 8, 1), (5, 24, 70), (9, 40, 130), (13, 56, 9), (64, 128, 256), (3, 16, 0)] {
+        for (m, np, kd) in [(1, 8, 1), (5, 24, 70), (9, 40, 130), (13, 56, 9), (7, 104, 33), (64, 128, 256), (3, 16, 0)]
+        {
             for (transposed, lower) in [(false, false), (true, false), (false, true)] {
                 if lower && m > kd {
                     continue;

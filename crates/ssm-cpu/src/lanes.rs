@@ -43,6 +43,31 @@ pub(crate) fn axpy<S: Simd>(y: &mut [f32], alpha: f32, x: &[f32]) {
     }
 }
 
+/// `dst[j·ldd + i] = src[i·lds + j]` for `i < m`, `j < n`: whole 8×8 blocks through
+/// [`Simd::transpose8`], the edges element by element.
+#[inline(always)]
+pub(crate) fn transpose<S: Simd>(src: &[f32], lds: usize, m: usize, n: usize, dst: &mut [f32], ldd: usize) {
+    let (mb, nb) = (m / LANES * LANES, n / LANES * LANES);
+    for i0 in (0..mb).step_by(LANES) {
+        for j0 in (0..nb).step_by(LANES) {
+            let mut v = [S::splat(0.0); LANES];
+            for (r, vr) in v.iter_mut().enumerate() {
+                *vr = S::load(&src[(i0 + r) * lds + j0..]);
+            }
+            let t = S::transpose8(v);
+            for (c, tc) in t.iter().enumerate() {
+                tc.store(&mut dst[(j0 + c) * ldd + i0..]);
+            }
+        }
+    }
+    for i in 0..m {
+        let js = if i < mb { nb } else { 0 };
+        for j in js..n {
+            dst[j * ldd + i] = src[i * lds + j];
+        }
+    }
+}
+
 /// `x *= alpha` over `x.len()` elements (a multiple of 8).
 #[inline(always)]
 pub(crate) fn scal<S: Simd>(x: &mut [f32], alpha: f32) {
@@ -145,4 +170,46 @@ pub(crate) unsafe fn ld<S: Simd, R: Real>(p: *const R) -> S {
 pub(crate) unsafe fn st<S: Simd, R: Real>(v: S, p: *mut R) {
     // SAFETY: 8 writable elements at `p`, not otherwise borrowed (caller's contract).
     R::store::<S>(v, unsafe { std::slice::from_raw_parts_mut(p, LANES) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::simd::{PowTwo, SimdKernel, dispatch_at, supported_levels};
+
+    struct Transpose {
+        m: usize,
+        n: usize,
+    }
+    impl SimdKernel for &Transpose {
+        type Output = (Vec<f32>, Vec<f32>);
+        #[inline(always)]
+        fn run<S: Simd + PowTwo>(self) -> Self::Output {
+            let (lds, ldd) = (self.n + 3, self.m + 5);
+            let src: Vec<f32> = (0..self.m * lds).map(|k| k as f32 * 0.5 - 7.0).collect();
+            let mut dst = vec![f32::NAN; self.n * ldd];
+            transpose::<S>(&src, lds, self.m, self.n, &mut dst, ldd);
+            (src, dst)
+        }
+    }
+
+    /// Whole 8×8 blocks, row and column edges and a matrix smaller than a block, on every
+    /// level: each element lands at its transposed place and nothing else is written.
+    #[test]
+    fn transpose_matches_the_definition_on_every_level() {
+        for (m, n) in [(64, 128), (13, 21), (8, 8), (5, 3), (17, 8), (8, 17)] {
+            for &level in supported_levels() {
+                let (src, dst) = dispatch_at(level, &Transpose { m, n });
+                let (lds, ldd) = (n + 3, m + 5);
+                for (k, &d) in dst.iter().enumerate() {
+                    let (j, i) = (k / ldd, k % ldd);
+                    if i < m {
+                        assert_eq!(d, src[i * lds + j], "{level:?} {m}×{n}: ({i}, {j})");
+                    } else {
+                        assert!(d.is_nan(), "{level:?} {m}×{n}: wrote past row {m} of column {j}");
+                    }
+                }
+            }
+        }
+    }
 }

@@ -79,6 +79,19 @@ pub trait Simd: Copy + Send + Sync + 'static {
         }
         Self::load(&s)
     }
+    /// The 8×8 transpose: lane `c` of result `r` is lane `r` of `v[c]`.
+    #[inline(always)]
+    fn transpose8(v: [Self; LANES]) -> [Self; LANES] {
+        let mut m = [[0.0f32; LANES]; LANES];
+        for (row, vr) in m.iter_mut().zip(v) {
+            vr.store(row);
+        }
+        let mut out = [Self::splat(0.0); LANES];
+        for (r, o) in out.iter_mut().enumerate() {
+            *o = Self::load(&std::array::from_fn::<f32, LANES, _>(|c| m[c][r]));
+        }
+        out
+    }
     /// Hints that the cache line holding `p` will be read soon (a no-op where unsupported).
     #[inline(always)]
     fn prefetch<T>(_p: *const T) {}
@@ -121,6 +134,9 @@ pub trait Simd: Copy + Send + Sync + 'static {
 pub trait WideLanes: Copy {
     /// Lanes per vector: 8 or 16.
     const WIDTH: usize;
+    /// Vectors per row of a product's register tile: 2 with 16 registers (twelve accumulators
+    /// for six rows), 4 with AVX-512's 32 (twenty-four).
+    const TILE_VECTORS: usize;
     /// Every lane `x`.
     fn splat(x: f32) -> Self;
     /// Loads [`WideLanes::WIDTH`] f32 from `p`.
@@ -143,6 +159,7 @@ pub struct Narrow<S>(S);
 
 impl<S: Simd> WideLanes for Narrow<S> {
     const WIDTH: usize = LANES;
+    const TILE_VECTORS: usize = 2;
     #[inline(always)]
     fn splat(x: f32) -> Self {
         Narrow(S::splat(x))
@@ -349,6 +366,7 @@ mod x86 {
     // note below), so AVX-512 F is present.
     impl WideLanes for Zmm {
         const WIDTH: usize = 16;
+        const TILE_VECTORS: usize = 4;
         #[inline(always)]
         fn splat(x: f32) -> Self {
             // SAFETY: see the impl-wide note.
@@ -527,6 +545,40 @@ mod x86 {
                 let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
                 let s = _mm_add_ss(s, _mm_shuffle_ps::<0b01>(s, s));
                 _mm_cvtss_f32(s)
+            }
+        }
+        #[inline(always)]
+        fn transpose8(v: [Self; 8]) -> [Self; 8] {
+            // SAFETY: see the module-wide note. Pairs of rows interleaved by elements, then by
+            // pairs of elements, then the 128-bit halves exchanged.
+            unsafe {
+                let x = v.map(|y| y.0);
+                let t0 = _mm256_unpacklo_ps(x[0], x[1]);
+                let t1 = _mm256_unpackhi_ps(x[0], x[1]);
+                let t2 = _mm256_unpacklo_ps(x[2], x[3]);
+                let t3 = _mm256_unpackhi_ps(x[2], x[3]);
+                let t4 = _mm256_unpacklo_ps(x[4], x[5]);
+                let t5 = _mm256_unpackhi_ps(x[4], x[5]);
+                let t6 = _mm256_unpacklo_ps(x[6], x[7]);
+                let t7 = _mm256_unpackhi_ps(x[6], x[7]);
+                let s0 = _mm256_shuffle_ps::<0b01_00_01_00>(t0, t2);
+                let s1 = _mm256_shuffle_ps::<0b11_10_11_10>(t0, t2);
+                let s2 = _mm256_shuffle_ps::<0b01_00_01_00>(t1, t3);
+                let s3 = _mm256_shuffle_ps::<0b11_10_11_10>(t1, t3);
+                let s4 = _mm256_shuffle_ps::<0b01_00_01_00>(t4, t6);
+                let s5 = _mm256_shuffle_ps::<0b11_10_11_10>(t4, t6);
+                let s6 = _mm256_shuffle_ps::<0b01_00_01_00>(t5, t7);
+                let s7 = _mm256_shuffle_ps::<0b11_10_11_10>(t5, t7);
+                [
+                    Ymm(_mm256_permute2f128_ps::<0x20>(s0, s4)),
+                    Ymm(_mm256_permute2f128_ps::<0x20>(s1, s5)),
+                    Ymm(_mm256_permute2f128_ps::<0x20>(s2, s6)),
+                    Ymm(_mm256_permute2f128_ps::<0x20>(s3, s7)),
+                    Ymm(_mm256_permute2f128_ps::<0x31>(s0, s4)),
+                    Ymm(_mm256_permute2f128_ps::<0x31>(s1, s5)),
+                    Ymm(_mm256_permute2f128_ps::<0x31>(s2, s6)),
+                    Ymm(_mm256_permute2f128_ps::<0x31>(s3, s7)),
+                ]
             }
         }
         #[inline(always)]

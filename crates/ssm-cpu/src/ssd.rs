@@ -29,7 +29,7 @@ use ssm_tensor::{DType, Planned, Run, Strided};
 
 use crate::gemm::{Operands, gemm};
 use crate::host::{MambaInputs, host_opt, host_ref, host_shared, rd, rd_int, rd_shared};
-use crate::lanes::{dot, gather, prefetch_row, round8, scal, scatter};
+use crate::lanes::{dot, gather, prefetch_row, round8, scal, scatter, transpose};
 use crate::shared::{ItemOp, Scratch, SharedBuf};
 use crate::simd::{LANES, PowTwo, Simd};
 use crate::{CpuBackend, CpuError, require_host};
@@ -421,12 +421,9 @@ fn scan_item<S: Simd + PowTwo>(ctx: &Ctx<'_>, item: usize, scratch: &mut Scratch
             // SAFETY: read only in this stage.
             unsafe { &*ctx.ws(ctx.state_off(c - 1, h), per) }
         };
+        transpose::<S>(sin, nr, p.dim, p.dstate, sin_t, pr);
         for n in 0..p.dstate {
-            let row = &mut sin_t[n * pr..(n + 1) * pr];
-            for pp in 0..p.dim {
-                row[pp] = sin[pp * nr + n];
-            }
-            row[p.dim..].fill(0.0);
+            sin_t[n * pr + p.dim..(n + 1) * pr].fill(0.0);
         }
         gemm::<S>(len, pr, Operands::new(p.dstate, cs, nr, sin_t, pr), ys, pr);
         for i in 0..len {

@@ -10,7 +10,7 @@ use ssm_tensor::{DType, Planned, Run, TensorRef};
 use super::{Io, normalize};
 use crate::gemm::{Operands, gemm};
 use crate::host::{host_opt, host_ref, rd};
-use crate::lanes::{axpy, gather, prefetch_row, round8, scal, scatter};
+use crate::lanes::{gather, prefetch_row, round8, scal, scatter, transpose};
 use crate::shared::{ItemOp, Scratch, SharedBuf};
 use crate::simd::{LANES, PowTwo, Simd};
 use crate::{CpuBackend, CpuError, require_host};
@@ -245,16 +245,13 @@ fn chunk_inputs<S: Simd>(ctx: &ChunkCtx<'_>, b: usize, t0: usize, cl: usize, hv:
 fn chunk_solve<S: Simd>(ctx: &ChunkCtx<'_>, cl: usize, m: &mut ChunkBufs<'_>) {
     let (kd, kp, vp, cs) = (ctx.plan.dims.k, ctx.layout.kp, ctx.layout.vp, CHUNK_SIZE);
     let (gc, bt) = (&*m.gc, &*m.beta);
-    // `Q·Kᵀ` and `K·Kᵀ` as tiled products over `Kᵀ` (in the state update's buffer, free until
-    // then), on whole lanes of columns; then the decay `e^{G_i − G_j}` (and `β_i` for `A`) on the
+    // `Q·Kᵀ` and `K·Kᵀ` as tiled products over `Kᵀ` (transposed in 8×8 register blocks into the
+    // state update's buffer, free until then), on whole lanes of columns; then the decay `e^{G_i − G_j}` (and `β_i` for `A`) on the
     // lower triangle, zeros past it (`P`'s are read by the lower-triangular `P·V'`).
     let cp = round8(cl);
+    transpose::<S>(m.k, kp, cl, kd, m.kdt, cs);
     for ki in 0..kd {
-        let row = &mut m.kdt[ki * cs..ki * cs + cp];
-        for (i, v) in row[..cl].iter_mut().enumerate() {
-            *v = m.k[i * kp + ki];
-        }
-        row[cl..].fill(0.0);
+        m.kdt[ki * cs + cl..ki * cs + cp].fill(0.0);
     }
     for i in 0..cl {
         m.p[i * cs..i * cs + cp].fill(0.0);
@@ -280,8 +277,9 @@ fn chunk_solve<S: Simd>(ctx: &ChunkCtx<'_>, cl: usize, m: &mut ChunkBufs<'_>) {
         scal::<S>(wi, bt[i] * gc[i].exp());
     }
     // The forward substitution in blocks of rows: the rows solved before a block enter it as one
-    // product, the block's own rows one by one.
-    const BLOCK: usize = 8;
+    // product, then each of the block's rows takes the rows above it in the block as a one-row
+    // product (held in registers, not an axpy through memory per pair).
+    const BLOCK: usize = 16;
     for i0 in (0..cl).step_by(BLOCK) {
         let i1 = (i0 + BLOCK).min(cl);
         if i0 > 0 {
@@ -292,13 +290,11 @@ fn chunk_solve<S: Simd>(ctx: &ChunkCtx<'_>, cl: usize, m: &mut ChunkBufs<'_>) {
             gemm::<S>(i1 - i0, kp, Operands::new(i0, a, cs, done, kp).scaled(-1.0), rows, kp);
         }
         for i in i0 + 1..i1 {
-            for j in i0..i {
-                let aij = -m.a[i * cs + j];
-                let (uj, ui) = m.u.split_at_mut(i * vp);
-                axpy::<S>(&mut ui[..vp], aij, &uj[j * vp..(j + 1) * vp]);
-                let (wj, wi) = m.w.split_at_mut(i * kp);
-                axpy::<S>(&mut wi[..kp], aij, &wj[j * kp..(j + 1) * kp]);
-            }
+            let a = &m.a[i * cs + i0..];
+            let (done, row) = m.u.split_at_mut(i * vp);
+            gemm::<S>(1, vp, Operands::new(i - i0, a, cs, &done[i0 * vp..], vp).scaled(-1.0), row, vp);
+            let (done, row) = m.w.split_at_mut(i * kp);
+            gemm::<S>(1, kp, Operands::new(i - i0, a, cs, &done[i0 * kp..], kp).scaled(-1.0), row, kp);
         }
     }
     gemm::<S>(cl, vp, Operands::new(kd, m.w, kp, m.h, vp).scaled(-1.0), m.u, vp);
