@@ -351,19 +351,13 @@ mod x86 {
     /// AVX2 lanes with AVX-512 (F, VL, BW, DQ, BF16) available: see [`Ymm`].
     pub type Avx512 = Ymm<true>;
 
-    // SAFETY (module-wide): `Avx2` values exist only inside the `#[target_feature(enable =
-    // "avx2,fma,f16c")]` function, and `Avx512` values only inside the one that adds
-    // "avx512f,avx512vl,avx512bw,avx512dq,avx512bf16", that `dispatch` calls after
-    // `is_x86_feature_detected!` confirmed those features, so every intrinsic here runs on a CPU
-    // that supports it (the AVX-512 ones only in `X512` branches). Loads and stores check the
-    // slice length before touching 8 elements.
     /// Sixteen f32 lanes in a 512-bit register: [`Avx512`]'s [`Simd::Wide`], for register-tiled
     /// products. Only constructed inside the AVX-512 target-feature function of `dispatch`.
     #[derive(Clone, Copy)]
     pub struct Zmm(__m512);
 
     // SAFETY (impl-wide): `Zmm` values exist only where `Avx512` lanes do (see the module-wide
-    // note below), so AVX-512 F is present.
+    // note at `impl Simd for Ymm`), so AVX-512 F is present.
     impl WideLanes for Zmm {
         const WIDTH: usize = 16;
         const TILE_VECTORS: usize = 4;
@@ -401,6 +395,12 @@ mod x86 {
         type Wide = Zmm;
     }
 
+    // SAFETY (module-wide): `Avx2` values exist only inside the `#[target_feature(enable =
+    // "avx2,fma,f16c")]` function, and `Avx512` values only inside the one that adds
+    // "avx512f,avx512vl,avx512bw,avx512dq,avx512bf16", that `dispatch` calls after
+    // `is_x86_feature_detected!` confirmed those features, so every intrinsic here runs on a CPU
+    // that supports it (the AVX-512 ones only in `X512` branches). Loads and stores check the
+    // slice length before touching 8 elements.
     impl<const X512: bool> Simd for Ymm<X512>
     where
         Self: Widest,
