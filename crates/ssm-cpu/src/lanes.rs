@@ -43,10 +43,11 @@ pub(crate) fn axpy<S: Simd>(y: &mut [f32], alpha: f32, x: &[f32]) {
     }
 }
 
-/// `dst[j·ldd + i] = src[i·lds + j]` for `i < m`, `j < n`: whole 8×8 blocks through
-/// [`Simd::transpose8`], the edges element by element.
+/// `dst[j·ldd + i] = src[i·lds + j]` for `i < m`, `j < n`, and `dst[j·ldd + i] = 0` for
+/// `m ≤ i < mp` (a row padded to whole lanes for the products that read it): whole 8×8 blocks
+/// through [`Simd::transpose8`], the edges element by element.
 #[inline(always)]
-pub(crate) fn transpose<S: Simd>(src: &[f32], lds: usize, m: usize, n: usize, dst: &mut [f32], ldd: usize) {
+pub(crate) fn transpose<S: Simd>(src: &[f32], lds: usize, m: usize, n: usize, dst: &mut [f32], ldd: usize, mp: usize) {
     let (mb, nb) = (m / LANES * LANES, n / LANES * LANES);
     for i0 in (0..mb).step_by(LANES) {
         for j0 in (0..nb).step_by(LANES) {
@@ -65,6 +66,9 @@ pub(crate) fn transpose<S: Simd>(src: &[f32], lds: usize, m: usize, n: usize, ds
         for j in js..n {
             dst[j * ldd + i] = src[i * lds + j];
         }
+    }
+    for j in 0..n {
+        dst[j * ldd + m..j * ldd + mp].fill(0.0);
     }
 }
 
@@ -188,13 +192,14 @@ mod tests {
             let (lds, ldd) = (self.n + 3, self.m + 5);
             let src: Vec<f32> = (0..self.m * lds).map(|k| k as f32 * 0.5 - 7.0).collect();
             let mut dst = vec![f32::NAN; self.n * ldd];
-            transpose::<S>(&src, lds, self.m, self.n, &mut dst, ldd);
+            transpose::<S>(&src, lds, self.m, self.n, &mut dst, ldd, self.m + 3);
             (src, dst)
         }
     }
 
     /// Whole 8×8 blocks, row and column edges and a matrix smaller than a block, on every
-    /// level: each element lands at its transposed place and nothing else is written.
+    /// level: each element lands at its transposed place, the padding is +0.0 and nothing else
+    /// is written.
     #[test]
     fn transpose_matches_the_definition_on_every_level() {
         for (m, n) in [(64, 128), (13, 21), (8, 8), (5, 3), (17, 8), (8, 17)] {
@@ -205,8 +210,10 @@ mod tests {
                     let (j, i) = (k / ldd, k % ldd);
                     if i < m {
                         assert_eq!(d, src[i * lds + j], "{level:?} {m}×{n}: ({i}, {j})");
+                    } else if i < m + 3 {
+                        assert_eq!(d.to_bits(), 0, "{level:?} {m}×{n}: padding ({i}, {j}) not +0.0");
                     } else {
-                        assert!(d.is_nan(), "{level:?} {m}×{n}: wrote past row {m} of column {j}");
+                        assert!(d.is_nan(), "{level:?} {m}×{n}: wrote past the padding of column {j}");
                     }
                 }
             }

@@ -421,10 +421,7 @@ fn scan_item<S: Simd + PowTwo>(ctx: &Ctx<'_>, item: usize, scratch: &mut Scratch
             // SAFETY: read only in this stage.
             unsafe { &*ctx.ws(ctx.state_off(c - 1, h), per) }
         };
-        transpose::<S>(sin, nr, p.dim, p.dstate, sin_t, pr);
-        for n in 0..p.dstate {
-            sin_t[n * pr + p.dim..(n + 1) * pr].fill(0.0);
-        }
+        transpose::<S>(sin, nr, p.dim, p.dstate, sin_t, pr, pr);
         gemm::<S>(len, pr, Operands::new(p.dstate, cs, nr, sin_t, pr), ys, pr);
         for i in 0..len {
             scal::<S>(&mut ys[i * pr..(i + 1) * pr], decay(da[i]));

@@ -246,13 +246,11 @@ fn chunk_solve<S: Simd>(ctx: &ChunkCtx<'_>, cl: usize, m: &mut ChunkBufs<'_>) {
     let (kd, kp, vp, cs) = (ctx.plan.dims.k, ctx.layout.kp, ctx.layout.vp, CHUNK_SIZE);
     let (gc, bt) = (&*m.gc, &*m.beta);
     // `Q·Kᵀ` and `K·Kᵀ` as tiled products over `Kᵀ` (transposed in 8×8 register blocks into the
-    // state update's buffer, free until then), on whole lanes of columns; then the decay `e^{G_i − G_j}` (and `β_i` for `A`) on the
-    // lower triangle, zeros past it (`P`'s are read by the lower-triangular `P·V'`).
+    // state update's buffer, free until then), on whole lanes of columns; then the decay
+    // `e^{G_i − G_j}` (and `β_i` for `A`) on the lower triangle, zeros past it (`P`'s are read by
+    // the lower-triangular `P·V'`).
     let cp = round8(cl);
-    transpose::<S>(m.k, kp, cl, kd, m.kdt, cs);
-    for ki in 0..kd {
-        m.kdt[ki * cs + cl..ki * cs + cp].fill(0.0);
-    }
+    transpose::<S>(m.k, kp, cl, kd, m.kdt, cs, cp);
     for i in 0..cl {
         m.p[i * cs..i * cs + cp].fill(0.0);
         m.a[i * cs..i * cs + cp].fill(0.0);
