@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Times vLLM's own Triton GDN chunked prefill (chunk_gated_delta_rule) on the GDN prefill bench shapes; prints JSON.
 
-    python3 xtask/peers/gdn_chunk_peer.py --vllm DIR [--shapes JSON] [--json OUT]
+    python3 xtask/peers/gdn_chunk_peer.py --vllm DIR [--shapes JSON] [--json OUT] [--kernels]
 
 DIR holds `vllm/third_party/flash_linear_attention/ops/` extracted from the PyPI `vllm` wheel
 (`pip download --no-deps vllm`); DIR may also be the extracted `vllm/` folder itself. The peer's
@@ -21,7 +21,9 @@ the final states returned. Two timings per shape:
   what our pooled in-place call does in one.
 
 Timing mirrors ssm_cuda::bench (peer_common.graph_median_us): CUDA-graph replay of calls
-rotating over enough problems to exceed the L2, median over 15 replays / calls.
+rotating over enough problems to exceed the L2, median over 15 replays / calls. With --kernels, each shape's call is also profiled
+(peer_common.kernel_breakdown: its kernels' device µs per call) and the configs Triton's
+autotuners chose are reported.
 """
 
 import contextlib
@@ -30,10 +32,22 @@ import sys
 import traceback
 
 from gdn_peer import die, install_vllm_stubs, vllm_package_dir
-from peer_common import graph_median_us, parse_args, pool_counts, prefill_result, report, stub_module, torch_and_triton, uniform
+from peer_common import (
+    autotuned_configs,
+    graph_median_us,
+    kernel_breakdown,
+    parse_args,
+    pool_counts,
+    prefill_result,
+    print_breakdown,
+    report,
+    stub_module,
+    torch_and_triton,
+    uniform,
+)
 
 
-def bench(fn, s, torch, pooled: bool):
+def bench(fn, s, torch, pooled: bool, kernels: bool = False):
     dev = "cuda"
     b, L, h, hv, k, v = s["batch"], s["seqlen"], s["heads"], s["v_heads"], s["k"], s["v"]
     t = b * L
@@ -81,9 +95,13 @@ def bench(fn, s, torch, pooled: bool):
             pool["state"][pool["slots"]] = final.to(sdt)
 
     us = graph_median_us(torch, call, ps, calls)
+    rows = kernel_breakdown(torch, call, ps) if kernels else None
     outs = [pp["o"] for pp in ps[:2]]
     del ps
-    return prefill_result(torch, s, "chunk+pool" if pooled else "chunk", us, outs, nbytes, pools, calls)
+    r = prefill_result(torch, s, "chunk+pool" if pooled else "chunk", us, outs, nbytes, pools, calls)
+    if rows is not None:
+        r["kernels"] = rows
+    return r
 
 
 def default_shapes():
@@ -121,17 +139,22 @@ def main():
         for pooled in (False, True):
             try:
                 with torch.inference_mode():
-                    r = bench(chunk_gated_delta_rule, s, torch, pooled)
+                    r = bench(chunk_gated_delta_rule, s, torch, pooled, a.kernels)
             except Exception:
                 traceback.print_exc()
                 die(f"chunk_gated_delta_rule failed on {s}")
-            print(
-                f"peer {r['kernel']:<10} {s['state']:>4} hv{s['v_heads']} {s['batch']}x{s['seqlen']}: {r['us']:9.2f} us",
-                file=sys.stderr,
-            )
+            label = f"{r['kernel']:<10} {s['state']:>4} hv{s['v_heads']} {s['batch']}x{s['seqlen']}"
+            print(f"peer {label}: {r['us']:9.2f} us", file=sys.stderr)
+            if "kernels" in r:
+                print_breakdown(label, r["kernels"])
             results.append(r)
     peer = "vLLM Triton chunk_gated_delta_rule (flash_linear_attention/ops/*.py from the PyPI vllm wheel, unmodified; imports stubbed)"
-    report(peer, torch, triton, results, a.json)
+    tuned = None
+    if a.kernels:
+        ops = "vllm.third_party.flash_linear_attention.ops."
+        names = ("chunk", "chunk_delta_h", "chunk_o", "chunk_scaled_dot_kkt", "cumsum", "l2norm", "solve_tril", "wy_fast")
+        tuned = autotuned_configs([sys.modules[ops + n] for n in names if ops + n in sys.modules])
+    report(peer, torch, triton, results, a.json, tuned)
 
 
 if __name__ == "__main__":

@@ -208,10 +208,58 @@ def parse_args(description: str, default_set: str):
     ap.add_argument("--vllm", required=True, help="folder holding the extracted vllm/ package files")
     ap.add_argument("--shapes", help=f"JSON list of shapes (default: the {default_set} set)")
     ap.add_argument("--json", help="also write the result here")
+    ap.add_argument(
+        "--kernels",
+        action="store_true",
+        help="also profile each shape's call (torch.profiler) and report its kernels' device time per call",
+    )
     return ap.parse_args()
 
 
-def report(peer: str, torch, triton, results: list, json_path) -> None:
+def kernel_breakdown(torch, call, pools: list, reps: int = 20) -> list:
+    """The kernels of one call and their device µs per call: `reps` eager calls over `pools`
+    (already warmed up, so no autotuning or compilation) under torch.profiler, each kernel's
+    total device time divided by `reps`, largest first. Launches run back to back on one
+    stream, as in the timed graph, so each kernel's time here includes no launch gaps."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for i in range(reps):
+            call(pools[i % len(pools)])
+        torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages():
+        t = getattr(e, "self_device_time_total", None)
+        if t is None:
+            t = getattr(e, "self_cuda_time_total", 0.0)
+        if t > 0:
+            rows.append({"kernel": e.key, "us": t / reps, "launches": e.count / reps})
+    rows.sort(key=lambda r: -r["us"])
+    return rows
+
+
+def autotuned_configs(modules) -> dict:
+    """The configs Triton's autotuners in `modules` chose, per kernel and tuning key
+    (after the runs; empty for kernels not autotuned or not run)."""
+    from triton.runtime.autotuner import Autotuner
+
+    out = {}
+    for m in modules:
+        for name, obj in vars(m).items():
+            if isinstance(obj, Autotuner) and getattr(obj, "cache", None):
+                out[name] = {str(k): str(c) for k, c in obj.cache.items()}
+    return out
+
+
+def print_breakdown(label: str, rows: list) -> None:
+    """One line per kernel of a breakdown, to stderr."""
+    print(f"kernels of {label} (device µs per call):", file=sys.stderr)
+    for r in rows:
+        print(f"  {r['us']:9.2f}  x{r['launches']:.0f}  {r['kernel'][:110]}", file=sys.stderr)
+
+
+def report(peer: str, torch, triton, results: list, json_path, autotuned=None) -> None:
     """Prints the result document (and writes it to `json_path` when given)."""
     doc = {
         "peer": peer,
@@ -220,6 +268,8 @@ def report(peer: str, torch, triton, results: list, json_path) -> None:
         "device": torch.cuda.get_device_name(0),
         "results": results,
     }
+    if autotuned:
+        doc["autotuned"] = autotuned
     text = json.dumps(doc, indent=1)
     if json_path:
         with open(json_path, "w") as f:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Times vLLM's own Triton SSD prefill (mamba_chunk_scan_combined_varlen) on the SSD bench shapes; prints JSON.
 
-    python3 xtask/peers/ssd_peer.py --vllm DIR [--shapes JSON] [--json OUT]
+    python3 xtask/peers/ssd_peer.py --vllm DIR [--shapes JSON] [--json OUT] [--kernels]
 
 DIR holds the extracted `vllm/model_executor/layers/mamba/ops/` files of the PyPI `vllm`
 wheel (`pip download --no-deps vllm`, then unzip `vllm/model_executor/layers/mamba/*`); the
@@ -19,13 +19,26 @@ pool by the kernel (`final_states_out=ssm_state`, `final_state_indices` a permut
   ssm_state[state_indices], 0)` followed by the call, which is what our pooled call does in one.
 
 Timing mirrors ssm_cuda::bench (peer_common.graph_median_us): CUDA-graph replay of calls
-rotating over enough problems to exceed the L2, median over 15 replays / calls.
+rotating over enough problems to exceed the L2, median over 15 replays / calls. With --kernels, each shape's call is also profiled
+(peer_common.kernel_breakdown: its kernels' device µs per call) and the configs Triton's
+autotuners chose are reported.
 """
 
 import json
 import sys
 
-from peer_common import graph_median_us, install_mamba_stubs, parse_args, pool_counts, prefill_result, report, uniform
+from peer_common import (
+    autotuned_configs,
+    graph_median_us,
+    install_mamba_stubs,
+    kernel_breakdown,
+    parse_args,
+    pool_counts,
+    prefill_result,
+    print_breakdown,
+    report,
+    uniform,
+)
 
 
 def chunk_metadata(torch, seqlen: int, batch: int, chunk: int, dev):
@@ -46,7 +59,7 @@ def chunk_metadata(torch, seqlen: int, batch: int, chunk: int, dev):
     return i32([b * seqlen for b in range(batch + 1)]), i32(cu_chunk), i32(last), i32(seq_idx)
 
 
-def bench(fn, s, torch, gathered: bool):
+def bench(fn, s, torch, gathered: bool, kernels: bool = False):
     dev = "cuda"
     b, L, h, p, n, g, q = s["batch"], s["seqlen"], s["heads"], s["dim"], s["dstate"], s["groups"], s["chunk"]
     t = b * L
@@ -89,9 +102,13 @@ def bench(fn, s, torch, gathered: bool):
         )
 
     us = graph_median_us(torch, call, ps, calls)
+    rows = kernel_breakdown(torch, call, ps) if kernels else None
     outs = [pp["out"] for pp in ps[:2]]
     del ps
-    return prefill_result(torch, s, "ssd+gather" if gathered else "ssd", us, outs, nbytes, pools, calls)
+    r = prefill_result(torch, s, "ssd+gather" if gathered else "ssd", us, outs, nbytes, pools, calls)
+    if rows is not None:
+        r["kernels"] = rows
+    return r
 
 
 def default_shapes():
@@ -118,15 +135,17 @@ def main():
     results = []
     for s in shapes:
         for gathered in (False, True):
-            r = bench(mamba_chunk_scan_combined_varlen, s, torch, gathered)
-            print(
-                f"peer {r['kernel']:<10} {s['state']:>4} h{s['heads']} g{s['groups']} {s['batch']}x{s['seqlen']}: "
-                f"{r['us']:9.2f} us",
-                file=sys.stderr,
-            )
+            r = bench(mamba_chunk_scan_combined_varlen, s, torch, gathered, a.kernels)
+            label = f"{r['kernel']:<10} {s['state']:>4} h{s['heads']} g{s['groups']} {s['batch']}x{s['seqlen']}"
+            print(f"peer {label}: {r['us']:9.2f} us", file=sys.stderr)
+            if "kernels" in r:
+                print_breakdown(label, r["kernels"])
             results.append(r)
     peer = "vLLM Triton mamba_chunk_scan_combined_varlen (ssd_*.py from the PyPI vllm wheel, unmodified; imports stubbed)"
-    report(peer, torch, triton, results, a.json)
+    from vllm.model_executor.layers.mamba.ops import ssd_bmm, ssd_chunk_scan, ssd_chunk_state, ssd_state_passing
+
+    tuned = autotuned_configs([ssd_bmm, ssd_chunk_scan, ssd_chunk_state, ssd_state_passing]) if a.kernels else None
+    report(peer, torch, triton, results, a.json, tuned)
 
 
 if __name__ == "__main__":
