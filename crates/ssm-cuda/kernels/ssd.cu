@@ -27,11 +27,18 @@
 // 1 f16, 2 tf32), flags HAS_Z HAS_D HAS_BIAS SOFTPLUS INIT_MODE (0 none, 1 initial_states,
 // 2 pool) HAS_HAS HAS_FINAL HAS_PAD HAS_VARLEN INTERMEDIATE, X_VEC B_VEC C_VEC (x, B, C
 // rows loadable eight elements at a time: token and head/group strides multiples of 8, base
-// 16-byte aligned), the product kernels' STAGES_ASKED (pipeline buffers) and MINB (resident
-// blocks asked per multiprocessor), and the scan's REG_WEIGHTS (causal weights in registers).
+// 16-byte aligned), the product kernels' STAGES_ASKED (pipeline buffers), KT_ASKED (slice
+// along k) and MINB (resident blocks asked per multiprocessor), and the scan's REG_WEIGHTS
+// (causal weights in registers).
 
 #define TILE 64
+// The products' slice along k (KT_ASKED, 32 or 64). tf32 tiles (twice the bytes) and three
+// buffers keep 32: 64 would pass the 48 KiB of static shared memory.
+#if OP_KIND == 2 || STAGES_ASKED == 3
 #define KT 32
+#else
+#define KT KT_ASKED
+#endif
 #define THREADS 128
 #define QCAP 256
 
@@ -663,12 +670,12 @@ extern "C" __global__ void __launch_bounds__(STATE_THREADS) ssd_final_kernel(con
 // ---------------------------------------------------------------------------------------------
 // Stage 5.
 
-// The causal weights as A operands in registers (REG_WEIGHTS, 16-bit operands only): each warp
+// The causal weights as A operands in registers (REG_WEIGHTS, 16-bit operands, KT = 32): each warp
 // owns 16 rows of the block's 64 and computes the weights of its rows straight into its `mma`
 // A fragments, from CB pairs loaded in the fragment layout: no shared round trip, no
 // `ldmatrix`, each weight computed once per block. Otherwise (and for tf32) the weights are
 // stored to shared memory as a natural operand and the warps hold 32×32 quarters.
-#if REG_WEIGHTS && OP_KIND != 2
+#if REG_WEIGHTS && OP_KIND != 2 && KT == 32
 #define SCAN_REG 1
 #define SCAN_MT 1
 #define SCAN_NT 8

@@ -118,25 +118,29 @@ pub(crate) struct SsdTune {
     stages: u8,
     minb: u8,
     /// The scan's causal weights computed in registers as `mma` A fragments (`REG_WEIGHTS`;
-    /// 16-bit operands only; `regw=1`), else through shared memory (the default). Always false
-    /// for the other entries.
+    /// 16-bit operands and 32-wide slices only; `regw=1`), else through shared memory (the
+    /// default). Always false for the other entries.
     reg_weights: bool,
+    /// The products' slice along k (`KT_ASKED`: 32 or 64; tf32 operands and three buffers
+    /// keep 32).
+    kt: u8,
 }
 
 impl SsdTune {
-    /// The defaults, or `SSM_CUDA_SSD_TUNE="stages=N,minb=M,scan_minb=K,regw=0|1"` (tuning
-    /// sweeps; unset in normal use). The scan asks for five blocks per SM: 3.6–5.8 % faster than
-    /// four on the H200, six slower (docs/PERF.md, run of 2026-12-04).
+    /// The defaults, or `SSM_CUDA_SSD_TUNE="stages=N,minb=M,scan_minb=K,regw=0|1,kt=32|64,
+    /// scan_kt=32|64"` (tuning sweeps; unset in normal use). The scan asks for five blocks per
+    /// SM: 3.6–5.8 % faster than four on the H200, six slower (docs/PERF.md, run of
+    /// 2026-12-04). Register weights measured 3–7 % slower (run of 2026-12-05).
     fn of(entry: SsdEntry) -> SsdTune {
         static TUNE: TuneVar = TuneVar::new("SSM_CUDA_SSD_TUNE");
         let get = |k: &str, default: u8| TUNE.get(k).map_or(default, |v| v.clamp(1, 8) as u8);
-        let minb = match entry {
-            SsdEntry::Scan => get("scan_minb", 5),
-            _ => get("minb", 4),
+        let slice = |k: &str| TUNE.get(k).map_or(32, |v| if v >= 64 { 64 } else { 32 });
+        let (minb, kt) = match entry {
+            SsdEntry::Scan => (get("scan_minb", 5), slice("scan_kt")),
+            _ => (get("minb", 4), slice("kt")),
         };
-        // Off by default until measured on the H200 (written in a session without the device).
         let reg_weights = entry == SsdEntry::Scan && TUNE.get("regw").is_some_and(|v| v != 0);
-        SsdTune { stages: get("stages", 2).clamp(2, 3), minb, reg_weights }
+        SsdTune { stages: get("stages", 2).clamp(2, 3), minb, reg_weights, kt }
     }
 }
 
@@ -155,6 +159,7 @@ impl SsdKey {
         defines.push(("STAGES_ASKED", self.tune.stages.to_string()));
         defines.push(("MINB", self.tune.minb.to_string()));
         defines.push(("REG_WEIGHTS", u8::from(self.tune.reg_weights).to_string()));
+        defines.push(("KT_ASKED", self.tune.kt.to_string()));
         defines.extend(flag_defines(
             self.flags,
             &[
@@ -486,6 +491,18 @@ pub fn ssd_catalogue() -> Vec<(String, KernelSpec)> {
         let spec = key_tuned(act, state, init_mode, flags, SsdEntry::Scan, other);
         out.push((format!("ssd ssd_scan_kernel {what} {label}"), spec));
     }
+    // The product kernels' other slice width (`kt=…`, `scan_kt=…`), so that both compile.
+    for entry in [SsdEntry::State, SsdEntry::Cb, SsdEntry::Scan] {
+        let tune = SsdTune::of(entry);
+        let other = SsdTune { kt: 96 - tune.kt, ..tune };
+        for (act, state, init_mode, flags, what) in [
+            (BF16, F32, 2, pooled, "act=bf16 state=f32 pool"),
+            (F16, F16, 1, F_Z | F_VARLEN, "act=f16 state=f16 init z"),
+        ] {
+            let spec = key_tuned(act, state, init_mode, flags, entry, other);
+            out.push((format!("ssd {} {what} kt={}", entry.name(), other.kt), spec));
+        }
+    }
     out
 }
 
@@ -503,7 +520,7 @@ mod tests {
     #[test]
     fn catalogue_defines_every_macro() {
         for (label, spec) in ssd_catalogue() {
-            assert_eq!(spec.defines.len(), 17 + 5 + 12, "{label}");
+            assert_eq!(spec.defines.len(), 17 + 6 + 12, "{label}");
         }
     }
 }
