@@ -23,7 +23,8 @@ the final states returned. Two timings per shape:
 Timing mirrors ssm_cuda::bench (peer_common.graph_median_us): CUDA-graph replay of calls
 rotating over enough problems to exceed the L2, median over 15 replays / calls. With --kernels, each shape's call is also profiled
 (peer_common.kernel_breakdown: its kernels' device µs per call) and the configs Triton's
-autotuners chose are reported.
+autotuners chose are reported, with what Triton compiled for every candidate
+(peer_common.compiled_variants: registers, shared memory, `wgmma` or `mma.sync`).
 """
 
 import contextlib
@@ -34,6 +35,7 @@ import traceback
 from gdn_peer import die, install_vllm_stubs, vllm_package_dir
 from peer_common import (
     autotuned_configs,
+    compiled_variants,
     graph_median_us,
     kernel_breakdown,
     parse_args,
@@ -153,7 +155,8 @@ def main():
     if a.kernels:
         ops = "vllm.third_party.flash_linear_attention.ops."
         names = ("chunk", "chunk_delta_h", "chunk_o", "chunk_scaled_dot_kkt", "cumsum", "l2norm", "solve_tril", "wy_fast")
-        tuned = autotuned_configs([sys.modules[ops + n] for n in names if ops + n in sys.modules])
+        mods = [sys.modules[ops + n] for n in names if ops + n in sys.modules]
+        tuned = {"chosen": autotuned_configs(mods), "compiled": compiled_variants(mods)}
     report(peer, torch, triton, results, a.json, tuned)
 
 

@@ -247,8 +247,49 @@ def autotuned_configs(modules) -> dict:
     out = {}
     for m in modules:
         for name, obj in vars(m).items():
+            # An autotuner may sit under other decorators (FLA's `triton.heuristics`): follow `.fn`.
+            for _ in range(4):
+                if isinstance(obj, Autotuner) or not hasattr(obj, "fn"):
+                    break
+                obj = obj.fn
             if isinstance(obj, Autotuner) and getattr(obj, "cache", None):
                 out[name] = {str(k): str(c) for k, c in obj.cache.items()}
+    return out
+
+
+def compiled_variants(modules) -> dict:
+    """What Triton compiled for each kernel in `modules` (every autotuning candidate): per
+    variant its warps, pipeline stages, registers, spills, shared bytes and how many `wgmma`
+    (Hopper warpgroup matrix) instructions its PTX holds. Best effort: a Triton whose caches
+    are laid out otherwise reports nothing."""
+    from triton.runtime.jit import JITFunction
+
+    out = {}
+    for m in modules:
+        for name, obj in vars(m).items():
+            for _ in range(4):
+                if isinstance(obj, JITFunction) or not hasattr(obj, "fn"):
+                    break
+                obj = obj.fn
+            if not isinstance(obj, JITFunction):
+                continue
+            rows = []
+            for cache in getattr(obj, "device_caches", {}).values():
+                kernels = cache[0] if isinstance(cache, tuple) else cache
+                for k in getattr(kernels, "values", lambda: [])():
+                    try:
+                        md = k.metadata
+                        ptx = k.asm.get("ptx", "") if hasattr(k, "asm") else ""
+                        rows.append({
+                            "warps": getattr(md, "num_warps", None), "stages": getattr(md, "num_stages", None),
+                            "regs": getattr(k, "n_regs", None), "spills": getattr(k, "n_spills", None),
+                            "shared": getattr(md, "shared", None), "wgmma": ptx.count("wgmma.mma_async"),
+                            "mma_sync": ptx.count("mma.sync"),
+                        })
+                    except Exception as e:  # noqa: BLE001 (a diagnostic: report, never fail the bench)
+                        rows.append({"error": repr(e)})
+            if rows:
+                out[name] = rows
     return out
 
 
