@@ -128,16 +128,18 @@ pub(crate) struct SsdTune {
 
 impl SsdTune {
     /// The defaults, or `SSM_CUDA_SSD_TUNE="stages=N,minb=M,scan_minb=K,regw=0|1,kt=32|64,
-    /// scan_kt=32|64"` (tuning sweeps; unset in normal use). The scan asks for five blocks per
-    /// SM: 3.6–5.8 % faster than four on the H200, six slower (docs/PERF.md, run of
-    /// 2026-12-04). Register weights measured 3–7 % slower (run of 2026-12-05).
+    /// scan_kt=32|64"` (tuning sweeps; unset in normal use). Measured on the H200
+    /// (docs/PERF.md): the scan asks for five blocks per SM (3.6–5.8 % faster than four, six
+    /// slower; run of 2026-12-04); register weights are 3–7 % slower; stages 1+2 and C·Bᵀ take
+    /// 64-wide slices (1.2–3.0 % faster end to end), the scan 32-wide ones (64 spills at five
+    /// blocks per SM and is 11–24 % slower at four; runs of 2026-12-05).
     fn of(entry: SsdEntry) -> SsdTune {
         static TUNE: TuneVar = TuneVar::new("SSM_CUDA_SSD_TUNE");
         let get = |k: &str, default: u8| TUNE.get(k).map_or(default, |v| v.clamp(1, 8) as u8);
-        let slice = |k: &str| TUNE.get(k).map_or(32, |v| if v >= 64 { 64 } else { 32 });
+        let slice = |k: &str, default: u8| TUNE.get(k).map_or(default, |v| if v >= 64 { 64 } else { 32 });
         let (minb, kt) = match entry {
-            SsdEntry::Scan => (get("scan_minb", 5), slice("scan_kt")),
-            _ => (get("minb", 4), slice("kt")),
+            SsdEntry::Scan => (get("scan_minb", 5), slice("scan_kt", 32)),
+            _ => (get("minb", 4), slice("kt", 64)),
         };
         let reg_weights = entry == SsdEntry::Scan && TUNE.get("regw").is_some_and(|v| v != 0);
         SsdTune { stages: get("stages", 2).clamp(2, 3), minb, reg_weights, kt }
