@@ -21,10 +21,8 @@ the final states returned. Two timings per shape:
   what our pooled in-place call does in one.
 
 Timing mirrors ssm_cuda::bench (peer_common.graph_median_us): CUDA-graph replay of calls
-rotating over enough problems to exceed the L2, median over 15 replays / calls. With --kernels, each shape's call is also profiled
-(peer_common.kernel_breakdown: its kernels' device µs per call) and the configs Triton's
-autotuners chose are reported, with what Triton compiled for every candidate
-(peer_common.compiled_variants: registers, shared memory, `wgmma` or `mma.sync`).
+rotating over enough problems to exceed the L2, median over 15 replays / calls.
+--kernels adds peer_common.kernel_breakdown and triton_choices to the report.
 """
 
 import contextlib
@@ -33,20 +31,8 @@ import sys
 import traceback
 
 from gdn_peer import die, install_vllm_stubs, vllm_package_dir
-from peer_common import (
-    autotuned_configs,
-    compiled_variants,
-    graph_median_us,
-    kernel_breakdown,
-    parse_args,
-    pool_counts,
-    prefill_result,
-    print_breakdown,
-    report,
-    stub_module,
-    torch_and_triton,
-    uniform,
-)
+from peer_common import graph_median_us, kernel_breakdown, parse_args, pool_counts, prefill_result, print_breakdown
+from peer_common import report, stub_module, torch_and_triton, triton_choices, uniform
 
 
 def bench(fn, s, torch, pooled: bool, kernels: bool = False):
@@ -155,8 +141,7 @@ def main():
     if a.kernels:
         ops = "vllm.third_party.flash_linear_attention.ops."
         names = ("chunk", "chunk_delta_h", "chunk_o", "chunk_scaled_dot_kkt", "cumsum", "l2norm", "solve_tril", "wy_fast")
-        mods = [sys.modules[ops + n] for n in names if ops + n in sys.modules]
-        tuned = {"chosen": autotuned_configs(mods), "compiled": compiled_variants(mods)}
+        tuned = triton_choices([sys.modules[ops + n] for n in names if ops + n in sys.modules])
     report(peer, torch, triton, results, a.json, tuned)
 
 

@@ -239,58 +239,52 @@ def kernel_breakdown(torch, call, pools: list, reps: int = 20) -> list:
     return rows
 
 
-def autotuned_configs(modules) -> dict:
-    """The configs Triton's autotuners in `modules` chose, per kernel and tuning key
-    (after the runs; empty for kernels not autotuned or not run)."""
-    from triton.runtime.autotuner import Autotuner
-
-    out = {}
+def _decorated(modules, cls):
+    """(name, object) of every `cls` instance in `modules`, found also under other decorators
+    (FLA puts `triton.heuristics` over `triton.autotune` over `triton.jit`): `.fn` is followed."""
     for m in modules:
         for name, obj in vars(m).items():
-            # An autotuner may sit under other decorators (FLA's `triton.heuristics`): follow `.fn`.
             for _ in range(4):
-                if isinstance(obj, Autotuner) or not hasattr(obj, "fn"):
+                if isinstance(obj, cls) or not hasattr(obj, "fn"):
                     break
                 obj = obj.fn
-            if isinstance(obj, Autotuner) and getattr(obj, "cache", None):
-                out[name] = {str(k): str(c) for k, c in obj.cache.items()}
-    return out
+            if isinstance(obj, cls):
+                yield name, obj
 
 
-def compiled_variants(modules) -> dict:
-    """What Triton compiled for each kernel in `modules` (every autotuning candidate): per
-    variant its warps, pipeline stages, registers, spills, shared bytes and how many `wgmma`
-    (Hopper warpgroup matrix) instructions its PTX holds. Best effort: a Triton whose caches
-    are laid out otherwise reports nothing."""
+def _compiled(kernel) -> dict:
+    """One compiled Triton kernel: warps, stages, registers, spills, shared bytes, and how many
+    `wgmma` (Hopper warpgroup) and `mma.sync` instructions its PTX holds."""
+    md = kernel.metadata
+    ptx = kernel.asm.get("ptx", "") if hasattr(kernel, "asm") else ""
+    return {
+        "warps": getattr(md, "num_warps", None), "stages": getattr(md, "num_stages", None),
+        "regs": getattr(kernel, "n_regs", None), "spills": getattr(kernel, "n_spills", None),
+        "shared": getattr(md, "shared", None), "wgmma": ptx.count("wgmma.mma_async"), "mma_sync": ptx.count("mma.sync"),
+    }
+
+
+def triton_choices(modules) -> dict:
+    """What Triton made of the kernels in `modules` after the runs: `chosen`, the config each
+    autotuner picked per tuning key; `compiled`, every candidate it compiled (`_compiled`).
+    Best effort: a Triton whose caches are laid out otherwise reports less."""
+    from triton.runtime.autotuner import Autotuner
     from triton.runtime.jit import JITFunction
 
-    out = {}
-    for m in modules:
-        for name, obj in vars(m).items():
-            for _ in range(4):
-                if isinstance(obj, JITFunction) or not hasattr(obj, "fn"):
-                    break
-                obj = obj.fn
-            if not isinstance(obj, JITFunction):
-                continue
-            rows = []
-            for cache in getattr(obj, "device_caches", {}).values():
-                kernels = cache[0] if isinstance(cache, tuple) else cache
-                for k in getattr(kernels, "values", lambda: [])():
-                    try:
-                        md = k.metadata
-                        ptx = k.asm.get("ptx", "") if hasattr(k, "asm") else ""
-                        rows.append({
-                            "warps": getattr(md, "num_warps", None), "stages": getattr(md, "num_stages", None),
-                            "regs": getattr(k, "n_regs", None), "spills": getattr(k, "n_spills", None),
-                            "shared": getattr(md, "shared", None), "wgmma": ptx.count("wgmma.mma_async"),
-                            "mma_sync": ptx.count("mma.sync"),
-                        })
-                    except Exception as e:  # noqa: BLE001 (a diagnostic: report, never fail the bench)
-                        rows.append({"error": repr(e)})
-            if rows:
-                out[name] = rows
-    return out
+    chosen = {n: {str(k): str(c) for k, c in a.cache.items()} for n, a in _decorated(modules, Autotuner) if a.cache}
+    compiled = {}
+    for name, fn in _decorated(modules, JITFunction):
+        rows = []
+        for cache in getattr(fn, "device_caches", {}).values():
+            kernels = cache[0] if isinstance(cache, tuple) else cache
+            for k in getattr(kernels, "values", lambda: [])():
+                try:
+                    rows.append(_compiled(k))
+                except Exception as e:  # noqa: BLE001 (a diagnostic: report, never fail the bench)
+                    rows.append({"error": repr(e)})
+        if rows:
+            compiled[name] = rows
+    return {"chosen": chosen, "compiled": compiled}
 
 
 def print_breakdown(label: str, rows: list) -> None:

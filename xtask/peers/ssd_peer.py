@@ -19,28 +19,15 @@ pool by the kernel (`final_states_out=ssm_state`, `final_state_indices` a permut
   ssm_state[state_indices], 0)` followed by the call, which is what our pooled call does in one.
 
 Timing mirrors ssm_cuda::bench (peer_common.graph_median_us): CUDA-graph replay of calls
-rotating over enough problems to exceed the L2, median over 15 replays / calls. With --kernels, each shape's call is also profiled
-(peer_common.kernel_breakdown: its kernels' device µs per call) and the configs Triton's
-autotuners chose are reported, with what Triton compiled for every candidate
-(peer_common.compiled_variants: registers, shared memory, `wgmma` or `mma.sync`).
+rotating over enough problems to exceed the L2, median over 15 replays / calls.
+--kernels adds peer_common.kernel_breakdown and triton_choices to the report.
 """
 
 import json
 import sys
 
-from peer_common import (
-    autotuned_configs,
-    compiled_variants,
-    graph_median_us,
-    install_mamba_stubs,
-    kernel_breakdown,
-    parse_args,
-    pool_counts,
-    prefill_result,
-    print_breakdown,
-    report,
-    uniform,
-)
+from peer_common import graph_median_us, kernel_breakdown, parse_args, pool_counts, prefill_result, print_breakdown
+from peer_common import install_mamba_stubs, report, triton_choices, uniform
 
 
 def chunk_metadata(torch, seqlen: int, batch: int, chunk: int, dev):
@@ -146,8 +133,7 @@ def main():
     peer = "vLLM Triton mamba_chunk_scan_combined_varlen (ssd_*.py from the PyPI vllm wheel, unmodified; imports stubbed)"
     from vllm.model_executor.layers.mamba.ops import ssd_bmm, ssd_chunk_scan, ssd_chunk_state, ssd_state_passing
 
-    mods = [ssd_bmm, ssd_chunk_scan, ssd_chunk_state, ssd_state_passing]
-    tuned = {"chosen": autotuned_configs(mods), "compiled": compiled_variants(mods)} if a.kernels else None
+    tuned = triton_choices([ssd_bmm, ssd_chunk_scan, ssd_chunk_state, ssd_state_passing]) if a.kernels else None
     report(peer, torch, triton, results, a.json, tuned)
 
 
