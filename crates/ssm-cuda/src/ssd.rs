@@ -483,26 +483,27 @@ pub fn ssd_catalogue() -> Vec<(String, KernelSpec)> {
         ));
         out.push((format!("ssd {name} act=bf16 state=bf16 pool"), key(BF16, BF16, 2, pooled | F_VARLEN, entry)));
     }
-    // The scan's other form of the causal weights (`SSM_CUDA_SSD_TUNE=regw=…`), so that both compile.
+    // The tuning variants (`SSM_CUDA_SSD_TUNE`) of two activation types, so that both forms
+    // compile: the scan's other form of the causal weights (`regw=…`), and the product
+    // kernels' other slice width (`kt=…`, `scan_kt=…`).
     let scan = SsdTune::of(SsdEntry::Scan);
-    let other = SsdTune { reg_weights: !scan.reg_weights, ..scan };
-    let label = if other.reg_weights { "regw=1" } else { "regw=0" };
-    for (act, state, init_mode, flags, what) in
-        [(BF16, F32, 2, pooled, "act=bf16 state=f32 pool"), (F16, F16, 1, F_Z | F_VARLEN, "act=f16 state=f16 init z")]
-    {
-        let spec = key_tuned(act, state, init_mode, flags, SsdEntry::Scan, other);
-        out.push((format!("ssd ssd_scan_kernel {what} {label}"), spec));
-    }
-    // The product kernels' other slice width (`kt=…`, `scan_kt=…`), so that both compile.
+    let mut variants = vec![(SsdEntry::Scan, SsdTune { reg_weights: !scan.reg_weights, ..scan })];
     for entry in [SsdEntry::State, SsdEntry::Cb, SsdEntry::Scan] {
         let tune = SsdTune::of(entry);
-        let other = SsdTune { kt: 96 - tune.kt, ..tune };
+        variants.push((entry, SsdTune { kt: if tune.kt == 64 { 32 } else { 64 }, ..tune }));
+    }
+    for (entry, tune) in variants {
+        let label = if tune.reg_weights != scan.reg_weights && entry == SsdEntry::Scan {
+            format!("regw={}", u8::from(tune.reg_weights))
+        } else {
+            format!("kt={}", tune.kt)
+        };
         for (act, state, init_mode, flags, what) in [
             (BF16, F32, 2, pooled, "act=bf16 state=f32 pool"),
             (F16, F16, 1, F_Z | F_VARLEN, "act=f16 state=f16 init z"),
         ] {
-            let spec = key_tuned(act, state, init_mode, flags, entry, other);
-            out.push((format!("ssd {} {what} kt={}", entry.name(), other.kt), spec));
+            let spec = key_tuned(act, state, init_mode, flags, entry, tune);
+            out.push((format!("ssd {} {what} {label}", entry.name()), spec));
         }
     }
     out
