@@ -122,7 +122,7 @@ pub(crate) struct SsdTune {
     /// default). Always false for the other entries.
     reg_weights: bool,
     /// The products' slice along k (`KT_ASKED`: 32 or 64; tf32 operands and three buffers
-    /// keep 32).
+    /// keep 32). The pass and final kernels have no products and ignore it.
     kt: u8,
 }
 
@@ -487,17 +487,14 @@ pub fn ssd_catalogue() -> Vec<(String, KernelSpec)> {
     // compile: the scan's other form of the causal weights (`regw=…`), and the product
     // kernels' other slice width (`kt=…`, `scan_kt=…`).
     let scan = SsdTune::of(SsdEntry::Scan);
-    let mut variants = vec![(SsdEntry::Scan, SsdTune { reg_weights: !scan.reg_weights, ..scan })];
+    let other_weights = SsdTune { reg_weights: !scan.reg_weights, ..scan };
+    let mut variants = vec![(SsdEntry::Scan, other_weights, format!("regw={}", u8::from(other_weights.reg_weights)))];
     for entry in [SsdEntry::State, SsdEntry::Cb, SsdEntry::Scan] {
         let tune = SsdTune::of(entry);
-        variants.push((entry, SsdTune { kt: if tune.kt == 64 { 32 } else { 64 }, ..tune }));
+        let other = SsdTune { kt: if tune.kt == 64 { 32 } else { 64 }, ..tune };
+        variants.push((entry, other, format!("kt={}", other.kt)));
     }
-    for (entry, tune) in variants {
-        let label = if tune.reg_weights != scan.reg_weights && entry == SsdEntry::Scan {
-            format!("regw={}", u8::from(tune.reg_weights))
-        } else {
-            format!("kt={}", tune.kt)
-        };
+    for (entry, tune, label) in variants {
         for (act, state, init_mode, flags, what) in [
             (BF16, F32, 2, pooled, "act=bf16 state=f32 pool"),
             (F16, F16, 1, F_Z | F_VARLEN, "act=f16 state=f16 init z"),
