@@ -3,12 +3,14 @@
 //! Work items are (block of sequences, channel chunk) pairs: the plan guarantees that no
 //! slot written by one sequence is used by another and that the written tensors do not
 //! overlap themselves, and chunks touch disjoint channels, so every item writes memory no
-//! other item reads or writes. Inside an item, per block of 256 channels, the taps and the
-//! bias are loaded into lanes once; then for each sequence the history windows are loaded,
-//! the new state windows are copied (storage values, bit-exact), and the tokens run in tiles
-//! of 16: per eight channels, the window stays in lanes through the tile. Lanes load
-//! directly where a tensor is contiguous along `dim` and gather/scatter otherwise, so both
-//! conv-state layouts and any strides work.
+//! other item reads or writes. Inside an item, per block of 1024 channels, the taps and the
+//! bias are widened into lanes once; then each sequence runs over the block. Where `x`, `out`
+//! and the state are contiguous along `dim` (vLLM's `(slots, state_len, dim)` layout), the
+//! tokens run first, in tiles of 16, with the history read straight from the read slot
+//! (prefetched one sequence ahead) or from `x`'s previous rows, and the new window is written
+//! after them as one copy per column. Elsewhere (any strides, both layouts) the history is
+//! loaded and the window written first, through gathers and scatters where a tensor is not
+//! contiguous along `dim`.
 //!
 //! Numerics follow [`ssm_conv::reference`]: f32 accumulation from the bias, each product
 //! rounded to the storage dtype for f16/bf16 (fused multiply-add for f32), silu as
@@ -168,8 +170,11 @@ impl<T> Clone for Ctx<'_, T> {
 }
 impl<T> Copy for Ctx<'_, T> {}
 
-/// Channels whose taps and bias one item keeps in lanes while it walks its sequences.
-const SUB: usize = 32 * LANES;
+/// Channels per block of an item: their taps and bias are widened once into lanes, then every
+/// sequence of the item runs over the block. 1024 channels keep each sequence's state runs 2 KiB
+/// long per column (bf16), long enough for the hardware prefetchers (256 gave runs of eight
+/// lines, each started cold), and the taps, bias and history arrays at 32 KiB of stack.
+const SUB: usize = 128 * LANES;
 
 /// One (block of sequences, channel range) item.
 struct Item<'a, T> {
@@ -196,6 +201,9 @@ impl<T: Real> Item<'_, T> {
     #[inline(always)]
     fn body<S: Simd + PowTwo, const W: usize>(&self) {
         let Ctx { plan, w, bias, .. } = self.ctx;
+        let ws = plan.weight;
+        // x, out and the state contiguous along `dim` (the `(slots, state_len, dim)` layout).
+        let contiguous = plan.x.dim == 1 && plan.out.dim == 1 && plan.state.dim == 1;
         let mut c = self.c0;
         while c < self.c1 {
             let end = (c + SUB).min(self.c1);
@@ -207,23 +215,41 @@ impl<T: Real> Item<'_, T> {
             for g in 0..groups {
                 let cg = c + g * LANES;
                 let n = LANES.min(end - cg);
-                let wb = plan.weight.offset as isize + cg as isize * plan.weight.dim;
-                for j in 0..W {
-                    taps[g][j] = load_ro::<T, S>(w, wb + j as isize * plan.weight.tap, plan.weight.dim, n);
+                let wb = ws.offset as isize + cg as isize * ws.dim;
+                if n == LANES && ws.tap == 1 && ws.dim == W as isize {
+                    // `(dim, width)` weights: eight channels' taps are 8·W consecutive elements,
+                    // widened eight at a time, then picked tap by tap.
+                    let mut flat = [0.0f32; 4 * LANES];
+                    for k in 0..W {
+                        T::load::<S>(&w[wb as usize + k * LANES..]).store(&mut flat[k * LANES..]);
+                    }
+                    for j in 0..W {
+                        taps[g][j] = S::load(&std::array::from_fn::<f32, LANES, _>(|l| flat[l * W + j]));
+                    }
+                } else {
+                    for j in 0..W {
+                        taps[g][j] = load_ro::<T, S>(w, wb + j as isize * ws.tap, ws.dim, n);
+                    }
                 }
                 if let (Some(b), Some(bs)) = (bias, plan.bias) {
                     b0[g] = load_ro::<T, S>(b, bs.offset as isize + cg as isize * bs.dim, bs.dim, n);
                 }
             }
-            for seq in self.seqs {
-                self.block::<S, W>(seq, c, end, &taps, &b0);
+            if contiguous && (end - c).is_multiple_of(LANES) {
+                for (k, seq) in self.seqs.iter().enumerate() {
+                    self.block_contiguous::<S, W>(seq, self.seqs.get(k + 1), c, end, &taps, &b0);
+                }
+            } else {
+                for seq in self.seqs {
+                    self.block::<S, W>(seq, c, end, &taps, &b0);
+                }
             }
             c = end;
         }
     }
 
-    /// Channels `[c, end)` (at most [`SUB`]) of one sequence: history, state window, then the
-    /// tokens in order, each token's row walked contiguously.
+    /// Channels `[c, end)` (at most [`SUB`]) of one sequence, any strides: history, state
+    /// window, then the tokens in order, each token's row walked contiguously.
     #[inline(always)]
     fn block<S: Simd + PowTwo, const W: usize>(
         &self,
@@ -234,36 +260,42 @@ impl<T: Real> Item<'_, T> {
         b0: &[S; SUB / LANES],
     ) {
         let Ctx { plan, x, state, out, .. } = self.ctx;
+        // Every geometry field in a local: the stores below would otherwise make the compiler
+        // reload them from the plan on each access.
         let st = plan.state;
+        let (xs, os) = (plan.x, plan.out);
+        let (st_dim, x_dim, out_dim) = (st.dim, xs.dim, os.dim);
+        let ConvSeq { x_start, out_start, len, read_slot, write_slot, offset, shift, state_len, .. } = *s;
+        let lanes = |cg: usize| LANES.min(end - cg);
         let groups = (end - c).div_ceil(LANES);
         // History windows, loaded before the state is written (read and write slot may coincide).
         let mut hist = [[S::splat(0.0); 3]; SUB / LANES];
         for g in 0..groups {
             let cg = c + g * LANES;
-            let n = LANES.min(end - cg);
-            let base = st.offset as isize + cg as isize * st.dim;
-            if let Some(r) = s.read_slot {
+            let n = lanes(cg);
+            let base = st.offset as isize + cg as isize * st_dim;
+            if let Some(r) = read_slot {
+                let rb = base + r as isize * st.slot + offset as isize * st.col;
                 for j in 0..W - 1 {
-                    hist[g][j] =
-                        state.load::<S>(base + r as isize * st.slot + (s.offset + j) as isize * st.col, st.dim, n);
+                    hist[g][j] = state.load::<S>(rb + j as isize * st.col, st_dim, n);
                 }
             }
             // New window: kept history (source columns lie ahead of their targets), then inputs.
-            if let Some(ws) = s.write_slot {
-                for i in 0..s.state_len {
-                    let dst = base + ws as isize * st.slot + i as isize * st.col;
-                    if i + s.len < s.state_len {
-                        match s.read_slot {
+            if let Some(wslot) = write_slot {
+                let wb = base + wslot as isize * st.slot;
+                for i in 0..state_len {
+                    let dst = wb + i as isize * st.col;
+                    if i + len < state_len {
+                        match read_slot {
                             Some(r) => {
-                                let src = base + r as isize * st.slot + (s.offset + i + s.shift) as isize * st.col;
-                                state.copy_within(src, dst, st.dim, n)
+                                let src = base + r as isize * st.slot + (offset + i + shift) as isize * st.col;
+                                state.copy_within(src, dst, st_dim, n)
                             }
-                            None => state.fill(dst, st.dim, n, T::from_f32(0.0)),
+                            None => state.fill(dst, st_dim, n, T::from_f32(0.0)),
                         }
                     } else {
-                        let src =
-                            s.x_start + (i + s.len - s.state_len) as isize * plan.x.token + cg as isize * plan.x.dim;
-                        state.copy_from(x, src, plan.x.dim, dst, st.dim, n);
+                        let src = x_start + (i + len - state_len) as isize * xs.token + cg as isize * x_dim;
+                        state.copy_from(x, src, x_dim, dst, st_dim, n);
                     }
                 }
             }
@@ -273,23 +305,18 @@ impl<T: Real> Item<'_, T> {
         // tile, and the tile's rows are walked contiguously across the block's channels.
         const TILE: usize = 16;
         let mut t0 = 0;
-        while t0 < s.len {
-            let t1 = (t0 + TILE).min(s.len);
+        while t0 < len {
+            let t1 = (t0 + TILE).min(len);
             for g in 0..groups {
                 let cg = c + g * LANES;
-                let n = LANES.min(end - cg);
+                let n = lanes(cg);
                 let tg = &taps[g];
                 // The window in three named lanes (h0 oldest; W − 1 of them live), not an array:
                 // an array's shift compiled to overlapping 64-byte stack copies with AVX-512,
                 // whose loads stalled on the store forwarding of the previous token's stores.
                 let [mut h0, mut h1, mut h2] = hist[g];
                 for t in t0..t1 {
-                    let xt = load_ro::<T, S>(
-                        x,
-                        s.x_start + t as isize * plan.x.token + cg as isize * plan.x.dim,
-                        plan.x.dim,
-                        n,
-                    );
+                    let xt = load_ro::<T, S>(x, x_start + t as isize * xs.token + cg as isize * x_dim, x_dim, n);
                     // Taps in order, oldest first, then the token's own.
                     let mut acc = mac::<T, S>(h0, tg[0], b0[g]);
                     if W > 2 {
@@ -307,16 +334,105 @@ impl<T: Real> Item<'_, T> {
                     if silu_on {
                         acc = silu(acc);
                     }
-                    out.store(
-                        acc,
-                        s.out_start + t as isize * plan.out.token + cg as isize * plan.out.dim,
-                        plan.out.dim,
-                        n,
-                    );
+                    out.store(acc, out_start + t as isize * os.token + cg as isize * out_dim, out_dim, n);
                 }
                 hist[g] = [h0, h1, h2];
             }
             t0 = t1;
+        }
+    }
+
+    /// [`Item::block`] where `x`, `out` and the state are contiguous along `dim` and `[c, end)`
+    /// is whole groups: the tokens first, the history read straight from the read slot for the
+    /// first tile (prefetched one sequence ahead: each sequence's runs start cold) and from
+    /// `x`'s previous rows after it; then the new window as one copy of `end − c` elements per
+    /// column, after every read of the old one.
+    #[inline(always)]
+    fn block_contiguous<S: Simd + PowTwo, const W: usize>(
+        &self,
+        s: &ConvSeq,
+        next: Option<&ConvSeq>,
+        c: usize,
+        end: usize,
+        taps: &[[S; W]; SUB / LANES],
+        b0: &[S; SUB / LANES],
+    ) {
+        let Ctx { plan, x, state, out, .. } = self.ctx;
+        let (st, xs, os) = (plan.state, plan.x, plan.out);
+        let ConvSeq { x_start, out_start, len, read_slot, write_slot, offset, shift, state_len, .. } = *s;
+        let groups = (end - c) / LANES;
+        let hist_at = |r: usize, off: usize| st.offset as isize + r as isize * st.slot + off as isize * st.col;
+        let silu_on = plan.activation == ssm_conv::Activation::Silu;
+        const TILE: usize = 16;
+        let mut t0 = 0;
+        while t0 < len {
+            let t1 = (t0 + TILE).min(len);
+            for g in 0..groups {
+                let cg = (c + g * LANES) as isize;
+                let tg = &taps[g];
+                let mut h = [S::splat(0.0); 3];
+                if t0 == 0 {
+                    if let Some(q) = next
+                        && let Some(r) = q.read_slot
+                        && (g * LANES * std::mem::size_of::<T>()).is_multiple_of(64)
+                    {
+                        let rb = hist_at(r, q.offset) + cg;
+                        for j in 0..W - 1 {
+                            S::prefetch(state.elems::<T>((rb + j as isize * st.col) as usize, 0));
+                        }
+                    }
+                    if let Some(r) = read_slot {
+                        let rb = hist_at(r, offset) + cg;
+                        for (j, hj) in h.iter_mut().enumerate().take(W - 1) {
+                            *hj = state.load::<S>(rb + j as isize * st.col, 1, LANES);
+                        }
+                    }
+                } else {
+                    for (j, hj) in h.iter_mut().enumerate().take(W - 1) {
+                        let t = (t0 + j + 1 - W) as isize;
+                        *hj = load_ro::<T, S>(x, x_start + t * xs.token + cg, 1, LANES);
+                    }
+                }
+                let [mut h0, mut h1, mut h2] = h;
+                for t in t0..t1 {
+                    let xt = load_ro::<T, S>(x, x_start + t as isize * xs.token + cg, 1, LANES);
+                    let mut acc = mac::<T, S>(h0, tg[0], b0[g]);
+                    if W > 2 {
+                        acc = mac::<T, S>(h1, tg[1], acc);
+                    }
+                    if W > 3 {
+                        acc = mac::<T, S>(h2, tg[2], acc);
+                    }
+                    acc = mac::<T, S>(xt, tg[W - 1], acc);
+                    match W {
+                        2 => h0 = xt,
+                        3 => (h0, h1) = (h1, xt),
+                        _ => (h0, h1, h2) = (h1, h2, xt),
+                    }
+                    if silu_on {
+                        acc = silu(acc);
+                    }
+                    out.store(acc, out_start + t as isize * os.token + cg, 1, LANES);
+                }
+            }
+            t0 = t1;
+        }
+        // The new window, column by column in increasing order: a kept column's source lies
+        // ahead of its target, so the in-place case reads each column before overwriting it.
+        if let Some(ws) = write_slot {
+            let n = end - c;
+            for i in 0..state_len {
+                let dst = hist_at(ws, i) + c as isize;
+                if i + len < state_len {
+                    match read_slot {
+                        Some(r) => state.copy_within(hist_at(r, offset + i + shift) + c as isize, dst, 1, n),
+                        None => state.fill(dst, 1, n, T::from_f32(0.0)),
+                    }
+                } else {
+                    let src = x_start + (i + len - state_len) as isize * xs.token + c as isize;
+                    state.copy_from(x, src, 1, dst, 1, n);
+                }
+            }
         }
     }
 }
