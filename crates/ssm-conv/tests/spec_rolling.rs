@@ -133,7 +133,7 @@ fn run_backend<B: ssm_conv::ConvBackend<E>, E: std::fmt::Debug>(backend: &B, see
 
 #[test]
 fn speculative_steps_equal_replaying_the_accepted_tokens() {
-    let cpu = CpuBackend::new(Par::Rayon(std::num::NonZeroUsize::new(2).unwrap())).unwrap();
+    let cpu = CpuBackend::new(Par::Threads(std::num::NonZeroUsize::new(2).unwrap())).unwrap();
     for seed in 0..40 {
         for layout in [ConvStateLayout::StateLenDim, ConvStateLayout::DimStateLen] {
             run_backend(&Reference { precision: Arithmetic::F32 }, seed, layout);

@@ -2,7 +2,7 @@
 //!
 //! Every op family has one file here implementing the backend trait its op crate
 //! defines (`ssu.rs` implements [`ssm_ssu::SsuBackend`], …). Work is split over
-//! (sequence, head) items with rayon under an explicit [`Par`] setting; inner loops
+//! (sequence, head) items on a spinning thread team under an explicit [`Par`] setting; inner loops
 //! run on eight f32 lanes chosen at run time ([`simd`]). Kernels trust the plan the
 //! op crate built and never re-validate; they allocate nothing per call when the
 //! caller provides outputs and scratch.
@@ -18,23 +18,27 @@ mod shared;
 pub mod simd;
 mod ssd;
 mod ssu;
+mod team;
 
 use std::num::NonZeroUsize;
+
+pub use team::DEFAULT_SPIN;
 
 /// How many threads a [`CpuBackend`] uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Par {
     /// The calling thread only.
     Seq,
-    /// A private rayon pool of this many threads.
-    Rayon(NonZeroUsize),
+    /// A private team of this many threads: the calling thread and `n − 1` helpers
+    /// (see [`CpuBackend::with_spin`]).
+    Threads(NonZeroUsize),
 }
 
 impl Par {
     /// One thread per available core.
     pub fn all_cores() -> Self {
         match std::thread::available_parallelism() {
-            Ok(n) if n.get() > 1 => Par::Rayon(n),
+            Ok(n) if n.get() > 1 => Par::Threads(n),
             _ => Par::Seq,
         }
     }
@@ -43,7 +47,7 @@ impl Par {
     pub fn threads(self) -> usize {
         match self {
             Par::Seq => 1,
-            Par::Rayon(n) => n.get(),
+            Par::Threads(n) => n.get(),
         }
     }
 }
@@ -60,20 +64,20 @@ pub enum CpuError {
         /// Where it lives.
         device: ssm_tensor::Device,
     },
-    /// The rayon pool could not be built.
+    /// The thread team could not be started.
     #[error("could not start a pool of {threads} threads: {reason}")]
     Pool {
         /// Threads asked for.
         threads: usize,
-        /// rayon's message.
+        /// The operating system's message.
         reason: String,
     },
 }
 
-/// The CPU backend: a thread-pool setting shared by every op.
+/// The CPU backend: a thread-team setting shared by every op.
 pub struct CpuBackend {
     par: Par,
-    pool: Option<rayon::ThreadPool>,
+    team: Option<team::Team>,
 }
 
 impl std::fmt::Debug for CpuBackend {
@@ -83,19 +87,25 @@ impl std::fmt::Debug for CpuBackend {
 }
 
 impl CpuBackend {
-    /// A backend with the given parallelism (a private pool for `Par::Rayon`).
+    /// A backend with the given parallelism (a private team for `Par::Threads`, whose helpers
+    /// spin [`DEFAULT_SPIN`] for the next call before they park).
     pub fn new(par: Par) -> Result<Self, CpuError> {
-        let pool = match par {
+        Self::with_spin(par, DEFAULT_SPIN)
+    }
+
+    /// As [`CpuBackend::new`], with the helpers spinning `spin` after each call before they
+    /// park. Spinning keeps back-to-back calls (a decode step's layers) free of the wake-up of a
+    /// parked thread (60–110 µs on a virtual machine's idle vCPU), at the cost of that much CPU
+    /// time per helper after each call; `Duration::ZERO` parks at once.
+    pub fn with_spin(par: Par, spin: std::time::Duration) -> Result<Self, CpuError> {
+        let team = match par {
             Par::Seq => None,
-            Par::Rayon(n) => Some(
-                rayon::ThreadPoolBuilder::new()
-                    .num_threads(n.get())
-                    .thread_name(|i| format!("ssm-cpu-{i}"))
-                    .build()
+            Par::Threads(n) => Some(
+                team::Team::new(n.get(), spin)
                     .map_err(|e| CpuError::Pool { threads: n.get(), reason: e.to_string() })?,
             ),
         };
-        Ok(CpuBackend { par, pool })
+        Ok(CpuBackend { par, team })
     }
 
     /// The parallelism setting.
@@ -103,15 +113,12 @@ impl CpuBackend {
         self.par
     }
 
-    /// Runs `f(i)` for every `i in 0..n`, on the pool or the calling thread.
-    /// Items are independent; each writes only memory it owns.
+    /// Runs `f(i)` for every `i in 0..n`, on the team or the calling thread.
+    /// Items are independent; each writes only memory it owns. Nothing is allocated.
     pub fn for_each(&self, n: usize, f: impl Fn(usize) + Send + Sync) {
-        match &self.pool {
+        match &self.team {
             None => (0..n).for_each(f),
-            Some(pool) => pool.install(|| {
-                use rayon::prelude::*;
-                (0..n).into_par_iter().with_min_len(1).for_each(f)
-            }),
+            Some(team) => team.run(n, &f),
         }
     }
 }

@@ -4,7 +4,7 @@
 //! draw from it too): every mode (single, multi-token, varlen, the speculative rolling buffer
 //! packed and 3-D, prefix caching, varlen prefill), odd dims, every width, both state layouts,
 //! dim-major x, pads, empty sequences, i32/i64 tables, f32/f16/bf16. Each case runs on the
-//! sequential and the rayon backend. Outputs start as NaN: every element that must be written
+//! sequential and the two-thread backend. Outputs start as NaN: every element that must be written
 //! is checked, every other one must keep its poison; the state is bit-identical to the
 //! reference's, and every state element outside the written windows keeps its bits.
 
@@ -18,8 +18,8 @@ use ssm_tensor::{DType, Planned, Run, TensorMut, TensorRef};
 
 /// Every mode for each seed of `seeds` in `dtype`: reference, then both CPU backends.
 fn check(dtype: DType, seeds: std::ops::Range<u64>) {
-    let two = CpuBackend::new(Par::Rayon(NonZeroUsize::new(2).unwrap())).unwrap();
-    let backends = [("seq", CpuBackend::new(Par::Seq).unwrap()), ("rayon", two)];
+    let two = CpuBackend::new(Par::Threads(NonZeroUsize::new(2).unwrap())).unwrap();
+    let backends = [("seq", CpuBackend::new(Par::Seq).unwrap()), ("threads", two)];
     for seed in seeds {
         for mode in MODES {
             let initial = Case::random(dtype, mode, seed);
@@ -59,7 +59,7 @@ fn conv_cpu_matches_reference_f16() {
 #[test]
 fn conv_empty_calls_write_nothing() {
     // dim 0, and a batch of pads only: plans succeed and nothing is written.
-    let cpu = CpuBackend::new(Par::Rayon(NonZeroUsize::new(2).unwrap())).unwrap();
+    let cpu = CpuBackend::new(Par::Threads(NonZeroUsize::new(2).unwrap())).unwrap();
     for (dim, indices) in [(0usize, [1i32, 2]), (4, [0, 0])] {
         let x = vec![1.0f32; 2 * dim];
         let w = vec![0.5f32; dim * 3];

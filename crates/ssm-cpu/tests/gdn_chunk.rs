@@ -9,7 +9,7 @@ use ssm_tensor::{Planned, Run};
 
 #[test]
 fn chunked_prefill_matches_the_f64_recurrence_on_the_shared_matrix() {
-    let be = CpuBackend::new(Par::Rayon(std::num::NonZeroUsize::new(2).unwrap())).unwrap();
+    let be = CpuBackend::new(Par::Threads(std::num::NonZeroUsize::new(2).unwrap())).unwrap();
     for i in 0..8 {
         let spec = ChunkSpec::matrix(i);
         let base = ChunkCase::random(spec, 0xc0ffee + i as u64);

@@ -107,7 +107,7 @@ fn run_one(seed: u64, i: usize, backend: &CpuBackend) -> bool {
 fn cpu_matches_reference_on_random_cases() {
     let base = base_seed(None);
     let seq = CpuBackend::new(Par::Seq).unwrap();
-    let par = CpuBackend::new(Par::Rayon(2.try_into().unwrap())).unwrap();
+    let par = CpuBackend::new(Par::Threads(2.try_into().unwrap())).unwrap();
     // 120 cases: every state/io pair meets every route at least twice.
     let (mut buffered, mut quantized) = (0, std::collections::BTreeSet::new());
     for i in 0..120usize {
@@ -141,7 +141,7 @@ fn portable_and_avx2_paths_agree_with_reference() {
 #[test]
 fn verification_modes_match_the_committing_call() {
     use ssm_conformance::cases::ssu::{Tokens, Verify};
-    let cpu = CpuBackend::new(Par::Rayon(2.try_into().unwrap())).unwrap();
+    let cpu = CpuBackend::new(Par::Threads(2.try_into().unwrap())).unwrap();
     let on_reference = |c: &mut Case| Reference.run(ssm_ssu::plan(c.args()).unwrap()).unwrap();
     let on_cpu = |c: &mut Case| cpu.run(ssm_ssu::plan(c.args()).unwrap()).unwrap();
     for (name, run) in [("reference", &on_reference as &dyn Fn(&mut Case)), ("cpu", &on_cpu)] {
@@ -197,7 +197,7 @@ fn verification_modes_match_the_committing_call() {
 #[test]
 fn per_channel_decode_matches_the_general_path() {
     use ssm_tensor::HostTensor;
-    let cpu = CpuBackend::new(Par::Rayon(2.try_into().unwrap())).unwrap();
+    let cpu = CpuBackend::new(Par::Threads(2.try_into().unwrap())).unwrap();
     let cases = [
         (81u64, DType::F32, DType::F32, 45usize),
         (82, DType::BF16, DType::F32, 203),

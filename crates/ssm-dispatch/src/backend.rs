@@ -154,7 +154,7 @@ pub(crate) fn cpu(config: &Config) -> Result<CpuBackend, Error> {
     let par = match config.cpu_threads {
         None => Par::all_cores(),
         Some(0) | Some(1) => Par::Seq,
-        Some(n) => Par::Rayon(std::num::NonZeroUsize::new(n).expect("n > 1")),
+        Some(n) => Par::Threads(std::num::NonZeroUsize::new(n).expect("n > 1")),
     };
     Ok(CpuBackend::new(par)?)
 }

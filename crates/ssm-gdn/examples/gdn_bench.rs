@@ -19,7 +19,7 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     let batch: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(64);
     let threads: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(2);
-    let par = if threads <= 1 { Par::Seq } else { Par::Rayon(threads.try_into().unwrap()) };
+    let par = if threads <= 1 { Par::Seq } else { Par::Threads(threads.try_into().unwrap()) };
     let be = CpuBackend::new(par).unwrap();
     let (h, hv, k, v) = (16usize, 32usize, 128usize, 128usize);
     let slots = batch + 1;

@@ -18,7 +18,7 @@ use ssm_tensor::{DType, HostTensor};
 fn backends() -> Vec<(&'static str, CpuBackend)> {
     vec![
         ("cpu-seq", CpuBackend::new(Par::Seq).unwrap()),
-        ("cpu-2t", CpuBackend::new(Par::Rayon(std::num::NonZeroUsize::new(2).unwrap())).unwrap()),
+        ("cpu-2t", CpuBackend::new(Par::Threads(std::num::NonZeroUsize::new(2).unwrap())).unwrap()),
     ]
 }
 

@@ -1,7 +1,7 @@
 //! Gated delta rule on the CPU (semantics/gdn_conv.md §1–§2): gating, the recurrent and
 //! speculative decode, and the chunked prefill.
 //!
-//! Recurrent ops: one rayon item per (sequence, value head). The recurrence is independent
+//! Recurrent ops: one work item per (sequence, value head). The recurrence is independent
 //! per value row `v` of `S` (`S[v,:]` only needs `v[v]`, `k`, `q`, `g`, `β`), so an item walks
 //! `V` in blocks whose f32 rows fit a 64 KiB tile on the item's stack, and runs every token of the sequence on
 //! that block before moving on: each state element is read once and written once per stored

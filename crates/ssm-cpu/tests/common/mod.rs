@@ -3,9 +3,9 @@
 
 use ssm_cpu::{CpuBackend, Par};
 
-/// The CPU backends under test: sequential and two rayon threads.
+/// The CPU backends under test: sequential and two threads.
 pub fn backends() -> Vec<CpuBackend> {
-    vec![CpuBackend::new(Par::Seq).unwrap(), CpuBackend::new(Par::Rayon(2.try_into().unwrap())).unwrap()]
+    vec![CpuBackend::new(Par::Seq).unwrap(), CpuBackend::new(Par::Threads(2.try_into().unwrap())).unwrap()]
 }
 
 /// What runs a step: the op crate's f32 or f64 reference, or `backends()[k]`.
