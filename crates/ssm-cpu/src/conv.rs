@@ -147,6 +147,29 @@ fn mac<T: Real, S: Simd>(a: S, b: S, acc: S) -> S {
     if T::DTYPE == DType::F32 { a.mul_add(b, acc) } else { acc.add(T::round::<S>(a.mul(b))) }
 }
 
+/// `bias + Σ_j round_T(window[j]·taps[j])` in tap order, the window's `W − 1` history lanes
+/// (oldest first) and then the token's (`window[3]`): [`mac`]'s sums, with the `W` products
+/// rounded together ([`Real::round_each`]: one subnormal test for all of them).
+#[inline(always)]
+fn taps_sum<T: Real, S: Simd, const W: usize>(window: [S; 4], taps: &[S; W], bias: S) -> S {
+    if T::DTYPE == DType::F32 {
+        let mut acc = bias;
+        for j in 0..W {
+            acc = mac::<T, S>(window[if j + 1 == W { 3 } else { j }], taps[j], acc);
+        }
+        return acc;
+    }
+    let mut p = [S::splat(0.0); W];
+    for j in 0..W {
+        p[j] = window[if j + 1 == W { 3 } else { j }].mul(taps[j]);
+    }
+    let mut acc = bias;
+    for r in T::round_each::<S, W>(p) {
+        acc = acc.add(r);
+    }
+    acc
+}
+
 /// `y / (1 + e^-y)` lane-wise.
 #[inline(always)]
 fn silu<S: Simd + PowTwo>(y: S) -> S {
@@ -396,14 +419,7 @@ impl<T: Real> Item<'_, T> {
                 let [mut h0, mut h1, mut h2] = h;
                 for t in t0..t1 {
                     let xt = load_ro::<T, S>(x, x_start + t as isize * xs.token + cg, 1, LANES);
-                    let mut acc = mac::<T, S>(h0, tg[0], b0[g]);
-                    if W > 2 {
-                        acc = mac::<T, S>(h1, tg[1], acc);
-                    }
-                    if W > 3 {
-                        acc = mac::<T, S>(h2, tg[2], acc);
-                    }
-                    acc = mac::<T, S>(xt, tg[W - 1], acc);
+                    let mut acc = taps_sum::<T, S, W>([h0, h1, h2, xt], tg, b0[g]);
                     match W {
                         2 => h0 = xt,
                         3 => (h0, h1) = (h1, xt),

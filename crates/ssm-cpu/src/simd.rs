@@ -54,12 +54,30 @@ pub trait Simd: Copy + Send + Sync + 'static {
         self.store_bf16(&mut r);
         Self::load_bf16(&r)
     }
+    /// [`Simd::round_bf16`] of each vector: the same bits, with one test for the rare lanes
+    /// that need the slow rounding where the level has one (AVX-512's subnormal test).
+    #[inline(always)]
+    fn round_bf16_each<const N: usize>(mut v: [Self; N]) -> [Self; N] {
+        // A loop, not `map` with a closure: a closure would not inherit the caller's features.
+        for x in v.iter_mut() {
+            *x = x.round_bf16();
+        }
+        v
+    }
     /// Each lane rounded to f16 (nearest even), kept as f32.
     #[inline(always)]
     fn round_f16(self) -> Self {
         let mut r = [f16::ZERO; LANES];
         self.store_f16(&mut r);
         Self::load_f16(&r)
+    }
+    /// [`Simd::round_f16`] of each vector.
+    #[inline(always)]
+    fn round_f16_each<const N: usize>(mut v: [Self; N]) -> [Self; N] {
+        for x in v.iter_mut() {
+            *x = x.round_f16();
+        }
+        v
     }
     /// Lane-wise maximum.
     fn max(self, b: Self) -> Self;
@@ -492,6 +510,31 @@ mod x86 {
             }
         }
         #[inline(always)]
+        fn round_bf16_each<const N: usize>(mut v: [Self; N]) -> [Self; N] {
+            // SAFETY: see the module-wide note. One subnormal test for all N vectors (`bf16_hw`'s
+            // test); where a lane of any is subnormal, each takes `round_bf16`. The transmute
+            // reinterprets 128 bits. Loops, not closures (which would lose the features).
+            unsafe {
+                if X512 {
+                    let mut sub = 0u8;
+                    for x in v.iter() {
+                        sub |= _mm256_fpclass_ps_mask::<0x20>(x.0);
+                    }
+                    if sub == 0 {
+                        for x in v.iter_mut() {
+                            let h = std::mem::transmute::<__m128bh, __m128i>(_mm256_cvtneps_pbh(x.0));
+                            *x = Ymm(_mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h))));
+                        }
+                        return v;
+                    }
+                }
+                for x in v.iter_mut() {
+                    *x = x.round_bf16();
+                }
+                v
+            }
+        }
+        #[inline(always)]
         fn round_f16(self) -> Self {
             // SAFETY: see the module-wide note; F16C rounds to nearest even and widens exactly.
             unsafe { Ymm(_mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(self.0))) }
@@ -813,6 +856,15 @@ pub trait Real: ssm_tensor::Element + Copy {
     fn store<S: Simd>(v: S, s: &mut [Self]);
     /// Each lane rounded to this type and widened back (identity for f32).
     fn round<S: Simd>(v: S) -> S;
+    /// [`Real::round`] of each vector (bit for bit; one subnormal test for all of them where
+    /// the lanes have one).
+    #[inline(always)]
+    fn round_each<S: Simd, const N: usize>(mut v: [S; N]) -> [S; N] {
+        for x in v.iter_mut() {
+            *x = Self::round::<S>(*x);
+        }
+        v
+    }
     /// Streams 8 lanes to `p` ([`Simd::stream`] and its siblings).
     ///
     /// # Safety
@@ -875,7 +927,7 @@ impl Real for f32 {
 /// `Real` for a 16-bit storage type: conversions from `half`, lane loads, stores, rounding and
 /// streaming stores through the `Simd` methods named for it.
 macro_rules! real_half {
-    ($t:ty, $load:ident, $store:ident, $round:ident, $stream:ident) => {
+    ($t:ty, $load:ident, $store:ident, $round:ident, $round_each:ident, $stream:ident) => {
         impl Real for $t {
             #[inline(always)]
             fn to_f32(self) -> f32 {
@@ -898,6 +950,10 @@ macro_rules! real_half {
                 v.$round()
             }
             #[inline(always)]
+            fn round_each<S: Simd, const N: usize>(v: [S; N]) -> [S; N] {
+                S::$round_each(v)
+            }
+            #[inline(always)]
             unsafe fn stream<S: Simd>(v: S, p: *mut Self) {
                 // SAFETY: caller's contract.
                 unsafe { v.$stream(p) }
@@ -906,8 +962,8 @@ macro_rules! real_half {
     };
 }
 
-real_half!(bf16, load_bf16, store_bf16, round_bf16, stream_bf16);
-real_half!(f16, load_f16, store_f16, round_f16, stream_f16);
+real_half!(bf16, load_bf16, store_bf16, round_bf16, round_bf16_each, stream_bf16);
+real_half!(f16, load_f16, store_f16, round_f16, round_f16_each, stream_f16);
 
 /// The integers of a block-scaled i16 / i8 state (`state_scale`, [`ssm_ssu::quant`]):
 /// `to_f32` widens the stored integer and `from_f32` stores an *already encoded* value
@@ -1006,18 +1062,30 @@ mod tests {
 
     /// `round_bf16`/`round_f16` in lanes against `half`'s scalar rounding, on ties, subnormals,
     /// infinities, NaN and random bit patterns (every path this CPU has, the portable one last).
+    /// Each value rounded to bf16 and to f16 by `round_bf16`/`round_f16`, then by the `_each`
+    /// forms four vectors at a time (the inputs' length is a multiple of 32).
     struct Rounds(Vec<f32>);
     impl SimdKernel for Rounds {
-        type Output = (Vec<f32>, Vec<f32>);
+        type Output = [Vec<f32>; 4];
         #[inline(always)]
         fn run<S: Simd + PowTwo>(self) -> Self::Output {
-            let (mut b, mut h) = (vec![0.0; self.0.len()], vec![0.0; self.0.len()]);
-            for i in (0..self.0.len()).step_by(8) {
+            let n = self.0.len();
+            let [mut b, mut h, mut be, mut he] = [vec![0.0; n], vec![0.0; n], vec![0.0; n], vec![0.0; n]];
+            for i in (0..n).step_by(8) {
                 let v = S::load(&self.0[i..]);
                 v.round_bf16().store(&mut b[i..]);
                 v.round_f16().store(&mut h[i..]);
             }
-            (b, h)
+            for i in (0..n).step_by(32) {
+                let v: [S; 4] = std::array::from_fn(|k| S::load(&self.0[i + 8 * k..]));
+                for (k, r) in S::round_bf16_each(v).into_iter().enumerate() {
+                    r.store(&mut be[i + 8 * k..]);
+                }
+                for (k, r) in S::round_f16_each(v).into_iter().enumerate() {
+                    r.store(&mut he[i + 8 * k..]);
+                }
+            }
+            [b, h, be, he]
         }
     }
 
@@ -1033,13 +1101,16 @@ mod tests {
             })
             .collect();
         xs.extend([1.0 + 1.0 / 256.0, 1.0 + 3.0 / 256.0, 1e-40, -1e-45, 65520.0, 1e5, f32::INFINITY, f32::NAN]);
-        while !xs.len().is_multiple_of(8) {
+        while !xs.len().is_multiple_of(32) {
             xs.push(0.5);
         }
-        for (b, h) in supported_levels().iter().map(|&l| dispatch_at(l, Rounds(xs.clone()))) {
+        for [b, h, be, he] in supported_levels().iter().map(|&l| dispatch_at(l, Rounds(xs.clone()))) {
             for (i, &v) in xs.iter().enumerate() {
-                assert_eq!(b[i].to_bits(), bf16::from_f32(v).to_f32().to_bits(), "bf16 of {v:e}");
-                assert_eq!(h[i].to_bits(), f16::from_f32(v).to_f32().to_bits(), "f16 of {v:e}");
+                let (wb, wh) = (bf16::from_f32(v).to_f32().to_bits(), f16::from_f32(v).to_f32().to_bits());
+                assert_eq!(b[i].to_bits(), wb, "bf16 of {v:e}");
+                assert_eq!(h[i].to_bits(), wh, "f16 of {v:e}");
+                assert_eq!(be[i].to_bits(), wb, "bf16 (each) of {v:e}");
+                assert_eq!(he[i].to_bits(), wh, "f16 (each) of {v:e}");
             }
         }
     }
