@@ -140,22 +140,16 @@ fn load_ro<T: Real, S: Simd>(d: &[T], base: isize, stride: isize, n: usize) -> S
     }
 }
 
-/// `acc + round_T(a·b)`: the product rounded to the storage dtype as vLLM's Triton kernel
-/// forms it from f16/bf16 operands; fused for f32.
-#[inline(always)]
-fn mac<T: Real, S: Simd>(a: S, b: S, acc: S) -> S {
-    if T::DTYPE == DType::F32 { a.mul_add(b, acc) } else { acc.add(T::round::<S>(a.mul(b))) }
-}
-
-/// `bias + Σ_j round_T(window[j]·taps[j])` in tap order, the window's `W − 1` history lanes
-/// (oldest first) and then the token's (`window[3]`): [`mac`]'s sums, with the `W` products
-/// rounded together ([`Real::round_each`]: one subnormal test for all of them).
+/// `bias + Σ_j round_T(window[j]·taps[j])` in tap order, over the window's `W − 1` history
+/// lanes (oldest first) and then the token's (`window[3]`): each product rounded to the storage
+/// dtype as vLLM's Triton kernel forms it from f16/bf16 operands, the `W` of them together
+/// ([`Real::round_each`]: one subnormal test for all); fused multiply-adds for f32.
 #[inline(always)]
 fn taps_sum<T: Real, S: Simd, const W: usize>(window: [S; 4], taps: &[S; W], bias: S) -> S {
     if T::DTYPE == DType::F32 {
         let mut acc = bias;
         for j in 0..W {
-            acc = mac::<T, S>(window[if j + 1 == W { 3 } else { j }], taps[j], acc);
+            acc = window[if j + 1 == W { 3 } else { j }].mul_add(taps[j], acc);
         }
         return acc;
     }
@@ -198,6 +192,10 @@ impl<T> Copy for Ctx<'_, T> {}
 /// long per column (bf16), long enough for the hardware prefetchers (256 gave runs of eight
 /// lines, each started cold), and the taps, bias and history arrays at 32 KiB of stack.
 const SUB: usize = 128 * LANES;
+
+/// Tokens per tile: per group of channels, the window and the taps stay in lanes for the whole
+/// tile, and the tile's rows are walked contiguously across the block's channels.
+const TILE: usize = 16;
 
 /// One (block of sequences, channel range) item.
 struct Item<'a, T> {
@@ -282,7 +280,7 @@ impl<T: Real> Item<'_, T> {
         taps: &[[S; W]; SUB / LANES],
         b0: &[S; SUB / LANES],
     ) {
-        let Ctx { plan, x, state, out, .. } = self.ctx;
+        let Ctx { plan, x, state, .. } = self.ctx;
         // Every geometry field in a local: the stores below would otherwise make the compiler
         // reload them from the plan on each access.
         let st = plan.state;
@@ -323,10 +321,6 @@ impl<T: Real> Item<'_, T> {
                 }
             }
         }
-        let silu_on = plan.activation == ssm_conv::Activation::Silu;
-        // Tiles of TILE tokens: per group, the window and the taps stay in lanes for the whole
-        // tile, and the tile's rows are walked contiguously across the block's channels.
-        const TILE: usize = 16;
         let mut t0 = 0;
         while t0 < len {
             let t1 = (t0 + TILE).min(len);
@@ -337,32 +331,49 @@ impl<T: Real> Item<'_, T> {
                 // The window in three named lanes (h0 oldest; W − 1 of them live), not an array:
                 // an array's shift compiled to overlapping 64-byte stack copies with AVX-512,
                 // whose loads stalled on the store forwarding of the previous token's stores.
-                let [mut h0, mut h1, mut h2] = hist[g];
-                for t in t0..t1 {
-                    let xt = load_ro::<T, S>(x, x_start + t as isize * xs.token + cg as isize * x_dim, x_dim, n);
-                    // Taps in order, oldest first, then the token's own.
-                    let mut acc = mac::<T, S>(h0, tg[0], b0[g]);
-                    if W > 2 {
-                        acc = mac::<T, S>(h1, tg[1], acc);
-                    }
-                    if W > 3 {
-                        acc = mac::<T, S>(h2, tg[2], acc);
-                    }
-                    acc = mac::<T, S>(xt, tg[W - 1], acc);
-                    match W {
-                        2 => h0 = xt,
-                        3 => (h0, h1) = (h1, xt),
-                        _ => (h0, h1, h2) = (h1, h2, xt),
-                    }
-                    if silu_on {
-                        acc = silu(acc);
-                    }
-                    out.store(acc, out_start + t as isize * os.token + cg as isize * out_dim, out_dim, n);
-                }
-                hist[g] = [h0, h1, h2];
+                let at = (x_start + cg as isize * x_dim, out_start + cg as isize * out_dim);
+                hist[g] = self.tokens::<S, W>(hist[g], tg, b0[g], at, (x_dim, out_dim), n, t0..t1);
             }
             t0 = t1;
         }
+    }
+
+    /// Tokens `ts` of one group of `n ≤ 8` channels: from the window `h` (the `W − 1` previous
+    /// inputs, oldest first), each token's output row; returns the window after them. `x` of
+    /// token `t` is at `at.0 + t·token + k·dims.0` for channel `k` of the group, `out` alike.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    fn tokens<S: Simd + PowTwo, const W: usize>(
+        &self,
+        h: [S; 3],
+        taps: &[S; W],
+        bias: S,
+        at: (isize, isize),
+        dims: (isize, isize),
+        n: usize,
+        ts: std::ops::Range<usize>,
+    ) -> [S; 3] {
+        let Ctx { plan, x, out, .. } = self.ctx;
+        let (xt_stride, ot_stride) = (plan.x.token, plan.out.token);
+        let silu_on = plan.activation == ssm_conv::Activation::Silu;
+        // The window in three named lanes, not an array: an array's shift compiled to
+        // overlapping 64-byte stack copies with AVX-512, whose loads stalled on the store
+        // forwarding of the previous token's stores.
+        let [mut h0, mut h1, mut h2] = h;
+        for t in ts {
+            let xt = load_ro::<T, S>(x, at.0 + t as isize * xt_stride, dims.0, n);
+            let mut acc = taps_sum::<T, S, W>([h0, h1, h2, xt], taps, bias);
+            match W {
+                2 => h0 = xt,
+                3 => (h0, h1) = (h1, xt),
+                _ => (h0, h1, h2) = (h1, h2, xt),
+            }
+            if silu_on {
+                acc = silu(acc);
+            }
+            out.store(acc, at.1 + t as isize * ot_stride, dims.1, n);
+        }
+        [h0, h1, h2]
     }
 
     /// [`Item::block`] where `x`, `out` and the state are contiguous along `dim` and `[c, end)`
@@ -380,13 +391,11 @@ impl<T: Real> Item<'_, T> {
         taps: &[[S; W]; SUB / LANES],
         b0: &[S; SUB / LANES],
     ) {
-        let Ctx { plan, x, state, out, .. } = self.ctx;
-        let (st, xs, os) = (plan.state, plan.x, plan.out);
+        let Ctx { plan, x, state, .. } = self.ctx;
+        let (st, xs) = (plan.state, plan.x);
         let ConvSeq { x_start, out_start, len, read_slot, write_slot, offset, shift, state_len, .. } = *s;
         let groups = (end - c) / LANES;
         let hist_at = |r: usize, off: usize| st.offset as isize + r as isize * st.slot + off as isize * st.col;
-        let silu_on = plan.activation == ssm_conv::Activation::Silu;
-        const TILE: usize = 16;
         let mut t0 = 0;
         while t0 < len {
             let t1 = (t0 + TILE).min(len);
@@ -416,20 +425,7 @@ impl<T: Real> Item<'_, T> {
                         *hj = load_ro::<T, S>(x, x_start + t * xs.token + cg, 1, LANES);
                     }
                 }
-                let [mut h0, mut h1, mut h2] = h;
-                for t in t0..t1 {
-                    let xt = load_ro::<T, S>(x, x_start + t as isize * xs.token + cg, 1, LANES);
-                    let mut acc = taps_sum::<T, S, W>([h0, h1, h2, xt], tg, b0[g]);
-                    match W {
-                        2 => h0 = xt,
-                        3 => (h0, h1) = (h1, xt),
-                        _ => (h0, h1, h2) = (h1, h2, xt),
-                    }
-                    if silu_on {
-                        acc = silu(acc);
-                    }
-                    out.store(acc, out_start + t as isize * os.token + cg, 1, LANES);
-                }
+                self.tokens::<S, W>(h, tg, b0[g], (x_start + cg, out_start + cg), (1, 1), LANES, t0..t1);
             }
             t0 = t1;
         }
