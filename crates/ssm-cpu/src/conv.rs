@@ -328,9 +328,6 @@ impl<T: Real> Item<'_, T> {
                 let cg = c + g * LANES;
                 let n = lanes(cg);
                 let tg = &taps[g];
-                // The window in three named lanes (h0 oldest; W − 1 of them live), not an array:
-                // an array's shift compiled to overlapping 64-byte stack copies with AVX-512,
-                // whose loads stalled on the store forwarding of the previous token's stores.
                 let at = (x_start + cg as isize * x_dim, out_start + cg as isize * out_dim);
                 hist[g] = self.tokens::<S, W>(hist[g], tg, b0[g], at, (x_dim, out_dim), n, t0..t1);
             }

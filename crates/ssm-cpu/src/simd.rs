@@ -444,12 +444,8 @@ mod x86 {
         #[inline(always)]
         fn load_bf16(s: &[bf16]) -> Self {
             assert!(s.len() >= 8);
-            // SAFETY: 16 bytes are in bounds (asserted); bf16 widens by a 16-bit shift.
-            unsafe {
-                let h = _mm_loadu_si128(s.as_ptr().cast());
-                let w = _mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h));
-                Ymm(_mm256_castsi256_ps(w))
-            }
+            // SAFETY: 16 bytes are in bounds (asserted).
+            unsafe { Self::from_bf16_packed(_mm_loadu_si128(s.as_ptr().cast())) }
         }
         #[inline(always)]
         fn store_bf16(self, s: &mut [bf16]) {
@@ -503,7 +499,7 @@ mod x86 {
             // the rounded bits with the low half cleared.
             unsafe {
                 if X512 && let Some(h) = self.bf16_hw() {
-                    return Ymm(_mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h))));
+                    return Self::from_bf16_packed(h);
                 }
                 let r = self.bf16_bits();
                 Ymm(_mm256_castsi256_ps(_mm256_and_si256(r, _mm256_set1_epi32(0xffff_0000u32 as i32))))
@@ -512,8 +508,8 @@ mod x86 {
         #[inline(always)]
         fn round_bf16_each<const N: usize>(mut v: [Self; N]) -> [Self; N] {
             // SAFETY: see the module-wide note. One subnormal test for all N vectors (`bf16_hw`'s
-            // test); where a lane of any is subnormal, each takes `round_bf16`. The transmute
-            // reinterprets 128 bits. Loops, not closures (which would lose the features).
+            // test); where a lane of any is subnormal, each takes `round_bf16`. Loops, not
+            // closures (which would lose the features).
             unsafe {
                 if X512 {
                     let mut sub = 0u8;
@@ -522,17 +518,16 @@ mod x86 {
                     }
                     if sub == 0 {
                         for x in v.iter_mut() {
-                            let h = std::mem::transmute::<__m128bh, __m128i>(_mm256_cvtneps_pbh(x.0));
-                            *x = Ymm(_mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h))));
+                            *x = Self::from_bf16_packed(x.bf16_cvt());
                         }
                         return v;
                     }
                 }
-                for x in v.iter_mut() {
-                    *x = x.round_bf16();
-                }
-                v
             }
+            for x in v.iter_mut() {
+                *x = x.round_bf16();
+            }
+            v
         }
         #[inline(always)]
         fn round_f16(self) -> Self {
@@ -696,13 +691,29 @@ mod x86 {
         fn bf16_hw(self) -> Option<__m128i> {
             debug_assert!(X512);
             // SAFETY: see the module-wide note: called in `X512` branches only, inside the
-            // AVX-512 BF16 target-feature function. The transmute reinterprets 128 bits.
+            // AVX-512 BF16 target-feature function.
             unsafe {
                 if _mm256_fpclass_ps_mask::<0x20>(self.0) != 0 {
                     return None;
                 }
-                Some(std::mem::transmute::<__m128bh, __m128i>(_mm256_cvtneps_pbh(self.0)))
             }
+            Some(self.bf16_cvt())
+        }
+
+        /// `vcvtneps2bf16` (`X512` only) without `bf16_hw`'s subnormal test: for lanes that the
+        /// caller tested.
+        #[inline(always)]
+        fn bf16_cvt(self) -> __m128i {
+            debug_assert!(X512);
+            // SAFETY: as `bf16_hw`. The transmute reinterprets 128 bits.
+            unsafe { std::mem::transmute::<__m128bh, __m128i>(_mm256_cvtneps_pbh(self.0)) }
+        }
+
+        /// Eight packed bf16 widened exactly (a 16-bit shift).
+        #[inline(always)]
+        fn from_bf16_packed(h: __m128i) -> Self {
+            // SAFETY: see the module-wide note.
+            unsafe { Ymm(_mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))) }
         }
 
         /// Prefetch into all cache levels; never faults, even for an address past the tensor.
@@ -1060,10 +1071,9 @@ mod tests {
         }
     }
 
-    /// `round_bf16`/`round_f16` in lanes against `half`'s scalar rounding, on ties, subnormals,
-    /// infinities, NaN and random bit patterns (every path this CPU has, the portable one last).
-    /// Each value rounded to bf16 and to f16 by `round_bf16`/`round_f16`, then by the `_each`
-    /// forms four vectors at a time (the inputs' length is a multiple of 32).
+    /// `round_bf16`/`round_f16` in lanes, and their `_each` forms four vectors at a time, against
+    /// `half`'s scalar rounding, on ties, subnormals, infinities, NaN and random bit patterns
+    /// (every path this CPU has, the portable one last; the inputs' length a multiple of 32).
     struct Rounds(Vec<f32>);
     impl SimdKernel for Rounds {
         type Output = [Vec<f32>; 4];
