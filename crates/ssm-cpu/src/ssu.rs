@@ -17,8 +17,11 @@ use crate::shared::{Scratch, SharedBuf};
 use crate::simd::{LANES, PowTwo, Real, Simd, SimdKernel, dispatch};
 use crate::{CpuBackend, CpuError, require_host};
 
-/// How many state rows ahead the plain decode step prefetches.
+/// How far ahead the plain decode step prefetches state rows: at least this many rows…
 const PREFETCH_ROWS: usize = 4;
+/// …and at least this many bytes (a Mamba1 row of 16 f32 is one cache line: four rows ahead
+/// would be 256 bytes, too close to hide the latency of a line).
+const PREFETCH_BYTES: usize = 1024;
 /// The longest speculative step [`spec_rows`] takes (one instantiation per length; vLLM's
 /// speculative decoding verifies up to a few draft tokens, longer steps take the general path).
 const SPEC_MAX: usize = 4;
@@ -541,14 +544,17 @@ fn decode_rows<S: Simd + PowTwo, St: Real, const STORE: bool>(
     }
 }
 
-/// Prefetches the state row [`PREFETCH_ROWS`] rows after row `q` (whose first element is at
-/// `row`) while that is still one of the item's rows (`< p_hi`), every cache line of it, so that
-/// several rows of loads are in flight. A hint only: it never faults.
+/// Prefetches the state row [`PREFETCH_ROWS`] rows (or [`PREFETCH_BYTES`], whichever is further)
+/// after row `q` (whose first element is at `row`) while that is still one of the item's rows
+/// (`< p_hi`), every cache line of it, so that several rows of loads are in flight. A hint
+/// only: it never faults.
 #[inline(always)]
 fn prefetch_ahead<S: Simd, St>(plan: &SsuPlan, row: *const St, q: usize, p_hi: usize) {
-    if q + PREFETCH_ROWS < p_hi {
-        let ahead = row.wrapping_offset(PREFETCH_ROWS as isize * plan.state.strides[2]).cast::<u8>();
-        for line in (0..plan.dims.dstate * std::mem::size_of::<St>()).step_by(64) {
+    let row_bytes = plan.dims.dstate * std::mem::size_of::<St>();
+    let rows = PREFETCH_ROWS.max(PREFETCH_BYTES / row_bytes.max(1));
+    if q + rows < p_hi {
+        let ahead = row.wrapping_offset(rows as isize * plan.state.strides[2]).cast::<u8>();
+        for line in (0..row_bytes).step_by(64) {
             S::prefetch(ahead.wrapping_add(line));
         }
     }
