@@ -71,8 +71,12 @@ pub(crate) struct Team {
 }
 
 impl Team {
-    /// A team of `threads` (the caller and `threads − 1` helpers named `ssm-cpu-1..`).
+    /// A team of `threads` (the caller and `threads − 1` helpers named `ssm-cpu-1..`). With
+    /// more threads than the machine has cores the helpers park at once: a spinning helper would
+    /// hold a core that the caller or another helper needs.
     pub(crate) fn new(threads: usize, spin: Duration) -> std::io::Result<Team> {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let spin = if threads > cores { Duration::ZERO } else { spin };
         let shared = Arc::new(Shared {
             state: AtomicU64::new(CLOSED),
             job: UnsafeCell::new(Job { f: &nothing as &(dyn Fn(usize) + Sync) }),
@@ -210,8 +214,14 @@ fn helper(sh: &Shared) {
                 continue;
             }
             polls = polls.wrapping_add(1);
-            if !polls.is_multiple_of(64) || since.elapsed() < sh.spin {
+            if !polls.is_multiple_of(64) {
                 std::hint::spin_loop();
+                continue;
+            }
+            if since.elapsed() < sh.spin {
+                // Now and then the core is offered to any other runnable thread (a machine
+                // busier than its cores, or one that runs threads one at a time, as valgrind does).
+                std::thread::yield_now();
                 continue;
             }
             // Park. The count is raised before the state is checked again under the lock, and the
