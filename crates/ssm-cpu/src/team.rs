@@ -144,10 +144,10 @@ impl Team {
         while sh.finished.load(Ordering::Acquire) < joined {
             std::hint::spin_loop();
         }
-        if let Err(p) = mine {
-            resume_unwind(p);
-        }
-        if let Some(p) = sh.panic.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        // A helper's panic is taken even when the caller's own is re-raised, so that no later
+        // call reports it.
+        let theirs = sh.panic.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(p) = mine.err().or(theirs) {
             resume_unwind(p);
         }
     }
@@ -303,8 +303,9 @@ mod tests {
     #[test]
     fn a_panicking_item_reaches_the_caller_and_the_team_goes_on() {
         let team = Team::new(2, DEFAULT_SPIN).unwrap();
-        for bad in [0usize, 63] {
-            let r = catch_unwind(AssertUnwindSafe(|| team.run(64, &|i| assert!(i != bad, "item {i}"))));
+        // The first item (the caller's), the last (a helper's), and both at once.
+        for bad in [&[0usize][..], &[63], &[0, 63]] {
+            let r = catch_unwind(AssertUnwindSafe(|| team.run(64, &|i| assert!(!bad.contains(&i), "item {i}"))));
             assert!(r.is_err());
         }
         let c = AtomicUsize::new(0);
