@@ -78,7 +78,7 @@ pub(crate) fn run(args: &BuildKernelsArgs) -> anyhow::Result<()> {
                         spilling += 1;
                     }
                     println!(
-                        "{:<6} {:<58} {:>5} {:>6} {:>7} {:>7} {:>6} {:>7} {:>6}",
+                        "{:<6} {:<58} {:>5} {:>6} {:>7} {:>7} {:>6} {:>7} {:>6}{}",
                         arch.sm(),
                         label,
                         u.registers,
@@ -87,7 +87,8 @@ pub(crate) fn run(args: &BuildKernelsArgs) -> anyhow::Result<()> {
                         u.spill_loads,
                         u.shared_bytes,
                         cubin.len(),
-                        t0.elapsed().as_millis()
+                        t0.elapsed().as_millis(),
+                        if u.wgmma_serialized { "  wgmma serialized (ptxas C7515)" } else { "" }
                     );
                 }
                 Err(e) => {

@@ -482,6 +482,92 @@ __device__ __forceinline__ void for_acc(float (&acc)[MT][NT][4], int r0, int n0,
                 f(r0 + 16 * mt + g + (e >= 2 ? 8 : 0), n0 + 8 * nt + 2 * t + (e & 1), acc[mt][nt][e]);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Hopper's warpgroup products (`wgmma`, sm_90a only: NVRTC defines __CUDA_ARCH_FEAT_SM90_ALL when
+// the specialisation is compiled for sm_90a, crates/ssm-cuda/src/compile.rs), 16-bit operands, f32
+// accumulators. The four warps of a 128-thread block issue one m64n64k16 product together; each
+// warp holds rows 16·warp .. 16·warp + 15 of the 64 × 64 result in the `mma` C-fragment layout
+// (`for_acc` with MT = 1, NT = 8).
+//
+// Both operands are read from shared memory through matrix descriptors, without swizzle: a tile
+// is stored as "core matrices" of 8 rows × 16 bytes (128 contiguous bytes), `core_at` below.
+// Strides, as the PTX ISA's no-swizzle canonical layouts take them (and as a probe of every
+// reading on an H100 confirmed, docs/PERF.md): for an operand stored k-contiguous ("K-major"), the
+// leading byte offset is the step between core matrices along k and the stride byte offset the
+// step between 8-row groups; for one stored with M or N contiguous (transposed, `imm-trans` 1),
+// the leading offset is the step between 8-row groups along k and the stride offset the step
+// between core matrices along M or N.
+#if defined(OP_KIND) && OP_KIND != 2 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define HAS_WGMMA 1
+
+// Element (r, c) of a tile whose rows hold `ld` elements (`ld` and `c` multiples of 8) in the
+// core-matrix layout: core matrix (r / 8, c / 8) at ((r / 8)·(ld / 8) + c / 8)·64 elements, row
+// r % 8 of it 16 bytes after row r % 8 − 1.
+__device__ __forceinline__ int core_at(int r, int c, int ld) {
+    return (((r >> 3) * (ld >> 3) + (c >> 3)) << 6) + ((r & 7) << 3) + (c & 7);
+}
+
+// A shared-memory matrix descriptor: start address, leading and stride byte offsets (each
+// stored >> 4, 14 bits), no swizzle.
+__device__ __forceinline__ u64 wg_desc(const void* p, u32 lead, u32 stride) {
+    return (u64)((smem_addr(p) >> 4) & 0x3fffu) | ((u64)((lead >> 4) & 0x3fffu) << 16) |
+           ((u64)((stride >> 4) & 0x3fffu) << 32);
+}
+
+// d (+)= A·B for one 64 × 64 × 16 step; A and B transposed (M- / N-major) when TA / TB.
+template <int TA, int TB> __device__ __forceinline__ void wgmma_64x64x16(float (&d)[32], u64 a, u64 b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+#if OP_KIND == 0
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+#else
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+#endif
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,"
+        "%28,%29,%30,%31}, %32, %33, p, 1, 1, %35, %36;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+          "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+          "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+          "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(a), "l"(b), "r"(1), "n"(TA), "n"(TB));
+}
+
+// Orders this warpgroup's register writes before the products that read them.
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+// Closes a group of issued products.
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+// Waits until every group this thread issued has finished (its accumulators readable, its
+// shared operands free).
+__device__ __forceinline__ void wg_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+// Makes this thread's shared-memory writes (stores, finished `cp.async`) visible to the
+// products' reads; before the barrier that publishes them.
+__device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+
+// acc += A·B over k in [0, KS·16) of tiles in the core-matrix layout: A of 64 rows × KS·16 k
+// (k-contiguous rows of `lda` elements) or, when TA, KS·16 k-rows × 64 (rows of `lda`); B
+// likewise with 64 columns. Issued and committed as one group; `wg_wait_all` ends it.
+template <int KS, bool TA, bool TB>
+__device__ __forceinline__ void wg_product(float (&acc)[1][8][4], const op_st* a, int lda, const op_st* b,
+                                           int ldb) {
+    float(&d)[32] = reinterpret_cast<float(&)[32]>(acc);
+    wg_fence();
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks) {
+        // K-major: k-step ks starts 2·ks core matrices along the row (leading: 128 bytes
+        // between them; stride: one 8-row group, lda / 8 core matrices). Transposed: 16·ks
+        // k-rows down (leading: one 8-row group along k; stride: 128 bytes along M / N).
+        const u64 da = TA ? wg_desc(a + core_at(16 * ks, 0, lda), (lda >> 3) * 128, 128)
+                          : wg_desc(a + core_at(0, 16 * ks, lda), 128, (lda >> 3) * 128);
+        const u64 db = TB ? wg_desc(b + core_at(16 * ks, 0, ldb), (ldb >> 3) * 128, 128)
+                          : wg_desc(b + core_at(0, 16 * ks, ldb), 128, (ldb >> 3) * 128);
+        wgmma_64x64x16<TA ? 1 : 0, TB ? 1 : 0>(d, da, db);
+    }
+    wg_commit();
+}
+#else
+#define HAS_WGMMA 0
+#endif
+
 template <int MT, int NT> __device__ __forceinline__ void zero(float (&acc)[MT][NT][4]) {
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)

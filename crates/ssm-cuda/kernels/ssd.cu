@@ -15,7 +15,9 @@
 //   into `varlen_states` and its `ssm_state` slot, after every read of an initial state.
 //
 // Matrix products use `mma.sync` (m16n8k16 with bf16 or f16 operands, m16n8k8 with tf32 for
-// f32 inputs, as Triton's `tl.dot` does on sm_80+) with f32 accumulation. Operands are rounded
+// f32 inputs, as Triton's `tl.dot` does on sm_80+) with f32 accumulation, or, asked for by
+// WGMMA_ASKED on sm_90a with 16-bit operands, Hopper's `wgmma` (m64n64k16, both operands from
+// shared memory, as Triton's `tl.dot` compiles there for these tiles). Operands are rounded
 // to the operand type where vLLM's kernels round them (w ⊙ B and the causal weights to the
 // input type, the entering state to C's type). Device-resident metadata and slot tables are
 // checked here: a chunk whose bounds are out of range runs as empty (ERR_CU_SEQLENS), a
@@ -28,8 +30,8 @@
 // 2 pool) HAS_HAS HAS_FINAL HAS_PAD HAS_VARLEN INTERMEDIATE, X_VEC B_VEC C_VEC (x, B, C
 // rows loadable eight elements at a time: token and head/group strides multiples of 8, base
 // 16-byte aligned), the product kernels' STAGES_ASKED (pipeline buffers), KT_ASKED (slice
-// along k) and MINB (resident blocks asked per multiprocessor), and the scan's REG_WEIGHTS
-// (causal weights in registers).
+// along k) and MINB (resident blocks asked per multiprocessor), the scan's REG_WEIGHTS
+// (causal weights in registers), and WGMMA_ASKED.
 
 #define TILE 64
 // The products' slice along k (KT_ASKED, 32 or 64). tf32 tiles (twice the bytes) and three
@@ -41,6 +43,20 @@
 #endif
 #define THREADS 128
 #define QCAP 256
+
+// The product kernels on Hopper's `wgmma` (WGMMA_ASKED, where common.cuh has it: 16-bit operands
+// compiled for sm_90a), else on `mma.sync`. With wgmma the operand tiles take its core-matrix
+// layout (`tile_at`) and each warp holds a 16-row band of the 64 × 64 result (PMT × PNT
+// accumulator tiles); with `mma.sync` they are padded rows and 32 × 32 quarters.
+#if WGMMA_ASKED && HAS_WGMMA
+#define WGMMA 1
+#define PMT 1
+#define PNT 8
+#else
+#define WGMMA 0
+#define PMT 2
+#define PNT 4
+#endif
 
 struct SsdParams {
     u64 x, dt, a, b, c, z, out, d, dt_bias, init, pool, varlen, init_idx, has_init, final_idx;
@@ -67,8 +83,13 @@ struct SsdParams {
 // state and causal weights, operands of another type) are loaded into registers and stored,
 // converted, after the current slice's products.
 
+#if WGMMA
+#define LDN KT
+#define LDT TILE
+#else
 #define LDN (KT + PADE)
 #define LDT (TILE + PADE)
+#endif
 #define TILE_ELEMS (TILE * LDN > KT * LDT ? TILE * LDN : KT * LDT)
 // Buffers of each operand (STAGES_ASKED, 2 or 3): one or two slices in flight while another is
 // read (tf32 tiles, twice the bytes, keep one in flight: three would pass the 48 KiB of static
@@ -79,6 +100,16 @@ struct SsdParams {
 #define STAGES STAGES_ASKED
 #endif
 typedef op_st OperandTiles[STAGES][TILE_ELEMS];
+
+// Where the 16-byte group (r, c) of a tile with rows of `ld` elements lies: row-major, or in
+// wgmma's core-matrix layout.
+__device__ __forceinline__ int tile_at(int r, int c, int ld) {
+#if WGMMA
+    return core_at(r, c, ld);
+#else
+    return r * ld + c;
+#endif
+}
 
 // exp(x) for x = y·log2(e) given as y·log2(e): one `ex2.approx` (Triton's `fast_exp`, which
 // vLLM's SSD kernels use for the decays).
@@ -203,8 +234,19 @@ template <typename T, bool VEC, bool SCALED, int R, int C> struct TileCopy {
     static_assert(G * THREADS == R * PER_ROW, "TileCopy: whole groups per thread");
     Raw8<T> v[ASYNC ? 1 : G];
 
+#if WGMMA
+    // Eight consecutive threads down the eight rows of a core matrix, then along the row: a
+    // warp's 16-byte stores fill 512 contiguous bytes, its loads whole 32-byte sectors.
+    static_assert(R % 8 == 0, "TileCopy: whole core matrices");
+    static __device__ __forceinline__ int row_of(int q) {
+        const int e = threadIdx.x + q * THREADS;
+        return (e & 7) + ((e >> 3) / PER_ROW) * 8;
+    }
+    static __device__ __forceinline__ int col_of(int q) { return (((threadIdx.x + q * THREADS) >> 3) % PER_ROW) * 8; }
+#else
     static __device__ __forceinline__ int row_of(int q) { return (threadIdx.x + q * THREADS) / PER_ROW; }
     static __device__ __forceinline__ int col_of(int q) { return ((threadIdx.x + q * THREADS) % PER_ROW) * 8; }
+#endif
 
     __device__ __forceinline__ void issue(op_st* dst, int ld, const T* base, int row0, int rows, i64 stride, int col0,
                                           int limit) {
@@ -217,12 +259,12 @@ template <typename T, bool VEC, bool SCALED, int R, int C> struct TileCopy {
                     const T* src = base + (i64)(row0 + r) * stride + col0 + c;
 #pragma unroll
                     for (int v = 0; v < (int)sizeof(T) / 2; ++v) {
-                        cp_async16(dst + r * ld + c + v * (16 / sizeof(T)), src + v * (16 / sizeof(T)));
+                        cp_async16(dst + tile_at(r, c, ld) + v * (16 / sizeof(T)), src + v * (16 / sizeof(T)));
                     }
                 } else {
                     Raw8<T> edge;
                     load_raw8<VEC>(base, row0 + r, rows, stride, col0 + c, limit, edge);
-                    store_raw8<false>(dst + r * ld + c, edge, 1.f);
+                    store_raw8<false>(dst + tile_at(r, c, ld), edge, 1.f);
                 }
             } else {
                 load_raw8<VEC>(base, row0 + r, rows, stride, col0 + c, limit, v[q]);
@@ -235,7 +277,7 @@ template <typename T, bool VEC, bool SCALED, int R, int C> struct TileCopy {
 #pragma unroll
             for (int q = 0; q < G; ++q) {
                 const int r = row_of(q);
-                store_raw8<SCALED>(dst + r * ld + col_of(q), v[q], SCALED ? scale(r) : 1.f);
+                store_raw8<SCALED>(dst + tile_at(r, col_of(q), ld), v[q], SCALED ? scale(r) : 1.f);
             }
         }
     }
@@ -251,8 +293,17 @@ template <typename T, bool VEC, bool SCALED = false> using TransposedTile = Tile
 // A thread's groups of eight of a natural TILE × KT tile computed in f32 (the scratch
 // operands): (row, k) of group q.
 #define GROUPS (TILE * KT / 8 / THREADS)
+// (With wgmma, as TileCopy's groups: eight threads down a core matrix.)
+#if WGMMA
+__device__ __forceinline__ int group_row(int q) {
+    const int e = threadIdx.x + q * THREADS;
+    return (e & 7) + ((e >> 3) / (KT / 8)) * 8;
+}
+__device__ __forceinline__ int group_k(int q) { return (((threadIdx.x + q * THREADS) >> 3) % (KT / 8)) * 8; }
+#else
 __device__ __forceinline__ int group_row(int q) { return (threadIdx.x + q * THREADS) / (KT / 8); }
 __device__ __forceinline__ int group_k(int q) { return ((threadIdx.x + q * THREADS) % (KT / 8)) * 8; }
+#endif
 
 // Eight consecutive f32 scratch values (`row` 16-byte aligned: two vector loads, else eight).
 __device__ __forceinline__ void load_f32x8(const float* row, float* v) {
@@ -302,6 +353,12 @@ __device__ __forceinline__ void pipelined(OperandTiles& As, OperandTiles& Bs, in
     // Slice i's products; slice i + STAGES − 1 started into `start` (slice i's registers, stored
     // by now), slice i + 1 stored from `next`.
     auto step = [&](int i, Regs& start, Regs& next) {
+#if WGMMA
+        // The previous slice's products are done with their buffers, and this thread's stores
+        // and copies are visible to the next ones.
+        wg_wait_all();
+        fence_async_shared();
+#endif
         __syncthreads();
         const int ahead = i + STAGES - 1;
         if (ahead < slices) issue(ahead * KT, start, As[ahead % STAGES], Bs[ahead % STAGES]);
@@ -318,6 +375,9 @@ __device__ __forceinline__ void pipelined(OperandTiles& As, OperandTiles& Bs, in
 #else
     for (int i = 0; i < slices; ++i) step(i, regs[0], regs[0]);
 #endif
+#if WGMMA
+    wg_wait_all();
+#endif
 }
 
 // acc += Σ over the KT-slices [0, kend) of A_slice·B_sliceᵀ, this warp's part of the 64×64
@@ -326,11 +386,18 @@ __device__ __forceinline__ void pipelined(OperandTiles& As, OperandTiles& Bs, in
 template <bool TA, bool TB, typename Regs, int MT, int NT, typename Issue, typename Commit>
 __device__ __forceinline__ void pipelined_mma(OperandTiles& As, OperandTiles& Bs, int kend, float (&acc)[MT][NT][4],
                                               Issue issue, Commit commit) {
+#if WGMMA
+    // Issued here, finished by `pipelined` (before the next barrier and at its end).
+    pipelined<Regs>(As, Bs, kend, issue, commit, [&](int, const op_st* a, const op_st* b) {
+        wg_product<KT / 16, TA, TB>(acc, a, TA ? LDT : LDN, b, TB ? LDT : LDN);
+    });
+#else
     const int lane = threadIdx.x & 31;
     pipelined<Regs>(As, Bs, kend, issue, commit, [&](int, const op_st* a, const op_st* b) {
         warp_gemm<MT, NT, TA, TB>(acc, a, TA ? LDT : LDN, warp_r0<MT, NT>(), b, TB ? LDT : LDN, warp_n0<MT, NT>(), KT,
                                   lane);
     });
+#endif
 }
 
 // Visits this warp's accumulator elements: f(row, col, value&) in tile coordinates.
@@ -452,7 +519,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MINB) ssd_state_kernel(con
 
     // Stage 2: states[p][n] = Σ_i x[i][p] · (exp(min(dA_last − dA_i, 0))·dt_i·B[i][n]), x and
     // w ⊙ B in their token-major global layout (transposed operands).
-    float acc[2][4][4];
+    float acc[PMT][PNT][4];
     zero(acc);
     const X_T* xh = reinterpret_cast<const X_T*>(p.x) + (i64)s * p.x_t + (i64)h * p.x_h;
     const B_T* bg = reinterpret_cast<const B_T*>(p.b) + (i64)s * p.b_t + (i64)g * p.b_g;
@@ -495,7 +562,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MINB) ssd_cb_kernel(const 
     if (i0 >= len) return;
     const C_T* cg = reinterpret_cast<const C_T*>(p.c) + (i64)s * p.c_t + (i64)g * p.c_g;
     const B_T* bg = reinterpret_cast<const B_T*>(p.b) + (i64)s * p.b_t + (i64)g * p.b_g;
-    float acc[2][4][4];
+    float acc[PMT][PNT][4];
     zero(acc);
     // C of tokens i0.., B of tokens j0.., state columns contiguous (natural operands).
     struct Slice {
@@ -675,7 +742,11 @@ extern "C" __global__ void __launch_bounds__(STATE_THREADS) ssd_final_kernel(con
 // A fragments, from CB pairs loaded in the fragment layout: no shared round trip, no
 // `ldmatrix`, each weight computed once per block. Otherwise (and for tf32) the weights are
 // stored to shared memory as a natural operand and the warps hold 32×32 quarters.
-#if REG_WEIGHTS && OP_KIND != 2 && KT == 32
+#if WGMMA
+#define SCAN_REG 0
+#define SCAN_MT PMT
+#define SCAN_NT PNT
+#elif REG_WEIGHTS && OP_KIND != 2 && KT == 32
 #define SCAN_REG 1
 #define SCAN_MT 1
 #define SCAN_NT 8
@@ -752,7 +823,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, MINB) ssd_scan_kernel(cons
             seq_ok = false;
         }
     }
-    if (has_prev && seq_ok) {
+    // Without an entering state the product runs over no slices rather than being branched
+    // around: with accumulators defined on two paths, ptxas serializes the wgmma products.
+    const bool prev_ok = has_prev && seq_ok;
+    {
         const float* prev = open ? nullptr : ws(p) + state_off(p, c - 1, h);
         const C_T* cg = reinterpret_cast<const C_T*>(p.c) + (i64)s * p.c_t + (i64)g * p.c_g;
         // C of tokens i0.. and the entering state's head-dim rows p0.., state columns
@@ -762,7 +836,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MINB) ssd_scan_kernel(cons
             float st[GROUPS][8];
         };
         pipelined_mma<false, false, Slice>(
-            As, Bs, p.dstate, acc,
+            As, Bs, prev_ok ? p.dstate : 0, acc,
             [&](int k0, Slice& r, op_st* a, op_st*) {
                 r.c.issue(a, LDN, cg, i0, len, p.c_t, k0, p.dstate);
 #pragma unroll
@@ -785,11 +859,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, MINB) ssd_scan_kernel(cons
             [&](const Slice& r, int, op_st* a, op_st* b) {
                 r.c.commit(a, LDN);
 #pragma unroll
-                for (int q = 0; q < GROUPS; ++q) store8(b + group_row(q) * LDN + group_k(q), r.st[q]);
+                for (int q = 0; q < GROUPS; ++q) store8(b + tile_at(group_row(q), group_k(q), LDN), r.st[q]);
             });
-        for_tile(acc, [&](int r, int, float& v) {
-            if (i0 + r < len) v *= exp2_fast(s_da[i0 + r]);
-        });
+        // (A factor of one rather than a branch, for the same reason.)
+        for_tile(acc, [&](int r, int, float& v) { v *= prev_ok && i0 + r < len ? exp2_fast(s_da[i0 + r]) : 1.f; });
     }
 
     // Diagonal block: Σ_{j ≤ i} CB[i][j]·exp(min(dA_i − dA_j, 0))·dt_j · x[j][p]: the causal
@@ -891,7 +964,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MINB) ssd_scan_kernel(cons
                         v[e] = j + e <= i ? r.cb[q][e] * exp2_fast(fminf(dai - s_da[j + e], 0.f)) * s_dt[j + e] : 0.f;
                     }
                 }
-                store8(a + group_row(q) * LDN + group_k(q), v);
+                store8(a + tile_at(group_row(q), group_k(q), LDN), v);
             }
             r.x.commit(b, LDT);
         });

@@ -186,12 +186,25 @@ impl std::fmt::Display for KernelSpec {
     }
 }
 
+/// The macro by which a specialisation asks for Hopper's `wgmma` (`WGMMA_ASKED=1`): on sm_90
+/// it is compiled for sm_90a, the target that has those instructions (its cubin runs on sm_90
+/// devices only, which is where this compiler's cubins run). The kernel keeps its other form
+/// where the target lacks them (common.cuh's `HAS_WGMMA`).
+pub const WGMMA_ASKED: &str = "WGMMA_ASKED";
+
 impl KernelSpec {
+    /// The NVRTC target for `arch`: `sm_XY`, or `sm_90a` for a specialisation that asks for
+    /// `wgmma` on sm_90.
+    pub fn target(&self, arch: Arch) -> String {
+        let wgmma = self.defines.iter().any(|(k, v)| *k == WGMMA_ASKED && v == "1");
+        if wgmma && arch == Arch::SM90 { format!("{}a", arch.sm()) } else { arch.sm() }
+    }
+
     /// The NVRTC options for `arch`: C++17, accurate math (no fast-math: `expf`/`logf` must
     /// stay close to the CPU reference), line info for profilers, and the macros.
     pub fn options(&self, arch: Arch) -> Vec<String> {
         let mut o = vec![
-            format!("--gpu-architecture={}", arch.sm()),
+            format!("--gpu-architecture={}", self.target(arch)),
             "-std=c++17".to_string(),
             "--device-as-default-execution-space".to_string(),
             "-lineinfo".to_string(),
@@ -317,6 +330,9 @@ pub struct ResourceUsage {
     pub spill_loads: u32,
     /// Static shared memory bytes per block.
     pub shared_bytes: u32,
+    /// ptxas serialized the kernel's `wgmma` products (its advisory C7515: each product waits
+    /// for the one before).
+    pub wgmma_serialized: bool,
 }
 
 impl ResourceUsage {
@@ -355,7 +371,13 @@ pub fn compile_with_report(spec: &KernelSpec, arch: Arch) -> Result<(Vec<u8>, Re
     let mut options = spec.options(arch);
     options.push("--ptxas-options=-v".to_string());
     let c = compile_cubin(&spec.source.text(), spec.source.file(), &options, &spec.to_string())?;
-    let usage = ResourceUsage::from_ptxas_log(&entry_section(&c.log, spec.entry));
+    let mut usage = ResourceUsage::from_ptxas_log(&entry_section(&c.log, spec.entry));
+    // The advisories name their function and precede the entries' sections.
+    let quoted = format!("'{}'", spec.entry);
+    usage.wgmma_serialized = c.log.lines().any(|l| l.contains("C7515") && l.contains(&quoted));
+    if std::env::var_os("SSM_CUDA_PTXAS_LOG").is_some() {
+        eprintln!("{}", c.log);
+    }
     Ok((c.cubin, usage))
 }
 
@@ -465,6 +487,16 @@ mod tests {
     }
 
     #[test]
+    fn wgmma_specialisations_target_sm_90a_on_sm_90_only() {
+        let mut s = spec();
+        s.defines.push((WGMMA_ASKED, "1".into()));
+        assert!(s.options(Arch::SM90).contains(&"--gpu-architecture=sm_90a".to_string()));
+        assert!(s.options(Arch::SM80).contains(&"--gpu-architecture=sm_80".to_string()));
+        s.defines.last_mut().unwrap().1 = "0".into();
+        assert!(s.options(Arch::SM90).contains(&"--gpu-architecture=sm_90".to_string()));
+    }
+
+    #[test]
     fn options_name_the_arch_and_every_macro() {
         let o = spec().options(Arch::SM80);
         assert!(o.contains(&"--gpu-architecture=sm_80".to_string()));
@@ -481,7 +513,14 @@ mod tests {
         let u = ResourceUsage::from_ptxas_log(log);
         assert_eq!(
             u,
-            ResourceUsage { registers: 60, stack_bytes: 16, spill_stores: 8, spill_loads: 12, shared_bytes: 2048 }
+            ResourceUsage {
+                registers: 60,
+                stack_bytes: 16,
+                spill_stores: 8,
+                spill_loads: 12,
+                shared_bytes: 2048,
+                wgmma_serialized: false
+            }
         );
     }
 

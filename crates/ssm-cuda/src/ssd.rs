@@ -15,7 +15,7 @@ use cudarc::driver::{DevicePtr, DeviceRepr};
 use ssm_ssd::{MambaChunkScanCombinedVarlenArgs, SsdPlan};
 use ssm_tensor::{DType, Planned, Run, Strided, TensorRef};
 
-use crate::compile::{KernelSource, KernelSpec, c_type, flag_defines};
+use crate::compile::{KernelSource, KernelSpec, WGMMA_ASKED, c_type, flag_defines};
 use crate::geometry::{TuneVar, grid_x};
 use crate::{CudaBackend, CudaError, addr_of};
 
@@ -124,6 +124,10 @@ pub(crate) struct SsdTune {
     /// The products' slice along k (`KT_ASKED`: 32 or 64; tf32 operands and three buffers
     /// keep 32). The pass and final kernels have no products and ignore it.
     kt: u8,
+    /// The products on Hopper's `wgmma` (`WGMMA_ASKED`; `wg=` a mask: 1 the scan, 2 stages
+    /// 1+2, 4 C·Bᵀ). Compiled for sm_90a where the device is sm_90 (`KernelSpec::options`);
+    /// elsewhere, and for tf32 operands, the kernel keeps `mma.sync`.
+    wgmma: bool,
 }
 
 impl SsdTune {
@@ -142,7 +146,14 @@ impl SsdTune {
             _ => (get("minb", 4), slice("kt", 64)),
         };
         let reg_weights = entry == SsdEntry::Scan && TUNE.get("regw").is_some_and(|v| v != 0);
-        SsdTune { stages: get("stages", 2).clamp(2, 3), minb, reg_weights, kt }
+        let bit = match entry {
+            SsdEntry::Scan => 1,
+            SsdEntry::State => 2,
+            SsdEntry::Cb => 4,
+            SsdEntry::Pass | SsdEntry::Final => 0,
+        };
+        let wgmma = TUNE.get("wg").is_some_and(|v| v & bit != 0);
+        SsdTune { stages: get("stages", 2).clamp(2, 3), minb, reg_weights, kt, wgmma }
     }
 }
 
@@ -162,6 +173,7 @@ impl SsdKey {
         defines.push(("MINB", self.tune.minb.to_string()));
         defines.push(("REG_WEIGHTS", u8::from(self.tune.reg_weights).to_string()));
         defines.push(("KT_ASKED", self.tune.kt.to_string()));
+        defines.push((WGMMA_ASKED, u8::from(self.tune.wgmma).to_string()));
         defines.extend(flag_defines(
             self.flags,
             &[
@@ -493,6 +505,8 @@ pub fn ssd_catalogue() -> Vec<(String, KernelSpec)> {
         let tune = SsdTune::of(entry);
         let other = SsdTune { kt: if tune.kt == 64 { 32 } else { 64 }, ..tune };
         variants.push((entry, other, format!("kt={}", other.kt)));
+        let other = SsdTune { wgmma: !tune.wgmma, ..tune };
+        variants.push((entry, other, format!("wgmma={}", u8::from(other.wgmma))));
     }
     for (entry, tune, label) in variants {
         for (act, state, init_mode, flags, what) in [
@@ -520,7 +534,7 @@ mod tests {
     #[test]
     fn catalogue_defines_every_macro() {
         for (label, spec) in ssd_catalogue() {
-            assert_eq!(spec.defines.len(), 17 + 6 + 12, "{label}");
+            assert_eq!(spec.defines.len(), 17 + 7 + 12, "{label}");
         }
     }
 }
