@@ -280,13 +280,12 @@ impl<T: Real> Item<'_, T> {
         taps: &[[S; W]; SUB / LANES],
         b0: &[S; SUB / LANES],
     ) {
-        let Ctx { plan, x, state, .. } = self.ctx;
+        let Ctx { plan, state, .. } = self.ctx;
         // Every geometry field in a local: the stores below would otherwise make the compiler
         // reload them from the plan on each access.
         let st = plan.state;
-        let (xs, os) = (plan.x, plan.out);
-        let (st_dim, x_dim, out_dim) = (st.dim, xs.dim, os.dim);
-        let ConvSeq { x_start, out_start, len, read_slot, write_slot, offset, shift, state_len, .. } = *s;
+        let (st_dim, x_dim, out_dim) = (st.dim, plan.x.dim, plan.out.dim);
+        let ConvSeq { x_start, out_start, len, read_slot, offset, .. } = *s;
         let lanes = |cg: usize| LANES.min(end - cg);
         let groups = (end - c).div_ceil(LANES);
         // History windows, loaded before the state is written (read and write slot may coincide).
@@ -301,26 +300,8 @@ impl<T: Real> Item<'_, T> {
                     hist[g][j] = state.load::<S>(rb + j as isize * st.col, st_dim, n);
                 }
             }
-            // New window: kept history (source columns lie ahead of their targets), then inputs.
-            if let Some(wslot) = write_slot {
-                let wb = base + wslot as isize * st.slot;
-                for i in 0..state_len {
-                    let dst = wb + i as isize * st.col;
-                    if i + len < state_len {
-                        match read_slot {
-                            Some(r) => {
-                                let src = base + r as isize * st.slot + (offset + i + shift) as isize * st.col;
-                                state.copy_within(src, dst, st_dim, n)
-                            }
-                            None => state.fill(dst, st_dim, n, T::from_f32(0.0)),
-                        }
-                    } else {
-                        let src = x_start + (i + len - state_len) as isize * xs.token + cg as isize * x_dim;
-                        state.copy_from(x, src, x_dim, dst, st_dim, n);
-                    }
-                }
-            }
         }
+        self.write_window(s, c, end - c);
         let mut t0 = 0;
         while t0 < len {
             let t1 = (t0 + TILE).min(len);
@@ -390,7 +371,7 @@ impl<T: Real> Item<'_, T> {
     ) {
         let Ctx { plan, x, state, .. } = self.ctx;
         let (st, xs) = (plan.state, plan.x);
-        let ConvSeq { x_start, out_start, len, read_slot, write_slot, offset, shift, state_len, .. } = *s;
+        let ConvSeq { x_start, out_start, len, read_slot, offset, .. } = *s;
         let groups = (end - c) / LANES;
         let hist_at = |r: usize, off: usize| st.offset as isize + r as isize * st.slot + off as isize * st.col;
         let mut t0 = 0;
@@ -426,21 +407,33 @@ impl<T: Real> Item<'_, T> {
             }
             t0 = t1;
         }
-        // The new window, column by column in increasing order: a kept column's source lies
-        // ahead of its target, so the in-place case reads each column before overwriting it.
-        if let Some(ws) = write_slot {
-            let n = end - c;
-            for i in 0..state_len {
-                let dst = hist_at(ws, i) + c as isize;
-                if i + len < state_len {
-                    match read_slot {
-                        Some(r) => state.copy_within(hist_at(r, offset + i + shift) + c as isize, dst, 1, n),
-                        None => state.fill(dst, 1, n, T::from_f32(0.0)),
-                    }
-                } else {
-                    let src = x_start + (i + len - state_len) as isize * xs.token + c as isize;
-                    state.copy_from(x, src, 1, dst, 1, n);
+        self.write_window(s, c, end - c);
+    }
+
+    /// Sequence `s`'s new window in its write slot (if any), channels `[c, c + n)`: column `i`
+    /// is the read slot's column `offset + i + shift` (kept history), zeros without a read
+    /// slot, or the input of token `i + len − state_len`. Columns go in increasing order, one
+    /// copy of `n` channels each: a kept column's source lies ahead of its target, so with the
+    /// read slot as the write slot each column is read before it is overwritten. Call it after
+    /// every read of the old window.
+    #[inline(always)]
+    fn write_window(&self, s: &ConvSeq, c: usize, n: usize) {
+        let Ctx { plan, x, state, .. } = self.ctx;
+        let (st, xs) = (plan.state, plan.x);
+        let ConvSeq { x_start, len, read_slot, write_slot, offset, shift, state_len, .. } = *s;
+        let Some(ws) = write_slot else { return };
+        let col =
+            |r: usize, i: usize| st.offset as isize + r as isize * st.slot + i as isize * st.col + c as isize * st.dim;
+        for i in 0..state_len {
+            let dst = col(ws, i);
+            if i + len < state_len {
+                match read_slot {
+                    Some(r) => state.copy_within(col(r, offset + i + shift), dst, st.dim, n),
+                    None => state.fill(dst, st.dim, n, T::from_f32(0.0)),
                 }
+            } else {
+                let src = x_start + (i + len - state_len) as isize * xs.token + c as isize * xs.dim;
+                state.copy_from(x, src, xs.dim, dst, st.dim, n);
             }
         }
     }
