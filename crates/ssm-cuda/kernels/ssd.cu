@@ -823,10 +823,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, MINB) ssd_scan_kernel(cons
             seq_ok = false;
         }
     }
+    const bool prev_ok = has_prev && seq_ok;
+#if WGMMA
     // Without an entering state the product runs over no slices rather than being branched
     // around: with accumulators defined on two paths, ptxas serializes the wgmma products.
-    const bool prev_ok = has_prev && seq_ok;
     {
+#else
+    if (prev_ok) {
+#endif
         const float* prev = open ? nullptr : ws(p) + state_off(p, c - 1, h);
         const C_T* cg = reinterpret_cast<const C_T*>(p.c) + (i64)s * p.c_t + (i64)g * p.c_g;
         // C of tokens i0.. and the entering state's head-dim rows p0.., state columns
@@ -861,8 +865,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, MINB) ssd_scan_kernel(cons
 #pragma unroll
                 for (int q = 0; q < GROUPS; ++q) store8(b + tile_at(group_row(q), group_k(q), LDN), r.st[q]);
             });
+#if WGMMA
         // (A factor of one rather than a branch, for the same reason.)
         for_tile(acc, [&](int r, int, float& v) { v *= prev_ok && i0 + r < len ? exp2_fast(s_da[i0 + r]) : 1.f; });
+#else
+        for_tile(acc, [&](int r, int, float& v) {
+            if (i0 + r < len) v *= exp2_fast(s_da[i0 + r]);
+        });
+#endif
     }
 
     // Diagonal block: Σ_{j ≤ i} CB[i][j]·exp(min(dA_i − dA_j, 0))·dt_j · x[j][p]: the causal
