@@ -366,19 +366,25 @@ impl ResourceUsage {
 }
 
 /// Compiles `spec` for `arch` without any cache and with ptxas' resource report: for
-/// `cargo xtask build-kernels` (no GPU needed). Returns the cubin and the resources.
+/// `cargo xtask build-kernels` (no GPU needed). Returns the cubin and the resources. With
+/// `SSM_CUDA_PTXAS_LOG` set, the whole NVRTC/ptxas log also goes to stderr.
 pub fn compile_with_report(spec: &KernelSpec, arch: Arch) -> Result<(Vec<u8>, ResourceUsage), CudaError> {
     let mut options = spec.options(arch);
     options.push("--ptxas-options=-v".to_string());
     let c = compile_cubin(&spec.source.text(), spec.source.file(), &options, &spec.to_string())?;
     let mut usage = ResourceUsage::from_ptxas_log(&entry_section(&c.log, spec.entry));
-    // The advisories name their function and precede the entries' sections.
-    let quoted = format!("'{}'", spec.entry);
-    usage.wgmma_serialized = c.log.lines().any(|l| l.contains("C7515") && l.contains(&quoted));
+    usage.wgmma_serialized = wgmma_serialized(&c.log, spec.entry);
     if std::env::var_os("SSM_CUDA_PTXAS_LOG").is_some() {
         eprintln!("{}", c.log);
     }
     Ok((c.cubin, usage))
+}
+
+/// Whether ptxas' advisory C7515 (serialized `wgmma` products) names `entry`. The advisories
+/// name their function and precede the entries' sections.
+fn wgmma_serialized(log: &str, entry: &str) -> bool {
+    let quoted = format!("'{entry}'");
+    log.lines().any(|l| l.contains("C7515") && l.contains(&quoted))
 }
 
 /// The lines of a ptxas report about entry `entry` (from its "Compiling entry function" line to
@@ -484,6 +490,17 @@ mod tests {
         for source in KernelSource::ALL {
             assert!(!source.body().contains("#define ERR_"), "{} defines no error bit of its own", source.file());
         }
+    }
+
+    #[test]
+    fn the_serialization_advisory_is_read_per_entry() {
+        let log = "ptxas info    : (C7515) Potential Performance Loss: wgmma.mma_async instructions are \
+                   serialized due to non wgmma instructions defining accumulator registers of a wgmma between \
+                   start and end of the pipeline stage in the function 'ssd_scan_kernel' in line 13813\n\
+                   ptxas info    : Compiling entry function 'ssd_cb_kernel' for 'sm_90a'";
+        assert!(wgmma_serialized(log, "ssd_scan_kernel"));
+        assert!(!wgmma_serialized(log, "ssd_cb_kernel"));
+        assert!(!wgmma_serialized(log, "ssd_scan"));
     }
 
     #[test]
