@@ -221,9 +221,25 @@ template <bool SCALED, typename T> __device__ __forceinline__ void store_raw8(op
     }
 }
 
+// Where this thread's 16-byte group q of a tile with `per_row` groups per row lies: its row and
+// its first column. Row-major order, or, with wgmma, eight consecutive threads down the eight
+// rows of a core matrix, then along the row: a warp's 16-byte stores fill 512 contiguous
+// bytes, its loads whole 32-byte sectors. (The row-major form names no temporary: with one,
+// NVVM gave the tf32 stage-1+2 kernel 128 registers and a 72-byte stack, `build-kernels`.)
+#if WGMMA
+__device__ __forceinline__ int group_row_of(int q, int per_row) {
+    const int e = threadIdx.x + q * THREADS;
+    return (e & 7) + ((e >> 3) / per_row) * 8;
+}
+__device__ __forceinline__ int group_col_of(int q, int per_row) { return (((threadIdx.x + q * THREADS) >> 3) % per_row) * 8; }
+#else
+__device__ __forceinline__ int group_row_of(int q, int per_row) { return (threadIdx.x + q * THREADS) / per_row; }
+__device__ __forceinline__ int group_col_of(int q, int per_row) { return ((threadIdx.x + q * THREADS) % per_row) * 8; }
+#endif
+
 // One operand tile of R rows × C columns of a row-major global matrix (rows row0.., columns
 // col0..; zeros for rows at or past `rows` and columns at or past `limit`) into shared rows of
-// `ld`, in 16-byte groups, G per thread, consecutive threads along a row. ASYNC (the rows hold
+// `ld`, in 16-byte groups, G per thread, placed by `group_row_of`. ASYNC (the rows hold
 // operands, VEC, no scale): `issue` starts `cp.async` copies and `commit` has nothing to do;
 // otherwise `issue` loads the groups into registers and `commit` stores them, each row scaled
 // by `scale(row)` when SCALED.
@@ -235,18 +251,10 @@ template <typename T, bool VEC, bool SCALED, int R, int C> struct TileCopy {
     Raw8<T> v[ASYNC ? 1 : G];
 
 #if WGMMA
-    // Eight consecutive threads down the eight rows of a core matrix, then along the row: a
-    // warp's 16-byte stores fill 512 contiguous bytes, its loads whole 32-byte sectors.
     static_assert(R % 8 == 0, "TileCopy: whole core matrices");
-    static __device__ __forceinline__ int row_of(int q) {
-        const int e = threadIdx.x + q * THREADS;
-        return (e & 7) + ((e >> 3) / PER_ROW) * 8;
-    }
-    static __device__ __forceinline__ int col_of(int q) { return (((threadIdx.x + q * THREADS) >> 3) % PER_ROW) * 8; }
-#else
-    static __device__ __forceinline__ int row_of(int q) { return (threadIdx.x + q * THREADS) / PER_ROW; }
-    static __device__ __forceinline__ int col_of(int q) { return ((threadIdx.x + q * THREADS) % PER_ROW) * 8; }
 #endif
+    static __device__ __forceinline__ int row_of(int q) { return group_row_of(q, PER_ROW); }
+    static __device__ __forceinline__ int col_of(int q) { return group_col_of(q, PER_ROW); }
 
     __device__ __forceinline__ void issue(op_st* dst, int ld, const T* base, int row0, int rows, i64 stride, int col0,
                                           int limit) {
@@ -293,17 +301,8 @@ template <typename T, bool VEC, bool SCALED = false> using TransposedTile = Tile
 // A thread's groups of eight of a natural TILE × KT tile computed in f32 (the scratch
 // operands): (row, k) of group q.
 #define GROUPS (TILE * KT / 8 / THREADS)
-// (With wgmma, as TileCopy's groups: eight threads down a core matrix.)
-#if WGMMA
-__device__ __forceinline__ int group_row(int q) {
-    const int e = threadIdx.x + q * THREADS;
-    return (e & 7) + ((e >> 3) / (KT / 8)) * 8;
-}
-__device__ __forceinline__ int group_k(int q) { return (((threadIdx.x + q * THREADS) >> 3) % (KT / 8)) * 8; }
-#else
-__device__ __forceinline__ int group_row(int q) { return (threadIdx.x + q * THREADS) / (KT / 8); }
-__device__ __forceinline__ int group_k(int q) { return ((threadIdx.x + q * THREADS) % (KT / 8)) * 8; }
-#endif
+__device__ __forceinline__ int group_row(int q) { return group_row_of(q, KT / 8); }
+__device__ __forceinline__ int group_k(int q) { return group_col_of(q, KT / 8); }
 
 // Eight consecutive f32 scratch values (`row` 16-byte aligned: two vector loads, else eight).
 __device__ __forceinline__ void load_f32x8(const float* row, float* v) {
