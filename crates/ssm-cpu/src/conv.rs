@@ -164,12 +164,6 @@ fn taps_sum<T: Real, S: Simd, const W: usize>(window: [S; 4], taps: &[S; W], bia
     acc
 }
 
-/// `y / (1 + e^-y)` lane-wise.
-#[inline(always)]
-fn silu<S: Simd + PowTwo>(y: S) -> S {
-    y.div(S::splat(1.0).add(S::splat(0.0).sub(y).exp()))
-}
-
 /// Everything one item needs.
 struct Ctx<'a, T> {
     plan: &'a ConvPlan,
@@ -347,7 +341,7 @@ impl<T: Real> Item<'_, T> {
                 _ => (h0, h1, h2) = (h1, h2, xt),
             }
             if silu_on {
-                acc = silu(acc);
+                acc = acc.silu();
             }
             out.store(acc, at.1 + t as isize * ot_stride, dims.1, n);
         }

@@ -85,6 +85,11 @@ pub trait Simd: Copy + Send + Sync + 'static {
     fn zero_where_lt(self, x: Self, t: Self) -> Self;
     /// Lane-wise `e^x`.
     fn exp(self) -> Self;
+    /// Lane-wise silu, `x / (1 + e^-x)` (`x·sigmoid(x)` as the peers compute it).
+    #[inline(always)]
+    fn silu(self) -> Self {
+        self.div(Self::splat(1.0).add(Self::splat(0.0).sub(self).exp()))
+    }
     /// Sum of the lanes.
     fn reduce_add(self) -> f32;
     /// Lane `r` of the result is `v[r].reduce_add()`, bit for bit (the same additions in the

@@ -452,11 +452,8 @@ fn scan_item<S: Simd + PowTwo>(ctx: &Ctx<'_>, item: usize, scratch: &mut Scratch
         if let Some(((bytes, zp), zt)) = z {
             gather::<S>(bytes, zt, zp.at([s + i, h, 0]), zp.strides[2], &mut zrow[..p.dim]);
             zrow[p.dim..].fill(0.0);
-            let one = S::splat(1.0);
             for k in (0..pr).step_by(LANES) {
-                let zv = S::load(&zrow[k..]);
-                let silu = zv.div(one.add(S::splat(0.0).sub(zv).exp()));
-                S::load(&yi[k..]).mul(silu).store(&mut yi[k..]);
+                S::load(&yi[k..]).mul(S::load(&zrow[k..]).silu()).store(&mut yi[k..]);
             }
         }
         // SAFETY: the plan checked `out`'s shape and that its elements do not overlap; token

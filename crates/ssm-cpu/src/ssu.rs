@@ -535,7 +535,7 @@ fn decode_rows<S: Simd + PowTwo, St: Real, const STORE: bool>(
             (Some(z), Some(zs)) => {
                 let mut v = [0.0f32; LANES];
                 gather::<S>(z, plan.dtypes.z.unwrap(), zs.at(zb, h, p), zs.dim, &mut v[..m]);
-                Some(silu_factor(S::load(&v)))
+                Some(S::load(&v).silu())
             }
             _ => None,
         };
@@ -598,12 +598,6 @@ fn finish_rows<S: Simd>(
     // SAFETY: the plan checked `out`'s shape and that its elements do not overlap; rows
     // `p..p + m` of this token and head are written by this item only.
     unsafe { scatter::<S>(out, ty.out, plan.out.at(cx.tok(&plan.out, t), cx.h, p), plan.out.dim, &yr[..m]) };
-}
-
-/// z's gate factor `z / (1 + e^-z)` (silu(z) = z·sigmoid(z)) lane-wise.
-#[inline(always)]
-fn silu_factor<S: Simd + PowTwo>(z: S) -> S {
-    z.div(S::splat(1.0).add(S::splat(0.0).sub(z).exp()))
 }
 
 /// The plain per-channel decode step ([`SeqCtx::plain_one_token`], Mamba1's decode), eight
@@ -797,7 +791,7 @@ fn row_factors<S: Simd + PowTwo>(cx: &SeqCtx<'_>, bufs: &mut Bufs<'_>, (p_lo, p_
                 let mut v = [0.0f32; LANES];
                 gather::<S>(z, ty.z.unwrap(), zs.at(zb, h, p), zs.dim, &mut v[..m]);
                 let zl = S::load(&v);
-                silu_factor(zl).store(&mut bufs.z_rows[at..]);
+                zl.silu().store(&mut bufs.z_rows[at..]);
             }
             p += LANES;
         }
