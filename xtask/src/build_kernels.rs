@@ -32,6 +32,9 @@ pub(crate) struct BuildKernelsArgs {
     /// `cuobjdump -sass` (the `nvidia-cuda-cuobjdump` wheel provides one without a toolkit).
     #[arg(long)]
     pub(crate) cubin_dir: Option<std::path::PathBuf>,
+    /// Print each specialisation's whole NVRTC/ptxas log (ptxas' advisories included).
+    #[arg(long)]
+    pub(crate) ptxas_log: bool,
 }
 
 pub(crate) fn run(args: &BuildKernelsArgs) -> anyhow::Result<()> {
@@ -64,7 +67,8 @@ pub(crate) fn run(args: &BuildKernelsArgs) -> anyhow::Result<()> {
         for (label, spec) in &kernels {
             let t0 = Instant::now();
             match compile_with_report(spec, arch) {
-                Ok((cubin, u)) => {
+                Ok(report) => {
+                    let (cubin, u) = (&report.cubin, &report.usage);
                     if let Some(dir) = &args.cubin_dir {
                         let name: String = label
                             .chars()
@@ -72,7 +76,7 @@ pub(crate) fn run(args: &BuildKernelsArgs) -> anyhow::Result<()> {
                             .collect();
                         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
                         let path = dir.join(format!("{}-{name}.cubin", arch.sm()));
-                        std::fs::write(&path, &cubin).with_context(|| format!("writing {}", path.display()))?;
+                        std::fs::write(&path, cubin).with_context(|| format!("writing {}", path.display()))?;
                     }
                     if u.spill_stores + u.spill_loads > 0 {
                         spilling += 1;
@@ -90,6 +94,9 @@ pub(crate) fn run(args: &BuildKernelsArgs) -> anyhow::Result<()> {
                         t0.elapsed().as_millis(),
                         if u.wgmma_serialized { "  wgmma serialized (ptxas C7515)" } else { "" }
                     );
+                    if args.ptxas_log {
+                        println!("{}", report.log);
+                    }
                 }
                 Err(e) => {
                     println!("{:<6} {:<58} FAILED", arch.sm(), label);

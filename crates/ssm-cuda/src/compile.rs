@@ -365,19 +365,26 @@ impl ResourceUsage {
     }
 }
 
+/// What [`compile_with_report`] gives: the cubin, its resources and the whole NVRTC/ptxas log.
+#[derive(Debug)]
+pub struct CompileReport {
+    /// The compiled module.
+    pub cubin: Vec<u8>,
+    /// The entry's resources, read from the log.
+    pub usage: ResourceUsage,
+    /// NVRTC's log with ptxas' verbose report (`--ptxas-options=-v`), every entry's section.
+    pub log: String,
+}
+
 /// Compiles `spec` for `arch` without any cache and with ptxas' resource report: for
-/// `cargo xtask build-kernels` (no GPU needed). Returns the cubin and the resources. With
-/// `SSM_CUDA_PTXAS_LOG` set, the whole NVRTC/ptxas log also goes to stderr.
-pub fn compile_with_report(spec: &KernelSpec, arch: Arch) -> Result<(Vec<u8>, ResourceUsage), CudaError> {
+/// `cargo xtask build-kernels` (no GPU needed).
+pub fn compile_with_report(spec: &KernelSpec, arch: Arch) -> Result<CompileReport, CudaError> {
     let mut options = spec.options(arch);
     options.push("--ptxas-options=-v".to_string());
     let c = compile_cubin(&spec.source.text(), spec.source.file(), &options, &spec.to_string())?;
     let mut usage = ResourceUsage::from_ptxas_log(&entry_section(&c.log, spec.entry));
     usage.wgmma_serialized = wgmma_serialized(&c.log, spec.entry);
-    if std::env::var_os("SSM_CUDA_PTXAS_LOG").is_some() {
-        eprintln!("{}", c.log);
-    }
-    Ok((c.cubin, usage))
+    Ok(CompileReport { cubin: c.cubin, usage, log: c.log })
 }
 
 /// Whether ptxas' advisory C7515 (serialized `wgmma` products) names `entry`. The advisories

@@ -125,7 +125,7 @@ pub(crate) struct SsdTune {
     /// keep 32). The pass and final kernels have no products and ignore it.
     kt: u8,
     /// The products on Hopper's `wgmma` (`WGMMA_ASKED`; `wg=` a mask: 1 the scan, 2 stages
-    /// 1+2, 4 C·Bᵀ). Compiled for sm_90a where the device is sm_90 (`KernelSpec::options`);
+    /// 1+2, 4 C·Bᵀ). Compiled for sm_90a where the device is sm_90 (`KernelSpec::target`);
     /// elsewhere, and for tf32 operands, the kernel keeps `mma.sync`.
     wgmma: bool,
 }
