@@ -610,6 +610,30 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 2) gdn_chunk_state_kernel
 
 #if ENTRY == 3
 #define VO 128  // value rows of an output block
+
+// The output products on Hopper's `wgmma` (WGMMA_ASKED, where common.cuh has it: 16-bit
+// operands compiled for sm_90a): each warpgroup (warps 4·wc .. 4·wc + 3) issues m64n64k16
+// products over operand tiles staged in the core-matrix layout (`core_at`, rows of the same
+// LDK / LDC elements), and its warp wr holds rows 16·wr.. of the 64 × 64 result in the `mma`
+// fragment layout, as the `mma.sync` form's warps do. Otherwise `mma.sync`.
+#if defined(WGMMA_ASKED) && WGMMA_ASKED && HAS_WGMMA
+#define OUT_WG 1
+// Rows [0, rows) of a ROWS × COLS operand tile (global rows of `src_ld` elements) into `dst` in
+// the core-matrix layout with rows of LD elements, by 16-byte `cp.async`: eight consecutive
+// threads down the eight rows of a core matrix (128 contiguous bytes), then along the row.
+template <int ROWS, int COLS, int LD>
+__device__ __forceinline__ void stage_core(op_st* dst, const op_st* src, i64 src_ld, int rows = ROWS) {
+    constexpr int SEGS = COLS / 8;
+    static_assert(ROWS % 8 == 0 && COLS % 8 == 0 && LD % 8 == 0, "stage_core: whole core matrices");
+    for_mine<ROWS * SEGS>([&](int e) {
+        const int r = (e & 7) + ((e >> 3) / SEGS) * 8, c = ((e >> 3) % SEGS) * 8;
+        if (r < rows) cp_async16(dst + core_at(r, c, LD), src + r * src_ld + c);
+    });
+}
+#else
+#define OUT_WG 0
+#endif
+
 extern "C" __global__ void __launch_bounds__(NTHREADS, 2) gdn_chunk_out_kernel(const ChunkParams p) {
     const int2 m = chunk_map(p)[blockIdx.x];
     if (m.x < 0) return;
@@ -633,14 +657,51 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 2) gdn_chunk_out_kernel(c
     const i64 t0 = s.bos + c0;
     constexpr int OPB = (int)sizeof(op_st);
 
+#if OUT_WG
+    (void)kend;
+    (void)OPB;
+    stage_core<VO, KP, LDK>(Hs, h_of(p, b, hv) + (i64)vt0 * KP, KP, rows);
+    stage_core<VO, CH, LDC>(VnT, ut_of(p, b, hv) + (i64)vt0 * CH, CH, rows);
+    stage_core<2 * CH, KP, LDK>(Qs, qk_of(p, b, h), KP);  // q rows, then k rows (Ks = Qs + CH·LDK)
+#else
     stage_async<VO, KP * OPB, LDK * OPB>(Hs, h_of(p, b, hv) + (i64)vt0 * KP, KP * OPB, rows);
     stage_async<VO, CH * OPB, LDC * OPB>(VnT, ut_of(p, b, hv) + (i64)vt0 * CH, CH * OPB, rows);
     stage_async<2 * CH, KP * OPB, LDK * OPB>(Qs, qk_of(p, b, h), KP * OPB);  // q rows, then k rows
+#endif
     stage_async<1, CH * 4, 0>(gc, g_of(p, b, hv), 0);
     cp_async_commit();
     cp_async_wait_all();
+#if OUT_WG
+    fence_async_shared();  // the copies, visible to the products' reads
+#endif
     __syncthreads();
 
+#if OUT_WG
+    // Warpgroup 0 forms P (64 × 64 over KP) beside its e^G (Q·H_cᵀ); warpgroup 1 only the
+    // latter, for its 64 value rows (`rows` ≥ 64: warpgroup 0's rows are always live).
+    const bool mine = 64 * wc < rows;
+    float oo[1][8][4];
+    zero(oo);
+    if (wc == 0) {
+        float pp[1][8][4];
+        zero(pp);
+        wg_product<KP / 16, false, false>(pp, Qs, LDK, Ks, LDK);
+        wg_product<KP / 16, false, false>(oo, Qs, LDK, Hs, LDK);
+        wg_wait_all();
+        for_acc(pp, r0, 0, lane, [&](int i, int j, float& a) {
+            Ps[core_at(i, j, LDC)] = to_op(j <= i && i < cl ? a * __expf(gc[i] - gc[j]) : 0.f);
+        });
+    } else if (mine) {
+        wg_product<KP / 16, false, false>(oo, Qs, LDK, Hs + core_at(64, 0, LDK), LDK);
+        wg_wait_all();
+    }
+    if (mine) for_acc(oo, r0, 64 * wc, lane, [&](int i, int, float& a) { a *= __expf(gc[i]); });
+    fence_async_shared();  // P's stores, visible to the products' reads
+    __syncthreads();       // P complete
+    if (!mine) return;
+    wg_product<CH / 16, false, false>(oo, Ps, LDC, VnT + core_at(64 * wc, 0, LDC), LDC);
+    wg_wait_all();
+#else
     // ---- P ----
     {
         float pp[1][4][4];
@@ -662,6 +723,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 2) gdn_chunk_out_kernel(c
     __syncthreads();  // P complete
     if (!mine) return;
     warp_gemm<1, 8>(oo, Ps, LDC, r0, VnT, LDC, 64 * wc, kend, lane);
+#endif
     O_T* ob = reinterpret_cast<O_T*>(p.o) + s.bb * p.os.b + (i64)hv * p.os.h + t0 * p.os.t;
     for_acc(oo, r0, 64 * wc, lane, [&](int i, int v, float& a) {
         if (i < cl && vt0 + v < p.vdim) ob[i * p.os.t + (i64)(vt0 + v) * p.os.d] = from_f32<O_T>(a * p.scale);

@@ -21,8 +21,9 @@ use ssm_gdn::plan::ChunkPlan;
 use ssm_gdn::{CHUNK_SIZE, ChunkGatedDeltaRuleArgs, StateLayout};
 use ssm_tensor::{DType, Planned, Run, SlotTable, TensorRef};
 
-use crate::compile::{KernelSource, KernelSpec, c_type, flag_defines};
+use crate::compile::{KernelSource, KernelSpec, WGMMA_ASKED, c_type, flag_defines};
 use crate::gdn::Tok4;
+use crate::geometry::TuneVar;
 use crate::{CudaBackend, CudaError, addr_of};
 
 /// Threads of a block (`NTHREADS` in gdn_chunk.cu).
@@ -133,6 +134,18 @@ pub(crate) struct ChunkKey {
     bv: u8,
     flags: u16,
     entry: ChunkEntry,
+    /// The output entry's products on Hopper's `wgmma` (`WGMMA_ASKED`): asked for by
+    /// `SSM_CUDA_GDN_CHUNK_TUNE=wg=1` (off by default until timed on a GPU). Compiled for sm_90a
+    /// where the device is sm_90 (`KernelSpec::target`); elsewhere, and for tf32 operands, the
+    /// kernel keeps `mma.sync`. False in the other entries' keys.
+    wgmma: bool,
+}
+
+/// Whether the output entry asks for `wgmma` (`SSM_CUDA_GDN_CHUNK_TUNE=wg=1`, a tuning switch;
+/// unset in normal use).
+fn out_wgmma() -> bool {
+    static TUNE: TuneVar = TuneVar::new("SSM_CUDA_GDN_CHUNK_TUNE");
+    TUNE.get("wg").is_some_and(|v| v != 0)
 }
 
 impl ChunkKey {
@@ -163,6 +176,9 @@ impl ChunkKey {
         defines.push(("KDIM", self.kdim.to_string()));
         defines.push(("KP", self.kp().to_string()));
         defines.push(("BV", self.bv.to_string()));
+        if self.wgmma {
+            defines.push((WGMMA_ASKED, "1".to_string()));
+        }
         defines.extend(flag_defines(
             self.flags,
             &[
@@ -224,7 +240,8 @@ impl ChunkKey {
                 flags |= f;
             }
         }
-        ChunkKey { types, op, kdim: d.k as u16, bv, flags, entry }
+        let wgmma = entry == ChunkEntry::Out && out_wgmma();
+        ChunkKey { types, op, kdim: d.k as u16, bv, flags, entry, wgmma }
     }
 }
 
@@ -498,13 +515,13 @@ pub fn gdn_chunk_catalogue() -> Vec<(String, KernelSpec)> {
     use DType::{BF16, Bool, F16, F32, I32};
     let pool = F_L2NORM | F_STATE | F_IX | F_HAS | F_PAD | F_INPLACE | F_VARLEN;
     let dense = F_L2NORM | F_STATE | F_FINAL | F_VARLEN;
-    let key = |io: DType, beta: DType, state: DType, kdim: u16, bv: u8, flags: u16, entry: ChunkEntry| {
+    let key_wg = |io: DType, beta: DType, state: DType, kdim: u16, bv: u8, flags: u16, entry: ChunkEntry, wgmma| {
         let op = op_kind([io; 3]);
         let bv = if entry == ChunkEntry::State { bv } else { 0 };
-        let spec =
-            ChunkKey { types: [io, io, io, io, F32, beta, state, F32, I32, Bool, I32], op, kdim, bv, flags, entry };
-        spec.spec()
+        let types = [io, io, io, io, F32, beta, state, F32, I32, Bool, I32];
+        ChunkKey { types, op, kdim, bv, flags, entry, wgmma }.spec()
     };
+    let key = |io, beta, state, kdim, bv, flags, entry| key_wg(io, beta, state, kdim, bv, flags, entry, false);
     let mut out = Vec::new();
     for entry in ChunkEntry::ALL {
         let name = entry.name();
@@ -517,6 +534,13 @@ pub fn gdn_chunk_catalogue() -> Vec<(String, KernelSpec)> {
             out.push((
                 format!("{name} act=bf16 state=bf16 pool K=128 bv={bv}"),
                 key(BF16, F32, BF16, 128, bv, pool, entry),
+            ));
+        }
+        if entry == ChunkEntry::Out {
+            // The `wgmma` form (SSM_CUDA_GDN_CHUNK_TUNE=wg=1), compile-checked beside the default.
+            out.push((
+                format!("{name} act=bf16 state=f32 pool K=128 wgmma=1"),
+                key_wg(BF16, F32, F32, 128, 0, pool, entry, true),
             ));
         }
         out.push((format!("{name} act=f16 state=f32 dense K=64"), key(F16, F16, F32, 64, 16, dense, entry)));
@@ -580,12 +604,19 @@ mod tests {
 
     #[test]
     fn catalogue_defines_every_macro_and_fits_an_sm90_block() {
+        let mut wgmma = Vec::new();
         for (label, spec) in gdn_chunk_catalogue() {
-            assert_eq!(spec.defines.len(), 11 + 5 + 9, "{label}");
+            let wg = spec.defines.iter().any(|(k, v)| *k == WGMMA_ASKED && v == "1");
+            assert_eq!(spec.defines.len(), 11 + 5 + 9 + usize::from(wg), "{label}");
+            if wg {
+                wgmma.push(spec.entry);
+            }
         }
+        // The output entry's `wgmma` form is compile-checked beside the default.
+        assert_eq!(wgmma, ["gdn_chunk_out_kernel"]);
         // Every entry of Qwen3-Next's shape, and of f32 q/k/v at K = 128 in 32-row state
         // tiles, fits the 227 KiB opt-in (the state kernel's 32-row tile: two blocks per SM).
-        let key = |io, op, kdim, bv, entry| ChunkKey { types: [io; 11], op, kdim, bv, flags: 0, entry };
+        let key = |io, op, kdim, bv, entry| ChunkKey { types: [io; 11], op, kdim, bv, flags: 0, entry, wgmma: false };
         for entry in ChunkEntry::ALL {
             assert!(key(DType::BF16, 0, 128, 64, entry).shared_bytes() <= 227 * 1024, "{entry:?}");
             assert!(key(DType::F32, 2, 128, 32, entry).shared_bytes() <= 227 * 1024, "{entry:?}");
