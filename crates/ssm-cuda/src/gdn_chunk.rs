@@ -145,8 +145,12 @@ pub(crate) struct ChunkKey {
 /// unset in normal use).
 fn out_wgmma() -> bool {
     static TUNE: TuneVar = TuneVar::new("SSM_CUDA_GDN_CHUNK_TUNE");
-    TUNE.get("wg").is_some_and(|v| v != 0)
+    TUNE.get("wg").map_or(DEFAULT_OUT_WGMMA, |v| v != 0)
 }
+
+/// Whether the output entry takes `wgmma` by default: not until the form is timed on a GPU
+/// (docs/PERF.md, "GDN prefill's output kernel on `wgmma`").
+const DEFAULT_OUT_WGMMA: bool = false;
 
 impl ChunkKey {
     /// `head_k_dim` rounded up to the kernel's 64-column blocks.

@@ -152,10 +152,14 @@ impl SsdTune {
             SsdEntry::Cb => 4,
             SsdEntry::Pass | SsdEntry::Final => 0,
         };
-        let wgmma = TUNE.get("wg").is_some_and(|v| v & bit != 0);
+        let wgmma = TUNE.get("wg").unwrap_or(DEFAULT_WGMMA) & bit != 0;
         SsdTune { stages: get("stages", 2).clamp(2, 3), minb, reg_weights, kt, wgmma }
     }
 }
+
+/// The product kernels that take `wgmma` by default (`SsdTune::wgmma`'s mask): none until
+/// the form is timed on a GPU (docs/PERF.md, "The SSD's products on `wgmma`").
+const DEFAULT_WGMMA: u32 = 0;
 
 const TYPE_MACROS: [&str; 17] = [
     "X_T", "DT_T", "A_T", "B_T", "C_T", "Z_T", "OUT_T", "D_T", "BIAS_T", "INIT_T", "ST_T", "CU_T", "SEQ_T", "LAST_T",
