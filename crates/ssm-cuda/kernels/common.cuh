@@ -508,6 +508,16 @@ __device__ __forceinline__ int core_at(int r, int c, int ld) {
     return (((r >> 3) * (ld >> 3) + (c >> 3)) << 6) + ((r & 7) << 3) + (c & 7);
 }
 
+// Where the 16-byte group e of a tile with `per_row` groups per row is placed when eight
+// consecutive groups run down the eight rows of a core matrix, then along the row (so that a
+// warp's 16-byte stores fill 512 contiguous bytes of the core-matrix layout and its loads whole
+// 32-byte sectors of the global rows): its row, and its first column. The row in signed and
+// the column in unsigned arithmetic: the forms that compile best (`build-kernels`: with both
+// signed the SSD's stage-1+2 kernel took 12 more registers and a 328-byte stack; with both
+// unsigned its scan spilled).
+__device__ __forceinline__ int core_group_row(int e, int per_row) { return (e & 7) + ((e >> 3) / per_row) * 8; }
+__device__ __forceinline__ int core_group_col(unsigned e, unsigned per_row) { return (int)(((e >> 3) % per_row) * 8); }
+
 // A shared-memory matrix descriptor: start address, leading and stride byte offsets (each
 // stored >> 4, 14 bits), no swizzle.
 __device__ __forceinline__ u64 wg_desc(const void* p, u32 lead, u32 stride) {

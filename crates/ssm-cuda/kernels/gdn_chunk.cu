@@ -619,14 +619,14 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 2) gdn_chunk_state_kernel
 #if defined(WGMMA_ASKED) && WGMMA_ASKED && HAS_WGMMA
 #define OUT_WG 1
 // Rows [0, rows) of a ROWS × COLS operand tile (global rows of `src_ld` elements) into `dst` in
-// the core-matrix layout with rows of LD elements, by 16-byte `cp.async`: eight consecutive
-// threads down the eight rows of a core matrix (128 contiguous bytes), then along the row.
+// the core-matrix layout with rows of LD elements, by 16-byte `cp.async`, placed as
+// `core_group_row` says.
 template <int ROWS, int COLS, int LD>
 __device__ __forceinline__ void stage_core(op_st* dst, const op_st* src, i64 src_ld, int rows = ROWS) {
     constexpr int SEGS = COLS / 8;
     static_assert(ROWS % 8 == 0 && COLS % 8 == 0 && LD % 8 == 0, "stage_core: whole core matrices");
     for_mine<ROWS * SEGS>([&](int e) {
-        const int r = (e & 7) + ((e >> 3) / SEGS) * 8, c = ((e >> 3) % SEGS) * 8;
+        const int r = core_group_row(e, SEGS), c = core_group_col(e, SEGS);
         if (r < rows) cp_async16(dst + core_at(r, c, LD), src + r * src_ld + c);
     });
 }
