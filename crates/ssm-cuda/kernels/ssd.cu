@@ -223,8 +223,8 @@ template <bool SCALED, typename T> __device__ __forceinline__ void store_raw8(op
 
 // Where this thread's 16-byte group q of a tile with `per_row` groups per row lies: its row and
 // its first column. Row-major order, or, with wgmma, as common.cuh's `core_group_row` places
-// them. (The row-major form names no temporary: with one, NVVM gave the tf32 stage-1+2 kernel
-// 128 registers and a 72-byte stack, `build-kernels`.)
+// them. (The row-major form divides in unsigned arithmetic, as `threadIdx.x` is: through an
+// `int` temporary the tf32 stage-1+2 kernel took 128 registers and a 72-byte stack.)
 #if WGMMA
 __device__ __forceinline__ int group_row_of(int q, int per_row) { return core_group_row(threadIdx.x + q * THREADS, per_row); }
 __device__ __forceinline__ int group_col_of(int q, int per_row) { return core_group_col(threadIdx.x + q * THREADS, per_row); }
