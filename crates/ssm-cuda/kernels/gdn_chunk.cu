@@ -620,13 +620,17 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 2) gdn_chunk_state_kernel
 #define OUT_WG 1
 // Rows [0, rows) of a ROWS × COLS operand tile (global rows of `src_ld` elements) into `dst` in
 // the core-matrix layout with rows of LD elements, by 16-byte `cp.async`, placed as
-// `core_group_row` says.
+// `core_group_row` says, or (OUT_STAGE_ROWS) with consecutive threads along a global row.
 template <int ROWS, int COLS, int LD>
 __device__ __forceinline__ void stage_core(op_st* dst, const op_st* src, i64 src_ld, int rows = ROWS) {
     constexpr int SEGS = COLS / 8;
     static_assert(ROWS % 8 == 0 && COLS % 8 == 0 && LD % 8 == 0, "stage_core: whole core matrices");
     for_mine<ROWS * SEGS>([&](int e) {
+#if OUT_STAGE_ROWS
+        const int r = e / SEGS, c = (e % SEGS) * 8;  // consecutive threads along a global row
+#else
         const int r = core_group_row(e, SEGS), c = core_group_col(e, SEGS);
+#endif
         if (r < rows) cp_async16(dst + core_at(r, c, LD), src + r * src_ld + c);
     });
 }

@@ -134,23 +134,25 @@ pub(crate) struct ChunkKey {
     bv: u8,
     flags: u16,
     entry: ChunkEntry,
-    /// The output entry's products on Hopper's `wgmma` (`WGMMA_ASKED`): asked for by
-    /// `SSM_CUDA_GDN_CHUNK_TUNE=wg=1` (off by default until timed on a GPU). Compiled for sm_90a
-    /// where the device is sm_90 (`KernelSpec::target`); elsewhere, and for tf32 operands, the
-    /// kernel keeps `mma.sync`. False in the other entries' keys.
-    wgmma: bool,
+    /// The output entry's products on Hopper's `wgmma` (`WGMMA_ASKED`), asked for by
+    /// `SSM_CUDA_GDN_CHUNK_TUNE=wg=1` (operand tiles staged a core matrix at a time, eight
+    /// threads down its rows) or `wg=2` (staged along the global rows, `OUT_STAGE_ROWS`); 0:
+    /// `mma.sync`, the default (docs/PERF.md: slower on an H100). Compiled for sm_90a where the
+    /// device is sm_90 (`KernelSpec::target`); elsewhere, and for tf32 operands, the kernel
+    /// keeps `mma.sync`. 0 in the other entries' keys.
+    wgmma: u8,
 }
 
-/// Whether the output entry asks for `wgmma` (`SSM_CUDA_GDN_CHUNK_TUNE=wg=1`, a tuning switch;
-/// unset in normal use).
-fn out_wgmma() -> bool {
+/// The output entry's `wgmma` form (`ChunkKey::wgmma`; `SSM_CUDA_GDN_CHUNK_TUNE=wg=0|1|2`, a
+/// tuning switch, unset in normal use).
+fn out_wgmma() -> u8 {
     static TUNE: TuneVar = TuneVar::new("SSM_CUDA_GDN_CHUNK_TUNE");
-    TUNE.get("wg").map_or(DEFAULT_OUT_WGMMA, |v| v != 0)
+    TUNE.get("wg").map_or(DEFAULT_OUT_WGMMA, |v| v.min(2) as u8)
 }
 
-/// Whether the output entry takes `wgmma` by default: not until the form is timed on a GPU
-/// (docs/PERF.md, "GDN prefill's output kernel on `wgmma`").
-const DEFAULT_OUT_WGMMA: bool = false;
+/// The output entry's form by default: `mma.sync` (the `wgmma` forms were slower on an H100,
+/// docs/PERF.md, "Both `wgmma` forms on an H100").
+const DEFAULT_OUT_WGMMA: u8 = 0;
 
 impl ChunkKey {
     /// `head_k_dim` rounded up to the kernel's 64-column blocks.
@@ -180,8 +182,11 @@ impl ChunkKey {
         defines.push(("KDIM", self.kdim.to_string()));
         defines.push(("KP", self.kp().to_string()));
         defines.push(("BV", self.bv.to_string()));
-        if self.wgmma {
+        if self.wgmma > 0 {
             defines.push((WGMMA_ASKED, "1".to_string()));
+        }
+        if self.wgmma == 2 {
+            defines.push(("OUT_STAGE_ROWS", "1".to_string()));
         }
         defines.extend(flag_defines(
             self.flags,
@@ -244,7 +249,7 @@ impl ChunkKey {
                 flags |= f;
             }
         }
-        let wgmma = entry == ChunkEntry::Out && out_wgmma();
+        let wgmma = if entry == ChunkEntry::Out { out_wgmma() } else { 0 };
         ChunkKey { types, op, kdim: d.k as u16, bv, flags, entry, wgmma }
     }
 }
@@ -525,7 +530,7 @@ pub fn gdn_chunk_catalogue() -> Vec<(String, KernelSpec)> {
         let types = [io, io, io, io, F32, beta, state, F32, I32, Bool, I32];
         ChunkKey { types, op, kdim, bv, flags, entry, wgmma }.spec()
     };
-    let key = |io, beta, state, kdim, bv, flags, entry| key_wg(io, beta, state, kdim, bv, flags, entry, false);
+    let key = |io, beta, state, kdim, bv, flags, entry| key_wg(io, beta, state, kdim, bv, flags, entry, 0);
     let mut out = Vec::new();
     for entry in ChunkEntry::ALL {
         let name = entry.name();
@@ -541,11 +546,13 @@ pub fn gdn_chunk_catalogue() -> Vec<(String, KernelSpec)> {
             ));
         }
         if entry == ChunkEntry::Out {
-            // The `wgmma` form (SSM_CUDA_GDN_CHUNK_TUNE=wg=1), compile-checked beside the default.
-            out.push((
-                format!("{name} act=bf16 state=f32 pool K=128 wgmma=1"),
-                key_wg(BF16, F32, F32, 128, 0, pool, entry, true),
-            ));
+            // The `wgmma` forms (SSM_CUDA_GDN_CHUNK_TUNE=wg=1|2), compile-checked beside the default.
+            for wg in [1, 2] {
+                out.push((
+                    format!("{name} act=bf16 state=f32 pool K=128 wgmma={wg}"),
+                    key_wg(BF16, F32, F32, 128, 0, pool, entry, wg),
+                ));
+            }
         }
         out.push((format!("{name} act=f16 state=f32 dense K=64"), key(F16, F16, F32, 64, 16, dense, entry)));
         out.push((
@@ -611,16 +618,17 @@ mod tests {
         let mut wgmma = Vec::new();
         for (label, spec) in gdn_chunk_catalogue() {
             let wg = spec.defines.iter().any(|(k, v)| *k == WGMMA_ASKED && v == "1");
-            assert_eq!(spec.defines.len(), 11 + 5 + 9 + usize::from(wg), "{label}");
+            let rows = spec.defines.iter().any(|(k, _)| *k == "OUT_STAGE_ROWS");
+            assert_eq!(spec.defines.len(), 11 + 5 + 9 + usize::from(wg) + usize::from(rows), "{label}");
             if wg {
                 wgmma.push(spec.entry);
             }
         }
         // The output entry's `wgmma` form is compile-checked beside the default.
-        assert_eq!(wgmma, ["gdn_chunk_out_kernel"]);
+        assert_eq!(wgmma, ["gdn_chunk_out_kernel"; 2]);
         // Every entry of Qwen3-Next's shape, and of f32 q/k/v at K = 128 in 32-row state
         // tiles, fits the 227 KiB opt-in (the state kernel's 32-row tile: two blocks per SM).
-        let key = |io, op, kdim, bv, entry| ChunkKey { types: [io; 11], op, kdim, bv, flags: 0, entry, wgmma: false };
+        let key = |io, op, kdim, bv, entry| ChunkKey { types: [io; 11], op, kdim, bv, flags: 0, entry, wgmma: 0 };
         for entry in ChunkEntry::ALL {
             assert!(key(DType::BF16, 0, 128, 64, entry).shared_bytes() <= 227 * 1024, "{entry:?}");
             assert!(key(DType::F32, 2, 128, 32, entry).shared_bytes() <= 227 * 1024, "{entry:?}");
