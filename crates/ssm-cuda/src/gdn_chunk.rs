@@ -624,7 +624,7 @@ mod tests {
                 wgmma.push(spec.entry);
             }
         }
-        // The output entry's `wgmma` form is compile-checked beside the default.
+        // The output entry's two `wgmma` forms are compile-checked beside the default.
         assert_eq!(wgmma, ["gdn_chunk_out_kernel"; 2]);
         // Every entry of Qwen3-Next's shape, and of f32 q/k/v at K = 128 in 32-row state
         // tiles, fits the 227 KiB opt-in (the state kernel's 32-row tile: two blocks per SM).

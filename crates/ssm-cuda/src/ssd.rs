@@ -157,8 +157,9 @@ impl SsdTune {
     }
 }
 
-/// The product kernels that take `wgmma` by default (`SsdTune::wgmma`'s mask): none until
-/// the form is timed on a GPU (docs/PERF.md, "The SSD's products on `wgmma`").
+/// The product kernels that take `wgmma` by default (`SsdTune::wgmma`'s mask): none, as the
+/// form was 1.24–1.31× slower end to end on an H100 (docs/PERF.md, "Both `wgmma` forms on an
+/// H100").
 const DEFAULT_WGMMA: u32 = 0;
 
 const TYPE_MACROS: [&str; 17] = [
