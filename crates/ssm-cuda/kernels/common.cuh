@@ -491,9 +491,9 @@ __device__ __forceinline__ void for_acc(float (&acc)[MT][NT][4], int r0, int n0,
 //
 // Both operands are read from shared memory through matrix descriptors, without swizzle: a tile
 // is stored as "core matrices" of 8 rows × 16 bytes (128 contiguous bytes), `core_at` below.
-// Strides, as the PTX ISA's no-swizzle canonical layouts take them (the K-major operands and
-// the N-major B measured so on an H100 by xtask/probes/wgmma_layouts.cu, docs/PERF.md; the
-// M-major A is the same reading, not yet run): for an operand stored k-contiguous ("K-major"), the
+// Strides, as the PTX ISA's no-swizzle canonical layouts take them (every reading used here,
+// K-major, N-major B and M-major A, measured so on an H100 by xtask/probes/wgmma_layouts.cu,
+// docs/PERF.md): for an operand stored k-contiguous ("K-major"), the
 // leading byte offset is the step between core matrices along k and the stride byte offset the
 // step between 8-row groups; for one stored with M or N contiguous (transposed, `imm-trans` 1),
 // the leading offset is the step between 8-row groups along k and the stride offset the step
