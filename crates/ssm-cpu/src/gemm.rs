@@ -29,12 +29,15 @@ pub(crate) struct Operands<'a> {
     /// `A` is lower triangular, its zeros stored (`A[i][p] = 0` for `p > i`): terms past a row
     /// tile's last row are skipped.
     pub(crate) lower: bool,
+    /// `out` is overwritten with the product instead of accumulated into (its earlier contents
+    /// are never read).
+    pub(crate) assign: bool,
 }
 
 impl<'a> Operands<'a> {
     /// `A·B` with a row-major `A` (`lda` elements per row).
     pub(crate) fn new(kd: usize, a: &'a [f32], lda: usize, b: &'a [f32], ldb: usize) -> Self {
-        Operands { kd, a, lda, ldp: 1, b, ldb, alpha: 1.0, lower: false }
+        Operands { kd, a, lda, ldp: 1, b, ldb, alpha: 1.0, lower: false, assign: false }
     }
     /// `Aᵀ·B` for a row-major `A` (`ld` elements per row): `Aᵀ[i][p] = a[p·ld + i]`.
     pub(crate) fn transposed(kd: usize, a: &'a [f32], ld: usize, b: &'a [f32], ldb: usize) -> Self {
@@ -48,16 +51,29 @@ impl<'a> Operands<'a> {
     pub(crate) fn lower(self) -> Self {
         Operands { lower: true, ..self }
     }
+    /// The same product written over `out` (see [`Operands::assign`]).
+    pub(crate) fn assign(self) -> Self {
+        Operands { assign: true, ..self }
+    }
 }
 
-/// `out[i][..np] += alpha·Σ_{p<kd} A[i][p]·B[p][..np]` for `i < m`; `np` a multiple of 8.
+/// `out[i][..np] += alpha·Σ_{p<kd} A[i][p]·B[p][..np]` for `i < m` (`=` with
+/// [`Operands::assign`]); `np` a multiple of 8.
 ///
 /// # Panics
 /// If an operand is too short for these extents (checked once, here: the tiles read unchecked).
 #[inline(always)]
 pub(crate) fn gemm<S: Simd>(m: usize, np: usize, ab: Operands<'_>, out: &mut [f32], ldo: usize) {
     assert!(np.is_multiple_of(LANES), "{np} columns: not whole lanes");
-    if m == 0 || np == 0 || ab.kd == 0 {
+    if m == 0 || np == 0 {
+        return;
+    }
+    if ab.kd == 0 {
+        if ab.assign {
+            for row in out.chunks_mut(ldo).take(m) {
+                row[..np].fill(0.0);
+            }
+        }
         return;
     }
     assert!((m - 1) * ab.lda + (ab.kd - 1) * ab.ldp < ab.a.len(), "A too short");
@@ -141,6 +157,8 @@ unsafe fn gemm_tile<V: WideLanes, const R: usize, const G: usize>(
     ldo: usize,
 ) {
     let Operands { a, lda, ldp, b, ldb, alpha, .. } = ab;
+    // The first block of terms writes over `out` when the product is assigned.
+    let fresh = ab.assign && p0 == 0;
     let (ap, bp) = (a.as_ptr(), b.as_ptr());
     let mut acc = [[V::splat(0.0); G]; R];
     for p in p0..p1 {
@@ -168,7 +186,8 @@ unsafe fn gemm_tile<V: WideLanes, const R: usize, const G: usize>(
             // contract); `out` is borrowed mutably, so nothing else aliases it.
             unsafe {
                 let o = op.add((i + r) * ldo + c + j * V::WIDTH);
-                acc[r][j].mul_add(al, V::load(o)).store(o);
+                // `acc·alpha + 0` rounds as the product alone: the same bits as a zeroed `out`.
+                acc[r][j].mul_add(al, if fresh { V::splat(0.0) } else { V::load(o) }).store(o);
             }
         }
     }
@@ -187,6 +206,7 @@ mod tests {
         kd: usize,
         transposed: bool,
         lower: bool,
+        assign: bool,
     }
 
     const fn val(k: usize) -> f32 {
@@ -220,6 +240,7 @@ mod tests {
                 Operands::new(self.kd, a, ld, b, ldb)
             }
             .scaled(-0.5);
+            let ab = if self.assign { ab.assign() } else { ab };
             if self.lower { ab.lower() } else { ab }
         }
     }
@@ -236,17 +257,18 @@ mod tests {
     }
 
     /// Every shape class (row tails, column tails of sixteen and eight lanes, several term
-    /// blocks, transposed and lower triangular `A`) on every lane level against the plain triple
+    /// blocks, transposed and lower triangular `A`, accumulated or assigned) on every lane level against the plain triple
     /// loop; the x86 levels bit for bit alike.
     #[test]
     fn matches_the_triple_loop_on_every_level() {
         for (m, np, kd) in [(1, 8, 1), (5, 24, 70), (9, 40, 130), (13, 56, 9), (7, 104, 33), (64, 128, 256), (3, 16, 0)]
         {
-            for (transposed, lower) in [(false, false), (true, false), (false, true)] {
+            let classes = [(false, false), (true, false), (false, true)];
+            for ((transposed, lower), assign) in classes.into_iter().flat_map(|c| [(c, false), (c, true)]) {
                 if lower && m > kd {
                     continue;
                 }
-                let pr = Product { m, np, kd, transposed, lower };
+                let pr = Product { m, np, kd, transposed, lower, assign };
                 let (a, b, ldo) = (pr.a(), pr.b(), pr.ldo());
                 let ab = pr.operands(&a, &b);
                 let mut want: Vec<f32> = (0..m * ldo).map(|k| val(k + 11)).collect();
@@ -254,7 +276,8 @@ mod tests {
                     for j in 0..np {
                         let s: f64 =
                             (0..kd).map(|p| f64::from(a[i * ab.lda + p * ab.ldp]) * f64::from(b[p * ab.ldb + j])).sum();
-                        want[i * ldo + j] += (-0.5 * s) as f32;
+                        let w = &mut want[i * ldo + j];
+                        *w = if assign { 0.0 } else { *w } + (-0.5 * s) as f32;
                     }
                 }
                 let mut x86: Option<Vec<f32>> = None;

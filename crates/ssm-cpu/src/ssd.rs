@@ -29,7 +29,7 @@ use ssm_tensor::{DType, Planned, Run, Strided};
 
 use crate::gemm::{Operands, gemm};
 use crate::host::{MambaInputs, host_opt, host_ref, host_shared, rd, rd_int, rd_shared};
-use crate::lanes::{dot, gather, prefetch_row, round8, scal, scatter, transpose};
+use crate::lanes::{gather, prefetch_row, round8, scal, scatter, transpose};
 use crate::shared::{ItemOp, Scratch, SharedBuf};
 use crate::simd::{LANES, PowTwo, Simd};
 use crate::{CpuBackend, CpuError, require_host};
@@ -213,8 +213,7 @@ fn chunk_state<S: Simd + PowTwo>(ctx: &Ctx<'_>, c: usize, h: usize, scratch: &mu
     for i in 0..len {
         scal::<S>(&mut bw[i * nr..(i + 1) * nr], decay((da_last - da[i]).min(0.0)) * dt_out[i]);
     }
-    st.fill(0.0);
-    gemm::<S>(p.dim, nr, Operands::transposed(len, xs, pr, bw, nr), st, nr);
+    gemm::<S>(p.dim, nr, Operands::transposed(len, xs, pr, bw, nr).assign(), st, nr);
 }
 
 #[inline(always)]
@@ -225,18 +224,27 @@ fn chunk_cb<S: Simd + PowTwo>(ctx: &Ctx<'_>, c: usize, g: usize, scratch: &mut S
     let len = e - s;
     // SAFETY: the CB block of (c, g) belongs to this item.
     let cb = unsafe { ctx.ws(ctx.cb_off(c, g), p.chunk_rows * q_row) };
-    let (cs, bs) = scratch.take(2 * len * nr).split_at_mut(len * nr);
+    let lp = round8(len);
+    let (cs, rest) = scratch.take(2 * len * nr + p.dstate * lp).split_at_mut(len * nr);
+    let (bs, bt) = rest.split_at_mut(len * nr);
     ctx.widen::<S>(ctx.inp.mamba.c, p.io_dtypes.c, p.c, s, len, g, p.dstate, nr, cs);
     ctx.widen::<S>(ctx.inp.mamba.b, p.io_dtypes.b, p.b, s, len, g, p.dstate, nr, bs);
+    // `CB = C·Bᵀ` over `Bᵀ` (`[dstate × lp]`), in blocks of rows that stop at the block's
+    // diagonal; the terms past each row's diagonal are then zeroed.
+    transpose::<S>(bs, nr, len, p.dstate, bt, lp, lp);
+    for i0 in (0..len).step_by(CB_ROWS) {
+        let rows = CB_ROWS.min(len - i0);
+        let ab = Operands::new(p.dstate, &cs[i0 * nr..], nr, bt, lp).assign();
+        gemm::<S>(rows, round8(i0 + rows), ab, &mut cb[i0 * q_row..], q_row);
+    }
     for i in 0..len {
-        let row = &mut cb[i * q_row..(i + 1) * q_row];
-        let ci = &cs[i * nr..(i + 1) * nr];
-        for j in 0..=i {
-            row[j] = dot::<S>(ci, &bs[j * nr..(j + 1) * nr]);
-        }
-        row[i + 1..].fill(0.0);
+        cb[i * q_row + i + 1..(i + 1) * q_row].fill(0.0);
     }
 }
+
+/// Rows of stage 4's `C·Bᵀ` per product: each block of rows computes the columns up to its
+/// last row only.
+const CB_ROWS: usize = 48;
 
 /// Stage 3 for (sequence, head).
 #[inline(always)]
@@ -409,7 +417,6 @@ fn scan_item<S: Simd + PowTwo>(ctx: &Ctx<'_>, item: usize, scratch: &mut Scratch
     let (dvec, rest) = rest.split_at_mut(pr);
     let (zrow, fact) = rest.split_at_mut(pr);
     ctx.widen::<S>(inp.mamba.x, p.io_dtypes.x, p.x, s, len, h, p.dim, pr, xs);
-    ys.fill(0.0);
     // Off-diagonal: the entering state seen through C, decayed to each token:
     // `y_i = e^{dA_i}·C_i·S_inᵀ`, a `[len × dstate]·[dstate × dim]` product.
     if has_prev {
@@ -422,7 +429,7 @@ fn scan_item<S: Simd + PowTwo>(ctx: &Ctx<'_>, item: usize, scratch: &mut Scratch
             unsafe { &*ctx.ws(ctx.state_off(c - 1, h), per) }
         };
         transpose::<S>(sin, nr, p.dim, p.dstate, sin_t, pr, pr);
-        gemm::<S>(len, pr, Operands::new(p.dstate, cs, nr, sin_t, pr), ys, pr);
+        gemm::<S>(len, pr, Operands::new(p.dstate, cs, nr, sin_t, pr).assign(), ys, pr);
         for i in 0..len {
             scal::<S>(&mut ys[i * pr..(i + 1) * pr], decay(da[i]));
         }
@@ -430,7 +437,8 @@ fn scan_item<S: Simd + PowTwo>(ctx: &Ctx<'_>, item: usize, scratch: &mut Scratch
     // Diagonal block: `y_i += Σ_{j≤i} CB_ij·e^{min(dA_i − dA_j, 0)}·dt_j·x_j`, a lower-triangular
     // `[len × len]·[len × dim]` product (the weights past the diagonal stored as zeros).
     diag_weights::<S>(len, q_row, da, dt_out, cb, wm, fact);
-    gemm::<S>(len, pr, Operands::new(len, wm, q_row, xs, pr).lower(), ys, pr);
+    let diag = Operands::new(len, wm, q_row, xs, pr).lower();
+    gemm::<S>(len, pr, if has_prev { diag } else { diag.assign() }, ys, pr);
     // `D·x`, the gate `z·σ(z)`, the output row.
     let out = ctx.out.expect("stage 5 runs only with an output");
     let out_dtype = p.io_dtypes.out.expect("output dtype");
@@ -443,6 +451,17 @@ fn scan_item<S: Simd + PowTwo>(ctx: &Ctx<'_>, item: usize, scratch: &mut Scratch
     }
     let z = inp.z.zip(p.z).zip(p.io_dtypes.z);
     for i in 0..len {
+        if i + TAIL_AHEAD < len {
+            if let Some(((bytes, zp), zt)) = z {
+                prefetch_row::<S>(bytes, zt, zp.at([s + i + TAIL_AHEAD, h, 0]), p.dim);
+            }
+            // A hint only: the lines of a row of unit stride (the layout vLLM passes).
+            let size = out_dtype.size();
+            let row = out.elems::<u8>(op.at([s + i + TAIL_AHEAD, h, 0]) * size, size);
+            for line in (0..p.dim * size).step_by(64) {
+                S::prefetch(row.wrapping_add(line));
+            }
+        }
         let (xi, yi) = (&xs[i * pr..(i + 1) * pr], &mut ys[i * pr..(i + 1) * pr]);
         if d.is_some() {
             for k in (0..pr).step_by(LANES) {
@@ -461,6 +480,9 @@ fn scan_item<S: Simd + PowTwo>(ctx: &Ctx<'_>, item: usize, scratch: &mut Scratch
         unsafe { scatter::<S>(out, out_dtype, op.at([s + i, h, 0]), op.strides[2], &yi[..p.dim]) };
     }
 }
+
+/// Token rows ahead of the one being finished whose `z` and output rows stage 5 prefetches.
+const TAIL_AHEAD: usize = 8;
 
 /// f32 scratch of one stage-5 item: x, C and output rows, the diagonal block's weights, an
 /// entering state and its transpose, `D`, a `z` row and [`diag_weights`]' factors.
@@ -558,10 +580,10 @@ fn diag_weights<S: Simd + PowTwo>(
 }
 
 /// f32 scratch of one item of any stage, from the plan's dimensions alone (the largest: stage 2's
-/// x and weighted B rows of a chunk, stage 4's C and B rows, or stage 5's [`scan_scratch`]).
+/// x and weighted B rows of a chunk, stage 4's C, B and Bᵀ rows, or stage 5's [`scan_scratch`]).
 fn item_scratch(p: &SsdPlan, w: &ScratchLayout) -> usize {
     let (len, nr, pr) = (p.chunk_rows, w.state_row, round8(p.dim));
-    (len * (pr + nr)).max(2 * len * nr).max(scan_scratch(p, w))
+    (len * (pr + nr)).max(2 * len * nr + p.dstate * round8(len)).max(scan_scratch(p, w))
 }
 
 impl CpuBackend {
