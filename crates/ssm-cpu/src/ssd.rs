@@ -29,7 +29,7 @@ use ssm_tensor::{DType, Planned, Run, Strided};
 
 use crate::gemm::{Operands, gemm};
 use crate::host::{MambaInputs, host_opt, host_ref, host_shared, rd, rd_int, rd_shared};
-use crate::lanes::{gather, prefetch_row, round8, scal, scatter, transpose};
+use crate::lanes::{gather, prefetch_row, round8, scal, scatter, softplus_lanes, transpose};
 use crate::shared::{ItemOp, Scratch, SharedBuf};
 use crate::simd::{LANES, PowTwo, Simd};
 use crate::{CpuBackend, CpuError, require_host};
@@ -180,24 +180,27 @@ fn chunk_state<S: Simd + PowTwo>(ctx: &Ctx<'_>, c: usize, h: usize, scratch: &mu
             ctx.ws(ctx.state_off(c, h), p.dim * nr),
         )
     };
-    // Stage 1: dt processing (bias, softplus, clamp), zero padding, A-scaled cumsum.
+    // Stage 1: dt processing (bias, softplus in lanes, clamp), zero padding, A-scaled cumsum.
     let a = rd(inp.mamba.a, inp.a_dtype, p.a.at([h]));
     let bias = inp.dt_bias.map(|(b, t)| rd(b, t, p.dt_bias.unwrap().at([h])));
     let (lo, hi) = p.dt_limit;
+    gather::<S>(inp.mamba.dt, p.io_dtypes.dt, p.dt.at([s, h, 0]), p.dt.strides[0], &mut dt_out[..len]);
+    dt_out[len..].fill(0.0);
+    if bias.is_some() || p.dt_softplus {
+        for j in (0..round8(len)).step_by(LANES) {
+            let mut v = S::load(&dt_out[j..]);
+            if let Some(b) = bias {
+                v = v.add(S::splat(b));
+            }
+            if p.dt_softplus {
+                v = softplus_lanes(v);
+            }
+            v.store(&mut dt_out[j..]);
+        }
+    }
     let mut cum = 0.0f32;
     for i in 0..q_row {
-        let v = if i < len {
-            let mut v = rd(inp.mamba.dt, p.io_dtypes.dt, p.dt.at([s + i, h, 0]));
-            if let Some(b) = bias {
-                v += b;
-            }
-            if p.dt_softplus && v <= 20.0 {
-                v = v.exp().ln_1p();
-            }
-            v.max(lo).min(hi)
-        } else {
-            0.0
-        };
+        let v = if i < len { dt_out[i].max(lo).min(hi) } else { 0.0 };
         dt_out[i] = v;
         cum += a * v;
         da[i] = cum;
@@ -207,11 +210,16 @@ fn chunk_state<S: Simd + PowTwo>(ctx: &Ctx<'_>, c: usize, h: usize, scratch: &mu
     // chunk's widened rows.
     let da_last = da[len.max(1) - 1];
     let pr = round8(p.dim);
-    let (xs, bw) = scratch.take(len * (pr + nr)).split_at_mut(len * pr);
+    let (xs, rest) = scratch.take(len * (pr + nr) + q_row).split_at_mut(len * pr);
+    let (bw, wts) = rest.split_at_mut(len * nr);
     ctx.widen::<S>(inp.mamba.x, p.io_dtypes.x, p.x, s, len, h, p.dim, pr, xs);
     ctx.widen::<S>(inp.mamba.b, p.io_dtypes.b, p.b, s, len, g, p.dstate, nr, bw);
+    let (last, zero) = (S::splat(da_last), S::splat(0.0));
+    for j in (0..q_row).step_by(LANES) {
+        decay_v(last.sub(S::load(&da[j..])).min_(zero)).mul(S::load(&dt_out[j..])).store(&mut wts[j..]);
+    }
     for i in 0..len {
-        scal::<S>(&mut bw[i * nr..(i + 1) * nr], decay((da_last - da[i]).min(0.0)) * dt_out[i]);
+        scal::<S>(&mut bw[i * nr..(i + 1) * nr], wts[i]);
     }
     gemm::<S>(p.dim, nr, Operands::transposed(len, xs, pr, bw, nr).assign(), st, nr);
 }
@@ -430,8 +438,13 @@ fn scan_item<S: Simd + PowTwo>(ctx: &Ctx<'_>, item: usize, scratch: &mut Scratch
         };
         transpose::<S>(sin, nr, p.dim, p.dstate, sin_t, pr, pr);
         gemm::<S>(len, pr, Operands::new(p.dstate, cs, nr, sin_t, pr).assign(), ys, pr);
+        // Each row's decay, in lanes (`fact` is free until `diag_weights` fills it).
+        let dec = &mut fact[..q_row];
+        for j in (0..q_row).step_by(LANES) {
+            decay_v(S::load(&da[j..])).store(&mut dec[j..]);
+        }
         for i in 0..len {
-            scal::<S>(&mut ys[i * pr..(i + 1) * pr], decay(da[i]));
+            scal::<S>(&mut ys[i * pr..(i + 1) * pr], dec[i]);
         }
     }
     // Diagonal block: `y_i += Σ_{j≤i} CB_ij·e^{min(dA_i − dA_j, 0)}·dt_j·x_j`, a lower-triangular
@@ -580,10 +593,10 @@ fn diag_weights<S: Simd + PowTwo>(
 }
 
 /// f32 scratch of one item of any stage, from the plan's dimensions alone (the largest: stage 2's
-/// x and weighted B rows of a chunk, stage 4's C, B and Bᵀ rows, or stage 5's [`scan_scratch`]).
+/// x and weighted B rows of a chunk with the rows' weights, stage 4's C, B and Bᵀ rows, or stage 5's [`scan_scratch`]).
 fn item_scratch(p: &SsdPlan, w: &ScratchLayout) -> usize {
     let (len, nr, pr) = (p.chunk_rows, w.state_row, round8(p.dim));
-    (len * (pr + nr)).max(2 * len * nr + p.dstate * round8(len)).max(scan_scratch(p, w))
+    (len * (pr + nr) + w.q_row).max(2 * len * nr + p.dstate * round8(len)).max(scan_scratch(p, w))
 }
 
 impl CpuBackend {

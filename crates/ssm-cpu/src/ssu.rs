@@ -12,7 +12,7 @@ use ssm_ssu::{ParamForm, Route, SelectiveStateUpdateArgs, SsuPlan, TokenStrides}
 use ssm_tensor::{DType, Planned, Run, TensorMut};
 
 use crate::host::{MambaInputs, rd, rd_int, wr};
-use crate::lanes::{gather, ld, round8, scatter, st};
+use crate::lanes::{gather, ld, round8, scatter, softplus_lanes, st};
 use crate::shared::{Scratch, SharedBuf};
 use crate::simd::{LANES, PowTwo, Real, Simd, SimdKernel, dispatch};
 use crate::{CpuBackend, CpuError, require_host};
@@ -1010,22 +1010,4 @@ fn store_row<S: Simd, St: Real>(row: &[f32], dst: &mut [St]) {
     for i in full..n {
         dst[i] = St::from_f32(row[i]);
     }
-}
-
-/// `ln(1 + e^v)` lane-wise, as `max(v, 0) + ln1p(e^-|v|)`: `ln1p(u)` for `u ∈ (0, 1]` is
-/// `2·atanh(u / (2 + u))`, an odd series in `s = u / (2 + u) ≤ 1/3` summed to `s^15` (truncation
-/// below 2e-9). Within a few ulp of the scalar `ln(e^v + 1)` (threshold 20: above it the
-/// correction is below half an ulp of `v`, so the result is `v` as there). NaN stays NaN.
-#[inline(always)]
-fn softplus_lanes<S: Simd + PowTwo>(v: S) -> S {
-    let zero = S::splat(0.0);
-    let neg_abs = zero.sub(v.max(zero.sub(v)));
-    let u = neg_abs.exp();
-    let s = u.div(S::splat(2.0).add(u));
-    let s2 = s.mul(s);
-    let mut poly = S::splat(1.0 / 15.0);
-    for c in [1.0 / 13.0, 1.0 / 11.0, 1.0 / 9.0, 1.0 / 7.0, 1.0 / 5.0, 1.0 / 3.0, 1.0] {
-        poly = poly.mul_add(s2, S::splat(c));
-    }
-    v.max(zero).add(S::splat(2.0).mul(s).mul(poly))
 }
