@@ -109,14 +109,15 @@ pub(crate) fn gather<S: Simd>(bytes: &[u8], dtype: DType, off: usize, stride: is
     with_real!(dtype, R => run::<S, R>(bytes, off, stride, out))
 }
 
-/// Hints that the `n` elements of a `dtype` buffer from element `at` on will be read soon (every
-/// cache line of them; an address past the buffer is harmless, a prefetch never faults). For
-/// token rows that lie a whole plane of heads apart, which the hardware prefetchers miss.
+/// Hints that the `n` elements from element `at` on of the `dtype` buffer at `base` will be
+/// read or written soon (every cache line of them; an address past the buffer is harmless, a
+/// prefetch never faults). For token rows that lie a whole plane of heads apart, which the
+/// hardware prefetchers miss.
 #[inline(always)]
-pub(crate) fn prefetch_row<S: Simd>(bytes: &[u8], dtype: DType, at: usize, n: usize) {
+pub(crate) fn prefetch_row<S: Simd>(base: *const u8, dtype: DType, at: usize, n: usize) {
     let size = dtype.size();
     for line in (0..n * size).step_by(64) {
-        S::prefetch(bytes.as_ptr().wrapping_add(at * size + line));
+        S::prefetch(base.wrapping_add(at * size + line));
     }
 }
 

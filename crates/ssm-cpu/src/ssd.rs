@@ -115,7 +115,7 @@ impl Ctx<'_> {
         const AHEAD: usize = 8;
         for r in 0..rows {
             if r + AHEAD < rows {
-                prefetch_row::<S>(bytes, dtype, s.at([first + r + AHEAD, i, 0]), n);
+                prefetch_row::<S>(bytes.as_ptr(), dtype, s.at([first + r + AHEAD, i, 0]), n);
             }
             let d = &mut dst[r * row..(r + 1) * row];
             gather::<S>(bytes, dtype, s.at([first + r, i, 0]), s.strides[2], &mut d[..n]);
@@ -466,14 +466,10 @@ fn scan_item<S: Simd + PowTwo>(ctx: &Ctx<'_>, item: usize, scratch: &mut Scratch
     for i in 0..len {
         if i + TAIL_AHEAD < len {
             if let Some(((bytes, zp), zt)) = z {
-                prefetch_row::<S>(bytes, zt, zp.at([s + i + TAIL_AHEAD, h, 0]), p.dim);
+                prefetch_row::<S>(bytes.as_ptr(), zt, zp.at([s + i + TAIL_AHEAD, h, 0]), p.dim);
             }
-            // A hint only: the lines of a row of unit stride (the layout vLLM passes).
-            let size = out_dtype.size();
-            let row = out.elems::<u8>(op.at([s + i + TAIL_AHEAD, h, 0]) * size, size);
-            for line in (0..p.dim * size).step_by(64) {
-                S::prefetch(row.wrapping_add(line));
-            }
+            // The lines of a row of unit stride (the layout vLLM passes; a hint only).
+            prefetch_row::<S>(out.elems::<u8>(0, 0), out_dtype, op.at([s + i + TAIL_AHEAD, h, 0]), p.dim);
         }
         let (xi, yi) = (&xs[i * pr..(i + 1) * pr], &mut ys[i * pr..(i + 1) * pr]);
         if d.is_some() {

@@ -220,9 +220,9 @@ fn chunk_inputs<S: Simd>(ctx: &ChunkCtx<'_>, b: usize, t0: usize, cl: usize, hv:
         let tt = t0 + i;
         if i + AHEAD < cl {
             let ta = tt + AHEAD;
-            prefetch_row::<S>(ctx.io.q, q_dt, q_at.at([b, ta, h, 0]), kd);
-            prefetch_row::<S>(ctx.io.k, k_dt, k_at.at([b, ta, h, 0]), kd);
-            prefetch_row::<S>(ctx.io.v, v_dt, v_at.at([b, ta, hv, 0]), vd);
+            prefetch_row::<S>(ctx.io.q.as_ptr(), q_dt, q_at.at([b, ta, h, 0]), kd);
+            prefetch_row::<S>(ctx.io.k.as_ptr(), k_dt, k_at.at([b, ta, h, 0]), kd);
+            prefetch_row::<S>(ctx.io.v.as_ptr(), v_dt, v_at.at([b, ta, hv, 0]), vd);
         }
         let qi = &mut m.q[i * kp..(i + 1) * kp];
         gather::<S>(ctx.io.q, q_dt, q_at.at([b, tt, h, 0]), q_at.strides[3], &mut qi[..kd]);
