@@ -9,7 +9,6 @@
 //   HAS_Z HAS_D HAS_DT_BIAS DT_SOFTPLUS TIED HAS_SBI HAS_PAD VARLEN DENSE SPEC STOCH_ROUND BC_VEC RAW   0/1
 //   NO_UPDATE ISTATES HAS_ISI ISI_T                                                     0/1, index type
 //   QUANT QLIMIT                                                                        0/1, f32
-//   STAGE_W                       multi-token routes: tokens staged in shared memory at a time (0: none)
 //   (BC_VEC: B and C are contiguous along dstate and VEC-element aligned: vector loads;
 //   RAW: one-token route with 16-byte state vectors, the tile held in its storage form;
 //   NO_UPDATE: the pool is never written (disable_state_update, or the intermediate buffer);
@@ -188,26 +187,9 @@ struct TokIn {
 #else
     float dt[RPT];
 #endif
-#if STAGE_W > 0
-    float b[VPT][VEC];
-    const C_T* c;  // the token's staged C (shared memory), read as each row needs it
-#else
     float b[VPT][VEC], c[VPT][VEC];
-#endif
 };
 
-// Element e of the lane's vector v of C (zero past dstate).
-__device__ __forceinline__ float tok_c(const TokIn& in, int v, int e, int lane) {
-#if STAGE_W > 0
-    const int vi = lane + v * TPR;
-    return vi < NVEC ? to_f32(in.c[vi * VEC + e]) : 0.f;
-#else
-    (void)lane;
-    return in.c[v][e];
-#endif
-}
-
-#if STAGE_W == 0  // (staged routes read their tokens with read_token below)
 __device__ __forceinline__ void load_token(const SsuParams& p, TokIn& in, i64 seq, i64 bos, int t, int h, int g,
                                            const int (&prow)[RPT], int lane) {
 #pragma unroll
@@ -249,131 +231,6 @@ __device__ __forceinline__ void load_token(const SsuParams& p, TokIn& in, i64 se
 #endif
     }
 }
-#endif
-
-#if STAGE_W > 0
-// Multi-token routes (STAGE_W > 0): the inputs of STAGE_W tokens at a time, loaded by the whole
-// block into shared memory, B and C by `cp.async` (no registers held while they fly), issued
-// before the state's loads for the first window. A window costs one round trip to memory where a
-// token at a time cost one per token, and B and C are loaded once per block rather than once per
-// row group. Each lane then reads its part of a token from shared memory as the token comes.
-#if !VARLEN && !DENSE
-#error "STAGE_W stages the tokens of a multi-token route"
-#endif
-#if NVEC * VEC != DSTATE
-#error "staged B and C rows are whole vectors"
-#endif
-struct TokStage {
-    __align__(16) B_T b[STAGE_W][DSTATE];  // B and C as stored (rows past the window's tokens unset)
-    __align__(16) C_T c[STAGE_W][DSTATE];
-    float x[STAGE_W][DIM_TILE];  // the block's rows (zero past dim)
-#if HAS_Z
-    float z[STAGE_W][DIM_TILE];
-#endif
-#if TIED
-    float dt[STAGE_W];
-#else
-    float dt[STAGE_W][DIM_TILE];
-#endif
-};
-
-// N (4, 8 or 16) bytes from global `src` into shared `dst` (both N-byte aligned), asynchronously.
-template <int N> __device__ __forceinline__ void cp_async_ca(void* dst, const void* src) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(smem_addr(dst)), "l"(src), "n"(N) : "memory");
-}
-
-// One of B or C (strides `ts`) for tokens t0 .. t0 + n of the window, into `dst`: by `cp.async`
-// when the rows are contiguous vectors of at least 4 bytes, else element by element.
-template <typename T>
-__device__ __forceinline__ void stage_bc(T (&dst)[STAGE_W][DSTATE], const T* base, const TokStrides& ts, i64 seq, i64 bos,
-                                         int t0, int n, int g) {
-    constexpr int VB = VEC * (int)sizeof(T);  // bytes of one state vector's columns
-    if constexpr (BC_VEC && VB >= 4) {
-        constexpr int CH = VB < 16 ? VB : 16, PER_ROW = DSTATE * (int)sizeof(T) / CH;
-#pragma unroll
-        for (int i = 0; i < (STAGE_W * PER_ROW + NTHREADS - 1) / NTHREADS; ++i) {
-            const int k = threadIdx.x + i * NTHREADS, w = k / PER_ROW, c = k % PER_ROW;
-            const T* row = base + tok_base(ts, seq, bos, t0 + w) + (i64)g * ts.head;
-            if (k < STAGE_W * PER_ROW && w < n)
-                cp_async_ca<CH>(reinterpret_cast<char*>(dst[w]) + c * CH, reinterpret_cast<const char*>(row) + c * CH);
-        }
-    } else {
-#pragma unroll 4
-        for (int i = 0; i < (STAGE_W * DSTATE + NTHREADS - 1) / NTHREADS; ++i) {
-            const int k = threadIdx.x + i * NTHREADS, w = k / DSTATE, col = k % DSTATE;
-            if (k < STAGE_W * DSTATE && w < n)
-                dst[w][col] = ld_ro(base + tok_base(ts, seq, bos, t0 + w) + (i64)g * ts.head + (i64)col * ts.dim);
-        }
-    }
-}
-
-// One per-row input (`T`, strides `ts`) of the block's rows for tokens t0 .. t0 + n, into `dst`.
-template <typename T>
-__device__ __forceinline__ void stage_rows(const SsuParams& p, float (&dst)[STAGE_W][DIM_TILE], const T* base,
-                                           const TokStrides& ts, i64 seq, i64 bos, int t0, int n, int h, int tile) {
-#pragma unroll
-    for (int i = 0; i < (STAGE_W * DIM_TILE + NTHREADS - 1) / NTHREADS; ++i) {
-        const int k = threadIdx.x + i * NTHREADS, w = k / DIM_TILE, row = tile * DIM_TILE + k % DIM_TILE;
-        if (k < STAGE_W * DIM_TILE)
-            dst[w][k % DIM_TILE] =
-                w < n && row < p.dim ? to_f32(ld_ro(base + tok_base(ts, seq, bos, t0 + w) + (i64)h * ts.head + (i64)row * ts.dim)) : 0.f;
-    }
-}
-
-// Stages tokens t0 .. min(t0 + STAGE_W, len) of the sequence. Called by every thread of the block;
-// `stage_wait` before the first read.
-__device__ __forceinline__ void stage_tokens(const SsuParams& p, TokStage& st, i64 seq, i64 bos, int t0, int len, int h,
-                                             int g, int tile) {
-    const int n = min(STAGE_W, len - t0);
-    stage_bc(st.b, reinterpret_cast<const B_T*>(p.b), p.bs, seq, bos, t0, n, g);
-    stage_bc(st.c, reinterpret_cast<const C_T*>(p.c), p.cs, seq, bos, t0, n, g);
-    cp_async_commit();
-    stage_rows(p, st.x, reinterpret_cast<const X_T*>(p.x), p.xs, seq, bos, t0, n, h, tile);
-#if HAS_Z
-    stage_rows(p, st.z, reinterpret_cast<const Z_T*>(p.z), p.zs, seq, bos, t0, n, h, tile);
-#endif
-#if TIED
-    if (threadIdx.x < STAGE_W) {
-        const int w = threadIdx.x;
-        st.dt[w] = w < n ? to_f32(ld_ro(reinterpret_cast<const DT_T*>(p.dt) + tok_base(p.dts, seq, bos, t0 + w) + (i64)h * p.dts.head))
-                         : 0.f;
-    }
-#else
-    stage_rows(p, st.dt, reinterpret_cast<const DT_T*>(p.dt), p.dts, seq, bos, t0, n, h, tile);
-#endif
-}
-
-// The staged window is complete and visible to the whole block.
-__device__ __forceinline__ void stage_wait() {
-    cp_async_wait_all();
-    __syncthreads();
-}
-
-// A lane's part of staged token w (as `load_token` loads it from memory); C stays in shared memory.
-__device__ __forceinline__ void read_token(const TokStage& st, TokIn& in, int w, int row_group, int lane) {
-#pragma unroll
-    for (int r = 0; r < RPT; ++r) {
-        const int j = r * ROW_GROUPS + row_group;  // the row's place in the block's tile
-        in.x[r] = st.x[w][j];
-#if HAS_Z
-        in.z[r] = st.z[w][j];
-#endif
-#if !TIED
-        in.dt[r] = st.dt[w][j];
-#endif
-    }
-#if TIED
-    in.dt = st.dt[w];
-#endif
-#pragma unroll
-    for (int v = 0; v < VPT; ++v) {
-        const int vi = lane + v * TPR;
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) in.b[v][e] = vi < NVEC ? to_f32(st.b[w][vi * VEC + e]) : 0.f;
-    }
-    in.c = st.c[w];
-}
-#endif
 
 // The per-head parameters of one (head, row tile) a lane needs: A (tied: one per head), dt_bias
 // and D for its rows.
@@ -464,7 +321,7 @@ __device__ __forceinline__ float update_row(const SsuParams& p, float (&s)[VPT][
             const float dbx = __fmul_rn(__fmul_rn(in.b[v][e], in.dt[r]), in.x[r]);
 #endif
             s[v][e] = fmaf(s[v][e], da, dbx);
-            acc = fmaf(s[v][e], tok_c(in, v, e, lane), acc);
+            acc = fmaf(s[v][e], in.c[v][e], acc);
         }
     }
     return acc;
@@ -685,12 +542,6 @@ extern "C" __global__ void SSU_BOUNDS ssu_kernel(const SsuParams p) {
     len = p.steps;
 #endif
 
-#if STAGE_W > 0
-    // The first window's inputs, before the slot index is back (they do not depend on it).
-    __shared__ TokStage stage;
-    stage_tokens(p, stage, seq, bos, 0, len, h, g, tile);
-#endif
-
     // Rows of this lane and the per-head parameters: loaded now, before the slot index is
     // back (they do not depend on it).
     int prow[RPT];
@@ -857,21 +708,10 @@ extern "C" __global__ void SSU_BOUNDS ssu_kernel(const SsuParams p) {
 #if QUANT && RAW
     float dec_out[RPT];  // the new decode scale of each row (one token: the final store's)
 #endif
-#if STAGE_W > 0
-    stage_wait();  // the first window
-#endif
     for (int t = 0; t < len; ++t) {
         // Later tokens' inputs: loaded as a group before any is used (token 0's were loaded
         // before the state).
-#if STAGE_W > 0
-        const int w = t % STAGE_W;
-        if (t > 0 && w == 0) {  // the next window (len is the same for the whole block)
-            __syncthreads();  // every lane is done with the last window
-            stage_tokens(p, stage, seq, bos, t, len, h, g, tile);
-            stage_wait();
-        }
-        read_token(stage, cur, w, row_group, lane);
-#elif !VARLEN && !DENSE
+#if !VARLEN && !DENSE
         if (t > 0) load_token(p, cur, seq, bos, t, h, g, prow, lane);
 #else
         load_token(p, cur, seq, bos, t, h, g, prow, lane);

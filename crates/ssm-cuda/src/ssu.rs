@@ -138,9 +138,6 @@ pub struct SsuGeometry {
     pub streaming: bool,
     /// One-token route: store each row's final state as soon as it is computed.
     pub row_store: bool,
-    /// Multi-token routes: how many tokens' inputs the block stages in shared memory at a time
-    /// (0: each lane loads its part of every token from memory as the token comes).
-    pub stage: usize,
 }
 
 impl SsuGeometry {
@@ -229,20 +226,19 @@ impl SsuGeometry {
             // Evict-first hints on the state (read once, written once) measured better on an H200.
             streaming: true,
             row_store: false,
-            stage: 0,
         };
-        tuning_override(g, multi_token)
+        tuning_override(g)
     }
 }
 
-/// `SSM_CUDA_SSU_TUNE="rpt=2,threads=256,minb=6,cs=1,rowstore=1,vec=4,tpr=8,stage=4"` overrides the
-/// chosen geometry's rows per lane, threads per block, minimum blocks per SM, streaming cache hints,
-/// row-wise final stores, (narrower) state vector width, lanes per row and (multi-token routes, at most
-/// 8) tokens staged in shared memory (for tuning sweeps on a GPU; unset in normal use).
+/// `SSM_CUDA_SSU_TUNE="rpt=2,threads=256,minb=6,cs=1,rowstore=1,vec=4,tpr=8"` overrides the chosen
+/// geometry's rows per lane, threads per block, minimum blocks per SM, streaming cache hints,
+/// row-wise final stores, (narrower) state vector width and lanes per row (for tuning sweeps on a GPU; unset in
+/// normal use).
 /// Values that would break the tiling (threads not a multiple of 32 or below `tpr`) are ignored.
 static TUNE: TuneVar = TuneVar::new("SSM_CUDA_SSU_TUNE");
 
-fn tuning_override(mut g: SsuGeometry, multi_token: bool) -> SsuGeometry {
+fn tuning_override(mut g: SsuGeometry) -> SsuGeometry {
     for (k, v) in TUNE.pairs() {
         match (k.as_str(), *v) {
             ("rpt", v) if v >= 1 => g.row.rpt = v,
@@ -250,7 +246,6 @@ fn tuning_override(mut g: SsuGeometry, multi_token: bool) -> SsuGeometry {
             ("minb", v) => g.row.min_blocks = v,
             ("cs", v) => g.streaming = v != 0,
             ("rowstore", v) => g.row_store = v != 0,
-            ("stage", v) if multi_token && v <= 8 => g.stage = v as usize,
             _ => {}
         }
     }
@@ -370,7 +365,6 @@ impl SsuKey {
             ("ROWSTORE", u8::from(g.row_store && limit.is_none()).to_string()),
             ("QUANT", u8::from(limit.is_some()).to_string()),
             ("QLIMIT", format!("{:.1}f", limit.unwrap_or(0.0))),
-            ("STAGE_W", g.stage.to_string()),
         ]);
         // One token, not speculative, no intermediate buffer, 16-byte state vectors: the tile is
         // held in storage form.
