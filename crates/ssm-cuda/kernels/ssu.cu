@@ -34,6 +34,7 @@
 
 // Token t of sequence b starts at (VARLEN ? cu_seqlens[b] * tok : b * seq) + t * tok
 // (ssm_ssu::TokenStrides; the plan's element offset is folded into the pointer).
+#define NARROW 1
 struct TokStrides {
     i64 seq, tok, head, dim;  // B and C: head -> group, dim -> dstate column
 };
@@ -140,8 +141,22 @@ __device__ __forceinline__ void raise_error(const SsuParams& p, u32 bit) {
     if (threadIdx.x == 0) atomicOr(reinterpret_cast<u32*>(p.err), bit);
 }
 
+// index · stride for an element offset. NARROW: the host proved that every stride and extent of
+// the call fits in 32 bits (and index values are checked against their extents before use), so
+// one 32 × 32 → 64-bit multiply (`IMAD.WIDE`) gives the exact product where a 64-bit one takes
+// three; the 4-token bf16 step spent most of its instructions on address arithmetic.
+__device__ __forceinline__ i64 wmul(i64 index, i64 stride) {
+#if NARROW
+    i64 r;  // (NVVM keeps a 64-bit multiply for the sign-extended form)
+    asm("mul.wide.s32 %0, %1, %2;" : "=l"(r) : "r"((int)index), "r"((int)stride));
+    return r;
+#else
+    return index * stride;
+#endif
+}
+
 __device__ __forceinline__ i64 tok_base(const TokStrides& ts, i64 seq, i64 bos, int t) {
-    return (VARLEN ? bos * ts.tok : seq * ts.seq) + (i64)t * ts.tok;
+    return VARLEN ? wmul(bos + t, ts.tok) : wmul(seq, ts.seq) + wmul(t, ts.tok);
 }
 
 __device__ __forceinline__ float softplus_thr(float v) { return v <= 20.f ? logf(expf(v) + 1.f) : v; }
@@ -161,9 +176,9 @@ __device__ __forceinline__ void store_final_row(const SsuParams& p, float (&row)
     for (int v = 0; v < VPT; ++v) {
         const int vi = lane + v * TPR;
         if (vi < NVEC) {
-            STATE_T* q = out_state + dst * p.st_slot + (i64)h * p.st_head + (i64)prow * p.st_dim + vi * VEC;
+            STATE_T* q = out_state + wmul(dst, p.st_slot) + wmul(h, p.st_head) + wmul(prow, p.st_dim) + vi * VEC;
 #if STOCH_ROUND
-            const i64 off = src * p.st_slot + (i64)h * p.st_head + (i64)prow * p.st_dim + vi * VEC;
+            const i64 off = wmul(src, p.st_slot) + wmul(h, p.st_head) + wmul(prow, p.st_dim) + vi * VEC;
             sr_store_f16<VEC>(q, row[v], seed, off, vi * VEC, p.philox_rounds);
 #else
             (void)src, (void)seed;
@@ -195,19 +210,19 @@ __device__ __forceinline__ void load_token(const SsuParams& p, TokIn& in, i64 se
 #pragma unroll
     for (int r = 0; r < RPT; ++r) {
         const i64 pr = prow[r] < p.dim ? prow[r] : 0;
-        in.x[r] = to_f32(ld_ro(reinterpret_cast<const X_T*>(p.x) + tok_base(p.xs, seq, bos, t) + (i64)h * p.xs.head + pr * p.xs.dim));
+        in.x[r] = to_f32(ld_ro(reinterpret_cast<const X_T*>(p.x) + tok_base(p.xs, seq, bos, t) + wmul(h, p.xs.head) + wmul(pr, p.xs.dim)));
 #if HAS_Z
-        in.z[r] = to_f32(ld_ro(reinterpret_cast<const Z_T*>(p.z) + tok_base(p.zs, seq, bos, t) + (i64)h * p.zs.head + pr * p.zs.dim));
+        in.z[r] = to_f32(ld_ro(reinterpret_cast<const Z_T*>(p.z) + tok_base(p.zs, seq, bos, t) + wmul(h, p.zs.head) + wmul(pr, p.zs.dim)));
 #endif
 #if !TIED
-        in.dt[r] = to_f32(ld_ro(reinterpret_cast<const DT_T*>(p.dt) + tok_base(p.dts, seq, bos, t) + (i64)h * p.dts.head + pr * p.dts.dim));
+        in.dt[r] = to_f32(ld_ro(reinterpret_cast<const DT_T*>(p.dt) + tok_base(p.dts, seq, bos, t) + wmul(h, p.dts.head) + wmul(pr, p.dts.dim)));
 #endif
     }
 #if TIED
-    in.dt = to_f32(ld_ro(reinterpret_cast<const DT_T*>(p.dt) + tok_base(p.dts, seq, bos, t) + (i64)h * p.dts.head));
+    in.dt = to_f32(ld_ro(reinterpret_cast<const DT_T*>(p.dt) + tok_base(p.dts, seq, bos, t) + wmul(h, p.dts.head)));
 #endif
-    const B_T* bp = reinterpret_cast<const B_T*>(p.b) + tok_base(p.bs, seq, bos, t) + (i64)g * p.bs.head;
-    const C_T* cp = reinterpret_cast<const C_T*>(p.c) + tok_base(p.cs, seq, bos, t) + (i64)g * p.cs.head;
+    const B_T* bp = reinterpret_cast<const B_T*>(p.b) + tok_base(p.bs, seq, bos, t) + wmul(g, p.bs.head);
+    const C_T* cp = reinterpret_cast<const C_T*>(p.c) + tok_base(p.cs, seq, bos, t) + wmul(g, p.cs.head);
 #pragma unroll
     for (int v = 0; v < VPT; ++v) {
         const int vi = lane + v * TPR;
@@ -225,8 +240,8 @@ __device__ __forceinline__ void load_token(const SsuParams& p, TokIn& in, i64 se
         for (int e = 0; e < VEC; ++e) {
             const int n = vi * VEC + e;
             const bool ok = n < DSTATE;
-            in.b[v][e] = ok ? to_f32(ld_ro(bp + (i64)n * p.bs.dim)) : 0.f;
-            in.c[v][e] = ok ? to_f32(ld_ro(cp + (i64)n * p.cs.dim)) : 0.f;
+            in.b[v][e] = ok ? to_f32(ld_ro(bp + wmul(n, p.bs.dim))) : 0.f;
+            in.c[v][e] = ok ? to_f32(ld_ro(cp + wmul(n, p.cs.dim))) : 0.f;
         }
 #endif
     }
@@ -250,19 +265,19 @@ struct HeadIn {
 
 __device__ __forceinline__ void load_head(const SsuParams& p, HeadIn& hi, int h, const int (&prow)[RPT]) {
 #if TIED
-    hi.a = to_f32(ld_ro(reinterpret_cast<const A_T*>(p.a) + (i64)h * p.a_head));
+    hi.a = to_f32(ld_ro(reinterpret_cast<const A_T*>(p.a) + wmul(h, p.a_head)));
 #if HAS_DT_BIAS
-    hi.dtb = to_f32(ld_ro(reinterpret_cast<const DTB_T*>(p.dt_bias) + (i64)h * p.dtb_head));
+    hi.dtb = to_f32(ld_ro(reinterpret_cast<const DTB_T*>(p.dt_bias) + wmul(h, p.dtb_head)));
 #endif
 #elif HAS_DT_BIAS
 #pragma unroll
     for (int r = 0; r < RPT; ++r)
-        hi.dtb[r] = prow[r] < p.dim ? to_f32(ld_ro(reinterpret_cast<const DTB_T*>(p.dt_bias) + (i64)h * p.dtb_head + (i64)prow[r] * p.dtb_dim)) : 0.f;
+        hi.dtb[r] = prow[r] < p.dim ? to_f32(ld_ro(reinterpret_cast<const DTB_T*>(p.dt_bias) + wmul(h, p.dtb_head) + wmul(prow[r], p.dtb_dim))) : 0.f;
 #endif
 #if HAS_D
 #pragma unroll
     for (int r = 0; r < RPT; ++r)
-        hi.d[r] = prow[r] < p.dim ? to_f32(ld_ro(reinterpret_cast<const D_T*>(p.d) + (i64)h * p.d_head + (i64)prow[r] * p.d_dim)) : 0.f;
+        hi.d[r] = prow[r] < p.dim ? to_f32(ld_ro(reinterpret_cast<const D_T*>(p.d) + wmul(h, p.d_head) + wmul(prow[r], p.d_dim))) : 0.f;
 #endif
 }
 
@@ -315,8 +330,8 @@ __device__ __forceinline__ float update_row(const SsuParams& p, float (&s)[VPT][
             (void)dA;
             const int n = (lane + v * TPR) * VEC + e;
             const bool ok = n < DSTATE && prow < p.dim;
-            const A_T* a = reinterpret_cast<const A_T*>(p.a) + (i64)h * p.a_head;
-            const float av = ok ? to_f32(ld_ro(a + (i64)prow * p.a_dim + (i64)n * p.a_n)) : 0.f;
+            const A_T* a = reinterpret_cast<const A_T*>(p.a) + wmul(h, p.a_head);
+            const float av = ok ? to_f32(ld_ro(a + wmul(prow, p.a_dim) + wmul(n, p.a_n))) : 0.f;
             const float da = expf(av * in.dt[r]);
             const float dbx = __fmul_rn(__fmul_rn(in.b[v][e], in.dt[r]), in.x[r]);
 #endif
@@ -350,7 +365,7 @@ __device__ __forceinline__ void write_out(const SsuParams& p, const float (&y)[R
 #if HAS_Z
         out = out * in.z[r] * (1.f / (1.f + expf(-in.z[r])));
 #endif
-        reinterpret_cast<OUT_T*>(p.out)[tok_base(p.outs, seq, bos, t) + (i64)h * p.outs.head + (i64)prow[r] * p.outs.dim] =
+        reinterpret_cast<OUT_T*>(p.out)[tok_base(p.outs, seq, bos, t) + wmul(h, p.outs.head) + wmul(prow[r], p.outs.dim)] =
             from_f32<OUT_T>(out);
     }
 }
@@ -465,8 +480,8 @@ __device__ __forceinline__ void store_tile_q(STATE_T* rows, i64 row_stride, floa
         bool clamp;
         const float enc = row_encode(s[r], clamp);
         if (prow[r] < dim) {
-            store_quant_row(rows + (i64)prow[r] * row_stride, s[r], lane, enc, clamp);
-            if (lane == 0) scales[(i64)prow[r] * scale_stride] = __fdiv_rn(1.f, enc);
+            store_quant_row(rows + wmul(prow[r], row_stride), s[r], lane, enc, clamp);
+            if (lane == 0) scales[wmul(prow[r], scale_stride)] = __fdiv_rn(1.f, enc);
         }
     }
 }
@@ -480,7 +495,7 @@ __device__ __forceinline__ void store_tile(STATE_T* rows, i64 row_stride, const 
 #pragma unroll
         for (int v = 0; v < VPT; ++v) {
             const int vi = lane + v * TPR;
-            if (prow[r] < dim && vi < NVEC) store_vec<VEC, STATE_T, STATE_CS>(rows + (i64)prow[r] * row_stride + vi * VEC, s[r][v]);
+            if (prow[r] < dim && vi < NVEC) store_vec<VEC, STATE_T, STATE_CS>(rows + wmul(prow[r], row_stride) + vi * VEC, s[r][v]);
         }
 }
 #endif
@@ -508,21 +523,21 @@ extern "C" __global__ void SSU_BOUNDS ssu_kernel(const SsuParams p) {
     // one round trip to memory before its state loads, not one per table ----
 #if VARLEN
     const CU_T* cu = reinterpret_cast<const CU_T*>(p.cu);
-    i64 bos = load_index(cu + seq * p.cu_s);
+    i64 bos = load_index(cu + wmul(seq, p.cu_s));
     const i64 eos = load_index(cu + (seq + 1) * p.cu_s);
 #else
     const i64 bos = 0;
 #endif
 #if HAS_SBI
-    const SBI_T* srow = reinterpret_cast<const SBI_T*>(p.sbi) + seq * p.sbi_seq;
-    const DST_T* dtab = reinterpret_cast<const DST_T*>(p.dst) + seq * p.dst_seq;
+    const SBI_T* srow = reinterpret_cast<const SBI_T*>(p.sbi) + wmul(seq, p.sbi_seq);
+    const DST_T* dtab = reinterpret_cast<const DST_T*>(p.dst) + wmul(seq, p.dst_seq);
 #if SPEC
     // The source column depends on the accepted count; the first four entries of the row are
     // read alongside it (speculative tables are narrow), the rest only when needed.
-    const i64 accepted = load_index(reinterpret_cast<const NACC_T*>(p.nacc) + seq * p.nacc_s);
+    const i64 accepted = load_index(reinterpret_cast<const NACC_T*>(p.nacc) + wmul(seq, p.nacc_s));
     i64 pre[4];
 #pragma unroll
-    for (int c = 0; c < 4; ++c) pre[c] = c < p.sbi_width ? load_index(srow + c * p.sbi_col) : 0;
+    for (int c = 0; c < 4; ++c) pre[c] = c < p.sbi_width ? load_index(srow + wmul(c, p.sbi_col)) : 0;
 #else
     const i64 src0 = load_index(srow);
     const i64 dst0 = load_index(dtab);
@@ -583,7 +598,7 @@ extern "C" __global__ void SSU_BOUNDS ssu_kernel(const SsuParams p) {
         raise_error(p, ERR_ACCEPTED);
         return;
     }
-    src = col0 == 0 ? pre[0] : col0 == 1 ? pre[1] : col0 == 2 ? pre[2] : col0 == 3 ? pre[3] : load_index(srow + col0 * p.sbi_col);
+    src = col0 == 0 ? pre[0] : col0 == 1 ? pre[1] : col0 == 2 ? pre[2] : col0 == 3 ? pre[3] : load_index(srow + wmul(col0, p.sbi_col));
 #else
     src = src0;
     dst = dst0;
@@ -596,14 +611,14 @@ extern "C" __global__ void SSU_BOUNDS ssu_kernel(const SsuParams p) {
 #endif
 
     // ---- load the state tile (all loads issued before any use) ----
-    const STATE_T* state = reinterpret_cast<const STATE_T*>(p.state) + src * p.st_slot + (i64)h * p.st_head;
+    const STATE_T* state = reinterpret_cast<const STATE_T*>(p.state) + wmul(src, p.st_slot) + wmul(h, p.st_head);
 #if QUANT
     // The decode scales of the source rows (a pad source reads zeros and no scale).
     float dec_in[RPT];
     {
-        const float* sc = reinterpret_cast<const float*>(p.sc) + src * p.sc_slot + (i64)h * p.sc_head;
+        const float* sc = reinterpret_cast<const float*>(p.sc) + wmul(src, p.sc_slot) + wmul(h, p.sc_head);
 #pragma unroll
-        for (int r = 0; r < RPT; ++r) dec_in[r] = live && prow[r] < p.dim ? __ldcs(sc + (i64)prow[r] * p.sc_dim) : 0.f;
+        for (int r = 0; r < RPT; ++r) dec_in[r] = live && prow[r] < p.dim ? __ldcs(sc + wmul(prow[r], p.sc_dim)) : 0.f;
     }
 #endif
 #if RAW
@@ -616,7 +631,7 @@ extern "C" __global__ void SSU_BOUNDS ssu_kernel(const SsuParams p) {
         for (int v = 0; v < VPT; ++v) {
             const int vi = lane + v * TPR;
             raw[r][v] = make_uint4(0u, 0u, 0u, 0u);  // zero bits: 0.0 in every float format
-            if (live && prow[r] < p.dim && vi < NVEC) raw[r][v] = load16<STATE_CS>(state + (i64)prow[r] * p.st_dim + vi * VEC);
+            if (live && prow[r] < p.dim && vi < NVEC) raw[r][v] = load16<STATE_CS>(state + wmul(prow[r], p.st_dim) + vi * VEC);
         }
     }
 #else
@@ -627,7 +642,7 @@ extern "C" __global__ void SSU_BOUNDS ssu_kernel(const SsuParams p) {
         for (int v = 0; v < VPT; ++v) {
             const int vi = lane + v * TPR;
             if (live && prow[r] < p.dim && vi < NVEC) {
-                load_vec<VEC, STATE_T, STATE_CS>(state + (i64)prow[r] * p.st_dim + vi * VEC, s[r][v]);
+                load_vec<VEC, STATE_T, STATE_CS>(state + wmul(prow[r], p.st_dim) + vi * VEC, s[r][v]);
             } else {
 #pragma unroll
                 for (int e = 0; e < VEC; ++e) s[r][v][e] = 0.f;
@@ -682,7 +697,7 @@ extern "C" __global__ void SSU_BOUNDS ssu_kernel(const SsuParams p) {
 #endif
     if (live) {
 #if HAS_ISI
-        const i64 entry = load_index(reinterpret_cast<const ISI_T*>(p.isi) + seq * p.isi_s);
+        const i64 entry = load_index(reinterpret_cast<const ISI_T*>(p.isi) + wmul(seq, p.isi_s));
         const bool pad_entry = HAS_PAD && entry == p.pad;
 #else
         const i64 entry = src;
@@ -697,9 +712,9 @@ extern "C" __global__ void SSU_BOUNDS ssu_kernel(const SsuParams p) {
                 raise_error(p, ERR_ACCEPTED);
                 return;
             }
-            ist_rows = reinterpret_cast<STATE_T*>(p.ist) + entry * p.ist_entry + (i64)h * p.ist_head;
+            ist_rows = reinterpret_cast<STATE_T*>(p.ist) + wmul(entry, p.ist_entry) + wmul(h, p.ist_head);
 #if QUANT
-            ist_sc_rows = reinterpret_cast<float*>(p.ist_sc) + entry * p.isc_entry + (i64)h * p.isc_head;
+            ist_sc_rows = reinterpret_cast<float*>(p.ist_sc) + wmul(entry, p.isc_entry) + wmul(h, p.isc_head);
 #endif
         }
     }
@@ -768,11 +783,11 @@ extern "C" __global__ void SSU_BOUNDS ssu_kernel(const SsuParams p) {
         // Speculative mode: token t's state goes to column t of the destination table
         // (plain round-to-nearest; a pad entry writes nothing; a pad source writes nothing).
         if (live) {
-            const i64 d = load_index(reinterpret_cast<const DST_T*>(p.dst) + seq * p.dst_seq + (i64)t * p.dst_col);
+            const i64 d = load_index(reinterpret_cast<const DST_T*>(p.dst) + wmul(seq, p.dst_seq) + wmul(t, p.dst_col));
             if (!(HAS_PAD && d == p.pad)) {
-                STATE_T* rows = reinterpret_cast<STATE_T*>(p.state) + d * p.st_slot + (i64)h * p.st_head;
+                STATE_T* rows = reinterpret_cast<STATE_T*>(p.state) + wmul(d, p.st_slot) + wmul(h, p.st_head);
 #if QUANT
-                float* scales = reinterpret_cast<float*>(p.sc) + d * p.sc_slot + (i64)h * p.sc_head;
+                float* scales = reinterpret_cast<float*>(p.sc) + wmul(d, p.sc_slot) + wmul(h, p.sc_head);
                 store_tile_q(rows, p.st_dim, scales, p.sc_dim, s, prow, lane, p.dim);
 #else
                 store_tile(rows, p.st_dim, s, prow, lane, p.dim);
@@ -785,10 +800,10 @@ extern "C" __global__ void SSU_BOUNDS ssu_kernel(const SsuParams p) {
         // pad source or a pad entry writes nothing).
 #if QUANT
         if (ist_rows)
-            store_tile_q(ist_rows + (i64)t * p.ist_step, p.ist_dim, ist_sc_rows + (i64)t * p.isc_step, p.isc_dim, s, prow, lane,
+            store_tile_q(ist_rows + wmul(t, p.ist_step), p.ist_dim, ist_sc_rows + wmul(t, p.isc_step), p.isc_dim, s, prow, lane,
                          p.dim);
 #else
-        if (ist_rows) store_tile(ist_rows + (i64)t * p.ist_step, p.ist_dim, s, prow, lane, p.dim);
+        if (ist_rows) store_tile(ist_rows + wmul(t, p.ist_step), p.ist_dim, s, prow, lane, p.dim);
 #endif
 #endif
         write_out(p, y, cur, hi, prow, lane, seq, bos, t, h);
@@ -797,28 +812,28 @@ extern "C" __global__ void SSU_BOUNDS ssu_kernel(const SsuParams p) {
 #if RAW && !ROWSTORE && !STOCH_ROUND
     // Final state (one token): the rows packed above, to the destination slot.
     if (store_final) {
-        STATE_T* out_state = reinterpret_cast<STATE_T*>(p.state) + dst * p.st_slot + (i64)h * p.st_head;
+        STATE_T* out_state = reinterpret_cast<STATE_T*>(p.state) + wmul(dst, p.st_slot) + wmul(h, p.st_head);
 #pragma unroll
         for (int r = 0; r < RPT; ++r)
 #pragma unroll
             for (int v = 0; v < VPT; ++v) {
                 const int vi = lane + v * TPR;
-                if (prow[r] < p.dim && vi < NVEC) store16<STATE_CS>(out_state + (i64)prow[r] * p.st_dim + vi * VEC, raw[r][v]);
+                if (prow[r] < p.dim && vi < NVEC) store16<STATE_CS>(out_state + wmul(prow[r], p.st_dim) + vi * VEC, raw[r][v]);
             }
 #if QUANT
         if (lane == 0) {
-            float* scales = reinterpret_cast<float*>(p.sc) + dst * p.sc_slot + (i64)h * p.sc_head;
+            float* scales = reinterpret_cast<float*>(p.sc) + wmul(dst, p.sc_slot) + wmul(h, p.sc_head);
 #pragma unroll
             for (int r = 0; r < RPT; ++r)
-                if (prow[r] < p.dim) scales[(i64)prow[r] * p.sc_dim] = dec_out[r];
+                if (prow[r] < p.dim) scales[wmul(prow[r], p.sc_dim)] = dec_out[r];
         }
 #endif
     }
 #elif !RAW && !SPEC && QUANT
     // Final state (non-speculative): quantized to the destination slot, with its scales.
     if (store_final) {
-        STATE_T* rows = reinterpret_cast<STATE_T*>(p.state) + dst * p.st_slot + (i64)h * p.st_head;
-        float* scales = reinterpret_cast<float*>(p.sc) + dst * p.sc_slot + (i64)h * p.sc_head;
+        STATE_T* rows = reinterpret_cast<STATE_T*>(p.state) + wmul(dst, p.st_slot) + wmul(h, p.st_head);
+        float* scales = reinterpret_cast<float*>(p.sc) + wmul(dst, p.sc_slot) + wmul(h, p.sc_head);
         store_tile_q(rows, p.st_dim, scales, p.sc_dim, s, prow, lane, p.dim);
     }
 #elif !RAW && !SPEC && (VARLEN || DENSE || !ROWSTORE)

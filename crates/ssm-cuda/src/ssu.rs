@@ -276,6 +276,7 @@ const F_BC_VEC: u16 = 2048;
 const F_NO_UPDATE: u16 = 4096;
 const F_ISTATES: u16 = 8192;
 const F_ISI: u16 = 16384;
+const F_NARROW: u16 = 32768;
 
 impl SsuKey {
     /// The key of `plan`. `addrs`: the device base addresses of `state`, `B`, `C` and the
@@ -308,6 +309,7 @@ impl SsuKey {
         set(!plan.writes_state(), F_NO_UPDATE);
         set(plan.intermediate.is_some(), F_ISTATES);
         set(plan.intermediate.is_some_and(|ip| ip.indices.is_some()), F_ISI);
+        set(SsuParams::of_plan(plan, 1).strides_fit_i32() && TUNE.get("narrow") != Some(0), F_NARROW);
         let geometry = SsuGeometry::choose(
             t.state,
             plan.dims.dstate,
@@ -389,6 +391,7 @@ impl SsuKey {
                 ("NO_UPDATE", F_NO_UPDATE),
                 ("ISTATES", F_ISTATES),
                 ("HAS_ISI", F_ISI),
+                ("NARROW", F_NARROW),
             ],
         ));
         KernelSpec { source: KernelSource::Ssu, entry: "ssu_kernel", defines }
@@ -398,7 +401,8 @@ impl SsuKey {
 /// The catalogue `cargo xtask build-kernels` compiles: every state dtype with every io dtype
 /// on the one-token route, every route (varlen, dense, speculative) per state dtype, the
 /// per-channel (Mamba1) form, other dstates, the scalar (unaligned) fallback, i64 index
-/// tables and stochastic rounding. Each entry is `(label, spec)`.
+/// tables (with 64-bit offset products; every other entry 32-bit, `NARROW`) and stochastic
+/// rounding. Each entry is `(label, spec)`.
 pub fn ssu_catalogue() -> Vec<(String, KernelSpec)> {
     use DType::{BF16, F16, F32, I8, I16, I32, I64};
     let floats = [F32, F16, BF16];
@@ -417,7 +421,8 @@ pub fn ssu_catalogue() -> Vec<(String, KernelSpec)> {
                 Walk::of(flags & (F_VARLEN | F_DENSE) != 0, flags & (F_SPEC | F_ISTATES) != 0),
                 64 * 80 * dim,
             ),
-            flags: if vectorized { flags | F_BC_VEC } else { flags },
+            // Calls with 64-bit index tables here also take the 64-bit products (not NARROW).
+            flags: flags | if vectorized { F_BC_VEC } else { 0 } | if idx == I64 { 0 } else { F_NARROW },
         }
     };
     let mut out = Vec::new();
@@ -531,11 +536,9 @@ fn state_rows_aligned(plan: &SsuPlan, addr: u64, ist_addr: u64) -> bool {
 impl CudaBackend {
     fn ssu_params(&self, plan: &SsuPlan, args: &SelectiveStateUpdateArgs<'_>, dim_tiles: usize) -> SsuParams {
         let t = plan.dtypes;
-        let zero = TokStridesC::default();
         let sbi = plan.state_batch_indices;
         let dst = plan.dst_state_batch_indices;
         let ptr_or_dst = args.dst_state_batch_indices.as_ref().or(args.state_batch_indices.as_ref());
-        let ist = plan.intermediate;
         SsuParams {
             state: addr_of(args.state.device_addr(), plan.state.offset, t.state),
             x: addr_of(args.x.device_addr(), plan.x.offset, t.x),
@@ -589,10 +592,23 @@ impl CudaBackend {
                 (Some(t), Some(st)) => addr_of(t.device_addr(), st.offset, DType::F32),
                 _ => 0,
             },
-            ist_sc: match (&args.intermediate_state_scales, ist.and_then(|i| i.scales)) {
+            ist_sc: match (&args.intermediate_state_scales, plan.intermediate.and_then(|i| i.scales)) {
                 (Some(t), Some(st)) => addr_of(t.device_addr(), st.offset, DType::F32),
                 _ => 0,
             },
+            ..SsuParams::of_plan(plan, dim_tiles)
+        }
+    }
+}
+
+impl SsuParams {
+    /// The plan's part of the parameters: strides, extents and scalars (every address 0).
+    fn of_plan(plan: &SsuPlan, dim_tiles: usize) -> Self {
+        let zero = TokStridesC::default();
+        let sbi = plan.state_batch_indices;
+        let dst = plan.dst_state_batch_indices;
+        let ist = plan.intermediate;
+        SsuParams {
             st_slot: plan.state.strides[0] as i64,
             st_head: plan.state.strides[1] as i64,
             st_dim: plan.state.strides[2] as i64,
@@ -645,7 +661,56 @@ impl CudaBackend {
             },
             philox_rounds: plan.stochastic_rounding.map_or(0, |s| s.rounds() as i32),
             split: BlockSplit::new(dim_tiles, plan.dims.heads),
+            ..Default::default()
         }
+    }
+
+    /// Whether every stride and extent that the kernel multiplies by an index fits in 32 bits:
+    /// then each index (checked against its extent before use) times its stride is one
+    /// 32 × 32 → 64-bit multiply in the kernel (`NARROW`).
+    fn strides_fit_i32(&self) -> bool {
+        let tok = |t: &TokStridesC| [t.seq, t.tok, t.head, t.dim];
+        let scalars = [
+            self.st_slot,
+            self.st_head,
+            self.st_dim,
+            self.a_head,
+            self.a_dim,
+            self.a_n,
+            self.d_head,
+            self.d_dim,
+            self.dtb_head,
+            self.dtb_dim,
+            self.sbi_seq,
+            self.sbi_col,
+            self.dst_seq,
+            self.dst_col,
+            self.nacc_s,
+            self.cu_s,
+            self.slots,
+            self.rows,
+            self.sbi_width,
+            self.dst_width,
+            self.ist_entry,
+            self.ist_step,
+            self.ist_head,
+            self.ist_dim,
+            self.ist_entries,
+            self.ist_steps,
+            self.isi_s,
+            self.sc_slot,
+            self.sc_head,
+            self.sc_dim,
+            self.isc_entry,
+            self.isc_step,
+            self.isc_head,
+            self.isc_dim,
+        ];
+        [&self.xs, &self.dts, &self.zs, &self.outs, &self.bs, &self.cs]
+            .into_iter()
+            .flat_map(tok)
+            .chain(scalars)
+            .all(|v| i32::try_from(v).is_ok())
     }
 }
 
@@ -703,6 +768,18 @@ mod tests {
         let expected = 20 * 8 + 3 * 8 + 6 * 32 + (3 + 4 + 6 + 5 + 7 + 7) * 8 + 8 + 6 * 4 + 6 * 4;
         assert_eq!(std::mem::size_of::<SsuParams>(), expected);
         assert_eq!(std::mem::align_of::<SsuParams>(), 8);
+    }
+
+    #[test]
+    fn narrow_products_need_every_stride_and_extent_in_32_bits() {
+        assert!(SsuParams::default().strides_fit_i32());
+        let edge = TokStridesC { seq: i32::MIN as i64, tok: i32::MAX as i64, head: 1, dim: -1 };
+        // The pad value and the seed are compared or hashed, never multiplied.
+        assert!(SsuParams { xs: edge, pad: i64::MIN, seed: u64::MAX, ..Default::default() }.strides_fit_i32());
+        assert!(!SsuParams { st_slot: 1 << 31, ..Default::default() }.strides_fit_i32());
+        assert!(!SsuParams { rows: 1 << 31, ..Default::default() }.strides_fit_i32());
+        let wide = TokStridesC { tok: -(1 << 31) - 1, ..edge };
+        assert!(!SsuParams { cs: wide, ..Default::default() }.strides_fit_i32());
     }
 
     #[test]
