@@ -174,6 +174,32 @@ pub trait WideLanes: Copy {
     unsafe fn store(self, p: *mut f32);
     /// `self * b + c`, rounded as [`Simd::mul_add`] rounds it.
     fn mul_add(self, b: Self, c: Self) -> Self;
+    /// Lane-wise product.
+    fn mul(self, b: Self) -> Self;
+    /// Loads [`WideLanes::WIDTH`] bf16 from `p`, widened exactly.
+    ///
+    /// # Safety
+    /// `p` must be valid for reading `WIDTH` bf16 (any alignment).
+    unsafe fn load_bf16(p: *const bf16) -> Self;
+    /// Stores the lanes to `p` as bf16, rounded to nearest even bit for bit as
+    /// [`Simd::store_bf16`] rounds them.
+    ///
+    /// # Safety
+    /// `p` must be valid for writing `WIDTH` bf16 (any alignment).
+    unsafe fn store_bf16(self, p: *mut bf16);
+    /// Loads [`WideLanes::WIDTH`] f16 from `p`, widened exactly.
+    ///
+    /// # Safety
+    /// `p` must be valid for reading `WIDTH` f16 (any alignment).
+    unsafe fn load_f16(p: *const f16) -> Self;
+    /// Stores the lanes to `p` as f16, rounded to nearest even as [`Simd::store_f16`] rounds them.
+    ///
+    /// # Safety
+    /// `p` must be valid for writing `WIDTH` f16 (any alignment).
+    unsafe fn store_f16(self, p: *mut f16);
+    /// The lanes folded onto eight: lane `i` is the sum of lanes `i`, `i + 8`, … (the lanes
+    /// themselves where there are eight).
+    fn fold8(self) -> [f32; LANES];
 }
 
 /// A level's own eight lanes as its [`WideLanes`].
@@ -200,6 +226,36 @@ impl<S: Simd> WideLanes for Narrow<S> {
     #[inline(always)]
     fn mul_add(self, b: Self, c: Self) -> Self {
         Narrow(self.0.mul_add(b.0, c.0))
+    }
+    #[inline(always)]
+    fn mul(self, b: Self) -> Self {
+        Narrow(self.0.mul(b.0))
+    }
+    #[inline(always)]
+    unsafe fn load_bf16(p: *const bf16) -> Self {
+        // SAFETY: `LANES` bf16 at `p` are readable (the caller's contract).
+        Narrow(S::load_bf16(unsafe { std::slice::from_raw_parts(p, LANES) }))
+    }
+    #[inline(always)]
+    unsafe fn store_bf16(self, p: *mut bf16) {
+        // SAFETY: `LANES` bf16 at `p` are writable (the caller's contract).
+        self.0.store_bf16(unsafe { std::slice::from_raw_parts_mut(p, LANES) })
+    }
+    #[inline(always)]
+    unsafe fn load_f16(p: *const f16) -> Self {
+        // SAFETY: `LANES` f16 at `p` are readable (the caller's contract).
+        Narrow(S::load_f16(unsafe { std::slice::from_raw_parts(p, LANES) }))
+    }
+    #[inline(always)]
+    unsafe fn store_f16(self, p: *mut f16) {
+        // SAFETY: `LANES` f16 at `p` are writable (the caller's contract).
+        self.0.store_f16(unsafe { std::slice::from_raw_parts_mut(p, LANES) })
+    }
+    #[inline(always)]
+    fn fold8(self) -> [f32; LANES] {
+        let mut v = [0.0f32; LANES];
+        self.0.store(&mut v);
+        v
     }
 }
 
@@ -358,7 +414,7 @@ mod x86 {
 
     use half::{bf16, f16};
 
-    use super::{Narrow, PowTwo, Simd, WideLanes};
+    use super::{LANES, Narrow, PowTwo, Simd, WideLanes};
 
     /// Eight f32 lanes in a 256-bit register. Only constructed inside [`super::dispatch`]
     /// after the CPU features were detected, so the intrinsics below always run on a CPU that
@@ -403,6 +459,59 @@ mod x86 {
         fn mul_add(self, b: Self, c: Self) -> Self {
             // SAFETY: see the impl-wide note. Fused, as `Ymm::mul_add`.
             unsafe { Zmm(_mm512_fmadd_ps(self.0, b.0, c.0)) }
+        }
+        #[inline(always)]
+        fn mul(self, b: Self) -> Self {
+            // SAFETY: see the impl-wide note.
+            unsafe { Zmm(_mm512_mul_ps(self.0, b.0)) }
+        }
+        #[inline(always)]
+        unsafe fn load_bf16(p: *const bf16) -> Self {
+            // SAFETY: 32 bytes at `p` are readable (the caller's contract); a bf16 widens by a
+            // 16-bit shift, as `Ymm::from_bf16_packed`.
+            unsafe {
+                Zmm(_mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(_mm256_loadu_si256(p.cast())))))
+            }
+        }
+        #[inline(always)]
+        unsafe fn store_bf16(self, p: *mut bf16) {
+            // SAFETY: 32 bytes at `p` are writable (the caller's contract); AVX-512 BF16 is
+            // present (the impl-wide note). `vcvtneps2bf16` treats subnormal inputs as zero, so,
+            // as `Ymm::bf16_hw`, lanes with a subnormal take the eight-lane rounding in software.
+            unsafe {
+                if _mm512_fpclass_ps_mask::<0x20>(self.0) == 0 {
+                    let h = std::mem::transmute::<__m256bh, __m256i>(_mm512_cvtneps_pbh(self.0));
+                    _mm256_storeu_si256(p.cast(), h);
+                } else {
+                    let mut v = [0.0f32; 16];
+                    _mm512_storeu_ps(v.as_mut_ptr(), self.0);
+                    for (half, chunk) in v.chunks_exact(LANES).enumerate() {
+                        let out = std::slice::from_raw_parts_mut(p.add(half * LANES), LANES);
+                        Ymm::<true>::load(chunk).store_bf16(out);
+                    }
+                }
+            }
+        }
+        #[inline(always)]
+        unsafe fn load_f16(p: *const f16) -> Self {
+            // SAFETY: 32 bytes at `p` are readable (the caller's contract); exact widening.
+            unsafe { Zmm(_mm512_cvtph_ps(_mm256_loadu_si256(p.cast()))) }
+        }
+        #[inline(always)]
+        unsafe fn store_f16(self, p: *mut f16) {
+            // SAFETY: 32 bytes at `p` are writable (the caller's contract); nearest even, as
+            // `Ymm::store_f16`.
+            unsafe { _mm256_storeu_si256(p.cast(), _mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(self.0)) }
+        }
+        #[inline(always)]
+        fn fold8(self) -> [f32; LANES] {
+            let mut v = [0.0f32; LANES];
+            // SAFETY: see the impl-wide note; eight f32 are written to `v`.
+            unsafe {
+                let sum = _mm256_add_ps(_mm512_castps512_ps256(self.0), _mm512_extractf32x8_ps::<1>(self.0));
+                _mm256_storeu_ps(v.as_mut_ptr(), sum);
+            }
+            v
         }
     }
 
@@ -886,6 +995,16 @@ pub trait Real: ssm_tensor::Element + Copy {
     /// # Safety
     /// `p` valid for 8 elements and aligned to their size (32 bytes for f32, 16 otherwise).
     unsafe fn stream<S: Simd>(v: S, p: *mut Self);
+    /// Loads [`WideLanes::WIDTH`] elements as wide f32 lanes (as [`Real::load`]).
+    ///
+    /// # Safety
+    /// `p` valid for reading `W::WIDTH` elements (any alignment).
+    unsafe fn load_wide<W: WideLanes>(p: *const Self) -> W;
+    /// Stores wide lanes as [`WideLanes::WIDTH`] elements (as [`Real::store`]).
+    ///
+    /// # Safety
+    /// `p` valid for writing `W::WIDTH` elements (any alignment).
+    unsafe fn store_wide<W: WideLanes>(v: W, p: *mut Self);
 }
 
 /// Runs `$body` with the type alias `$r` naming the element type of the run-time `dtype` (f32,
@@ -938,6 +1057,16 @@ impl Real for f32 {
         // SAFETY: caller's contract.
         unsafe { v.stream(p) }
     }
+    #[inline(always)]
+    unsafe fn load_wide<W: WideLanes>(p: *const Self) -> W {
+        // SAFETY: caller's contract.
+        unsafe { W::load(p) }
+    }
+    #[inline(always)]
+    unsafe fn store_wide<W: WideLanes>(v: W, p: *mut Self) {
+        // SAFETY: caller's contract.
+        unsafe { v.store(p) }
+    }
 }
 
 /// `Real` for a 16-bit storage type: conversions from `half`, lane loads, stores, rounding and
@@ -973,6 +1102,16 @@ macro_rules! real_half {
             unsafe fn stream<S: Simd>(v: S, p: *mut Self) {
                 // SAFETY: caller's contract.
                 unsafe { v.$stream(p) }
+            }
+            #[inline(always)]
+            unsafe fn load_wide<W: WideLanes>(p: *const Self) -> W {
+                // SAFETY: caller's contract.
+                unsafe { W::$load(p) }
+            }
+            #[inline(always)]
+            unsafe fn store_wide<W: WideLanes>(v: W, p: *mut Self) {
+                // SAFETY: caller's contract.
+                unsafe { v.$store(p) }
             }
         }
     };
@@ -1019,6 +1158,25 @@ macro_rules! real_int {
             unsafe fn stream<S: Simd>(v: S, p: *mut Self) {
                 // SAFETY: caller's contract (8 valid elements at `p`).
                 Self::store(v, unsafe { std::slice::from_raw_parts_mut(p, LANES) })
+            }
+            #[inline(always)]
+            unsafe fn load_wide<W: WideLanes>(p: *const Self) -> W {
+                let mut v = [0.0f32; 16];
+                // SAFETY: caller's contract (`W::WIDTH` ≤ 16 valid elements at `p`).
+                let q = unsafe { std::slice::from_raw_parts(p, W::WIDTH) };
+                v.iter_mut().zip(q).for_each(|(v, &q)| *v = f32::from(q));
+                // SAFETY: `v` holds 16 ≥ `W::WIDTH` f32.
+                unsafe { W::load(v.as_ptr()) }
+            }
+            #[inline(always)]
+            unsafe fn store_wide<W: WideLanes>(v: W, p: *mut Self) {
+                let mut t = [0.0f32; 16];
+                // SAFETY: `t` holds 16 ≥ `W::WIDTH` f32; the caller's contract for `p`.
+                let q = unsafe {
+                    v.store(t.as_mut_ptr());
+                    std::slice::from_raw_parts_mut(p, W::WIDTH)
+                };
+                q.iter_mut().zip(t).for_each(|(q, v)| *q = Self::from_f32(v));
             }
         }
     };
@@ -1126,6 +1284,67 @@ mod tests {
                 assert_eq!(h[i].to_bits(), wh, "f16 of {v:e}");
                 assert_eq!(be[i].to_bits(), wb, "bf16 (each) of {v:e}");
                 assert_eq!(he[i].to_bits(), wh, "f16 (each) of {v:e}");
+            }
+        }
+    }
+
+    /// The level's wide lanes ([`Simd::Wide`]): bf16 and f16 stores round as `half` does (the
+    /// inputs of `lane_rounding_matches_half`: ties, subnormals, NaN), loads widen exactly, and
+    /// `fold8` sums lane `i` with lane `i + 8`.
+    struct WideRounds(Vec<f32>);
+    impl SimdKernel for WideRounds {
+        type Output = (Vec<bf16>, Vec<f16>, Vec<f32>, Vec<[f32; LANES]>);
+        #[inline(always)]
+        fn run<S: Simd + PowTwo>(self) -> Self::Output {
+            let (n, w) = (self.0.len(), S::Wide::WIDTH);
+            let (mut b, mut h) = (vec![bf16::ZERO; n], vec![f16::ZERO; n]);
+            let (mut back, mut folds) = (vec![0.0f32; n], Vec::new());
+            for i in (0..n).step_by(w) {
+                // SAFETY: `n` is a multiple of 16 ≥ `w`; every access is inside the vectors.
+                unsafe {
+                    let v = S::Wide::load(self.0.as_ptr().add(i));
+                    v.store_bf16(b.as_mut_ptr().add(i));
+                    v.store_f16(h.as_mut_ptr().add(i));
+                    S::Wide::load_bf16(b.as_ptr().add(i)).store(back.as_mut_ptr().add(i));
+                    let f = S::Wide::load_f16(h.as_ptr().add(i));
+                    folds.push(S::Wide::load_bf16(b.as_ptr().add(i)).mul_add(S::Wide::splat(1.0), f).fold8());
+                }
+            }
+            (b, h, back, folds)
+        }
+    }
+
+    #[test]
+    fn wide_lanes_round_widen_and_fold_as_half() {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut xs: Vec<f32> = (0..4096)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                f32::from_bits(x as u32)
+            })
+            .collect();
+        xs.extend([1.0 + 1.0 / 256.0, 1.0 + 3.0 / 256.0, 1e-40, -1e-45, 65520.0, 1e5, f32::INFINITY, f32::NAN]);
+        xs.extend((0..16).map(|i| (i as f32 - 7.5) * 0.37));
+        while !xs.len().is_multiple_of(16) {
+            xs.push(0.5);
+        }
+        for &level in supported_levels().iter() {
+            let (b, h, back, folds) = dispatch_at(level, WideRounds(xs.clone()));
+            for (i, &v) in xs.iter().enumerate() {
+                assert_eq!(b[i].to_bits(), bf16::from_f32(v).to_bits(), "{level:?}: bf16 of {v:e}");
+                assert_eq!(h[i].to_bits(), f16::from_f32(v).to_bits(), "{level:?}: f16 of {v:e}");
+                assert_eq!(back[i].to_bits(), b[i].to_f32().to_bits(), "{level:?}: bf16 widened");
+            }
+            let w = xs.len() / folds.len();
+            for (k, fold) in folds.iter().enumerate() {
+                for (lane, &got) in fold.iter().enumerate() {
+                    let sum = |i: usize| b[i].to_f32() + h[i].to_f32();
+                    let want = (lane..w).step_by(LANES).map(|j| sum(k * w + j)).reduce(|a, v| a + v).unwrap();
+                    let ok = got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan());
+                    assert!(ok, "{level:?}: fold8 lane {lane} of chunk {k}: {got} against {want}");
+                }
             }
         }
     }

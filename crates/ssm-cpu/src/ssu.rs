@@ -14,7 +14,7 @@ use ssm_tensor::{DType, Planned, Run, TensorMut};
 use crate::host::{MambaInputs, rd, rd_int, wr};
 use crate::lanes::{gather, ld, round8, scatter, softplus_lanes, st};
 use crate::shared::{Scratch, SharedBuf};
-use crate::simd::{LANES, PowTwo, Real, Simd, SimdKernel, dispatch};
+use crate::simd::{LANES, PowTwo, Real, Simd, SimdKernel, WideLanes, dispatch};
 use crate::{CpuBackend, CpuError, require_host};
 
 /// How far ahead the plain decode step prefetches state rows: at least this many rows…
@@ -501,6 +501,9 @@ fn decode_rows<S: Simd + PowTwo, St: Real, const STORE: bool>(
     let (src, dst) = (cx.src as usize, cx.dst_final as usize);
     let zb = plan.z.map_or(0, |zs| cx.tok(&zs, 0));
     let (da, bt, ct) = (S::splat(bufs.das[0]), &bufs.bv[..n_st], &bufs.cv[..n_st]);
+    // Rows on the widest lanes where they tile `dstate` (sixteen with AVX-512: half the
+    // conversions, updates and stores per element of a 16-bit state).
+    let wide = n_st % <S::Wide as WideLanes>::WIDTH == 0;
     let mut p = p_lo;
     while p < p_hi {
         let m = LANES.min(p_hi - p);
@@ -512,6 +515,11 @@ fn decode_rows<S: Simd + PowTwo, St: Real, const STORE: bool>(
             // Without a final store the destination may be the pad: no address is formed.
             let dp = if STORE { state.elems::<St>(plan.state.at([dst, h, q, 0]), n_st) } else { sp };
             prefetch_ahead::<S, St>(plan, sp, q, p_hi);
+            if wide {
+                // SAFETY: as below; `dstate` is a multiple of the wide lanes' width.
+                *acc_r = unsafe { decode_row_wide::<S, St, STORE>(sp, dp, bt, ct, bufs.das[0], xr[r]) };
+                continue;
+            }
             let xs = S::splat(xr[r]);
             let mut a = S::splat(0.0);
             let mut n = 0;
@@ -542,6 +550,40 @@ fn decode_rows<S: Simd + PowTwo, St: Real, const STORE: bool>(
         finish_rows::<S>(cx, out, acc, &xr, z, 0, p, m);
         p += m;
     }
+}
+
+/// One row of [`decode_rows`] on the level's widest lanes ([`Simd::Wide`]): each chunk of the
+/// state read, updated (`s·dA + B·x`, the same operations as the eight-lane loop), stored when
+/// `STORE`, and multiplied into the row's sum; the sum returned folded onto eight lanes.
+///
+/// # Safety
+/// `bt.len() == ct.len() == dstate`, a multiple of `S::Wide::WIDTH`; `sp` (and, when `STORE`,
+/// `dp`) valid for `dstate` elements of a row this item owns, `sp`'s chunk read before `dp`'s is
+/// stored (they may be the same row), through no live reference.
+#[inline(always)]
+unsafe fn decode_row_wide<S: Simd, St: Real, const STORE: bool>(
+    sp: *const St,
+    dp: *mut St,
+    bt: &[f32],
+    ct: &[f32],
+    da: f32,
+    x: f32,
+) -> S {
+    let (da, xs) = (S::Wide::splat(da), S::Wide::splat(x));
+    let mut a = S::Wide::splat(0.0);
+    let mut n = 0;
+    while n < bt.len() {
+        // SAFETY: `n + WIDTH ≤ dstate` (the caller's contract).
+        unsafe {
+            let v = St::load_wide::<S::Wide>(sp.add(n)).mul_add(da, S::Wide::load(bt.as_ptr().add(n)).mul(xs));
+            if STORE {
+                St::store_wide(v, dp.add(n));
+            }
+            a = v.mul_add(S::Wide::load(ct.as_ptr().add(n)), a);
+        }
+        n += S::Wide::WIDTH;
+    }
+    S::load(&a.fold8())
 }
 
 /// Prefetches the state row [`PREFETCH_ROWS`] rows (or [`PREFETCH_BYTES`], whichever is further)
