@@ -1262,9 +1262,10 @@ mod tests {
         }
     }
 
-    #[test]
-    fn lane_rounding_matches_half() {
-        let mut x = 0x2545_f491_4f6c_dd1du64;
+    /// 4096 random bit patterns (xorshift from `seed`), then ties, subnormals, values past f16's
+    /// range, infinity and NaN, then `extra`, padded with 0.5 to a multiple of `multiple`.
+    fn rounding_inputs(seed: u64, extra: &[f32], multiple: usize) -> Vec<f32> {
+        let mut x = seed;
         let mut xs: Vec<f32> = (0..4096)
             .map(|_| {
                 x ^= x << 13;
@@ -1274,9 +1275,16 @@ mod tests {
             })
             .collect();
         xs.extend([1.0 + 1.0 / 256.0, 1.0 + 3.0 / 256.0, 1e-40, -1e-45, 65520.0, 1e5, f32::INFINITY, f32::NAN]);
-        while !xs.len().is_multiple_of(32) {
+        xs.extend(extra);
+        while !xs.len().is_multiple_of(multiple) {
             xs.push(0.5);
         }
+        xs
+    }
+
+    #[test]
+    fn lane_rounding_matches_half() {
+        let xs = rounding_inputs(0x2545_f491_4f6c_dd1d, &[], 32);
         for [b, h, be, he] in supported_levels().iter().map(|&l| dispatch_at(l, Rounds(xs.clone()))) {
             for (i, &v) in xs.iter().enumerate() {
                 let (wb, wh) = (bf16::from_f32(v).to_f32().to_bits(), f16::from_f32(v).to_f32().to_bits());
@@ -1316,20 +1324,8 @@ mod tests {
 
     #[test]
     fn wide_lanes_round_widen_and_fold_as_half() {
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        let mut xs: Vec<f32> = (0..4096)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                f32::from_bits(x as u32)
-            })
-            .collect();
-        xs.extend([1.0 + 1.0 / 256.0, 1.0 + 3.0 / 256.0, 1e-40, -1e-45, 65520.0, 1e5, f32::INFINITY, f32::NAN]);
-        xs.extend((0..16).map(|i| (i as f32 - 7.5) * 0.37));
-        while !xs.len().is_multiple_of(16) {
-            xs.push(0.5);
-        }
+        let ramp: Vec<f32> = (0..16).map(|i| (i as f32 - 7.5) * 0.37).collect();
+        let xs = rounding_inputs(0x9e37_79b9_7f4a_7c15, &ramp, 16);
         for &level in supported_levels().iter() {
             let (b, h, back, folds) = dispatch_at(level, WideRounds(xs.clone()));
             for (i, &v) in xs.iter().enumerate() {
