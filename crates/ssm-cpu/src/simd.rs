@@ -22,6 +22,10 @@ pub trait Simd: Copy + Send + Sync + 'static {
     /// The widest f32 vector of this level, for register-tiled products (`gemm`): sixteen
     /// lanes with AVX-512 ([`Zmm`]), these eight lanes elsewhere ([`Narrow`]).
     type Wide: WideLanes;
+    /// `a + v·c` over the wide lanes eight at a time, in their order (`a = v₀·c₀ + a`, then
+    /// `v₁·c₁`, …): the same operations, in the same order, as eight-lane code walking those
+    /// elements, so a sum over a row is bit for bit the eight-lane loop's.
+    fn mul_add_wide(v: Self::Wide, c: Self::Wide, a: Self) -> Self;
     /// Every lane `x`.
     fn splat(x: f32) -> Self;
     /// Loads 8 f32.
@@ -197,9 +201,6 @@ pub trait WideLanes: Copy {
     /// # Safety
     /// `p` must be valid for writing `WIDTH` f16 (any alignment).
     unsafe fn store_f16(self, p: *mut f16);
-    /// The lanes folded onto eight: lane `i` is the sum of lanes `i`, `i + 8`, … (the lanes
-    /// themselves where there are eight).
-    fn fold8(self) -> [f32; LANES];
 }
 
 /// A level's own eight lanes as its [`WideLanes`].
@@ -251,12 +252,6 @@ impl<S: Simd> WideLanes for Narrow<S> {
         // SAFETY: `LANES` f16 at `p` are writable (the caller's contract).
         self.0.store_f16(unsafe { std::slice::from_raw_parts_mut(p, LANES) })
     }
-    #[inline(always)]
-    fn fold8(self) -> [f32; LANES] {
-        let mut v = [0.0f32; LANES];
-        self.0.store(&mut v);
-        v
-    }
 }
 
 /// Portable lanes on `wide::f32x8`.
@@ -281,6 +276,10 @@ impl Portable {
 
 impl Simd for Portable {
     type Wide = Narrow<Portable>;
+    #[inline(always)]
+    fn mul_add_wide(v: Self::Wide, c: Self::Wide, a: Self) -> Self {
+        v.0.mul_add(c.0, a)
+    }
     #[inline(always)]
     fn splat(x: f32) -> Self {
         Portable(wide::f32x8::splat(x))
@@ -503,28 +502,32 @@ mod x86 {
             // `Ymm::store_f16`.
             unsafe { _mm256_storeu_si256(p.cast(), _mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(self.0)) }
         }
-        #[inline(always)]
-        fn fold8(self) -> [f32; LANES] {
-            let mut v = [0.0f32; LANES];
-            // SAFETY: see the impl-wide note; eight f32 are written to `v`.
-            unsafe {
-                let sum = _mm256_add_ps(_mm512_castps512_ps256(self.0), _mm512_extractf32x8_ps::<1>(self.0));
-                _mm256_storeu_ps(v.as_mut_ptr(), sum);
-            }
-            v
-        }
     }
 
     /// Picks [`Simd::Wide`] for each `Ymm` level.
-    pub trait Widest {
+    pub trait Widest: Sized {
         /// [`Simd::Wide`] of this level.
         type Wide: WideLanes;
+        /// [`Simd::mul_add_wide`] of this level.
+        fn mul_add_wide(v: Self::Wide, c: Self::Wide, a: Self) -> Self;
     }
     impl Widest for Ymm<false> {
         type Wide = Narrow<Ymm<false>>;
+        #[inline(always)]
+        fn mul_add_wide(v: Self::Wide, c: Self::Wide, a: Self) -> Self {
+            v.0.mul_add(c.0, a)
+        }
     }
     impl Widest for Ymm<true> {
         type Wide = Zmm;
+        #[inline(always)]
+        fn mul_add_wide(v: Zmm, c: Zmm, a: Self) -> Self {
+            // SAFETY: `Zmm` values exist only where AVX-512 F is present (see `Zmm`).
+            unsafe {
+                let a = _mm256_fmadd_ps(_mm512_castps512_ps256(v.0), _mm512_castps512_ps256(c.0), a.0);
+                Ymm(_mm256_fmadd_ps(_mm512_extractf32x8_ps::<1>(v.0), _mm512_extractf32x8_ps::<1>(c.0), a))
+            }
+        }
     }
 
     // SAFETY (module-wide): `Avx2` values exist only inside the `#[target_feature(enable =
@@ -538,6 +541,10 @@ mod x86 {
         Self: Widest,
     {
         type Wide = <Self as Widest>::Wide;
+        #[inline(always)]
+        fn mul_add_wide(v: Self::Wide, c: Self::Wide, a: Self) -> Self {
+            <Self as Widest>::mul_add_wide(v, c, a)
+        }
         #[inline(always)]
         fn splat(x: f32) -> Self {
             // SAFETY: see the module-wide note.
@@ -1298,15 +1305,16 @@ mod tests {
 
     /// The level's wide lanes ([`Simd::Wide`]): bf16 and f16 stores round as `half` does (the
     /// inputs of `lane_rounding_matches_half`: ties, subnormals, NaN), loads widen exactly, and
-    /// `fold8` sums lane `i` with lane `i + 8`.
+    /// `mul_add_wide` sums as the eight-lane `mul_add` walk does, bit for bit.
     struct WideRounds(Vec<f32>);
     impl SimdKernel for WideRounds {
-        type Output = (Vec<bf16>, Vec<f16>, Vec<f32>, Vec<[f32; LANES]>);
+        type Output = (Vec<bf16>, Vec<f16>, Vec<f32>, [[f32; LANES]; 2]);
         #[inline(always)]
         fn run<S: Simd + PowTwo>(self) -> Self::Output {
             let (n, w) = (self.0.len(), S::Wide::WIDTH);
             let (mut b, mut h) = (vec![bf16::ZERO; n], vec![f16::ZERO; n]);
-            let (mut back, mut folds) = (vec![0.0f32; n], Vec::new());
+            let mut back = vec![0.0f32; n];
+            let (mut wide_sum, mut lane_sum) = (S::splat(0.0), S::splat(0.0));
             for i in (0..n).step_by(w) {
                 // SAFETY: `n` is a multiple of 16 ≥ `w`; every access is inside the vectors.
                 unsafe {
@@ -1315,32 +1323,32 @@ mod tests {
                     v.store_f16(h.as_mut_ptr().add(i));
                     S::Wide::load_bf16(b.as_ptr().add(i)).store(back.as_mut_ptr().add(i));
                     let f = S::Wide::load_f16(h.as_ptr().add(i));
-                    folds.push(S::Wide::load_bf16(b.as_ptr().add(i)).mul_add(S::Wide::splat(1.0), f).fold8());
+                    wide_sum = S::mul_add_wide(S::Wide::load_bf16(b.as_ptr().add(i)), f, wide_sum);
                 }
             }
-            (b, h, back, folds)
+            for i in (0..n).step_by(LANES) {
+                lane_sum = S::load_bf16(&b[i..]).mul_add(S::load_f16(&h[i..]), lane_sum);
+            }
+            let mut sums = [[0.0f32; LANES]; 2];
+            wide_sum.store(&mut sums[0]);
+            lane_sum.store(&mut sums[1]);
+            (b, h, back, sums)
         }
     }
 
     #[test]
-    fn wide_lanes_round_widen_and_fold_as_half() {
+    fn wide_lanes_round_widen_and_sum_as_the_eight_lane_ones() {
         let ramp: Vec<f32> = (0..16).map(|i| (i as f32 - 7.5) * 0.37).collect();
         let xs = rounding_inputs(0x9e37_79b9_7f4a_7c15, &ramp, 16);
         for &level in supported_levels().iter() {
-            let (b, h, back, folds) = dispatch_at(level, WideRounds(xs.clone()));
+            let (b, h, back, [wide_sum, lane_sum]) = dispatch_at(level, WideRounds(xs.clone()));
             for (i, &v) in xs.iter().enumerate() {
                 assert_eq!(b[i].to_bits(), bf16::from_f32(v).to_bits(), "{level:?}: bf16 of {v:e}");
                 assert_eq!(h[i].to_bits(), f16::from_f32(v).to_bits(), "{level:?}: f16 of {v:e}");
                 assert_eq!(back[i].to_bits(), b[i].to_f32().to_bits(), "{level:?}: bf16 widened");
             }
-            let w = xs.len() / folds.len();
-            for (k, fold) in folds.iter().enumerate() {
-                for (lane, &got) in fold.iter().enumerate() {
-                    let sum = |i: usize| b[i].to_f32() + h[i].to_f32();
-                    let want = (lane..w).step_by(LANES).map(|j| sum(k * w + j)).reduce(|a, v| a + v).unwrap();
-                    let ok = got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan());
-                    assert!(ok, "{level:?}: fold8 lane {lane} of chunk {k}: {got} against {want}");
-                }
+            for (w, l) in wide_sum.iter().zip(lane_sum) {
+                assert!(w.to_bits() == l.to_bits() || (w.is_nan() && l.is_nan()), "{level:?}: {w} against {l}");
             }
         }
     }

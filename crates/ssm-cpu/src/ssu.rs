@@ -554,7 +554,8 @@ fn decode_rows<S: Simd + PowTwo, St: Real, const STORE: bool>(
 
 /// One row of [`decode_rows`] on the level's widest lanes ([`Simd::Wide`]): each chunk of the
 /// state read, updated (`s·dA + B·x`, the same operations as the eight-lane loop), stored when
-/// `STORE`, and multiplied into the row's sum; the sum returned folded onto eight lanes.
+/// `STORE`, and multiplied into the row's sum eight lanes at a time in the eight-lane loop's order
+/// ([`Simd::mul_add_wide`]: the same bits).
 ///
 /// # Safety
 /// `bt.len() == ct.len() == dstate`, a multiple of `S::Wide::WIDTH`; `sp` (and, when `STORE`,
@@ -570,7 +571,7 @@ unsafe fn decode_row_wide<S: Simd, St: Real, const STORE: bool>(
     x: f32,
 ) -> S {
     let (da, xs) = (S::Wide::splat(da), S::Wide::splat(x));
-    let mut a = S::Wide::splat(0.0);
+    let mut a = S::splat(0.0);
     let mut n = 0;
     while n < bt.len() {
         // SAFETY: `n + WIDTH ≤ dstate` (the caller's contract).
@@ -579,11 +580,11 @@ unsafe fn decode_row_wide<S: Simd, St: Real, const STORE: bool>(
             if STORE {
                 St::store_wide(v, dp.add(n));
             }
-            a = v.mul_add(S::Wide::load(ct.as_ptr().add(n)), a);
+            a = S::mul_add_wide(v, S::Wide::load(ct.as_ptr().add(n)), a);
         }
         n += S::Wide::WIDTH;
     }
-    S::load(&a.fold8())
+    a
 }
 
 /// Prefetches the state row [`PREFETCH_ROWS`] rows (or [`PREFETCH_BYTES`], whichever is further)
