@@ -201,11 +201,35 @@ pub trait WideLanes: Copy {
     /// # Safety
     /// `p` must be valid for writing `WIDTH` f16 (any alignment).
     unsafe fn store_f16(self, p: *mut f16);
+    /// Stores [`WideLanes::WIDTH`] f32 to `p` bypassing the caches where supported, as
+    /// [`Simd::stream`] (follow a batch of these with [`Simd::store_fence`]).
+    ///
+    /// # Safety
+    /// `p` must be valid for writing `WIDTH` f32 and aligned to their size (`WIDTH · 4` bytes).
+    unsafe fn stream(self, p: *mut f32);
+    /// As [`WideLanes::stream`] for bf16, rounded as [`WideLanes::store_bf16`].
+    ///
+    /// # Safety
+    /// `p` must be valid for writing `WIDTH` bf16 and aligned to their size (`WIDTH · 2` bytes).
+    unsafe fn stream_bf16(self, p: *mut bf16);
+    /// As [`WideLanes::stream`] for f16, rounded as [`WideLanes::store_f16`].
+    ///
+    /// # Safety
+    /// `p` must be valid for writing `WIDTH` f16 and aligned to their size (`WIDTH · 2` bytes).
+    unsafe fn stream_f16(self, p: *mut f16);
 }
 
 /// A level's own eight lanes as its [`WideLanes`].
 #[derive(Clone, Copy)]
 pub struct Narrow<S>(S);
+
+impl<S: Simd> Narrow<S> {
+    /// `a + self·c`: [`Simd::mul_add_wide`] of a level whose wide lanes are its own eight.
+    #[inline(always)]
+    pub fn mul_add_to(self, c: Self, a: S) -> S {
+        self.0.mul_add(c.0, a)
+    }
+}
 
 impl<S: Simd> WideLanes for Narrow<S> {
     const WIDTH: usize = LANES;
@@ -252,6 +276,21 @@ impl<S: Simd> WideLanes for Narrow<S> {
         // SAFETY: `LANES` f16 at `p` are writable (the caller's contract).
         self.0.store_f16(unsafe { std::slice::from_raw_parts_mut(p, LANES) })
     }
+    #[inline(always)]
+    unsafe fn stream(self, p: *mut f32) {
+        // SAFETY: the caller's contract is `Simd::stream`'s.
+        unsafe { self.0.stream(p) }
+    }
+    #[inline(always)]
+    unsafe fn stream_bf16(self, p: *mut bf16) {
+        // SAFETY: the caller's contract is `Simd::stream_bf16`'s.
+        unsafe { self.0.stream_bf16(p) }
+    }
+    #[inline(always)]
+    unsafe fn stream_f16(self, p: *mut f16) {
+        // SAFETY: the caller's contract is `Simd::stream_f16`'s.
+        unsafe { self.0.stream_f16(p) }
+    }
 }
 
 /// Portable lanes on `wide::f32x8`.
@@ -278,7 +317,7 @@ impl Simd for Portable {
     type Wide = Narrow<Portable>;
     #[inline(always)]
     fn mul_add_wide(v: Self::Wide, c: Self::Wide, a: Self) -> Self {
-        v.0.mul_add(c.0, a)
+        v.mul_add_to(c, a)
     }
     #[inline(always)]
     fn splat(x: f32) -> Self {
@@ -413,7 +452,7 @@ mod x86 {
 
     use half::{bf16, f16};
 
-    use super::{LANES, Narrow, PowTwo, Simd, WideLanes};
+    use super::{Narrow, PowTwo, Simd, WideLanes};
 
     /// Eight f32 lanes in a 256-bit register. Only constructed inside [`super::dispatch`]
     /// after the CPU features were detected, so the intrinsics below always run on a CPU that
@@ -474,22 +513,8 @@ mod x86 {
         }
         #[inline(always)]
         unsafe fn store_bf16(self, p: *mut bf16) {
-            // SAFETY: 32 bytes at `p` are writable (the caller's contract); AVX-512 BF16 is
-            // present (the impl-wide note). `vcvtneps2bf16` treats subnormal inputs as zero, so,
-            // as `Ymm::bf16_hw`, lanes with a subnormal take the eight-lane rounding in software.
-            unsafe {
-                if _mm512_fpclass_ps_mask::<0x20>(self.0) == 0 {
-                    let h = std::mem::transmute::<__m256bh, __m256i>(_mm512_cvtneps_pbh(self.0));
-                    _mm256_storeu_si256(p.cast(), h);
-                } else {
-                    let mut v = [0.0f32; 16];
-                    _mm512_storeu_ps(v.as_mut_ptr(), self.0);
-                    for (half, chunk) in v.chunks_exact(LANES).enumerate() {
-                        let out = std::slice::from_raw_parts_mut(p.add(half * LANES), LANES);
-                        Ymm::<true>::load(chunk).store_bf16(out);
-                    }
-                }
-            }
+            // SAFETY: 32 bytes at `p` are writable (the caller's contract).
+            unsafe { _mm256_storeu_si256(p.cast(), self.bf16_packed()) }
         }
         #[inline(always)]
         unsafe fn load_f16(p: *const f16) -> Self {
@@ -501,6 +526,41 @@ mod x86 {
             // SAFETY: 32 bytes at `p` are writable (the caller's contract); nearest even, as
             // `Ymm::store_f16`.
             unsafe { _mm256_storeu_si256(p.cast(), _mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(self.0)) }
+        }
+        #[inline(always)]
+        unsafe fn stream(self, p: *mut f32) {
+            // SAFETY: 64 writable, 64-byte aligned bytes at `p` (the caller's contract).
+            unsafe { _mm512_stream_ps(p, self.0) }
+        }
+        #[inline(always)]
+        unsafe fn stream_bf16(self, p: *mut bf16) {
+            // SAFETY: 32 writable, 32-byte aligned bytes at `p` (the caller's contract).
+            unsafe { _mm256_stream_si256(p.cast(), self.bf16_packed()) }
+        }
+        #[inline(always)]
+        unsafe fn stream_f16(self, p: *mut f16) {
+            // SAFETY: 32 writable, 32-byte aligned bytes at `p` (the caller's contract); nearest
+            // even, as `store_f16`.
+            unsafe { _mm256_stream_si256(p.cast(), _mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(self.0)) }
+        }
+    }
+
+    impl Zmm {
+        /// The sixteen lanes rounded to bf16 bit for bit as [`Simd::store_bf16`] rounds them:
+        /// `vcvtneps2bf16`, which treats subnormal inputs as zero, so, as `Ymm::bf16_hw`, a vector
+        /// with a subnormal lane takes the eight-lane rounding (`Ymm::bf16_packed`) per half.
+        #[inline(always)]
+        fn bf16_packed(self) -> __m256i {
+            // SAFETY: see the impl-wide note of `impl WideLanes for Zmm`; AVX-512 BF16 is present
+            // where `Zmm` values exist. The transmute reinterprets 256 bits.
+            unsafe {
+                if _mm512_fpclass_ps_mask::<0x20>(self.0) == 0 {
+                    return std::mem::transmute::<__m256bh, __m256i>(_mm512_cvtneps_pbh(self.0));
+                }
+                let lo = Ymm::<true>(_mm512_castps512_ps256(self.0)).bf16_packed();
+                let hi = Ymm::<true>(_mm512_extractf32x8_ps::<1>(self.0)).bf16_packed();
+                _mm256_set_m128i(hi, lo)
+            }
         }
     }
 
@@ -515,7 +575,7 @@ mod x86 {
         type Wide = Narrow<Ymm<false>>;
         #[inline(always)]
         fn mul_add_wide(v: Self::Wide, c: Self::Wide, a: Self) -> Self {
-            v.0.mul_add(c.0, a)
+            v.mul_add_to(c, a)
         }
     }
     impl Widest for Ymm<true> {
@@ -1012,6 +1072,16 @@ pub trait Real: ssm_tensor::Element + Copy {
     /// # Safety
     /// `p` valid for writing `W::WIDTH` elements (any alignment).
     unsafe fn store_wide<W: WideLanes>(v: W, p: *mut Self);
+    /// Streams wide lanes to `p` ([`WideLanes::stream`] and its siblings; a plain
+    /// [`Real::store_wide`] for the integer states).
+    ///
+    /// # Safety
+    /// `p` valid for writing `W::WIDTH` elements and aligned to their size.
+    #[inline(always)]
+    unsafe fn stream_wide<W: WideLanes>(v: W, p: *mut Self) {
+        // SAFETY: the caller's contract covers `store_wide`'s.
+        unsafe { Self::store_wide(v, p) }
+    }
 }
 
 /// Runs `$body` with the type alias `$r` naming the element type of the run-time `dtype` (f32,
@@ -1074,6 +1144,11 @@ impl Real for f32 {
         // SAFETY: caller's contract.
         unsafe { v.store(p) }
     }
+    #[inline(always)]
+    unsafe fn stream_wide<W: WideLanes>(v: W, p: *mut Self) {
+        // SAFETY: caller's contract.
+        unsafe { v.stream(p) }
+    }
 }
 
 /// `Real` for a 16-bit storage type: conversions from `half`, lane loads, stores, rounding and
@@ -1119,6 +1194,11 @@ macro_rules! real_half {
             unsafe fn store_wide<W: WideLanes>(v: W, p: *mut Self) {
                 // SAFETY: caller's contract.
                 unsafe { v.$store(p) }
+            }
+            #[inline(always)]
+            unsafe fn stream_wide<W: WideLanes>(v: W, p: *mut Self) {
+                // SAFETY: caller's contract.
+                unsafe { W::$stream(v, p) }
             }
         }
     };
@@ -1304,23 +1384,36 @@ mod tests {
     }
 
     /// The level's wide lanes ([`Simd::Wide`]): bf16 and f16 stores round as `half` does (the
-    /// inputs of `lane_rounding_matches_half`: ties, subnormals, NaN), loads widen exactly, and
-    /// `mul_add_wide` sums as the eight-lane `mul_add` walk does, bit for bit.
+    /// inputs of `lane_rounding_matches_half`: ties, subnormals, NaN), streaming stores write
+    /// the plain stores' bits, loads widen exactly, and `mul_add_wide` sums as the eight-lane
+    /// `mul_add` walk does, bit for bit.
     struct WideRounds(Vec<f32>);
+    /// 64 bytes on a cache line: a streaming store's aligned destination.
+    #[derive(Clone, Copy)]
+    #[repr(C, align(64))]
+    struct Line([u8; 64]);
+    type WideOut = (Vec<bf16>, Vec<f16>, Vec<f32>, [[f32; LANES]; 2], (Vec<Line>, Vec<Line>, Vec<Line>));
     impl SimdKernel for WideRounds {
-        type Output = (Vec<bf16>, Vec<f16>, Vec<f32>, [[f32; LANES]; 2]);
+        type Output = WideOut;
         #[inline(always)]
         fn run<S: Simd + PowTwo>(self) -> Self::Output {
             let (n, w) = (self.0.len(), S::Wide::WIDTH);
             let (mut b, mut h) = (vec![bf16::ZERO; n], vec![f16::ZERO; n]);
             let mut back = vec![0.0f32; n];
+            let mut streamed =
+                [vec![Line([0; 64]); n * 4 / 64], vec![Line([0; 64]); n * 2 / 64], vec![Line([0; 64]); n * 2 / 64]];
             let (mut wide_sum, mut lane_sum) = (S::splat(0.0), S::splat(0.0));
             for i in (0..n).step_by(w) {
-                // SAFETY: `n` is a multiple of 16 ≥ `w`; every access is inside the vectors.
+                // SAFETY: `n` is a multiple of 32 ≥ `w`; every access is inside the vectors, and
+                // the streamed ones are 64-byte aligned, so each `w`-element chunk is aligned to
+                // its size.
                 unsafe {
                     let v = S::Wide::load(self.0.as_ptr().add(i));
                     v.store_bf16(b.as_mut_ptr().add(i));
                     v.store_f16(h.as_mut_ptr().add(i));
+                    v.stream(streamed[0].as_mut_ptr().cast::<f32>().add(i));
+                    v.stream_bf16(streamed[1].as_mut_ptr().cast::<bf16>().add(i));
+                    v.stream_f16(streamed[2].as_mut_ptr().cast::<f16>().add(i));
                     S::Wide::load_bf16(b.as_ptr().add(i)).store(back.as_mut_ptr().add(i));
                     let f = S::Wide::load_f16(h.as_ptr().add(i));
                     wide_sum = S::mul_add_wide(S::Wide::load_bf16(b.as_ptr().add(i)), f, wide_sum);
@@ -1332,20 +1425,29 @@ mod tests {
             let mut sums = [[0.0f32; LANES]; 2];
             wide_sum.store(&mut sums[0]);
             lane_sum.store(&mut sums[1]);
-            (b, h, back, sums)
+            S::store_fence();
+            let [f, sb, sh] = streamed;
+            (b, h, back, sums, (f, sb, sh))
         }
     }
 
     #[test]
     fn wide_lanes_round_widen_and_sum_as_the_eight_lane_ones() {
         let ramp: Vec<f32> = (0..16).map(|i| (i as f32 - 7.5) * 0.37).collect();
-        let xs = rounding_inputs(0x9e37_79b9_7f4a_7c15, &ramp, 16);
+        let xs = rounding_inputs(0x9e37_79b9_7f4a_7c15, &ramp, 32);
         for &level in supported_levels().iter() {
-            let (b, h, back, [wide_sum, lane_sum]) = dispatch_at(level, WideRounds(xs.clone()));
+            let (b, h, back, [wide_sum, lane_sum], (sf, sb, sh)) = dispatch_at(level, WideRounds(xs.clone()));
+            let bits = |lines: &[Line], size: usize, i: usize| {
+                let at = &lines[i * size / 64].0[i * size % 64..][..size];
+                at.iter().rev().fold(0u32, |acc, &byte| acc << 8 | u32::from(byte))
+            };
             for (i, &v) in xs.iter().enumerate() {
                 assert_eq!(b[i].to_bits(), bf16::from_f32(v).to_bits(), "{level:?}: bf16 of {v:e}");
                 assert_eq!(h[i].to_bits(), f16::from_f32(v).to_bits(), "{level:?}: f16 of {v:e}");
                 assert_eq!(back[i].to_bits(), b[i].to_f32().to_bits(), "{level:?}: bf16 widened");
+                assert_eq!(bits(&sf, 4, i), v.to_bits(), "{level:?}: f32 streamed");
+                assert_eq!(bits(&sb, 2, i), u32::from(b[i].to_bits()), "{level:?}: bf16 streamed");
+                assert_eq!(bits(&sh, 2, i), u32::from(h[i].to_bits()), "{level:?}: f16 streamed");
             }
             for (w, l) in wide_sum.iter().zip(lane_sum) {
                 assert!(w.to_bits() == l.to_bits() || (w.is_nan() && l.is_nan()), "{level:?}: {w} against {l}");

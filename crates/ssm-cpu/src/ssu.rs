@@ -14,7 +14,7 @@ use ssm_tensor::{DType, Planned, Run, TensorMut};
 use crate::host::{MambaInputs, rd, rd_int, wr};
 use crate::lanes::{gather, ld, round8, scatter, softplus_lanes, st};
 use crate::shared::{Scratch, SharedBuf};
-use crate::simd::{LANES, PowTwo, Real, Simd, SimdKernel, WideLanes, dispatch};
+use crate::simd::{LANES, Narrow, PowTwo, Real, Simd, SimdKernel, WideLanes, dispatch};
 use crate::{CpuBackend, CpuError, require_host};
 
 /// How far ahead the plain decode step prefetches state rows: at least this many rows…
@@ -216,16 +216,19 @@ impl<St: Real> SimdKernel for Item<'_, '_, St> {
             }
             return;
         }
-        // A 16-bit state's speculative rows advance a whole cache line (four chunks of lanes)
-        // per token, so that each token's streaming stores fill whole lines; f32 takes two chunks.
-        let wide = std::mem::size_of::<St>() < 4;
-        let streamed = match (cx.plain_speculative(), cx.len, wide) {
-            (true, 2, false) => spec_rows::<S, St, 2, 2>(&cx, &bufs, state, out, rows),
-            (true, 3, false) => spec_rows::<S, St, 3, 2>(&cx, &bufs, state, out, rows),
-            (true, 4, false) => spec_rows::<S, St, 4, 2>(&cx, &bufs, state, out, rows),
-            (true, 2, true) => spec_rows::<S, St, 2, 4>(&cx, &bufs, state, out, rows),
-            (true, 3, true) => spec_rows::<S, St, 3, 4>(&cx, &bufs, state, out, rows),
-            (true, 4, true) => spec_rows::<S, St, 4, 4>(&cx, &bufs, state, out, rows),
+        // The speculative rows advance a whole cache line per token (`L` chunks of the widest
+        // lanes), so that each token's streaming stores fill whole lines.
+        let line_chunks = 64 / (<S::Wide as WideLanes>::WIDTH * std::mem::size_of::<St>());
+        let streamed = match (cx.plain_speculative(), cx.len, line_chunks) {
+            (true, 2, 1) => spec_rows::<S, St, 2, 1>(&cx, &bufs, state, out, rows),
+            (true, 3, 1) => spec_rows::<S, St, 3, 1>(&cx, &bufs, state, out, rows),
+            (true, 4, 1) => spec_rows::<S, St, 4, 1>(&cx, &bufs, state, out, rows),
+            (true, 2, 2) => spec_rows::<S, St, 2, 2>(&cx, &bufs, state, out, rows),
+            (true, 3, 2) => spec_rows::<S, St, 3, 2>(&cx, &bufs, state, out, rows),
+            (true, 4, 2) => spec_rows::<S, St, 4, 2>(&cx, &bufs, state, out, rows),
+            (true, 2, 4) => spec_rows::<S, St, 2, 4>(&cx, &bufs, state, out, rows),
+            (true, 3, 4) => spec_rows::<S, St, 3, 4>(&cx, &bufs, state, out, rows),
+            (true, 4, 4) => spec_rows::<S, St, 4, 4>(&cx, &bufs, state, out, rows),
             _ => general_rows::<S, St>(&cx, &mut bufs, (state, buffer), scales, out, rows),
         };
         if streamed {
@@ -500,10 +503,10 @@ fn decode_rows<S: Simd + PowTwo, St: Real, const STORE: bool>(
     let (plan, inp, h, n_st) = (cx.plan, cx.inp, cx.h, cx.plan.dims.dstate);
     let (src, dst) = (cx.src as usize, cx.dst_final as usize);
     let zb = plan.z.map_or(0, |zs| cx.tok(&zs, 0));
-    let (da, bt, ct) = (S::splat(bufs.das[0]), &bufs.bv[..n_st], &bufs.cv[..n_st]);
+    let (bt, ct) = (&bufs.bv[..n_st], &bufs.cv[..n_st]);
     // Rows on the widest lanes where they tile `dstate` (sixteen with AVX-512: half the
-    // conversions, updates and stores per element of a 16-bit state).
-    let wide = n_st % <S::Wide as WideLanes>::WIDTH == 0;
+    // conversions, updates and stores per element of a 16-bit state), else on eight.
+    let wide = n_st.is_multiple_of(<S::Wide as WideLanes>::WIDTH);
     let mut p = p_lo;
     while p < p_hi {
         let m = LANES.min(p_hi - p);
@@ -515,29 +518,17 @@ fn decode_rows<S: Simd + PowTwo, St: Real, const STORE: bool>(
             // Without a final store the destination may be the pad: no address is formed.
             let dp = if STORE { state.elems::<St>(plan.state.at([dst, h, q, 0]), n_st) } else { sp };
             prefetch_ahead::<S, St>(plan, sp, q, p_hi);
-            if wide {
-                // SAFETY: as below; `dstate` is a multiple of the wide lanes' width.
-                *acc_r = unsafe { decode_row_wide::<S, St, STORE>(sp, dp, bt, ct, bufs.das[0], xr[r]) };
-                continue;
-            }
-            let xs = S::splat(xr[r]);
-            let mut a = S::splat(0.0);
-            let mut n = 0;
-            while n < n_st {
-                // SAFETY: `n + LANES ≤ dstate` (a multiple of LANES): inside B, C and both state
-                // rows, which the plan checked and this item owns; each state chunk is read before
-                // it is stored (source and destination may be the same row), through no live
-                // reference.
-                unsafe {
-                    let v = ld::<S, St>(sp.add(n)).mul_add(da, ld::<S, f32>(bt.as_ptr().add(n)).mul(xs));
-                    if STORE {
-                        st::<S, St>(v, dp.add(n));
-                    }
-                    a = v.mul_add(ld::<S, f32>(ct.as_ptr().add(n)), a);
+            let (da, x) = (bufs.das[0], xr[r]);
+            // SAFETY: `bt` and `ct` hold `dstate` elements, a multiple of the lanes' width (of
+            // `S::Wide`'s when `wide`, of `LANES` by `plain_one_token`); `sp` and `dp` are rows
+            // of the pool that the plan checked and this item owns.
+            *acc_r = unsafe {
+                if wide {
+                    decode_row::<S, S::Wide, St, STORE>(sp, dp, bt, ct, da, x, S::mul_add_wide)
+                } else {
+                    decode_row::<S, Narrow<S>, St, STORE>(sp, dp, bt, ct, da, x, Narrow::mul_add_to)
                 }
-                n += LANES;
-            }
-            *acc_r = a;
+            };
         }
         let z = match (inp.z, plan.z) {
             (Some(z), Some(zs)) => {
@@ -552,37 +543,38 @@ fn decode_rows<S: Simd + PowTwo, St: Real, const STORE: bool>(
     }
 }
 
-/// One row of [`decode_rows`] on the level's widest lanes ([`Simd::Wide`]): each chunk of the
-/// state read, updated (`s·dA + B·x`, the same operations as the eight-lane loop), stored when
-/// `STORE`, and multiplied into the row's sum eight lanes at a time in the eight-lane loop's order
-/// ([`Simd::mul_add_wide`]: the same bits).
+/// One row of [`decode_rows`] on the lanes `W` (the level's widest, [`Simd::Wide`], or its own
+/// eight, [`Narrow`]): each chunk of the state read, updated (`s·dA + B·x`), stored when `STORE`,
+/// and multiplied into the row's sum by `sum` ([`Simd::mul_add_wide`] or [`Narrow::mul_add_to`]:
+/// eight lanes at a time in the eight-lane order, so the row's sum has the same bits on any `W`).
 ///
 /// # Safety
-/// `bt.len() == ct.len() == dstate`, a multiple of `S::Wide::WIDTH`; `sp` (and, when `STORE`,
-/// `dp`) valid for `dstate` elements of a row this item owns, `sp`'s chunk read before `dp`'s is
-/// stored (they may be the same row), through no live reference.
+/// `bt.len() == ct.len() == dstate`, a multiple of `W::WIDTH`; `sp` (and, when `STORE`, `dp`)
+/// valid for `dstate` elements of a row this item owns, `sp`'s chunk read before `dp`'s is stored
+/// (they may be the same row), through no live reference.
 #[inline(always)]
-unsafe fn decode_row_wide<S: Simd, St: Real, const STORE: bool>(
+unsafe fn decode_row<S: Simd, W: WideLanes, St: Real, const STORE: bool>(
     sp: *const St,
     dp: *mut St,
     bt: &[f32],
     ct: &[f32],
     da: f32,
     x: f32,
+    sum: impl Fn(W, W, S) -> S,
 ) -> S {
-    let (da, xs) = (S::Wide::splat(da), S::Wide::splat(x));
+    let (da, xs) = (W::splat(da), W::splat(x));
     let mut a = S::splat(0.0);
     let mut n = 0;
     while n < bt.len() {
         // SAFETY: `n + WIDTH ≤ dstate` (the caller's contract).
         unsafe {
-            let v = St::load_wide::<S::Wide>(sp.add(n)).mul_add(da, S::Wide::load(bt.as_ptr().add(n)).mul(xs));
+            let v = St::load_wide::<W>(sp.add(n)).mul_add(da, W::load(bt.as_ptr().add(n)).mul(xs));
             if STORE {
                 St::store_wide(v, dp.add(n));
             }
-            a = S::mul_add_wide(v, S::Wide::load(ct.as_ptr().add(n)), a);
+            a = sum(v, W::load(ct.as_ptr().add(n)), a);
         }
-        n += S::Wide::WIDTH;
+        n += W::WIDTH;
     }
     a
 }
@@ -703,15 +695,17 @@ fn channel_rows<S: Simd + PowTwo, St: Real, const STORE: bool>(
     }
 }
 
-/// The plain speculative step ([`SeqCtx::plain_speculative`]) of `T` tokens: per row, `L`
-/// chunks of lanes of the source row at a time are read once and carried in registers through
-/// the tokens, stored after each token to that token's destination row (streaming stores for a
-/// row other than the source; `L` chunks make whole cache lines, so that each token's streaming
-/// stores fill their lines), and folded into the token's output sum. The same operations in the
-/// same order as [`general_rows`] (bit-identical), without its f32 row buffer written and read
-/// back per token or its per-(row, token) reads of the destination table. Rows go eight at a
-/// time, each token's `x`, `D`, z's factor and `out` in lanes ([`x_rows`], [`finish_rows`]).
-/// Returns whether streaming stores were issued (the caller fences).
+/// The plain speculative step ([`SeqCtx::plain_speculative`]) of `T` tokens: per row, a cache
+/// line of the source row at a time (`L` chunks of the level's widest lanes, [`Simd::Wide`]) is
+/// read once and carried in registers through the tokens, stored after each token to that token's
+/// destination row (streaming stores for a row other than the source, each token's filling whole
+/// lines), and folded into the token's output sum eight lanes at a time in the eight-lane order
+/// ([`Simd::mul_add_wide`]). The same operations in the same order as [`general_rows`]
+/// (bit-identical), without its f32 row buffer written and read back per token or its per-(row,
+/// token) reads of the destination table. Rows go eight at a time, each token's `x`, `D`, z's
+/// factor and `out` in lanes ([`x_rows`], [`finish_rows`]). `L · S::Wide::WIDTH` elements make a
+/// 64-byte line of `St` (the caller picks `L`; at most 4). Returns whether streaming stores were
+/// issued (the caller fences).
 #[inline(always)]
 fn spec_rows<S: Simd + PowTwo, St: Real, const T: usize, const L: usize>(
     cx: &SeqCtx<'_>,
@@ -721,6 +715,8 @@ fn spec_rows<S: Simd + PowTwo, St: Real, const T: usize, const L: usize>(
     (p_lo, p_hi): (usize, usize),
 ) -> bool {
     let (plan, h, n_st, nv) = (cx.plan, cx.h, cx.plan.dims.dstate, bufs.nv);
+    let w = <S::Wide as WideLanes>::WIDTH;
+    debug_assert_eq!(L * w * std::mem::size_of::<St>(), 64);
     let src = cx.src as usize;
     // Each token's destination slot (`None`: the pad, no store), read once per item.
     let mut dst = [None; T];
@@ -731,12 +727,12 @@ fn spec_rows<S: Simd + PowTwo, St: Real, const T: usize, const L: usize>(
         };
         *d = (!plan.is_pad(ds)).then_some(ds as usize);
     }
-    let mut da = [S::splat(0.0); T];
+    let mut da = [S::Wide::splat(0.0); T];
     for t in 0..T {
-        da[t] = S::splat(bufs.das[t]);
+        da[t] = S::Wide::splat(bufs.das[t]);
     }
     let has_z = cx.inp.z.is_some() && plan.z.is_some();
-    let lane_bytes = LANES * std::mem::size_of::<St>();
+    let chunk_bytes = w * std::mem::size_of::<St>();
     let mut streamed = false;
     let mut p = p_lo;
     while p < p_hi {
@@ -748,46 +744,52 @@ fn spec_rows<S: Simd + PowTwo, St: Real, const T: usize, const L: usize>(
         let mut acc = [[S::splat(0.0); LANES]; T];
         for r in 0..m {
             let q = p + r;
-            let src_off = plan.state.at([src, h, q, 0]);
-            prefetch_ahead::<S, St>(plan, state.elems::<St>(src_off, n_st), q, p_hi);
-            let mut xs = [S::splat(0.0); T];
+            let sp = state.elems::<St>(plan.state.at([src, h, q, 0]), n_st);
+            prefetch_ahead::<S, St>(plan, sp, q, p_hi);
+            let mut xs = [S::Wide::splat(0.0); T];
             let (mut dptr, mut stream) = ([std::ptr::null_mut::<St>(); T], [false; T]);
             for t in 0..T {
-                xs[t] = S::splat(xr[t][r]);
+                xs[t] = S::Wide::splat(xr[t][r]);
                 if let Some(d) = dst[t] {
                     // `d` was checked by the plan; (d, h) is owned by this item (alias_free) or
                     // items run in order. A row other than the source is write-only here.
                     dptr[t] = state.elems::<St>(plan.state.at([d, h, q, 0]), n_st);
-                    stream[t] = d != src && (dptr[t] as usize).is_multiple_of(lane_bytes);
+                    stream[t] = d != src && (dptr[t] as usize).is_multiple_of(chunk_bytes);
                 }
             }
             let mut a = [S::splat(0.0); T];
-            for n in (0..n_st).step_by(L * LANES) {
-                let mut v = [S::splat(0.0); L];
+            for n in (0..n_st).step_by(L * w) {
+                let mut v = [S::Wide::splat(0.0); L];
                 for (l, vl) in v.iter_mut().enumerate() {
-                    // SAFETY: the plan checked `src` against the pool; `n + L·LANES ≤ dstate`
-                    // (whole lines of lanes); the chunk is read through a slice that ends before
-                    // any store below (a destination may be the source row).
-                    *vl = St::load::<S>(unsafe {
-                        std::slice::from_raw_parts(state.elems::<St>(src_off + n + l * LANES, LANES), LANES)
-                    });
+                    // SAFETY: the plan checked `src` against the pool; `n + L·w ≤ dstate` (whole
+                    // lines); every chunk of the line is read before any store below (a
+                    // destination may be the source row), through no live reference.
+                    *vl = unsafe { St::load_wide::<S::Wide>(sp.add(n + l * w)) };
                 }
                 for t in 0..T {
                     for (l, vl) in v.iter_mut().enumerate() {
-                        *vl = vl.mul_add(da[t], S::load(&bufs.bv[t * nv + n + l * LANES..]).mul(xs[t]));
+                        // SAFETY: `t·nv + n + (l + 1)·w ≤ (t + 1)·nv`: inside token t's B.
+                        let b = unsafe { S::Wide::load(bufs.bv.as_ptr().add(t * nv + n + l * w)) };
+                        *vl = vl.mul_add(da[t], b.mul(xs[t]));
                     }
-                    for (l, &vl) in v.iter().enumerate() {
-                        if stream[t] {
-                            // SAFETY: inside the destination row (`n + L·LANES ≤ dstate`), aligned
-                            // (checked above), no reference to it alive.
-                            unsafe { St::stream::<S>(vl, dptr[t].add(n + l * LANES)) };
-                        } else if dst[t].is_some() {
-                            // SAFETY: as above; no other reference to this chunk is alive.
-                            St::store(vl, unsafe { std::slice::from_raw_parts_mut(dptr[t].add(n + l * LANES), LANES) });
+                    if let Some(dp) = dst[t].map(|_| dptr[t]) {
+                        for (l, &vl) in v.iter().enumerate() {
+                            // SAFETY: inside the destination row (`n + L·w ≤ dstate`), aligned
+                            // to the chunk when streaming (checked above); no reference to it
+                            // alive.
+                            unsafe {
+                                if stream[t] {
+                                    St::stream_wide(vl, dp.add(n + l * w));
+                                } else {
+                                    St::store_wide(vl, dp.add(n + l * w));
+                                }
+                            }
                         }
                     }
                     for (l, &vl) in v.iter().enumerate() {
-                        a[t] = vl.mul_add(S::load(&bufs.cv[t * nv + n + l * LANES..]), a[t]);
+                        // SAFETY: as B's load above, inside token t's C.
+                        let c = unsafe { S::Wide::load(bufs.cv.as_ptr().add(t * nv + n + l * w)) };
+                        a[t] = S::mul_add_wide(vl, c, a[t]);
                     }
                 }
             }
