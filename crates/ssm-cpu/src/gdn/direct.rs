@@ -380,6 +380,110 @@ pub(super) unsafe fn decode_vk_multi<S: Simd, R: Real>(
     S::store_fence();
 }
 
+/// Several tokens on a K-major head straight from memory (`vd` a multiple of `8G`): per block of
+/// `8G` value columns (one cache line of each f32 row with `G = 2`), the block is read once into
+/// `buf` (`kd × 8G` f32, in L1) with the dots `Sᵀk` of token 0, prefetched [`AHEAD_KV`] rows
+/// ahead; then every token updates the block in one fused pass that stores each row to that
+/// token's destination (if any), accumulates its outputs and already the dots with the next
+/// token's key. The same operations in the same order as the tile path's `step_kv` (its two
+/// passes per token; bit for bit), with the state read once and written once per destination.
+/// Arguments as [`decode_vk_multi`]'s; `buf` holds `kd · 8G` f32.
+///
+/// # Safety
+/// As [`decode_vk_multi`].
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+pub(super) unsafe fn decode_kv_multi<S: Simd, R: Real, const G: usize>(
+    base: SharedBuf<u8>,
+    src_off: usize,
+    dsts: &[Option<usize>],
+    kd: usize,
+    vd: usize,
+    toks: &[f32],
+    decays: &[f32],
+    outs: &mut [f32],
+    buf: &mut [f32],
+) {
+    let (nt, kp, w) = (dsts.len(), round8(kd), G * LANES);
+    let stride = 2 * kp + 2 * vd;
+    let src = base.elems::<R>(src_off, vd * kd);
+    let bp = buf[..kd * w].as_mut_ptr();
+    // Streaming stores need every 8-lane chunk aligned to its size: true when each destination
+    // head starts aligned (rows are whole multiples of 8 elements).
+    let lane_bytes = LANES * std::mem::size_of::<R>();
+    let aligned = dsts.iter().flatten().all(|&off| (base.elems::<R>(off, vd * kd) as usize).is_multiple_of(lane_bytes));
+    let mut c0 = 0;
+    while c0 < vd {
+        // Read the block once into `buf`, with the dots for token 0.
+        let k0 = &toks[kp..kp + kd];
+        let mut a = [S::splat(0.0); G];
+        for (ki, &k0i) in k0.iter().enumerate() {
+            let ahead = src.wrapping_add((ki + AHEAD_KV) * vd + c0).cast::<u8>();
+            S::prefetch(ahead);
+            S::prefetch(ahead.wrapping_add(w * std::mem::size_of::<R>() - 1));
+            let kk = S::splat(k0i);
+            for (j, aj) in a.iter_mut().enumerate() {
+                // SAFETY: row ki, columns c0 + 8j.. + 8 of the source head (`c0 + 8G ≤ vd`) and
+                // of `buf` (`kd · 8G` f32) are in bounds (caller's contract); the source is only
+                // read here.
+                unsafe {
+                    let s = ld::<S, R>(src.add(ki * vd + c0 + j * LANES));
+                    st::<S, f32>(s, bp.add(ki * w + j * LANES));
+                    *aj = s.mul_add(kk, *aj);
+                }
+            }
+        }
+        for t in 0..nt {
+            let tk = &toks[t * stride..(t + 1) * stride];
+            let (qt, kt) = (&tk[..kd], &tk[kp..kp + kd]);
+            let (vt, bt) = (&tk[2 * kp..2 * kp + vd], &tk[2 * kp + vd..2 * kp + 2 * vd]);
+            let dv = S::splat(decays[t]);
+            let mut u = [S::splat(0.0); G];
+            for (j, uj) in u.iter_mut().enumerate() {
+                let at = c0 + j * LANES;
+                *uj = S::load(&vt[at..]).sub(a[j].mul(dv)).mul(S::load(&bt[at..]));
+            }
+            let dst = dsts[t].map(|off| base.elems::<R>(off + c0, (kd - 1) * vd + w));
+            // A destination other than the source head is write-only here: stream it.
+            let stream = dsts[t].is_some_and(|off| off != src_off) && aligned;
+            let next = (t + 1 < nt).then(|| &toks[(t + 1) * stride + kp..(t + 1) * stride + kp + kd]);
+            let mut o = [S::splat(0.0); G];
+            a = [S::splat(0.0); G];
+            for ki in 0..kd {
+                let (kk, qq) = (S::splat(kt[ki]), S::splat(qt[ki]));
+                let kn = next.map_or(S::splat(0.0), |kn| S::splat(kn[ki]));
+                for j in 0..G {
+                    // SAFETY: as above, inside `buf` and the destination head's rows (caller's
+                    // contract), aligned to the chunk when streaming (checked above).
+                    unsafe {
+                        let x = ld::<S, f32>(bp.add(ki * w + j * LANES)).mul_add(dv, u[j].mul(kk));
+                        st::<S, f32>(x, bp.add(ki * w + j * LANES));
+                        if let Some(d) = dst {
+                            if stream {
+                                R::stream::<S>(x, d.add(ki * vd + j * LANES));
+                            } else {
+                                st::<S, R>(x, d.add(ki * vd + j * LANES));
+                            }
+                        }
+                        o[j] = x.mul_add(qq, o[j]);
+                        if next.is_some() {
+                            a[j] = x.mul_add(kn, a[j]);
+                        }
+                    }
+                }
+            }
+            for (j, oj) in o.iter().enumerate() {
+                oj.store(&mut outs[t * vd + c0 + j * LANES..]);
+            }
+        }
+        c0 += w;
+    }
+    S::store_fence();
+}
+
+/// How many rows ahead [`decode_kv_multi`] prefetches the block it reads.
+const AHEAD_KV: usize = 8;
+
 /// One token on a V-major head straight from memory: each row of `S` is read once (and again
 /// from L1), updated in f32 and written once — one streaming pass over the state. Rows go in
 /// pipelined blocks of four when `kd` is a multiple of 8 ([`vk_blocks4`]), the rest one by one.

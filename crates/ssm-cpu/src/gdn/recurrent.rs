@@ -8,13 +8,13 @@ use ssm_gdn::reference::{gate, sigmoid};
 use ssm_gdn::{DeltaRuleArgs, FusedRecurrentGatedDeltaRuleArgs, FusedSigmoidGatingDeltaRuleUpdateArgs, StateLayout};
 use ssm_tensor::{DType, Planned, Run, TensorRef};
 
-use super::direct::{Dst, HeadRows, decode_kv_direct, decode_vk_direct, decode_vk_multi};
+use super::direct::{Dst, HeadRows, decode_kv_direct, decode_kv_multi, decode_vk_direct, decode_vk_multi};
 use super::tile::{Block, load_tile, step_kv, step_vk, store_tile};
 use super::{Io, Token, normalize};
 use crate::host::{host_opt, host_ref, rd};
 use crate::lanes::{gather, round8, scatter};
 use crate::shared::{ItemOp, STACK_SCRATCH, Scratch};
-use crate::simd::{LANES, PowTwo, Simd, with_real};
+use crate::simd::{LANES, PowTwo, Simd, WideLanes, with_real};
 use crate::{CpuBackend, CpuError};
 
 /// f32 elements of the per-item state tile of the recurrent kernels (64 KiB).
@@ -69,10 +69,29 @@ fn block_scratch(p: &RecurrentPlan, direct: bool) -> usize {
 }
 
 /// f32 scratch of the multi-token path for `tokens` tokens: per token `[q | k | v | β]`, the
-/// decay and the outputs, then a block of four rows.
+/// decay and the outputs, then a block of four rows (V-major) or of [`KV_COLUMNS`] columns
+/// (K-major).
 fn multi_scratch(p: &RecurrentPlan, tokens: usize) -> usize {
     let (kd, vd) = (p.dims.k, p.dims.v);
-    tokens * (2 * round8(kd) + 3 * vd + 1) + 4 * kd
+    let block = match p.layout {
+        StateLayout::VK => 4 * kd,
+        StateLayout::KV => KV_COLUMNS * kd,
+    };
+    tokens * (2 * round8(kd) + 3 * vd + 1) + block
+}
+
+/// Most value columns per block of the K-major multi-token path: 64 (256 bytes of each f32 state
+/// row) with 32 vector registers, 32 with 16 (the block's three running sums of 64 columns
+/// would spill). Interleaved runs, Qwen3-Next 16 × 3 tokens, fraction of copy: 16 columns
+/// 0.64–0.66, 32 columns 0.86–0.95 (AVX-512 and AVX2 lanes), 64 columns 0.98–1.02 with AVX-512
+/// and 0.77 with AVX2.
+const KV_COLUMNS: usize = 8 * LANES;
+
+/// The columns per block [`decode_kv_multi`] takes on the lanes `S` for `vd` value columns.
+fn kv_columns<S: Simd>(vd: usize) -> usize {
+    // Two vectors of a product tile per 16 registers.
+    let most = 2 * LANES * <S::Wide as WideLanes>::TILE_VECTORS;
+    [KV_COLUMNS, 4 * LANES].into_iter().find(|&c| c <= most && vd.is_multiple_of(c)).unwrap_or(LANES)
 }
 
 /// Scratch per item of a recurrent call: from the plan's dimensions alone, the block path and, as
@@ -151,11 +170,14 @@ fn recurrent_item<S: Simd>(ctx: &RecCtx<'_>, item: usize, scratch: &mut Scratch<
         StartState::ZeroOutput => return zero_outputs::<S>(it),
         StartState::Zeros | StartState::Row(_) => {}
     }
-    // Several tokens from a slot of a V-major pool, stored (if at all) back into the pool:
-    // the multi-token direct path (read once, write once per destination).
-    if let (StateLayout::VK, StartState::Row(r), true, None) = (p.layout, start, sp.len > 1, p.final_state)
-        && d.k.is_multiple_of(LANES)
-        && d.v.is_multiple_of(4)
+    // Several tokens from a slot of the pool, stored (if at all) back into the pool: the
+    // multi-token direct path (read once, write once per destination).
+    let multi_dims = match p.layout {
+        StateLayout::VK => d.k.is_multiple_of(LANES) && d.v.is_multiple_of(4),
+        StateLayout::KV => d.v.is_multiple_of(LANES),
+    };
+    if let (StartState::Row(r), true, None) = (start, sp.len > 1, p.final_state)
+        && multi_dims
         && sp.len <= MULTI_TOKENS
         && multi_scratch(p, sp.len) <= scratch.len()
     {
@@ -336,7 +358,8 @@ fn step_direct<S: Simd>(ctx: &RecCtx<'_>, direct: Direct, blk: Block, tok: Token
     }
 }
 
-/// [`decode_vk_multi`] for one (sequence, value head) item of at most [`MULTI_TOKENS`] tokens:
+/// [`decode_vk_multi`] or [`decode_kv_multi`] for one (sequence, value head) item of at most
+/// [`MULTI_TOKENS`] tokens:
 /// gathers and normalises every token's q/k, v and gates, runs the rows, scatters the outputs.
 #[inline(always)]
 fn recurrent_multi<S: Simd>(it: Head<'_, '_>, r: usize, scratch: &mut Scratch<'_>) {
@@ -369,7 +392,14 @@ fn recurrent_multi<S: Simd>(it: Head<'_, '_>, r: usize, scratch: &mut Scratch<'_
     // the pool (plan) and touched by this item only: the plan refuses slots shared between
     // sequences when one of them writes; other items own other heads.
     unsafe {
-        with_real!(sv.dtype, R => decode_vk_multi::<S, R>(base, src_off, dsts, kd, vd, toks, decays, outs, rows))
+        with_real!(sv.dtype, R => match p.layout {
+            StateLayout::VK => decode_vk_multi::<S, R>(base, src_off, dsts, kd, vd, toks, decays, outs, rows),
+            StateLayout::KV => match kv_columns::<S>(vd) / LANES {
+                8 => decode_kv_multi::<S, R, 8>(base, src_off, dsts, kd, vd, toks, decays, outs, rows),
+                4 => decode_kv_multi::<S, R, 4>(base, src_off, dsts, kd, vd, toks, decays, outs, rows),
+                _ => decode_kv_multi::<S, R, 1>(base, src_off, dsts, kd, vd, toks, decays, outs, rows),
+            },
+        })
     };
     for t in 0..nt {
         let at = o_at.at([sp.b, sp.t0 + t, hv, 0]);
