@@ -180,6 +180,8 @@ pub trait WideLanes: Copy {
     fn mul_add(self, b: Self, c: Self) -> Self;
     /// Lane-wise product.
     fn mul(self, b: Self) -> Self;
+    /// Lane-wise `e^x`, bit for bit as [`Simd::exp`] of the same level.
+    fn exp(self) -> Self;
     /// Loads [`WideLanes::WIDTH`] bf16 from `p`, widened exactly.
     ///
     /// # Safety
@@ -255,6 +257,10 @@ impl<S: Simd> WideLanes for Narrow<S> {
     #[inline(always)]
     fn mul(self, b: Self) -> Self {
         Narrow(self.0.mul(b.0))
+    }
+    #[inline(always)]
+    fn exp(self) -> Self {
+        Narrow(self.0.exp())
     }
     #[inline(always)]
     unsafe fn load_bf16(p: *const bf16) -> Self {
@@ -390,28 +396,37 @@ impl Simd for Portable {
 
 /// `e^x` by range reduction to `2^n · e^r`, `|r| ≤ ln2/2`, and a degree-6
 /// polynomial (Cephes `expf` coefficients); relative error below 2 ulp over
-/// `[-87, 88]`, 0 below -87.3, +inf above 88.7. Written against the trait so that
-/// both paths compute the same function.
+/// `[-87, 88]`, 0 below -87.3, +inf above 88.7. Written against the lane methods both
+/// [`Simd`] + [`PowTwo`] and the sixteen lanes of [`Zmm`] have (`splat`, `add`, `sub`, `mul`,
+/// `mul_add`, `max`, `min_`, `scale_pow2`), so that every path computes the same function, bit
+/// for bit where the lanes' operations are the same instructions.
+macro_rules! exp_poly {
+    ($x:expr, $v:ty) => {{
+        const LOG2E: f32 = std::f32::consts::LOG2_E;
+        const LN2_HI: f32 = 0.693_359_4;
+        const LN2_LO: f32 = -2.121_944_4e-4;
+        // Operand order keeps NaN: max/min return their second operand when either is NaN.
+        let x = <$v>::splat(88.8).min_(<$v>::splat(-103.0).max($x));
+        // n = round(x·log2 e) through the 1.5·2^23 trick (round to nearest even, no SSE4.1 needed).
+        let magic = <$v>::splat(12_582_912.0);
+        let n = x.mul_add(<$v>::splat(LOG2E), magic).sub(magic);
+        let r = x.sub(n.mul(<$v>::splat(LN2_HI))).sub(n.mul(<$v>::splat(LN2_LO)));
+        let mut p = <$v>::splat(1.987_569_1e-4);
+        p = p.mul_add(r, <$v>::splat(1.398_199_9e-3));
+        p = p.mul_add(r, <$v>::splat(8.333_452e-3));
+        p = p.mul_add(r, <$v>::splat(4.166_579_6e-2));
+        p = p.mul_add(r, <$v>::splat(0.166_666_66));
+        p = p.mul_add(r, <$v>::splat(0.5));
+        let r2 = r.mul(r);
+        let e = p.mul_add(r2, r.add(<$v>::splat(1.0)));
+        e.scale_pow2(n)
+    }};
+}
+
+/// [`exp_poly!`] on eight lanes.
 #[inline(always)]
 fn exp_poly<S: Simd + PowTwo>(x: S) -> S {
-    const LOG2E: f32 = std::f32::consts::LOG2_E;
-    const LN2_HI: f32 = 0.693_359_4;
-    const LN2_LO: f32 = -2.121_944_4e-4;
-    // Operand order keeps NaN: max/min return their second operand when either is NaN.
-    let x = S::splat(88.8).min_(S::splat(-103.0).max(x));
-    // n = round(x·log2 e) through the 1.5·2^23 trick (round to nearest even, no SSE4.1 needed).
-    let magic = S::splat(12_582_912.0);
-    let n = x.mul_add(S::splat(LOG2E), magic).sub(magic);
-    let r = x.sub(n.mul(S::splat(LN2_HI))).sub(n.mul(S::splat(LN2_LO)));
-    let mut p = S::splat(1.987_569_1e-4);
-    p = p.mul_add(r, S::splat(1.398_199_9e-3));
-    p = p.mul_add(r, S::splat(8.333_452e-3));
-    p = p.mul_add(r, S::splat(4.166_579_6e-2));
-    p = p.mul_add(r, S::splat(0.166_666_66));
-    p = p.mul_add(r, S::splat(0.5));
-    let r2 = r.mul(r);
-    let e = p.mul_add(r2, r.add(S::splat(1.0)));
-    e.scale_pow2(n)
+    exp_poly!(x, S)
 }
 
 /// Multiplication by `2^n` for integral `n`, split in two steps so that results
@@ -504,6 +519,10 @@ mod x86 {
             unsafe { Zmm(_mm512_mul_ps(self.0, b.0)) }
         }
         #[inline(always)]
+        fn exp(self) -> Self {
+            exp_poly!(self, Zmm)
+        }
+        #[inline(always)]
         unsafe fn load_bf16(p: *const bf16) -> Self {
             // SAFETY: 32 bytes at `p` are readable (the caller's contract); a bf16 widens by a
             // 16-bit shift, as `Ymm::from_bf16_packed`.
@@ -545,7 +564,34 @@ mod x86 {
         }
     }
 
+    /// The lane operations [`exp_poly!`] needs beyond [`WideLanes`]'s: the same instructions as
+    /// `Ymm::<true>`'s (`Avx512`) on sixteen lanes, so `exp` gives its bits.
     impl Zmm {
+        #[inline(always)]
+        fn add(self, b: Self) -> Self {
+            // SAFETY: see the impl-wide note of `impl WideLanes for Zmm`.
+            unsafe { Zmm(_mm512_add_ps(self.0, b.0)) }
+        }
+        #[inline(always)]
+        fn sub(self, b: Self) -> Self {
+            // SAFETY: as `add`.
+            unsafe { Zmm(_mm512_sub_ps(self.0, b.0)) }
+        }
+        #[inline(always)]
+        fn max(self, b: Self) -> Self {
+            // SAFETY: as `add`. `maxps` semantics: the second operand when either is NaN.
+            unsafe { Zmm(_mm512_max_ps(self.0, b.0)) }
+        }
+        #[inline(always)]
+        fn min_(self, b: Self) -> Self {
+            // SAFETY: as `add`.
+            unsafe { Zmm(_mm512_min_ps(self.0, b.0)) }
+        }
+        #[inline(always)]
+        fn scale_pow2(self, n: Self) -> Self {
+            // SAFETY: as `add`; `vscalefps`, as `Ymm::<true>::scale_pow2`.
+            unsafe { Zmm(_mm512_scalef_ps(self.0, n.0)) }
+        }
         /// The sixteen lanes rounded to bf16 bit for bit as [`Simd::store_bf16`] rounds them:
         /// `vcvtneps2bf16`, which treats subnormal inputs as zero, so, as `Ymm::bf16_hw`, a vector
         /// with a subnormal lane takes the eight-lane rounding (`Ymm::bf16_packed`) per half.
@@ -1451,6 +1497,37 @@ mod tests {
             }
             for (w, l) in wide_sum.iter().zip(lane_sum) {
                 assert!(w.to_bits() == l.to_bits() || (w.is_nan() && l.is_nan()), "{level:?}: {w} against {l}");
+            }
+        }
+    }
+
+    /// [`WideLanes::exp`] against [`Simd::exp`] of the same level, bit for bit.
+    struct WideExp(Vec<f32>);
+    impl SimdKernel for WideExp {
+        type Output = (Vec<f32>, Vec<f32>);
+        #[inline(always)]
+        fn run<S: Simd + PowTwo>(self) -> Self::Output {
+            let n = self.0.len();
+            let (mut wide, mut lanes) = (vec![0.0f32; n], vec![0.0f32; n]);
+            for i in (0..n).step_by(S::Wide::WIDTH) {
+                // SAFETY: `n` is a multiple of 16 ≥ `WIDTH`; both accesses are inside the vectors.
+                unsafe { S::Wide::load(self.0.as_ptr().add(i)).exp().store(wide.as_mut_ptr().add(i)) };
+            }
+            for i in (0..n).step_by(LANES) {
+                S::load(&self.0[i..]).exp().store(&mut lanes[i..]);
+            }
+            (wide, lanes)
+        }
+    }
+
+    #[test]
+    fn wide_exp_is_the_eight_lane_exp() {
+        let ramp: Vec<f32> = (0..4096).map(|i| -110.0 + i as f32 * 0.0517).collect();
+        let xs = rounding_inputs(0x51f1_5eed_0dd5_eed5, &ramp, 16);
+        for &level in supported_levels().iter() {
+            let (wide, lanes) = dispatch_at(level, WideExp(xs.clone()));
+            for (i, (w, l)) in wide.iter().zip(&lanes).enumerate() {
+                assert_eq!(w.to_bits(), l.to_bits(), "{level:?}: exp({:e}) {w:e} against {l:e}", xs[i]);
             }
         }
     }
