@@ -4,7 +4,8 @@
 //! slot written by one sequence is used by another and that the written tensors do not
 //! overlap themselves, and chunks touch disjoint channels, so every item writes memory no
 //! other item reads or writes. Inside an item, per block of 1024 channels, the taps and the
-//! bias are widened into lanes once; then each sequence runs over the block. Where `x`, `out`
+//! bias are widened once into the level's widest lanes (sixteen channels per vector with
+//! AVX-512); then each sequence runs over the block. Where `x`, `out`
 //! and the state are contiguous along `dim` (vLLM's `(slots, state_len, dim)` layout), the
 //! tokens run first, in tiles of 16, with the history read straight from the read slot
 //! (prefetched one sequence ahead) or from `x`'s previous rows, and the new window is written
@@ -21,7 +22,7 @@ use ssm_conv::{CausalConv1dFnArgs, CausalConv1dUpdateArgs, ConvPlan, ConvSeq};
 use ssm_tensor::{DType, Planned, Run, TensorMut, TensorRef};
 
 use crate::shared::SharedBuf;
-use crate::simd::{LANES, PowTwo, Real, Simd, SimdKernel, dispatch};
+use crate::simd::{LANES, PowTwo, Real, Simd, SimdKernel, WideLanes, dispatch};
 use crate::{CpuBackend, CpuError, require_host};
 
 // Conv's own accesses to the shared [`SharedBuf`] (items touch only elements the plan assigns
@@ -86,38 +87,38 @@ impl<T: Real> SharedBuf<T> {
         }
     }
 
-    /// Loads `n ≤ 8` elements `base + k·stride` as lanes (zeros past `n`).
+    /// Loads `n ≤ V::WIDTH` elements `base + k·stride` as lanes (zeros past `n`).
     #[inline(always)]
-    fn load<S: Simd>(&self, base: isize, stride: isize, n: usize) -> S {
-        if stride == 1 && n == LANES {
+    fn load<V: WideLanes>(&self, base: isize, stride: isize, n: usize) -> V {
+        if stride == 1 && n == V::WIDTH {
             let b = base as usize;
-            assert!(b + LANES <= self.len());
-            // SAFETY: the 8 elements are in bounds (asserted) and written by no other item
-            // while this one runs (module note), so a short-lived shared slice is sound.
-            let s = unsafe { std::slice::from_raw_parts(self.elems::<T>(b, LANES), LANES) };
-            T::load(s)
+            assert!(b + n <= self.len());
+            // SAFETY: the `n` elements are in bounds (asserted) and written by no other item
+            // while this one runs (module note).
+            unsafe { T::load_wide(self.elems::<T>(b, n)) }
         } else {
-            let mut buf = [0.0f32; LANES];
+            let mut buf = [0.0f32; 16];
             for (k, v) in buf.iter_mut().enumerate().take(n) {
                 // SAFETY: no other item writes the element (see the impl's note).
                 *v = unsafe { self.read((base + k as isize * stride) as usize) }.to_f32();
             }
-            S::load(&buf)
+            // SAFETY: `buf` holds 16 ≥ `V::WIDTH` f32.
+            unsafe { V::load(buf.as_ptr()) }
         }
     }
 
-    /// Stores the first `n ≤ 8` lanes at `base + k·stride`, rounded to the storage dtype.
+    /// Stores the first `n ≤ V::WIDTH` lanes at `base + k·stride`, rounded to the storage dtype.
     #[inline(always)]
-    fn store<S: Simd>(&self, v: S, base: isize, stride: isize, n: usize) {
-        if stride == 1 && n == LANES {
+    fn store<V: WideLanes>(&self, v: V, base: isize, stride: isize, n: usize) {
+        if stride == 1 && n == V::WIDTH {
             let b = base as usize;
-            assert!(b + LANES <= self.len());
-            // SAFETY: the 8 elements are in bounds (asserted) and belong to this item alone.
-            let s = unsafe { std::slice::from_raw_parts_mut(self.elems::<T>(b, LANES), LANES) };
-            T::store(v, s);
+            assert!(b + n <= self.len());
+            // SAFETY: the `n` elements are in bounds (asserted) and belong to this item alone.
+            unsafe { T::store_wide(v, self.elems::<T>(b, n)) };
         } else {
-            let mut buf = [0.0f32; LANES];
-            v.store(&mut buf);
+            let mut buf = [0.0f32; 16];
+            // SAFETY: `buf` holds 16 ≥ `V::WIDTH` f32.
+            unsafe { v.store(buf.as_mut_ptr()) };
             for (k, &x) in buf.iter().enumerate().take(n) {
                 // SAFETY: the element belongs to this item alone (see the impl's note).
                 unsafe { self.write((base + k as isize * stride) as usize, T::from_f32(x)) };
@@ -126,17 +127,20 @@ impl<T: Real> SharedBuf<T> {
     }
 }
 
-/// Loads `n ≤ 8` elements `base + k·stride` of a read-only slice as lanes.
+/// Loads `n ≤ V::WIDTH` elements `base + k·stride` of a read-only slice as lanes.
 #[inline(always)]
-fn load_ro<T: Real, S: Simd>(d: &[T], base: isize, stride: isize, n: usize) -> S {
-    if stride == 1 && n == LANES {
-        T::load(&d[base as usize..])
+fn load_ro<T: Real, V: WideLanes>(d: &[T], base: isize, stride: isize, n: usize) -> V {
+    if stride == 1 && n == V::WIDTH {
+        let s = &d[base as usize..base as usize + n];
+        // SAFETY: `s` holds the `V::WIDTH` elements read.
+        unsafe { T::load_wide(s.as_ptr()) }
     } else {
-        let mut buf = [0.0f32; LANES];
+        let mut buf = [0.0f32; 16];
         for (k, v) in buf.iter_mut().enumerate().take(n) {
             *v = d[(base + k as isize * stride) as usize].to_f32();
         }
-        S::load(&buf)
+        // SAFETY: `buf` holds 16 ≥ `V::WIDTH` f32.
+        unsafe { V::load(buf.as_ptr()) }
     }
 }
 
@@ -145,7 +149,7 @@ fn load_ro<T: Real, S: Simd>(d: &[T], base: isize, stride: isize, n: usize) -> S
 /// dtype as vLLM's Triton kernel forms it from f16/bf16 operands, the `W` of them together
 /// ([`Real::round_each`]: one subnormal test for all); fused multiply-adds for f32.
 #[inline(always)]
-fn taps_sum<T: Real, S: Simd, const W: usize>(window: [S; 4], taps: &[S; W], bias: S) -> S {
+fn taps_sum<T: Real, V: WideLanes, const W: usize>(window: [V; 4], taps: &[V; W], bias: V) -> V {
     if T::DTYPE == DType::F32 {
         let mut acc = bias;
         for j in 0..W {
@@ -153,12 +157,12 @@ fn taps_sum<T: Real, S: Simd, const W: usize>(window: [S; 4], taps: &[S; W], bia
         }
         return acc;
     }
-    let mut p = [S::splat(0.0); W];
+    let mut p = [V::splat(0.0); W];
     for j in 0..W {
         p[j] = window[if j + 1 == W { 3 } else { j }].mul(taps[j]);
     }
     let mut acc = bias;
-    for r in T::round_each::<S, W>(p) {
+    for r in T::round_each_wide::<V, W>(p) {
         acc = acc.add(r);
     }
     acc
@@ -184,8 +188,12 @@ impl<T> Copy for Ctx<'_, T> {}
 /// Channels per block of an item: their taps and bias are widened once into lanes, then every
 /// sequence of the item runs over the block. 1024 channels keep each sequence's state runs 2 KiB
 /// long per column (bf16), long enough for the hardware prefetchers (256 gave runs of eight
-/// lines, each started cold), and the taps, bias and history arrays at 32 KiB of stack.
+/// lines, each started cold), and the taps, bias and history arrays at 64 KiB of stack (sixteen
+/// lanes; half of that on eight).
 const SUB: usize = 128 * LANES;
+
+/// Channels per group of the widest lanes ([`Simd::Wide`]): channel chunks are multiples of it.
+const GRAIN: usize = 16;
 
 /// Tokens per tile: per group of channels, the window and the taps stay in lanes for the whole
 /// tile, and the tile's rows are walked contiguously across the block's channels.
@@ -204,17 +212,18 @@ impl<T: Real> SimdKernel for Item<'_, T> {
     #[inline(always)]
     fn run<S: Simd + PowTwo>(self) {
         match self.ctx.plan.width {
-            2 => self.body::<S, 2>(),
-            3 => self.body::<S, 3>(),
-            _ => self.body::<S, 4>(),
+            2 => self.body::<S, S::Wide, 2>(),
+            3 => self.body::<S, S::Wide, 3>(),
+            _ => self.body::<S, S::Wide, 4>(),
         }
     }
 }
 
 impl<T: Real> Item<'_, T> {
-    /// For each block of [`SUB`] channels: taps and bias into lanes once, then every sequence.
+    /// For each block of [`SUB`] channels: taps and bias into lanes `V` (the level's widest,
+    /// [`Simd::Wide`]: sixteen channels per group with AVX-512) once, then every sequence.
     #[inline(always)]
-    fn body<S: Simd + PowTwo, const W: usize>(&self) {
+    fn body<S: Simd + PowTwo, V: WideLanes, const W: usize>(&self) {
         let Ctx { plan, w, bias, .. } = self.ctx;
         let ws = plan.weight;
         // x, out and the state contiguous along `dim` (the `(slots, state_len, dim)` layout).
@@ -222,41 +231,45 @@ impl<T: Real> Item<'_, T> {
         let mut c = self.c0;
         while c < self.c1 {
             let end = (c + SUB).min(self.c1);
-            let groups = (end - c).div_ceil(LANES);
+            let groups = (end - c).div_ceil(V::WIDTH);
             // Plain loops, no closures: closures would not inherit the caller's target features,
             // and the lane intrinsics would stop inlining.
-            let mut taps = [[S::splat(0.0); W]; SUB / LANES];
-            let mut b0 = [S::splat(0.0); SUB / LANES];
+            let mut taps = [[V::splat(0.0); W]; SUB / LANES];
+            let mut b0 = [V::splat(0.0); SUB / LANES];
             for g in 0..groups {
-                let cg = c + g * LANES;
-                let n = LANES.min(end - cg);
+                let cg = c + g * V::WIDTH;
+                let n = V::WIDTH.min(end - cg);
                 let wb = ws.offset as isize + cg as isize * ws.dim;
-                if n == LANES && ws.tap == 1 && ws.dim == W as isize {
-                    // `(dim, width)` weights: eight channels' taps are 8·W consecutive elements,
-                    // widened eight at a time, then picked tap by tap.
-                    let mut flat = [0.0f32; 4 * LANES];
+                if n == V::WIDTH && ws.tap == 1 && ws.dim == W as isize {
+                    // `(dim, width)` weights: a group's taps are `WIDTH·W` consecutive elements,
+                    // widened a vector at a time, then picked tap by tap.
+                    let (wv, flat) = (&w[wb as usize..wb as usize + W * n], &mut [0.0f32; 4 * 16]);
                     for k in 0..W {
-                        T::load::<S>(&w[wb as usize + k * LANES..]).store(&mut flat[k * LANES..]);
+                        // SAFETY: `wv` and `flat` hold `W·WIDTH` elements.
+                        unsafe { T::load_wide::<V>(wv.as_ptr().add(k * n)).store(flat.as_mut_ptr().add(k * n)) };
                     }
                     for j in 0..W {
-                        taps[g][j] = S::load(&std::array::from_fn::<f32, LANES, _>(|l| flat[l * W + j]));
+                        let tj =
+                            std::array::from_fn::<f32, 16, _>(|l| if l < V::WIDTH { flat[l * W + j] } else { 0.0 });
+                        // SAFETY: `tj` holds 16 ≥ `WIDTH` f32.
+                        taps[g][j] = unsafe { V::load(tj.as_ptr()) };
                     }
                 } else {
                     for j in 0..W {
-                        taps[g][j] = load_ro::<T, S>(w, wb + j as isize * ws.tap, ws.dim, n);
+                        taps[g][j] = load_ro::<T, V>(w, wb + j as isize * ws.tap, ws.dim, n);
                     }
                 }
                 if let (Some(b), Some(bs)) = (bias, plan.bias) {
-                    b0[g] = load_ro::<T, S>(b, bs.offset as isize + cg as isize * bs.dim, bs.dim, n);
+                    b0[g] = load_ro::<T, V>(b, bs.offset as isize + cg as isize * bs.dim, bs.dim, n);
                 }
             }
-            if contiguous && (end - c).is_multiple_of(LANES) {
+            if contiguous && (end - c).is_multiple_of(V::WIDTH) {
                 for (k, seq) in self.seqs.iter().enumerate() {
-                    self.block_contiguous::<S, W>(seq, self.seqs.get(k + 1), c, end, &taps, &b0);
+                    self.block_contiguous::<S, V, W>(seq, self.seqs.get(k + 1), c, end, &taps, &b0);
                 }
             } else {
                 for seq in self.seqs {
-                    self.block::<S, W>(seq, c, end, &taps, &b0);
+                    self.block::<V, W>(seq, c, end, &taps, &b0);
                 }
             }
             c = end;
@@ -266,13 +279,13 @@ impl<T: Real> Item<'_, T> {
     /// Channels `[c, end)` (at most [`SUB`]) of one sequence, any strides: history, state
     /// window, then the tokens in order, each token's row walked contiguously.
     #[inline(always)]
-    fn block<S: Simd + PowTwo, const W: usize>(
+    fn block<V: WideLanes, const W: usize>(
         &self,
         s: &ConvSeq,
         c: usize,
         end: usize,
-        taps: &[[S; W]; SUB / LANES],
-        b0: &[S; SUB / LANES],
+        taps: &[[V; W]; SUB / LANES],
+        b0: &[V; SUB / LANES],
     ) {
         let Ctx { plan, state, .. } = self.ctx;
         // Every geometry field in a local: the stores below would otherwise make the compiler
@@ -280,18 +293,18 @@ impl<T: Real> Item<'_, T> {
         let st = plan.state;
         let (st_dim, x_dim, out_dim) = (st.dim, plan.x.dim, plan.out.dim);
         let ConvSeq { x_start, out_start, len, read_slot, offset, .. } = *s;
-        let lanes = |cg: usize| LANES.min(end - cg);
-        let groups = (end - c).div_ceil(LANES);
+        let lanes = |cg: usize| V::WIDTH.min(end - cg);
+        let groups = (end - c).div_ceil(V::WIDTH);
         // History windows, loaded before the state is written (read and write slot may coincide).
-        let mut hist = [[S::splat(0.0); 3]; SUB / LANES];
+        let mut hist = [[V::splat(0.0); 3]; SUB / LANES];
         for g in 0..groups {
-            let cg = c + g * LANES;
+            let cg = c + g * V::WIDTH;
             let n = lanes(cg);
             let base = st.offset as isize + cg as isize * st_dim;
             if let Some(r) = read_slot {
                 let rb = base + r as isize * st.slot + offset as isize * st.col;
                 for j in 0..W - 1 {
-                    hist[g][j] = state.load::<S>(rb + j as isize * st.col, st_dim, n);
+                    hist[g][j] = state.load::<V>(rb + j as isize * st.col, st_dim, n);
                 }
             }
         }
@@ -300,31 +313,31 @@ impl<T: Real> Item<'_, T> {
         while t0 < len {
             let t1 = (t0 + TILE).min(len);
             for g in 0..groups {
-                let cg = c + g * LANES;
+                let cg = c + g * V::WIDTH;
                 let n = lanes(cg);
                 let tg = &taps[g];
                 let at = (x_start + cg as isize * x_dim, out_start + cg as isize * out_dim);
-                hist[g] = self.tokens::<S, W>(hist[g], tg, b0[g], at, (x_dim, out_dim), n, t0..t1);
+                hist[g] = self.tokens::<V, W>(hist[g], tg, b0[g], at, (x_dim, out_dim), n, t0..t1);
             }
             t0 = t1;
         }
     }
 
-    /// Tokens `ts` of one group of `n ≤ 8` channels: from the window `h` (the `W − 1` previous
+    /// Tokens `ts` of one group of `n ≤ V::WIDTH` channels: from the window `h` (the `W − 1` previous
     /// inputs, oldest first), each token's output row; returns the window after them. `x` of
     /// token `t` is at `at.0 + t·token + k·dims.0` for channel `k` of the group, `out` alike.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
-    fn tokens<S: Simd + PowTwo, const W: usize>(
+    fn tokens<V: WideLanes, const W: usize>(
         &self,
-        h: [S; 3],
-        taps: &[S; W],
-        bias: S,
+        h: [V; 3],
+        taps: &[V; W],
+        bias: V,
         at: (isize, isize),
         dims: (isize, isize),
         n: usize,
         ts: std::ops::Range<usize>,
-    ) -> [S; 3] {
+    ) -> [V; 3] {
         let Ctx { plan, x, out, .. } = self.ctx;
         let (xt_stride, ot_stride) = (plan.x.token, plan.out.token);
         let silu_on = plan.activation == ssm_conv::Activation::Silu;
@@ -333,8 +346,8 @@ impl<T: Real> Item<'_, T> {
         // forwarding of the previous token's stores.
         let [mut h0, mut h1, mut h2] = h;
         for t in ts {
-            let xt = load_ro::<T, S>(x, at.0 + t as isize * xt_stride, dims.0, n);
-            let mut acc = taps_sum::<T, S, W>([h0, h1, h2, xt], taps, bias);
+            let xt = load_ro::<T, V>(x, at.0 + t as isize * xt_stride, dims.0, n);
+            let mut acc = taps_sum::<T, V, W>([h0, h1, h2, xt], taps, bias);
             match W {
                 2 => h0 = xt,
                 3 => (h0, h1) = (h1, xt),
@@ -354,31 +367,31 @@ impl<T: Real> Item<'_, T> {
     /// `x`'s previous rows after it; then the new window as one copy of `end − c` elements per
     /// column, after every read of the old one.
     #[inline(always)]
-    fn block_contiguous<S: Simd + PowTwo, const W: usize>(
+    fn block_contiguous<S: Simd + PowTwo, V: WideLanes, const W: usize>(
         &self,
         s: &ConvSeq,
         next: Option<&ConvSeq>,
         c: usize,
         end: usize,
-        taps: &[[S; W]; SUB / LANES],
-        b0: &[S; SUB / LANES],
+        taps: &[[V; W]; SUB / LANES],
+        b0: &[V; SUB / LANES],
     ) {
         let Ctx { plan, x, state, .. } = self.ctx;
         let (st, xs) = (plan.state, plan.x);
         let ConvSeq { x_start, out_start, len, read_slot, offset, .. } = *s;
-        let groups = (end - c) / LANES;
+        let groups = (end - c) / V::WIDTH;
         let hist_at = |r: usize, off: usize| st.offset as isize + r as isize * st.slot + off as isize * st.col;
         let mut t0 = 0;
         while t0 < len {
             let t1 = (t0 + TILE).min(len);
             for g in 0..groups {
-                let cg = (c + g * LANES) as isize;
+                let cg = (c + g * V::WIDTH) as isize;
                 let tg = &taps[g];
-                let mut h = [S::splat(0.0); 3];
+                let mut h = [V::splat(0.0); 3];
                 if t0 == 0 {
                     if let Some(q) = next
                         && let Some(r) = q.read_slot
-                        && (g * LANES * std::mem::size_of::<T>()).is_multiple_of(64)
+                        && (g * V::WIDTH * std::mem::size_of::<T>()).is_multiple_of(64)
                     {
                         let rb = hist_at(r, q.offset) + cg;
                         for j in 0..W - 1 {
@@ -388,16 +401,16 @@ impl<T: Real> Item<'_, T> {
                     if let Some(r) = read_slot {
                         let rb = hist_at(r, offset) + cg;
                         for (j, hj) in h.iter_mut().enumerate().take(W - 1) {
-                            *hj = state.load::<S>(rb + j as isize * st.col, 1, LANES);
+                            *hj = state.load::<V>(rb + j as isize * st.col, 1, V::WIDTH);
                         }
                     }
                 } else {
                     for (j, hj) in h.iter_mut().enumerate().take(W - 1) {
                         let t = (t0 + j + 1 - W) as isize;
-                        *hj = load_ro::<T, S>(x, x_start + t * xs.token + cg, 1, LANES);
+                        *hj = load_ro::<T, V>(x, x_start + t * xs.token + cg, 1, V::WIDTH);
                     }
                 }
-                self.tokens::<S, W>(h, tg, b0[g], (x_start + cg, out_start + cg), (1, 1), LANES, t0..t1);
+                self.tokens::<V, W>(h, tg, b0[g], (x_start + cg, out_start + cg), (1, 1), V::WIDTH, t0..t1);
             }
             t0 = t1;
         }
@@ -459,11 +472,12 @@ impl CpuBackend {
         }
         // About four items per thread: channel chunks of at least 64 channels first, then
         // blocks of sequences when the channels alone do not give enough items.
-        let groups = plan.dim.div_ceil(LANES);
+        // Chunks are whole groups of the widest lanes (sixteen channels).
+        let groups = plan.dim.div_ceil(GRAIN);
         let threads = self.par().threads();
         let target = if threads == 1 { 1 } else { 4 * threads };
-        let chunks = target.min(groups.div_ceil(8)).max(1);
-        let chunk = groups.div_ceil(chunks) * LANES;
+        let chunks = target.min(groups.div_ceil(4)).max(1);
+        let chunk = groups.div_ceil(chunks) * GRAIN;
         let chunks = plan.dim.div_ceil(chunk);
         let blocks = target.div_ceil(chunks).clamp(1, seqs.len());
         let block = seqs.len().div_ceil(blocks);

@@ -182,6 +182,22 @@ pub trait WideLanes: Copy {
     fn mul(self, b: Self) -> Self;
     /// Lane-wise `e^x`, bit for bit as [`Simd::exp`] of the same level.
     fn exp(self) -> Self;
+    /// Lane-wise sum.
+    fn add(self, b: Self) -> Self;
+    /// Lane-wise difference.
+    fn sub(self, b: Self) -> Self;
+    /// Lane-wise quotient (IEEE division).
+    fn div(self, b: Self) -> Self;
+    /// Lane-wise silu, as [`Simd::silu`].
+    #[inline(always)]
+    fn silu(self) -> Self {
+        self.div(Self::splat(1.0).add(Self::splat(0.0).sub(self).exp()))
+    }
+    /// Each lane of each vector rounded to bf16 and kept as f32, bit for bit as
+    /// [`Simd::round_bf16_each`].
+    fn round_bf16_each<const N: usize>(v: [Self; N]) -> [Self; N];
+    /// Each lane of each vector rounded to f16 and kept as f32, as [`Simd::round_f16_each`].
+    fn round_f16_each<const N: usize>(v: [Self; N]) -> [Self; N];
     /// Loads [`WideLanes::WIDTH`] bf16 from `p`, widened exactly.
     ///
     /// # Safety
@@ -261,6 +277,38 @@ impl<S: Simd> WideLanes for Narrow<S> {
     #[inline(always)]
     fn exp(self) -> Self {
         Narrow(self.0.exp())
+    }
+    #[inline(always)]
+    fn add(self, b: Self) -> Self {
+        Narrow(self.0.add(b.0))
+    }
+    #[inline(always)]
+    fn sub(self, b: Self) -> Self {
+        Narrow(self.0.sub(b.0))
+    }
+    #[inline(always)]
+    fn div(self, b: Self) -> Self {
+        Narrow(self.0.div(b.0))
+    }
+    #[inline(always)]
+    fn round_bf16_each<const N: usize>(v: [Self; N]) -> [Self; N] {
+        let mut u = [S::splat(0.0); N];
+        for (u, v) in u.iter_mut().zip(v) {
+            *u = v.0;
+        }
+        let mut out = v;
+        for (o, r) in out.iter_mut().zip(S::round_bf16_each(u)) {
+            *o = Narrow(r);
+        }
+        out
+    }
+    #[inline(always)]
+    fn round_f16_each<const N: usize>(v: [Self; N]) -> [Self; N] {
+        let mut out = v;
+        for o in out.iter_mut() {
+            *o = Narrow(o.0.round_f16());
+        }
+        out
     }
     #[inline(always)]
     unsafe fn load_bf16(p: *const bf16) -> Self {
@@ -523,6 +571,43 @@ mod x86 {
             exp_poly!(self, Zmm)
         }
         #[inline(always)]
+        fn add(self, b: Self) -> Self {
+            // SAFETY: see the impl-wide note.
+            unsafe { Zmm(_mm512_add_ps(self.0, b.0)) }
+        }
+        #[inline(always)]
+        fn sub(self, b: Self) -> Self {
+            // SAFETY: see the impl-wide note.
+            unsafe { Zmm(_mm512_sub_ps(self.0, b.0)) }
+        }
+        #[inline(always)]
+        fn div(self, b: Self) -> Self {
+            // SAFETY: see the impl-wide note.
+            unsafe { Zmm(_mm512_div_ps(self.0, b.0)) }
+        }
+        #[inline(always)]
+        fn round_bf16_each<const N: usize>(mut v: [Self; N]) -> [Self; N] {
+            // SAFETY: see the impl-wide note. `bf16_packed` rounds as `Ymm::round_bf16` (with
+            // its own subnormal test); the sixteen results widen exactly by a 16-bit shift.
+            // Loops, not closures (which would lose the features).
+            unsafe {
+                for x in v.iter_mut() {
+                    *x = Zmm(_mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(x.bf16_packed()))));
+                }
+            }
+            v
+        }
+        #[inline(always)]
+        fn round_f16_each<const N: usize>(mut v: [Self; N]) -> [Self; N] {
+            // SAFETY: see the impl-wide note; nearest even, widened exactly, as `Ymm::round_f16`.
+            unsafe {
+                for x in v.iter_mut() {
+                    *x = Zmm(_mm512_cvtph_ps(_mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x.0)));
+                }
+            }
+            v
+        }
+        #[inline(always)]
         unsafe fn load_bf16(p: *const bf16) -> Self {
             // SAFETY: 32 bytes at `p` are readable (the caller's contract); a bf16 widens by a
             // 16-bit shift, as `Ymm::from_bf16_packed`.
@@ -568,28 +653,19 @@ mod x86 {
     /// `Ymm::<true>`'s (`Avx512`) on sixteen lanes, so `exp` gives its bits.
     impl Zmm {
         #[inline(always)]
-        fn add(self, b: Self) -> Self {
-            // SAFETY: see the impl-wide note of `impl WideLanes for Zmm`.
-            unsafe { Zmm(_mm512_add_ps(self.0, b.0)) }
-        }
-        #[inline(always)]
-        fn sub(self, b: Self) -> Self {
-            // SAFETY: as `add`.
-            unsafe { Zmm(_mm512_sub_ps(self.0, b.0)) }
-        }
-        #[inline(always)]
         fn max(self, b: Self) -> Self {
-            // SAFETY: as `add`. `maxps` semantics: the second operand when either is NaN.
+            // SAFETY: see the impl-wide note of `impl WideLanes for Zmm`. `maxps` semantics: the
+            // second operand when either is NaN.
             unsafe { Zmm(_mm512_max_ps(self.0, b.0)) }
         }
         #[inline(always)]
         fn min_(self, b: Self) -> Self {
-            // SAFETY: as `add`.
+            // SAFETY: as `max`.
             unsafe { Zmm(_mm512_min_ps(self.0, b.0)) }
         }
         #[inline(always)]
         fn scale_pow2(self, n: Self) -> Self {
-            // SAFETY: as `add`; `vscalefps`, as `Ymm::<true>::scale_pow2`.
+            // SAFETY: as `max`; `vscalefps`, as `Ymm::<true>::scale_pow2`.
             unsafe { Zmm(_mm512_scalef_ps(self.0, n.0)) }
         }
         /// The sixteen lanes rounded to bf16 bit for bit as [`Simd::store_bf16`] rounds them:
@@ -1118,6 +1194,19 @@ pub trait Real: ssm_tensor::Element + Copy {
     /// # Safety
     /// `p` valid for writing `W::WIDTH` elements (any alignment).
     unsafe fn store_wide<W: WideLanes>(v: W, p: *mut Self);
+    /// [`Real::round_each`] on wide lanes: each lane rounded to this type and widened back.
+    #[inline(always)]
+    fn round_each_wide<W: WideLanes, const N: usize>(mut v: [W; N]) -> [W; N] {
+        let mut q = [Self::from_f32(0.0); 16];
+        for x in v.iter_mut() {
+            // SAFETY: `q` holds 16 ≥ `W::WIDTH` elements.
+            unsafe {
+                Self::store_wide(*x, q.as_mut_ptr());
+                *x = Self::load_wide(q.as_ptr());
+            }
+        }
+        v
+    }
     /// Streams wide lanes to `p` ([`WideLanes::stream`] and its siblings; a plain
     /// [`Real::store_wide`] for the integer states).
     ///
@@ -1195,6 +1284,10 @@ impl Real for f32 {
         // SAFETY: caller's contract.
         unsafe { v.stream(p) }
     }
+    #[inline(always)]
+    fn round_each_wide<W: WideLanes, const N: usize>(v: [W; N]) -> [W; N] {
+        v
+    }
 }
 
 /// `Real` for a 16-bit storage type: conversions from `half`, lane loads, stores, rounding and
@@ -1245,6 +1338,10 @@ macro_rules! real_half {
             unsafe fn stream_wide<W: WideLanes>(v: W, p: *mut Self) {
                 // SAFETY: caller's contract.
                 unsafe { W::$stream(v, p) }
+            }
+            #[inline(always)]
+            fn round_each_wide<W: WideLanes, const N: usize>(v: [W; N]) -> [W; N] {
+                W::$round_each(v)
             }
         }
     };
