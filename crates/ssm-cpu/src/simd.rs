@@ -1598,33 +1598,50 @@ mod tests {
         }
     }
 
-    /// [`WideLanes::exp`] against [`Simd::exp`] of the same level, bit for bit.
-    struct WideExp(Vec<f32>);
-    impl SimdKernel for WideExp {
-        type Output = (Vec<f32>, Vec<f32>);
+    /// [`WideLanes`]'s `exp`, `silu` and bf16/f16 rounding against [`Simd`]'s of the same level,
+    /// bit for bit: per operation, the wide result and the eight-lane one.
+    struct WideOps(Vec<f32>);
+    impl SimdKernel for WideOps {
+        type Output = [(Vec<f32>, Vec<f32>); 4];
         #[inline(always)]
         fn run<S: Simd + PowTwo>(self) -> Self::Output {
             let n = self.0.len();
-            let (mut wide, mut lanes) = (vec![0.0f32; n], vec![0.0f32; n]);
+            let mut out: [(Vec<f32>, Vec<f32>); 4] = Default::default();
+            for (w, l) in out.iter_mut() {
+                (*w, *l) = (vec![0.0f32; n], vec![0.0f32; n]);
+            }
             for i in (0..n).step_by(S::Wide::WIDTH) {
-                // SAFETY: `n` is a multiple of 16 ≥ `WIDTH`; both accesses are inside the vectors.
-                unsafe { S::Wide::load(self.0.as_ptr().add(i)).exp().store(wide.as_mut_ptr().add(i)) };
+                // SAFETY: `n` is a multiple of 16 ≥ `WIDTH`; every access is inside the vectors.
+                unsafe {
+                    let v = S::Wide::load(self.0.as_ptr().add(i));
+                    let [b] = S::Wide::round_bf16_each([v]);
+                    let [h] = S::Wide::round_f16_each([v]);
+                    for (k, r) in [v.exp(), v.silu(), b, h].into_iter().enumerate() {
+                        r.store(out[k].0.as_mut_ptr().add(i));
+                    }
+                }
             }
             for i in (0..n).step_by(LANES) {
-                S::load(&self.0[i..]).exp().store(&mut lanes[i..]);
+                let v = S::load(&self.0[i..]);
+                let [b] = S::round_bf16_each([v]);
+                for (k, r) in [v.exp(), v.silu(), b, v.round_f16()].into_iter().enumerate() {
+                    r.store(&mut out[k].1[i..]);
+                }
             }
-            (wide, lanes)
+            out
         }
     }
 
     #[test]
-    fn wide_exp_is_the_eight_lane_exp() {
+    fn wide_ops_are_the_eight_lane_ops() {
         let ramp: Vec<f32> = (0..4096).map(|i| -110.0 + i as f32 * 0.0517).collect();
         let xs = rounding_inputs(0x51f1_5eed_0dd5_eed5, &ramp, 16);
         for &level in supported_levels().iter() {
-            let (wide, lanes) = dispatch_at(level, WideExp(xs.clone()));
-            for (i, (w, l)) in wide.iter().zip(&lanes).enumerate() {
-                assert_eq!(w.to_bits(), l.to_bits(), "{level:?}: exp({:e}) {w:e} against {l:e}", xs[i]);
+            let got = dispatch_at(level, WideOps(xs.clone()));
+            for ((wide, lanes), op) in got.iter().zip(["exp", "silu", "bf16", "f16"]) {
+                for (i, (w, l)) in wide.iter().zip(lanes).enumerate() {
+                    assert_eq!(w.to_bits(), l.to_bits(), "{level:?}: {op}({:e}) {w:e} against {l:e}", xs[i]);
+                }
             }
         }
     }
