@@ -287,6 +287,21 @@ unsafe fn block_pass<S: Simd, R: Real, const NEXT: bool>(
     o
 }
 
+/// The inputs of a multi-token step straight from memory ([`decode_vk_multi`],
+/// [`decode_kv_multi`]): the pool `base`, the source head at element `src_off`, per token the
+/// destination head's element offset (`None`: not stored), the head's `kd × vd` extents, per
+/// token `[q (kp) | k (kp) | v (vd) | beta (vd)]` (q, k normalised) in `toks` and `e^g` in `decays`.
+#[derive(Clone, Copy)]
+pub(super) struct MultiStep<'a> {
+    pub(super) base: SharedBuf<u8>,
+    pub(super) src_off: usize,
+    pub(super) dsts: &'a [Option<usize>],
+    pub(super) kd: usize,
+    pub(super) vd: usize,
+    pub(super) toks: &'a [f32],
+    pub(super) decays: &'a [f32],
+}
+
 /// Several tokens on a V-major head straight from memory (`kd` a multiple of 8, `vd` of 4):
 /// per block of four rows, the rows are read once into `buf` (with the dots for token 0), then
 /// every token updates the block in L1 — one fused pass that stores the rows to that token's
@@ -300,19 +315,9 @@ unsafe fn block_pass<S: Simd, R: Real, const NEXT: bool>(
 /// The head at element `src_off` of `base` and every destination head (`vd·kd` elements each)
 /// must lie in the buffer and be accessed by no other thread now; a destination may be the
 /// source head itself (each block is read before it is written).
-#[allow(clippy::too_many_arguments)]
 #[inline(always)]
-pub(super) unsafe fn decode_vk_multi<S: Simd, R: Real>(
-    base: SharedBuf<u8>,
-    src_off: usize,
-    dsts: &[Option<usize>],
-    kd: usize,
-    vd: usize,
-    toks: &[f32],
-    decays: &[f32],
-    outs: &mut [f32],
-    buf: &mut [f32],
-) {
+pub(super) unsafe fn decode_vk_multi<S: Simd, R: Real>(step: MultiStep<'_>, outs: &mut [f32], buf: &mut [f32]) {
+    let MultiStep { base, src_off, dsts, kd, vd, toks, decays } = step;
     const AHEAD: usize = 4;
     let nt = dsts.len();
     let kp = round8(kd);
@@ -391,19 +396,13 @@ pub(super) unsafe fn decode_vk_multi<S: Simd, R: Real>(
 ///
 /// # Safety
 /// As [`decode_vk_multi`].
-#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 pub(super) unsafe fn decode_kv_multi<S: Simd, R: Real, const G: usize>(
-    base: SharedBuf<u8>,
-    src_off: usize,
-    dsts: &[Option<usize>],
-    kd: usize,
-    vd: usize,
-    toks: &[f32],
-    decays: &[f32],
+    step: MultiStep<'_>,
     outs: &mut [f32],
     buf: &mut [f32],
 ) {
+    let MultiStep { base, src_off, dsts, kd, vd, toks, decays } = step;
     let (nt, kp, w) = (dsts.len(), round8(kd), G * LANES);
     let stride = 2 * kp + 2 * vd;
     let src = base.elems::<R>(src_off, vd * kd);

@@ -8,7 +8,7 @@ use ssm_gdn::reference::{gate, sigmoid};
 use ssm_gdn::{DeltaRuleArgs, FusedRecurrentGatedDeltaRuleArgs, FusedSigmoidGatingDeltaRuleUpdateArgs, StateLayout};
 use ssm_tensor::{DType, Planned, Run, TensorRef};
 
-use super::direct::{Dst, HeadRows, decode_kv_direct, decode_kv_multi, decode_vk_direct, decode_vk_multi};
+use super::direct::{Dst, HeadRows, MultiStep, decode_kv_direct, decode_kv_multi, decode_vk_direct, decode_vk_multi};
 use super::tile::{Block, load_tile, step_kv, step_vk, store_tile};
 use super::{Io, Token, normalize};
 use crate::host::{host_opt, host_ref, rd};
@@ -388,16 +388,17 @@ fn recurrent_multi<S: Simd>(it: Head<'_, '_>, r: usize, scratch: &mut Scratch<'_
         *dst = p.store_row(ctx.ix.as_ref(), n, &sp, t).map(|w| sv.head(w, hv, head));
     }
     let (base, src_off, dsts) = (ctx.io.state.unwrap(), sv.head(r, hv, head), &dsts[..nt]);
+    let step = MultiStep { base, src_off, dsts, kd, vd, toks, decays };
     // SAFETY: the source head and every destination head of this (sequence, value head) are in
     // the pool (plan) and touched by this item only: the plan refuses slots shared between
     // sequences when one of them writes; other items own other heads.
     unsafe {
         with_real!(sv.dtype, R => match p.layout {
-            StateLayout::VK => decode_vk_multi::<S, R>(base, src_off, dsts, kd, vd, toks, decays, outs, rows),
+            StateLayout::VK => decode_vk_multi::<S, R>(step, outs, rows),
             StateLayout::KV => match kv_columns::<S>(vd) / LANES {
-                8 => decode_kv_multi::<S, R, 8>(base, src_off, dsts, kd, vd, toks, decays, outs, rows),
-                4 => decode_kv_multi::<S, R, 4>(base, src_off, dsts, kd, vd, toks, decays, outs, rows),
-                _ => decode_kv_multi::<S, R, 1>(base, src_off, dsts, kd, vd, toks, decays, outs, rows),
+                8 => decode_kv_multi::<S, R, 8>(step, outs, rows),
+                4 => decode_kv_multi::<S, R, 4>(step, outs, rows),
+                _ => decode_kv_multi::<S, R, 1>(step, outs, rows),
             },
         })
     };
