@@ -147,7 +147,7 @@ fn load_ro<T: Real, V: WideLanes>(d: &[T], base: isize, stride: isize, n: usize)
 /// `bias + Σ_j round_T(window[j]·taps[j])` in tap order, over the window's `W − 1` history
 /// lanes (oldest first) and then the token's (`window[3]`): each product rounded to the storage
 /// dtype as vLLM's Triton kernel forms it from f16/bf16 operands, the `W` of them together
-/// ([`Real::round_each`]: one subnormal test for all); fused multiply-adds for f32.
+/// ([`Real::round_each_wide`]); fused multiply-adds for f32.
 #[inline(always)]
 fn taps_sum<T: Real, V: WideLanes, const W: usize>(window: [V; 4], taps: &[V; W], bias: V) -> V {
     if T::DTYPE == DType::F32 {

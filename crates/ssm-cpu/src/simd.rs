@@ -247,6 +247,21 @@ impl<S: Simd> Narrow<S> {
     pub fn mul_add_to(self, c: Self, a: S) -> S {
         self.0.mul_add(c.0, a)
     }
+
+    /// `f` (a function of the level's vectors, not a closure: see `SimdKernel`) over the eight
+    /// lanes inside each of `v`.
+    #[inline(always)]
+    fn each<const N: usize>(v: [Self; N], f: impl Fn([S; N]) -> [S; N]) -> [Self; N] {
+        let mut u = [S::splat(0.0); N];
+        for (u, v) in u.iter_mut().zip(v) {
+            *u = v.0;
+        }
+        let mut out = v;
+        for (o, r) in out.iter_mut().zip(f(u)) {
+            *o = Narrow(r);
+        }
+        out
+    }
 }
 
 impl<S: Simd> WideLanes for Narrow<S> {
@@ -292,23 +307,11 @@ impl<S: Simd> WideLanes for Narrow<S> {
     }
     #[inline(always)]
     fn round_bf16_each<const N: usize>(v: [Self; N]) -> [Self; N] {
-        let mut u = [S::splat(0.0); N];
-        for (u, v) in u.iter_mut().zip(v) {
-            *u = v.0;
-        }
-        let mut out = v;
-        for (o, r) in out.iter_mut().zip(S::round_bf16_each(u)) {
-            *o = Narrow(r);
-        }
-        out
+        Self::each(v, S::round_bf16_each)
     }
     #[inline(always)]
     fn round_f16_each<const N: usize>(v: [Self; N]) -> [Self; N] {
-        let mut out = v;
-        for o in out.iter_mut() {
-            *o = Narrow(o.0.round_f16());
-        }
-        out
+        Self::each(v, S::round_f16_each)
     }
     #[inline(always)]
     unsafe fn load_bf16(p: *const bf16) -> Self {
@@ -1170,15 +1173,6 @@ pub trait Real: ssm_tensor::Element + Copy {
     fn store<S: Simd>(v: S, s: &mut [Self]);
     /// Each lane rounded to this type and widened back (identity for f32).
     fn round<S: Simd>(v: S) -> S;
-    /// [`Real::round`] of each vector (bit for bit; one subnormal test for all of them where
-    /// the lanes have one).
-    #[inline(always)]
-    fn round_each<S: Simd, const N: usize>(mut v: [S; N]) -> [S; N] {
-        for x in v.iter_mut() {
-            *x = Self::round::<S>(*x);
-        }
-        v
-    }
     /// Streams 8 lanes to `p` ([`Simd::stream`] and its siblings).
     ///
     /// # Safety
@@ -1194,7 +1188,9 @@ pub trait Real: ssm_tensor::Element + Copy {
     /// # Safety
     /// `p` valid for writing `W::WIDTH` elements (any alignment).
     unsafe fn store_wide<W: WideLanes>(v: W, p: *mut Self);
-    /// [`Real::round_each`] on wide lanes: each lane rounded to this type and widened back.
+    /// Each lane of each wide vector rounded to this type and widened back, bit for bit as
+    /// [`Real::round`] (identity for f32; for bf16 one subnormal test per vector where the lanes
+    /// have one).
     #[inline(always)]
     fn round_each_wide<W: WideLanes, const N: usize>(mut v: [W; N]) -> [W; N] {
         let mut q = [Self::from_f32(0.0); 16];
@@ -1314,10 +1310,6 @@ macro_rules! real_half {
             #[inline(always)]
             fn round<S: Simd>(v: S) -> S {
                 v.$round()
-            }
-            #[inline(always)]
-            fn round_each<S: Simd, const N: usize>(v: [S; N]) -> [S; N] {
-                S::$round_each(v)
             }
             #[inline(always)]
             unsafe fn stream<S: Simd>(v: S, p: *mut Self) {
