@@ -32,6 +32,7 @@ import traceback
 
 from gdn_peer import die, install_vllm_stubs, vllm_package_dir
 from peer_common import graph_median_us, kernel_breakdown, parse_args, pool_counts, prefill_result, print_breakdown
+from peer_common import profiler_range
 from peer_common import report, stub_module, torch_and_triton, triton_choices, uniform
 
 
@@ -83,6 +84,7 @@ def bench(fn, s, torch, pooled: bool, kernels: bool = False):
             pool["state"][pool["slots"]] = final.to(sdt)
 
     us = graph_median_us(torch, call, ps, calls)
+    profiler_range(torch, call, ps)
     rows = kernel_breakdown(torch, call, ps) if kernels else None
     outs = [pp["o"] for pp in ps[:2]]
     del ps

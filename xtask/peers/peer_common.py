@@ -216,6 +216,22 @@ def parse_args(description: str, default_set: str):
     return ap.parse_args()
 
 
+def profiler_range(torch, call, pools: list):
+    """With SSM_PEER_PROFILE_RANGE=1 in the environment, one more eager call (already warmed up:
+    no autotuning or compilation) between cudaProfilerStart and cudaProfilerStop, so that a
+    profiler started with `--profile-from-start off` (Nsight Compute, nsys) sees exactly the
+    kernels of one call with the configs the timed graph ran. Does nothing otherwise."""
+    import os
+
+    if os.environ.get("SSM_PEER_PROFILE_RANGE") != "1":
+        return
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    call(pools[0])
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+
+
 def kernel_breakdown(torch, call, pools: list, reps: int = 20) -> list:
     """The kernels of one call and their device µs per call: `reps` eager calls over `pools`
     (already warmed up, so no autotuning or compilation) under torch.profiler, each kernel's

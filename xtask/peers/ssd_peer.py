@@ -27,6 +27,7 @@ import json
 import sys
 
 from peer_common import graph_median_us, kernel_breakdown, parse_args, pool_counts, prefill_result, print_breakdown
+from peer_common import profiler_range
 from peer_common import install_mamba_stubs, report, triton_choices, uniform
 
 
@@ -91,6 +92,7 @@ def bench(fn, s, torch, gathered: bool, kernels: bool = False):
         )
 
     us = graph_median_us(torch, call, ps, calls)
+    profiler_range(torch, call, ps)
     rows = kernel_breakdown(torch, call, ps) if kernels else None
     outs = [pp["out"] for pp in ps[:2]]
     del ps
