@@ -224,6 +224,39 @@ template <> __device__ __forceinline__ u32 pack2<f16_t>(float lo, float hi) {
 #endif
 }
 
+// Whether every even column of a matrix of T at address `base`, with row strides `s1` and `s2` (in
+// elements; columns contiguous), starts a pair that one 2-element access can reach.
+template <typename T> __device__ __forceinline__ bool pairs_aligned(u64 base, i64 s1, i64 s2) {
+    return base % (2 * sizeof(T)) == 0 && s1 % 2 == 0 && s2 % 2 == 0;
+}
+
+// p[0] and p[1] as f32, by one 2-element load (p aligned to two elements).
+template <typename T> __device__ __forceinline__ void load_pair(const T* p, float (&v)[2]) {
+    if constexpr (sizeof(T) == 4) {
+        const float2 f = *reinterpret_cast<const float2*>(p);
+        v[0] = f.x;
+        v[1] = f.y;
+    } else {
+        const u32 w = *reinterpret_cast<const u32*>(p);
+        T lo, hi;
+        lo.bits = (unsigned short)(w & 0xffffu);
+        hi.bits = (unsigned short)(w >> 16);
+        v[0] = to_f32(lo);
+        v[1] = to_f32(hi);
+    }
+}
+
+// v[0] and v[1] into p[0] and p[1], each rounded as `from_f32` rounds, by one 2-element store
+// (p aligned to two elements).
+template <typename T> __device__ __forceinline__ void store_pair(T* p, const float (&v)[2]) {
+    const T a = from_f32<T>(v[0]), b = from_f32<T>(v[1]);
+    if constexpr (sizeof(T) == 4) {
+        *reinterpret_cast<float2*>(p) = make_float2(a, b);
+    } else {
+        *reinterpret_cast<u32*>(p) = (u32)a.bits | ((u32)b.bits << 16);
+    }
+}
+
 // One 16-byte load (the caller guarantees the alignment); STREAMING: evict-first (`ld.global.cs`).
 template <bool STREAMING> __device__ __forceinline__ uint4 load16(const void* p) {
     if constexpr (STREAMING) {
@@ -481,6 +514,25 @@ __device__ __forceinline__ void for_acc(float (&acc)[MT][NT][4], int r0, int n0,
             for (int e = 0; e < 4; ++e)
                 f(r0 + 16 * mt + g + (e >= 2 ? 8 : 0), n0 + 8 * nt + 2 * t + (e & 1), acc[mt][nt][e]);
 }
+
+// Multiplies row r of a warp's accumulators (the tiles `for_acc` visits, rows from r0) by f(r),
+// evaluated once per row: a lane holds rows g and g + 8 of each 16-row tile.
+template <int MT, int NT, typename F>
+__device__ __forceinline__ void scale_acc_rows(float (&acc)[MT][NT][4], int r0, int lane, F f) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const float k = f(r0 + 16 * mt + (lane >> 2) + 8 * half);
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+                acc[mt][nt][2 * half] *= k;
+                acc[mt][nt][2 * half + 1] *= k;
+            }
+        }
+    }
+}
+
 
 // ---------------------------------------------------------------------------------------------
 // Hopper's warpgroup products (`wgmma`, sm_90a only: NVRTC defines __CUDA_ARCH_FEAT_SM90_ALL when

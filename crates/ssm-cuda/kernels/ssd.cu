@@ -400,6 +400,11 @@ template <int MT, int NT, typename F> __device__ __forceinline__ void for_tile(f
     for_acc(acc, warp_r0<MT, NT>(), warp_n0<MT, NT>(), threadIdx.x & 31, f);
 }
 
+// Multiplies each row of this warp's accumulators by f(row) (tile coordinates), once per row.
+template <int MT, int NT, typename F> __device__ __forceinline__ void scale_rows(float (&acc)[MT][NT][4], F f) {
+    scale_acc_rows(acc, warp_r0<MT, NT>(), threadIdx.x & 31, f);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Metadata, checked on the device.
 
@@ -590,19 +595,38 @@ extern "C" __global__ void __launch_bounds__(THREADS, MINB) ssd_cb_kernel(const 
 #define STATE_THREADS 256
 #define DECAYS 256
 
-// The chunk range [first, last] of sequence b, or false (empty or out of range).
-__device__ __forceinline__ bool seq_chunks(const SsdParams& p, i64 b, int& first, int& last, bool report) {
-    const i64 l = load_index(reinterpret_cast<const LAST_T*>(p.last_chunk) + b * p.last_s);
-    if (l < -1 || l >= p.nchunks) {
-        if (report) atomicOr(reinterpret_cast<u32*>(p.err), ERR_CU_SEQLENS);
-        return false;
+// The chunk range [first, last] of sequence b, or false (empty or out of range), found by the
+// whole block (every thread calls it, `s` is the block's shared scratch): thread 0 reads the
+// sequence's last chunk; the run of chunks of the same sequence ending there is then searched
+// backwards STATE_THREADS chunks at a time, each thread reading one chunk's sequence index, so a
+// sequence of n chunks costs ⌈n / STATE_THREADS⌉ dependent reads rather than n. The result is
+// that of the walk `while (first > 0 && seq_of(first − 1) == seq_of(last)) --first` also for
+// garbage metadata: the largest chunk before `last` whose index differs ends the run.
+__device__ __forceinline__ bool seq_chunks(const SsdParams& p, i64 b, int& first, int& last, bool report, int* s) {
+    constexpr int NO_STOP = -0x7fffffff - 1;  // below every chunk a thread reads (≥ −STATE_THREADS)
+    if (threadIdx.x == 0) {
+        const i64 l = load_index(reinterpret_cast<const LAST_T*>(p.last_chunk) + b * p.last_s);
+        const bool bad = l < -1 || l >= p.nchunks;
+        if (bad && report) atomicOr(reinterpret_cast<u32*>(p.err), ERR_CU_SEQLENS);
+        s[0] = bad || l < 0 ? -1 : (int)l;
     }
-    if (l < 0) return false;
-    last = (int)l;
-    first = last;
+    __syncthreads();
+    last = s[0];
+    if (last < 0) return false;
     const i64 sq = seq_of(p, last);
-    while (first > 0 && seq_of(p, first - 1) == sq) --first;
-    return true;
+    for (int base = last - 1;; base -= STATE_THREADS) {
+        if (threadIdx.x == 0) s[1] = NO_STOP;
+        __syncthreads();
+        const int cc = base - (int)threadIdx.x;
+        if (cc < 0 || seq_of(p, cc) != sq) atomicMax(&s[1], cc);
+        __syncthreads();
+        const int stop = s[1];
+        __syncthreads();
+        if (stop != NO_STOP) {
+            first = stop + 1;
+            return true;
+        }
+    }
 }
 
 // Element `k` of thread `tid` in block z: (row pp, column n), or false past the state. Block z
@@ -616,20 +640,16 @@ __device__ __forceinline__ bool state_elem(const SsdParams& p, int k, int& pp, i
     return true;
 }
 
+// Chunks whose states a pass thread has in flight ahead of the one it passes on.
+#define PASS_AHEAD 3
+
 extern "C" __global__ void __launch_bounds__(STATE_THREADS) ssd_pass_kernel(const SsdParams p) {
-    __shared__ int s_range[3];
+    __shared__ int s_range[2];
     __shared__ float s_decay[DECAYS];
     const i64 b = blockIdx.x;
     const int h = blockIdx.y;
-    if (threadIdx.x == 0) {
-        int first = 0, last = -1;
-        s_range[2] = seq_chunks(p, b, first, last, blockIdx.z == 0 && h == 0);
-        s_range[0] = first;
-        s_range[1] = last;
-    }
-    __syncthreads();
-    if (!s_range[2]) return;
-    const int first = s_range[0], last = s_range[1];
+    int first = 0, last = -1;
+    if (!seq_chunks(p, b, first, last, blockIdx.z == 0 && h == 0, s_range)) return;
     float S[ELEMS];
     i64 at[ELEMS];
     bool live[ELEMS];
@@ -640,11 +660,17 @@ extern "C" __global__ void __launch_bounds__(STATE_THREADS) ssd_pass_kernel(cons
         at[k] = (i64)pp * p.state_row + n;
         S[k] = live[k] ? initial_state(p, b, h, pp, n) : 0.f;
     }
-    // Chunk c + 1's states are loaded before chunk c's are passed on, so that two chunks' loads
-    // are in flight (they never alias: each chunk has its own rows of the scratch).
-    float v[ELEMS];
+    // The states of the next PASS_AHEAD chunks are in flight while chunk c's are passed on (they
+    // never alias the ones stored: each chunk has its own rows of the scratch). `v[a]` holds
+    // chunk c + a's; past `last` nothing is loaded.
+    float v[PASS_AHEAD][ELEMS];
 #pragma unroll
-    for (int k = 0; k < ELEMS; ++k) v[k] = live[k] ? ws(p)[state_off(p, first, h) + at[k]] : 0.f;
+    for (int a = 0; a < PASS_AHEAD; ++a) {
+        const bool in = first + a <= last;
+        const float* st = ws(p) + state_off(p, in ? first + a : first, h);
+#pragma unroll
+        for (int k = 0; k < ELEMS; ++k) v[a][k] = in && live[k] ? st[at[k]] : 0.f;
+    }
     for (int c = first; c <= last; ++c) {
         const int ci = (c - first) % DECAYS;
         if (ci == 0) {
@@ -655,17 +681,24 @@ extern "C" __global__ void __launch_bounds__(STATE_THREADS) ssd_pass_kernel(cons
             }
             __syncthreads();
         }
-        float next[ELEMS];
-        if (c < last) {
-            const float* nst = ws(p) + state_off(p, c + 1, h);
+        float cur[ELEMS];
 #pragma unroll
-            for (int k = 0; k < ELEMS; ++k) next[k] = live[k] ? nst[at[k]] : 0.f;
+        for (int k = 0; k < ELEMS; ++k) cur[k] = v[0][k];
+#pragma unroll
+        for (int a = 0; a + 1 < PASS_AHEAD; ++a) {
+#pragma unroll
+            for (int k = 0; k < ELEMS; ++k) v[a][k] = v[a + 1][k];
+        }
+        if (c + PASS_AHEAD <= last) {
+            const float* nst = ws(p) + state_off(p, c + PASS_AHEAD, h);
+#pragma unroll
+            for (int k = 0; k < ELEMS; ++k) v[PASS_AHEAD - 1][k] = live[k] ? nst[at[k]] : 0.f;
         }
         float* st = ws(p) + state_off(p, c, h);
         const float decay = s_decay[ci];
 #pragma unroll
         for (int k = 0; k < ELEMS; ++k) {
-            S[k] = fmaf(S[k], decay, v[k]);
+            S[k] = fmaf(S[k], decay, cur[k]);
             if (live[k]) st[at[k]] = S[k];
         }
 #if HAS_VARLEN && INTERMEDIATE
@@ -678,10 +711,6 @@ extern "C" __global__ void __launch_bounds__(STATE_THREADS) ssd_pass_kernel(cons
             }
         }
 #endif
-        if (c < last) {
-#pragma unroll
-            for (int k = 0; k < ELEMS; ++k) v[k] = next[k];
-        }
     }
 }
 
@@ -862,11 +891,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, MINB) ssd_scan_kernel(cons
             });
 #if WGMMA
         // (A factor of one rather than a branch, for the same reason.)
-        for_tile(acc, [&](int r, int, float& v) { v *= prev_ok && i0 + r < len ? exp2_fast(s_da[i0 + r]) : 1.f; });
+        scale_rows(acc, [&](int r) { return prev_ok && i0 + r < len ? exp2_fast(s_da[i0 + r]) : 1.f; });
 #else
-        for_tile(acc, [&](int r, int, float& v) {
-            if (i0 + r < len) v *= exp2_fast(s_da[i0 + r]);
-        });
+        scale_rows(acc, [&](int r) { return i0 + r < len ? exp2_fast(s_da[i0 + r]) : 1.f; });
 #endif
     }
 
@@ -962,7 +989,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, MINB) ssd_scan_kernel(cons
                 float v[8];
 #pragma unroll
                 for (int e = 0; e < 8; ++e) v[e] = 0.f;
-                if (i < len && j <= i) {
+                if (i < len && j + 7 <= i) {
+                    // The whole group on or below the diagonal: no per-element mask.
+                    const float dai = s_da[i];
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) v[e] = r.cb[q][e] * exp2_fast(fminf(dai - s_da[j + e], 0.f)) * s_dt[j + e];
+                } else if (i < len && j <= i) {
                     const float dai = s_da[i];
 #pragma unroll
                     for (int e = 0; e < 8; ++e) {
@@ -977,6 +1009,58 @@ extern "C" __global__ void __launch_bounds__(THREADS, MINB) ssd_scan_kernel(cons
 
     // Epilogue: + D·x, gate, store.
     OUT_T* out = reinterpret_cast<OUT_T*>(p.out);
+    const bool vx = pairs_aligned<X_T>(p.x, p.x_t, p.x_h), vo = pairs_aligned<OUT_T>(p.out, p.out_t, p.out_h);
+#if HAS_Z
+    const Z_T* z = reinterpret_cast<const Z_T*>(p.z);
+    const bool vz = pairs_aligned<Z_T>(p.z, p.z_t, p.z_h);
+#else
+    const bool vz = true;
+#endif
+    const int r0 = warp_r0<SCAN_MT, SCAN_NT>(), n0 = warp_n0<SCAN_MT, SCAN_NT>();
+    if (i0 + TILE <= len && p0 + TILE <= p.dim && vx && vo && vz) {
+        // The whole tile in range and every pair aligned: each row's addresses formed once, D's
+        // columns loaded once, no per-element bounds.
+        const int lane = tid & 31, col0 = p0 + n0 + 2 * (lane & 3);
+#if HAS_D
+        float dv[SCAN_NT][2];
+#pragma unroll
+        for (int nt = 0; nt < SCAN_NT; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) dv[nt][e] = to_f32(reinterpret_cast<const D_T*>(p.d)[(i64)h * p.d_h + (i64)(col0 + 8 * nt + e) * p.d_p]);
+        }
+#endif
+#pragma unroll
+        for (int mt = 0; mt < SCAN_MT; ++mt) {
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const i64 tok = s + i0 + r0 + 16 * mt + (lane >> 2) + 8 * half;
+                const X_T* xr = x + tok * p.x_t + (i64)h * p.x_h + col0;
+                OUT_T* orow = out + tok * p.out_t + (i64)h * p.out_h + col0;
+#if HAS_Z
+                const Z_T* zr = z + tok * p.z_t + (i64)h * p.z_h + col0;
+#endif
+#pragma unroll
+                for (int nt = 0; nt < SCAN_NT; ++nt) {
+                    float y[2] = {acc[mt][nt][2 * half], acc[mt][nt][2 * half + 1]};
+#if HAS_D
+                    float xv[2];
+                    load_pair(xr + 8 * nt, xv);
+                    y[0] += dv[nt][0] * xv[0];
+                    y[1] += dv[nt][1] * xv[1];
+#endif
+#if HAS_Z
+                    float zv[2];
+                    load_pair(zr + 8 * nt, zv);
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) y[e] *= zv[e] / (1.f + expf(-zv[e]));
+#endif
+                    store_pair(orow + 8 * nt, y);
+                }
+            }
+        }
+        return;
+    }
+    // Otherwise element by element, each bounded.
     for_tile(acc, [&](int r, int col, float& v) {
         const int i = i0 + r, pp = p0 + col;
         if (i >= len || pp >= p.dim) return;
@@ -987,7 +1071,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MINB) ssd_scan_kernel(cons
              to_f32(x[tok * p.x_t + (i64)h * p.x_h + pp]);
 #endif
 #if HAS_Z
-        const float zv = to_f32(reinterpret_cast<const Z_T*>(p.z)[tok * p.z_t + (i64)h * p.z_h + pp]);
+        const float zv = to_f32(z[tok * p.z_t + (i64)h * p.z_h + pp]);
         y *= zv / (1.f + expf(-zv));
 #endif
         out[tok * p.out_t + (i64)h * p.out_h + pp] = from_f32<OUT_T>(y);
