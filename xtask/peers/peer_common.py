@@ -71,13 +71,20 @@ class Platform:
 
 
 def install_base_stubs(pkg_dir: str, init_logger) -> Platform:
-    """The `vllm` package (its real folder `pkg_dir`, its __init__.py not run), `vllm.logger`
-    with `init_logger`, `vllm.platforms` and `vllm.triton_utils`; returns the platform."""
+    """The `vllm` package (its real folder `pkg_dir`, its __init__.py not run), likewise
+    `vllm.model_executor` and `vllm.model_executor.layers` (so that a whole-wheel extraction,
+    whose __init__.py files import the rest of vLLM, works as well as the ops folders alone),
+    `vllm.logger` with `init_logger`, `vllm.platforms` and `vllm.triton_utils`; returns the
+    platform."""
+    import os
+
     import triton
     import triton.language as tl
 
     platform = Platform()
     stub_module("vllm", path=pkg_dir)
+    stub_module("vllm.model_executor", path=os.path.join(pkg_dir, "model_executor"))
+    stub_module("vllm.model_executor.layers", path=os.path.join(pkg_dir, "model_executor", "layers"))
     stub_module("vllm.logger", init_logger=init_logger)
     stub_module("vllm.platforms", current_platform=platform)
     stub_module("vllm.triton_utils", HAS_TRITON=True, tl=tl, triton=triton, tldevice=tl)
