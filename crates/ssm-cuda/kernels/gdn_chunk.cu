@@ -699,7 +699,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 2) gdn_chunk_out_kernel(c
         wg_product<KP / 16, false, false>(oo, Qs, LDK, Hs + core_at(64, 0, LDK), LDK);
         wg_wait_all();
     }
-    if (mine) for_acc(oo, r0, 64 * wc, lane, [&](int i, int, float& a) { a *= __expf(gc[i]); });
+    if (mine) scale_acc_rows(oo, r0, lane, [&](int i) { return __expf(gc[i]); });
     fence_async_shared();  // P's stores, visible to the products' reads
     __syncthreads();       // P complete
     if (!mine) return;
@@ -722,13 +722,27 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 2) gdn_chunk_out_kernel(c
     zero(oo);
     if (mine) {
         warp_gemm<1, 8>(oo, Qs, LDK, r0, Hs, LDK, 64 * wc, KP, lane);
-        for_acc(oo, r0, 64 * wc, lane, [&](int i, int, float& a) { a *= __expf(gc[i]); });
+        scale_acc_rows(oo, r0, lane, [&](int i) { return __expf(gc[i]); });
     }
     __syncthreads();  // P complete
     if (!mine) return;
     warp_gemm<1, 8>(oo, Ps, LDC, r0, VnT, LDC, 64 * wc, kend, lane);
 #endif
     O_T* ob = reinterpret_cast<O_T*>(p.o) + s.bb * p.os.b + (i64)hv * p.os.h + t0 * p.os.t;
+    if (cl == CH && vt0 + 64 * (wc + 1) <= p.vdim && p.os.d == 1 && pairs_aligned<O_T>(reinterpret_cast<u64>(ob), p.os.t, 0)) {
+        // Every row and column of the warp's 16 × 64 in range, columns contiguous and pairs
+        // aligned: two row addresses per lane, two columns per store.
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            O_T* row = ob + (i64)(r0 + (lane >> 2) + 8 * half) * p.os.t + vt0 + 64 * wc + 2 * (lane & 3);
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt) {
+                const float y[2] = {oo[0][nt][2 * half] * p.scale, oo[0][nt][2 * half + 1] * p.scale};
+                store_pair(row + 8 * nt, y);
+            }
+        }
+        return;
+    }
     for_acc(oo, r0, 64 * wc, lane, [&](int i, int v, float& a) {
         if (i < cl && vt0 + v < p.vdim) ob[i * p.os.t + (i64)(vt0 + v) * p.os.d] = from_f32<O_T>(a * p.scale);
     });

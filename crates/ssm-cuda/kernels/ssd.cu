@@ -1029,35 +1029,51 @@ extern "C" __global__ void __launch_bounds__(THREADS, MINB) ssd_scan_kernel(cons
             for (int e = 0; e < 2; ++e) dv[nt][e] = to_f32(reinterpret_cast<const D_T*>(p.d)[(i64)h * p.d_h + (i64)(col0 + 8 * nt + e) * p.d_p]);
         }
 #endif
-#pragma unroll
-        for (int mt = 0; mt < SCAN_MT; ++mt) {
-#pragma unroll
-            for (int half = 0; half < 2; ++half) {
-                const i64 tok = s + i0 + r0 + 16 * mt + (lane >> 2) + 8 * half;
-                const X_T* xr = x + tok * p.x_t + (i64)h * p.x_h + col0;
-                OUT_T* orow = out + tok * p.out_t + (i64)h * p.out_h + col0;
-#if HAS_Z
-                const Z_T* zr = z + tok * p.z_t + (i64)h * p.z_h + col0;
-#endif
-#pragma unroll
-                for (int nt = 0; nt < SCAN_NT; ++nt) {
-                    float y[2] = {acc[mt][nt][2 * half], acc[mt][nt][2 * half + 1]};
+        // Every x (and z) pair of the lane is loaded before any output is stored: the output may
+        // alias them as far as the compiler knows, so loads left beside their uses would wait
+        // one by one (13.5 % of the scan's stall samples on the H200, docs/PERF.md).
 #if HAS_D
-                    float xv[2];
-                    load_pair(xr + 8 * nt, xv);
-                    y[0] += dv[nt][0] * xv[0];
-                    y[1] += dv[nt][1] * xv[1];
+        float xv[SCAN_MT][2][SCAN_NT][2];
 #endif
 #if HAS_Z
-                    float zv[2];
-                    load_pair(zr + 8 * nt, zv);
-#pragma unroll
-                    for (int e = 0; e < 2; ++e) y[e] *= zv[e] / (1.f + expf(-zv[e]));
+        float zv[SCAN_MT][2][SCAN_NT][2];
 #endif
-                    store_pair(orow + 8 * nt, y);
-                }
+        // f(mt, half, token) for each of the lane's rows.
+        const auto each_row = [&](auto f) {
+#pragma unroll
+            for (int mt = 0; mt < SCAN_MT; ++mt) {
+#pragma unroll
+                for (int half = 0; half < 2; ++half) f(mt, half, s + i0 + r0 + 16 * mt + (lane >> 2) + 8 * half);
             }
-        }
+        };
+        each_row([&](int mt, int half, i64 tok) {
+#pragma unroll
+            for (int nt = 0; nt < SCAN_NT; ++nt) {
+#if HAS_D
+                load_pair(x + tok * p.x_t + (i64)h * p.x_h + col0 + 8 * nt, xv[mt][half][nt]);
+#endif
+#if HAS_Z
+                load_pair(z + tok * p.z_t + (i64)h * p.z_h + col0 + 8 * nt, zv[mt][half][nt]);
+#endif
+            }
+        });
+        each_row([&](int mt, int half, i64 tok) {
+            OUT_T* orow = out + tok * p.out_t + (i64)h * p.out_h + col0;
+#pragma unroll
+            for (int nt = 0; nt < SCAN_NT; ++nt) {
+                float y[2] = {acc[mt][nt][2 * half], acc[mt][nt][2 * half + 1]};
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+#if HAS_D
+                    y[e] += dv[nt][e] * xv[mt][half][nt][e];
+#endif
+#if HAS_Z
+                    y[e] *= zv[mt][half][nt][e] / (1.f + expf(-zv[mt][half][nt][e]));
+#endif
+                }
+                store_pair(orow + 8 * nt, y);
+            }
+        });
         return;
     }
     // Otherwise element by element, each bounded.
