@@ -66,6 +66,8 @@ pub(crate) fn run(target: &dyn Target, case: &Case, with_scratch: bool) -> Produ
         initial_state_indices: None,
         has_initial_state: None,
         final_state_indices: None,
+        checkpoint_chunk_indices: None,
+        checkpoint_state_indices: None,
         pad_slot_id: None,
         dt_softplus: case.arg("dt_softplus").and_then(|v| v.as_bool()).unwrap_or(false),
         dt_limit,

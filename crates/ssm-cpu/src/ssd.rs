@@ -12,7 +12,7 @@
 //!    + D·x_i`, gated (stage 5);
 //! 4. per (sequence, head): the final state (the scratch's end state of the sequence's last
 //!    chunk, or the entering state of an empty sequence) into `varlen_states` and into its
-//!    `ssm_state` slot.
+//!    `ssm_state` slot, and its checkpoint (the end state of the chunk it names) into its slot.
 //!
 //! Initial states are read in passes 2 and 3 and final states written only in pass 4, so with
 //! one `ssm_state` pool read and written in place every read of an initial state precedes
@@ -44,6 +44,8 @@ struct Inputs<'a> {
     init_idx: Option<&'a [u8]>,
     has_init: Option<&'a [u8]>,
     final_idx: Option<&'a [u8]>,
+    ck_chunk: Option<&'a [u8]>,
+    ck_slot: Option<&'a [u8]>,
     cu_chunk: (&'a [u8], DType),
     seq_idx: (&'a [u8], DType),
     last_chunk: (&'a [u8], DType),
@@ -299,12 +301,21 @@ fn pass_item<S: Simd + PowTwo>(ctx: &Ctx<'_>, item: usize, scratch: &mut Scratch
 }
 
 /// The last pass, for (sequence, head): the final state into `varlen_states[b, h]` (without
-/// intermediate states) and into `ssm_state[final_state_indices[b], h]`.
+/// intermediate states) and into `ssm_state[final_state_indices[b], h]`, and the checkpoint
+/// chunk's end state into `ssm_state[checkpoint_state_indices[b], h]`.
 #[inline(always)]
 fn final_item<S: Simd>(ctx: &Ctx<'_>, item: usize, scratch: &mut Scratch<'_>) {
     let p = ctx.p;
     let per = p.dim * ctx.w.state_row;
     let (b, h) = (item / p.heads, item % p.heads);
+    if let (Some(pool), Some(at), Some((chunk, slot))) =
+        (ctx.pool, p.ssm_state, p.checkpoint(ctx.inp.ck_chunk, ctx.inp.ck_slot, b))
+    {
+        // SAFETY: stage 3 is done, the scratch is only read from here on; slot `slot` is
+        // written by sequence `b` alone (its checkpoint, never its final slot) and read by no
+        // other sequence (the plan's aliasing rule); head `h` of it by this item only.
+        unsafe { store_state::<S>(ctx, pool, at, slot, h, &*ctx.ws(ctx.state_off(chunk, h), per)) };
+    }
     let slot = p.final_slot(ctx.inp.final_idx, b);
     let returned = ctx.states_out.zip(p.varlen_states).filter(|_| !p.return_intermediate_states);
     let pooled = ctx.pool.zip(p.ssm_state).zip(slot);
@@ -618,6 +629,8 @@ impl Run<MambaChunkScanCombinedVarlenArgs<'_>> for CpuBackend {
             init_idx: host_opt("initial_state_indices", &args.initial_state_indices)?.map(|(b, _)| b),
             has_init: host_opt("has_initial_state", &args.has_initial_state)?.map(|(b, _)| b),
             final_idx: host_opt("final_state_indices", &args.final_state_indices)?.map(|(b, _)| b),
+            ck_chunk: host_opt("checkpoint_chunk_indices", &args.checkpoint_chunk_indices)?.map(|(b, _)| b),
+            ck_slot: host_opt("checkpoint_state_indices", &args.checkpoint_state_indices)?.map(|(b, _)| b),
             cu_chunk: (host_ref("cu_chunk_seqlens", &args.cu_chunk_seqlens)?, args.cu_chunk_seqlens.dtype()),
             seq_idx: (host_ref("seq_idx", &args.seq_idx)?, args.seq_idx.dtype()),
             last_chunk: (host_ref("last_chunk_indices", &args.last_chunk_indices)?, args.last_chunk_indices.dtype()),

@@ -170,7 +170,7 @@ fn ssd_empty_sequence_returns_its_initial_state() {
     pr.cu_chunk = m.cu_chunk_seqlens;
     pr.seq_idx = m.seq_idx;
     pr.last_chunk = m.last_chunk_indices;
-    pr.last_chunk[1] = -1;
+    assert_eq!(pr.last_chunk[1], -1, "an empty sequence has no chunk");
     pr.init = Some((0..3 * h * p * n).map(|i| (i % 7) as f32 * 0.1 - 0.3).collect());
     check_problem(&pr, &cpus, "empty sequence");
     let (_, s) = pr.run(Engine::Cpu(1), &cpus, false);
@@ -179,9 +179,11 @@ fn ssd_empty_sequence_returns_its_initial_state() {
 }
 
 /// Pool addressing: on random batches (pads, permuted slots, sequences without an initial
-/// state, reads and writes of different slots, empty-free uneven varlen), every engine's pooled
-/// call equals, bit for bit, the gather → call → scatter sequence it replaces (outputs and the
-/// whole pool, so untouched slots keep their bits); the CPU's pooled pool matches the f64
+/// state, reads and writes of different slots, empty-free uneven varlen, and in two cases of
+/// three prefix-caching checkpoints), every engine's pooled call equals, bit for bit, the
+/// gather → call → scatter sequence it replaces (for checkpoints: every chunk's state returned
+/// and the named ones scattered, as vLLM's `store_prefill_checkpoint`; outputs and the whole
+/// pool, so untouched slots keep their bits); the CPU's pooled pool matches the f64
 /// reference's.
 #[test]
 fn ssd_pool_addressing_equals_gather_call_scatter() {
@@ -194,7 +196,10 @@ fn ssd_pool_addressing_equals_gather_call_scatter() {
             (0..batch).map(|_| if rng.random_bool(0.5) { rng.random_range(0..40) } else { 0 }).collect();
         let mut pr = Problem::random(&mut rng, seqlens, computed, case % 2 == 0);
         let per = pr.heads * pr.dim * pr.dstate;
-        let pool = Pool::random(&mut rng, batch, per);
+        let mut pool = Pool::random(&mut rng, batch, per);
+        if case % 3 != 0 {
+            pool.add_checkpoints(&mut rng, &pr, per);
+        }
         let mut ref64 = pool.clone();
         pr.run_pooled(Engine::Ref64, &cpus, false, Some(&mut ref64));
         for engine in [Engine::Ref32, Engine::Cpu(0), Engine::Cpu(1)] {
@@ -205,11 +210,14 @@ fn ssd_pool_addressing_equals_gather_call_scatter() {
             let (o_old, finals) = pr.run(engine, &cpus, false);
             let mut old = pool.clone();
             old.scatter(&finals, per);
+            // vLLM's checkpoint store: every chunk's state returned, the named ones scattered.
+            let (_, chunk_states) = pr.run(engine, &cpus, true);
+            old.scatter_checkpoints(&chunk_states, per);
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&o_pool), bits(&o_old), "{tag}: out");
             assert_eq!(bits(&pooled.states), bits(&old.states), "{tag}: pool");
             for (s, chunk) in pool.states.chunks(per).enumerate() {
-                if !pool.write.contains(&(s as i64)) {
+                if !pool.writes(s) {
                     assert_eq!(bits(chunk), bits(&pooled.states[s * per..(s + 1) * per]), "{tag}: slot {s} touched");
                 }
             }

@@ -12,7 +12,9 @@
 // - `ssd_scan_kernel`, per (chunk, head, 64 rows × 64 head-dim columns): stage 5,
 //   y = exp(dA_i)·C·S_inᵀ + (CB ⊙ decay ⊙ dt)·X + D·x, gated, on tensor cores;
 // - `ssd_final_kernel`, per (sequence, head, 2048 state elements): each sequence's final state
-//   into `varlen_states` and its `ssm_state` slot, after every read of an initial state.
+//   into `varlen_states` and its `ssm_state` slot, and its checkpoint (the end state of the chunk
+//   `checkpoint_chunk_indices` names) into its checkpoint slot, after every read of an initial
+//   state.
 //
 // Matrix products use `mma.sync` (m16n8k16 with bf16 or f16 operands, m16n8k8 with tf32 for
 // f32 inputs, as Triton's `tl.dot` does on sm_80+) with f32 accumulation, or, asked for by
@@ -25,9 +27,9 @@
 // the views the plan checked.
 //
 // Macros (crates/ssm-cuda/src/ssd.rs, `SsdKey::spec`): X_T DT_T A_T B_T C_T Z_T OUT_T D_T BIAS_T
-// INIT_T ST_T (element types), CU_T SEQ_T LAST_T II_T HI_T FI_T (index types), OP_KIND (0 bf16,
-// 1 f16, 2 tf32), flags HAS_Z HAS_D HAS_BIAS SOFTPLUS INIT_MODE (0 none, 1 initial_states,
-// 2 pool) HAS_HAS HAS_FINAL HAS_PAD HAS_VARLEN INTERMEDIATE, X_VEC B_VEC C_VEC (x, B, C
+// INIT_T ST_T (element types), CU_T SEQ_T LAST_T II_T HI_T FI_T CKC_T CKS_T (index types),
+// OP_KIND (0 bf16, 1 f16, 2 tf32), flags HAS_Z HAS_D HAS_BIAS SOFTPLUS INIT_MODE (0 none,
+// 1 initial_states, 2 pool) HAS_HAS HAS_FINAL HAS_PAD HAS_VARLEN INTERMEDIATE HAS_CKPT, X_VEC B_VEC C_VEC (x, B, C
 // rows loadable eight elements at a time: token and head/group strides multiples of 8, base
 // 16-byte aligned), the product kernels' STAGES_ASKED (pipeline buffers), KT_ASKED (slice
 // along k) and MINB (resident blocks asked per multiprocessor), the scan's REG_WEIGHTS
@@ -61,9 +63,10 @@
 struct SsdParams {
     u64 x, dt, a, b, c, z, out, d, dt_bias, init, pool, varlen, init_idx, has_init, final_idx;
     u64 cu_chunk, seq_idx, last_chunk, ws, err;
+    u64 ck_chunk, ck_slot;
     i64 x_t, x_h, dt_t, dt_h, a_h, b_t, b_g, c_t, c_g, z_t, z_h, out_t, out_h, d_h, d_p, bias_h;
     i64 init_b, init_h, init_p, pool_s, pool_h, pool_p, vs_r, vs_h, vs_p;
-    i64 ii_s, hi_s, fi_s, cu_s, seq_s, last_s;
+    i64 ii_s, hi_s, fi_s, cu_s, seq_s, last_s, ckc_s, cks_s;
     i64 pad, slots;
     i64 ws_dt, ws_da, ws_states, ws_cb;
     int tokens, heads, dim, dstate, groups, nchunks, batch, chunk_rows, q_row, state_row, ratio, ntiles_n;
@@ -738,6 +741,40 @@ extern "C" __global__ void __launch_bounds__(STATE_THREADS) ssd_final_kernel(con
         pps[k] = 0;
         ns[k] = 0;
         live[k] = state_elem(p, k, pps[k], ns[k]);
+    }
+#if HAS_CKPT
+    // The checkpoint: chunk `ck` of this sequence (-1: none) into slot `cslot`, written before the
+    // final state, so that where a device table names the final slot too the final state stays.
+    {
+        const i64 ck = load_index(reinterpret_cast<const CKC_T*>(p.ck_chunk) + b * p.ckc_s);
+        const i64 cslot = load_index(reinterpret_cast<const CKS_T*>(p.ck_slot) + b * p.cks_s);
+        const bool report = blockIdx.z == 0 && threadIdx.x == 0;
+        bool write = ck != -1;
+        if (ck != -1 && (ck < 0 || ck > l || seq_of(p, (int)ck) != b)) {
+            if (report) atomicOr(reinterpret_cast<u32*>(p.err), ERR_CU_SEQLENS);
+            write = false;
+        }
+#if HAS_PAD
+        if (cslot == p.pad) write = false;
+#endif
+        if (write && (cslot < 0 || cslot >= p.slots)) {
+            if (report) atomicOr(reinterpret_cast<u32*>(p.err), ERR_SLOT);
+            write = false;
+        }
+        if (write) {
+            const float* st = ws(p) + state_off(p, (int)ck, h);
+#pragma unroll
+            for (int k = 0; k < ELEMS; ++k) {
+                if (live[k]) {
+                    reinterpret_cast<ST_T*>(p.pool)[cslot * p.pool_s + (i64)h * p.pool_h + (i64)pps[k] * p.pool_p + ns[k]] =
+                        from_f32<ST_T>(st[(i64)pps[k] * p.state_row + ns[k]]);
+                }
+            }
+        }
+    }
+#endif
+#pragma unroll
+    for (int k = 0; k < ELEMS; ++k) {
         fin[k] = !live[k] ? 0.f
                  : l < 0  ? initial_state(p, b, h, pps[k], ns[k])
                           : ws(p)[state_off(p, (int)l, h) + (i64)pps[k] * p.state_row + ns[k]];

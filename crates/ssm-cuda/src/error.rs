@@ -97,8 +97,9 @@ impl DeviceErrors {
     pub const SLOT: u32 = 1;
     /// `cu_seqlens` not non-decreasing within `[0, rows]` (or, for `checkpointing_ssu`, a
     /// sequence longer than its window's `max_seqlen`; for the SSD prefill, a chunk of
-    /// `cu_chunk_seqlens` empty, outside `[0, tokens]` or longer than the chunk, or a
-    /// `seq_idx` / `last_chunk_indices` entry out of range).
+    /// `cu_chunk_seqlens` empty, outside `[0, tokens]` or longer than the chunk, a
+    /// `seq_idx` / `last_chunk_indices` entry out of range, or a `checkpoint_chunk_indices`
+    /// entry neither -1 nor a chunk of its sequence).
     pub const CU_SEQLENS: u32 = 2;
     /// `num_accepted_tokens` (or the sequence length in speculative mode) beyond the slot table's
     /// width; or an SSU sequence longer than the intermediate buffer's steps.

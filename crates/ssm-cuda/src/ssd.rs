@@ -1,6 +1,6 @@
 //! `impl Run<MambaChunkScanCombinedVarlenArgs>` for [`CudaBackend`]: the Mamba2 SSD chunked
 //! prefill as five launches of `kernels/ssd.cu` on the backend's stream (stages 1+2, stage 4,
-//! stage 3, stage 5, the final states), over the f32 scratch laid out by [`SsdPlan::scratch`]
+//! stage 3, stage 5, the final states and checkpoints), over the f32 scratch laid out by [`SsdPlan::scratch`]
 //! (the CPU backend's passes in the same order, so every read of an initial state precedes
 //! every write of a final state). Matrix products run on tensor cores (`mma.sync`, f32
 //! accumulation): bf16 operands when any of x, B, C is bf16, else f16 when any is f16, else
@@ -36,14 +36,15 @@ const STATE_ELEMS: usize = 8;
 pub(crate) struct SsdParams {
     /// x, dt, A, B, C, z, out, D, dt_bias, initial_states, ssm_state, varlen_states,
     /// initial_state_indices, has_initial_state, final_state_indices, cu_chunk_seqlens,
-    /// seq_idx, last_chunk_indices, scratch, error word.
-    addrs: [u64; 20],
+    /// seq_idx, last_chunk_indices, scratch, error word, checkpoint_chunk_indices,
+    /// checkpoint_state_indices.
+    addrs: [u64; 22],
     /// x_t x_h dt_t dt_h a_h b_t b_g c_t c_g z_t z_h out_t out_h d_h d_p bias_h.
     tok: [i64; 16],
     /// init_b init_h init_p pool_s pool_h pool_p vs_r vs_h vs_p.
     states: [i64; 9],
-    /// ii_s hi_s fi_s cu_s seq_s last_s.
-    tables: [i64; 6],
+    /// ii_s hi_s fi_s cu_s seq_s last_s ckc_s cks_s.
+    tables: [i64; 8],
     pad: i64,
     slots: i64,
     /// Scratch offsets (elements) of dt_out, dA_cumsum, states, CB.
@@ -70,6 +71,7 @@ const F_INTERMEDIATE: u16 = 256;
 const F_X_VEC: u16 = 512;
 const F_B_VEC: u16 = 1024;
 const F_C_VEC: u16 = 2048;
+const F_CKPT: u16 = 4096;
 
 /// The five entry points, in launch order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -97,9 +99,9 @@ impl SsdEntry {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct SsdKey {
     /// x dt A B C z out D dt_bias initial_states state, then cu_chunk_seqlens seq_idx
-    /// last_chunk_indices initial_state_indices has_initial_state final_state_indices (F32 /
-    /// I32 where absent).
-    types: [DType; 17],
+    /// last_chunk_indices initial_state_indices has_initial_state final_state_indices
+    /// checkpoint_chunk_indices checkpoint_state_indices (F32 / I32 where absent).
+    types: [DType; 19],
     /// 0 bf16, 1 f16, 2 tf32 operands.
     op: u8,
     /// 0 zeros, 1 `initial_states`, 2 the pool.
@@ -162,9 +164,9 @@ impl SsdTune {
 /// H100").
 const DEFAULT_WGMMA: u32 = 0;
 
-const TYPE_MACROS: [&str; 17] = [
+const TYPE_MACROS: [&str; 19] = [
     "X_T", "DT_T", "A_T", "B_T", "C_T", "Z_T", "OUT_T", "D_T", "BIAS_T", "INIT_T", "ST_T", "CU_T", "SEQ_T", "LAST_T",
-    "II_T", "HI_T", "FI_T",
+    "II_T", "HI_T", "FI_T", "CKC_T", "CKS_T",
 ];
 
 impl SsdKey {
@@ -194,6 +196,7 @@ impl SsdKey {
                 ("X_VEC", F_X_VEC),
                 ("B_VEC", F_B_VEC),
                 ("C_VEC", F_C_VEC),
+                ("HAS_CKPT", F_CKPT),
             ],
         ));
         KernelSpec { source: KernelSource::Ssd, entry: self.entry.name(), defines }
@@ -220,6 +223,8 @@ impl SsdKey {
             opt(args.initial_state_indices.as_ref(), DType::I32),
             opt(args.has_initial_state.as_ref(), DType::I32),
             opt(args.final_state_indices.as_ref(), DType::I32),
+            opt(args.checkpoint_chunk_indices.as_ref(), DType::I32),
+            opt(args.checkpoint_state_indices.as_ref(), DType::I32),
         ];
         let ops = [io.x, io.b, io.c];
         let op = if ops.contains(&DType::BF16) {
@@ -251,6 +256,7 @@ impl SsdKey {
         set(p.pad_slot_id.is_some(), F_PAD);
         set(p.varlen_states.is_some(), F_VARLEN);
         set(p.return_intermediate_states, F_INTERMEDIATE);
+        set(p.checkpoint_state_indices.is_some() && p.ssm_state.is_some(), F_CKPT);
         set(rows_of_eight(&args.x, p.x), F_X_VEC);
         set(rows_of_eight(&args.b, p.b), F_B_VEC);
         set(rows_of_eight(&args.c, p.c), F_C_VEC);
@@ -294,6 +300,8 @@ fn params(p: &SsdPlan, a: &MambaChunkScanCombinedVarlenArgs<'_>, ws: u64, err: u
     let (ii, ii_s) = table(a.initial_state_indices.as_ref(), p.initial_state_indices);
     let (hi, hi_s) = table(a.has_initial_state.as_ref(), p.has_initial_state);
     let (fi, fi_s) = table(a.final_state_indices.as_ref(), p.final_state_indices);
+    let (ckc, ckc_s) = table(a.checkpoint_chunk_indices.as_ref(), p.checkpoint_chunk_indices);
+    let (cks, cks_s) = table(a.checkpoint_state_indices.as_ref(), p.checkpoint_state_indices);
     let w = p.scratch();
     SsdParams {
         addrs: [
@@ -317,6 +325,8 @@ fn params(p: &SsdPlan, a: &MambaChunkScanCombinedVarlenArgs<'_>, ws: u64, err: u
             addr(Some(&a.last_chunk_indices), p.last_chunk_indices.offset),
             ws,
             err,
+            ckc,
+            cks,
         ],
         tok: [
             p.x.strides[0],
@@ -345,6 +355,8 @@ fn params(p: &SsdPlan, a: &MambaChunkScanCombinedVarlenArgs<'_>, ws: u64, err: u
             p.cu_chunk_seqlens.strides[0] as i64,
             p.seq_idx.strides[0] as i64,
             p.last_chunk_indices.strides[0] as i64,
+            ckc_s,
+            cks_s,
         ],
         pad: p.pad_slot_id.unwrap_or(0),
         slots: p.slots as i64,
@@ -474,7 +486,8 @@ impl Run<MambaChunkScanCombinedVarlenArgs<'_>> for CudaBackend {
 
 /// The catalogue `cargo xtask build-kernels` compiles: vLLM's Mamba2 prefill (bf16
 /// activations, f32 state, pool tables, D and dt_bias, softplus) and its variants (f16 and f32
-/// operands, `initial_states`, intermediate states, z, bf16 state), each of the five kernels.
+/// operands, `initial_states`, intermediate states, z, bf16 state), each of the five kernels,
+/// and the final kernel with checkpoints.
 pub fn ssd_catalogue() -> Vec<(String, KernelSpec)> {
     use DType::{BF16, Bool, F16, F32, I32, I64};
     let key_tuned = |act: DType, state: DType, init_mode: u8, flags: u16, entry: SsdEntry, tune: SsdTune| {
@@ -483,7 +496,8 @@ pub fn ssd_catalogue() -> Vec<(String, KernelSpec)> {
             F16 => 1,
             _ => 2,
         };
-        let types = [act, act, F32, act, act, act, act, F32, F32, state, state, I32, I32, I32, I32, Bool, I64];
+        let types =
+            [act, act, F32, act, act, act, act, F32, F32, state, state, I32, I32, I32, I32, Bool, I64, I64, I32];
         SsdKey { types, op, init_mode, flags, entry, tune }.spec()
     };
     let key = |act, state, init_mode, flags, entry| key_tuned(act, state, init_mode, flags, entry, SsdTune::of(entry));
@@ -500,6 +514,11 @@ pub fn ssd_catalogue() -> Vec<(String, KernelSpec)> {
         ));
         out.push((format!("ssd {name} act=bf16 state=bf16 pool"), key(BF16, BF16, 2, pooled | F_VARLEN, entry)));
     }
+    // Prefix-caching checkpoints change only the final kernel.
+    out.push((
+        "ssd ssd_final_kernel act=bf16 state=f32 pool checkpoint".to_string(),
+        key(BF16, F32, 2, pooled | F_CKPT, SsdEntry::Final),
+    ));
     // The tuning variants (`SSM_CUDA_SSD_TUNE`) of two activation types, so that both forms
     // compile: the scan's other form of the causal weights (`regw=…`), and the product
     // kernels' other slice width (`kt=…`, `scan_kt=…`).
@@ -531,15 +550,15 @@ mod tests {
 
     #[test]
     fn params_have_no_padding_and_match_the_kernel_layout() {
-        // 20 addresses, 16 + 9 + 6 strides, pad, slots, 4 offsets; 12 ints and 2 floats.
-        assert_eq!(std::mem::size_of::<SsdParams>(), (20 + 16 + 9 + 6 + 2 + 4) * 8 + 12 * 4 + 2 * 4);
+        // 22 addresses, 16 + 9 + 8 strides, pad, slots, 4 offsets; 12 ints and 2 floats.
+        assert_eq!(std::mem::size_of::<SsdParams>(), (22 + 16 + 9 + 8 + 2 + 4) * 8 + 12 * 4 + 2 * 4);
         assert_eq!(std::mem::align_of::<SsdParams>(), 8);
     }
 
     #[test]
     fn catalogue_defines_every_macro() {
         for (label, spec) in ssd_catalogue() {
-            assert_eq!(spec.defines.len(), 17 + 7 + 12, "{label}");
+            assert_eq!(spec.defines.len(), 19 + 7 + 13, "{label}");
         }
     }
 }

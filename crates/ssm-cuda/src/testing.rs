@@ -988,8 +988,8 @@ pub struct DeviceSsdArgs {
     /// x, dt, A, B, C, cu_seqlens, cu_chunk_seqlens, last_chunk_indices, seq_idx.
     inputs: [StagedTensor; 9],
     /// D, z, dt_bias, initial_states, initial_state_indices, has_initial_state,
-    /// final_state_indices.
-    options: [Option<StagedTensor>; 7],
+    /// final_state_indices, checkpoint_chunk_indices, checkpoint_state_indices.
+    options: [Option<StagedTensor>; 9],
     out: Option<StagedTensor>,
     ssm_state: Option<StagedTensor>,
     varlen_states: Option<StagedTensor>,
@@ -1057,6 +1057,8 @@ impl StageArgs for DeviceSsdArgs {
                 opt(a.initial_state_indices.as_ref())?,
                 opt(a.has_initial_state.as_ref())?,
                 opt(a.final_state_indices.as_ref())?,
+                opt(a.checkpoint_chunk_indices.as_ref())?,
+                opt(a.checkpoint_state_indices.as_ref())?,
             ],
             out: opt_mut(&a.out)?,
             ssm_state: opt_mut(&a.ssm_state)?,
@@ -1072,7 +1074,7 @@ impl StageArgs for DeviceSsdArgs {
     }
     fn args(&mut self) -> Result<MambaChunkScanCombinedVarlenArgs<'_>, TensorError> {
         let [x, dt, a, b, c, cu, cu_chunk, last, seq] = &self.inputs;
-        let [d, z, dt_bias, init, init_idx, has, fin] = &self.options;
+        let [d, z, dt_bias, init, init_idx, has, fin, ck_chunk, ck_slot] = &self.options;
         Ok(MambaChunkScanCombinedVarlenArgs {
             out: opt_view_mut(&mut self.out)?,
             d: opt_view(d)?,
@@ -1083,6 +1085,8 @@ impl StageArgs for DeviceSsdArgs {
             initial_state_indices: opt_view(init_idx)?,
             has_initial_state: opt_view(has)?,
             final_state_indices: opt_view(fin)?,
+            checkpoint_chunk_indices: opt_view(ck_chunk)?,
+            checkpoint_state_indices: opt_view(ck_slot)?,
             pad_slot_id: self.pad_slot_id,
             dt_softplus: self.dt_softplus,
             dt_limit: self.dt_limit,

@@ -106,9 +106,10 @@ fn ssd_matches_the_f64_recurrence_on_model_shapes() {
     }
 }
 
-/// Pool addressing on CUDA: the pooled call equals, bit for bit, the gather → call → scatter
-/// sequence it replaces (outputs and the whole pool; untouched slots keep their bits), and the
-/// pool matches the f64 reference's.
+/// Pool addressing on CUDA: the pooled call (in two cases of three with prefix-caching
+/// checkpoints) equals, bit for bit, the gather → call → scatter sequence it replaces (for
+/// checkpoints: every chunk's state returned and the named ones scattered; outputs and the
+/// whole pool; untouched slots keep their bits), and the pool matches the f64 reference's.
 #[test]
 fn ssd_pool_addressing_equals_gather_call_scatter() {
     let Some(be) = gpu("ssd_pool_addressing_equals_gather_call_scatter") else { return };
@@ -118,7 +119,10 @@ fn ssd_pool_addressing_equals_gather_call_scatter() {
         let (seqlens, computed) = seqs(&mut rng, batch, 30, 40);
         let mut pr = Problem::random(&mut rng, seqlens, computed, case % 2 == 0);
         let per = pr.heads * pr.dim * pr.dstate;
-        let pool = Pool::random(&mut rng, batch, per);
+        let mut pool = Pool::random(&mut rng, batch, per);
+        if case % 3 != 0 {
+            pool.add_checkpoints(&mut rng, &pr, per);
+        }
         let mut ref64 = pool.clone();
         pr.run_pooled_with(false, Some(&mut ref64), f64_ref);
         let mut pooled = pool.clone();
@@ -127,11 +131,13 @@ fn ssd_pool_addressing_equals_gather_call_scatter() {
         let (o_old, finals) = cuda(&be, &pr, false, None);
         let mut old = pool.clone();
         old.scatter(&finals, per);
+        let (_, chunk_states) = cuda(&be, &pr, true, None);
+        old.scatter_checkpoints(&chunk_states, per);
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&o_pool), bits(&o_old), "case {case}: out");
         assert_eq!(bits(&pooled.states), bits(&old.states), "case {case}: pool");
         for (s, chunk) in pool.states.chunks(per).enumerate() {
-            if !pool.write.contains(&(s as i64)) {
+            if !pool.writes(s) {
                 assert_eq!(bits(chunk), bits(&pooled.states[s * per..(s + 1) * per]), "case {case}: slot {s} touched");
             }
         }
@@ -140,7 +146,8 @@ fn ssd_pool_addressing_equals_gather_call_scatter() {
 }
 
 /// Garbage device-resident metadata and slots: a chunk bound past the tokens, a `seq_idx` and a
-/// `last_chunk_indices` entry out of range, slots out of range. The call completes (no fault;
+/// `last_chunk_indices` entry out of range, slots out of range, checkpoint chunks of another
+/// sequence or out of range and a checkpoint slot out of range. The call completes (no fault;
 /// the bundle runs this under compute-sanitizer), the error word names the kind, untouched
 /// slots keep their bits, and a clean call after it succeeds.
 #[test]
@@ -183,6 +190,26 @@ fn ssd_garbage_device_metadata_is_skipped_and_reported() {
             let same = chunk.iter().zip(&pool.states[s * per..(s + 1) * per]).all(|(a, b)| a.to_bits() == b.to_bits());
             assert!(same, "slot {s} was touched");
         }
+    }
+    // Checkpoints: another sequence's chunk, a negative chunk other than -1, and a slot out of
+    // range. Each is skipped and reported; no checkpoint slot changes.
+    let mut pool = Pool::random(&mut rng, 3, per);
+    pool.add_checkpoints(&mut rng, &base, per);
+    let first_ckpt_slot = pool.states.len() / per - 3;
+    let (chunks, slots) = pool.checkpoints.as_mut().expect("added");
+    *chunks = vec![base.last_chunk[2] as i64, base.last_chunk[1] as i64, -5];
+    *slots = vec![first_ckpt_slot as i64, 1 << 30, (first_ckpt_slot + 2) as i64];
+    let before = pool.clone();
+    match run(&base, Some(&mut pool)) {
+        Err(MirrorError::Cuda(CudaError::InvalidIndices(DeviceErrors(w)))) => {
+            let want = DeviceErrors::CU_SEQLENS | DeviceErrors::SLOT;
+            assert_eq!(w & want, want, "garbage checkpoints: error word {w:#x}");
+        }
+        other => panic!("garbage checkpoints: expected InvalidIndices, got {other:?}"),
+    }
+    for s in first_ckpt_slot..first_ckpt_slot + 3 {
+        let (a, b) = (&before.states[s * per..(s + 1) * per], &pool.states[s * per..(s + 1) * per]);
+        assert!(a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits()), "checkpoint slot {s} was touched");
     }
     // The error word was read and cleared: a clean call succeeds.
     let (o, _) = cuda(&be, &base, false, None);

@@ -571,6 +571,8 @@ impl<'a> Steps<'a> {
             initial_state_indices: if m.prep_initial_states { m.state_indices_tensor_p } else { None },
             has_initial_state: if m.prep_initial_states { m.has_initial_states_p } else { None },
             final_state_indices: m.state_indices_tensor_p,
+            checkpoint_chunk_indices: None,
+            checkpoint_state_indices: None,
             pad_slot_id: self.pad_slot_id,
             dt_softplus: true,
             dt_limit: (0.0, f32::INFINITY),

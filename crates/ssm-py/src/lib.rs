@@ -646,12 +646,13 @@ fn gated_delta_rule(
 
 /// `mamba_chunk_scan_combined_varlen` (Mamba2 SSD prefill; vLLM's signature, see the Python
 /// wrapper): writes `out`, and `varlen_states` (when given) or the pool `final_states_out`
-/// through `final_state_indices`.
+/// through `final_state_indices`, and the checkpoints `checkpoint_chunk_indices` names into
+/// the pool through `checkpoint_state_indices`.
 #[pyfunction]
 #[pyo3(signature = (x, dt, a, b, c, chunk_size, cu_seqlens, cu_chunk_seqlens, last_chunk_indices, seq_idx,
     out, d=None, z=None, dt_bias=None, initial_states=None, dt_softplus=false, dt_limit=(0.0, f32::INFINITY),
     return_intermediate_states=false, varlen_states=None, final_states_out=None, final_state_indices=None,
-    pad_slot_id=None, stream=None))]
+    checkpoint_chunk_indices=None, checkpoint_state_indices=None, pad_slot_id=None, stream=None))]
 #[allow(clippy::too_many_arguments)]
 fn mamba_chunk_scan_combined_varlen(
     x: &Bound<'_, PyAny>,
@@ -675,6 +676,8 @@ fn mamba_chunk_scan_combined_varlen(
     varlen_states: Option<&Bound<'_, PyAny>>,
     final_states_out: Option<&Bound<'_, PyAny>>,
     final_state_indices: Option<&Bound<'_, PyAny>>,
+    checkpoint_chunk_indices: Option<&Bound<'_, PyAny>>,
+    checkpoint_state_indices: Option<&Bound<'_, PyAny>>,
     pad_slot_id: Option<i64>,
     stream: Option<usize>,
 ) -> PyResult<()> {
@@ -692,6 +695,8 @@ fn mamba_chunk_scan_combined_varlen(
     let (d, z, dt_bias) = (t.opt("D", d)?, t.opt("z", z)?, t.opt("dt_bias", dt_bias)?);
     let init = t.opt("initial_states", initial_states)?;
     let final_idx = t.opt("final_state_indices", final_state_indices)?;
+    let ck_chunk = t.opt("checkpoint_chunk_indices", checkpoint_chunk_indices)?;
+    let ck_slot = t.opt("checkpoint_state_indices", checkpoint_state_indices)?;
     t.check_disjoint()?;
     let rt = runtime(&t, stream)?;
     // The returned states' dtype is the one the caller allocated them in (vLLM's `state_dtype`).
@@ -707,6 +712,8 @@ fn mamba_chunk_scan_combined_varlen(
             initial_states: t.r_opt(init)?,
             ssm_state: t.w_opt(pool)?,
             final_state_indices: t.r_opt(final_idx)?,
+            checkpoint_chunk_indices: t.r_opt(ck_chunk)?,
+            checkpoint_state_indices: t.r_opt(ck_slot)?,
             pad_slot_id,
             dt_softplus,
             dt_limit,
@@ -727,17 +734,25 @@ fn mamba_chunk_scan_combined_varlen(
     rt.mamba_chunk_scan_combined_varlen(args).map_err(op_err)
 }
 
-/// vLLM's chunk metadata of a prefill batch (`ssm_ssd::compute_chunk_metadata`):
-/// `(cu_chunk_seqlens, seq_idx, last_chunk_indices)`.
+/// vLLM's chunk metadata of a prefill batch
+/// (`ssm_ssd::compute_chunk_metadata_with_checkpoints`): `(cu_chunk_seqlens, seq_idx,
+/// last_chunk_indices, checkpoint_chunk_indices)`.
 #[pyfunction]
+#[pyo3(signature = (query_start_loc, num_computed_tokens, chunk_size, checkpoint_offsets=None))]
 fn compute_chunk_metadata(
     query_start_loc: Vec<i64>,
     num_computed_tokens: Vec<i64>,
     chunk_size: usize,
-) -> PyResult<(Vec<i32>, Vec<i32>, Vec<i32>)> {
-    let m = ssm_ssd::try_compute_chunk_metadata(&query_start_loc, &num_computed_tokens, chunk_size)
-        .map_err(|e| SsmError::new_err(e.to_string()))?;
-    Ok((m.cu_chunk_seqlens, m.seq_idx, m.last_chunk_indices))
+    checkpoint_offsets: Option<Vec<i64>>,
+) -> PyResult<[Vec<i32>; 4]> {
+    let m = ssm_ssd::try_compute_chunk_metadata_with_checkpoints(
+        &query_start_loc,
+        &num_computed_tokens,
+        chunk_size,
+        checkpoint_offsets.as_deref().unwrap_or(&[]),
+    )
+    .map_err(|e| SsmError::new_err(e.to_string()))?;
+    Ok([m.cu_chunk_seqlens, m.seq_idx, m.last_chunk_indices, m.checkpoint_chunk_indices])
 }
 
 /// `causal_conv1d_fn` (varlen prefill) on token-major `x` `[tokens, dim]` with a

@@ -362,6 +362,36 @@ def test_ssd_prefill_equals_the_token_by_token_recurrence():
         sk.compute_chunk_metadata([0, 5, 3], [0, 0], 16)
 
 
+def test_ssd_prefill_checkpoints_equal_the_state_at_their_token():
+    # vLLM 0.33's prefix-caching checkpoint: a chunk ends on the checkpoint and its end state goes
+    # to its own pool slot in the same call; it equals the token-by-token state there.
+    rng = np.random.default_rng(15)
+    lens, computed, chunk, offsets = [21, 9], [3, 0], 8, [10, 0]
+    total, h, p, n = sum(lens), 2, 4, 8
+    cu = np.array([0, 21, 30], np.int32)
+    cu_chunk, seq_idx, last, ckpt = sk.compute_chunk_metadata(cu, computed, chunk, checkpoint_offsets=offsets)
+    assert list(ckpt) == [1, -1] and cu_chunk[ckpt[0] + 1] == 10
+    assert len(sk.compute_chunk_metadata(cu, computed, chunk)) == 3
+    x = rng.standard_normal((total, h, p)).astype(np.float32)
+    dt = rng.uniform(0.01, 0.3, (total, h)).astype(np.float32)
+    A = -rng.uniform(0.2, 2, h).astype(np.float32)
+    B = rng.standard_normal((total, 1, n)).astype(np.float32)
+    C = rng.standard_normal((total, 1, n)).astype(np.float32)
+    pool = np.full((4, h, p, n), 7.0, np.float32)
+    out = np.full_like(x, np.nan)
+    sk.mamba_chunk_scan_combined_varlen(
+        x, dt, A, B, C, chunk, cu, cu_chunk, last, seq_idx, out,
+        final_states_out=pool, final_state_indices=np.array([0, 1], np.int32),
+        checkpoint_chunk_indices=ckpt, checkpoint_state_indices=np.array([2, -1], np.int32))
+    st = np.zeros((h, p, n))
+    for t in range(offsets[0]):
+        st = st * np.exp(A * dt[t])[:, None, None] + dt[t][:, None, None] * x[t][:, :, None] * B[t, 0][None, None, :]
+    np.testing.assert_allclose(pool[2], st, rtol=2e-4, atol=2e-4)
+    assert np.all(pool[3] == 7.0), "an unnamed slot was written"
+    with pytest.raises(sk.SsmError, match="checkpoint_offsets"):
+        sk.compute_chunk_metadata(cu, computed, chunk, checkpoint_offsets=[21, 0])
+
+
 def test_causal_conv1d_fn_prefill_in_vllms_layout():
     rng = np.random.default_rng(6)
     dim, width, slots = 12, 4, 5

@@ -34,13 +34,23 @@ use ssm_tensor::{DType, TensorMut, TensorRef};
 /// and write its own slot. Host tables are checked by the plan: an entry that is neither the
 /// pad nor a slot is refused, and so is a slot written by one sequence and read or written by
 /// another (the aliasing rule).
+/// - Prefix-caching checkpoints (vLLM 0.33's `store_prefill_checkpoint` of the SSM state,
+///   folded into the call): `checkpoint_chunk_indices` `[batch]` i32/i64 names the chunk whose
+///   end state is sequence `b`'s checkpoint (-1: none;
+///   [`crate::compute_chunk_metadata_with_checkpoints`] places a chunk end on each checkpoint
+///   and names it), and `checkpoint_state_indices` `[batch]` the `ssm_state` slot it is written
+///   to (a pad entry: not written; a sequence without a checkpoint ignores its entry, as vLLM's
+///   null block). The checkpoint slot follows the aliasing rule of the final
+///   slot, and may not be the sequence's own final slot. Without returning every chunk's state,
+///   the checkpoint costs one state write per sequence.
 /// - `scratch`: optional 1-D f32 scratch of at least [`crate::SsdPlan::scratch_len`]
 ///   elements on the device of `x`; without it a backend allocates per call.
 ///
 /// Writes: every token of `out` (when given), every row of `varlen_states` (when given): the
 /// state at the end of each chunk, or each sequence's final state (an empty sequence's final
-/// state is its initial state, or zeros), and each sequence's final state into the `ssm_state`
-/// slot `final_state_indices` names (pads and every other slot are never touched). Reads
+/// state is its initial state, or zeros), each sequence's final state into the `ssm_state`
+/// slot `final_state_indices` names and its checkpoint into the slot
+/// `checkpoint_state_indices` names (pads and every other slot are never touched). Reads
 /// everything else only.
 pub struct MambaChunkScanCombinedVarlenArgs<'a> {
     /// SSM input.
@@ -87,7 +97,14 @@ pub struct MambaChunkScanCombinedVarlenArgs<'a> {
     /// `[batch]` slot of `ssm_state` each sequence's final state is written to; a pad entry:
     /// not written. Needs `ssm_state`.
     pub final_state_indices: Option<TensorRef<'a>>,
-    /// The pad value of both slot tables (SEMANTICS.md rule 3); `None`: no entry is a pad.
+    /// `[batch]` chunk whose end state is each sequence's checkpoint (vLLM's
+    /// `checkpoint_chunk_idx`, -1 for none). Needs `checkpoint_state_indices`.
+    pub checkpoint_chunk_indices: Option<TensorRef<'a>>,
+    /// `[batch]` slot of `ssm_state` each sequence's checkpoint is written to (vLLM's
+    /// `MambaPrefillCheckpointMetadata.state_indices`); a pad entry: not written. Needs
+    /// `ssm_state` and `checkpoint_chunk_indices`.
+    pub checkpoint_state_indices: Option<TensorRef<'a>>,
+    /// The pad value of the slot tables (SEMANTICS.md rule 3); `None`: no entry is a pad.
     pub pad_slot_id: Option<i64>,
     /// Softplus (threshold 20) on `dt + dt_bias`.
     pub dt_softplus: bool,
@@ -106,7 +123,7 @@ pub struct MambaChunkScanCombinedVarlenArgs<'a> {
 
 impl<'a> MambaChunkScanCombinedVarlenArgs<'a> {
     /// A call with the required tensors and vLLM's defaults for the rest: no output, no `D`,
-    /// `z` or `dt_bias`, zero initial states, no pool, no returned states, `dt_softplus`
+    /// `z` or `dt_bias`, zero initial states, no pool, no checkpoints, no returned states, `dt_softplus`
     /// false, `dt_limit` `(0, inf)`, `state_dtype` `C`'s, no scratch. Set the optional fields
     /// with struct update syntax (`Args { out: Some(..), ..Args::new(..) }`).
     ///
@@ -142,6 +159,8 @@ impl<'a> MambaChunkScanCombinedVarlenArgs<'a> {
             initial_state_indices: None,
             has_initial_state: None,
             final_state_indices: None,
+            checkpoint_chunk_indices: None,
+            checkpoint_state_indices: None,
             pad_slot_id: None,
             dt_softplus: false,
             dt_limit: (0.0, f32::INFINITY),

@@ -163,4 +163,53 @@ pub enum SsdError {
         /// "read" (through `initial_state_indices`) or "written".
         other_use: &'static str,
     },
+    /// A host-resident checkpoint chunk that is neither -1 nor a chunk of its sequence.
+    #[error(
+        "`checkpoint_chunk_indices`[{seq}] = {value} must be -1 (no checkpoint) or a chunk of sequence {seq} ({chunks})"
+    )]
+    CheckpointChunk {
+        /// The sequence.
+        seq: usize,
+        /// The value found.
+        value: i64,
+        /// The sequence's chunks, "chunks a..=b" or "it has none".
+        chunks: String,
+    },
+    /// A checkpoint slot that another write or read of the call also uses (host tables).
+    #[error(
+        "`checkpoint_state_indices`: slot {slot} is written by sequence {writer} and {other_use} by sequence {other}, one of them as a checkpoint; a written slot must be used by nothing else in the call (pads excepted)"
+    )]
+    CheckpointSlotConflict {
+        /// The slot.
+        slot: usize,
+        /// The sequence writing it (a checkpoint or a final state).
+        writer: usize,
+        /// The other sequence.
+        other: usize,
+        /// "read" or "written".
+        other_use: &'static str,
+    },
+    /// A sequence's checkpoint slot is its own final slot (host tables).
+    #[error(
+        "`checkpoint_state_indices`[{seq}] = {slot} is also sequence {seq}'s final slot (`final_state_indices`); a sequence's checkpoint and final state must go to different slots"
+    )]
+    CheckpointIsFinalSlot {
+        /// The sequence.
+        seq: usize,
+        /// The slot.
+        slot: usize,
+    },
+    /// A checkpoint offset of [`crate::try_compute_chunk_metadata_with_checkpoints`] outside
+    /// its sequence.
+    #[error(
+        "`checkpoint_offsets`[{seq}] = {value} must be 0 (no checkpoint) or inside the sequence's {tokens} new tokens (1..{tokens})"
+    )]
+    CheckpointOffset {
+        /// The sequence.
+        seq: usize,
+        /// The value found.
+        value: i64,
+        /// The sequence's new tokens.
+        tokens: i64,
+    },
 }

@@ -21,7 +21,10 @@ pub mod reference;
 
 pub use args::MambaChunkScanCombinedVarlenArgs;
 pub use error::SsdError;
-pub use metadata::{ChunkMetadata, compute_chunk_metadata, try_compute_chunk_metadata};
+pub use metadata::{
+    ChunkMetadata, compute_chunk_metadata, compute_chunk_metadata_with_checkpoints, try_compute_chunk_metadata,
+    try_compute_chunk_metadata_with_checkpoints,
+};
 pub use plan::{IoDtypes, ScratchLayout, SsdPlan, StateSource};
 pub use ssm_tensor::{Op, Planned, Run};
 

@@ -67,7 +67,11 @@ pub struct SsdPlan {
     pub has_initial_state: Option<SlotTable>,
     /// `final_state_indices` `[batch]` into `ssm_state`.
     pub final_state_indices: Option<SlotTable>,
-    /// The pad value of both slot tables.
+    /// `checkpoint_chunk_indices` `[batch]` (-1: no checkpoint).
+    pub checkpoint_chunk_indices: Option<SlotTable>,
+    /// `checkpoint_state_indices` `[batch]` into `ssm_state`.
+    pub checkpoint_state_indices: Option<SlotTable>,
+    /// The pad value of the slot tables.
     pub pad_slot_id: Option<i64>,
     /// `cu_seqlens`.
     pub cu_seqlens: Strided<1>,
@@ -203,6 +207,19 @@ impl SsdPlan {
         self.slot(self.final_state_indices?, indices?, b)
     }
 
+    /// Sequence `b`'s checkpoint, `(chunk, slot)`: the chunk whose end state is written and the
+    /// `ssm_state` slot it goes to, given the host bytes of `checkpoint_chunk_indices` and
+    /// `checkpoint_state_indices`. `None` without the tables, where the chunk is -1 (or, in a
+    /// device table a host plan could not check, out of range) or the slot is the pad (or out
+    /// of range).
+    pub fn checkpoint(&self, chunks: Option<&[u8]>, slots: Option<&[u8]>, b: usize) -> Option<(usize, usize)> {
+        let c = self.checkpoint_chunk_indices?.get(chunks?, b, 0);
+        if c < 0 || c >= self.nchunks as i64 {
+            return None;
+        }
+        Some((c as usize, self.slot(self.checkpoint_state_indices?, slots?, b)?))
+    }
+
     fn slot(&self, t: SlotTable, bytes: &[u8], b: usize) -> Option<usize> {
         match Slot::resolve(t.get(bytes, b, 0), self.pad_slot_id, self.slots) {
             Slot::Row(r) => Some(r),
@@ -319,6 +336,8 @@ pub(crate) fn plan_mamba_chunk_scan_combined_varlen(
         ("initial_state_indices", &args.initial_state_indices),
         ("has_initial_state", &args.has_initial_state),
         ("final_state_indices", &args.final_state_indices),
+        ("checkpoint_chunk_indices", &args.checkpoint_chunk_indices),
+        ("checkpoint_state_indices", &args.checkpoint_state_indices),
     ] {
         if let Some(t) = t {
             dev(arg, t.device())?;
@@ -517,6 +536,8 @@ pub(crate) fn plan_mamba_chunk_scan_combined_varlen(
         initial_state_indices: tables.initial,
         has_initial_state: tables.has,
         final_state_indices: tables.fin,
+        checkpoint_chunk_indices: tables.ck_chunk,
+        checkpoint_state_indices: tables.ck_slot,
         pad_slot_id: args.pad_slot_id,
         cu_seqlens,
         cu_chunk_seqlens,
@@ -531,6 +552,7 @@ pub(crate) fn plan_mamba_chunk_scan_combined_varlen(
     };
     if let Some(longest) = check_metadata(&plan, args)? {
         plan.chunk_rows = longest.max(1);
+        check_checkpoint_chunks(&plan, args)?;
     }
     plan.scratch_layout = scratch_layout(&plan).ok_or_else(|| {
         SsdError::from(ArgError::Overflow {
@@ -560,6 +582,8 @@ struct Tables {
     initial: Option<SlotTable>,
     has: Option<SlotTable>,
     fin: Option<SlotTable>,
+    ck_chunk: Option<SlotTable>,
+    ck_slot: Option<SlotTable>,
 }
 
 /// Checks the tables' shapes, dtypes and the arguments each needs.
@@ -581,10 +605,14 @@ fn resolve_tables(args: &MambaChunkScanCombinedVarlenArgs<'_>, batch: usize) -> 
     };
     let requires = |arg: &'static str, needs: &'static str| Err(SsdError::from(ArgError::Requires { arg, needs }));
     let pool = args.ssm_state.is_some();
-    if pool && args.initial_state_indices.is_none() && args.final_state_indices.is_none() {
+    if pool
+        && args.initial_state_indices.is_none()
+        && args.final_state_indices.is_none()
+        && args.checkpoint_state_indices.is_none()
+    {
         return requires(
             "ssm_state",
-            "`initial_state_indices` or `final_state_indices` (the slots it is addressed by)",
+            "`initial_state_indices`, `final_state_indices` or `checkpoint_state_indices` (the slots it is addressed by)",
         );
     }
     if args.varlen_states.is_none() && args.return_intermediate_states {
@@ -616,7 +644,22 @@ fn resolve_tables(args: &MambaChunkScanCombinedVarlenArgs<'_>, batch: usize) -> 
         Some(t) => Some(table("final_state_indices", t, false)?),
         None => None,
     };
-    Ok(Tables { initial, has, fin })
+    let ck_chunk = match &args.checkpoint_chunk_indices {
+        Some(_) if args.checkpoint_state_indices.is_none() => {
+            return requires("checkpoint_chunk_indices", "`checkpoint_state_indices` (where the checkpoints go)");
+        }
+        Some(t) => Some(table("checkpoint_chunk_indices", t, false)?),
+        None => None,
+    };
+    let ck_slot = match &args.checkpoint_state_indices {
+        Some(_) if !pool => return requires("checkpoint_state_indices", "`ssm_state` (the pool it indexes)"),
+        Some(_) if ck_chunk.is_none() => {
+            return requires("checkpoint_state_indices", "`checkpoint_chunk_indices` (the chunk each checkpoint ends)");
+        }
+        Some(t) => Some(table("checkpoint_state_indices", t, false)?),
+        None => None,
+    };
+    Ok(Tables { initial, has, fin, ck_chunk, ck_slot })
 }
 
 /// Value checks of host-resident slot tables (skipped for device tables): every entry is the
@@ -628,7 +671,10 @@ fn check_slots(p: &SsdPlan, args: &MambaChunkScanCombinedVarlenArgs<'_>) -> Resu
     }
     let (init, has, fin) =
         (host(&args.initial_state_indices), host(&args.has_initial_state), host(&args.final_state_indices));
-    if [init, has, fin].iter().any(|b| matches!(b, Some(None))) || (init.is_none() && fin.is_none()) {
+    let (ck_chunk, ck_slot) = (host(&args.checkpoint_chunk_indices), host(&args.checkpoint_state_indices));
+    if [init, has, fin, ck_chunk, ck_slot].iter().any(|b| matches!(b, Some(None)))
+        || (init.is_none() && fin.is_none() && ck_slot.is_none())
+    {
         return Ok(());
     }
     let pad = || p.pad_slot_id.map_or_else(|| "none".to_string(), |v| v.to_string());
@@ -660,18 +706,68 @@ fn check_slots(p: &SsdPlan, args: &MambaChunkScanCombinedVarlenArgs<'_>) -> Resu
             uses.push(SlotUse { slot, written: true, seq: b });
         }
     }
-    match first_slot_conflict(&mut uses) {
-        Some(c) => {
-            let other = c.other();
-            Err(SsdError::SlotConflict {
-                slot: c.slot,
-                writer: c.writer().seq,
-                other: other.seq,
-                other_use: if other.written { "written" } else { "read" },
-            })
+    let used = |c: ssm_tensor::SlotConflict| if c.other().written { "written" } else { "read" };
+    if let Some(c) = first_slot_conflict(&mut uses) {
+        return Err(SsdError::SlotConflict {
+            slot: c.slot,
+            writer: c.writer().seq,
+            other: c.other().seq,
+            other_use: used(c),
+        });
+    }
+    // The checkpoints are writes too: checked after the final states, so that a conflict of
+    // those alone keeps its own error.
+    let (Some(t), Some(Some(bytes))) = (p.checkpoint_state_indices, ck_slot) else { return Ok(()) };
+    for b in 0..p.batch {
+        let chunk = match (p.checkpoint_chunk_indices, ck_chunk) {
+            (Some(ct), Some(Some(cb))) => ct.get(cb, b, 0),
+            _ => 0,
+        };
+        // A sequence without a checkpoint writes nothing, whatever its slot entry holds (vLLM
+        // leaves its null block there).
+        if chunk < 0 {
+            continue;
         }
+        let Some(slot) = resolve("checkpoint_state_indices", t, bytes, b)? else { continue };
+        let own_final = uses.iter().any(|u| u.seq == b && u.written && u.slot == slot);
+        if own_final {
+            return Err(SsdError::CheckpointIsFinalSlot { seq: b, slot });
+        }
+        uses.push(SlotUse { slot, written: true, seq: b });
+    }
+    match first_slot_conflict(&mut uses) {
+        Some(c) => Err(SsdError::CheckpointSlotConflict {
+            slot: c.slot,
+            writer: c.writer().seq,
+            other: c.other().seq,
+            other_use: used(c),
+        }),
         None => Ok(()),
     }
+}
+
+/// Value checks of a host-resident `checkpoint_chunk_indices` against host chunk metadata
+/// (already checked): every entry is -1 or one of its sequence's chunks.
+fn check_checkpoint_chunks(p: &SsdPlan, args: &MambaChunkScanCombinedVarlenArgs<'_>) -> Result<(), SsdError> {
+    let (Some(t), Some(bytes)) =
+        (p.checkpoint_chunk_indices, args.checkpoint_chunk_indices.as_ref().and_then(|t| t.host_bytes()))
+    else {
+        return Ok(());
+    };
+    let mut first = 0i64;
+    for b in 0..p.batch {
+        let last = p.last_chunk(args, b);
+        let value = t.get(bytes, b, 0);
+        let (lo, hi) = if last < 0 { (first, first - 1) } else { (first, last) };
+        if value != -1 && !(lo..=hi).contains(&value) {
+            let chunks = if last < 0 { "it has none".to_string() } else { format!("chunks {lo}..={hi}") };
+            return Err(SsdError::CheckpointChunk { seq: b, value, chunks });
+        }
+        if last >= 0 {
+            first = last + 1;
+        }
+    }
+    Ok(())
 }
 
 /// The scratch layout of a call, or `None` when its size overflows.

@@ -4,9 +4,10 @@
 //! The running state is carried un-rounded across chunks; `varlen_states` rows are rounded
 //! to the state dtype when stored. Slow and allocating on purpose: it is the oracle.
 //!
-//! With pool addressing, a sequence reads its initial state when its first chunk opens and
-//! writes its final state after its last chunk; the plan's aliasing rule makes this order
-//! equal to "every read before any write" (no other sequence reads a slot a sequence writes).
+//! With pool addressing, a sequence reads its initial state when its first chunk opens,
+//! writes its checkpoint after the chunk its checkpoint names and its final state after its
+//! last chunk; the plan's aliasing rule makes this order equal to "every read before any
+//! write" (no other sequence reads a slot a sequence writes).
 
 use crate::Planned;
 use crate::{MambaChunkScanCombinedVarlenArgs, SsdPlan, StateSource};
@@ -128,6 +129,12 @@ fn run<F: Precision>(p: &SsdPlan, mut args: MambaChunkScanCombinedVarlenArgs<'_>
         }
         if p.return_intermediate_states {
             store(args.varlen_states.as_mut(), p.varlen_states, c, &s);
+        }
+        if let Some((chunk, slot)) =
+            p.checkpoint(host(&args.checkpoint_chunk_indices), host(&args.checkpoint_state_indices), seq)
+            && chunk == c
+        {
+            store(args.ssm_state.as_mut(), p.ssm_state, slot, &s);
         }
         if p.last_chunk(&args, seq) == c as i64 {
             finish(&mut args, seq, &s);

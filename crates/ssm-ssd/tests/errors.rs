@@ -299,3 +299,70 @@ fn intermediate_states_without_varlen_states() {
         a.return_intermediate_states = true;
     }));
 }
+
+/// Checkpoint tables (leaked, as [`pool_args`]'s).
+fn checkpoint_args(a: &mut MambaChunkScanCombinedVarlenArgs<'static>, chunks: &[i64], slots: &[i64]) {
+    let chunks: &'static [i64] = Box::leak(chunks.to_vec().into_boxed_slice());
+    let slots: &'static [i64] = Box::leak(slots.to_vec().into_boxed_slice());
+    a.checkpoint_chunk_indices = Some(TensorRef::from_slice(chunks, &[chunks.len()]).unwrap());
+    a.checkpoint_state_indices = Some(TensorRef::from_slice(slots, &[slots.len()]).unwrap());
+}
+
+#[test]
+fn checkpoint_tables_are_valid() {
+    // Sequence 0 owns chunks 0 and 1, sequence 1 chunk 2; slots 2 and 3 are used by nothing else.
+    for (chunks, slots) in
+        [([0i64, -1], [2i64, 3]), ([1, 2], [2, 3]), ([0, 2], [3, -1]), ([-1, -1], [0, 1]), ([0, -1], [2, 99])]
+    {
+        let f = fixture();
+        let out: &'static mut [f32] = Box::leak(f.out.clone().into_boxed_slice());
+        let states: &'static mut [f32] = Box::leak(f.states.clone().into_boxed_slice());
+        let mut a = args(f, out, states);
+        pool_args(&mut a, &[0, 1], &[0, 1]);
+        a.varlen_states = None;
+        checkpoint_args(&mut a, &chunks, &slots);
+        let p = ssm_tensor::Op::plan(&a).unwrap_or_else(|e| panic!("{chunks:?} {slots:?}: {e}"));
+        assert_eq!(p.checkpoint_chunk_indices.is_some(), p.checkpoint_state_indices.is_some());
+    }
+}
+
+#[test]
+fn checkpoint_chunk_of_another_sequence() {
+    insta::assert_snapshot!(fail(fixture(), |a| {
+        pool_args(a, &[0, 1], &[0, 1]);
+        checkpoint_args(a, &[2, -1], &[2, 3]);
+    }));
+}
+
+#[test]
+fn checkpoint_slot_read_by_another_sequence() {
+    insta::assert_snapshot!(fail(fixture(), |a| {
+        pool_args(a, &[0, 1], &[0, 1]);
+        checkpoint_args(a, &[0, -1], &[1, 3]);
+    }));
+}
+
+#[test]
+fn checkpoint_slot_is_its_own_final_slot() {
+    insta::assert_snapshot!(fail(fixture(), |a| {
+        pool_args(a, &[0, 1], &[0, 1]);
+        checkpoint_args(a, &[0, -1], &[0, 3]);
+    }));
+}
+
+#[test]
+fn checkpoint_slot_out_of_range() {
+    insta::assert_snapshot!(fail(fixture(), |a| {
+        pool_args(a, &[0, 1], &[0, 1]);
+        checkpoint_args(a, &[0, 2], &[2, 9]);
+    }));
+}
+
+#[test]
+fn checkpoint_chunks_without_their_slots() {
+    let chunks: &'static [i64] = &[0, -1];
+    insta::assert_snapshot!(fail(fixture(), |a| {
+        pool_args(a, &[0, 1], &[0, 1]);
+        a.checkpoint_chunk_indices = Some(TensorRef::from_slice(chunks, &[2]).unwrap());
+    }));
+}

@@ -156,9 +156,9 @@ impl Problem {
         self.run_pooled_with(intermediate, None, run)
     }
 
-    /// [`Problem::run_with`], with the initial states read from and the final states written
-    /// to `pool` (`[slots, H, P, N]` f32) through its tables when given (then `init` is unused
-    /// and the returned states are empty).
+    /// [`Problem::run_with`], with the initial states read from and the final states (and
+    /// checkpoints) written to `pool` (`[slots, H, P, N]` f32) through its tables when given
+    /// (then `init` is unused and the returned states are empty).
     pub fn run_pooled_with(
         &self,
         intermediate: bool,
@@ -214,6 +214,8 @@ impl Problem {
             initial_state_indices: None,
             has_initial_state: None,
             final_state_indices: None,
+            checkpoint_chunk_indices: None,
+            checkpoint_state_indices: None,
             pad_slot_id: None,
             dt_softplus: self.softplus,
             dt_limit: self.dt_limit,
@@ -231,6 +233,10 @@ impl Problem {
             args.initial_state_indices = Some(TensorRef::from_slice(&pool.read, &[batch]).unwrap());
             args.has_initial_state = Some(TensorRef::from_slice(&pool.has_init, &[batch]).unwrap());
             args.final_state_indices = Some(TensorRef::from_slice(&pool.write, &[batch]).unwrap());
+            if let Some((chunks, slots)) = &pool.checkpoints {
+                args.checkpoint_chunk_indices = Some(TensorRef::from_slice(chunks, &[batch]).unwrap());
+                args.checkpoint_state_indices = Some(TensorRef::from_slice(slots, &[batch]).unwrap());
+            }
             args.pad_slot_id = Some(PAD);
         }
         run(args);
@@ -244,8 +250,9 @@ impl Problem {
 /// The pad of the pool tests' slot tables.
 pub const PAD: i64 = -1;
 
-/// A state pool with its tables: sequence `b` reads slot `read[b]` (where `has_init[b]`) and
-/// writes slot `write[b]`; `PAD` entries read zeros / write nothing.
+/// A state pool with its tables: sequence `b` reads slot `read[b]` (where `has_init[b]`),
+/// writes slot `write[b]` and, with checkpoints, the end state of its chunk `chunks[b]` into
+/// slot `slots[b]`; `PAD` entries read zeros / write nothing.
 #[derive(Clone)]
 pub struct Pool {
     /// The pool `[slots, H, P, N]`.
@@ -256,6 +263,8 @@ pub struct Pool {
     pub write: Vec<i64>,
     /// Whether each sequence reads its slot.
     pub has_init: Vec<u8>,
+    /// Prefix-caching checkpoints: each sequence's chunk (-1: none) and slot (`PAD`: none).
+    pub checkpoints: Option<(Vec<i64>, Vec<i64>)>,
 }
 
 impl Pool {
@@ -280,7 +289,44 @@ impl Pool {
             has_init.push(rng.random_bool(0.75) as u8);
         }
         let states = (0..slots * per).map(|i| ((i * 37 % 101) as f32) * 0.01 - 0.5).collect();
-        Pool { states, read, write, has_init }
+        Pool { states, read, write, has_init, checkpoints: None }
+    }
+
+    /// Adds checkpoints for `pr`'s sequences: each gets a fresh slot appended to the pool
+    /// (filled like the others) or, one time in five, `PAD`, and one of its chunks or, one time
+    /// in four (and always for an empty sequence), -1.
+    pub fn add_checkpoints(&mut self, rng: &mut ChaCha8Rng, pr: &Problem, per: usize) {
+        let slots = self.states.len() / per;
+        let (mut chunks, mut to) = (vec![], vec![]);
+        let mut first = 0i64;
+        for (b, &last) in pr.last_chunk.iter().enumerate() {
+            let last = last as i64;
+            chunks.push(if last < first || rng.random_bool(0.25) { -1 } else { rng.random_range(first..=last) });
+            to.push(if rng.random_bool(0.2) { PAD } else { (slots + b) as i64 });
+            first = first.max(last + 1);
+        }
+        let extra = chunks.len() * per;
+        self.states.extend((0..extra).map(|i| ((i * 53 % 97) as f32) * 0.01 - 0.4));
+        self.checkpoints = Some((chunks, to));
+    }
+
+    /// The checkpoints' scatter after a call that returned every chunk's state
+    /// (`[nchunks, H, P, N]`): `pool[slots[b]] = chunk_states[chunks[b]]`.
+    pub fn scatter_checkpoints(&mut self, chunk_states: &[f32], per: usize) {
+        let Some((chunks, slots)) = self.checkpoints.clone() else { return };
+        for (&c, &s) in chunks.iter().zip(&slots) {
+            if c >= 0 && s != PAD {
+                let (c, s) = (c as usize, s as usize);
+                self.states[s * per..(s + 1) * per].copy_from_slice(&chunk_states[c * per..(c + 1) * per]);
+            }
+        }
+    }
+
+    /// Whether slot `s` is written by the call (a final state or a checkpoint).
+    pub fn writes(&self, s: usize) -> bool {
+        let s = s as i64;
+        self.write.contains(&s)
+            || self.checkpoints.as_ref().is_some_and(|(c, slots)| slots.iter().zip(c).any(|(&t, &c)| t == s && c >= 0))
     }
 
     /// vLLM's gather: `where(has_init, pool[read], 0)` as `[batch, H, P, N]`.

@@ -274,14 +274,21 @@ def fused_recurrent_gated_delta_rule_packed_decode(
     return out, initial_state
 
 
-def compute_chunk_metadata(query_start_loc, num_computed_tokens, chunk_size):
+def compute_chunk_metadata(query_start_loc, num_computed_tokens, chunk_size, checkpoint_offsets=None):
     """vLLM's chunk metadata of a prefill batch: ``(cu_chunk_seqlens, seq_idx,
     last_chunk_indices)`` as int32 arrays; chunk boundaries on multiples of ``chunk_size`` of
-    each sequence's absolute position (a resumed sequence first finishes its partial chunk)."""
-    cu, seq, last = _core.compute_chunk_metadata(
-        [int(v) for v in query_start_loc], [int(v) for v in num_computed_tokens], int(chunk_size)
+    each sequence's absolute position (a resumed sequence first finishes its partial chunk).
+
+    With ``checkpoint_offsets`` (vLLM 0.33's prefix-caching checkpoints: per sequence, tokens
+    into its new tokens, 0 for none) a chunk also ends on each checkpoint, and a fourth array,
+    ``checkpoint_chunk_indices`` (the chunk ending there, -1 for none), is returned: the
+    ``checkpoint_chunk_indices`` of :func:`mamba_chunk_scan_combined_varlen`."""
+    offsets = None if checkpoint_offsets is None else [int(v) for v in checkpoint_offsets]
+    cu, seq, last, ckpt = _core.compute_chunk_metadata(
+        [int(v) for v in query_start_loc], [int(v) for v in num_computed_tokens], int(chunk_size), offsets
     )
-    return (np.asarray(cu, dtype=np.int32), np.asarray(seq, dtype=np.int32), np.asarray(last, dtype=np.int32))
+    arrays = tuple(np.asarray(v, dtype=np.int32) for v in (cu, seq, last, ckpt))
+    return arrays if offsets is not None else arrays[:3]
 
 
 def mamba_chunk_scan_combined_varlen(
@@ -306,11 +313,18 @@ def mamba_chunk_scan_combined_varlen(
     state_dtype=None,
     final_states_out=None,
     final_state_indices=None,
+    checkpoint_chunk_indices=None,
+    checkpoint_state_indices=None,
 ):
     """vLLM's ``mamba_chunk_scan_combined_varlen`` (Mamba2 SSD prefill over packed sequences):
     writes ``out``; returns the final states ``[batch, nheads, headdim, dstate]`` (every chunk's
     with ``return_intermediate_states``) in ``state_dtype`` (default ``C``'s), or writes them to
-    the pool ``final_states_out`` through ``final_state_indices`` and returns None."""
+    the pool ``final_states_out`` through ``final_state_indices`` and returns None.
+
+    Prefix-caching checkpoints (vLLM 0.33's ``store_prefill_checkpoint`` of the SSM state, in
+    the call): the end state of chunk ``checkpoint_chunk_indices[b]`` (-1: none; see
+    :func:`compute_chunk_metadata`'s ``checkpoint_offsets``) is written to the pool slot
+    ``checkpoint_state_indices[b]``; needs ``final_states_out``."""
     states = None
     if final_states_out is None:
         rows = len(cu_chunk_seqlens) - 1 if return_intermediate_states else len(cu_seqlens) - 1
@@ -319,6 +333,7 @@ def mamba_chunk_scan_combined_varlen(
         x, dt, A, B, C, int(chunk_size), cu_seqlens, cu_chunk_seqlens, last_chunk_indices, seq_idx, out,
         D, z, dt_bias, initial_states, bool(dt_softplus), (float(dt_limit[0]), float(dt_limit[1])),
         bool(return_intermediate_states), states, final_states_out, final_state_indices,
+        checkpoint_chunk_indices, checkpoint_state_indices,
         stream=_stream(x),
     )
     return states
