@@ -8,7 +8,10 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use ssm_conformance::cases::ssd::{Pool, Problem};
 use ssm_cpu::CpuBackend;
-use ssm_ssd::{MambaChunkScanCombinedVarlenArgs, Run, compute_chunk_metadata, plan, reference};
+use ssm_ssd::{
+    MambaChunkScanCombinedVarlenArgs, Run, compute_chunk_metadata, compute_chunk_metadata_with_checkpoints, plan,
+    reference,
+};
 
 // ---------------------------------------------------------------------------------------
 // Property tests on random problems (the shared generator, `ssm_conformance::cases::ssd`).
@@ -143,6 +146,66 @@ fn ssd_split_prefill_equals_one_shot() {
         let joined: Vec<f32> = o1.into_iter().chain(o2).collect();
         assert_close(&format!("split {case} out"), &joined, &o_all, 1e-3, 1e-3);
         assert_close(&format!("split {case} state"), &s2, &s_all, 1e-3, 1e-3);
+    }
+}
+
+/// A prefix-caching checkpoint (a chunk ended on it by `compute_chunk_metadata_with_checkpoints`,
+/// its state written to its own slot in the call) equals, bit for bit, the final state of a
+/// prefill of the tokens before it; the outputs before it are those of that prefill, bit for bit,
+/// and the whole call's final state matches the call without the checkpoint.
+#[test]
+fn ssd_checkpoint_equals_the_prefill_cut_at_it() {
+    let cpus = backends();
+    let mut rng = ChaCha8Rng::seed_from_u64(0xc4e);
+    for case in 0..8 {
+        let total = rng.random_range(3..70);
+        let at = rng.random_range(1..total);
+        let computed = if case % 2 == 0 { 0 } else { rng.random_range(1..40) };
+        let mut whole = Problem::random(&mut rng, vec![total], vec![computed], case % 3 == 0);
+        whole.bf16_io = false;
+        let (h, p, n, g) = (whole.heads, whole.dim, whole.dstate, whole.groups);
+        let per = h * p * n;
+        let init: Vec<f32> = (0..per).map(|i| ((i * 29 % 83) as f32) * 0.01 - 0.4).collect();
+        let m =
+            compute_chunk_metadata_with_checkpoints(&[0, total as i64], &[computed as i64], whole.chunk, &[at as i64]);
+        let mut ckpt = whole.clone();
+        ckpt.init = None;
+        ckpt.cu_chunk = m.cu_chunk_seqlens;
+        ckpt.seq_idx = m.seq_idx;
+        ckpt.last_chunk = m.last_chunk_indices;
+        let mut pool = Pool {
+            states: init.iter().copied().chain(std::iter::repeat_n(9.0, per)).collect(),
+            read: vec![0],
+            write: vec![0],
+            has_init: vec![1],
+            checkpoints: Some((vec![m.checkpoint_chunk_indices[0] as i64], vec![1])),
+        };
+        let (o_ckpt, _) = ckpt.run_pooled(Engine::Cpu(1), &cpus, false, Some(&mut pool));
+        // The prefill of the first `at` tokens, from the same state at the same position.
+        let sl = |v: &[f32], w: usize| v[..at * w].to_vec();
+        let mc = compute_chunk_metadata(&[0, at as i64], &[computed as i64], whole.chunk);
+        let cut = Problem {
+            seqlens: vec![at],
+            x: sl(&whole.x, h * p),
+            dt: sl(&whole.dt, h),
+            b: sl(&whole.b, g * n),
+            c: sl(&whole.c, g * n),
+            z: whole.z.as_ref().map(|z| sl(z, h * p)),
+            init: Some(init.clone()),
+            cu_seqlens: vec![0, at as i32],
+            cu_chunk: mc.cu_chunk_seqlens,
+            seq_idx: mc.seq_idx,
+            last_chunk: mc.last_chunk_indices,
+            ..whole.clone()
+        };
+        let (o_cut, s_cut) = cut.run(Engine::Cpu(1), &cpus, false);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&pool.states[per..]), bits(&s_cut), "case {case}: checkpoint at {at} of {total}");
+        assert_eq!(bits(&o_ckpt[..at * h * p]), bits(&o_cut), "case {case}: outputs before the checkpoint");
+        whole.init = Some(init);
+        let (o_all, s_all) = whole.run(Engine::Cpu(1), &cpus, false);
+        assert_close(&format!("case {case} out"), &o_ckpt, &o_all, 1e-3, 1e-3);
+        assert_close(&format!("case {case} final"), &pool.states[..per], &s_all, 1e-3, 1e-3);
     }
 }
 
