@@ -8,10 +8,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use ssm_conformance::cases::ssd::{Pool, Problem};
 use ssm_cpu::CpuBackend;
-use ssm_ssd::{
-    MambaChunkScanCombinedVarlenArgs, Run, compute_chunk_metadata, compute_chunk_metadata_with_checkpoints, plan,
-    reference,
-};
+use ssm_ssd::{MambaChunkScanCombinedVarlenArgs, Run, compute_chunk_metadata, plan, reference};
 
 // ---------------------------------------------------------------------------------------
 // Property tests on random problems (the shared generator, `ssm_conformance::cases::ssd`).
@@ -163,42 +160,14 @@ fn ssd_checkpoint_equals_the_prefill_cut_at_it() {
         let computed = if case % 2 == 0 { 0 } else { rng.random_range(1..40) };
         let mut whole = Problem::random(&mut rng, vec![total], vec![computed], case % 3 == 0);
         whole.bf16_io = false;
-        let (h, p, n, g) = (whole.heads, whole.dim, whole.dstate, whole.groups);
-        let per = h * p * n;
+        let (h, p) = (whole.heads, whole.dim);
+        let per = h * p * whole.dstate;
         let init: Vec<f32> = (0..per).map(|i| ((i * 29 % 83) as f32) * 0.01 - 0.4).collect();
-        let m =
-            compute_chunk_metadata_with_checkpoints(&[0, total as i64], &[computed as i64], whole.chunk, &[at as i64]);
-        let mut ckpt = whole.clone();
-        ckpt.init = None;
-        ckpt.cu_chunk = m.cu_chunk_seqlens;
-        ckpt.seq_idx = m.seq_idx;
-        ckpt.last_chunk = m.last_chunk_indices;
-        let mut pool = Pool {
-            states: init.iter().copied().chain(std::iter::repeat_n(9.0, per)).collect(),
-            read: vec![0],
-            write: vec![0],
-            has_init: vec![1],
-            checkpoints: Some((vec![m.checkpoint_chunk_indices[0] as i64], vec![1])),
-        };
+        let (ckpt, chunk) = whole.with_checkpoint(computed, at);
+        let mut pool = Pool::one_checkpoint(&init, chunk);
         let (o_ckpt, _) = ckpt.run_pooled(Engine::Cpu(1), &cpus, false, Some(&mut pool));
         // The prefill of the first `at` tokens, from the same state at the same position.
-        let sl = |v: &[f32], w: usize| v[..at * w].to_vec();
-        let mc = compute_chunk_metadata(&[0, at as i64], &[computed as i64], whole.chunk);
-        let cut = Problem {
-            seqlens: vec![at],
-            x: sl(&whole.x, h * p),
-            dt: sl(&whole.dt, h),
-            b: sl(&whole.b, g * n),
-            c: sl(&whole.c, g * n),
-            z: whole.z.as_ref().map(|z| sl(z, h * p)),
-            init: Some(init.clone()),
-            cu_seqlens: vec![0, at as i32],
-            cu_chunk: mc.cu_chunk_seqlens,
-            seq_idx: mc.seq_idx,
-            last_chunk: mc.last_chunk_indices,
-            ..whole.clone()
-        };
-        let (o_cut, s_cut) = cut.run(Engine::Cpu(1), &cpus, false);
+        let (o_cut, s_cut) = whole.prefix(at, computed, Some(init.clone())).run(Engine::Cpu(1), &cpus, false);
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&pool.states[per..]), bits(&s_cut), "case {case}: checkpoint at {at} of {total}");
         assert_eq!(bits(&o_ckpt[..at * h * p]), bits(&o_cut), "case {case}: outputs before the checkpoint");

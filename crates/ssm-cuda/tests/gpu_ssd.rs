@@ -145,6 +145,30 @@ fn ssd_pool_addressing_equals_gather_call_scatter() {
     }
 }
 
+/// A prefix-caching checkpoint on CUDA equals the final state of a prefill cut at it (and the
+/// outputs before it are that prefill's), as on the CPU.
+#[test]
+fn ssd_checkpoint_equals_the_prefill_cut_at_it() {
+    let Some(be) = gpu("ssd_checkpoint_equals_the_prefill_cut_at_it") else { return };
+    let mut rng = ChaCha8Rng::seed_from_u64(0xc4e);
+    for case in 0..6 {
+        let total = rng.random_range(3..300);
+        let at = rng.random_range(1..total);
+        let computed = if case % 2 == 0 { 0 } else { rng.random_range(1..300) };
+        let whole = Problem::random(&mut rng, vec![total], vec![computed], case % 3 == 0);
+        let per = whole.heads * whole.dim * whole.dstate;
+        let init: Vec<f32> = (0..per).map(|i| ((i * 29 % 83) as f32) * 0.01 - 0.4).collect();
+        let (ckpt, chunk) = whole.with_checkpoint(computed, at);
+        let mut pool = Pool::one_checkpoint(&init, chunk);
+        let (o_ckpt, _) = cuda(&be, &ckpt, false, Some(&mut pool));
+        let cut = whole.prefix(at, computed, Some(init));
+        let (o_cut, s_cut) = cuda(&be, &cut, false, None);
+        let tag = format!("case {case}: checkpoint at {at} of {total}");
+        assert_close(&tag, &pool.states[per..], &s_cut, tol(&whole));
+        assert_close(&format!("{tag}, outputs"), &o_ckpt[..o_cut.len()], &o_cut, tol(&whole));
+    }
+}
+
 /// Garbage device-resident metadata and slots: a chunk bound past the tokens, a `seq_idx` and a
 /// `last_chunk_indices` entry out of range, slots out of range, checkpoint chunks of another
 /// sequence or out of range and a checkpoint slot out of range. The call completes (no fault;

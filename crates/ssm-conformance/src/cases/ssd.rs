@@ -7,7 +7,7 @@
 
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
-use ssm_ssd::{MambaChunkScanCombinedVarlenArgs, compute_chunk_metadata};
+use ssm_ssd::{MambaChunkScanCombinedVarlenArgs, compute_chunk_metadata, compute_chunk_metadata_with_checkpoints};
 use ssm_tensor::{DType, TensorMut, TensorRef, bf16};
 
 /// A random SSD problem in f32 (or bf16 activations), with its chunk metadata.
@@ -143,6 +143,43 @@ impl Problem {
             last_chunk: m.last_chunk_indices,
             seqlens,
             bf16_io: rng.random_bool(0.3),
+        }
+    }
+
+    /// This one-sequence problem (resumed after `computed` tokens) with a prefix-caching
+    /// checkpoint `at` tokens in: its chunk metadata rebuilt by
+    /// `compute_chunk_metadata_with_checkpoints`, and the chunk that ends on the checkpoint.
+    pub fn with_checkpoint(&self, computed: usize, at: usize) -> (Problem, i64) {
+        let total = self.tokens() as i64;
+        let m = compute_chunk_metadata_with_checkpoints(&[0, total], &[computed as i64], self.chunk, &[at as i64]);
+        let pr = Problem {
+            cu_chunk: m.cu_chunk_seqlens,
+            seq_idx: m.seq_idx,
+            last_chunk: m.last_chunk_indices,
+            ..self.clone()
+        };
+        (pr, m.checkpoint_chunk_indices[0] as i64)
+    }
+
+    /// The first `len` tokens of this one-sequence problem (resumed after `computed` tokens) as
+    /// a problem of their own, entering with `init`.
+    pub fn prefix(&self, len: usize, computed: usize, init: Option<Vec<f32>>) -> Problem {
+        let (h, p, n, g) = (self.heads, self.dim, self.dstate, self.groups);
+        let sl = |v: &[f32], w: usize| v[..len * w].to_vec();
+        let m = compute_chunk_metadata(&[0, len as i64], &[computed as i64], self.chunk);
+        Problem {
+            seqlens: vec![len],
+            x: sl(&self.x, h * p),
+            dt: sl(&self.dt, h),
+            b: sl(&self.b, g * n),
+            c: sl(&self.c, g * n),
+            z: self.z.as_ref().map(|z| sl(z, h * p)),
+            init,
+            cu_seqlens: vec![0, len as i32],
+            cu_chunk: m.cu_chunk_seqlens,
+            seq_idx: m.seq_idx,
+            last_chunk: m.last_chunk_indices,
+            ..self.clone()
         }
     }
 
@@ -319,6 +356,18 @@ impl Pool {
                 let (c, s) = (c as usize, s as usize);
                 self.states[s * per..(s + 1) * per].copy_from_slice(&chunk_states[c * per..(c + 1) * per]);
             }
+        }
+    }
+
+    /// A pool of two slots for one sequence: it enters from slot 0 (holding `init`), writes its
+    /// final state there and its checkpoint, the end state of chunk `chunk`, to slot 1.
+    pub fn one_checkpoint(init: &[f32], chunk: i64) -> Self {
+        Pool {
+            states: init.iter().copied().chain(std::iter::repeat_n(9.0, init.len())).collect(),
+            read: vec![0],
+            write: vec![0],
+            has_init: vec![1],
+            checkpoints: Some((vec![chunk], vec![1])),
         }
     }
 
