@@ -102,41 +102,8 @@ fn ssd_split_prefill_equals_one_shot() {
         whole.init = None;
         whole.bf16_io = false;
         let (o_all, s_all) = whole.run(Engine::Cpu(1), &cpus, false);
-        let (h, p, n, g) = (whole.heads, whole.dim, whole.dstate, whole.groups);
-        let part = |from: usize, to: usize, init: Option<Vec<f32>>| {
-            let sl = |v: &[f32], w: usize| v[from * w..to * w].to_vec();
-            let len = to - from;
-            let m = compute_chunk_metadata(&[0, len as i64], &[from as i64], whole.chunk);
-            Problem {
-                seqlens: vec![len],
-                x: sl(&whole.x, h * p),
-                dt: sl(&whole.dt, h),
-                b: sl(&whole.b, g * n),
-                c: sl(&whole.c, g * n),
-                z: whole.z.as_ref().map(|z| sl(z, h * p)),
-                a: whole.a.clone(),
-                d: whole.d.clone(),
-                dt_bias: whole.dt_bias.clone(),
-                init,
-                cu_seqlens: vec![0, len as i32],
-                cu_chunk: m.cu_chunk_seqlens,
-                seq_idx: m.seq_idx,
-                last_chunk: m.last_chunk_indices,
-                ..Problem::random(&mut ChaCha8Rng::seed_from_u64(0), vec![1], vec![0], false)
-            }
-        };
-        let mut first = part(0, cut, None);
-        let mut second = part(cut, total, None);
-        for pr in [&mut first, &mut second] {
-            pr.heads = h;
-            pr.dim = p;
-            pr.dstate = n;
-            pr.groups = g;
-            pr.chunk = whole.chunk;
-            pr.softplus = whole.softplus;
-            pr.dt_limit = whole.dt_limit;
-            pr.bf16_io = false;
-        }
+        let first = whole.slice(0, cut, 0, None);
+        let mut second = whole.slice(cut, total, cut, None);
         let (o1, s1) = first.run(Engine::Cpu(1), &cpus, false);
         second.init = Some(s1);
         let (o2, s2) = second.run(Engine::Cpu(1), &cpus, false);
@@ -167,7 +134,7 @@ fn ssd_checkpoint_equals_the_prefill_cut_at_it() {
         let mut pool = Pool::one_checkpoint(&init, chunk);
         let (o_ckpt, _) = ckpt.run_pooled(Engine::Cpu(1), &cpus, false, Some(&mut pool));
         // The prefill of the first `at` tokens, from the same state at the same position.
-        let (o_cut, s_cut) = whole.prefix(at, computed, Some(init.clone())).run(Engine::Cpu(1), &cpus, false);
+        let (o_cut, s_cut) = whole.slice(0, at, computed, Some(init.clone())).run(Engine::Cpu(1), &cpus, false);
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&pool.states[per..]), bits(&s_cut), "case {case}: checkpoint at {at} of {total}");
         assert_eq!(bits(&o_ckpt[..at * h * p]), bits(&o_cut), "case {case}: outputs before the checkpoint");

@@ -161,7 +161,7 @@ fn ssd_checkpoint_equals_the_prefill_cut_at_it() {
         let (ckpt, chunk) = whole.with_checkpoint(computed, at);
         let mut pool = Pool::one_checkpoint(&init, chunk);
         let (o_ckpt, _) = cuda(&be, &ckpt, false, Some(&mut pool));
-        let cut = whole.prefix(at, computed, Some(init));
+        let cut = whole.slice(0, at, computed, Some(init));
         let (o_cut, s_cut) = cuda(&be, &cut, false, None);
         let tag = format!("case {case}: checkpoint at {at} of {total}");
         assert_close(&tag, &pool.states[per..], &s_cut, tol(&whole));

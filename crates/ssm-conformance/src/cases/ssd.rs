@@ -161,11 +161,12 @@ impl Problem {
         (pr, m.checkpoint_chunk_indices[0] as i64)
     }
 
-    /// The first `len` tokens of this one-sequence problem (resumed after `computed` tokens) as
-    /// a problem of their own, entering with `init`.
-    pub fn prefix(&self, len: usize, computed: usize, init: Option<Vec<f32>>) -> Problem {
+    /// Tokens `[from, to)` of this one-sequence problem as a problem of their own (the same
+    /// shapes and options), resumed after `computed` tokens and entering with `init`.
+    pub fn slice(&self, from: usize, to: usize, computed: usize, init: Option<Vec<f32>>) -> Problem {
         let (h, p, n, g) = (self.heads, self.dim, self.dstate, self.groups);
-        let sl = |v: &[f32], w: usize| v[..len * w].to_vec();
+        let sl = |v: &[f32], w: usize| v[from * w..to * w].to_vec();
+        let len = to - from;
         let m = compute_chunk_metadata(&[0, len as i64], &[computed as i64], self.chunk);
         Problem {
             seqlens: vec![len],
