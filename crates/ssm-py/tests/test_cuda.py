@@ -131,6 +131,42 @@ def test_gdn_prefill_on_cuda_tensors_matches_the_cpu():
     np.testing.assert_allclose(got_final.cpu().numpy(), want_final, rtol=1e-2, atol=1e-2)
 
 
+def test_ssd_prefill_with_pool_and_checkpoint_on_cuda_matches_the_cpu():
+    # bf16 x/B/C on the GPU (tensor-core operands), their f32 values on the CPU; final states
+    # written through a slot table and a prefix-caching checkpoint into its own slot.
+    rng = np.random.default_rng(8)
+    lens, computed, chunk, offsets = [90, 37], [20, 0], 32, [50, 0]
+    total, h, p, n, slots = sum(lens), 4, 16, 32, 5
+    cu = np.array([0, 90, 127], np.int32)
+    cu_chunk, seq_idx, last, ckpt = sk.compute_chunk_metadata(cu, computed, chunk, checkpoint_offsets=offsets)
+    assert list(ckpt) == [2, -1]
+    bf = [torch.from_numpy(rng.uniform(-1, 1, s).astype(np.float32)).bfloat16()
+          for s in [(total, h, p), (total, 1, n), (total, 1, n)]]
+    x, B, C = (t.float().numpy() for t in bf)
+    dt = rng.uniform(-2, 0.5, (total, h)).astype(np.float32)
+    A = -rng.uniform(0.2, 2, h).astype(np.float32)
+    pool = (rng.standard_normal((slots, h, p, n)) * 0.3).astype(np.float32)
+    fin, ck_slot = np.array([1, 3], np.int32), np.array([4, 0], np.int32)
+    want_pool, want_out = pool.copy(), np.zeros((total, h, p), np.float32)
+    sk.mamba_chunk_scan_combined_varlen(
+        x, dt, A, B, C, chunk, cu, cu_chunk, last, seq_idx, want_out, dt_softplus=True,
+        final_states_out=want_pool, final_state_indices=fin, checkpoint_chunk_indices=ckpt,
+        checkpoint_state_indices=ck_slot)
+    got_pool, got_out = cuda(pool), torch.zeros((total, h, p), dtype=torch.bfloat16, device="cuda")
+    xg, Bg, Cg = (t.cuda() for t in bf)
+    sk.mamba_chunk_scan_combined_varlen(
+        xg, cuda(dt), cuda(A), Bg, Cg, chunk, cuda(cu), cuda(cu_chunk), cuda(last), cuda(seq_idx), got_out,
+        dt_softplus=True, final_states_out=got_pool, final_state_indices=cuda(fin),
+        checkpoint_chunk_indices=cuda(ckpt), checkpoint_state_indices=cuda(ck_slot))
+    torch.cuda.synchronize()
+    sk.check()
+    got_pool = got_pool.cpu().numpy()
+    np.testing.assert_allclose(got_out.float().cpu().numpy(), want_out, rtol=2e-2, atol=2e-2)
+    np.testing.assert_allclose(got_pool, want_pool, rtol=2e-2, atol=2e-2)
+    np.testing.assert_array_equal(got_pool[[0, 2]], pool[[0, 2]])  # untouched slots keep their bits
+    assert not np.array_equal(want_pool[4], pool[4]), "the checkpoint was written"
+
+
 if __name__ == "__main__":
     print(f"torch {torch.__version__ if torch else None}, CUDA {CUDA}")
     if not CUDA:
