@@ -162,7 +162,8 @@ fuzz_op! {
         ref seq_idx "seq_idx", optmut out "out", opt d "D", opt z "z", opt dt_bias "dt_bias",
         opt initial_states "initial_states", optmut ssm_state "ssm_state",
         opt initial_state_indices "initial_state_indices", opt has_initial_state "has_initial_state",
-        opt final_state_indices "final_state_indices", optmut varlen_states "varlen_states",
+        opt final_state_indices "final_state_indices", opt checkpoint_chunk_indices "checkpoint_chunk_indices",
+        opt checkpoint_state_indices "checkpoint_state_indices", optmut varlen_states "varlen_states",
         optmut scratch "scratch",
     }
     nested {}

@@ -4,7 +4,7 @@
 
 use std::sync::Mutex;
 
-use ssm_conformance::cases::{conv, ssu};
+use ssm_conformance::cases::{conv, ssd, ssu};
 use ssm_conformance::gdn_random::{RecurrentCase, RecurrentSpec};
 use ssm_conformance::{Target, TargetError};
 
@@ -54,6 +54,17 @@ pub fn for_each_template(sink: &impl Sink, seed: u64, random: usize) {
         sink.take::<ops::GdnRecurrent>(&format!("gdn-random{i}"), &case.recurrent_args());
         let mut case = RecurrentCase::random(RecurrentSpec::matrix(i), s);
         sink.take::<ops::GdnSigmoid>(&format!("gdn-random{i}"), &case.sigmoid_args());
+        // An SSD prefill through a pool with prefix-caching checkpoints (the golden vectors
+        // have neither).
+        let mut case_rng = <rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(s);
+        let batch = 1 + i % 3;
+        let seqlens = (0..batch).map(|b| 3 + (b * 7 + i) % 20).collect();
+        let computed = (0..batch).map(|b| (b * 5 + i) % 9).collect();
+        let pr = ssd::Problem::random(&mut case_rng, seqlens, computed, i % 2 == 0);
+        let per = pr.heads * pr.dim * pr.dstate;
+        let mut pool = ssd::Pool::random(&mut case_rng, batch, per);
+        pool.add_checkpoints(&mut case_rng, &pr, per);
+        pr.run_pooled_with(false, Some(&mut pool), |a| sink.take::<ops::Ssd>(&format!("ssd-random{i}"), &a));
     }
 }
 
