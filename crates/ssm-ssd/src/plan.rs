@@ -717,20 +717,20 @@ fn check_slots(p: &SsdPlan, args: &MambaChunkScanCombinedVarlenArgs<'_>) -> Resu
     }
     // The checkpoints are writes too: checked after the final states, so that a conflict of
     // those alone keeps its own error.
-    let (Some(t), Some(Some(bytes))) = (p.checkpoint_state_indices, ck_slot) else { return Ok(()) };
+    // The plan holds both checkpoint tables or neither (`resolve_tables`).
+    let (Some(t), Some(ct), Some(Some(bytes)), Some(Some(cb))) =
+        (p.checkpoint_state_indices, p.checkpoint_chunk_indices, ck_slot, ck_chunk)
+    else {
+        return Ok(());
+    };
     for b in 0..p.batch {
-        let chunk = match (p.checkpoint_chunk_indices, ck_chunk) {
-            (Some(ct), Some(Some(cb))) => ct.get(cb, b, 0),
-            _ => 0,
-        };
         // A sequence without a checkpoint writes nothing, whatever its slot entry holds (vLLM
         // leaves its null block there).
-        if chunk < 0 {
+        if ct.get(cb, b, 0) < 0 {
             continue;
         }
         let Some(slot) = resolve("checkpoint_state_indices", t, bytes, b)? else { continue };
-        let own_final = uses.iter().any(|u| u.seq == b && u.written && u.slot == slot);
-        if own_final {
+        if p.final_slot(fin.flatten(), b) == Some(slot) {
             return Err(SsdError::CheckpointIsFinalSlot { seq: b, slot });
         }
         uses.push(SlotUse { slot, written: true, seq: b });

@@ -308,6 +308,15 @@ fn checkpoint_args(a: &mut MambaChunkScanCombinedVarlenArgs<'static>, chunks: &[
     a.checkpoint_state_indices = Some(TensorRef::from_slice(slots, &[slots.len()]).unwrap());
 }
 
+/// The refusal of the fixture with a pool (sequences 0 and 1 read and write slots 0 and 1) and
+/// the given checkpoint tables.
+fn fail_checkpoints(chunks: &[i64], slots: &[i64]) -> String {
+    fail(fixture(), |a| {
+        pool_args(a, &[0, 1], &[0, 1]);
+        checkpoint_args(a, chunks, slots);
+    })
+}
+
 #[test]
 fn checkpoint_tables_are_valid() {
     // Sequence 0 owns chunks 0 and 1, sequence 1 chunk 2; slots 2 and 3 are used by nothing else.
@@ -328,34 +337,22 @@ fn checkpoint_tables_are_valid() {
 
 #[test]
 fn checkpoint_chunk_of_another_sequence() {
-    insta::assert_snapshot!(fail(fixture(), |a| {
-        pool_args(a, &[0, 1], &[0, 1]);
-        checkpoint_args(a, &[2, -1], &[2, 3]);
-    }));
+    insta::assert_snapshot!(fail_checkpoints(&[2, -1], &[2, 3]));
 }
 
 #[test]
 fn checkpoint_slot_read_by_another_sequence() {
-    insta::assert_snapshot!(fail(fixture(), |a| {
-        pool_args(a, &[0, 1], &[0, 1]);
-        checkpoint_args(a, &[0, -1], &[1, 3]);
-    }));
+    insta::assert_snapshot!(fail_checkpoints(&[0, -1], &[1, 3]));
 }
 
 #[test]
 fn checkpoint_slot_is_its_own_final_slot() {
-    insta::assert_snapshot!(fail(fixture(), |a| {
-        pool_args(a, &[0, 1], &[0, 1]);
-        checkpoint_args(a, &[0, -1], &[0, 3]);
-    }));
+    insta::assert_snapshot!(fail_checkpoints(&[0, -1], &[0, 3]));
 }
 
 #[test]
 fn checkpoint_slot_out_of_range() {
-    insta::assert_snapshot!(fail(fixture(), |a| {
-        pool_args(a, &[0, 1], &[0, 1]);
-        checkpoint_args(a, &[0, 2], &[2, 9]);
-    }));
+    insta::assert_snapshot!(fail_checkpoints(&[0, 2], &[2, 9]));
 }
 
 #[test]
