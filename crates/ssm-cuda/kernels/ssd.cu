@@ -29,7 +29,8 @@
 // Macros (crates/ssm-cuda/src/ssd.rs, `SsdKey::spec`): X_T DT_T A_T B_T C_T Z_T OUT_T D_T BIAS_T
 // INIT_T ST_T (element types), CU_T SEQ_T LAST_T II_T HI_T FI_T CKC_T CKS_T (index types),
 // OP_KIND (0 bf16, 1 f16, 2 tf32), flags HAS_Z HAS_D HAS_BIAS SOFTPLUS INIT_MODE (0 none,
-// 1 initial_states, 2 pool) HAS_HAS HAS_FINAL HAS_PAD HAS_VARLEN INTERMEDIATE HAS_CKPT, X_VEC B_VEC C_VEC (x, B, C
+// 1 initial_states, 2 pool) HAS_HAS HAS_FINAL HAS_PAD HAS_VARLEN INTERMEDIATE HAS_CKPT
+// DENSE_STATE (dstate a multiple of 8: the scratch's state rows unpadded), X_VEC B_VEC C_VEC (x, B, C
 // rows loadable eight elements at a time: token and head/group strides multiples of 8, base
 // 16-byte aligned), the product kernels' STAGES_ASKED (pipeline buffers), KT_ASKED (slice
 // along k) and MINB (resident blocks asked per multiprocessor), the scan's REG_WEIGHTS
@@ -596,7 +597,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, MINB) ssd_cb_kernel(const 
 // chunks whose decays a pass block stages in shared memory at a time.
 #define ELEMS 8
 #define STATE_THREADS 256
-#define DECAYS 256
 
 // The chunk range [first, last] of sequence b, or false (empty or out of range), found by the
 // whole block (every thread calls it, `s` is the block's shared scratch): thread 0 reads the
@@ -643,8 +643,137 @@ __device__ __forceinline__ bool state_elem(const SsdParams& p, int k, int& pp, i
     return true;
 }
 
-// Chunks whose states a pass thread has in flight ahead of the one it passes on.
+// Chunks whose states a pass thread has in flight ahead of the one it passes on: the chunk loop
+// runs PASS_AHEAD chunks an iteration, so that the ring of in-flight states is indexed at
+// compile time (no register moves), and the decays are staged DECAYS (a multiple of
+// PASS_AHEAD) chunks at a time, so that a refill falls on an iteration's first chunk.
 #define PASS_AHEAD 3
+#define DECAYS 255
+
+// The (sequence b, head h) block of the state entering b, its element (pp, n) at
+// rows[pp * row + n]: the block of `initial_states` or of b's pool slot, or null for zeros (no
+// initial state, has_initial_state false, the pad, or a slot out of range, reported by `report`
+// as ERR_SLOT). Read once per thread instead of once per element.
+#if INIT_MODE == 1
+typedef INIT_T entering_t;
+#elif INIT_MODE == 2
+typedef ST_T entering_t;
+#else
+typedef float entering_t;
+#endif
+__device__ __forceinline__ const entering_t* entering_rows(const SsdParams& p, i64 b, int h, i64& row, bool report) {
+    row = 0;
+#if INIT_MODE == 0
+    return nullptr;
+#else
+#if HAS_HAS
+    if (load_index(reinterpret_cast<const HI_T*>(p.has_init) + b * p.hi_s) == 0) return nullptr;
+#endif
+#if INIT_MODE == 1
+    row = p.init_p;
+    return reinterpret_cast<const INIT_T*>(p.init) + b * p.init_b + (i64)h * p.init_h;
+#else
+    const i64 slot = load_index(reinterpret_cast<const II_T*>(p.init_idx) + b * p.ii_s);
+#if HAS_PAD
+    if (slot == p.pad) return nullptr;
+#endif
+    if (slot < 0 || slot >= p.slots) {
+        if (report) atomicOr(reinterpret_cast<u32*>(p.err), ERR_SLOT);
+        return nullptr;
+    }
+    row = p.pool_p;
+    return reinterpret_cast<const ST_T*>(p.pool) + slot * p.pool_s + (i64)h * p.pool_h;
+#endif
+#endif
+}
+
+// Stage 3 for (sequence b, head h, elements of block z). DENSE (DENSE_STATE, chosen by the host):
+// the scratch's state rows hold no padding (state_row == dstate, dstate a multiple of 8), so this thread's elements lie at fixed distances
+// (k · STATE_THREADS) from its first in every chunk, and each access is one base pointer plus
+// an immediate offset; otherwise each element keeps its 32-bit offset in the chunk's block
+// (dim · state_row < 2³¹, checked by the host's limits).
+template <bool DENSE>
+__device__ __forceinline__ void pass_body(const SsdParams& p, i64 b, int h, int first, int last, float* s_decay) {
+    const int e0 = blockIdx.z * ELEMS * STATE_THREADS + threadIdx.x;
+    const int total = p.dim * p.dstate;
+    bool live[ELEMS];
+    int at[ELEMS];
+    float S[ELEMS];
+    i64 row = 0;
+    const entering_t* init = entering_rows(p, b, h, row, blockIdx.z == 0 && threadIdx.x == 0);
+#pragma unroll
+    for (int k = 0; k < ELEMS; ++k) {
+        const int e = e0 + k * STATE_THREADS;
+        live[k] = e < total;
+        // With dense pool or initial-state rows (row == dstate) element e lies at init[e]:
+        // pp = 0, n = e reads it without a division.
+        const int pp = DENSE && row == p.dstate ? 0 : e / p.dstate;
+        const int n = e - pp * p.dstate;
+        at[k] = DENSE ? k * STATE_THREADS : pp * p.state_row + n;
+        S[k] = live[k] && init != nullptr ? to_f32(init[(i64)pp * row + n]) : 0.f;
+    }
+#if HAS_VARLEN && INTERMEDIATE
+    i64 vs_at[ELEMS];
+#pragma unroll
+    for (int k = 0; k < ELEMS; ++k) {
+        const int e = e0 + k * STATE_THREADS;
+        const int pp = e / p.dstate;
+        vs_at[k] = (i64)h * p.vs_h + (i64)pp * p.vs_p + (e - pp * p.dstate);
+    }
+#endif
+    // This thread's elements of chunk c lie at base + (c − first)·stride + at[k].
+    const i64 stride = (i64)p.heads * p.dim * p.state_row;
+    float* base = ws(p) + state_off(p, first, h) + (DENSE ? e0 : 0);
+    // The states of the next PASS_AHEAD chunks are in flight while chunk c's are passed on (they
+    // never alias the ones stored: each chunk has its own rows of the scratch). `v[a]` holds
+    // chunk c0 + a's in the iteration starting at c0; past `last` nothing is loaded.
+    float v[PASS_AHEAD][ELEMS];
+#pragma unroll
+    for (int a = 0; a < PASS_AHEAD; ++a) {
+        const bool in = first + a <= last;
+        const float* st = base + a * stride;
+#pragma unroll
+        for (int k = 0; k < ELEMS; ++k) v[a][k] = in && live[k] ? st[at[k]] : 0.f;
+    }
+    int ci0 = 0;
+    for (int c0 = first; c0 <= last; c0 += PASS_AHEAD) {
+        if (ci0 == 0) {
+            const int cn = min(DECAYS, last + 1 - c0);
+            __syncthreads();
+            for (int i = threadIdx.x; i < cn; i += STATE_THREADS) {
+                s_decay[i] = expf(ws(p)[p.ws_da + row_off(p, c0 + i, h) + p.chunk_rows - 1]);
+            }
+            __syncthreads();
+        }
+#pragma unroll
+        for (int a = 0; a < PASS_AHEAD; ++a) {
+            const int c = c0 + a;
+            if (c > last) break;
+            float* st = base;
+            const float decay = s_decay[ci0 + a];
+#pragma unroll
+            for (int k = 0; k < ELEMS; ++k) {
+                S[k] = fmaf(S[k], decay, v[a][k]);
+                if (live[k]) st[at[k]] = S[k];
+            }
+            if (c + PASS_AHEAD <= last) {
+                const float* nst = base + PASS_AHEAD * stride;
+#pragma unroll
+                for (int k = 0; k < ELEMS; ++k) v[a][k] = live[k] ? nst[at[k]] : 0.f;
+            }
+#if HAS_VARLEN && INTERMEDIATE
+            ST_T* vs = reinterpret_cast<ST_T*>(p.varlen) + (i64)c * p.vs_r;
+#pragma unroll
+            for (int k = 0; k < ELEMS; ++k) {
+                if (live[k]) vs[vs_at[k]] = from_f32<ST_T>(S[k]);
+            }
+#endif
+            base += stride;
+        }
+        ci0 += PASS_AHEAD;
+        if (ci0 == DECAYS) ci0 = 0;
+    }
+}
 
 extern "C" __global__ void __launch_bounds__(STATE_THREADS) ssd_pass_kernel(const SsdParams p) {
     __shared__ int s_range[2];
@@ -653,68 +782,7 @@ extern "C" __global__ void __launch_bounds__(STATE_THREADS) ssd_pass_kernel(cons
     const int h = blockIdx.y;
     int first = 0, last = -1;
     if (!seq_chunks(p, b, first, last, blockIdx.z == 0 && h == 0, s_range)) return;
-    float S[ELEMS];
-    i64 at[ELEMS];
-    bool live[ELEMS];
-#pragma unroll
-    for (int k = 0; k < ELEMS; ++k) {
-        int pp = 0, n = 0;
-        live[k] = state_elem(p, k, pp, n);
-        at[k] = (i64)pp * p.state_row + n;
-        S[k] = live[k] ? initial_state(p, b, h, pp, n) : 0.f;
-    }
-    // The states of the next PASS_AHEAD chunks are in flight while chunk c's are passed on (they
-    // never alias the ones stored: each chunk has its own rows of the scratch). `v[a]` holds
-    // chunk c + a's; past `last` nothing is loaded.
-    float v[PASS_AHEAD][ELEMS];
-#pragma unroll
-    for (int a = 0; a < PASS_AHEAD; ++a) {
-        const bool in = first + a <= last;
-        const float* st = ws(p) + state_off(p, in ? first + a : first, h);
-#pragma unroll
-        for (int k = 0; k < ELEMS; ++k) v[a][k] = in && live[k] ? st[at[k]] : 0.f;
-    }
-    for (int c = first; c <= last; ++c) {
-        const int ci = (c - first) % DECAYS;
-        if (ci == 0) {
-            const int cn = min(DECAYS, last + 1 - c);
-            __syncthreads();
-            for (int i = threadIdx.x; i < cn; i += STATE_THREADS) {
-                s_decay[i] = expf(ws(p)[p.ws_da + row_off(p, c + i, h) + p.chunk_rows - 1]);
-            }
-            __syncthreads();
-        }
-        float cur[ELEMS];
-#pragma unroll
-        for (int k = 0; k < ELEMS; ++k) cur[k] = v[0][k];
-#pragma unroll
-        for (int a = 0; a + 1 < PASS_AHEAD; ++a) {
-#pragma unroll
-            for (int k = 0; k < ELEMS; ++k) v[a][k] = v[a + 1][k];
-        }
-        if (c + PASS_AHEAD <= last) {
-            const float* nst = ws(p) + state_off(p, c + PASS_AHEAD, h);
-#pragma unroll
-            for (int k = 0; k < ELEMS; ++k) v[PASS_AHEAD - 1][k] = live[k] ? nst[at[k]] : 0.f;
-        }
-        float* st = ws(p) + state_off(p, c, h);
-        const float decay = s_decay[ci];
-#pragma unroll
-        for (int k = 0; k < ELEMS; ++k) {
-            S[k] = fmaf(S[k], decay, cur[k]);
-            if (live[k]) st[at[k]] = S[k];
-        }
-#if HAS_VARLEN && INTERMEDIATE
-#pragma unroll
-        for (int k = 0; k < ELEMS; ++k) {
-            int pp = 0, n = 0;
-            if (state_elem(p, k, pp, n)) {
-                reinterpret_cast<ST_T*>(p.varlen)[(i64)c * p.vs_r + (i64)h * p.vs_h + (i64)pp * p.vs_p + n] =
-                    from_f32<ST_T>(S[k]);
-            }
-        }
-#endif
-    }
+    pass_body<DENSE_STATE != 0>(p, b, h, first, last, s_decay);
 }
 
 extern "C" __global__ void __launch_bounds__(STATE_THREADS) ssd_final_kernel(const SsdParams p) {

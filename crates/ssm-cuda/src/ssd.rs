@@ -72,6 +72,7 @@ const F_X_VEC: u16 = 512;
 const F_B_VEC: u16 = 1024;
 const F_C_VEC: u16 = 2048;
 const F_CKPT: u16 = 4096;
+const F_DENSE: u16 = 8192;
 
 /// The five entry points, in launch order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -197,6 +198,7 @@ impl SsdKey {
                 ("B_VEC", F_B_VEC),
                 ("C_VEC", F_C_VEC),
                 ("HAS_CKPT", F_CKPT),
+                ("DENSE_STATE", F_DENSE),
             ],
         ));
         KernelSpec { source: KernelSource::Ssd, entry: self.entry.name(), defines }
@@ -257,6 +259,7 @@ impl SsdKey {
         set(p.varlen_states.is_some(), F_VARLEN);
         set(p.return_intermediate_states, F_INTERMEDIATE);
         set(p.checkpoint_state_indices.is_some() && p.ssm_state.is_some(), F_CKPT);
+        set(p.scratch().state_row == p.dstate, F_DENSE);
         set(rows_of_eight(&args.x, p.x), F_X_VEC);
         set(rows_of_eight(&args.b, p.b), F_B_VEC);
         set(rows_of_eight(&args.c, p.c), F_C_VEC);
@@ -397,7 +400,7 @@ fn limits(p: &SsdPlan) -> Result<(), CudaError> {
     let fits = p.heads <= 65535
         && p.groups <= 65535
         && z_tiles.max(z_scan).max(z_state) <= 65535
-        && [p.tokens, p.nchunks, p.batch, p.dim * p.dstate].iter().all(|&v| v < i32::MAX as usize);
+        && [p.tokens, p.nchunks, p.batch, p.dim * p.scratch().state_row].iter().all(|&v| v < i32::MAX as usize);
     if !fits {
         return Err(CudaError::Unsupported(format!(
             "SSD dimensions past the kernel's grid (heads {}, groups {}, dim {}, dstate {}, tokens {}, chunks {})",
@@ -501,7 +504,9 @@ pub fn ssd_catalogue() -> Vec<(String, KernelSpec)> {
         SsdKey { types, op, init_mode, flags, entry, tune }.spec()
     };
     let key = |act, state, init_mode, flags, entry| key_tuned(act, state, init_mode, flags, entry, SsdTune::of(entry));
-    let vec = F_X_VEC | F_B_VEC | F_C_VEC;
+    // Model shapes' dstate is a multiple of 8 (DENSE_STATE); the f16 variant keeps the general
+    // state layout.
+    let vec = F_X_VEC | F_B_VEC | F_C_VEC | F_DENSE;
     let pooled = F_D | F_BIAS | F_SOFTPLUS | F_HAS | F_FINAL | F_PAD | vec;
     let mut out = Vec::new();
     for entry in [SsdEntry::State, SsdEntry::Cb, SsdEntry::Pass, SsdEntry::Scan, SsdEntry::Final] {
@@ -558,7 +563,7 @@ mod tests {
     #[test]
     fn catalogue_defines_every_macro() {
         for (label, spec) in ssd_catalogue() {
-            assert_eq!(spec.defines.len(), 19 + 7 + 13, "{label}");
+            assert_eq!(spec.defines.len(), 19 + 7 + 14, "{label}");
         }
     }
 }
