@@ -1,0 +1,22 @@
+#!/bin/bash
+# compute-sanitizer over chosen tests of one GPU test binary, one test per run (`--exact`), so that
+# a binary whose host reference is slow can be checked test by test; kernels cached outside the
+# carried bundle (a carried path is replaced on each call, its cache with it). From the repository
+# root with the bundle carried:
+#   SAN_TESTS="ssd_pool_addressing_equals_gather_call_scatter" [SAN_BIN=test-ssm-cuda-gpu_ssd]
+#   [SAN_TOOLS="racecheck memcheck"] [SAN_LIMIT=250] bash xtask/probes/sanitize_tests.sh
+set -u
+root="$(pwd)"; out="${OUT:-/tmp/out}"; mkdir -p "$out"
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
+  if ls "$d"/libnvrtc.so* >/dev/null 2>&1; then export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; break; fi
+done
+export SSM_REQUIRE_GPU=1 SSM_CONFORMANCE_DIR="$root/bundle/vectors" SSM_CUDA_CACHE_DIR=/tmp/ssmcache
+export INSTA_WORKSPACE_ROOT="$root/bundle/workspace" INSTA_UPDATE=no CI=true
+[ -x "$root/bundle/bin/xtask" ] || { mkdir -p "$root/bundle/bin" && tar xJf "$root/bundle/bin.tar.xz" -C "$root/bundle/bin"; }
+b="$root/bundle/bin/${SAN_BIN:-test-ssm-cuda-gpu_ssd}"
+for tool in ${SAN_TOOLS:-racecheck memcheck}; do
+  for t in ${SAN_TESTS}; do
+    (cd "$out" && timeout "${SAN_LIMIT:-250}" compute-sanitizer --tool $tool --error-exitcode 99 "$b" --test-threads=1 --exact "$t") > "$out/san-$tool-$t.log" 2>&1
+    echo "$tool $t rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|^test result' "$out/san-$tool-$t.log" | sed 's/; finished.*//' | tr '\n' ' ')" | tee -a "$out/san.txt"
+  done
+done
