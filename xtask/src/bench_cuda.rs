@@ -1,7 +1,9 @@
 //! The CUDA paths of `cargo xtask bench --backend cuda`: the card's copy bandwidth, then
 //! - `--op ssu` (`bench-cuda-ssu`): our SSU kernel on the Mamba2-2.7B shapes and (with
 //!   `--peer-vllm DIR`) vLLM's own Triton `selective_state_update` on the same shapes in the
-//!   same run, through `xtask/peers/ssu_peer.py`;
+//!   same run, through `xtask/peers/ssu_peer.py`; then ReplaySSM's checkpointing SSU on the
+//!   one-token and 4-token steps against our plain SSU and (one token) vLLM's Triton ReplaySSM
+//!   decode, through `xtask/peers/replayssm_peer.py`;
 //! - `--op gdn` (`bench-cuda-gdn`): our recurrent GDN decode kernels on the Qwen3-Next shapes
 //!   and (with `--peer-vllm DIR`) vLLM's Triton `fused_sigmoid_gating_delta_rule_update`,
 //!   `fused_recurrent_gated_delta_rule_packed_decode` and `fused_recurrent_gated_delta_rule`,
@@ -520,55 +522,119 @@ pub(crate) fn run(args: &CudaSsuBenchArgs) -> anyhow::Result<Value> {
         }
         rows.push(row);
     }
-    if four {
+    if args.tokens.iter().any(|t| [1, 4].contains(t)) {
         rows.extend(replayssm_rows(args, &m)?);
     }
     m.write(&args.common, "ssu_cuda.json", rows)
 }
 
-/// ReplaySSM's checkpointing SSU on the 4-token speculative shapes (batches up to 256), in the
-/// same process as the plain SSU just timed: time per step against our plain speculative SSU's,
-/// and bytes per accepted token (all `T` tokens accepted, the decode the bench's cursors model).
-/// No peer runs here (vLLM's Triton ReplaySSM has no peer script yet).
+/// ReplaySSM's checkpointing SSU (batches up to 256) on the one-token decode (window 15: a
+/// ring of 16 rows) and the 4-token speculative step (window 16) among `--tokens`, in the same
+/// process as the plain SSU just timed: time per step against our plain SSU's of the same
+/// tokens, and bytes per accepted token (all `T` tokens accepted, the decode the bench's cursors
+/// model). With `--peer-vllm`, the one-token rows run vLLM's Triton ReplaySSM decode
+/// (`xtask/peers/replayssm_peer.py`) on the same shapes; vLLM's speculative ReplaySSM is
+/// FlashInfer's, not a Triton kernel of the wheel, so the 4-token rows have no peer.
 fn replayssm_rows(args: &CudaSsuBenchArgs, m: &Measured<SsuBenchShape>) -> anyhow::Result<Vec<Value>> {
-    let tokens = 4;
     let (be, _, copy) = start(args.common.copy_bytes)?;
     let copy_gbps = copy.best_gbps();
+    let mut shapes = Vec::new();
+    for tokens in [1, 4].into_iter().filter(|t| args.tokens.contains(t)) {
+        for state in args.common.states.iter().map(|s| s.dtype()) {
+            for &b in args.batches.iter().filter(|&&b| b <= 256) {
+                shapes.push(ReplaySsmBenchShape::mamba2_2p7b(b, state, tokens));
+            }
+        }
+    }
+    let mut ours = Vec::new();
+    for s in &shapes {
+        let r = bench_replayssm(&be, s).with_context(|| format!("bench {}", s.label()))?;
+        println!("ours {:<44} {:9.2} us {:8.1} GB/s {:5.3} of copy", s.label(), r.us, r.gbps, r.gbps / copy_gbps);
+        ours.push(r);
+    }
+    drop(be);
+    let peer = match &args.common.peer_vllm {
+        None => None,
+        Some(dir) => {
+            // Beside the SSU's peer script when one was named (a bundle's `peers/`).
+            let script = match args.common.peer_script.as_ref().and_then(|p| p.parent()) {
+                Some(dir) => dir.join("replayssm_peer.py"),
+                None => default_peer_script("replayssm_peer.py"),
+            };
+            let peer_shapes: Vec<Value> = shapes
+                .iter()
+                .filter(|s| s.tokens == 1)
+                .map(|s| {
+                    json!({"batch": s.batch, "state": state_name(s.state), "tokens": s.tokens, "heads": s.heads,
+                           "dim": s.dim, "dstate": s.dstate, "groups": s.groups, "window": s.window})
+                })
+                .collect();
+            let p = run_peer(&args.common.python, &script, dir, &peer_shapes)?;
+            println!("peer: {} (torch {}, triton {})", p["peer"], p["torch"], p["triton"]);
+            Some(p)
+        }
+    };
     println!(
-        "{:<6} {:>5} {:>6} | {:>9} {:>8} {:>6} | {:>9} | {:>7} | {:>10} {:>10}",
-        "state", "batch", "tokens", "replay us", "GB/s", "copy", "plain us", "speedup", "B/tok rep", "B/tok plain"
+        "{:<6} {:>5} {:>6} {:>3} | {:>9} {:>8} {:>6} | {:>9} | {:>7} | {:>9} {:>6} | {:>7} | {:>10} {:>10}",
+        "state",
+        "batch",
+        "tokens",
+        "W",
+        "replay us",
+        "GB/s",
+        "copy",
+        "plain us",
+        "speedup",
+        "vllm us",
+        "copy",
+        "vs vllm",
+        "B/tok rep",
+        "B/tok plain"
     );
     let mut rows = Vec::new();
-    for state in args.common.states.iter().map(|s| s.dtype()) {
-        for &b in args.batches.iter().filter(|&&b| b <= 256) {
-            let s = ReplaySsmBenchShape::mamba2_2p7b(b, state, tokens);
-            let r = bench_replayssm(&be, &s).with_context(|| format!("bench {}", s.label()))?;
-            let plain =
-                m.ours.iter().find(|o| o.shape.batch == b && o.shape.tokens == tokens && o.shape.state == state);
-            let (plain_us, plain_bytes) = plain.map_or((f64::NAN, f64::NAN), |p| (p.us, p.shape.bytes() as f64));
-            let accepted = (b * tokens) as f64;
-            println!(
-                "{:<6} {:>5} {:>6} | {:>9.2} {:>8.1} {:>6.3} | {:>9.2} | {:>7.2} | {:>10.0} {:>10.0}",
-                state_name(state),
-                b,
-                tokens,
-                r.us,
-                r.gbps,
-                r.gbps / copy_gbps,
-                plain_us,
-                plain_us / r.us,
-                s.bytes() as f64 / accepted,
-                plain_bytes / accepted
-            );
-            rows.push(json!({
-                "op": "checkpointing_ssu", "state": state_name(state), "batch": b, "tokens": tokens,
-                "window": s.window, "flushing": s.flushing(), "heads": s.heads, "dim": s.dim, "dstate": s.dstate,
-                "bytes": s.bytes(), "us": r.us, "gbps": r.gbps, "fraction_of_copy": r.gbps / copy_gbps,
-                "copy_gbps": copy_gbps, "plain_spec_us": plain_us, "speedup_vs_plain_spec": plain_us / r.us,
-                "bytes_per_accepted_token": s.bytes() as f64 / accepted,
-                "plain_bytes_per_accepted_token": plain_bytes / accepted,
-            }));
-        }
+    for r in &ours {
+        let s = r.shape;
+        let plain = m.ours.iter().find(|o| {
+            o.shape.batch == s.batch && o.shape.tokens == s.tokens && o.shape.state == s.state && !o.shape.verify
+        });
+        let (plain_us, plain_bytes) = plain.map_or((f64::NAN, f64::NAN), |p| (p.us, p.shape.bytes() as f64));
+        let found = peer.as_ref().and_then(|p| p["results"].as_array()).into_iter().flatten().find(|v| {
+            v["batch"].as_u64() == Some(s.batch as u64)
+                && v["tokens"].as_u64() == Some(s.tokens as u64)
+                && v["state"].as_str() == Some(state_name(s.state))
+        });
+        let (peer_us, peer_gbps) = found.map_or((f64::NAN, f64::NAN), |v| {
+            (v["us"].as_f64().unwrap_or(f64::NAN), v["gbps"].as_f64().unwrap_or(f64::NAN))
+        });
+        let accepted = (s.batch * s.tokens) as f64;
+        println!(
+            "{:<6} {:>5} {:>6} {:>3} | {:>9.2} {:>8.1} {:>6.3} | {:>9.2} | {:>7.2} | {:>9.2} {:>6.3} | {:>7.2} | {:>10.0} {:>10.0}",
+            state_name(s.state),
+            s.batch,
+            s.tokens,
+            s.window,
+            r.us,
+            r.gbps,
+            r.gbps / copy_gbps,
+            plain_us,
+            plain_us / r.us,
+            peer_us,
+            peer_gbps / copy_gbps,
+            peer_us / r.us,
+            s.bytes() as f64 / accepted,
+            plain_bytes / accepted
+        );
+        rows.push(json!({
+            "op": "checkpointing_ssu", "state": state_name(s.state), "batch": s.batch, "tokens": s.tokens,
+            "window": s.window, "ring": s.ring_len(), "flushing": s.flushing(), "heads": s.heads, "dim": s.dim,
+            "dstate": s.dstate, "bytes": s.bytes(), "us": r.us, "gbps": r.gbps, "fraction_of_copy": r.gbps / copy_gbps,
+            "copy_gbps": copy_gbps, "plain_us": plain_us, "speedup_vs_plain": plain_us / r.us,
+            "peer_us": peer_us, "peer_gbps": peer_gbps, "peer_fraction_of_copy": peer_gbps / copy_gbps,
+            "speedup_vs_peer": peer_us / r.us,
+            "peer": found.map(|_| peer.as_ref().map(|p| p["peer"].clone())),
+            "bytes_per_accepted_token": s.bytes() as f64 / accepted,
+            "plain_bytes_per_accepted_token": plain_bytes / accepted,
+        }));
     }
     Ok(rows)
 }

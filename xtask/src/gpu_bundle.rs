@@ -15,7 +15,7 @@
 //!   resolves a snapshot from the workspace root and the test's source path, both fixed at
 //!   compile time unless that variable is set at run time);
 //! - `vectors/`: every op's conformance vectors (`SSM_CONFORMANCE_DIR`);
-//! - `peers/ssu_peer.py`, `peers/gdn_peer.py`, `peers/gdn_chunk_peer.py`, `peers/ssd_peer.py`: the peer timing scripts, with the
+//! - `peers/ssu_peer.py`, `peers/replayssm_peer.py`, `peers/gdn_peer.py`, `peers/gdn_chunk_peer.py`, `peers/ssd_peer.py`: the peer timing scripts, with the
 //!   `peers/peer_common.py` they import (the peer's own code is carried separately);
 //! - `kernels/`: the CUDA sources (also embedded in the binaries), for reading there;
 //! - `run.sh`: tests, `xtask conformance --backend cuda`, compute-sanitizer (memcheck,
@@ -269,7 +269,9 @@ pub(crate) fn run(args: &GpuBundleArgs) -> anyhow::Result<()> {
     collect_binaries(&root, &bin)?;
     collect_test_data(&root, &dir)?;
     std::fs::create_dir_all(dir.join("peers"))?;
-    for script in ["ssu_peer.py", "gdn_peer.py", "gdn_chunk_peer.py", "ssd_peer.py", "peer_common.py"] {
+    for script in
+        ["ssu_peer.py", "replayssm_peer.py", "gdn_peer.py", "gdn_chunk_peer.py", "ssd_peer.py", "peer_common.py"]
+    {
         std::fs::copy(root.join("xtask/peers").join(script), dir.join("peers").join(script))?;
     }
     copy_dir(&root.join("crates/ssm-cuda/kernels"), &dir.join("kernels"))?;

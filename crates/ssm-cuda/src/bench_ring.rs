@@ -1,10 +1,10 @@
 //! Benchmark pieces for ReplaySSM on CUDA: `checkpointing_ssu` timed as the SSU is
 //! ([`crate::bench`]: CUDA-graph replay over rotating pools), on a steady-state
-//! speculative decode. Sequence `i`'s slot holds `k = min(W, T·(i mod 5))` live history rows
-//! (with `T = 4`, `W = 16`: 0, 4, 8, 12, 16), the history every fifth step of a decode that
-//! accepts all `T` tokens sees; so one sequence in five flushes (`k + T > W`) and writes its
-//! checkpoint, the others write no state. The cursors do not move (the op never moves them), so
-//! every replay does the same work.
+//! speculative decode. Sequence `i`'s slot holds `k = min(W, T·(i mod P))` live history rows,
+//! `P = ⌊W / T⌋ + 1` (with `T = 4`, `W = 16`: 0, 4, 8, 12, 16; with `T = 1`, `W = 15`: 0 to 15),
+//! the histories a decode that accepts all `T` tokens walks through between two flushes; so one
+//! sequence in `P` flushes (`k + T > W`) and writes its checkpoint, the others write no state.
+//! The cursors do not move (the op never moves them), so every replay does the same work.
 //!
 //! Bytes counted per call, the fewest the op must move: every sequence's checkpoint read once,
 //! the flushing sequences' checkpoints written once, each sequence's `k` history rows of x, B
@@ -44,6 +44,9 @@ pub struct ReplaySsmBenchShape {
 
 impl ReplaySsmBenchShape {
     /// Mamba2-2.7B (80 heads, dim 64, dstate 128, one group), window 16 (vLLM's default).
+    /// One token a step (`tokens == 1`) takes window 15 instead: a ring of 16 rows, as vLLM's
+    /// Triton ReplaySSM decode (`selective_state_update_replayssm_output_only`) keeps 16 rows
+    /// (`max_cache_len`) and flushes when the 16th is the current token's.
     pub fn mamba2_2p7b(batch: usize, state: DType, tokens: usize) -> Self {
         ReplaySsmBenchShape {
             batch,
@@ -54,15 +57,15 @@ impl ReplaySsmBenchShape {
             state,
             io: DType::BF16,
             tokens,
-            window: 16,
+            window: if tokens == 1 { 15 } else { 16 },
         }
     }
 
-    /// A short label, e.g. `replayssm h80 d64 n128 g1 f32 b64 spec4`.
+    /// A short label, e.g. `replayssm h80 d64 n128 g1 f32 b64 spec4 w16`.
     pub fn label(&self) -> String {
         format!(
-            "replayssm h{} d{} n{} g{} {} b{} spec{}",
-            self.heads, self.dim, self.dstate, self.groups, self.state, self.batch, self.tokens
+            "replayssm h{} d{} n{} g{} {} b{} spec{} w{}",
+            self.heads, self.dim, self.dstate, self.groups, self.state, self.batch, self.tokens, self.window
         )
     }
 
@@ -71,9 +74,14 @@ impl ReplaySsmBenchShape {
         self.window + self.tokens
     }
 
+    /// Steps `P = ⌊W / T⌋ + 1` between two flushes of one sequence (see the module docs).
+    pub fn period(&self) -> usize {
+        self.window / self.tokens.max(1) + 1
+    }
+
     /// Live history rows of sequence `i` (see the module docs).
     pub fn history(&self, i: usize) -> usize {
-        (self.tokens * (i % 5)).min(self.window)
+        (self.tokens * (i % self.period())).min(self.window)
     }
 
     /// Sequences whose call flushes (writes its checkpoint).
@@ -223,6 +231,15 @@ mod tests {
         let slot = 80 * 64 * 128 * 4;
         // Checkpoints: 64 read, 12 written; far less than the plain speculative SSU's 64 × 5.
         assert!(s.bytes() > (64 + 12) * slot && s.bytes() < (64 + 12) * slot * 2);
-        assert_eq!(s.label(), "replayssm h80 d64 n128 g1 f32 b64 spec4");
+        assert_eq!(s.label(), "replayssm h80 d64 n128 g1 f32 b64 spec4 w16");
+    }
+
+    #[test]
+    fn one_token_steps_flush_one_sequence_in_sixteen() {
+        // vLLM's Triton ReplaySSM decode: 16 ring rows, write positions 0..=15, a flush at 15.
+        let s = ReplaySsmBenchShape::mamba2_2p7b(64, DType::BF16, 1);
+        assert_eq!((s.window, s.ring_len(), s.period()), (15, 16, 16));
+        assert_eq!((0..17).map(|i| s.history(i)).collect::<Vec<_>>(), [(0..16).collect(), vec![0]].concat());
+        assert_eq!(s.flushing(), 4);
     }
 }
