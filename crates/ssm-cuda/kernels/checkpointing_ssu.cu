@@ -5,6 +5,7 @@
 //   STATE_T XC_T BC_T X_T DT_T A_T B_T C_T D_T DTB_T Z_T OUT_T   f32 / f16_t / bf16_t
 //   SBI_T CU_T RS_T PN_T                                        int / i64 (index tables)
 //   DSTATE NTHREADS                                             state size, threads per block
+//   CKPT_MINB                                                   blocks per SM (launch bounds)
 //   TPR VEC RB                                                  lanes per state row, elements per
 //       lane vector (VEC > 1: every state row 16-byte aligned, DSTATE a multiple of TPR·VEC: one
 //       16-byte access per vector), rows each row group holds at once
@@ -73,7 +74,11 @@ __device__ __forceinline__ float warp_sum(float v) {
 // Column of value e (< EPL) of lane `g` (< TPR) of a row group.
 __device__ __forceinline__ int column(int g, int e) { return (g + TPR * (e / VEC)) * VEC + e % VEC; }
 
-extern "C" __global__ void __launch_bounds__(NTHREADS, 4) checkpointing_ssu_kernel(const CkptParams p) {
+#ifndef CKPT_MINB
+#define CKPT_MINB 4
+#endif
+
+extern "C" __global__ void __launch_bounds__(NTHREADS, CKPT_MINB) checkpointing_ssu_kernel(const CkptParams p) {
     extern __shared__ float sm[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int b = (int)(blockIdx.x / (u32)p.heads);

@@ -13,7 +13,7 @@ use ssm_ring::{
 use ssm_tensor::{DType, Planned, Run, Strided, TensorRef};
 
 use crate::compile::{KernelSource, KernelSpec, c_type, flag_defines};
-use crate::geometry::grid_x;
+use crate::geometry::{TuneVar, grid_x};
 use crate::{CudaBackend, CudaError, addr_of};
 
 /// Threads of the tracker kernel's one block (`NTHREADS` in ring_trackers.cu).
@@ -126,29 +126,58 @@ pub(crate) struct CkptKey {
     types: [DType; 16],
     dstate: u16,
     threads: u16,
-    /// Lanes per state row, elements per lane vector (1: scalar accesses), rows per group.
-    tpr: u8,
-    vec: u8,
-    rb: u8,
+    /// Lanes per state row, elements per lane vector (1: scalar accesses), rows per group,
+    /// blocks per SM.
+    geometry: CkptGeometry,
     flags: u8,
 }
 
-impl CkptKey {
-    /// The state-row geometry for `dstate` columns of a `state` dtype whose rows are 16-byte
-    /// aligned (`aligned`): 8 lanes per row up to dstate 256 (16, then 32, beyond), 16-byte
-    /// vectors where the row splits into whole vectors per lane, and as many rows per group as
-    /// keep about 64 state values per thread in registers (1 to 4).
-    fn geometry(dstate: usize, state: DType, aligned: bool) -> (u8, u8, u8) {
-        let tpr: usize = match dstate {
-            0..=256 => 8,
-            257..=512 => 16,
+/// The checkpointing SSU's launch shape: lanes per state row, elements per lane vector, rows per
+/// row group, and blocks per SM asked of the register allocator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct CkptGeometry {
+    tpr: u8,
+    vec: u8,
+    rb: u8,
+    minb: u8,
+}
+
+/// `SSM_CUDA_CKPT_TUNE="tpr=8|16|32,minb=M"` (tuning sweeps; unset in normal use): lanes per
+/// state row and blocks per SM, in place of [`CkptGeometry::of`]'s choice.
+static CKPT_TUNE: TuneVar = TuneVar::new("SSM_CUDA_CKPT_TUNE");
+
+/// Blocks (sequences × heads) from which a multi-token step takes the spread geometry: about
+/// four waves of 4 blocks per SM on a 132-SM card.
+const CKPT_SPREAD_BLOCKS: usize = 2048;
+
+impl CkptGeometry {
+    /// The geometry for `dstate` columns of a `state` dtype whose rows are 16-byte aligned
+    /// (`aligned`), for a call of `blocks` (sequence, head) blocks and `tokens` tokens a step.
+    /// - *Spread* (dstate ≤ 128, and one token a step or at least [`CKPT_SPREAD_BLOCKS`]
+    ///   blocks): 16 lanes per row and 8 blocks per SM (64 registers). On an H100 it took
+    ///   16–29 % less time than the compact geometry at batch 64 and 256 (one and four tokens)
+    ///   and 18–23 % less at batch 8 with one token, but 4–13 % more at batch 8 with four
+    ///   tokens (docs/PERF.md, "ReplaySSM's launch geometry").
+    /// - *Compact* otherwise: 8 lanes per row up to dstate 256 (16, then 32, beyond) and 4
+    ///   blocks per SM.
+    ///
+    /// Either way: 16-byte vectors where the row splits into whole vectors per lane, and as many
+    /// rows per group as keep about 64 state values per thread in registers (1 to 4).
+    fn of(dstate: usize, state: DType, aligned: bool, blocks: usize, tokens: usize) -> CkptGeometry {
+        let spread = dstate <= 128 && (tokens <= 1 || blocks >= CKPT_SPREAD_BLOCKS);
+        let tpr: usize = match (CKPT_TUNE.get("tpr"), dstate) {
+            (Some(t @ (8 | 16 | 32)), _) => t as usize,
+            _ if spread => 16,
+            (_, 0..=256) => 8,
+            (_, 257..=512) => 16,
             _ => 32,
         };
+        let minb = CKPT_TUNE.get("minb").map_or(if spread { 8 } else { 4 }, |v| v.clamp(1, 16));
         let v16 = 16 / state.size();
         let vec = if aligned && dstate.is_multiple_of(tpr * v16) { v16 } else { 1 };
         let epl = dstate.div_ceil(tpr * vec) * vec;
         let rb = (64 / epl.max(1)).clamp(1, 4);
-        (tpr as u8, vec as u8, rb as u8)
+        CkptGeometry { tpr: tpr as u8, vec: vec as u8, rb: rb as u8, minb: minb as u8 }
     }
 }
 
@@ -174,9 +203,11 @@ impl RingKey {
                     NAMES.into_iter().zip(k.types).map(|(n, t)| (n, c_type(t).to_string())).collect();
                 defines.push(("DSTATE", k.dstate.to_string()));
                 defines.push(("NTHREADS", k.threads.to_string()));
-                defines.push(("TPR", k.tpr.to_string()));
-                defines.push(("VEC", k.vec.to_string()));
-                defines.push(("RB", k.rb.to_string()));
+                let g = k.geometry;
+                defines.push(("TPR", g.tpr.to_string()));
+                defines.push(("VEC", g.vec.to_string()));
+                defines.push(("RB", g.rb.to_string()));
+                defines.push(("CKPT_MINB", g.minb.to_string()));
                 defines.extend(flag_defines(
                     k.flags,
                     &[
@@ -242,7 +273,7 @@ fn state_rows_aligned(p: &CheckpointingSsuPlan, a: &CheckpointingSsuArgs<'_>) ->
 }
 
 fn ckpt_key(p: &CheckpointingSsuPlan, a: &CheckpointingSsuArgs<'_>) -> RingKey {
-    let (tpr, vec, rb) = CkptKey::geometry(p.dstate, p.state_dtype, state_rows_aligned(p, a));
+    let geometry = CkptGeometry::of(p.dstate, p.state_dtype, state_rows_aligned(p, a), p.batch * p.heads, p.tokens);
     let float = |t: Option<&TensorRef<'_>>| t.map_or(DType::F32, |t| t.dtype());
     let index = |t: Option<&TensorRef<'_>>| t.map_or(DType::I32, |t| t.dtype());
     let mut flags = 0u8;
@@ -280,9 +311,7 @@ fn ckpt_key(p: &CheckpointingSsuPlan, a: &CheckpointingSsuArgs<'_>) -> RingKey {
         ],
         dstate: p.dstate as u16,
         threads: CKPT_THREADS,
-        tpr,
-        vec,
-        rb,
+        geometry,
         flags,
     })
 }
@@ -535,7 +564,8 @@ pub fn ring_catalogue() -> Vec<(String, KernelSpec)> {
             out.push((format!("ring trackers {name} t={t}"), key.spec()));
         }
     }
-    let ckpt = |state: DType, act: DType, dstate: u16, flags: u8| {
+    // `blocks` and `tokens` pick the geometry (`CkptGeometry::of`).
+    let ckpt_in = |state: DType, act: DType, dstate: u16, flags: u8, blocks: usize, tokens: usize| {
         let mut types = [act; 16];
         types[0] = state;
         types[4] = F32; // dt
@@ -543,9 +573,11 @@ pub fn ring_catalogue() -> Vec<(String, KernelSpec)> {
         types[8] = F32; // D
         types[9] = F32; // dt_bias
         types[12..].copy_from_slice(&[I32; 4]);
-        let (tpr, vec, rb) = CkptKey::geometry(dstate as usize, state, true);
-        RingKey::Checkpointing(CkptKey { types, dstate, threads: CKPT_THREADS, tpr, vec, rb, flags }).spec()
+        let geometry = CkptGeometry::of(dstate as usize, state, true, blocks, tokens);
+        RingKey::Checkpointing(CkptKey { types, dstate, threads: CKPT_THREADS, geometry, flags }).spec()
     };
+    // A decode step of Mamba2-2.7B's 80 heads at batch 64 (the spread geometry).
+    let ckpt = |state, act, dstate, flags| ckpt_in(state, act, dstate, flags, 64 * 80, 1);
     let all = F_Z | F_D | F_DTB | F_SOFTPLUS | F_SBI | F_PAD;
     for (state, act) in [(F32, BF16), (BF16, BF16), (F16, F16), (F32, F32)] {
         out.push((format!("checkpointing ssu state={state} act={act} dstate=128"), ckpt(state, act, 128, all)));
@@ -554,6 +586,13 @@ pub fn ring_catalogue() -> Vec<(String, KernelSpec)> {
     out.push(("checkpointing ssu bare state=f32 dstate=16".into(), ckpt(F32, F32, 16, 0)));
     out.push(("checkpointing ssu odd dstate=40".into(), ckpt(F32, BF16, 40, F_SBI | F_VARLEN)));
     out.push(("checkpointing ssu dstate=256 state=bf16".into(), ckpt(BF16, BF16, 256, all)));
+    // A 4-token step at batch 8 (the compact geometry).
+    for state in [F32, BF16] {
+        out.push((
+            format!("checkpointing ssu compact state={state} dstate=128"),
+            ckpt_in(state, BF16, 128, all, 8 * 80, 4),
+        ));
+    }
     out
 }
 
@@ -573,18 +612,28 @@ mod tests {
     #[test]
     fn state_geometry_keeps_about_64_values_per_thread() {
         use DType::{BF16, F32};
-        assert_eq!(CkptKey::geometry(128, F32, true), (8, 4, 4));
-        assert_eq!(CkptKey::geometry(128, BF16, true), (8, 8, 4));
-        assert_eq!(CkptKey::geometry(256, F32, true), (8, 4, 2));
-        assert_eq!(CkptKey::geometry(128, F32, false), (8, 1, 4), "unaligned rows: scalar");
-        assert_eq!(CkptKey::geometry(40, F32, true), (8, 1, 4), "40 is not a multiple of 8 vectors of 4");
-        assert_eq!(CkptKey::geometry(1024, F32, true), (32, 4, 2));
+        let g = |dstate, state, aligned, blocks, tokens| {
+            let g = CkptGeometry::of(dstate, state, aligned, blocks, tokens);
+            (g.tpr, g.vec, g.rb, g.minb)
+        };
+        // Compact: a 4-token step over few blocks, or dstate past 128.
+        assert_eq!(g(128, F32, true, 640, 4), (8, 4, 4, 4));
+        assert_eq!(g(128, BF16, true, 640, 4), (8, 8, 4, 4));
+        assert_eq!(g(256, F32, true, 1 << 20, 1), (8, 4, 2, 4));
+        assert_eq!(g(128, F32, false, 640, 4), (8, 1, 4, 4), "unaligned rows: scalar");
+        assert_eq!(g(1024, F32, true, 1 << 20, 1), (32, 4, 2, 4));
+        // Spread: one token a step, or many blocks.
+        assert_eq!(g(128, F32, true, 80, 1), (16, 4, 4, 8));
+        assert_eq!(g(128, BF16, true, 64 * 80, 4), (16, 8, 4, 8));
+        assert_eq!(g(128, F32, true, CKPT_SPREAD_BLOCKS - 1, 2), (8, 4, 4, 4));
+        assert_eq!(g(40, F32, true, 80, 1), (16, 1, 4, 8), "40 is not a multiple of 16 vectors of 4");
+        assert_eq!(g(16, F32, true, 640, 4), (8, 1, 4, 4), "16 is not a multiple of 8 vectors of 4");
     }
 
     #[test]
     fn catalogue_defines_every_macro() {
         for (label, spec) in ring_catalogue() {
-            let n = if spec.source == KernelSource::RingTrackers { 6 } else { 16 + 5 + 7 };
+            let n = if spec.source == KernelSource::RingTrackers { 6 } else { 16 + 6 + 7 };
             assert_eq!(spec.defines.len(), n, "{label}");
         }
     }
