@@ -144,6 +144,15 @@ def uniform(torch, gen, dev):
     return u
 
 
+def mamba2_tied_params(torch, u, h: int, p: int, n: int):
+    """(A, D, dt_bias) of a Mamba2 decode as vLLM passes them: one f32 value per head, drawn by
+    `u` (see `uniform`), as stride-0 views over the head dim (and dstate for A)."""
+    A = u((h,), -2.0, -0.1, torch.float32)[:, None, None].expand(h, p, n)
+    D = u((h,), -1.0, 1.0, torch.float32)[:, None].expand(h, p)
+    dt_bias = u((h,), -1.0, 1.0, torch.float32)[:, None].expand(h, p)
+    return A, D, dt_bias
+
+
 def spec_tables(torch, gen, dev, perm, b: int, t: int):
     """The slot table (`[b, t]` when speculative, else 1-D), `num_accepted_tokens` in 1..t and
     packed `cu_seqlens` (both None when t == 1) of one pool, as vLLM's decode paths pass them."""

@@ -26,7 +26,9 @@ table), CUDA-graph replay rotating over enough pools to exceed the L2, median ov
 import json
 import sys
 
-from peer_common import graph_median_us, install_mamba_stubs, parse_args, pool_counts, report, uniform
+from peer_common import (
+    graph_median_us, install_mamba_stubs, mamba2_tied_params, parse_args, pool_counts, report, uniform,
+)
 
 
 DEFAULT_SHAPES = [
@@ -65,9 +67,7 @@ def bench(replay, s, torch):
     gen.manual_seed(1234)
     u = uniform(torch, gen, dev)
 
-    A = u((h,), -2.0, -0.1, torch.float32)[:, None, None].expand(h, p, n)
-    D = u((h,), -1.0, 1.0, torch.float32)[:, None].expand(h, p)
-    dt_bias = u((h,), -1.0, 1.0, torch.float32)[:, None].expand(h, p)
+    A, D, dt_bias = mamba2_tied_params(torch, u, h, p, n)
     hist = [history(s, i) for i in range(b)]
     write_pos = torch.tensor(hist, device=dev, dtype=torch.int32)
     is_flush = torch.tensor([k + 1 > w for k in hist], device=dev, dtype=torch.bool)

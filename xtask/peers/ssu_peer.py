@@ -18,7 +18,9 @@ exceed the L2 several times, median over replays.
 import json
 import sys
 
-from peer_common import graph_median_us, install_mamba_stubs, parse_args, pool_counts, report, spec_tables, uniform
+from peer_common import (
+    graph_median_us, install_mamba_stubs, mamba2_tied_params, parse_args, pool_counts, report, spec_tables, uniform,
+)
 
 
 DEFAULT_SHAPES = [
@@ -51,9 +53,7 @@ def bench(ssu, s, torch):
     gen.manual_seed(1234)
     u = uniform(torch, gen, dev)
 
-    A = u((h,), -2.0, -0.1, torch.float32)[:, None, None].expand(h, p, n)
-    D = u((h,), -1.0, 1.0, torch.float32)[:, None].expand(h, p)
-    dt_bias = u((h,), -1.0, 1.0, torch.float32)[:, None].expand(h, p)
+    A, D, dt_bias = mamba2_tied_params(torch, u, h, p, n)
     ps = []
     for i in range(pools):
         perm = torch.randperm(slots, device=dev, generator=gen).to(torch.int32)
