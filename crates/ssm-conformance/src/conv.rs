@@ -121,6 +121,8 @@ pub(crate) fn run_fn(target: &dyn Target, case: &Case, state_len_dim: bool) -> P
         has_initial_state: view("has_initial_state"),
         activation: activation(case)?,
         pad_slot_id: pad(case),
+        checkpoint_offsets: None,
+        checkpoint_state_indices: None,
         out: out.view_mut().with_layout(&shape, &strides, 0).map_err(bad)?,
     };
     if case.arg("block_size_to_align").and_then(|v| v.as_i64()).is_some_and(|b| b > 0)

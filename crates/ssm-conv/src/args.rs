@@ -98,9 +98,12 @@ pub struct CausalConv1dUpdateArgs<'a> {
 ///   past `query_start_loc[batch]` are left as they were;
 /// - columns `[0, width − 1)` of each non-pad, non-empty sequence's slot: the last
 ///   `width − 1` inputs of the history followed by the sequence. Wider buffers keep their
-///   other columns; other slots are never touched.
+///   other columns; other slots are never touched;
+/// - with `checkpoint_offsets`, columns `[0, width − 1)` of each checkpoint's slot: the same
+///   window after the sequence's first `offset` tokens (vLLM 0.33's `store_prefill_checkpoint`,
+///   its conv half).
 ///
-/// Prefix-caching mode (`block_idx_*` tables) is not supported.
+/// The update's prefix-caching mode (`block_idx_*` tables) is not supported here.
 pub struct CausalConv1dFnArgs<'a> {
     /// `[num_tokens, dim]` packed tokens (vLLM passes the transposed view `[dim, num_tokens]`
     /// of this memory; the logical axes here are token-major, any strides).
@@ -122,9 +125,18 @@ pub struct CausalConv1dFnArgs<'a> {
     pub has_initial_state: Option<TensorRef<'a>>,
     /// Activation of the outputs.
     pub activation: Activation,
-    /// The pad value of `cache_indices` (vLLM's `null_block_id`). No default: `None` means
-    /// no entry is a pad.
+    /// The pad value of `cache_indices` and `checkpoint_state_indices` (vLLM's
+    /// `null_block_id`). No default: `None` means no entry is a pad.
     pub pad_slot_id: Option<i64>,
+    /// `[batch]` (i32/i64), prefix caching: sequence b's checkpoint lies after its first
+    /// `checkpoint_offsets[b]` tokens; 0 means no checkpoint, else `1 ≤ offset < ` the
+    /// sequence's tokens (as vLLM places them: past the query's start, before its end). Given
+    /// together with `checkpoint_state_indices`.
+    pub checkpoint_offsets: Option<TensorRef<'a>>,
+    /// `[batch]` (i32/i64): the slot of `conv_states` each checkpoint is written to, not the
+    /// sequence's own slot. The pad writes nothing; the entry of a sequence without a checkpoint
+    /// is not read (vLLM leaves its null block there).
+    pub checkpoint_state_indices: Option<TensorRef<'a>>,
     /// Output `[num_tokens, dim]`, the dtype of `x`.
     pub out: TensorMut<'a>,
 }

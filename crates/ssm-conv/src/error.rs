@@ -115,6 +115,28 @@ pub enum ConvError {
         /// The other sequence using it.
         other: usize,
     },
+    /// A host-resident checkpoint offset is neither 0 nor inside its sequence.
+    #[error(
+        "`checkpoint_offsets`[{seq}] = {value} must be 0 (no checkpoint) or inside the sequence's {tokens} tokens (1..{tokens})"
+    )]
+    CheckpointOffset {
+        /// The sequence.
+        seq: usize,
+        /// The value found.
+        value: i64,
+        /// The sequence's tokens.
+        tokens: usize,
+    },
+    /// A sequence's checkpoint would go to the slot its own state is written to.
+    #[error(
+        "`checkpoint_state_indices`[{seq}] = {slot} is also sequence {seq}'s own slot (`cache_indices`); a sequence's checkpoint and state must go to different slots"
+    )]
+    CheckpointIsStateSlot {
+        /// The sequence.
+        seq: usize,
+        /// The slot.
+        slot: usize,
+    },
 }
 
 /// The pad value in error messages: the number, or "none".

@@ -43,7 +43,7 @@ pub mod reference;
 
 pub use args::{Activation, CausalConv1dFnArgs, CausalConv1dUpdateArgs, ConvStateLayout};
 pub use error::{ConvError, PadDisplay};
-pub use plan::{BiasStrides, ConvOp, ConvPlan, ConvSeq, StateStrides, TokenStrides, WeightStrides};
+pub use plan::{BiasStrides, ConvCheckpoint, ConvOp, ConvPlan, ConvSeq, StateStrides, TokenStrides, WeightStrides};
 pub use ssm_tensor::{Op, Planned, Run};
 
 ssm_tensor::op_family! {

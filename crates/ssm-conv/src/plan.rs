@@ -83,6 +83,19 @@ pub struct ConvSeq {
     pub shift: usize,
     /// Effective state length `L`: columns `[0, L)` of the write slot are written.
     pub state_len: usize,
+    /// `causal_conv1d_fn`'s prefix-caching checkpoint, if the sequence has one.
+    pub checkpoint: Option<ConvCheckpoint>,
+}
+
+/// A checkpoint of `causal_conv1d_fn`: columns `[0, width − 1)` of `slot` take the window after
+/// the sequence's first `tokens` tokens, `new[i] = old[i + tokens]` while `i + tokens < width −
+/// 1` (zeros without a read slot), else `x[i + tokens − (width − 1)]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConvCheckpoint {
+    /// The slot written.
+    pub slot: usize,
+    /// Tokens of the sequence before the checkpoint (`1 ≤ tokens < len`).
+    pub tokens: usize,
 }
 
 /// Everything a backend needs, checked once by [`crate::plan`] (of a `causal_conv1d_update` or a
@@ -300,11 +313,20 @@ fn check_conflicts(arg: &'static str, seqs: &[ConvSeq]) -> Result<(), ConvError>
         .flat_map(|s| {
             let read = s.read_slot.map(|slot| SlotUse { slot, written: false, seq: s.seq });
             let write = s.write_slot.map(|slot| SlotUse { slot, written: true, seq: s.seq });
-            read.into_iter().chain(write)
+            let checkpoint = s.checkpoint.map(|c| SlotUse { slot: c.slot, written: true, seq: s.seq });
+            read.into_iter().chain(write).chain(checkpoint)
         })
         .collect();
     match first_slot_conflict(&mut uses) {
-        Some(c) => Err(ConvError::SlotConflict { arg, slot: c.slot, writer: c.writer().seq, other: c.other().seq }),
+        Some(c) => {
+            // Name the checkpoint table where the slot is a checkpoint's.
+            let arg = if seqs.iter().any(|s| s.checkpoint.is_some_and(|k| k.slot == c.slot)) {
+                "checkpoint_state_indices"
+            } else {
+                arg
+            };
+            Err(ConvError::SlotConflict { arg, slot: c.slot, writer: c.writer().seq, other: c.other().seq })
+        }
         None => Ok(()),
     }
 }
@@ -593,6 +615,7 @@ pub(crate) fn plan_causal_conv1d_update(args: &CausalConv1dUpdateArgs<'_>) -> Re
             offset,
             shift,
             state_len: eff,
+            checkpoint: None,
         });
     }
     check_conflicts("conv_state_indices", &seqs)?;
@@ -603,7 +626,10 @@ pub(crate) fn plan_causal_conv1d_update(args: &CausalConv1dUpdateArgs<'_>) -> Re
 /// Checks every argument of `causal_conv1d_fn` and resolves the per-sequence work.
 ///
 /// Errors as [`plan_causal_conv1d_update`]; `has_initial_state` must be bool, `cache_indices` 1-D, and
-/// slots of non-pad, non-empty sequences pairwise distinct.
+/// slots of non-pad, non-empty sequences pairwise distinct; the checkpoint tables come
+/// together, a checkpoint offset is 0 or inside its sequence, and a checkpoint's slot is
+/// neither its own sequence's slot nor used by another sequence (checked only where the
+/// sequence writes, as for the slots).
 pub(crate) fn plan_causal_conv1d_fn(args: &CausalConv1dFnArgs<'_>) -> Result<ConvPlan, ConvError> {
     let x = &args.x;
     let dtype = check_float("x", x.dtype())?;
@@ -663,6 +689,29 @@ pub(crate) fn plan_causal_conv1d_fn(args: &CausalConv1dFnArgs<'_>) -> Result<Con
         check_device("has_initial_state", h.device(), device)?;
         check_1d_at_least("has_initial_state", h, batch, "batch (len(query_start_loc) - 1)")?;
     }
+    let checkpoints = match (&args.checkpoint_offsets, &args.checkpoint_state_indices) {
+        (None, None) => None,
+        (Some(o), Some(c)) => {
+            for (arg, t) in [("checkpoint_offsets", o), ("checkpoint_state_indices", c)] {
+                check_index_dtype(arg, t)?;
+                check_device(arg, t.device(), device)?;
+                check_1d_at_least(arg, t, batch, "batch (len(query_start_loc) - 1)")?;
+            }
+            Some((o, c))
+        }
+        (Some(_), None) => {
+            return Err(ConvError::Combination {
+                arg: "checkpoint_offsets",
+                why: "needs `checkpoint_state_indices` (where the checkpoints go)",
+            });
+        }
+        (None, Some(_)) => {
+            return Err(ConvError::Combination {
+                arg: "checkpoint_state_indices",
+                why: "needs `checkpoint_offsets` (where each sequence's checkpoint lies)",
+            });
+        }
+    };
 
     let mut plan = shared.plan(ConvOp::Fn, batch, args.activation, x_tok, out_tok);
     if device != Device::Cpu {
@@ -681,6 +730,22 @@ pub(crate) fn plan_causal_conv1d_fn(args: &CausalConv1dFnArgs<'_>) -> Result<Con
             continue;
         }
         let init = args.has_initial_state.as_ref().is_some_and(|h| read(h, &[b]) != 0);
+        let checkpoint = match checkpoints {
+            None => None,
+            Some((o, c)) => match read(o, &[b]) {
+                0 => None,
+                v if v < 0 || v >= len as i64 => {
+                    return Err(ConvError::CheckpointOffset { seq: b, value: v, tokens: len });
+                }
+                v => {
+                    let ck = resolve_slot("checkpoint_state_indices", read(c, &[b]), vec![b], args.pad_slot_id, slots)?;
+                    match ck {
+                        Some(ck) if ck == slot => return Err(ConvError::CheckpointIsStateSlot { seq: b, slot }),
+                        ck => ck.map(|slot| ConvCheckpoint { slot, tokens: v as usize }),
+                    }
+                }
+            },
+        };
         seqs.push(ConvSeq {
             seq: b,
             x_start: row_start("x", x.layout(), starts[b] as usize, x_tok.token)?,
@@ -691,6 +756,7 @@ pub(crate) fn plan_causal_conv1d_fn(args: &CausalConv1dFnArgs<'_>) -> Result<Con
             offset: 0,
             shift: len,
             state_len: width - 1,
+            checkpoint,
         });
     }
     check_conflicts("cache_indices", &seqs)?;

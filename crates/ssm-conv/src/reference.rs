@@ -165,6 +165,14 @@ fn run_typed<T: Storage>(
                     sd[state_at(ws, i, c)] = v;
                 }
             }
+            // The checkpoint: the same window after the first `k.tokens` tokens (fn only, so
+            // the history is columns [0, width − 1) and the window is width − 1 long).
+            if let Some(k) = s.checkpoint {
+                for i in 0..w - 1 {
+                    let v = if i + k.tokens < w - 1 { hist[i + k.tokens] } else { xv(i + k.tokens - (w - 1)) };
+                    sd[state_at(k.slot, i, c)] = v;
+                }
+            }
             let taps: Vec<T> = (0..w)
                 .map(|j| {
                     wd[(plan.weight.offset as isize + c as isize * plan.weight.dim + j as isize * plan.weight.tap)

@@ -70,6 +70,8 @@ fn prefill() -> CausalConv1dFnArgs<'static> {
         has_initial_state: Some(r(vec![1u8, 0, 0], &[3])),
         activation: Activation::Silu,
         pad_slot_id: Some(0),
+        checkpoint_offsets: None,
+        checkpoint_state_indices: None,
         out: m(vec![0.0f32; 7 * 8], &[7, 8]),
     }
 }
@@ -286,4 +288,40 @@ fn refused_calls_write_nothing() {
     }
     assert!(state.iter().all(|&v| v == 0.25));
     assert!(out.iter().all(|&v| v == -7.0));
+}
+
+/// `prefill()` with checkpoints: sequence 0 (slot 2, 4 tokens) after 2 tokens into slot 4,
+/// sequence 2 (slot 3, 3 tokens) after 1 token into slot 1; the empty sequence's entry unread.
+fn prefill_with_checkpoints(offsets: [i32; 3], slots: [i32; 3]) -> CausalConv1dFnArgs<'static> {
+    CausalConv1dFnArgs {
+        checkpoint_offsets: Some(r(offsets.to_vec(), &[3])),
+        checkpoint_state_indices: Some(r(slots.to_vec(), &[3])),
+        ..prefill()
+    }
+}
+
+#[test]
+fn checkpoints() {
+    let p = ssm_tensor::Op::plan(&prefill_with_checkpoints([2, 0, 1], [4, -7, 1])).unwrap();
+    let ck: Vec<_> = p.seqs.as_ref().unwrap().iter().map(|s| s.checkpoint.map(|k| (k.slot, k.tokens))).collect();
+    assert_eq!(ck, [Some((4, 2)), Some((1, 1))]);
+    // The pad slot: no checkpoint written.
+    let p = ssm_tensor::Op::plan(&prefill_with_checkpoints([2, 0, 1], [0, 0, 1])).unwrap();
+    assert_eq!(p.seqs.as_ref().unwrap()[0].checkpoint, None);
+
+    let mut half = prefill();
+    half.checkpoint_offsets = Some(r(vec![2i32, 0, 1], &[3]));
+    insta::assert_snapshot!("fn_checkpoint_half_given", err_fn(&half));
+    insta::assert_snapshot!(
+        "fn_checkpoint_offset_past_sequence",
+        err_fn(&prefill_with_checkpoints([4, 0, 1], [4, 0, 1]))
+    );
+    insta::assert_snapshot!("fn_checkpoint_offset_negative", err_fn(&prefill_with_checkpoints([2, 0, -1], [4, 0, 1])));
+    insta::assert_snapshot!("fn_checkpoint_is_own_slot", err_fn(&prefill_with_checkpoints([2, 0, 1], [2, 0, 1])));
+    insta::assert_snapshot!("fn_checkpoint_slot_conflict", err_fn(&prefill_with_checkpoints([2, 0, 1], [3, 0, 1])));
+    insta::assert_snapshot!("fn_checkpoint_same_slot_twice", err_fn(&prefill_with_checkpoints([2, 0, 1], [4, 0, 4])));
+    insta::assert_snapshot!("fn_checkpoint_slot_past_pool", err_fn(&prefill_with_checkpoints([2, 0, 1], [5, 0, 1])));
+    let mut f = prefill_with_checkpoints([2, 0, 1], [4, 0, 1]);
+    f.checkpoint_offsets = Some(r(vec![2.0f32, 0.0, 1.0], &[3]));
+    insta::assert_snapshot!("fn_checkpoint_offsets_f32", err_fn(&f));
 }

@@ -169,6 +169,8 @@ fn prefill_then_decode_equals_one_prefill() {
                 has_initial_state: Some(TensorRef::from_slice(&init, &[1]).unwrap()),
                 activation: Activation::None,
                 pad_slot_id: Some(0),
+                checkpoint_offsets: None,
+                checkpoint_state_indices: None,
                 out: TensorMut::from_slice(&mut out, &[n, dim]).unwrap(),
             };
             cpu.run(ssm_tensor::Planned::new(args).unwrap()).unwrap();

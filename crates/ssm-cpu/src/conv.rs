@@ -1,7 +1,8 @@
 //! Causal conv1d on the CPU ([`ssm_conv::ConvBackend`]).
 //!
 //! Work items are (block of sequences, channel chunk) pairs: the plan guarantees that no
-//! slot written by one sequence is used by another and that the written tensors do not
+//! slot written by one sequence (its state or its prefix-caching checkpoint) is used by
+//! another and that the written tensors do not
 //! overlap themselves, and chunks touch disjoint channels, so every item writes memory no
 //! other item reads or writes. Inside an item, per block of 1024 channels, the taps and the
 //! bias are widened once into the level's widest lanes (sixteen channels per vector with
@@ -9,7 +10,8 @@
 //! and the state are contiguous along `dim` (vLLM's `(slots, state_len, dim)` layout), the
 //! tokens run first, in tiles of 16, with the history read straight from the read slot
 //! (prefetched one sequence ahead) or from `x`'s previous rows, and the new window is written
-//! after them as one copy per column. Elsewhere (any strides, both layouts) the history is
+//! after them as one copy per column (a checkpoint's window just before, while the old window
+//! is still there). Elsewhere (any strides, both layouts) the history is
 //! loaded and the window written first, through gathers and scatters where a tensor is not
 //! contiguous along `dim`.
 //!
@@ -417,18 +419,30 @@ impl<T: Real> Item<'_, T> {
         self.write_window(s, c, end - c);
     }
 
-    /// Sequence `s`'s new window in its write slot (if any), channels `[c, c + n)`: column `i`
-    /// is the read slot's column `offset + i + shift` (kept history), zeros without a read
-    /// slot, or the input of token `i + len − state_len`. Columns go in increasing order, one
-    /// copy of `n` channels each: a kept column's source lies ahead of its target, so with the
-    /// read slot as the write slot each column is read before it is overwritten. Call it after
-    /// every read of the old window.
+    /// Sequence `s`'s new window in its write slot (if any), channels `[c, c + n)`, and its
+    /// checkpoint's window (if any) before it: the checkpoint reads the old window, which the
+    /// sequence's own write may replace. Call it after every read of the old window.
     #[inline(always)]
     fn write_window(&self, s: &ConvSeq, c: usize, n: usize) {
+        if let Some(k) = s.checkpoint {
+            self.window_into(s, k.slot, (k.tokens, k.tokens, self.ctx.plan.width - 1), c, n);
+        }
+        if let Some(ws) = s.write_slot {
+            self.window_into(s, ws, (s.len, s.shift, s.state_len), c, n);
+        }
+    }
+
+    /// The window after `len` of sequence `s`'s tokens into slot `ws`, channels `[c, c + n)`,
+    /// `(len, shift, state_len)` as in [`ConvSeq`]: column `i` is the read slot's column
+    /// `offset + i + shift` (kept history), zeros without a read slot, or the input of token
+    /// `i + len − state_len`. Columns go in increasing order, one copy of `n` channels each: a
+    /// kept column's source lies ahead of its target, so with the read slot as the write slot
+    /// each column is read before it is overwritten.
+    #[inline(always)]
+    fn window_into(&self, s: &ConvSeq, ws: usize, (len, shift, state_len): (usize, usize, usize), c: usize, n: usize) {
         let Ctx { plan, x, state, .. } = self.ctx;
         let (st, xs) = (plan.state, plan.x);
-        let ConvSeq { x_start, len, read_slot, write_slot, offset, shift, state_len, .. } = *s;
-        let Some(ws) = write_slot else { return };
+        let ConvSeq { x_start, read_slot, offset, .. } = *s;
         let col =
             |r: usize, i: usize| st.offset as isize + r as isize * st.slot + i as isize * st.col + c as isize * st.dim;
         for i in 0..state_len {

@@ -9,6 +9,9 @@
 //   VEC NTHREADS                        channels per thread, threads per block
 //   FN                                  1: causal_conv1d_fn (varlen prefill, has_initial_state)
 //   HAS_CI HAS_PAD VARLEN SPEC APC HAS_INIT HAS_BIAS SILU        0/1
+//   HAS_CKPT                            0/1, FN only: prefix-caching checkpoints, the offsets in
+//                                       the `nacc` table (NACC_T) and their slots in the `blk`
+//                                       table (BLK_T), the update's tables
 //   X_VEC OUT_VEC ST_VEC W_VEC B_VEC    0/1: the tensor is contiguous along the channels (for
 //       the weight: [dim, WIDTH] row-major) and 16-byte aligned at every vector start: one
 //       16-byte access per VEC channels (per VEC × WIDTH taps for the weight)
@@ -23,7 +26,10 @@
 // - non-speculative: columns [0, WIDTH − 1) = the last WIDTH − 1 values of history ++ x,
 //   taken from the registers and from x directly (no other chunk is waited for);
 // - speculative (one chunk): columns [0, WIDTH − 2) = history[1..], then x_t at column
-//   WIDTH − 2 + t as the tokens go.
+//   WIDTH − 2 + t as the tokens go;
+// - a checkpoint (FN, HAS_CKPT), chunk 0 too, right after its history reads: columns
+//   [0, WIDTH − 1) of the checkpoint's slot = the window after the first `offset` tokens
+//   (history columns, then x), from the registers and from x.
 //
 // Index values are checked here: a pad skips the sequence (nothing written, as the
 // reference); any other value outside its range skips the sequence and ORs a bit into the
@@ -149,6 +155,30 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) conv_kernel(const ConvPar
     has_hist = false;
 #endif
 #endif
+#if FN && HAS_CKPT
+    // The checkpoint (mirrors plan_fn): offset 0 is none; an offset outside [1, len) or a slot
+    // outside the pool (or the sequence's own) skips the sequence; the pad writes nothing.
+    int ck_tokens = 0;
+    i64 ck_slot = -1;
+    {
+        const i64 o = load_index(reinterpret_cast<const NACC_T*>(p.nacc) + seq * p.nacc_s);
+        if (o != 0) {
+            if (o < 0 || o >= len) {
+                raise_error(p, ERR_CU_SEQLENS);
+                return;
+            }
+            const i64 s = load_index(reinterpret_cast<const BLK_T*>(p.blk) + seq * p.blk_s);
+            if (!(HAS_PAD && s == p.pad)) {
+                if (s < 0 || s >= p.slots || s == write_slot) {
+                    raise_error(p, ERR_SLOT);
+                    return;
+                }
+                ck_tokens = (int)o;
+                ck_slot = s;
+            }
+        }
+    }
+#endif
 
     // ---- per-channel constants ----
     const ELEM_T* x = reinterpret_cast<const ELEM_T*>(p.x) + (VARLEN ? bos * p.x_tok : seq * p.x_seq) + (i64)c0 * p.x_dim;
@@ -194,6 +224,27 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) conv_kernel(const ConvPar
                     for (int e = 0; e < VEC; ++e) h[j][e] = 0.f;
                 }
             }
+#if FN && HAS_CKPT
+            // ---- the checkpoint: column i is history column i + offset, else token
+            // i + offset − (WIDTH − 1) ----
+            if (ck_slot >= 0) {
+#pragma unroll
+                for (int i = 0; i < WIDTH - 1; ++i) {
+                    float v[VEC] = {};
+                    const int src = i + ck_tokens - (WIDTH - 1);
+                    if (src >= 0) {
+                        ld_ch<X_VEC>(x + (i64)src * p.x_tok, p.x_dim, nch, v);
+                    } else {
+#pragma unroll
+                        for (int j = 0; j < WIDTH - 1; ++j)
+                            if (j == i + ck_tokens)
+#pragma unroll
+                                for (int e = 0; e < VEC; ++e) v[e] = h[j][e];
+                    }
+                    st_ch<ST_VEC>(st + ck_slot * p.st_slot + (i64)i * p.st_col, p.st_dim, nch, v);
+                }
+            }
+#endif
             // ---- the new state, speculative (every read of the old state is done) ----
 #if SPEC
             if (write_slot >= 0) {

@@ -82,6 +82,9 @@ const F_OUT_VEC: u16 = 1024;
 const F_ST_VEC: u16 = 2048;
 const F_W_VEC: u16 = 4096;
 const F_B_VEC: u16 = 8192;
+/// `causal_conv1d_fn` with prefix-caching checkpoints (`checkpoint_offsets` in the `nacc` table,
+/// `checkpoint_state_indices` in the `blk` table: the update's tables, unused by the fn).
+const F_CKPT: u16 = 16384;
 
 /// Everything that selects one compiled conv kernel (compact, hashed per call).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -125,6 +128,7 @@ impl ConvKey {
                 ("ST_VEC", F_ST_VEC),
                 ("W_VEC", F_W_VEC),
                 ("B_VEC", F_B_VEC),
+                ("HAS_CKPT", F_CKPT),
             ],
         ));
         KernelSpec { source: KernelSource::Conv, entry: "conv_kernel", defines }
@@ -179,10 +183,12 @@ pub(crate) struct Call<'c, 'a> {
     out: &'c TensorMut<'a>,
     /// `conv_state_indices` / `cache_indices`.
     ci: Option<&'c TensorRef<'a>>,
+    /// `num_accepted_tokens` (update) or `checkpoint_offsets` (fn).
     nacc: Option<&'c TensorRef<'a>>,
     qsl: Option<&'c TensorRef<'a>>,
     /// `initial_state_idx` (update) or `has_initial_state` (fn).
     init: Option<&'c TensorRef<'a>>,
+    /// `block_idx_last_scheduled_token` (update) or `checkpoint_state_indices` (fn).
     blk: Option<&'c TensorRef<'a>>,
     pad: Option<i64>,
 }
@@ -223,8 +229,9 @@ impl Call<'_, '_> {
         set(self.ci.is_some(), F_CI);
         set(self.pad.is_some(), F_PAD);
         set(self.qsl.is_some(), F_VARLEN);
-        set(self.nacc.is_some(), F_SPEC);
+        set(p.op == ConvOp::Update && self.nacc.is_some(), F_SPEC);
         set(p.op == ConvOp::Update && self.blk.is_some(), F_APC);
+        set(p.op == ConvOp::Fn && self.nacc.is_some() && self.blk.is_some(), F_CKPT);
         set(p.op == ConvOp::Fn && self.init.is_some(), F_INIT);
         set(p.bias.is_some(), F_BIAS);
         set(p.activation == Activation::Silu, F_SILU);
@@ -249,7 +256,7 @@ impl Call<'_, '_> {
         let idx = |t: Option<&TensorRef<'_>>| t.map_or(DType::I32, |t| t.dtype());
         let (isi, blk) = match p.op {
             ConvOp::Update => (idx(self.init), idx(self.blk)),
-            ConvOp::Fn => (DType::I32, DType::I32),
+            ConvOp::Fn => (DType::I32, idx(self.blk)),
         };
         // Small dims: fewer threads per block, so that most lanes have channels.
         let threads = p.dim.div_ceil(vec).next_power_of_two().clamp(32, 128);
@@ -367,10 +374,10 @@ fn fn_call<'c, 'a>(plan: &'c ConvPlan, a: &'c CausalConv1dFnArgs<'a>) -> Call<'c
         state: &a.conv_states,
         out: &a.out,
         ci: a.cache_indices.as_ref(),
-        nacc: None,
+        nacc: a.checkpoint_offsets.as_ref(),
         qsl: Some(&a.query_start_loc),
         init: a.has_initial_state.as_ref(),
-        blk: None,
+        blk: a.checkpoint_state_indices.as_ref(),
         pad: a.pad_slot_id,
     }
 }
@@ -479,6 +486,15 @@ pub fn conv_catalogue() -> Vec<(String, KernelSpec)> {
     push("conv update no tables/bias/silu bf16 width=4".into(), key(BF16, 4, true, I32, all_vec));
     push("conv update i64 tables varlen bf16 width=4".into(), key(BF16, 4, true, I64, base | all_vec | F_VARLEN));
     push("conv fn DS scalar f16 width=2".into(), key(F16, 2, false, I64, base | F_FN | F_VARLEN | F_INIT));
+    // Prefix-caching checkpoints (Mamba2's conv: bf16, width 4; and the scalar DS form).
+    push(
+        "conv fn ckpt SD bf16 width=4".into(),
+        key(BF16, 4, true, I32, base | all_vec | F_FN | F_VARLEN | F_INIT | F_CKPT),
+    );
+    push(
+        "conv fn ckpt DS scalar f32 width=3".into(),
+        key(F32, 3, false, I64, base | F_FN | F_VARLEN | F_INIT | F_CKPT),
+    );
     out
 }
 
@@ -505,7 +521,7 @@ mod tests {
     #[test]
     fn catalogue_defines_every_macro() {
         for (label, spec) in conv_catalogue() {
-            assert_eq!(spec.defines.len(), 23, "{label}");
+            assert_eq!(spec.defines.len(), 24, "{label}");
         }
     }
 }

@@ -93,13 +93,15 @@ pub struct DeviceErrors(pub u32);
 
 impl DeviceErrors {
     /// A slot index (`state_batch_indices` / `dst_state_batch_indices`) outside `[0, slots)` and
-    /// not the pad; or an SSU intermediate-buffer entry outside the buffer.
+    /// not the pad (or, for a conv checkpoint, the sequence's own slot); or an SSU
+    /// intermediate-buffer entry outside the buffer.
     pub const SLOT: u32 = 1;
     /// `cu_seqlens` not non-decreasing within `[0, rows]` (or, for `checkpointing_ssu`, a
     /// sequence longer than its window's `max_seqlen`; for the SSD prefill, a chunk of
     /// `cu_chunk_seqlens` empty, outside `[0, tokens]` or longer than the chunk, a
     /// `seq_idx` / `last_chunk_indices` entry out of range, or a `checkpoint_chunk_indices`
-    /// entry neither -1 nor a chunk of its sequence).
+    /// entry neither -1 nor a chunk of its sequence; for `causal_conv1d_fn`, a
+    /// `checkpoint_offsets` entry neither 0 nor inside its sequence).
     pub const CU_SEQLENS: u32 = 2;
     /// `num_accepted_tokens` (or the sequence length in speculative mode) beyond the slot table's
     /// width; or an SSU sequence longer than the intermediate buffer's steps.

@@ -406,6 +406,8 @@ pub struct DeviceConvFnArgs {
     has_initial_state: Option<StagedTensor>,
     activation: Activation,
     pad_slot_id: Option<i64>,
+    checkpoint_offsets: Option<StagedTensor>,
+    checkpoint_state_indices: Option<StagedTensor>,
     out: StagedTensor,
 }
 
@@ -425,6 +427,8 @@ impl StageArgs for DeviceConvFnArgs {
             has_initial_state: opt(&a.has_initial_state)?,
             activation: a.activation,
             pad_slot_id: a.pad_slot_id,
+            checkpoint_offsets: opt(&a.checkpoint_offsets)?,
+            checkpoint_state_indices: opt(&a.checkpoint_state_indices)?,
             out: up(&a.out.as_ref())?,
         })
     }
@@ -440,6 +444,8 @@ impl StageArgs for DeviceConvFnArgs {
             has_initial_state: opt_view(&self.has_initial_state)?,
             activation: self.activation,
             pad_slot_id: self.pad_slot_id,
+            checkpoint_offsets: opt_view(&self.checkpoint_offsets)?,
+            checkpoint_state_indices: opt_view(&self.checkpoint_state_indices)?,
             out: self.out.view_mut()?,
         })
     }

@@ -84,7 +84,7 @@ fn qwen3_next_decode_matches_the_reference() {
 }
 
 /// Garbage device tables (random i64, negatives, huge, the pad, valid values, accepted counts
-/// 0..=width + 1, broken token starts): no crash, the error word is set when something was out
+/// 0..=width + 1, broken token starts, checkpoint offsets and slots): no crash, the error word is set when something was out
 /// of range, and no slot outside the in-range table values changes.
 #[test]
 fn garbage_indices_never_escape_their_tensors() {
@@ -126,6 +126,23 @@ fn garbage_indices_never_escape_their_tensors() {
                 }
             }
         }
+        // Checkpoint offsets (0, inside, past the sequence, negative) and slots.
+        if let Some(o) = &mut case.checkpoint_offsets {
+            for i in 0..count(o) {
+                if rng.random_range(0..3) == 0 {
+                    let v = garbage(&mut rng, 80);
+                    set_i(o, i, v);
+                }
+            }
+        }
+        if let Some(c) = &mut case.checkpoint_state_indices {
+            for i in 0..count(c) {
+                if rng.random_range(0..3) == 0 {
+                    let v = garbage(&mut rng, slots);
+                    set_i(c, i, v);
+                }
+            }
+        }
         if let Some(s) = &mut case.query_start_loc
             && rng.random_bool(0.5)
         {
@@ -143,8 +160,12 @@ fn garbage_indices_never_escape_their_tensors() {
             Err(e) => panic!("round {round} {mode:?}: unexpected error {e}"),
         }
         // Slots that no in-range table entry names are bit-identical.
-        let named: std::collections::HashSet<i64> =
-            (0..count(&case.indices)).map(|i| get_i(&case.indices, i)).filter(|v| (0..slots).contains(v)).collect();
+        let ck = case.checkpoint_state_indices.as_ref();
+        let named: std::collections::HashSet<i64> = (0..count(&case.indices))
+            .map(|i| get_i(&case.indices, i))
+            .chain(ck.into_iter().flat_map(|c| (0..count(c)).map(|i| get_i(c, i))))
+            .filter(|v| (0..slots).contains(v))
+            .collect();
         let slot_bytes = case.state.bytes().len() / slots as usize;
         for slot in 0..slots {
             if named.contains(&slot) {

@@ -523,6 +523,8 @@ impl Layer<'_> {
                 has_initial_state: self.has_initial_state,
                 activation: self.activation,
                 pad_slot_id: self.pad_slot_id,
+                checkpoint_offsets: None,
+                checkpoint_state_indices: None,
                 out: conv_out_w,
             })?;
         } else {

@@ -545,6 +545,8 @@ impl<'a> Steps<'a> {
             has_initial_state: if m.prep_initial_states { m.has_initial_states_p } else { None },
             activation: self.activation,
             pad_slot_id: self.pad_slot_id,
+            checkpoint_offsets: None,
+            checkpoint_state_indices: None,
             out: rows_mut(conv_out_w, "conv_out", td, tp)?,
         })?;
         let [x, b, c] = ssm_inputs(conv_out_r.into_ref(), td, tp, self.dims)?;

@@ -59,6 +59,8 @@ fn gdn_core_on_a_mixed_batch_equals_its_parts() {
                             has_initial_state: Some(pre_has.view()),
                             activation: Activation::Silu,
                             pad_slot_id: Some(0),
+                            checkpoint_offsets: None,
+                            checkpoint_state_indices: None,
                             out: y.view_mut(),
                         })
                         .unwrap(),

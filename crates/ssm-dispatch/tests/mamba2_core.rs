@@ -369,6 +369,8 @@ fn run_parts(rt: &Runtime, b: &Batch, dec: &Decodes, pre: &Prefills) -> (HostTen
         has_initial_state: Some(has_init.view()),
         activation: Activation::Silu,
         pad_slot_id: Some(0),
+        checkpoint_offsets: None,
+        checkpoint_state_indices: None,
         out: y_p.view_mut(),
     })
     .unwrap();

@@ -147,7 +147,8 @@ fuzz_op! {
     tensors {
         ref x "x", ref weight "weight", opt bias "bias", mut conv_states "conv_states",
         ref query_start_loc "query_start_loc", opt cache_indices "cache_indices",
-        opt has_initial_state "has_initial_state", mut out "out",
+        opt has_initial_state "has_initial_state", opt checkpoint_offsets "checkpoint_offsets",
+        opt checkpoint_state_indices "checkpoint_state_indices", mut out "out",
     }
     nested {}
     scalars { conv_state_layout, activation, pad_slot_id }

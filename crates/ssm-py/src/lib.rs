@@ -756,10 +756,11 @@ fn compute_chunk_metadata(
 }
 
 /// `causal_conv1d_fn` (varlen prefill) on token-major `x` `[tokens, dim]` with a
-/// `[slots, dim, state_len]` pool: `out` and the slots' first `width − 1` columns written.
+/// `[slots, dim, state_len]` pool: `out` and the slots' first `width − 1` columns written (and,
+/// with `checkpoint_offsets` / `checkpoint_state_indices`, each checkpoint's slot).
 #[pyfunction]
 #[pyo3(signature = (x, weight, conv_states, query_start_loc, out, bias=None, silu=true, cache_indices=None,
-    has_initial_state=None, pad_slot_id=None, stream=None))]
+    has_initial_state=None, pad_slot_id=None, checkpoint_offsets=None, checkpoint_state_indices=None, stream=None))]
 #[allow(clippy::too_many_arguments)]
 fn causal_conv1d_fn(
     x: &Bound<'_, PyAny>,
@@ -772,6 +773,8 @@ fn causal_conv1d_fn(
     cache_indices: Option<&Bound<'_, PyAny>>,
     has_initial_state: Option<&Bound<'_, PyAny>>,
     pad_slot_id: Option<i64>,
+    checkpoint_offsets: Option<&Bound<'_, PyAny>>,
+    checkpoint_state_indices: Option<&Bound<'_, PyAny>>,
     stream: Option<usize>,
 ) -> PyResult<()> {
     let mut t = Arrays::default();
@@ -779,6 +782,8 @@ fn causal_conv1d_fn(
     let (x, weight, qsl) = (t.add("x", x)?, t.add("weight", weight)?, t.add("query_start_loc", query_start_loc)?);
     let (bias, ci) = (t.opt("bias", bias)?, t.opt("cache_indices", cache_indices)?);
     let has = t.opt("has_initial_state", has_initial_state)?;
+    let ck_off = t.opt("checkpoint_offsets", checkpoint_offsets)?;
+    let ck_slot = t.opt("checkpoint_state_indices", checkpoint_state_indices)?;
     t.check_disjoint()?;
     let rt = runtime(&t, stream)?;
     // SAFETY: the arrays are the call's arguments (alive for the call), the GIL is held
@@ -795,6 +800,8 @@ fn causal_conv1d_fn(
             has_initial_state: t.r_opt(has)?,
             activation: if silu { Activation::Silu } else { Activation::None },
             pad_slot_id,
+            checkpoint_offsets: t.r_opt(ck_off)?,
+            checkpoint_state_indices: t.r_opt(ck_slot)?,
             out: t.w(out)?,
         }
     };

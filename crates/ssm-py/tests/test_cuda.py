@@ -167,6 +167,33 @@ def test_ssd_prefill_with_pool_and_checkpoint_on_cuda_matches_the_cpu():
     assert not np.array_equal(want_pool[4], pool[4]), "the checkpoint was written"
 
 
+def test_conv_prefill_with_checkpoints_on_cuda_matches_the_cpu():
+    # Mamba2's conv prefill (width 4, vLLM's [dim, tokens] x) with prefix-caching checkpoints:
+    # the conv state after each checkpoint's tokens goes to its own slot, bit for bit as on the CPU.
+    rng = np.random.default_rng(9)
+    dim, width, slots = 72, 4, 8
+    cu = np.array([0, 70, 73, 150], np.int32)  # the first sequence spans two 64-token chunks
+    x = rng.standard_normal((dim, 150)).astype(np.float32)
+    weight = rng.standard_normal((dim, width)).astype(np.float32)
+    bias = rng.standard_normal(dim).astype(np.float32)
+    states = rng.standard_normal((slots, dim, width - 1)).astype(np.float32)
+    cache, has = np.array([2, 5, 1], np.int32), np.array([True, False, True])
+    offsets, ck_slots = np.array([66, 2, 1], np.int32), np.array([6, 3, 7], np.int32)
+    want_states = states.copy()
+    want = sk.causal_conv1d_fn(x, weight, bias, want_states, cu, cache_indices=cache, has_initial_state=has,
+                               null_block_id=-1, checkpoint_offsets=offsets, checkpoint_state_indices=ck_slots)
+    got_states = cuda(states)
+    got = sk.causal_conv1d_fn(cuda(x), cuda(weight), cuda(bias), got_states, cuda(cu), cache_indices=cuda(cache),
+                              has_initial_state=cuda(has), null_block_id=-1, checkpoint_offsets=cuda(offsets),
+                              checkpoint_state_indices=cuda(ck_slots))
+    torch.cuda.synchronize()
+    sk.check()
+    np.testing.assert_allclose(got.cpu().numpy(), want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(got_states.cpu().numpy(), want_states)
+    assert not np.array_equal(want_states[6], states[6]), "the checkpoint was written"
+    np.testing.assert_array_equal(want_states[[0, 4]], states[[0, 4]])  # unnamed slots keep their bits
+
+
 if __name__ == "__main__":
     print(f"torch {torch.__version__ if torch else None}, CUDA {CUDA}")
     if not CUDA:

@@ -420,6 +420,35 @@ def test_causal_conv1d_fn_prefill_in_vllms_layout():
     np.testing.assert_allclose(conv_states, want_states, rtol=0, atol=0)
 
 
+def test_causal_conv1d_fn_writes_prefix_caching_checkpoints():
+    rng = np.random.default_rng(16)
+    dim, width, slots = 10, 4, 7
+    cu = np.array([0, 6, 8, 17], np.int32)
+    x = rng.standard_normal((dim, 17)).astype(np.float32)
+    weight = rng.standard_normal((dim, width)).astype(np.float32)
+    conv_states = rng.standard_normal((slots, dim, width - 1)).astype(np.float32)
+    cache = np.array([3, 1, 2], np.int32)
+    has = np.array([True, False, True])
+    # Sequence 0 after 4 tokens into slot 5; sequence 1 none; sequence 2 after 1 token (two
+    # history columns kept) into slot 6.
+    offsets = np.array([4, 0, 1], np.int32)
+    ck_slots = np.array([5, 0, 6], np.int32)
+    before = conv_states.copy()
+    sk.causal_conv1d_fn(x, weight, None, conv_states, cu, cache_indices=cache, has_initial_state=has,
+                        null_block_id=-1, checkpoint_offsets=offsets, checkpoint_state_indices=ck_slots)
+    for s, (slot, off) in enumerate(zip(ck_slots, offsets)):
+        if off == 0:
+            continue
+        hist = before[cache[s]] if has[s] else np.zeros((dim, width - 1), np.float32)
+        win = np.concatenate([hist, x[:, cu[s]:cu[s] + off]], axis=1)
+        np.testing.assert_array_equal(conv_states[slot], win[:, -(width - 1):])
+    assert np.all(conv_states[[0, 4]] == before[[0, 4]]), "an unnamed slot was written"
+    with pytest.raises(sk.SsmError, match="checkpoint_offsets"):
+        sk.causal_conv1d_fn(x, weight, None, conv_states, cu, cache_indices=cache, has_initial_state=has,
+                            null_block_id=-1, checkpoint_offsets=np.array([6, 0, 1], np.int32),
+                            checkpoint_state_indices=ck_slots)
+
+
 def test_chunk_gated_delta_rule_equals_the_recurrence():
     rng = np.random.default_rng(7)
     h, hv, kd, vd = 2, 4, 16, 8

@@ -149,6 +149,8 @@ impl BenchCase for ConvCase {
                     has_initial_state: Some(has_init.view()),
                     activation: Activation::Silu,
                     pad_slot_id: Some(-1),
+                    checkpoint_offsets: None,
+                    checkpoint_state_indices: None,
                     out: out.view_mut(),
                 })?,
             }

@@ -6,8 +6,9 @@
 //! 2–4, both state layouts, token-major or dim-major (permuted-stride) `x`, pads 0 / −1 / none
 //! with padded sequences, i32/i64 tables, empty sequences, the speculative rolling buffer with
 //! accepted counts, prefix-caching columns, varlen prefill (short sequences and ones longer
-//! than a 64-token chunk) with and without initial states, bias and silu on and off. `out`
-//! is poisoned with NaN; slots are distinct per sequence, with spare slots nobody names.
+//! than a 64-token chunk) with and without initial states and with prefix-caching checkpoints
+//! (offsets inside the sequence, slots of their own or the pad), bias and silu on and off.
+//! `out` is poisoned with NaN; slots are distinct per sequence, with spare slots nobody names.
 //! [`Case::writes`] says, from the draw alone, what the call must write; [`assert_agrees`]
 //! checks a backend's result against the reference's with it.
 
@@ -37,7 +38,7 @@ pub enum Mode {
     /// `causal_conv1d_update`, one token per sequence, a `[batch, 3]` table with
     /// `initial_state_idx` / `block_idx_last_scheduled_token` (prefix caching).
     Apc,
-    /// `causal_conv1d_fn` (varlen prefill, `has_initial_state`).
+    /// `causal_conv1d_fn` (varlen prefill, `has_initial_state`, sometimes checkpoints).
     Prefill,
 }
 
@@ -91,8 +92,12 @@ pub struct Case {
     pub block_idx_last_scheduled_token: Option<HostTensor>,
     /// `has_initial_state` `[batch]` (bool; read by [`Mode::Prefill`]).
     pub has_initial_state: HostTensor,
+    /// `checkpoint_offsets` `[batch]` ([`Mode::Prefill`], in about half the draws).
+    pub checkpoint_offsets: Option<HostTensor>,
+    /// `checkpoint_state_indices` `[batch]`, with `checkpoint_offsets`.
+    pub checkpoint_state_indices: Option<HostTensor>,
     /// What each sequence must write, as drawn (a test that edits the tables afterwards must
-    /// not use it).
+    /// not use it); a checkpoint is an entry of its own, with no tokens.
     pub writes: Vec<SeqWrite>,
 }
 
@@ -159,9 +164,11 @@ impl Case {
         let index = if rng.random_bool(0.5) { DType::I32 } else { DType::I64 };
         let num_spec = rng.random_range(0..=3usize);
         let cols = if mode == Mode::Apc { 3 } else { 1 };
-        // Slot 0 is reserved when it is the pad; three spare slots nobody names.
+        // Slot 0 is reserved when it is the pad; a checkpoint slot per sequence in a prefill,
+        // then three spare slots nobody names.
         let first = usize::from(pad == Some(0));
-        let slots = first + batch * cols + 3;
+        let ck_slots = if mode == Mode::Prefill { batch } else { 0 };
+        let slots = first + batch * cols + ck_slots + 3;
         let mut free: Vec<usize> = (first..slots).collect();
         for i in (1..free.len()).rev() {
             free.swap(i, rng.random_range(0..=i));
@@ -208,7 +215,7 @@ impl Case {
         let write_col: Vec<i64> =
             (0..batch).map(|_| if mode == Mode::Apc { rng.random_range(1..=2) } else { 0 }).collect();
         let has_init: Vec<i64> = (0..batch).map(|_| i64::from(rng.random_bool(0.6))).collect();
-        let writes = (0..batch)
+        let mut writes: Vec<SeqWrite> = (0..batch)
             .filter(|&b| !is_pad[b] && lens[b] > 0)
             .map(|b| SeqWrite {
                 start: if varlen { starts[b] as usize } else { b * seqlen },
@@ -217,6 +224,30 @@ impl Case {
                 window: if spec { width - 2 + lens[b] } else { width - 1 },
             })
             .collect();
+        // Checkpoints: offsets inside the sequence (0: none), each into a slot of its own or the
+        // pad; the entries of sequences without one hold a slot nobody else names.
+        let checkpoints = (mode == Mode::Prefill && rng.random_bool(0.5)).then(|| {
+            let ck_free = &free[batch * cols..batch * cols + ck_slots];
+            let mut offsets = vec![0i64; batch];
+            let mut ck_table = vec![0i64; batch];
+            for b in 0..batch {
+                ck_table[b] = ck_free[b] as i64;
+                if lens[b] >= 2 && rng.random_bool(0.7) {
+                    offsets[b] = rng.random_range(1..lens[b] as i64);
+                    match pad {
+                        Some(p) if rng.random_bool(0.2) => ck_table[b] = p,
+                        _ if !is_pad[b] => writes.push(SeqWrite {
+                            start: starts[b] as usize,
+                            len: 0,
+                            slot: ck_free[b],
+                            window: width - 1,
+                        }),
+                        _ => {}
+                    }
+                }
+            }
+            (offsets, ck_table)
+        });
         let ints = |v: &[i64], shape: &[usize]| HostTensor::from_i64(index, shape.to_vec(), v);
         Case {
             mode,
@@ -234,6 +265,8 @@ impl Case {
             initial_state_idx: (mode == Mode::Apc).then(|| ints(&vec![0; batch], &[batch])),
             block_idx_last_scheduled_token: (mode == Mode::Apc).then(|| ints(&write_col, &[batch])),
             has_initial_state: HostTensor::from_i64(DType::Bool, vec![batch], &has_init),
+            checkpoint_offsets: checkpoints.as_ref().map(|(o, _)| ints(o, &[batch])),
+            checkpoint_state_indices: checkpoints.as_ref().map(|(_, t)| ints(t, &[batch])),
             writes,
         }
     }
@@ -267,6 +300,8 @@ impl Case {
             initial_state_idx: None,
             block_idx_last_scheduled_token: None,
             has_initial_state: HostTensor::from_i64(DType::Bool, vec![batch], &vec![1; batch]),
+            checkpoint_offsets: None,
+            checkpoint_state_indices: None,
             writes,
         }
     }
@@ -349,6 +384,8 @@ impl Case {
             has_initial_state: Some(self.has_initial_state.view()),
             activation: self.activation,
             pad_slot_id: self.pad,
+            checkpoint_offsets: self.checkpoint_offsets.as_ref().map(|o| o.view()),
+            checkpoint_state_indices: self.checkpoint_state_indices.as_ref().map(|t| t.view()),
             out: self.out.view_mut(),
         }
     }
@@ -414,6 +451,7 @@ pub fn assert_agrees(ctx: &str, initial: &Case, want: &Case, got: &Case) {
         assert!(g[e].is_nan() && w[e].is_nan(), "{ctx}: out element {e} written ({} / reference {})", g[e], w[e]);
     }
     for slot in 0..initial.slots() {
+        // A slot is written by one sequence or one checkpoint (the plan's aliasing rule).
         let window = initial.writes.iter().find(|s| s.slot == slot).map_or(0, |s| s.window);
         for col in window..initial.state_len() {
             for ch in 0..initial.dim() {
@@ -447,5 +485,52 @@ mod tests {
         let mut want = initial.clone();
         want.run_on(&Reference { precision: Arithmetic::F32 }).unwrap();
         assert_agrees("decode", &initial, &want, &want.clone());
+    }
+
+    /// The reference's checkpoint of sequence b at offset o is its own state after a call whose
+    /// only tokens are b's first o (the others cut to nothing), from the same pool.
+    #[test]
+    fn a_checkpoint_is_the_state_after_its_prefix() {
+        let mut checked = 0;
+        for (k, dtype) in FLOATS.into_iter().enumerate() {
+            for seed in 0..40 {
+                let initial = Case::random(dtype, Mode::Prefill, 1000 * k as u64 + seed);
+                let (Some(offsets), Some(ck)) = (&initial.checkpoint_offsets, &initial.checkpoint_state_indices) else {
+                    continue;
+                };
+                let (offsets, ck) = (offsets.to_f64_vec(), ck.to_f64_vec());
+                let starts = initial.query_start_loc.as_ref().expect("varlen").to_f64_vec();
+                let table = initial.indices.to_f64_vec();
+                let mut full = initial.clone();
+                full.run_on(&Reference { precision: Arithmetic::F32 }).unwrap();
+                for b in 0..offsets.len() {
+                    let (o, slot, own) = (offsets[b] as i64, ck[b] as i64, table[b] as i64);
+                    if o == 0 || Some(slot) == initial.pad || Some(own) == initial.pad {
+                        continue;
+                    }
+                    let mut cut = initial.clone();
+                    let s0 = starts[b] as i64;
+                    let cut_starts: Vec<i64> = (0..starts.len()).map(|i| if i <= b { s0 } else { s0 + o }).collect();
+                    let qsl = cut.query_start_loc.as_ref().expect("varlen");
+                    cut.query_start_loc = Some(HostTensor::from_i64(qsl.dtype, qsl.shape.clone(), &cut_starts));
+                    (cut.checkpoint_offsets, cut.checkpoint_state_indices) = (None, None);
+                    cut.run_on(&Reference { precision: Arithmetic::F32 }).unwrap();
+                    let es = dtype.size();
+                    for col in 0..initial.width() - 1 {
+                        for ch in 0..initial.dim() {
+                            let (e, f) =
+                                (full.state_element(slot as usize, col, ch), cut.state_element(own as usize, col, ch));
+                            assert_eq!(
+                                full.state.bytes()[e * es..(e + 1) * es],
+                                cut.state.bytes()[f * es..(f + 1) * es],
+                                "{dtype} seed {seed} seq {b} offset {o} col {col} ch {ch}"
+                            );
+                        }
+                    }
+                    checked += 1;
+                }
+            }
+        }
+        assert!(checked >= 20, "only {checked} checkpoints drawn");
     }
 }

@@ -362,18 +362,27 @@ def causal_conv1d_fn(
     null_block_id=NULL_BLOCK_ID,
     metadata=None,
     validate_data=False,
+    checkpoint_offsets=None,
+    checkpoint_state_indices=None,
 ):
     """vLLM's ``causal_conv1d_fn`` (varlen prefill): ``x`` is ``[dim, total_tokens]`` (the
     sequences packed along the tokens, ``query_start_loc`` their starts); ``conv_states``
     ``[..., dim, width - 1]`` is read (``has_initial_state``) and updated in place through
     ``cache_indices`` (``null_block_id`` entries are pads). Returns the output, shaped as ``x``.
     ``pad_slot_id``, ``metadata`` and ``validate_data`` are accepted for signature
-    compatibility (the pads of ``cache_indices`` are ``null_block_id``, as in vLLM's kernel)."""
+    compatibility (the pads of ``cache_indices`` are ``null_block_id``, as in vLLM's kernel).
+
+    Prefix-caching checkpoints (vLLM 0.33's ``store_prefill_checkpoint`` of the conv state, in
+    the call): with ``checkpoint_offsets`` (per sequence, 0 for none, else tokens into the
+    sequence, ``1 <= offset < `` its tokens) and ``checkpoint_state_indices`` (the slot each
+    checkpoint goes to, not the sequence's own), the slot's first ``width - 1`` columns take the
+    conv state after that many tokens."""
     del pad_slot_id, metadata, validate_data
     out = _empty_like(x)
     _core.causal_conv1d_fn(
         x.T, weight, conv_states, query_start_loc, out.T, bias, _silu(activation), cache_indices,
-        has_initial_state, null_block_id, stream=_stream(conv_states),
+        has_initial_state, null_block_id, checkpoint_offsets, checkpoint_state_indices,
+        stream=_stream(conv_states),
     )
     return out
 
