@@ -231,6 +231,9 @@ impl Staged {
                     m.state_indices_tensor_d,
                     m.query_start_loc_d,
                     m.num_accepted_tokens,
+                    m.checkpoint_offsets_p,
+                    m.checkpoint_state_indices_p,
+                    m.checkpoint_chunk_indices_p,
                 ],
             )
         })?;
@@ -240,7 +243,7 @@ impl Staged {
             staging(|| StagedTensor::upload_opt(cuda, args.conv_out.as_ref().map(|c| c.as_ref()).as_ref()))?;
         {
             let [xbc, dt, conv_weight, conv_bias, a, d, dt_bias] = staging(|| Ok(inputs.views()?))?;
-            let [qsl_p, has_p, seq_idx, cu_chunk, last, slots_p, slots_d, qsl_d, acc] =
+            let [qsl_p, has_p, seq_idx, cu_chunk, last, slots_p, slots_d, qsl_d, acc, ck_off, ck_slots, ck_chunks] =
                 staging(|| Ok(tables.views()?))?;
             let [conv, ssm, out] = &mut pools;
             let dev = staging(|| {
@@ -268,6 +271,9 @@ impl Staged {
                         state_indices_tensor_d: slots_d,
                         query_start_loc_d: qsl_d,
                         num_accepted_tokens: acc,
+                        checkpoint_offsets_p: ck_off,
+                        checkpoint_state_indices_p: ck_slots,
+                        checkpoint_chunk_indices_p: ck_chunks,
                         ..m
                     },
                     conv_out: conv_out.as_mut().map(StagedTensor::view_mut).transpose()?,

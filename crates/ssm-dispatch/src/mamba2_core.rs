@@ -13,7 +13,11 @@
 //!
 //! Prefix caching in vLLM's `"all"` mode (per-token block tables, intermediate chunk states
 //! written to several blocks) is not supported: the metadata has no `block_idx_*` fields, and
-//! each sequence reads and writes one slot (`"none"` and `"align"` modes).
+//! each sequence reads and writes one slot (`"none"` and `"align"` modes). vLLM 0.33's
+//! mid-prefill checkpoints are: with `checkpoint_offsets_p` / `checkpoint_state_indices_p` /
+//! `checkpoint_chunk_indices_p` a prefill also writes its conv state and its SSM state after its
+//! first `offset` tokens into the checkpoint's slot of each pool (`store_prefill_checkpoint`),
+//! inside the conv and SSD calls.
 //!
 //! Where it runs: host tensors on the CPU backend, device tensors on the CUDA backend. The
 //! metadata's counts are host integers; its index tensors live with the data (on the device for
@@ -69,6 +73,18 @@ pub struct Mamba2AttentionMetadata<'a> {
     pub last_chunk_indices_p: Option<TensorRef<'a>>,
     /// `[num_prefills]` slot of each prefill (read when it has an initial state, written after).
     pub state_indices_tensor_p: Option<TensorRef<'a>>,
+    /// `[num_prefills]` prefix-caching checkpoints (vLLM 0.33's `checkpoint_meta.checkpoint_offsets`):
+    /// tokens into each prefill's new tokens, 0 for none. Given together with
+    /// `checkpoint_state_indices_p` and `checkpoint_chunk_indices_p`; the conv writes the conv
+    /// state there and the SSD the SSM state.
+    pub checkpoint_offsets_p: Option<TensorRef<'a>>,
+    /// `[num_prefills]` the slot of both pools each checkpoint goes to (vLLM's
+    /// `checkpoint_meta.state_indices`), not the prefill's own slot.
+    pub checkpoint_state_indices_p: Option<TensorRef<'a>>,
+    /// `[num_prefills]` the SSD chunk ending at each checkpoint, −1 for none (vLLM's
+    /// `checkpoint_chunk_idx`: [`ssm_ssd::compute_chunk_metadata_with_checkpoints`] over the
+    /// same offsets gives it and the chunk metadata above).
+    pub checkpoint_chunk_indices_p: Option<TensorRef<'a>>,
     /// `[num_decodes]`, or `[num_decodes, 1 + num_spec]` with speculative decoding (column 0
     /// holds the conv rolling buffer and the state read; column t the state after token t).
     pub state_indices_tensor_d: Option<TensorRef<'a>>,
@@ -404,6 +420,13 @@ impl Runtime {
             if m.prep_initial_states && m.has_initial_states_p.is_none() {
                 return Err(core_err("has_initial_states_p", "must be given with prep_initial_states".into()));
             }
+            let checkpoint = [m.checkpoint_offsets_p, m.checkpoint_state_indices_p, m.checkpoint_chunk_indices_p];
+            if checkpoint.iter().any(Option::is_some) && !checkpoint.iter().all(Option::is_some) {
+                return Err(core_err(
+                    "checkpoint_offsets_p",
+                    "`checkpoint_offsets_p`, `checkpoint_state_indices_p` and `checkpoint_chunk_indices_p` come together (the conv's and the SSD's halves of each checkpoint)".into(),
+                ));
+            }
             pad_rows.extend(host_prefill_pads(slots_p, qsl, np, tp, td, slots, pad_slot_id)?);
         }
         let mut owned_conv_out;
@@ -545,8 +568,8 @@ impl<'a> Steps<'a> {
             has_initial_state: if m.prep_initial_states { m.has_initial_states_p } else { None },
             activation: self.activation,
             pad_slot_id: self.pad_slot_id,
-            checkpoint_offsets: None,
-            checkpoint_state_indices: None,
+            checkpoint_offsets: m.checkpoint_offsets_p,
+            checkpoint_state_indices: m.checkpoint_state_indices_p,
             out: rows_mut(conv_out_w, "conv_out", td, tp)?,
         })?;
         let [x, b, c] = ssm_inputs(conv_out_r.into_ref(), td, tp, self.dims)?;
@@ -573,8 +596,8 @@ impl<'a> Steps<'a> {
             initial_state_indices: if m.prep_initial_states { m.state_indices_tensor_p } else { None },
             has_initial_state: if m.prep_initial_states { m.has_initial_states_p } else { None },
             final_state_indices: m.state_indices_tensor_p,
-            checkpoint_chunk_indices: None,
-            checkpoint_state_indices: None,
+            checkpoint_chunk_indices: m.checkpoint_chunk_indices_p,
+            checkpoint_state_indices: m.checkpoint_state_indices_p,
             pad_slot_id: self.pad_slot_id,
             dt_softplus: true,
             dt_limit: (0.0, f32::INFINITY),

@@ -12,7 +12,7 @@ mod common;
 use common::{ints, values};
 use ssm_conv::{Activation, CausalConv1dFnArgs, CausalConv1dUpdateArgs, ConvStateLayout};
 use ssm_dispatch::{Config, Mamba2AttentionMetadata, Mamba2MixerCoreArgs, Runtime};
-use ssm_ssd::{MambaChunkScanCombinedVarlenArgs, compute_chunk_metadata};
+use ssm_ssd::{MambaChunkScanCombinedVarlenArgs, compute_chunk_metadata, compute_chunk_metadata_with_checkpoints};
 use ssm_ssu::SelectiveStateUpdateArgs;
 use ssm_tensor::{DType, HostTensor, TensorRef};
 
@@ -158,6 +158,9 @@ fn plain_metadata<'a>(
         state_indices_tensor_d: Some(dec.table.view()),
         query_start_loc_d: None,
         num_accepted_tokens: None,
+        checkpoint_offsets_p: None,
+        checkpoint_state_indices_p: None,
+        checkpoint_chunk_indices_p: None,
     }
 }
 
@@ -238,6 +241,9 @@ fn metadata<'a>(dec: &Decodes, pre: &Prefills, v: [Option<TensorRef<'a>>; 9]) ->
         state_indices_tensor_d: table_d,
         query_start_loc_d: qsl_d,
         num_accepted_tokens: accepted,
+        checkpoint_offsets_p: None,
+        checkpoint_state_indices_p: None,
+        checkpoint_chunk_indices_p: None,
     }
 }
 
@@ -486,6 +492,114 @@ fn mamba2_core_on_a_mixed_batch_equals_its_parts() {
             assert_eq!((conv2.bytes(), ssm2.bytes(), out2.bytes()), (conv.bytes(), ssm.bytes(), out.bytes()), "{what}");
         }
     }
+}
+
+/// The core with a prefix-caching checkpoint of `pre`'s prefill `k` at `offset` into slot
+/// `ck_slot` (the other prefills none), or without one (`None`); returns the conv and SSM pools.
+fn run_core_with_checkpoint(
+    rt: &Runtime,
+    b: &Batch,
+    dec: &Decodes,
+    pre: &Prefills,
+    checkpoint: Option<(usize, i64, i64)>,
+) -> (HostTensor, HostTensor) {
+    let tp = pre.lens.iter().sum::<usize>();
+    let (mut conv, mut ssm) = (b.conv.clone(), b.ssm.clone());
+    let mut out = HostTensor::filled(DType::F32, vec![dec.tokens + tp, H, P], SENTINEL);
+    let starts = pre.starts();
+    let np = pre.lens.len();
+    let mut offsets = vec![0i64; np];
+    let mut ck_slots = vec![0i64; np];
+    if let Some((k, offset, slot)) = checkpoint {
+        (offsets[k], ck_slots[k]) = (offset, slot);
+    }
+    let meta = compute_chunk_metadata_with_checkpoints(&starts, &pre.computed, CHUNK, &offsets);
+    let i32s = |v: &[i32]| ints(&v.iter().map(|&x| x as i64).collect::<Vec<_>>());
+    let (seq_idx, cu_chunk, last, ck_chunks) = (
+        i32s(&meta.seq_idx),
+        i32s(&meta.cu_chunk_seqlens),
+        i32s(&meta.last_chunk_indices),
+        i32s(&meta.checkpoint_chunk_indices),
+    );
+    let has_init = HostTensor::from_bytes(
+        DType::Bool,
+        vec![np],
+        &pre.computed.iter().map(|&c| u8::from(c > 0)).collect::<Vec<_>>(),
+    );
+    let (qsl, slots_p, offsets, ck_slots) = (ints(&starts), ints(&pre.slots), ints(&offsets), ints(&ck_slots));
+    let with_checkpoint = checkpoint.is_some();
+    let metadata = Mamba2AttentionMetadata {
+        has_initial_states_p: Some(has_init.view()),
+        prep_initial_states: pre.computed.iter().any(|&c| c > 0),
+        seq_idx_p: Some(seq_idx.view()),
+        cu_chunk_seqlen_p: Some(cu_chunk.view()),
+        last_chunk_indices_p: Some(last.view()),
+        checkpoint_offsets_p: with_checkpoint.then(|| offsets.view()),
+        checkpoint_state_indices_p: with_checkpoint.then(|| ck_slots.view()),
+        checkpoint_chunk_indices_p: with_checkpoint.then(|| ck_chunks.view()),
+        ..plain_metadata(dec, tp, &qsl, &slots_p)
+    };
+    rt.mamba2_mixer_core(core_args(b, (&mut conv, &mut ssm, &mut out), G, metadata)).unwrap();
+    (conv, ssm)
+}
+
+/// vLLM 0.33's mid-prefill checkpoint through the core: the checkpoint slot of both pools holds
+/// what the prefill's own slot holds after a call cut at the checkpoint, bit for bit (the conv
+/// state's `width − 1` columns; the whole SSM state), and a checkpoint's tables come together.
+#[test]
+fn mamba2_core_checkpoint_equals_the_prefill_cut_at_it() {
+    let seed = base_seed();
+    let rt = Runtime::new(&Config::cpu(Some(2))).unwrap();
+    let dec = decodes(false);
+    let pre = prefills(seed);
+    let b = batch(dec.tokens + pre.lens.iter().sum::<usize>(), seed);
+    let ck_slot = 12usize;
+    assert!(!touched(&dec, &pre).contains(&ck_slot));
+    for offset in [1, pre.lens[1] / 2, pre.lens[1] - 1] {
+        let what = format!("seed={seed} lens={:?} computed={:?} offset={offset}", pre.lens, pre.computed);
+        let (conv, ssm) = run_core_with_checkpoint(&rt, &b, &dec, &pre, Some((1, offset as i64, ck_slot as i64)));
+        // The same batch without the pad prefill and with prefill 1 cut at the checkpoint (its
+        // tokens keep their rows; the rows after them are not read).
+        let cut = Prefills {
+            lens: vec![pre.lens[0], offset],
+            slots: pre.slots[..2].to_vec(),
+            computed: pre.computed[..2].to_vec(),
+        };
+        let (conv_cut, ssm_cut) = run_core_with_checkpoint(&rt, &b, &dec, &cut, None);
+        let sb = H * P * N * 4;
+        assert_eq!(ssm.bytes()[ck_slot * sb..(ck_slot + 1) * sb], ssm_cut.bytes()[8 * sb..9 * sb], "{what} ssm");
+        let cols = (WIDTH - 1) * CONV_DIM * 4; // StateLenDim: a slot's first columns are contiguous
+        let cb = STATE_LEN * CONV_DIM * 4;
+        assert_eq!(
+            conv.bytes()[ck_slot * cb..ck_slot * cb + cols],
+            conv_cut.bytes()[8 * cb..8 * cb + cols],
+            "{what} conv"
+        );
+        // Everything else as without the checkpoint, but for the SSD's extra chunk end (its
+        // rounding): the conv pool bit for bit outside the checkpoint slot.
+        let (conv0, _) = run_core_with_checkpoint(&rt, &b, &dec, &pre, None);
+        for s in (0..SLOTS).filter(|&s| s != ck_slot) {
+            assert_eq!(conv.bytes()[s * cb..(s + 1) * cb], conv0.bytes()[s * cb..(s + 1) * cb], "{what} conv slot {s}");
+        }
+    }
+    // A checkpoint's tables come together.
+    let (mut conv, mut ssm) = (b.conv.clone(), b.ssm.clone());
+    let tp = pre.lens.iter().sum::<usize>();
+    let mut out = HostTensor::filled(DType::F32, vec![dec.tokens + tp, H, P], SENTINEL);
+    let (qsl, slots_p, offsets) = (ints(&pre.starts()), ints(&pre.slots), ints(&[0, 1, 0]));
+    let meta = compute_chunk_metadata(&pre.starts(), &pre.computed, CHUNK);
+    let i32s = |v: &[i32]| ints(&v.iter().map(|&x| x as i64).collect::<Vec<_>>());
+    let (seq_idx, cu_chunk, last) = (i32s(&meta.seq_idx), i32s(&meta.cu_chunk_seqlens), i32s(&meta.last_chunk_indices));
+    let metadata = Mamba2AttentionMetadata {
+        seq_idx_p: Some(seq_idx.view()),
+        cu_chunk_seqlen_p: Some(cu_chunk.view()),
+        last_chunk_indices_p: Some(last.view()),
+        checkpoint_offsets_p: Some(offsets.view()),
+        ..plain_metadata(&dec, tp, &qsl, &slots_p)
+    };
+    let err = rt.mamba2_mixer_core(core_args(&b, (&mut conv, &mut ssm, &mut out), G, metadata)).unwrap_err();
+    assert!(err.to_string().contains("checkpoint_offsets_p"), "{err}");
+    assert_eq!((conv.bytes(), ssm.bytes()), (b.conv.bytes(), b.ssm.bytes()), "a refused call wrote");
 }
 
 #[test]

@@ -317,6 +317,9 @@ fuzz_op! {
             opt state_indices_tensor_d "metadata.state_indices_tensor_d",
             opt query_start_loc_d "metadata.query_start_loc_d",
             opt num_accepted_tokens "metadata.num_accepted_tokens",
+            opt checkpoint_offsets_p "metadata.checkpoint_offsets_p",
+            opt checkpoint_state_indices_p "metadata.checkpoint_state_indices_p",
+            opt checkpoint_chunk_indices_p "metadata.checkpoint_chunk_indices_p",
         },
     }
     scalars {
