@@ -331,6 +331,21 @@ fn check_conflicts(arg: &'static str, seqs: &[ConvSeq]) -> Result<(), ConvError>
     }
 }
 
+/// Two tables that come together: both (returned) or neither; `needs` says why the first needs
+/// the second and the reverse.
+fn both_or_neither<'r, 'a>(
+    (a, ta): (&'static str, &'r Option<TensorRef<'a>>),
+    (b, tb): (&'static str, &'r Option<TensorRef<'a>>),
+    needs: (&'static str, &'static str),
+) -> Result<Option<(&'r TensorRef<'a>, &'r TensorRef<'a>)>, ConvError> {
+    match (ta, tb) {
+        (None, None) => Ok(None),
+        (Some(x), Some(y)) => Ok(Some((x, y))),
+        (Some(_), None) => Err(ConvError::Combination { arg: a, why: needs.0 }),
+        (None, Some(_)) => Err(ConvError::Combination { arg: b, why: needs.1 }),
+    }
+}
+
 fn check_float(arg: &'static str, t: DType) -> Result<DType, ConvError> {
     if !t.is_float() {
         return Err(ConvError::from(ArgError::DType { arg, expected: FLOATS.into(), actual: t }));
@@ -503,38 +518,30 @@ pub(crate) fn plan_causal_conv1d_update(args: &CausalConv1dUpdateArgs<'_>) -> Re
         check_device("num_accepted_tokens", n.device(), device)?;
         check_1d("num_accepted_tokens", n, batch, "batch")?;
     }
-    let apc = match (&args.initial_state_idx, &args.block_idx_last_scheduled_token) {
-        (None, None) => None,
-        (Some(i), Some(l)) => {
-            match &args.conv_state_indices {
-                Some(ci) if ci.rank() == 2 => {}
-                _ => {
-                    return Err(ConvError::Combination {
-                        arg: "initial_state_idx",
-                        why: "(prefix caching) needs a 2-D `conv_state_indices` [batch, n]",
-                    });
-                }
+    let apc = both_or_neither(
+        ("initial_state_idx", &args.initial_state_idx),
+        ("block_idx_last_scheduled_token", &args.block_idx_last_scheduled_token),
+        (
+            "needs `block_idx_last_scheduled_token` (prefix caching takes both)",
+            "needs `initial_state_idx` (prefix caching takes both)",
+        ),
+    )?;
+    if let Some((i, l)) = apc {
+        match &args.conv_state_indices {
+            Some(ci) if ci.rank() == 2 => {}
+            _ => {
+                return Err(ConvError::Combination {
+                    arg: "initial_state_idx",
+                    why: "(prefix caching) needs a 2-D `conv_state_indices` [batch, n]",
+                });
             }
-            for (arg, t) in [("initial_state_idx", i), ("block_idx_last_scheduled_token", l)] {
-                check_index_dtype(arg, t)?;
-                check_device(arg, t.device(), device)?;
-                check_1d(arg, t, batch, "batch")?;
-            }
-            Some((i, l))
         }
-        (Some(_), None) => {
-            return Err(ConvError::Combination {
-                arg: "initial_state_idx",
-                why: "needs `block_idx_last_scheduled_token` (prefix caching takes both)",
-            });
+        for (arg, t) in [("initial_state_idx", i), ("block_idx_last_scheduled_token", l)] {
+            check_index_dtype(arg, t)?;
+            check_device(arg, t.device(), device)?;
+            check_1d(arg, t, batch, "batch")?;
         }
-        (None, Some(_)) => {
-            return Err(ConvError::Combination {
-                arg: "block_idx_last_scheduled_token",
-                why: "needs `initial_state_idx` (prefix caching takes both)",
-            });
-        }
-    };
+    }
 
     let mut plan = shared.plan(ConvOp::Update, batch, args.activation, x_tok, out_tok);
     if device != Device::Cpu {
@@ -689,29 +696,21 @@ pub(crate) fn plan_causal_conv1d_fn(args: &CausalConv1dFnArgs<'_>) -> Result<Con
         check_device("has_initial_state", h.device(), device)?;
         check_1d_at_least("has_initial_state", h, batch, "batch (len(query_start_loc) - 1)")?;
     }
-    let checkpoints = match (&args.checkpoint_offsets, &args.checkpoint_state_indices) {
-        (None, None) => None,
-        (Some(o), Some(c)) => {
-            for (arg, t) in [("checkpoint_offsets", o), ("checkpoint_state_indices", c)] {
-                check_index_dtype(arg, t)?;
-                check_device(arg, t.device(), device)?;
-                check_1d_at_least(arg, t, batch, "batch (len(query_start_loc) - 1)")?;
-            }
-            Some((o, c))
+    let checkpoints = both_or_neither(
+        ("checkpoint_offsets", &args.checkpoint_offsets),
+        ("checkpoint_state_indices", &args.checkpoint_state_indices),
+        (
+            "needs `checkpoint_state_indices` (where the checkpoints go)",
+            "needs `checkpoint_offsets` (where each sequence's checkpoint lies)",
+        ),
+    )?;
+    if let Some((o, c)) = checkpoints {
+        for (arg, t) in [("checkpoint_offsets", o), ("checkpoint_state_indices", c)] {
+            check_index_dtype(arg, t)?;
+            check_device(arg, t.device(), device)?;
+            check_1d_at_least(arg, t, batch, "batch (len(query_start_loc) - 1)")?;
         }
-        (Some(_), None) => {
-            return Err(ConvError::Combination {
-                arg: "checkpoint_offsets",
-                why: "needs `checkpoint_state_indices` (where the checkpoints go)",
-            });
-        }
-        (None, Some(_)) => {
-            return Err(ConvError::Combination {
-                arg: "checkpoint_state_indices",
-                why: "needs `checkpoint_offsets` (where each sequence's checkpoint lies)",
-            });
-        }
-    };
+    }
 
     let mut plan = shared.plan(ConvOp::Fn, batch, args.activation, x_tok, out_tok);
     if device != Device::Cpu {
