@@ -194,21 +194,37 @@ fn core_args<'a>(
 /// The host index tensors of a batch's metadata, in the order [`metadata`] reads them:
 /// `[query_start_loc_p, has_initial_states_p, seq_idx_p, cu_chunk_seqlen_p,
 /// last_chunk_indices_p, state_indices_tensor_p, state_indices_tensor_d, query_start_loc_d,
-/// num_accepted_tokens]` (the last two only for speculative decodes).
-fn tables(dec: &Decodes, pre: &Prefills) -> [Option<HostTensor>; 9] {
+/// num_accepted_tokens, checkpoint_offsets_p, checkpoint_state_indices_p,
+/// checkpoint_chunk_indices_p]` (`query_start_loc_d` and `num_accepted_tokens` only for
+/// speculative decodes, the checkpoint tables only in [`tables_with`]).
+fn tables(dec: &Decodes, pre: &Prefills) -> [Option<HostTensor>; 12] {
+    tables_with(dec, pre, None)
+}
+
+/// [`tables`] with a prefix-caching checkpoint of prefill `k` at `offset` into slot `slot`
+/// (`Some((k, offset, slot))`; the other prefills none): the chunk metadata then ends a chunk
+/// there, as vLLM's builder does.
+fn tables_with(dec: &Decodes, pre: &Prefills, checkpoint: Option<(usize, i64, i64)>) -> [Option<HostTensor>; 12] {
     let starts = pre.starts();
-    let meta = compute_chunk_metadata(&starts, &pre.computed, CHUNK);
+    let np = pre.lens.len();
+    let (mut offsets, mut ck_slots) = (vec![0i64; np], vec![0i64; np]);
+    if let Some((k, offset, slot)) = checkpoint {
+        (offsets[k], ck_slots[k]) = (offset, slot);
+    }
+    let meta = compute_chunk_metadata_with_checkpoints(&starts, &pre.computed, CHUNK, &offsets);
     let has_init = HostTensor::from_bytes(
         DType::Bool,
-        vec![pre.lens.len()],
+        vec![np],
         &pre.computed.iter().map(|&c| u8::from(c > 0)).collect::<Vec<_>>(),
     );
-    let [seq_idx, cu_chunk, last] = [&meta.seq_idx, &meta.cu_chunk_seqlens, &meta.last_chunk_indices]
-        .map(|v| ints(&v.iter().map(|&x| x as i64).collect::<Vec<_>>()));
+    let [seq_idx, cu_chunk, last, ck_chunks] =
+        [&meta.seq_idx, &meta.cu_chunk_seqlens, &meta.last_chunk_indices, &meta.checkpoint_chunk_indices]
+            .map(|v| ints(&v.iter().map(|&x| x as i64).collect::<Vec<_>>()));
     let (qsl_d, accepted) = match &dec.spec {
         Some((q, a)) => (Some(ints(q)), Some(ints(a))),
         None => (None, None),
     };
+    let ck = checkpoint.is_some();
     [
         Some(ints(&starts)),
         Some(has_init),
@@ -219,12 +235,15 @@ fn tables(dec: &Decodes, pre: &Prefills) -> [Option<HostTensor>; 9] {
         Some(dec.table.clone()),
         qsl_d,
         accepted,
+        ck.then(|| ints(&offsets)),
+        ck.then(|| ints(&ck_slots)),
+        ck.then_some(ck_chunks),
     ]
 }
 
 /// The metadata of the whole batch over views `v` of [`tables`] (host tensors or device copies).
-fn metadata<'a>(dec: &Decodes, pre: &Prefills, v: [Option<TensorRef<'a>>; 9]) -> Mamba2AttentionMetadata<'a> {
-    let [qsl_p, has_init, seq_idx, cu_chunk, last, slots_p, table_d, qsl_d, accepted] = v;
+fn metadata<'a>(dec: &Decodes, pre: &Prefills, v: [Option<TensorRef<'a>>; 12]) -> Mamba2AttentionMetadata<'a> {
+    let [qsl_p, has_init, seq_idx, cu_chunk, last, slots_p, table_d, qsl_d, accepted, ck_off, ck_slots, ck_chunks] = v;
     Mamba2AttentionMetadata {
         num_prefills: pre.lens.len(),
         num_prefill_tokens: pre.lens.iter().sum(),
@@ -241,9 +260,9 @@ fn metadata<'a>(dec: &Decodes, pre: &Prefills, v: [Option<TensorRef<'a>>; 9]) ->
         state_indices_tensor_d: table_d,
         query_start_loc_d: qsl_d,
         num_accepted_tokens: accepted,
-        checkpoint_offsets_p: None,
-        checkpoint_state_indices_p: None,
-        checkpoint_chunk_indices_p: None,
+        checkpoint_offsets_p: ck_off,
+        checkpoint_state_indices_p: ck_slots,
+        checkpoint_chunk_indices_p: ck_chunks,
     }
 }
 
@@ -255,12 +274,22 @@ fn run_core(
     pre: &Prefills,
     conv_out: bool,
 ) -> (HostTensor, HostTensor, HostTensor) {
+    run_core_over(rt, b, (dec, pre), conv_out, tables(dec, pre))
+}
+
+/// [`run_core`] over the host index tensors `tables` ([`tables`] or [`tables_with`]).
+fn run_core_over(
+    rt: &Runtime,
+    b: &Batch,
+    (dec, pre): (&Decodes, &Prefills),
+    conv_out: bool,
+    tables: [Option<HostTensor>; 12],
+) -> (HostTensor, HostTensor, HostTensor) {
     let tokens = dec.tokens + pre.lens.iter().sum::<usize>();
     let mut conv = b.conv.clone();
     let mut ssm = b.ssm.clone();
     let mut out = HostTensor::filled(DType::F32, vec![tokens, H, P], SENTINEL);
     let mut scratch = HostTensor::filled(DType::F32, vec![tokens, CONV_DIM], f32::NAN);
-    let tables = tables(dec, pre);
     let metadata = metadata(dec, pre, tables.each_ref().map(|t| t.as_ref().map(HostTensor::view)));
     let mut args = core_args(b, (&mut conv, &mut ssm, &mut out), G, metadata);
     args.conv_out = conv_out.then(|| scratch.view_mut());
@@ -503,43 +532,7 @@ fn run_core_with_checkpoint(
     pre: &Prefills,
     checkpoint: Option<(usize, i64, i64)>,
 ) -> (HostTensor, HostTensor) {
-    let tp = pre.lens.iter().sum::<usize>();
-    let (mut conv, mut ssm) = (b.conv.clone(), b.ssm.clone());
-    let mut out = HostTensor::filled(DType::F32, vec![dec.tokens + tp, H, P], SENTINEL);
-    let starts = pre.starts();
-    let np = pre.lens.len();
-    let mut offsets = vec![0i64; np];
-    let mut ck_slots = vec![0i64; np];
-    if let Some((k, offset, slot)) = checkpoint {
-        (offsets[k], ck_slots[k]) = (offset, slot);
-    }
-    let meta = compute_chunk_metadata_with_checkpoints(&starts, &pre.computed, CHUNK, &offsets);
-    let i32s = |v: &[i32]| ints(&v.iter().map(|&x| x as i64).collect::<Vec<_>>());
-    let (seq_idx, cu_chunk, last, ck_chunks) = (
-        i32s(&meta.seq_idx),
-        i32s(&meta.cu_chunk_seqlens),
-        i32s(&meta.last_chunk_indices),
-        i32s(&meta.checkpoint_chunk_indices),
-    );
-    let has_init = HostTensor::from_bytes(
-        DType::Bool,
-        vec![np],
-        &pre.computed.iter().map(|&c| u8::from(c > 0)).collect::<Vec<_>>(),
-    );
-    let (qsl, slots_p, offsets, ck_slots) = (ints(&starts), ints(&pre.slots), ints(&offsets), ints(&ck_slots));
-    let with_checkpoint = checkpoint.is_some();
-    let metadata = Mamba2AttentionMetadata {
-        has_initial_states_p: Some(has_init.view()),
-        prep_initial_states: pre.computed.iter().any(|&c| c > 0),
-        seq_idx_p: Some(seq_idx.view()),
-        cu_chunk_seqlen_p: Some(cu_chunk.view()),
-        last_chunk_indices_p: Some(last.view()),
-        checkpoint_offsets_p: with_checkpoint.then(|| offsets.view()),
-        checkpoint_state_indices_p: with_checkpoint.then(|| ck_slots.view()),
-        checkpoint_chunk_indices_p: with_checkpoint.then(|| ck_chunks.view()),
-        ..plain_metadata(dec, tp, &qsl, &slots_p)
-    };
-    rt.mamba2_mixer_core(core_args(b, (&mut conv, &mut ssm, &mut out), G, metadata)).unwrap();
+    let (conv, ssm, _) = run_core_over(rt, b, (dec, pre), false, tables_with(dec, pre, checkpoint));
     (conv, ssm)
 }
 
@@ -685,7 +678,7 @@ mod gpu {
         b: &Batch,
         (dec, pre): (&Decodes, &Prefills),
         conv_out: bool,
-        edit: impl FnOnce(&mut [Option<HostTensor>; 9]),
+        edit: impl FnOnce(&mut [Option<HostTensor>; 12]),
     ) -> (HostTensor, HostTensor, HostTensor) {
         let dev = Dev(rt);
         let tokens = dec.tokens + pre.lens.iter().sum::<usize>();
@@ -779,6 +772,33 @@ mod gpu {
                 close_rows(&format!("{what} conv_state"), &conv, &conv_w, &[], 1e-5);
                 untouched_slots_kept(&what, &b, &touched(&dec, &pre), &conv, &ssm);
             }
+        }
+    }
+
+    /// A mid-prefill checkpoint through the core with every table on the device: the
+    /// checkpoint's slots of both pools, and the rest, as the host core writes them.
+    #[test]
+    fn mamba2_core_checkpoint_on_the_gpu_equals_the_core_on_the_host() {
+        let Some(gpu) = cuda("mamba2_core_checkpoint_on_the_gpu_equals_the_core_on_the_host") else { return };
+        let host = Runtime::new(&Config::cpu(Some(2))).unwrap();
+        let seed = base_seed();
+        let (dec, pre) = (decodes(false), prefills(seed));
+        let b = batch(dec.tokens + pre.lens.iter().sum::<usize>(), seed);
+        let ck_slot = 12;
+        for offset in [1, pre.lens[1] / 2, pre.lens[1] - 1] {
+            let ck = Some((1, offset as i64, ck_slot as i64));
+            let what = format!("seed={seed} lens={:?} computed={:?} offset={offset}", pre.lens, pre.computed);
+            let (conv_w, ssm_w, _) = run_core_over(&host, &b, (&dec, &pre), false, tables_with(&dec, &pre, ck));
+            let (conv, ssm, _) =
+                run_core_on_device(&gpu, &b, (&dec, &pre), false, |t| *t = tables_with(&dec, &pre, ck));
+            gpu.check().unwrap_or_else(|e| panic!("{what}: device error word: {e}"));
+            close_rows(&format!("{what} ssm_state"), &ssm, &ssm_w, &[], 4e-3);
+            close_rows(&format!("{what} conv_state"), &conv, &conv_w, &[], 1e-5);
+            let sb = H * P * N * 4;
+            assert_ne!(ssm.bytes()[ck_slot * sb..(ck_slot + 1) * sb], b.ssm.bytes()[ck_slot * sb..(ck_slot + 1) * sb]);
+            let mut touched = touched(&dec, &pre);
+            touched.push(ck_slot);
+            untouched_slots_kept(&what, &b, &touched, &conv, &ssm);
         }
     }
 
