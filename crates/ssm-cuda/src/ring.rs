@@ -142,8 +142,9 @@ struct CkptGeometry {
     minb: u8,
 }
 
-/// `SSM_CUDA_CKPT_TUNE="tpr=8|16|32,minb=M"` (tuning sweeps; unset in normal use): lanes per
-/// state row and blocks per SM, in place of [`CkptGeometry::of`]'s choice.
+/// `SSM_CUDA_CKPT_TUNE="tpr=8|16|32,minb=M,threads=128|256,rb=R"` (tuning sweeps; unset in
+/// normal use): lanes per state row, blocks per SM, threads per block and state rows per row
+/// group, in place of [`CkptGeometry::of`]'s choice.
 static CKPT_TUNE: TuneVar = TuneVar::new("SSM_CUDA_CKPT_TUNE");
 
 /// Blocks (sequences × heads) from which a multi-token step takes the spread geometry: about
@@ -176,8 +177,24 @@ impl CkptGeometry {
         let v16 = 16 / state.size();
         let vec = if aligned && dstate.is_multiple_of(tpr * v16) { v16 } else { 1 };
         let epl = dstate.div_ceil(tpr * vec) * vec;
-        let rb = (64 / epl.max(1)).clamp(1, 4);
+        let rb = CKPT_TUNE.get("rb").map_or((64 / epl.max(1)).clamp(1, 4), |r| (r as usize).clamp(1, 8));
         CkptGeometry { tpr: tpr as u8, vec: vec as u8, rb: rb as u8, minb: minb as u8 }
+    }
+
+    /// Threads per block: [`CKPT_THREADS`], or `SSM_CUDA_CKPT_TUNE`'s `threads` (128 or 256).
+    fn threads() -> u16 {
+        match CKPT_TUNE.get("threads") {
+            Some(256) => 256,
+            _ => CKPT_THREADS,
+        }
+    }
+}
+
+/// Threads per block of a checkpointing-SSU key.
+fn key_threads(key: &RingKey) -> u32 {
+    match key {
+        RingKey::Checkpointing(k) => k.threads as u32,
+        RingKey::Trackers { .. } => CKPT_THREADS as u32,
     }
 }
 
@@ -310,7 +327,7 @@ fn ckpt_key(p: &CheckpointingSsuPlan, a: &CheckpointingSsuArgs<'_>) -> RingKey {
             a.prev_num_accepted_tokens.dtype(),
         ],
         dstate: p.dstate as u16,
-        threads: CKPT_THREADS,
+        threads: CkptGeometry::threads(),
         geometry,
         flags,
     })
@@ -543,7 +560,7 @@ impl Run<CheckpointingSsuArgs<'_>> for CudaBackend {
             self.launch_kernel_shared(
                 &func,
                 (grid, 1, 1),
-                CKPT_THREADS as u32,
+                key_threads(&key),
                 shared as u32,
                 &params,
                 "cuLaunchKernel(checkpointing_ssu_kernel)",
@@ -574,7 +591,7 @@ pub fn ring_catalogue() -> Vec<(String, KernelSpec)> {
         types[9] = F32; // dt_bias
         types[12..].copy_from_slice(&[I32; 4]);
         let geometry = CkptGeometry::of(dstate as usize, state, true, blocks, tokens);
-        RingKey::Checkpointing(CkptKey { types, dstate, threads: CKPT_THREADS, geometry, flags }).spec()
+        RingKey::Checkpointing(CkptKey { types, dstate, threads: CkptGeometry::threads(), geometry, flags }).spec()
     };
     // A decode step of Mamba2-2.7B's 80 heads at batch 64 (the spread geometry).
     let ckpt = |state, act, dstate, flags| ckpt_in(state, act, dstate, flags, 64 * 80, 1);
