@@ -12,7 +12,7 @@ graph is captured).
 
 The call is Qwen3-Next's prefill as vLLM 0.33's GDN layer makes it: bf16 q/k/v (`[1, T, H, K]`,
 `[1, T, HV, V]`), f32 g and bf16 beta (`[1, T, HV]`), `use_qk_l2norm_in_kernel=True`, `batch`
-sequences of `seqlen` tokens packed with `cu_seqlens` (with `chunk_indices` and
+sequences of `seqlen` tokens (or of the shape's `lens`) packed with `cu_seqlens` (with `chunk_indices` and
 `chunk_offsets` precomputed, as the layer's metadata carries them), `core_attn_out` given, and
 the final states returned. Two timings per shape:
 - kernel "chunk": the call alone, with the initial states already gathered;
@@ -32,14 +32,15 @@ import traceback
 
 from gdn_peer import die, install_vllm_stubs, vllm_package_dir
 from peer_common import graph_median_us, kernel_breakdown, parse_args, pool_counts, prefill_result, print_breakdown
-from peer_common import profiler_range
+from peer_common import profiler_range, seq_lens, seqs_label
 from peer_common import report, stub_module, torch_and_triton, triton_choices, uniform
 
 
 def bench(fn, s, torch, pooled: bool, kernels: bool = False):
     dev = "cuda"
-    b, L, h, hv, k, v = s["batch"], s["seqlen"], s["heads"], s["v_heads"], s["k"], s["v"]
-    t = b * L
+    b, h, hv, k, v = s["batch"], s["heads"], s["v_heads"], s["k"], s["v"]
+    lens = seq_lens(s)
+    t = sum(lens)
     sdt = torch.float32 if s["state"] == "f32" else torch.bfloat16
     io = torch.bfloat16
     nbytes = int(s["bytes"])
@@ -47,12 +48,11 @@ def bench(fn, s, torch, pooled: bool, kernels: bool = False):
     gen = torch.Generator(device=dev)
     gen.manual_seed(2024)
     u = uniform(torch, gen, dev)
-    cu = torch.arange(b + 1, device=dev, dtype=torch.int32) * L
-    nc = -(-L // 64)
-    chunk_indices = torch.stack(
-        [torch.arange(b, dtype=torch.int32).repeat_interleave(nc), torch.arange(nc, dtype=torch.int32).repeat(b)], 1
-    ).to(dev)
-    chunk_offsets = torch.arange(b + 1, device=dev, dtype=torch.int32) * nc
+    # FLA's prepare_chunk_indices / prepare_chunk_offsets of these cu_seqlens (chunks of 64).
+    ncs = [-(-n // 64) for n in lens]
+    cu = torch.tensor([sum(lens[:i]) for i in range(b + 1)], device=dev, dtype=torch.int32)
+    chunk_indices = torch.tensor([[i, j] for i, nc in enumerate(ncs) for j in range(nc)], dtype=torch.int32).to(dev)
+    chunk_offsets = torch.tensor([sum(ncs[:i]) for i in range(b + 1)], device=dev, dtype=torch.int32)
     ps = []
     for _ in range(pools):
         slots = (torch.randperm(b, device=dev, generator=gen) + 1).long()
@@ -133,7 +133,7 @@ def main():
             except Exception:
                 traceback.print_exc()
                 die(f"chunk_gated_delta_rule failed on {s}")
-            label = f"{r['kernel']:<10} {s['state']:>4} hv{s['v_heads']} {s['batch']}x{s['seqlen']}"
+            label = f"{r['kernel']:<10} {s['state']:>4} hv{s['v_heads']} {seqs_label(s)}"
             print(f"peer {label}: {r['us']:9.2f} us", file=sys.stderr)
             if "kernels" in r:
                 print_breakdown(label, r["kernels"])

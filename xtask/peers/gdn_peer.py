@@ -20,7 +20,8 @@ bf16 q/k/v/o, state `[slots, HV, V, K]` f32 or bf16, q/k l2norm in the kernel, i
   `vllm/model_executor/layers/mamba/ops/causal_conv1d.py`, bf16, width 4, no bias, silu, the SD
   conv-state storage `[slots, 3, dim]` passed transposed as the layer does, written to a separate
   output) then the packed decode on its output, timed as one pair per call. Ops "step_parts"
-  and "step_fused" (our step on its other routes) have no peer of their own.
+  and "step_fused" (our step on its other routes) have no peer of their own;
+- `causal_conv1d_update` alone (op "conv"): the step's conv as above, one token per sequence.
 Plain decode: dense `[B, 1, ...]` inputs, 1-D table. Speculative (tokens > 1): packed
 `[1, B*T, ...]` inputs with `cu_seqlens`, a `[B, T]` table and `num_accepted_tokens` in 1..T,
 as vLLM's spec-decode path calls them.
@@ -56,6 +57,7 @@ SIGMOID = "fused_sigmoid_gating_delta_rule_update"
 PACKED = "fused_recurrent_gated_delta_rule_packed_decode"
 RECURRENT = "fused_recurrent_gated_delta_rule"
 STEP = "causal_conv1d_update+fused_recurrent_gated_delta_rule_packed_decode"
+CONV = "causal_conv1d_update"
 STEP_WIDTH = 4
 
 
@@ -119,10 +121,16 @@ def bench(kernel, fn, s, torch):
     for _ in range(pools):
         perm = (torch.randperm(slots, device=dev, generator=gen) + 1).to(torch.int32)
         pool = {
-            "state": u((slots + 1, hv, v, k), -0.5, 0.5, sdt),
+            # The conv alone touches no recurrent state.
+            "state": u((1,) if kernel == CONV else (slots + 1, hv, v, k), -0.5, 0.5, sdt),
             **spec_tables(torch, gen, dev, perm, b, t),
         }
-        if kernel == STEP:
+        if kernel == CONV:
+            dim = 2 * h * k + hv * v
+            pool["x"] = u((b, dim), -1.0, 1.0, io)
+            pool["conv_state"] = u((slots + 1, STEP_WIDTH - 1, dim), -1.0, 1.0, io)
+            pool["conv_out"] = torch.empty((b, dim), device=dev, dtype=io)
+        elif kernel == STEP:
             dim = 2 * h * k + hv * v
             pool["x"] = u((b, dim), -1.0, 1.0, io)
             pool["conv_state"] = u((slots + 1, STEP_WIDTH - 1, dim), -1.0, 1.0, io)
@@ -147,10 +155,15 @@ def bench(kernel, fn, s, torch):
                 pool["beta"] = u((bsz, tt, hv), 0.05, 0.95, io)
         ps.append(pool)
     scale = k**-0.5
-    conv_w = u((2 * h * k + hv * v, STEP_WIDTH), -0.5, 0.5, io) if kernel == STEP else None
+    conv_w = u((2 * h * k + hv * v, STEP_WIDTH), -0.5, 0.5, io) if kernel in (STEP, CONV) else None
 
     def call(p):
-        if kernel == STEP:
+        if kernel == CONV:
+            fn(
+                p["x"], p["conv_state"].transpose(-1, -2), conv_w, bias=None, activation="silu",
+                conv_state_indices=p["sbi"], out=p["conv_out"],
+            )
+        elif kernel == STEP:
             conv_update, packed = fn
             conv_update(
                 p["x"], p["conv_state"].transpose(-1, -2), conv_w, bias=None, activation="silu",
@@ -181,7 +194,8 @@ def bench(kernel, fn, s, torch):
 
     us = graph_median_us(torch, call, ps, calls)
     # A state that went non-finite would mean the peer ran something else than intended.
-    if not all(bool(torch.isfinite(p["state"]).all()) for p in ps[:2]):
+    checked = "conv_state" if kernel == CONV else "state"
+    if not all(bool(torch.isfinite(p[checked]).all()) for p in ps[:2]):
         raise RuntimeError(f"{kernel} {s}: non-finite state after the replays")
     del ps
     torch.cuda.empty_cache()
@@ -223,13 +237,14 @@ def main():
     }
 
     shapes = json.loads(a.shapes) if a.shapes else DEFAULT_SHAPES
-    if any(s["op"] == "step" for s in shapes):
+    if any(s["op"] in ("step", "conv") for s in shapes):
         try:
             from vllm.model_executor.layers.mamba.ops.causal_conv1d import causal_conv1d_update
         except Exception:
             traceback.print_exc()
             die(f"could not import vLLM's causal_conv1d_update from {pkg} (extract vllm/model_executor/layers/mamba/*)")
         fns[STEP] = (causal_conv1d_update, fused_recurrent_gated_delta_rule_packed_decode)
+        fns[CONV] = causal_conv1d_update
     results = []
     for s in shapes:
         if s["op"] == "sigmoid":
@@ -238,6 +253,8 @@ def main():
             kernels = [RECURRENT]
         elif s["op"] == "step":
             kernels = [STEP]
+        elif s["op"] == "conv":
+            kernels = [CONV]
         elif s["op"] in ("step_parts", "step_fused"):
             kernels = []
         else:

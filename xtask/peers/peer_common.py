@@ -194,6 +194,17 @@ def graph_median_us(torch, call, pools: list, calls: int) -> float:
     return times[len(times) // 2]
 
 
+def seq_lens(s: dict) -> list:
+    """The sequence lengths of a prefill shape: its "lens" (sequences of varied length), else
+    `batch` sequences of `seqlen` tokens."""
+    return [int(n) for n in s.get("lens") or [s["seqlen"]] * s["batch"]]
+
+
+def seqs_label(s: dict) -> str:
+    """A prefill shape's sequences as our bench labels them: `4x2048` or `8v2048` (varied)."""
+    return f"{s['batch']}v{s['tokens']}" if s.get("varied") else f"{s['batch']}x{s['seqlen']}"
+
+
 def prefill_result(torch, s: dict, kernel: str, us: float, outs: list, nbytes: int, pools: int, calls: int) -> dict:
     """The result row of one timed prefill variant (`kernel`), after checking that its output
     tensors `outs` are finite after the replays; frees the allocator's cached blocks."""

@@ -10,7 +10,7 @@ peer's code is never part of this repository. The few vLLM modules they import a
 first call of each shape (before the timed graph is captured).
 
 The call is vLLM 0.33's Mamba2 mixer prefill (mamba_mixer2.py): bf16 x, dt, B, C and out,
-f32 A, D and dt_bias, dt_softplus, `batch` fresh sequences of `seqlen` tokens (chunk metadata
+f32 A, D and dt_bias, dt_softplus, `batch` fresh sequences of `seqlen` tokens or of the shape's `lens` (chunk metadata
 as vLLM builds it), `state_dtype` = the pool's dtype, and the final states written into the
 pool by the kernel (`final_states_out=ssm_state`, `final_state_indices` a permutation of slots
 1..batch). Two timings per shape:
@@ -27,16 +27,17 @@ import json
 import sys
 
 from peer_common import graph_median_us, kernel_breakdown, parse_args, pool_counts, prefill_result, print_breakdown
-from peer_common import profiler_range
+from peer_common import profiler_range, seq_lens, seqs_label
 from peer_common import install_mamba_stubs, report, triton_choices, uniform
 
 
-def chunk_metadata(torch, seqlen: int, batch: int, chunk: int, dev):
-    """vLLM's metadata of `batch` fresh sequences of `seqlen` tokens (no prefix: chunks start at
-    each sequence's start)."""
-    cu_chunk, seq_idx, last = [0], [], []
+def chunk_metadata(torch, lens: list, chunk: int, dev):
+    """vLLM's metadata of fresh sequences of `lens` tokens (no prefix: chunks start at each
+    sequence's start)."""
+    cu_chunk, seq_idx, last, cu = [0], [], [], [0]
     pos = 0
-    for b in range(batch):
+    for b, seqlen in enumerate(lens):
+        cu.append(cu[-1] + seqlen)
         left = seqlen
         while left > 0:
             step = min(chunk, left)
@@ -46,13 +47,14 @@ def chunk_metadata(torch, seqlen: int, batch: int, chunk: int, dev):
             seq_idx.append(b)
         last.append(len(seq_idx) - 1)
     i32 = lambda v: torch.tensor(v, device=dev, dtype=torch.int32)  # noqa: E731
-    return i32([b * seqlen for b in range(batch + 1)]), i32(cu_chunk), i32(last), i32(seq_idx)
+    return i32(cu), i32(cu_chunk), i32(last), i32(seq_idx)
 
 
 def bench(fn, s, torch, gathered: bool, kernels: bool = False):
     dev = "cuda"
-    b, L, h, p, n, g, q = s["batch"], s["seqlen"], s["heads"], s["dim"], s["dstate"], s["groups"], s["chunk"]
-    t = b * L
+    b, h, p, n, g, q = s["batch"], s["heads"], s["dim"], s["dstate"], s["groups"], s["chunk"]
+    lens = seq_lens(s)
+    t = sum(lens)
     sdt = torch.float32 if s["state"] == "f32" else torch.bfloat16
     io = torch.bfloat16
     nbytes = int(s["bytes"])
@@ -63,7 +65,7 @@ def bench(fn, s, torch, gathered: bool, kernels: bool = False):
     A = u((h,), -2.0, -0.1, torch.float32)
     D = u((h,), -1.0, 1.0, torch.float32)
     dt_bias = u((h,), -1.0, 1.0, torch.float32)
-    cu, cu_chunk, last, seq_idx = chunk_metadata(torch, L, b, q, dev)
+    cu, cu_chunk, last, seq_idx = chunk_metadata(torch, lens, q, dev)
     ps = []
     for _ in range(pools):
         slots = (torch.randperm(b, device=dev, generator=gen) + 1).to(torch.int32)
@@ -127,7 +129,7 @@ def main():
     for s in shapes:
         for gathered in (False, True):
             r = bench(mamba_chunk_scan_combined_varlen, s, torch, gathered, a.kernels)
-            label = f"{r['kernel']:<10} {s['state']:>4} h{s['heads']} g{s['groups']} {s['batch']}x{s['seqlen']}"
+            label = f"{r['kernel']:<10} {s['state']:>4} h{s['heads']} g{s['groups']} {seqs_label(s)}"
             print(f"peer {label}: {r['us']:9.2f} us", file=sys.stderr)
             if "kernels" in r:
                 print_breakdown(label, r["kernels"])

@@ -7,8 +7,10 @@
 //! - `--op gdn` (`bench-cuda-gdn`): our recurrent GDN decode kernels on the Qwen3-Next shapes
 //!   and (with `--peer-vllm DIR`) vLLM's Triton `fused_sigmoid_gating_delta_rule_update`,
 //!   `fused_recurrent_gated_delta_rule_packed_decode` and `fused_recurrent_gated_delta_rule`,
-//!   through `xtask/peers/gdn_peer.py`.
-//!
+//!   through `xtask/peers/gdn_peer.py`; then the decode step (`gdn_decode_step`) and the conv
+//!   update alone (`causal_conv1d_update`, also `--op conv`) against vLLM's;
+//! - `--op gdn` also runs `bench-cuda-gdn-chunk`: GDN chunked prefill against vLLM's Triton
+//!   `chunk_gated_delta_rule`, through `xtask/peers/gdn_chunk_peer.py`;
 //! - `--op ssd` (`bench-cuda-ssd`): our SSD chunked prefill on Mamba2-2.7B and Nemotron-H-8B
 //!   prefills and (with `--peer-vllm DIR`) vLLM's Triton `mamba_chunk_scan_combined_varlen`,
 //!   through `xtask/peers/ssd_peer.py`.
@@ -226,10 +228,17 @@ impl CudaBenchShape for GdnChunkBenchShape {
     fn peer_json(&self) -> Value {
         json!({"batch": self.batch, "seqlen": self.seqlen, "tokens": self.tokens(), "state": state_name(self.state),
                "heads": self.heads, "v_heads": self.v_heads, "k": self.k, "v": self.v, "bytes": self.bytes(),
-               "flops": self.flops()})
+               "flops": self.flops(), "varied": self.varied, "lens": self.lengths()})
     }
     fn key(&self) -> (usize, usize, DType) {
         (self.batch, self.tokens(), self.state)
+    }
+    fn matches_peer(&self, row: &Value) -> bool {
+        let (batch, tokens, state) = self.key();
+        row["batch"].as_u64() == Some(batch as u64)
+            && row["tokens"].as_u64() == Some(tokens as u64)
+            && row["state"].as_str() == Some(state_name(state))
+            && row["varied"].as_bool().unwrap_or(false) == self.varied
     }
 }
 
@@ -241,7 +250,7 @@ impl PrefillShape for GdnChunkBenchShape {
         GdnChunkBenchShape::flops(self)
     }
     fn row_fields(&self) -> Value {
-        json!({"state": state_name(self.state), "batch": self.batch, "seqlen": self.seqlen, "heads": self.heads,
+        json!({"state": state_name(self.state), "batch": self.batch, "seqlen": self.seqlen, "varied": self.varied, "heads": self.heads,
                "v_heads": self.v_heads, "k": self.k, "v": self.v, "bytes": self.bytes()})
     }
 }
@@ -254,7 +263,7 @@ impl PrefillShape for SsdBenchShape {
         SsdBenchShape::flops(self)
     }
     fn row_fields(&self) -> Value {
-        json!({"state": state_name(self.state), "batch": self.batch, "seqlen": self.seqlen, "heads": self.heads,
+        json!({"state": state_name(self.state), "batch": self.batch, "seqlen": self.seqlen, "varied": self.varied, "heads": self.heads,
                "dim": self.dim, "dstate": self.dstate, "groups": self.groups, "chunk": self.chunk,
                "bytes": self.bytes()})
     }
@@ -268,7 +277,8 @@ impl CudaBenchShape for SsdBenchShape {
     fn peer_json(&self) -> Value {
         json!({"batch": self.batch, "seqlen": self.seqlen, "tokens": self.tokens(), "state": state_name(self.state),
                "heads": self.heads, "dim": self.dim, "dstate": self.dstate, "groups": self.groups,
-               "chunk": self.chunk, "bytes": self.bytes(), "flops": self.flops()})
+               "chunk": self.chunk, "bytes": self.bytes(), "flops": self.flops(), "varied": self.varied,
+               "lens": self.lengths()})
     }
     fn key(&self) -> (usize, usize, DType) {
         (self.batch, self.tokens(), self.state)
@@ -280,6 +290,7 @@ impl CudaBenchShape for SsdBenchShape {
             && row["state"].as_str() == Some(state_name(state))
             && row["heads"].as_u64() == Some(self.heads as u64)
             && row["groups"].as_u64() == Some(self.groups as u64)
+            && row["varied"].as_bool().unwrap_or(false) == self.varied
     }
 }
 
@@ -654,12 +665,16 @@ pub(crate) struct CudaGdnBenchArgs {
     /// Batches of the decode step (`gdn_decode_step`, fused and as its two launches; empty: none).
     #[arg(long, value_delimiter = ',', default_value = "1,8,64,256")]
     pub(crate) step_batches: Vec<usize>,
+    /// Batches of the conv update alone (`causal_conv1d_update` over the step's projected rows,
+    /// conv dim 8192, width 4, bf16; empty: none).
+    #[arg(long, value_delimiter = ',', default_value = "1,8,64,256,1024")]
+    pub(crate) conv_batches: Vec<usize>,
     #[command(flatten)]
     pub(crate) common: CudaBenchCommon,
 }
 
 /// The GDN bench shapes: both ops, f32 and bf16 state, plain decode at every batch, then the
-/// speculative step.
+/// speculative step, the decode step (fused and its parts), then the conv update alone.
 pub(crate) fn gdn_shapes(args: &CudaGdnBenchArgs) -> Vec<GdnBenchShape> {
     let mut shapes = Vec::new();
     for op in [GdnBenchOp::SigmoidGating, GdnBenchOp::Recurrent] {
@@ -679,6 +694,7 @@ pub(crate) fn gdn_shapes(args: &CudaGdnBenchArgs) -> Vec<GdnBenchShape> {
             }
         }
     }
+    shapes.extend(args.conv_batches.iter().map(|&b| GdnBenchShape::qwen3_next_conv(b)));
     shapes
 }
 
@@ -880,11 +896,19 @@ fn prefill_table<S: PrefillShape>(m: &Measured<S>, peer: &PrefillPeer) -> Vec<Va
     rows
 }
 
+/// The prefill benches' shapes: 2k, 8k and 32k tokens, each as one sequence and as 8 sequences of
+/// varied length.
+pub(crate) const PREFILL_SHAPES: &str = "1x2048,8v2048,1x8192,8v8192,1x32768,8v32768";
+
+/// The same at 2k tokens only (`cargo xtask bench --quick`).
+pub(crate) const PREFILL_SHAPES_QUICK: &str = "1x2048,8v2048";
+
 /// Options of the CUDA SSD prefill bench.
 #[derive(Debug, Clone, clap::Args)]
 pub(crate) struct CudaSsdBenchArgs {
-    /// Mamba2-2.7B prefills as `SEQUENCESxTOKENS` (chunk 256).
-    #[arg(long, value_delimiter = ',', default_value = "1x2048,4x2048,16x512,64x128,1x16384")]
+    /// Mamba2-2.7B prefills (chunk 256) as `SEQUENCESxTOKENS` or `SEQUENCESvTOTAL` (sequences of
+    /// varied length).
+    #[arg(long, value_delimiter = ',', default_value = PREFILL_SHAPES)]
     pub(crate) mamba2: Vec<String>,
     /// Nemotron-H-8B prefills as `SEQUENCESxTOKENS` (chunk 128, 8 groups); `""` for none.
     #[arg(long, value_delimiter = ',', default_value = "4x2048")]
@@ -893,9 +917,29 @@ pub(crate) struct CudaSsdBenchArgs {
     pub(crate) common: CudaBenchCommon,
 }
 
-fn batch_by_len(v: &str) -> anyhow::Result<(usize, usize)> {
-    let (b, t) = v.split_once('x').with_context(|| format!("`{v}`: expected SEQUENCESxTOKENS"))?;
-    Ok((b.trim().parse().context("sequences")?, t.trim().parse().context("tokens")?))
+/// A prefill shape's sequences: `SxL` (S sequences of L tokens) or `SvT` (S sequences of varied
+/// lengths, T tokens in all; `ssm_cuda::bench::prefill_lengths`), as (sequences, tokens per
+/// sequence, varied).
+fn batch_by_len(v: &str) -> anyhow::Result<(usize, usize, bool)> {
+    let form = || format!("`{v}`: expected SEQUENCESxTOKENS or SEQUENCESvTOTAL");
+    let (varied, (b, t)) = match v.split_once('x') {
+        Some(p) => (false, p),
+        None => (true, v.split_once('v').with_context(form)?),
+    };
+    let (b, t): (usize, usize) = (b.trim().parse().context("sequences")?, t.trim().parse().context("tokens")?);
+    anyhow::ensure!(b > 0 && t > 0, "{}: no sequences or no tokens", form());
+    if !varied {
+        return Ok((b, t, false));
+    }
+    anyhow::ensure!(t % b == 0, "`{v}`: {t} tokens do not split into {b} sequences of varied length evenly");
+    let seqlen = t / b;
+    anyhow::ensure!(2 * seqlen > b, "`{v}`: too few tokens for {b} sequences of varied length");
+    Ok((b, seqlen, true))
+}
+
+/// A prefill bench shape's sequences, varied or not.
+fn with_lengths<S>(shape: S, varied: bool, vary: impl FnOnce(S) -> S) -> S {
+    if varied { vary(shape) } else { shape }
 }
 
 /// The SSD bench shapes: every state dtype, Mamba2-2.7B then Nemotron-H-8B prefills.
@@ -903,12 +947,12 @@ pub(crate) fn ssd_shapes(args: &CudaSsdBenchArgs) -> anyhow::Result<Vec<SsdBench
     let mut shapes = Vec::new();
     for state in args.common.states.iter().map(|s| s.dtype()) {
         for v in args.mamba2.iter().filter(|v| !v.is_empty()) {
-            let (b, t) = batch_by_len(v)?;
-            shapes.push(SsdBenchShape::mamba2_2p7b(b, t, state));
+            let (b, t, varied) = batch_by_len(v)?;
+            shapes.push(with_lengths(SsdBenchShape::mamba2_2p7b(b, t, state), varied, |s| s.with_varied_lengths()));
         }
         for v in args.nemotron.iter().filter(|v| !v.is_empty()) {
-            let (b, t) = batch_by_len(v)?;
-            shapes.push(SsdBenchShape::nemotron_h_8b(b, t, state));
+            let (b, t, varied) = batch_by_len(v)?;
+            shapes.push(with_lengths(SsdBenchShape::nemotron_h_8b(b, t, state), varied, |s| s.with_varied_lengths()));
         }
     }
     Ok(shapes)
@@ -929,8 +973,9 @@ pub(crate) fn run_ssd(args: &CudaSsdBenchArgs) -> anyhow::Result<Value> {
 /// Options of the CUDA GDN chunked-prefill bench.
 #[derive(Debug, Clone, clap::Args)]
 pub(crate) struct CudaGdnChunkBenchArgs {
-    /// Qwen3-Next prefills as `SEQUENCESxTOKENS`.
-    #[arg(long, value_delimiter = ',', default_value = "1x2048,4x2048,16x512,1x8192")]
+    /// Qwen3-Next prefills as `SEQUENCESxTOKENS` or `SEQUENCESvTOTAL` (sequences of varied
+    /// length).
+    #[arg(long, value_delimiter = ',', default_value = PREFILL_SHAPES)]
     pub(crate) qwen3_next: Vec<String>,
     #[command(flatten)]
     pub(crate) common: CudaBenchCommon,
@@ -940,8 +985,8 @@ pub(crate) fn run_gdn_chunk(args: &CudaGdnChunkBenchArgs) -> anyhow::Result<Valu
     let mut shapes = Vec::new();
     for state in args.common.states.iter().map(|s| s.dtype()) {
         for v in args.qwen3_next.iter().filter(|v| !v.is_empty()) {
-            let (b, t) = batch_by_len(v)?;
-            shapes.push(GdnChunkBenchShape::qwen3_next(b, t, state));
+            let (b, t, varied) = batch_by_len(v)?;
+            shapes.push(with_lengths(GdnChunkBenchShape::qwen3_next(b, t, state), varied, |s| s.with_varied_lengths()));
         }
     }
     let m = measure(&args.common, &shapes, bench_gdn_chunk, "gdn_chunk_peer.py")?;
@@ -961,6 +1006,23 @@ mod tests {
 
     /// The H200 documents in docs/perf give one plot per decode op, none for the prefills, with
     /// integer batch ticks and the series in the legend.
+    #[test]
+    fn prefill_shapes_parse_equal_and_varied_sequences() {
+        assert_eq!(batch_by_len("4x2048").unwrap(), (4, 2048, false));
+        assert_eq!(batch_by_len("8v2048").unwrap(), (8, 256, true));
+        assert!(batch_by_len("8v2047").is_err(), "tokens that do not split evenly");
+        assert!(batch_by_len("8v8").is_err(), "too few tokens to vary");
+        assert!(batch_by_len("0x8").is_err() && batch_by_len("2048").is_err());
+        let args = CudaSsdBenchArgs {
+            mamba2: PREFILL_SHAPES.split(',').map(String::from).collect(),
+            nemotron: vec![],
+            common: CudaBenchCommon { states: vec![StateDtype::F32], ..CudaBenchCommon::new(None, None) },
+        };
+        let labels: Vec<String> = ssd_shapes(&args).unwrap().iter().map(|s| s.label()).collect();
+        assert_eq!(labels[1], "h80 d64 n128 g1 c256 f32 8v2048");
+        assert_eq!(labels[4], "h80 d64 n128 g1 c256 f32 1x32768");
+    }
+
     #[test]
     fn plots_of_recorded_documents() {
         let dir = std::env::temp_dir().join(format!("ssm-plot-{}", std::process::id()));

@@ -224,6 +224,46 @@ pub struct BenchResult<S> {
 /// Timing of one SSU shape.
 pub type SsuBenchResult = BenchResult<SsuBenchShape>;
 
+/// The sequence lengths of a prefill bench shape: `batch` sequences of `seqlen` tokens each, or,
+/// when `varied`, `batch` sequences of lengths in the ratio 1 : 2 : … : `batch` that sum to
+/// `batch · seqlen` (the last takes what rounding left), so that most end inside a chunk. Every
+/// length is at least 1 when `seqlen ≥ (batch + 1) / 2`.
+pub fn prefill_lengths(batch: usize, seqlen: usize, varied: bool) -> Vec<usize> {
+    if !varied || batch <= 1 {
+        return vec![seqlen; batch];
+    }
+    let total = batch * seqlen;
+    let weights = batch * (batch + 1) / 2;
+    let mut lens: Vec<usize> = (1..batch).map(|i| total * i / weights).collect();
+    lens.push(total - lens.iter().sum::<usize>());
+    lens
+}
+
+/// How a prefill bench label writes its sequences: `4x2048` (4 of 2048 tokens) or `8v2048` (8 of
+/// varied lengths, 2048 tokens in all).
+pub(crate) fn prefill_sequences_label(batch: usize, seqlen: usize, varied: bool) -> String {
+    match varied {
+        true => format!("{batch}v{}", batch * seqlen),
+        false => format!("{batch}x{seqlen}"),
+    }
+}
+
+/// The lengths of the chunks of `chunk` tokens that sequences of `lens` tokens split into
+/// (each sequence's last chunk may be short).
+pub(crate) fn chunk_lengths(lens: &[usize], chunk: usize) -> impl Iterator<Item = usize> + '_ {
+    lens.iter().flat_map(move |&len| (0..len).step_by(chunk).map(move |start| chunk.min(len - start)))
+}
+
+/// The `cu_seqlens` of sequences of `lens` tokens.
+pub(crate) fn cu_seqlens(lens: &[usize]) -> Vec<i64> {
+    std::iter::once(0)
+        .chain(lens.iter().scan(0i64, |acc, &l| {
+            *acc += l as i64;
+            Some(*acc)
+        }))
+        .collect()
+}
+
 /// A random permutation of `0..n` drawn from `seed` (a bench's slot table: sequences gather
 /// from all over the pool).
 pub(crate) fn permutation(n: usize, seed: u64) -> Vec<i32> {
@@ -502,6 +542,18 @@ pub fn bench_ssu(be: &CudaBackend, shape: &SsuBenchShape) -> Result<SsuBenchResu
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn prefill_lengths_vary_and_keep_the_total() {
+        assert_eq!(prefill_lengths(4, 512, false), [512; 4]);
+        assert_eq!(prefill_lengths(1, 2048, true), [2048]);
+        let lens = prefill_lengths(8, 256, true);
+        assert_eq!(lens, [56, 113, 170, 227, 284, 341, 398, 459]);
+        assert_eq!(cu_seqlens(&lens).last(), Some(&2048));
+        assert_eq!(chunk_lengths(&[300, 20], 256).collect::<Vec<_>>(), [256, 44, 20]);
+        assert_eq!(prefill_sequences_label(8, 256, true), "8v2048");
+        assert_eq!(prefill_sequences_label(8, 256, false), "8x256");
+    }
 
     #[test]
     fn byte_count_of_mamba2_decode() {

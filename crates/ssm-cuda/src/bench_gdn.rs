@@ -45,6 +45,10 @@ pub enum GdnBenchOp {
     StepParts,
     /// The same step on the fused kernel (one launch), whichever route is the default.
     StepFused,
+    /// `causal_conv1d_update` alone: the step's conv (its rows, weights, state pool and slot
+    /// table) as the layer calls it before the recurrence; the shape's state dtype is the
+    /// activations' (the conv state's).
+    ConvUpdate,
 }
 
 /// Width of the bench step's conv.
@@ -59,6 +63,7 @@ impl GdnBenchOp {
             GdnBenchOp::Step => "gdn_decode_step",
             GdnBenchOp::StepParts => "causal_conv1d_update+fused_sigmoid_gating_delta_rule_update",
             GdnBenchOp::StepFused => "gdn_step_kernel",
+            GdnBenchOp::ConvUpdate => "causal_conv1d_update",
         }
     }
 
@@ -67,7 +72,12 @@ impl GdnBenchOp {
         matches!(self, GdnBenchOp::Step | GdnBenchOp::StepParts | GdnBenchOp::StepFused)
     }
 
-    /// A short name: `sigmoid` or `recurrent`.
+    /// Whether the op runs the step's conv update (the step, or the conv alone).
+    pub fn has_conv(self) -> bool {
+        self.is_step() || self == GdnBenchOp::ConvUpdate
+    }
+
+    /// A short name: `sigmoid`, `recurrent`, `step`, `step_parts`, `step_fused` or `conv`.
     pub fn short(self) -> &'static str {
         match self {
             GdnBenchOp::SigmoidGating => "sigmoid",
@@ -75,6 +85,7 @@ impl GdnBenchOp {
             GdnBenchOp::Step => "step",
             GdnBenchOp::StepParts => "step_parts",
             GdnBenchOp::StepFused => "step_fused",
+            GdnBenchOp::ConvUpdate => "conv",
         }
     }
 }
@@ -108,8 +119,17 @@ impl GdnBenchShape {
         GdnBenchShape { op, batch, heads: 16, v_heads: 32, k: 128, v: 128, state, io: DType::BF16, tokens }
     }
 
-    /// A short label, e.g. `sigmoid h16/32 k128 v128 f32 b64 spec3`.
+    /// The conv update alone over Qwen3-Next's projected rows (`conv_dim` 8192, width 4, bf16
+    /// rows and conv state), `batch` sequences, one token each.
+    pub fn qwen3_next_conv(batch: usize) -> Self {
+        GdnBenchShape::qwen3_next(GdnBenchOp::ConvUpdate, batch, DType::BF16, 1)
+    }
+
+    /// A short label, e.g. `sigmoid h16/32 k128 v128 f32 b64 spec3`, or `conv d8192 w4 bf16 b64`.
     pub fn label(&self) -> String {
+        if self.op == GdnBenchOp::ConvUpdate {
+            return format!("conv d{} w{STEP_WIDTH} {} b{}", self.conv_dim(), self.io, self.batch);
+        }
         let mode = if self.tokens > 1 { format!(" spec{}", self.tokens) } else { String::new() };
         format!(
             "{} h{}/{} k{} v{} {} b{}{mode}",
@@ -144,20 +164,22 @@ impl GdnBenchShape {
         let (h, hv, k, v) = (self.heads as u64, self.v_heads as u64, self.k as u64, self.v as u64);
         let io = self.io.size() as u64;
         let rows = self.rows() as u64;
+        // The conv: x read, its output written (the op's contract), the conv window read and
+        // written, the weights.
+        let (dim, w) = (self.conv_dim() as u64, STEP_WIDTH as u64);
+        let conv = 2 * rows * dim * io + 2 * rows * dim * (w - 1) * io + dim * w * io;
+        if self.op == GdnBenchOp::ConvUpdate {
+            return conv + self.batch as u64 * 4;
+        }
         if self.op.is_step() {
-            // The step: x read, the conv output written (the op's contract), the conv window
-            // read and written, the weights, the gates, o, the state and the table.
-            let (dim, w) = (self.conv_dim() as u64, STEP_WIDTH as u64);
-            let conv = 2 * rows * dim * io + 2 * rows * dim * (w - 1) * io + dim * w * io;
+            // The step: the conv, the gates, o, the state and the table.
             let rest = rows * hv * v * io + 2 * rows * hv * io + 2 * hv * 4;
             return state_and_table_bytes(self.batch, 1, hv * v * k * self.state.size() as u64) + conv + rest;
         }
         let tok = 2 * rows * h * k * io + 2 * rows * hv * v * io;
         let gates = match self.op {
-            GdnBenchOp::SigmoidGating | GdnBenchOp::Step | GdnBenchOp::StepParts | GdnBenchOp::StepFused => {
-                2 * rows * hv * io + 2 * hv * 4
-            }
             GdnBenchOp::Recurrent => rows * hv * (4 + io),
+            _ => 2 * rows * hv * io + 2 * hv * 4,
         };
         state_and_table_bytes(self.batch, self.tokens, hv * v * k * self.state.size() as u64) + tok + gates
     }
@@ -206,8 +228,10 @@ impl Pool {
         let buf = |elems: usize, dtype: DType| DeviceBuffer::zeroed(be, elems * dtype.size());
         let given = s.op == GdnBenchOp::Recurrent;
         let ga_dtype = if given { DType::F32 } else { s.io };
+        // The conv alone touches no recurrent state.
+        let state_elems = if s.op == GdnBenchOp::ConvUpdate { 1 } else { pool_slots * hv * v * k };
         let pool = Pool {
-            state: buf(pool_slots * hv * v * k, s.state)?,
+            state: buf(state_elems, s.state)?,
             q: buf(rows * h * k, s.io)?,
             k: buf(rows * h * k, s.io)?,
             v: buf(rows * hv * v, s.io)?,
@@ -218,7 +242,7 @@ impl Pool {
             dt_bias: buf(hv, DType::F32)?,
             // Slots 1..=slots (0 is the null block).
             tables: SlotTables::new(be, s.batch, s.tokens, 1, seed)?,
-            conv: if s.op.is_step() {
+            conv: if s.op.has_conv() {
                 let dim = s.conv_dim();
                 vec![
                     buf(rows * dim, s.io)?,
@@ -230,13 +254,13 @@ impl Pool {
                 Vec::new()
             },
         };
-        if s.op.is_step() {
+        if s.op.has_conv() {
             let dim = s.conv_dim();
             fill(be, pool.conv[0].addr(), rows * dim, s.io, seed + 8, -1.0, 1.0)?;
             fill(be, pool.conv[1].addr(), dim * STEP_WIDTH, s.io, seed + 9, -0.5, 0.5)?;
             fill(be, pool.conv[2].addr(), pool_slots * (STEP_WIDTH - 1) * dim, s.io, seed + 10, -1.0, 1.0)?;
         }
-        fill(be, pool.state.addr(), pool_slots * hv * v * k, s.state, seed, -0.5, 0.5)?;
+        fill(be, pool.state.addr(), state_elems, s.state, seed, -0.5, 0.5)?;
         fill(be, pool.q.addr(), rows * h * k, s.io, seed + 1, -1.0, 1.0)?;
         fill(be, pool.k.addr(), rows * h * k, s.io, seed + 2, -1.0, 1.0)?;
         fill(be, pool.v.addr(), rows * hv * v, s.io, seed + 3, -1.0, 1.0)?;
@@ -283,16 +307,19 @@ impl Pool {
         })
     }
 
-    /// Plans one decode step over this pool (the conv and the SSM state share the slot table).
-    fn step(&mut self, s: &GdnBenchShape) -> Result<ssm_tensor::Planned<ssm_gdn::GdnDecodeStepArgs<'_>>, CudaError> {
-        let bad_plan = |e: ssm_gdn::GdnError| CudaError::Unsupported(format!("bench plan: {e}"));
-        let (hv, v, k, slots) = (s.v_heads as isize, s.v as isize, s.k as isize, s.slots() + 1);
-        let [x, w, cstate, out] = &mut self.conv[..] else {
-            return Err(CudaError::Unsupported("bench: a step over a pool without conv buffers".into()));
+    /// The step's conv update over this pool's conv buffers, through the slot table.
+    fn conv_args<'a>(
+        conv: &'a mut [DeviceBuffer],
+        tables: &'a SlotTables,
+        s: &GdnBenchShape,
+    ) -> Result<ssm_conv::CausalConv1dUpdateArgs<'a>, CudaError> {
+        let slots = s.slots() + 1;
+        let [x, w, cstate, out] = conv else {
+            return Err(CudaError::Unsupported("bench: a conv over a pool without conv buffers".into()));
         };
         let (dim, rows) = (s.conv_dim(), s.rows());
         let (d, wd) = (dim as isize, STEP_WIDTH as isize);
-        let conv = ssm_conv::CausalConv1dUpdateArgs {
+        Ok(ssm_conv::CausalConv1dUpdateArgs {
             x: x.view(s.io, &[rows, dim], &[d, 1], 0).map_err(tensor_err)?,
             conv_state: cstate
                 .view_mut(s.io, &[slots, STEP_WIDTH - 1, dim], &[(wd - 1) * d, d, 1], 0)
@@ -301,14 +328,22 @@ impl Pool {
             weight: w.view(s.io, &[dim, STEP_WIDTH], &[wd, 1], 0).map_err(tensor_err)?,
             bias: None,
             activation: ssm_conv::Activation::Silu,
-            conv_state_indices: Some(self.tables.views().map_err(tensor_err)?.ix),
+            conv_state_indices: Some(tables.views().map_err(tensor_err)?.ix),
             num_accepted_tokens: None,
             query_start_loc: None,
             pad_slot_id: Some(-1),
             block_idx_last_scheduled_token: None,
             initial_state_idx: None,
             out: out.view_mut(s.io, &[rows, dim], &[d, 1], 0).map_err(tensor_err)?,
-        };
+        })
+    }
+
+    /// Plans one decode step over this pool (the conv and the SSM state share the slot table).
+    fn step(&mut self, s: &GdnBenchShape) -> Result<ssm_tensor::Planned<ssm_gdn::GdnDecodeStepArgs<'_>>, CudaError> {
+        let bad_plan = |e: ssm_gdn::GdnError| CudaError::Unsupported(format!("bench plan: {e}"));
+        let (hv, v, k, slots) = (s.v_heads as isize, s.v as isize, s.k as isize, s.slots() + 1);
+        let rows = s.rows();
+        let conv = Self::conv_args(&mut self.conv, &self.tables, s)?;
         let gate = [rows, s.v_heads];
         let gst = [hv, 1];
         let args = ssm_gdn::GdnDecodeStepArgs::new(
@@ -345,6 +380,11 @@ impl Pool {
             GdnBenchOp::StepFused => {
                 let call = self.step(s)?;
                 return be.run_gdn_decode_step_on(call, crate::gdn::StepRoute::Fused);
+            }
+            GdnBenchOp::ConvUpdate => {
+                let conv = Self::conv_args(&mut self.conv, &self.tables, s)?;
+                let bad_plan = |e: ssm_conv::ConvError| CudaError::Unsupported(format!("bench plan: {e}"));
+                return be.run(ssm_conv::plan(conv).map_err(bad_plan)?);
             }
             GdnBenchOp::SigmoidGating => false,
             GdnBenchOp::Recurrent => true,
@@ -403,5 +443,9 @@ mod tests {
         assert_eq!(s3.slots(), 192);
         assert_eq!(s.label(), "sigmoid h16/32 k128 v128 f32 b64");
         assert_eq!(s3.label(), "recurrent h16/32 k128 v128 bf16 b64 spec3");
+        // The conv alone: rows in and out, the window read and written, weights, table.
+        let c = GdnBenchShape::qwen3_next_conv(64);
+        assert_eq!(c.bytes(), (2 * 64 * 8192 * 2 + 2 * 64 * 8192 * 3 * 2 + 8192 * 4 * 2 + 64 * 4) as u64);
+        assert_eq!(c.label(), "conv d8192 w4 bf16 b64");
     }
 }

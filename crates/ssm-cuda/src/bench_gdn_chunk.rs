@@ -20,7 +20,10 @@
 use ssm_gdn::{CHUNK_SIZE, ChunkGatedDeltaRuleArgs, ChunkScratch};
 use ssm_tensor::{DType, Run, TensorError};
 
-use crate::bench::{BenchResult, bench_rotating, fill, permutation, tensor_err};
+use crate::bench::{
+    BenchResult, bench_rotating, chunk_lengths, cu_seqlens, fill, permutation, prefill_lengths,
+    prefill_sequences_label, tensor_err,
+};
 use crate::testing::DeviceBuffer;
 use crate::{CudaBackend, CudaError};
 
@@ -29,8 +32,11 @@ use crate::{CudaBackend, CudaError};
 pub struct GdnChunkBenchShape {
     /// Sequences.
     pub batch: usize,
-    /// Tokens per sequence.
+    /// Tokens per sequence (on average, when `varied`).
     pub seqlen: usize,
+    /// Whether the sequences' lengths differ ([`prefill_lengths`]: in the ratio 1 : 2 : … :
+    /// `batch`, `batch · seqlen` tokens in all).
+    pub varied: bool,
     /// q/k heads `H`.
     pub heads: usize,
     /// Value heads `HV`.
@@ -46,7 +52,17 @@ pub struct GdnChunkBenchShape {
 impl GdnChunkBenchShape {
     /// Qwen3-Next (one GPU): H 16, HV 32, K = V = 128.
     pub fn qwen3_next(batch: usize, seqlen: usize, state: DType) -> Self {
-        GdnChunkBenchShape { batch, seqlen, heads: 16, v_heads: 32, k: 128, v: 128, state }
+        GdnChunkBenchShape { batch, seqlen, varied: false, heads: 16, v_heads: 32, k: 128, v: 128, state }
+    }
+
+    /// The same prefill with `batch` sequences of varied lengths (see [`prefill_lengths`]).
+    pub fn with_varied_lengths(self) -> Self {
+        Self { varied: true, ..self }
+    }
+
+    /// Each sequence's length.
+    pub fn lengths(&self) -> Vec<usize> {
+        prefill_lengths(self.batch, self.seqlen, self.varied)
     }
 
     /// Packed tokens `T`.
@@ -57,8 +73,13 @@ impl GdnChunkBenchShape {
     /// A short label, e.g. `h16 hv32 k128 v128 f32 4x2048`.
     pub fn label(&self) -> String {
         format!(
-            "h{} hv{} k{} v{} {} {}x{}",
-            self.heads, self.v_heads, self.k, self.v, self.state, self.batch, self.seqlen
+            "h{} hv{} k{} v{} {} {}",
+            self.heads,
+            self.v_heads,
+            self.k,
+            self.v,
+            self.state,
+            prefill_sequences_label(self.batch, self.seqlen, self.varied)
         )
     }
 
@@ -76,13 +97,11 @@ impl GdnChunkBenchShape {
     pub fn flops(&self) -> f64 {
         let (hv, k, v) = (self.v_heads as f64, self.k as f64, self.v as f64);
         let mut intra = 0.0;
-        let mut left = self.seqlen;
-        while left > 0 {
-            let l = left.min(CHUNK_SIZE) as f64;
+        for l in chunk_lengths(&self.lengths(), CHUNK_SIZE) {
+            let l = l as f64;
             intra += l * (l + 1.0) * (3.0 * k + 2.0 * v);
-            left -= left.min(CHUNK_SIZE);
         }
-        hv * (6.0 * k * v * self.tokens() as f64 + self.batch as f64 * intra)
+        hv * (6.0 * k * v * self.tokens() as f64 + intra)
     }
 }
 
@@ -107,7 +126,7 @@ struct Problem(Vec<DeviceBuffer>);
 impl Problem {
     fn new(be: &CudaBackend, s: &GdnChunkBenchShape, seed: u64) -> Result<Self, CudaError> {
         let (t, h, hv, k, v, b) = (s.tokens(), s.heads, s.v_heads, s.k, s.v, s.batch);
-        let cu: Vec<i64> = (0..=b).map(|i| (i * s.seqlen) as i64).collect();
+        let cu = cu_seqlens(&s.lengths());
         let slots: Vec<i64> = permutation(b + 1, seed).into_iter().filter(|&x| x != 0).map(i64::from).collect();
         let buf = |elems: usize, dtype: DType| DeviceBuffer::zeroed(be, elems * dtype.size());
         let bufs = vec![
@@ -198,5 +217,11 @@ mod tests {
         let intra = (64.0 * 65.0 + 36.0 * 37.0) * (5.0 * 128.0);
         assert_eq!(s.flops(), 32.0 * (6.0 * 128.0 * 128.0 * 200.0 + 2.0 * intra));
         assert_eq!(s.label(), "h16 hv32 k128 v128 f32 2x100");
+        // Three varied sequences, 300 tokens: 50, 100 and 150, chunked 50; 64 + 36; 64 + 64 + 22.
+        let v = GdnChunkBenchShape::qwen3_next(3, 100, DType::F32).with_varied_lengths();
+        assert_eq!(v.lengths(), [50, 100, 150]);
+        let intra = (50.0 * 51.0 + 3.0 * 64.0 * 65.0 + 36.0 * 37.0 + 22.0 * 23.0) * (5.0 * 128.0);
+        assert_eq!(v.flops(), 32.0 * (6.0 * 128.0 * 128.0 * 300.0 + intra));
+        assert_eq!(v.label(), "h16 hv32 k128 v128 f32 3v300");
     }
 }

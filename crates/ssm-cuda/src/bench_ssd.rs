@@ -21,7 +21,10 @@
 use ssm_ssd::{MambaChunkScanCombinedVarlenArgs, compute_chunk_metadata};
 use ssm_tensor::{DType, Run, TensorError};
 
-use crate::bench::{BenchResult, bench_rotating, fill, permutation, tensor_err};
+use crate::bench::{
+    BenchResult, bench_rotating, chunk_lengths, cu_seqlens, fill, permutation, prefill_lengths,
+    prefill_sequences_label, tensor_err,
+};
 use crate::testing::DeviceBuffer;
 use crate::{CudaBackend, CudaError};
 
@@ -30,8 +33,11 @@ use crate::{CudaBackend, CudaError};
 pub struct SsdBenchShape {
     /// Sequences.
     pub batch: usize,
-    /// Tokens per sequence.
+    /// Tokens per sequence (on average, when `varied`).
     pub seqlen: usize,
+    /// Whether the sequences' lengths differ ([`prefill_lengths`]: in the ratio 1 : 2 : … :
+    /// `batch`, `batch · seqlen` tokens in all).
+    pub varied: bool,
     /// Heads `H`.
     pub heads: usize,
     /// Head dim `P`.
@@ -51,12 +57,44 @@ pub struct SsdBenchShape {
 impl SsdBenchShape {
     /// Mamba2-2.7B: H 80, P 64, N 128, G 1, chunk 256, bf16 activations.
     pub fn mamba2_2p7b(batch: usize, seqlen: usize, state: DType) -> Self {
-        SsdBenchShape { batch, seqlen, heads: 80, dim: 64, dstate: 128, groups: 1, chunk: 256, state, io: DType::BF16 }
+        SsdBenchShape {
+            batch,
+            seqlen,
+            varied: false,
+            heads: 80,
+            dim: 64,
+            dstate: 128,
+            groups: 1,
+            chunk: 256,
+            state,
+            io: DType::BF16,
+        }
     }
 
     /// Nemotron-H-8B: H 128, P 64, N 128, G 8, chunk 128, bf16 activations.
     pub fn nemotron_h_8b(batch: usize, seqlen: usize, state: DType) -> Self {
-        SsdBenchShape { batch, seqlen, heads: 128, dim: 64, dstate: 128, groups: 8, chunk: 128, state, io: DType::BF16 }
+        SsdBenchShape {
+            batch,
+            seqlen,
+            varied: false,
+            heads: 128,
+            dim: 64,
+            dstate: 128,
+            groups: 8,
+            chunk: 128,
+            state,
+            io: DType::BF16,
+        }
+    }
+
+    /// The same prefill with `batch` sequences of varied lengths (see [`prefill_lengths`]).
+    pub fn with_varied_lengths(self) -> Self {
+        Self { varied: true, ..self }
+    }
+
+    /// Each sequence's length.
+    pub fn lengths(&self) -> Vec<usize> {
+        prefill_lengths(self.batch, self.seqlen, self.varied)
     }
 
     /// Packed tokens `T`.
@@ -67,8 +105,14 @@ impl SsdBenchShape {
     /// A short label, e.g. `h80 d64 n128 g1 c256 f32 4x2048`.
     pub fn label(&self) -> String {
         format!(
-            "h{} d{} n{} g{} c{} {} {}x{}",
-            self.heads, self.dim, self.dstate, self.groups, self.chunk, self.state, self.batch, self.seqlen
+            "h{} d{} n{} g{} c{} {} {}",
+            self.heads,
+            self.dim,
+            self.dstate,
+            self.groups,
+            self.chunk,
+            self.state,
+            prefill_sequences_label(self.batch, self.seqlen, self.varied)
         )
     }
 
@@ -84,13 +128,11 @@ impl SsdBenchShape {
     pub fn flops(&self) -> f64 {
         let (h, p, n, g) = (self.heads as f64, self.dim as f64, self.dstate as f64, self.groups as f64);
         let mut diag = 0.0;
-        let mut left = self.seqlen;
-        while left > 0 {
-            let l = left.min(self.chunk) as f64;
+        for l in chunk_lengths(&self.lengths(), self.chunk) {
+            let l = l as f64;
             diag += l * (l + 1.0) * (g * n + h * p);
-            left -= left.min(self.chunk);
         }
-        4.0 * self.tokens() as f64 * h * p * n + self.batch as f64 * diag
+        4.0 * self.tokens() as f64 * h * p * n + diag
     }
 }
 
@@ -128,7 +170,7 @@ fn i32_bytes(v: &[i32]) -> Vec<u8> {
 impl Problem {
     fn new(be: &CudaBackend, s: &SsdBenchShape, seed: u64) -> Result<Self, CudaError> {
         let (t, h, p, n, g) = (s.tokens(), s.heads, s.dim, s.dstate, s.groups);
-        let cu: Vec<i64> = (0..=s.batch).map(|b| (b * s.seqlen) as i64).collect();
+        let cu = cu_seqlens(&s.lengths());
         let m = compute_chunk_metadata(&cu, &vec![0; s.batch], s.chunk);
         let nchunks = m.seq_idx.len();
         let slots = permutation(s.batch + 1, seed).into_iter().filter(|&v| v != 0).collect::<Vec<i32>>();

@@ -113,8 +113,8 @@ impl Args {
         if rt.cuda().is_some() {
             // Device kernels are timed with CUDA-graph replay against the card's copy bandwidth.
             anyhow::ensure!(
-                matches!(self.op.as_str(), "all" | "ssu" | "gdn" | "ssd"),
-                "the CUDA backend implements the ssu, gdn and ssd families so far; --op {} has no CUDA bench",
+                matches!(self.op.as_str(), "all" | "ssu" | "conv" | "gdn" | "ssd"),
+                "the CUDA benches are ssu, conv, gdn and ssd; --op {} has no CUDA bench",
                 self.op
             );
             drop(rt);
@@ -129,6 +129,15 @@ impl Args {
                 (p, _) => p.clone(),
             };
             let want = |op: &str| self.op == "all" || self.op == op;
+            // The prefill shapes of both prefill benches (GDN's and the SSD's).
+            let prefill: Vec<String> = {
+                let shapes = if self.quick {
+                    crate::bench_cuda::PREFILL_SHAPES_QUICK
+                } else {
+                    crate::bench_cuda::PREFILL_SHAPES
+                };
+                shapes.split(',').map(String::from).collect()
+            };
             if want("ssu") {
                 let args = crate::bench_cuda::CudaSsuBenchArgs {
                     batches: batches.clone(),
@@ -139,12 +148,26 @@ impl Args {
                 };
                 crate::bench_cuda::run(&args)?;
             }
+            if self.op == "conv" {
+                // The conv update alone (the GDN layer's conv; `--op gdn` times it beside the
+                // recurrence).
+                let args = crate::bench_cuda::CudaGdnBenchArgs {
+                    batches: vec![],
+                    spec_batch: 0,
+                    spec_tokens: 3,
+                    step_batches: vec![],
+                    conv_batches: batches.clone(),
+                    common: crate::bench_cuda::CudaBenchCommon::new(self.peer_vllm.clone(), self.json.clone()),
+                };
+                crate::bench_cuda::run_gdn(&args)?;
+            }
             if want("gdn") {
                 let args = crate::bench_cuda::CudaGdnBenchArgs {
-                    batches,
+                    batches: batches.clone(),
                     spec_batch: 64,
                     spec_tokens: 3,
                     step_batches: vec![1, 8, 64, 256],
+                    conv_batches: batches,
                     common: crate::bench_cuda::CudaBenchCommon::new(self.peer_vllm.clone(), sibling("gdn")),
                 };
                 crate::bench_cuda::run_gdn(&args)?;
@@ -158,25 +181,16 @@ impl Args {
                     }
                     (None, _) => None,
                 };
-                let mut qwen3_next = vec!["1x2048".to_string()];
-                if !self.quick {
-                    qwen3_next.extend(["4x2048", "16x512", "1x8192"].map(String::from));
-                }
                 let args = crate::bench_cuda::CudaGdnChunkBenchArgs {
-                    qwen3_next,
+                    qwen3_next: prefill.clone(),
                     common: crate::bench_cuda::CudaBenchCommon::new(self.peer_vllm.clone(), chunk_json),
                 };
                 crate::bench_cuda::run_gdn_chunk(&args)?;
             }
             if want("ssd") {
-                let quick = |v: &str| if self.quick { vec![] } else { vec![v.to_string()] };
-                let mut mamba2 = vec!["1x2048".to_string(), "16x512".to_string()];
-                mamba2.extend(quick("4x2048"));
-                mamba2.extend(quick("64x128"));
-                mamba2.extend(quick("1x16384"));
                 let args = crate::bench_cuda::CudaSsdBenchArgs {
-                    mamba2,
-                    nemotron: quick("4x2048"),
+                    mamba2: prefill.clone(),
+                    nemotron: if self.quick { vec![] } else { vec!["4x2048".into()] },
                     common: crate::bench_cuda::CudaBenchCommon::new(self.peer_vllm, sibling("ssd")),
                 };
                 crate::bench_cuda::run_ssd(&args)?;
