@@ -102,6 +102,16 @@ template <typename T> __device__ __forceinline__ float conv_mac(float a, float b
     }
 }
 
+// SiLU as vLLM's Triton conv kernels compute it, `x / (1 + exp(−x))`: Triton lowers an f32
+// `tl.exp` to `ex2.approx.f32` of x·log2(e) and an f32 division to `div.full.f32` (both within
+// 2 ulp), a few instructions where `expf` and an IEEE quotient take about thirty.
+__device__ __forceinline__ float silu_triton(float x) {
+    float e, q;
+    asm("ex2.approx.f32 %0, %1;" : "=f"(e) : "f"(-x * 1.4426950408889634f));
+    asm("div.full.f32 %0, %1, %2;" : "=f"(q) : "f"(x), "f"(1.f + e));
+    return q;
+}
+
 // Programmatic dependent launch (sm_90+; no-ops before): a primary grid lets the next kernel of
 // the stream, launched with programmatic stream serialization, start early; that kernel waits
 // for the primary grid to complete, its writes visible, before it reads them.

@@ -13,8 +13,9 @@
 //                                       the `nacc` table (NACC_T) and their slots in the `blk`
 //                                       table (BLK_T), the update's tables
 //   X_VEC OUT_VEC ST_VEC W_VEC B_VEC    0/1: the tensor is contiguous along the channels (for
-//       the weight: [dim, WIDTH] row-major) and 16-byte aligned at every vector start: one
-//       16-byte access per VEC channels (per VEC × WIDTH taps for the weight)
+//       the weight: [dim, WIDTH] row-major) and aligned to VEC channels' bytes (16, or 8) at
+//       every vector start: one access per VEC channels (the weight: VEC × WIDTH taps, in
+//       16-byte pieces where they are whole, else one by one)
 //
 // One thread owns VEC consecutive channels of one sequence and one chunk of its tokens. Block
 // b covers channels [cb·NTHREADS·VEC, (cb+1)·NTHREADS·VEC) of sequence s (blockIdx.x = s ·
@@ -46,11 +47,20 @@ __device__ __forceinline__ void raise_error(const ConvParams& p, u32 bit) {
 }
 
 
+// Bytes of one thread's VEC channels: one vector access of 16 (or, with fewer channels per
+// thread, 8) bytes where the tensor allows it.
+#define VEC_BYTES (VEC * (int)sizeof(ELEM_T))
+
 // VEC channels starting at `p` (element stride `s` between channels): one vector access
-// when CONTIG (the caller guarantees stride 1 and 16-byte alignment), else element by
+// when CONTIG (the caller guarantees stride 1 and VEC_BYTES alignment), else element by
 // element, channels at or past `n` left alone (reads give 0).
 template <bool CONTIG> __device__ __forceinline__ void ld_ch(const ELEM_T* p, i64 s, int n, float* v) {
-    if constexpr (CONTIG) {
+    if constexpr (CONTIG && VEC_BYTES == 8) {
+        const uint2 u = *reinterpret_cast<const uint2*>(p);
+        const ELEM_T* e = reinterpret_cast<const ELEM_T*>(&u);
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) v[i] = to_f32(e[i]);
+    } else if constexpr (CONTIG) {
         load_vec<VEC, ELEM_T>(p, v);
     } else {
 #pragma unroll
@@ -58,7 +68,7 @@ template <bool CONTIG> __device__ __forceinline__ void ld_ch(const ELEM_T* p, i6
     }
 }
 template <bool CONTIG> __device__ __forceinline__ void ld_ch_ro(const ELEM_T* p, i64 s, int n, float* v) {
-    if constexpr (CONTIG) {
+    if constexpr (CONTIG) {  // load_vec_ro takes 8 bytes as one access too
         load_vec_ro<VEC, ELEM_T>(p, v);
     } else {
 #pragma unroll
@@ -66,7 +76,13 @@ template <bool CONTIG> __device__ __forceinline__ void ld_ch_ro(const ELEM_T* p,
     }
 }
 template <bool CONTIG> __device__ __forceinline__ void st_ch(ELEM_T* p, i64 s, int n, const float* v) {
-    if constexpr (CONTIG) {
+    if constexpr (CONTIG && VEC_BYTES == 8) {
+        uint2 u;
+        ELEM_T* e = reinterpret_cast<ELEM_T*>(&u);
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) e[i] = from_f32<ELEM_T>(v[i]);
+        *reinterpret_cast<uint2*>(p) = u;
+    } else if constexpr (CONTIG) {
         store_vec<VEC, ELEM_T>(p, v);
     } else {
 #pragma unroll
@@ -79,8 +95,10 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) conv_kernel(const ConvPar
     // A kernel launched after this one with programmatic stream serialization (the GDN decode
     // step's recurrence) may start now; it waits for this grid's writes before reading them.
     pdl_launch_dependents();
-    const i64 seq = (i64)blockIdx.x / p.cblocks;
-    const int cb = (int)((i64)blockIdx.x % p.cblocks);
+    // 32-bit quotient: the grid's x extent and `cblocks` are below 2^31.
+    const unsigned cbs = (unsigned)p.cblocks;
+    const i64 seq = blockIdx.x / cbs;
+    const int cb = (int)(blockIdx.x % cbs);
     const int c0 = (cb * NTHREADS + (int)threadIdx.x) * VEC;
     if (seq >= p.batch || c0 >= p.dim) return;
     const int nch = p.dim - c0 < VEC ? p.dim - c0 : VEC;  // channels of this thread
@@ -283,7 +301,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) conv_kernel(const ConvPar
                 for (int j = 0; j < WIDTH - 1; ++j) acc = conv_mac<ELEM_T>(h[j][e], w[e][j], acc);
                 acc = conv_mac<ELEM_T>(xv[e], w[e][WIDTH - 1], acc);
 #if SILU
-                acc = acc / (1.f + expf(-acc));
+                acc = silu_triton(acc);
 #endif
                 y[e] = acc;
             }

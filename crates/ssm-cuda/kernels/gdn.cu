@@ -582,7 +582,7 @@ __device__ __forceinline__ float conv_channel(const ConvParams& c, i64 seq, i64 
     for (int j = 0; j < WIDTH - 1; ++j) acc = conv_mac<CELEM_T>(win[j], to_f32(ld_ro(wp + j * c.w_tap)), acc);
     acc = conv_mac<CELEM_T>(xv, to_f32(ld_ro(wp + (WIDTH - 1) * c.w_tap)), acc);
 #if SILU
-    acc = acc / (1.f + expf(-acc));
+    acc = silu_triton(acc);
 #endif
     return acc;
 }

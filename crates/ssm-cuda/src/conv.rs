@@ -9,7 +9,7 @@ use ssm_conv::{Activation, CausalConv1dFnArgs, CausalConv1dUpdateArgs, ConvOp, C
 use ssm_tensor::{DType, Planned, Run, TensorMut, TensorRef};
 
 use crate::compile::{KernelSource, KernelSpec, c_type, flag_defines};
-use crate::geometry::grid_x;
+use crate::geometry::{TuneVar, grid_x};
 use crate::{CudaBackend, CudaError, addr_of};
 
 /// The kernel's parameter block (`struct ConvParams` in conv.cu: same order, no padding).
@@ -193,12 +193,23 @@ pub(crate) struct Call<'c, 'a> {
     pad: Option<i64>,
 }
 
-/// Whether a tensor can be accessed `vec` channels at a time with 16-byte accesses: channel
-/// stride 1, every other stride a multiple of 16 bytes, the first element 16-byte aligned.
-fn vec_ok(addr: Option<u64>, offset: usize, es: usize, dim_stride: isize, others: &[isize]) -> bool {
-    let base = addr.unwrap_or(0) as i128 + offset as i128 * es as i128;
-    dim_stride == 1 && base % 16 == 0 && others.iter().all(|&s| (s as i128 * es as i128) % 16 == 0)
+/// Whether a tensor can be accessed `vec` channels at a time with accesses of `bytes` bytes:
+/// channel stride 1, every other stride a multiple of `bytes`, the first element aligned to it.
+fn vec_ok(addr: Option<u64>, offset: usize, es: usize, bytes: usize, dim_stride: isize, others: &[isize]) -> bool {
+    let (base, b) = (addr.unwrap_or(0) as i128 + offset as i128 * es as i128, bytes as i128);
+    dim_stride == 1 && base % b == 0 && others.iter().all(|&s| (s as i128 * es as i128) % b == 0)
 }
+
+/// Blocks of 16-byte vectors below which a call takes 8-byte vectors (`Call::key`): on an
+/// H100, Qwen3-Next's decode conv (8192 channels, bf16) took 2.12 / 3.55 µs at batch 1 / 8 with
+/// 8-byte vectors against 2.43 / 3.80 with 16-byte ones, and 6.29 against 6.16 at batch 64
+/// (docs/PERF.md, "The conv update on CUDA").
+const SMALL_GRID_BLOCKS: usize = 128;
+
+/// `SSM_CUDA_CONV_TUNE="vec=1|2|4|8,threads=32..1024"` (tuning sweeps; unset in normal use):
+/// channels per thread (at most 16 bytes of them, dividing `dim`) and threads per block, in
+/// place of [`ConvKey`]'s choice.
+static CONV_TUNE: TuneVar = TuneVar::new("SSM_CUDA_CONV_TUNE");
 
 impl Call<'_, '_> {
     /// `(sequence stride of x, of out, tokens per sequence)` of a non-varlen update.
@@ -218,7 +229,17 @@ impl Call<'_, '_> {
         let es = p.dtype.size();
         let addr = |a: Option<u64>| if with_addrs { a } else { None };
         let per16 = 16 / es;
-        let vec = if p.dim.is_multiple_of(per16) { per16 } else { 1 };
+        // A grid of fewer 16-byte blocks than SMs (a decode of up to about 8 sequences of 8192
+        // channels) takes 8-byte vectors: twice the blocks, half the work per thread.
+        let small = p.batch * p.dim.div_ceil(per16 * 128) < SMALL_GRID_BLOCKS;
+        let vec = match CONV_TUNE.get("vec").map(|v| v as usize) {
+            Some(v) if v.is_power_of_two() && v <= per16 && p.dim.is_multiple_of(v) => v,
+            _ if small && per16 > 1 && p.dim.is_multiple_of(per16) => per16 / 2,
+            _ if p.dim.is_multiple_of(per16) => per16,
+            _ => 1,
+        };
+        // Bytes of one vector access of `vec` channels.
+        let vb = vec * es;
         let mut flags = 0u16;
         let mut set = |on: bool, f: u16| {
             if on {
@@ -237,20 +258,20 @@ impl Call<'_, '_> {
         set(p.activation == Activation::Silu, F_SILU);
         if vec > 1 {
             let (xseq, oseq, _) = self.dense_geometry();
-            set(vec_ok(addr(self.x.device_addr()), self.x.layout().offset(), es, p.x.dim, &[p.x.token, xseq]), F_X_VEC);
-            set(
-                vec_ok(addr(self.out.device_addr()), self.out.layout().offset(), es, p.out.dim, &[p.out.token, oseq]),
-                F_OUT_VEC,
-            );
+            let (x, out) = (self.x.layout().offset(), self.out.layout().offset());
+            set(vec_ok(addr(self.x.device_addr()), x, es, vb, p.x.dim, &[p.x.token, xseq]), F_X_VEC);
+            set(vec_ok(addr(self.out.device_addr()), out, es, vb, p.out.dim, &[p.out.token, oseq]), F_OUT_VEC);
             let s = p.state;
-            set(vec_ok(addr(self.state.device_addr()), s.offset, es, s.dim, &[s.slot, s.col]), F_ST_VEC);
+            set(vec_ok(addr(self.state.device_addr()), s.offset, es, vb, s.dim, &[s.slot, s.col]), F_ST_VEC);
+            // The weight's VEC × WIDTH taps load in 16-byte pieces (or one piece of 8 or 4
+            // bytes): 16-byte alignment serves every case.
             let w = p.weight;
             set(
-                w.dim == p.width as isize && vec_ok(addr(self.weight.device_addr()), w.offset, es, w.tap, &[]),
+                w.dim == p.width as isize && vec_ok(addr(self.weight.device_addr()), w.offset, es, 16, w.tap, &[]),
                 F_W_VEC,
             );
             if let (Some(b), Some(bs)) = (self.bias, p.bias) {
-                set(vec_ok(addr(b.device_addr()), bs.offset, es, bs.dim, &[]), F_B_VEC);
+                set(vec_ok(addr(b.device_addr()), bs.offset, es, vb, bs.dim, &[]), F_B_VEC);
             }
         }
         let idx = |t: Option<&TensorRef<'_>>| t.map_or(DType::I32, |t| t.dtype());
@@ -259,7 +280,10 @@ impl Call<'_, '_> {
             ConvOp::Fn => (DType::I32, idx(self.blk)),
         };
         // Small dims: fewer threads per block, so that most lanes have channels.
-        let threads = p.dim.div_ceil(vec).next_power_of_two().clamp(32, 128);
+        let threads = match CONV_TUNE.get("threads") {
+            Some(t @ 32..=1024) if t.is_power_of_two() => t as usize,
+            _ => p.dim.div_ceil(vec).next_power_of_two().clamp(32, 128),
+        };
         ConvKey {
             dtype: p.dtype,
             index: [idx(self.ci), idx(self.nacc), idx(self.qsl), isi, blk],
@@ -481,6 +505,13 @@ pub fn conv_catalogue() -> Vec<(String, KernelSpec)> {
         );
         push(format!("conv update scalar t={t} width=3"), key(t, 3, false, I32, base));
     }
+    // Narrower vectors (8- and 4-byte accesses; SSM_CUDA_CONV_TUNE's `vec`).
+    for (t, w, v) in [(BF16, 4, 4), (BF16, 3, 4), (BF16, 4, 2), (F32, 4, 2)] {
+        push(
+            format!("conv update SD t={t} width={w} vec={v}"),
+            ConvKey { vec: v, ..key(t, w, true, I32, base | all_vec) },
+        );
+    }
     push("conv update spec DS bf16 width=4".into(), key(BF16, 4, true, I32, base | ds_vec | F_SPEC));
     push("conv update apc SD bf16 width=4".into(), key(BF16, 4, true, I32, base | all_vec | F_APC));
     push("conv update no tables/bias/silu bf16 width=4".into(), key(BF16, 4, true, I32, all_vec));
@@ -510,12 +541,16 @@ mod tests {
     }
 
     #[test]
-    fn vector_access_needs_unit_stride_and_16_byte_alignment() {
-        assert!(vec_ok(Some(256), 8, 2, 1, &[8192, 0]));
-        assert!(!vec_ok(Some(256), 3, 2, 1, &[8192]), "offset");
-        assert!(!vec_ok(Some(256), 0, 2, 3, &[]), "channel stride");
-        assert!(!vec_ok(Some(256), 0, 4, 1, &[6]), "token stride");
-        assert!(vec_ok(None, 0, 4, 1, &[-4]), "negative strides of 16 bytes");
+    fn vector_access_needs_unit_stride_and_alignment() {
+        assert!(vec_ok(Some(256), 8, 2, 16, 1, &[8192, 0]));
+        assert!(!vec_ok(Some(256), 3, 2, 16, 1, &[8192]), "offset");
+        assert!(!vec_ok(Some(256), 0, 2, 16, 3, &[]), "channel stride");
+        assert!(!vec_ok(Some(256), 0, 4, 16, 1, &[6]), "token stride");
+        assert!(vec_ok(None, 0, 4, 16, 1, &[-4]), "negative strides of 16 bytes");
+        // 8-byte vectors (four 16-bit channels): 8-byte alignment is enough.
+        assert!(vec_ok(Some(256), 4, 2, 8, 1, &[12]));
+        assert!(!vec_ok(Some(256), 4, 2, 16, 1, &[12]));
+        assert!(!vec_ok(Some(256), 2, 2, 8, 1, &[12]), "offset of 4 bytes");
     }
 
     #[test]
