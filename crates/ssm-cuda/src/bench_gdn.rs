@@ -11,7 +11,9 @@
 //! decode (`tokens > 1`): packed `[1, B·T, …]` tensors with `cu_seqlens`, a `[B, T]` table and
 //! `num_accepted_tokens` drawn in `1..=T`. Gates fused: `a`, `b` bf16 `[B·T, HV]`, `A_log`,
 //! `dt_bias` f32 `[HV]`; gates given: `g` f32 and `beta` bf16, `[B, T, HV]` (what
-//! `fused_gdn_gating` writes).
+//! `fused_gdn_gating` writes). The decode step and the conv update alone add the conv's
+//! projected rows, output and state pool to each pool, and read one weight tensor shared by
+//! every pool, as a layer's calls share its weights (and as the peer script passes them).
 //!
 //! Bytes per call ([`GdnBenchShape::bytes`]) are the fewest the op must move, with
 //! `R = B·T` token rows and `s` the state element size:
@@ -189,7 +191,7 @@ impl GdnBenchShape {
 pub type GdnBenchResult = BenchResult<GdnBenchShape>;
 
 /// One state pool with its own inputs, output and tables.
-struct Pool {
+struct Pool<'w> {
     state: DeviceBuffer,
     q: DeviceBuffer,
     k: DeviceBuffer,
@@ -202,8 +204,11 @@ struct Pool {
     a_log: DeviceBuffer,
     dt_bias: DeviceBuffer,
     tables: SlotTables,
-    /// The step's conv: projected rows, weights, state pool, output (empty for the other ops).
+    /// The step's conv: projected rows, state pool, output (empty for the other ops).
     conv: Vec<DeviceBuffer>,
+    /// The conv weights, one tensor shared by every pool as a layer's weights are by its calls
+    /// (vLLM's peer script passes one tensor too).
+    conv_w: Option<&'w DeviceBuffer>,
 }
 
 /// The tensor views of one call (shared by both ops).
@@ -220,8 +225,13 @@ struct Views<'a> {
     tables: SlotTableViews<'a>,
 }
 
-impl Pool {
-    fn new(be: &CudaBackend, s: &GdnBenchShape, seed: u64) -> Result<Self, CudaError> {
+impl<'w> Pool<'w> {
+    fn new(
+        be: &CudaBackend,
+        s: &GdnBenchShape,
+        seed: u64,
+        conv_w: Option<&'w DeviceBuffer>,
+    ) -> Result<Self, CudaError> {
         let (h, hv, k, v) = (s.heads, s.v_heads, s.k, s.v);
         let rows = s.rows();
         let pool_slots = s.slots() + 1;
@@ -244,21 +254,16 @@ impl Pool {
             tables: SlotTables::new(be, s.batch, s.tokens, 1, seed)?,
             conv: if s.op.has_conv() {
                 let dim = s.conv_dim();
-                vec![
-                    buf(rows * dim, s.io)?,
-                    buf(dim * STEP_WIDTH, s.io)?,
-                    buf(pool_slots * (STEP_WIDTH - 1) * dim, s.io)?,
-                    buf(rows * dim, s.io)?,
-                ]
+                vec![buf(rows * dim, s.io)?, buf(pool_slots * (STEP_WIDTH - 1) * dim, s.io)?, buf(rows * dim, s.io)?]
             } else {
                 Vec::new()
             },
+            conv_w,
         };
         if s.op.has_conv() {
             let dim = s.conv_dim();
             fill(be, pool.conv[0].addr(), rows * dim, s.io, seed + 8, -1.0, 1.0)?;
-            fill(be, pool.conv[1].addr(), dim * STEP_WIDTH, s.io, seed + 9, -0.5, 0.5)?;
-            fill(be, pool.conv[2].addr(), pool_slots * (STEP_WIDTH - 1) * dim, s.io, seed + 10, -1.0, 1.0)?;
+            fill(be, pool.conv[1].addr(), pool_slots * (STEP_WIDTH - 1) * dim, s.io, seed + 10, -1.0, 1.0)?;
         }
         fill(be, pool.state.addr(), state_elems, s.state, seed, -0.5, 0.5)?;
         fill(be, pool.q.addr(), rows * h * k, s.io, seed + 1, -1.0, 1.0)?;
@@ -310,11 +315,12 @@ impl Pool {
     /// The step's conv update over this pool's conv buffers, through the slot table.
     fn conv_args<'a>(
         conv: &'a mut [DeviceBuffer],
+        w: Option<&'a DeviceBuffer>,
         tables: &'a SlotTables,
         s: &GdnBenchShape,
     ) -> Result<ssm_conv::CausalConv1dUpdateArgs<'a>, CudaError> {
         let slots = s.slots() + 1;
-        let [x, w, cstate, out] = conv else {
+        let ([x, cstate, out], Some(w)) = (conv, w) else {
             return Err(CudaError::Unsupported("bench: a conv over a pool without conv buffers".into()));
         };
         let (dim, rows) = (s.conv_dim(), s.rows());
@@ -343,7 +349,7 @@ impl Pool {
         let bad_plan = |e: ssm_gdn::GdnError| CudaError::Unsupported(format!("bench plan: {e}"));
         let (hv, v, k, slots) = (s.v_heads as isize, s.v as isize, s.k as isize, s.slots() + 1);
         let rows = s.rows();
-        let conv = Self::conv_args(&mut self.conv, &self.tables, s)?;
+        let conv = Self::conv_args(&mut self.conv, self.conv_w, &self.tables, s)?;
         let gate = [rows, s.v_heads];
         let gst = [hv, 1];
         let args = ssm_gdn::GdnDecodeStepArgs::new(
@@ -382,7 +388,7 @@ impl Pool {
                 return be.run_gdn_decode_step_on(call, crate::gdn::StepRoute::Fused);
             }
             GdnBenchOp::ConvUpdate => {
-                let conv = Self::conv_args(&mut self.conv, &self.tables, s)?;
+                let conv = Self::conv_args(&mut self.conv, self.conv_w, &self.tables, s)?;
                 let bad_plan = |e: ssm_conv::ConvError| CudaError::Unsupported(format!("bench plan: {e}"));
                 return be.run(ssm_conv::plan(conv).map_err(bad_plan)?);
             }
@@ -419,7 +425,23 @@ impl Pool {
 
 /// Times `shape`: CUDA-graph replay of many calls rotating over enough pools to defeat the L2.
 pub fn bench_gdn(be: &CudaBackend, shape: &GdnBenchShape) -> Result<GdnBenchResult, CudaError> {
-    bench_rotating(be, shape, shape.bytes(), 2000, |seed| Pool::new(be, shape, seed), |p| p.launch(be, shape))
+    let conv_w = match shape.op.has_conv() {
+        true => {
+            let n = shape.conv_dim() * STEP_WIDTH;
+            let w = DeviceBuffer::zeroed(be, n * shape.io.size())?;
+            fill(be, w.addr(), n, shape.io, 9, -0.5, 0.5)?;
+            Some(w)
+        }
+        false => None,
+    };
+    bench_rotating(
+        be,
+        shape,
+        shape.bytes(),
+        2000,
+        |seed| Pool::new(be, shape, seed, conv_w.as_ref()),
+        |p| p.launch(be, shape),
+    )
 }
 
 #[cfg(test)]
