@@ -16,7 +16,9 @@ export INSTA_WORKSPACE_ROOT="$root/bundle/workspace" INSTA_UPDATE=no CI=true
 b="$root/bundle/bin/${SAN_BIN:-test-ssm-cuda-gpu_ssd}"
 for tool in ${SAN_TOOLS:-racecheck memcheck}; do
   for t in ${SAN_TESTS}; do
-    (cd "$out" && timeout "${SAN_LIMIT:-250}" compute-sanitizer --tool $tool --error-exitcode 99 "$b" --test-threads=1 --exact "$t") > "$out/san-$tool-$t.log" 2>&1
-    echo "$tool $t rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|^test result' "$out/san-$tool-$t.log" | sed 's/; finished.*//' | tr '\n' ' ')" | tee -a "$out/san.txt"
+    log="$out/san-$tool-$(basename "$b")-$t.log"
+    (cd "$out" && timeout "${SAN_LIMIT:-250}" compute-sanitizer --tool $tool --error-exitcode 99 "$b" --test-threads=1 --exact "$t") > "$log" 2>&1
+    rc=$?
+    echo "$tool $(basename "$b") $t rc=$rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|^test result' "$log" | sed 's/; finished.*//' | tr '\n' ' ')" | tee -a "$out/san.txt"
   done
 done
