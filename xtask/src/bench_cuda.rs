@@ -174,13 +174,23 @@ trait CudaBenchShape {
     fn peer_json(&self) -> Value;
     /// (batch, tokens, state dtype): what a peer result row is matched on.
     fn key(&self) -> (usize, usize, DType);
-    /// Whether a peer result row times this shape (by default: its `batch`, `tokens` and
-    /// `state` equal [`key`](Self::key)'s).
-    fn matches_peer(&self, row: &Value) -> bool {
+    /// Whether the shape's sequences have varied lengths (prefill shapes; a peer row without the
+    /// field has equal ones).
+    fn varied(&self) -> bool {
+        false
+    }
+    /// Whether a peer result row has this shape's `batch`, `tokens` and `state` (those of
+    /// [`key`](Self::key)) and `varied`.
+    fn key_matches(&self, row: &Value) -> bool {
         let (batch, tokens, state) = self.key();
         row["batch"].as_u64() == Some(batch as u64)
             && row["tokens"].as_u64() == Some(tokens as u64)
             && row["state"].as_str() == Some(state_name(state))
+            && row["varied"].as_bool().unwrap_or(false) == self.varied()
+    }
+    /// Whether a peer result row times this shape (by default: [`key_matches`](Self::key_matches)).
+    fn matches_peer(&self, row: &Value) -> bool {
+        self.key_matches(row)
     }
     /// Whether the peer runs this shape at all.
     fn has_peer(&self) -> bool {
@@ -233,12 +243,8 @@ impl CudaBenchShape for GdnChunkBenchShape {
     fn key(&self) -> (usize, usize, DType) {
         (self.batch, self.tokens(), self.state)
     }
-    fn matches_peer(&self, row: &Value) -> bool {
-        let (batch, tokens, state) = self.key();
-        row["batch"].as_u64() == Some(batch as u64)
-            && row["tokens"].as_u64() == Some(tokens as u64)
-            && row["state"].as_str() == Some(state_name(state))
-            && row["varied"].as_bool().unwrap_or(false) == self.varied
+    fn varied(&self) -> bool {
+        self.varied
     }
 }
 
@@ -283,14 +289,13 @@ impl CudaBenchShape for SsdBenchShape {
     fn key(&self) -> (usize, usize, DType) {
         (self.batch, self.tokens(), self.state)
     }
+    fn varied(&self) -> bool {
+        self.varied
+    }
     fn matches_peer(&self, row: &Value) -> bool {
-        let (batch, tokens, state) = self.key();
-        row["batch"].as_u64() == Some(batch as u64)
-            && row["tokens"].as_u64() == Some(tokens as u64)
-            && row["state"].as_str() == Some(state_name(state))
+        self.key_matches(row)
             && row["heads"].as_u64() == Some(self.heads as u64)
             && row["groups"].as_u64() == Some(self.groups as u64)
-            && row["varied"].as_bool().unwrap_or(false) == self.varied
     }
 }
 
@@ -937,22 +942,17 @@ fn batch_by_len(v: &str) -> anyhow::Result<(usize, usize, bool)> {
     Ok((b, seqlen, true))
 }
 
-/// A prefill bench shape's sequences, varied or not.
-fn with_lengths<S>(shape: S, varied: bool, vary: impl FnOnce(S) -> S) -> S {
-    if varied { vary(shape) } else { shape }
-}
-
 /// The SSD bench shapes: every state dtype, Mamba2-2.7B then Nemotron-H-8B prefills.
 pub(crate) fn ssd_shapes(args: &CudaSsdBenchArgs) -> anyhow::Result<Vec<SsdBenchShape>> {
     let mut shapes = Vec::new();
     for state in args.common.states.iter().map(|s| s.dtype()) {
         for v in args.mamba2.iter().filter(|v| !v.is_empty()) {
             let (b, t, varied) = batch_by_len(v)?;
-            shapes.push(with_lengths(SsdBenchShape::mamba2_2p7b(b, t, state), varied, |s| s.with_varied_lengths()));
+            shapes.push(SsdBenchShape { varied, ..SsdBenchShape::mamba2_2p7b(b, t, state) });
         }
         for v in args.nemotron.iter().filter(|v| !v.is_empty()) {
             let (b, t, varied) = batch_by_len(v)?;
-            shapes.push(with_lengths(SsdBenchShape::nemotron_h_8b(b, t, state), varied, |s| s.with_varied_lengths()));
+            shapes.push(SsdBenchShape { varied, ..SsdBenchShape::nemotron_h_8b(b, t, state) });
         }
     }
     Ok(shapes)
@@ -986,7 +986,7 @@ pub(crate) fn run_gdn_chunk(args: &CudaGdnChunkBenchArgs) -> anyhow::Result<Valu
     for state in args.common.states.iter().map(|s| s.dtype()) {
         for v in args.qwen3_next.iter().filter(|v| !v.is_empty()) {
             let (b, t, varied) = batch_by_len(v)?;
-            shapes.push(with_lengths(GdnChunkBenchShape::qwen3_next(b, t, state), varied, |s| s.with_varied_lengths()));
+            shapes.push(GdnChunkBenchShape { varied, ..GdnChunkBenchShape::qwen3_next(b, t, state) });
         }
     }
     let m = measure(&args.common, &shapes, bench_gdn_chunk, "gdn_chunk_peer.py")?;
