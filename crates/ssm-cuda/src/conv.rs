@@ -203,7 +203,7 @@ fn vec_ok(addr: Option<u64>, offset: usize, es: usize, bytes: usize, dim_stride:
 /// Blocks of 16-byte vectors below which a call takes 8-byte vectors (`Call::key`): on an
 /// H100, Qwen3-Next's decode conv (8192 channels, bf16) took 2.12 / 3.55 µs at batch 1 / 8 with
 /// 8-byte vectors against 2.43 / 3.80 with 16-byte ones, and 6.29 against 6.16 at batch 64
-/// (docs/PERF.md, "The conv update on CUDA").
+/// (docs/PERF.md, twelfth session, "The conv update").
 const SMALL_GRID_BLOCKS: usize = 128;
 
 /// `SSM_CUDA_CONV_TUNE="vec=1|2|4|8,threads=32..1024"` (tuning sweeps; unset in normal use):
@@ -229,8 +229,9 @@ impl Call<'_, '_> {
         let es = p.dtype.size();
         let addr = |a: Option<u64>| if with_addrs { a } else { None };
         let per16 = 16 / es;
-        // A grid of fewer 16-byte blocks than SMs (a decode of up to about 8 sequences of 8192
-        // channels) takes 8-byte vectors: twice the blocks, half the work per thread.
+        // A grid of fewer than SMALL_GRID_BLOCKS blocks of 128 threads with 16-byte vectors
+        // (about one per SM: a decode of up to 8 sequences of 8192 channels) takes 8-byte
+        // vectors: twice the blocks, half the work per thread.
         let small = p.batch * p.dim.div_ceil(per16 * 128) < SMALL_GRID_BLOCKS;
         let vec = match CONV_TUNE.get("vec").map(|v| v as usize) {
             Some(v) if v.is_power_of_two() && v <= per16 && p.dim.is_multiple_of(v) => v,
