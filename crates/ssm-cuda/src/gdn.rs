@@ -197,6 +197,10 @@ pub struct GdnGeometry {
     pub raw: bool,
 }
 
+/// State rows (value heads × V) of one Qwen3-Next sequence (32 × 128): up to this many, an f32
+/// one-token call takes two rows per lane instead of four ([`GdnGeometry::choose`]).
+const SINGLE_SEQUENCE_ROWS: usize = 4096;
+
 /// `SSM_CUDA_GDN_TUNE`.
 static GDN_TUNE: TuneVar = TuneVar::new("SSM_CUDA_GDN_TUNE");
 
@@ -230,13 +234,15 @@ impl GdnGeometry {
         // Measured on an H200 (docs/PERF.md, SSM_CUDA_GDN_TUNE sweeps), one token in place:
         // - a 16-bit tile in storage form: `raw16_rows`, from one wave (registers capped for six
         //   blocks per SM below);
-        // - an f32 tile: four rows per lane at every size (one or two rows at batch 8 left it at
-        //   0.37–0.44 of copy, four reached 0.68).
+        // - an f32 tile: four rows per lane (one or two rows at batch 8 left it at 0.37–0.44 of
+        //   copy, four reached 0.68), but two for at most one sequence of Qwen3-Next's heads
+        //   (`SINGLE_SEQUENCE_ROWS`): batch 1 took 3.77 µs against 3.96 (sigmoid gates) and 3.86
+        //   against 4.07 (given gates) on an H200 (docs/PERF.md, twelfth session).
         if raw {
             rpt = if state.size() == 2 {
                 raw16_rows(rows_total, tpr, threads, v, 1)
             } else {
-                fit_rows(4, tpr, threads, v)
+                fit_rows(if rows_total <= SINGLE_SEQUENCE_ROWS { 2 } else { 4 }, tpr, threads, v)
             };
         }
         // Tuning sweeps (`SSM_CUDA_GDN_TUNE="rpt=N"`) may set the rows per lane.
