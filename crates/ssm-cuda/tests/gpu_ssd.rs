@@ -55,12 +55,21 @@ fn tol(pr: &Problem) -> f32 {
 }
 
 fn check(be: &CudaBackend, pr: &Problem, label: &str) {
-    for intermediate in [false, true] {
-        let (o64, s64) = pr.run_with(intermediate, f64_ref);
+    check_against(be, pr, label, &references(pr));
+}
+
+/// The f64 recurrence's outputs and states of `pr`, without and with every chunk's state.
+fn references(pr: &Problem) -> [(Vec<f32>, Vec<f32>); 2] {
+    [false, true].map(|intermediate| pr.run_with(intermediate, f64_ref))
+}
+
+/// [`check`] with the references computed beforehand (`references`).
+fn check_against(be: &CudaBackend, pr: &Problem, label: &str, refs: &[(Vec<f32>, Vec<f32>); 2]) {
+    for (intermediate, (o64, s64)) in [false, true].into_iter().zip(refs) {
         let (o, s) = cuda(be, pr, intermediate, None);
         let tag = format!("{label} intermediate={intermediate} bf16={}", pr.bf16_io);
-        assert_close(&format!("{tag} out"), &o, &o64, tol(pr));
-        assert_close(&format!("{tag} states"), &s, &s64, tol(pr));
+        assert_close(&format!("{tag} out"), &o, o64, tol(pr));
+        assert_close(&format!("{tag} states"), &s, s64, tol(pr));
     }
 }
 
@@ -95,14 +104,23 @@ fn ssd_matches_the_f64_recurrence_on_model_shapes() {
     let mut rng = ChaCha8Rng::seed_from_u64(0x2b7);
     let shapes: [[usize; 5]; 5] =
         [[4, 1, 64, 128, 256], [4, 2, 80, 128, 128], [6, 3, 32, 64, 64], [3, 1, 19, 13, 16], [2, 2, 128, 256, 128]];
+    let mut cases = Vec::new();
     for (i, shape) in shapes.into_iter().enumerate() {
         for bf16 in [true, false] {
             let batch = rng.random_range(1..4);
             let (seqlens, computed) = seqs(&mut rng, batch, 3 * shape[4] + 7, 2 * shape[4]);
             let mut pr = Problem::random_shaped(&mut rng, seqlens, computed, shape);
             pr.bf16_io = bf16;
-            check(&be, &pr, &format!("shape {i} {shape:?}"));
+            cases.push((format!("shape {i} {shape:?}"), pr));
         }
+    }
+    // The f64 recurrence of these shapes takes most of the test's time: one thread per case.
+    let refs: Vec<_> = std::thread::scope(|scope| {
+        let jobs: Vec<_> = cases.iter().map(|(_, pr)| scope.spawn(|| references(pr))).collect();
+        jobs.into_iter().map(|j| j.join().expect("an f64 reference panicked")).collect()
+    });
+    for ((label, pr), r) in cases.iter().zip(&refs) {
+        check_against(&be, pr, label, r);
     }
 }
 
