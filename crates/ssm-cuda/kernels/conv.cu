@@ -9,6 +9,8 @@
 //   VEC NTHREADS                        channels per thread, threads per block
 //   FN                                  1: causal_conv1d_fn (varlen prefill, has_initial_state)
 //   HAS_CI HAS_PAD VARLEN SPEC APC HAS_INIT HAS_BIAS SILU        0/1
+//   XPRE                                0/1: each chunk's first input is loaded before the
+//                                       history (small, latency-bound grids)
 //   HAS_CKPT                            0/1, FN only: prefix-caching checkpoints, the offsets in
 //                                       the `nacc` table (NACC_T) and their slots in the `blk`
 //                                       table (BLK_T), the update's tables
@@ -230,6 +232,11 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) conv_kernel(const ConvPar
     for (int k = blockIdx.z; (i64)k * p.chunk < len; k += gridDim.z) {
         const int t0 = k * p.chunk;
         const int t1 = (i64)t0 + p.chunk < len ? t0 + p.chunk : len;
+        // XPRE: the chunk's first input, loaded before the history. The history's widening
+        // waits for the state's bytes, so an x load issued after it adds a second memory round
+        // trip to a one-token step (t0 < len here).
+        float xn[VEC];
+        if (XPRE) ld_ch<X_VEC>(x + (i64)t0 * p.x_tok, p.x_dim, nch, xn);
         // History window h[j], j = 0..WIDTH−2 (oldest first), per channel.
         float h[WIDTH - 1][VEC];
         if (k == 0) {
@@ -289,7 +296,12 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) conv_kernel(const ConvPar
 
         for (int t = t0; t < t1; ++t) {
             float xv[VEC];
-            ld_ch<X_VEC>(x + (i64)t * p.x_tok, p.x_dim, nch, xv);
+            if (XPRE && t == t0) {
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) xv[e] = xn[e];
+            } else {
+                ld_ch<X_VEC>(x + (i64)t * p.x_tok, p.x_dim, nch, xv);
+            }
 #if SPEC
             if (write_slot >= 0) st_ch<ST_VEC>(st + write_slot * p.st_slot + (i64)(WIDTH - 2 + t) * p.st_col, p.st_dim, nch, xv);
 #endif

@@ -85,6 +85,9 @@ const F_B_VEC: u16 = 8192;
 /// `causal_conv1d_fn` with prefix-caching checkpoints (`checkpoint_offsets` in the `nacc` table,
 /// `checkpoint_state_indices` in the `blk` table: the update's tables, unused by the fn).
 const F_CKPT: u16 = 16384;
+/// Each chunk's first input is loaded before the history (`XPRE`): one memory round trip less
+/// before a one-token step computes, for more registers. Small grids only (latency-bound).
+const F_XPRE: u16 = 32768;
 
 /// Everything that selects one compiled conv kernel (compact, hashed per call).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -129,6 +132,7 @@ impl ConvKey {
                 ("W_VEC", F_W_VEC),
                 ("B_VEC", F_B_VEC),
                 ("HAS_CKPT", F_CKPT),
+                ("XPRE", F_XPRE),
             ],
         ));
         KernelSpec { source: KernelSource::Conv, entry: "conv_kernel", defines }
@@ -206,9 +210,9 @@ fn vec_ok(addr: Option<u64>, offset: usize, es: usize, bytes: usize, dim_stride:
 /// (docs/PERF.md, twelfth session, "The conv update").
 const SMALL_GRID_BLOCKS: usize = 128;
 
-/// `SSM_CUDA_CONV_TUNE="vec=1|2|4|8,threads=32..1024"` (tuning sweeps; unset in normal use):
-/// channels per thread (at most 16 bytes of them, dividing `dim`) and threads per block, in
-/// place of [`ConvKey`]'s choice.
+/// `SSM_CUDA_CONV_TUNE="vec=1|2|4|8,threads=32..1024,xpre=0|1"` (tuning sweeps; unset in normal
+/// use): channels per thread (at most 16 bytes of them, dividing `dim`), threads per block and
+/// the early first input (`F_XPRE`), in place of [`ConvKey`]'s choice.
 static CONV_TUNE: TuneVar = TuneVar::new("SSM_CUDA_CONV_TUNE");
 
 impl Call<'_, '_> {
@@ -257,6 +261,7 @@ impl Call<'_, '_> {
         set(p.op == ConvOp::Fn && self.init.is_some(), F_INIT);
         set(p.bias.is_some(), F_BIAS);
         set(p.activation == Activation::Silu, F_SILU);
+        set(CONV_TUNE.get("xpre").map_or(small, |v| v != 0), F_XPRE);
         if vec > 1 {
             let (xseq, oseq, _) = self.dense_geometry();
             let (x, out) = (self.x.layout().offset(), self.out.layout().offset());
@@ -506,13 +511,15 @@ pub fn conv_catalogue() -> Vec<(String, KernelSpec)> {
         );
         push(format!("conv update scalar t={t} width=3"), key(t, 3, false, I32, base));
     }
-    // Narrower vectors (8- and 4-byte accesses; SSM_CUDA_CONV_TUNE's `vec`).
+    // Narrower vectors (8- and 4-byte accesses; small grids, with the early first input).
     for (t, w, v) in [(BF16, 4, 4), (BF16, 3, 4), (BF16, 4, 2), (F32, 4, 2)] {
-        push(
-            format!("conv update SD t={t} width={w} vec={v}"),
-            ConvKey { vec: v, ..key(t, w, true, I32, base | all_vec) },
-        );
+        let k = ConvKey { vec: v, ..key(t, w, true, I32, base | all_vec | F_XPRE) };
+        push(format!("conv update SD t={t} width={w} vec={v} xpre"), k);
     }
+    push(
+        "conv update spec varlen SD bf16 width=4 xpre".into(),
+        key(BF16, 4, true, I32, base | all_vec | F_SPEC | F_VARLEN | F_XPRE),
+    );
     push("conv update spec DS bf16 width=4".into(), key(BF16, 4, true, I32, base | ds_vec | F_SPEC));
     push("conv update apc SD bf16 width=4".into(), key(BF16, 4, true, I32, base | all_vec | F_APC));
     push("conv update no tables/bias/silu bf16 width=4".into(), key(BF16, 4, true, I32, all_vec));
@@ -557,7 +564,7 @@ mod tests {
     #[test]
     fn catalogue_defines_every_macro() {
         for (label, spec) in conv_catalogue() {
-            assert_eq!(spec.defines.len(), 24, "{label}");
+            assert_eq!(spec.defines.len(), 25, "{label}");
         }
     }
 }
