@@ -4,7 +4,7 @@
 # Tests that read the device's free memory (`calls_allocate_no_device_memory`) would see the
 # other runs' allocations: they run afterwards, one at a time. From the repository root with
 # the bundle carried:
-#   SAN_BINS="test-ssm-cuda-gpu_ssd test-ssm-cuda-gpu_ring" [SAN_JOBS=4]
+#   [SAN_BINS="test-ssm-cuda-gpu_ssd test-ssm-cuda-gpu_ring"] [SAN_JOBS=4]   (default: every GPU test binary)
 #   [SAN_TOOLS="racecheck memcheck"] [SAN_LIMIT=250] bash xtask/probes/sanitize_all.sh
 # Each run's line lands in $OUT/san.txt (`tool test rc=… summary`); the totals are printed last.
 set -u
@@ -13,7 +13,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 [ -x "$root/bundle/bin/xtask" ] || { mkdir -p "$root/bundle/bin" && tar xJf "$root/bundle/bin.tar.xz" -C "$root/bundle/bin"; }
 serial_re='allocate_no_device_memory'
 jobs="$out/san_jobs.txt"; : >"$jobs"; : >"$out/san_serial.txt"
-for bin in ${SAN_BINS:?SAN_BINS names the test binaries}; do
+for bin in ${SAN_BINS:-$(cat "$root/bundle/bin/gpu-tests.txt")}; do
   "$root/bundle/bin/$bin" --list --format terse 2>/dev/null | sed -n 's/: test$//p' | while read -r t; do
     if [[ "$t" =~ $serial_re ]]; then echo "$bin $t" >>"$out/san_serial.txt"; else echo "$bin $t" >>"$jobs"; fi
   done
