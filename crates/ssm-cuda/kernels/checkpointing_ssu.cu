@@ -9,6 +9,8 @@
 //   TPR VEC RB                                                  lanes per state row, elements per
 //       lane vector (VEC > 1: every state row 16-byte aligned, DSTATE a multiple of TPR·VEC: one
 //       16-byte access per vector), rows each row group holds at once
+//   CKPT_SCATTER CKPT_WIDE_C                                    0/1: the one-pass output (sums
+//       reduced and scattered over the row group), the C values read as 16-byte vectors
 //   HAS_Z HAS_D HAS_DTB DT_SOFTPLUS HAS_SBI HAS_PAD VARLEN      0/1
 //
 // One block owns one (sequence, head). It gathers the live history (k ring rows from
@@ -73,6 +75,60 @@ __device__ __forceinline__ float warp_sum(float v) {
 
 // Column of value e (< EPL) of lane `g` (< TPR) of a row group.
 __device__ __forceinline__ int column(int g, int e) { return (g + TPR * (e / VEC)) * VEC + e % VEC; }
+
+// Lane `g`'s EPL values of the f32 shared row `r` (B or C), in `column` order: with WIDE,
+// 16-byte loads where the lane's vectors are whole float4s (VEC a multiple of 4: DSTATE is then
+// a multiple of TPR·VEC and every row starts on 16 bytes), else one value at a time, 0 past
+// DSTATE. The flush loop reads B one value at a time: with 16-byte reads there the bf16-state
+// kernel spills (188 bytes at 64 registers, NVRTC 13.5, sm_90); the token loop's C reads do not.
+template <bool WIDE> __device__ __forceinline__ void lane_values(const float* r, int g, float* v) {
+#pragma unroll
+    for (int w = 0; w < NVEC; ++w) {
+        if (WIDE && VEC % 4 == 0) {
+#pragma unroll
+            for (int u = 0; u < VEC; u += 4) {
+                const float4 f = *reinterpret_cast<const float4*>(r + column(g, w * VEC) + u);
+                v[w * VEC + u] = f.x;
+                v[w * VEC + u + 1] = f.y;
+                v[w * VEC + u + 2] = f.z;
+                v[w * VEC + u + 3] = f.w;
+            }
+        } else {
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) {
+                const int c = column(g, w * VEC + e);
+                v[w * VEC + e] = c < DSTATE ? r[c] : 0.f;
+            }
+        }
+    }
+}
+
+// RB rows' partial sums over a TPR-lane group, reduced and scattered: on return acc[0] of lane
+// g holds the group's whole sum of row g / (TPR / RB). The additions are the butterfly's
+// (xor TPR/2 first, then halving), pair for pair, so each row's sum is bit-identical to a
+// butterfly over that row alone; RB − 1 + log2(TPR) shuffles instead of RB·log2(TPR).
+#ifndef CKPT_SCATTER
+#define CKPT_SCATTER 1
+#endif
+#ifndef CKPT_WIDE_C
+#define CKPT_WIDE_C 1
+#endif
+#define RB_SCATTER (CKPT_SCATTER && (RB & (RB - 1)) == 0 && RB <= TPR)
+__device__ __forceinline__ void reduce_scatter_rows(float* acc, int g) {
+    int o = TPR / 2;
+#pragma unroll
+    for (int cnt = RB; cnt > 1; cnt >>= 1, o >>= 1) {
+        const bool hi = (g & o) != 0;
+#pragma unroll
+        for (int i = 0; i < cnt / 2; ++i) {
+            const float send = hi ? acc[i] : acc[i + cnt / 2];
+            const float keep = hi ? acc[i + cnt / 2] : acc[i];
+            acc[i] = keep + __shfl_xor_sync(0xffffffffu, send, o, TPR);
+        }
+    }
+#pragma unroll
+    for (; o > 0; o >>= 1) acc[0] += __shfl_xor_sync(0xffffffffu, acc[0], o, TPR);
+}
 
 #ifndef CKPT_MINB
 #define CKPT_MINB 4
@@ -249,11 +305,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, CKPT_MINB) checkpointing_
             for (int j = 0; j < k; ++j) {
                 const float* br = bs + j * DSTATE;
                 float bv[EPL];
-#pragma unroll
-                for (int e = 0; e < EPL; ++e) {
-                    const int c = column(gl, e);
-                    bv[e] = c < DSTATE ? br[c] : 0.f;
-                }
+                lane_values<false>(br, gl, bv);
 #pragma unroll
                 for (int r = 0; r < RB; ++r) {
                     const int q = q0 + r;
@@ -279,13 +331,8 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, CKPT_MINB) checkpointing_
             }
         }
         for (int t = 0; t < n; ++t) {
-            const float* cr = cs + t * DSTATE;
             float cv[EPL];
-#pragma unroll
-            for (int e = 0; e < EPL; ++e) {
-                const int c = column(gl, e);
-                cv[e] = c < DSTATE ? cr[c] : 0.f;
-            }
+            lane_values<CKPT_WIDE_C != 0>(cs + t * DSTATE, gl, cv);
             float acc[RB];
 #pragma unroll
             for (int r = 0; r < RB; ++r) {
@@ -293,6 +340,22 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, CKPT_MINB) checkpointing_
 #pragma unroll
                 for (int e = 0; e < EPL; ++e) acc[r] = fmaf(s[r][e], cv[e], acc[r]);
             }
+            // Row q's output: its sum, the token's scale, the history terms and the z gate.
+            const auto emit = [&](float sum, int q) {
+                float y = sc[t] * sum + yh[t * P + q];
+                const i64 tok = tok0 + t;
+#if HAS_Z
+                const float zv = to_f32(((const Z_T*)p.z)[seq * p.z_seq + tok * p.z_tok + h * p.z_head + q]);
+                y *= zv / (1.f + expf(-zv));
+#endif
+                ((OUT_T*)p.out)[seq * p.out_seq + tok * p.out_tok + h * p.out_head + q] = from_f32<OUT_T>(y);
+            };
+#if RB_SCATTER
+            // One writer lane per row, all RB rows' writers in one pass (not RB divergent ones).
+            reduce_scatter_rows(acc, gl);
+            const int q = q0 + gl / (TPR / RB);
+            if (gl % (TPR / RB) == 0 && q < P) emit(acc[0], q);
+#else
 #pragma unroll
             for (int o = TPR / 2; o > 0; o >>= 1) {
 #pragma unroll
@@ -301,15 +364,9 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, CKPT_MINB) checkpointing_
 #pragma unroll
             for (int r = 0; r < RB; ++r) {
                 const int q = q0 + r;
-                if (q >= P || gl != r % TPR) continue;
-                float y = sc[t] * acc[r] + yh[t * P + q];
-                const i64 tok = tok0 + t;
-#if HAS_Z
-                const float zv = to_f32(((const Z_T*)p.z)[seq * p.z_seq + tok * p.z_tok + h * p.z_head + q]);
-                y *= zv / (1.f + expf(-zv));
-#endif
-                ((OUT_T*)p.out)[seq * p.out_seq + tok * p.out_tok + h * p.out_head + q] = from_f32<OUT_T>(y);
+                if (q < P && gl == r % TPR) emit(acc[r], q);
             }
+#endif
         }
     }
 

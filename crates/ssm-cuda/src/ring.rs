@@ -140,11 +140,17 @@ struct CkptGeometry {
     vec: u8,
     rb: u8,
     minb: u8,
+    /// The per-token sums reduced and scattered over the row group, one writer lane per row in
+    /// one pass (`CKPT_SCATTER`; where RB is a power of two up to TPR).
+    scatter: bool,
+    /// Each token's C values read from shared memory as 16-byte vectors (`CKPT_WIDE_C`).
+    wide_c: bool,
 }
 
-/// `SSM_CUDA_CKPT_TUNE="tpr=8|16|32,minb=M,threads=128|256,rb=R"` (tuning sweeps; unset in
-/// normal use): lanes per state row, blocks per SM, threads per block and state rows per row
-/// group, in place of [`CkptGeometry::of`]'s choice.
+/// `SSM_CUDA_CKPT_TUNE="tpr=8|16|32,minb=M,threads=128|256,rb=R,scatter=0|1,wide=0|1"` (tuning
+/// sweeps; unset in normal use): lanes per state row, blocks per SM, threads per block, state
+/// rows per row group, the one-pass output (`scatter`) and the 16-byte C reads (`wide`), in
+/// place of [`CkptGeometry::of`]'s choice.
 static CKPT_TUNE: TuneVar = TuneVar::new("SSM_CUDA_CKPT_TUNE");
 
 /// Blocks (sequences × heads) from which a multi-token step takes the spread geometry: about
@@ -178,7 +184,15 @@ impl CkptGeometry {
         let vec = if aligned && dstate.is_multiple_of(tpr * v16) { v16 } else { 1 };
         let epl = dstate.div_ceil(tpr * vec) * vec;
         let rb = CKPT_TUNE.get("rb").map_or((64 / epl.max(1)).clamp(1, 4), |r| (r as usize).clamp(1, 8));
-        CkptGeometry { tpr: tpr as u8, vec: vec as u8, rb: rb as u8, minb: minb as u8 }
+        let on = |key| CKPT_TUNE.get(key).is_none_or(|v| v != 0);
+        CkptGeometry {
+            tpr: tpr as u8,
+            vec: vec as u8,
+            rb: rb as u8,
+            minb: minb as u8,
+            scatter: on("scatter"),
+            wide_c: on("wide"),
+        }
     }
 
     /// Threads per block: [`CKPT_THREADS`], or `SSM_CUDA_CKPT_TUNE`'s `threads` (128 or 256).
@@ -225,6 +239,8 @@ impl RingKey {
                 defines.push(("VEC", g.vec.to_string()));
                 defines.push(("RB", g.rb.to_string()));
                 defines.push(("CKPT_MINB", g.minb.to_string()));
+                defines.push(("CKPT_SCATTER", u8::from(g.scatter).to_string()));
+                defines.push(("CKPT_WIDE_C", u8::from(g.wide_c).to_string()));
                 defines.extend(flag_defines(
                     k.flags,
                     &[
@@ -650,7 +666,7 @@ mod tests {
     #[test]
     fn catalogue_defines_every_macro() {
         for (label, spec) in ring_catalogue() {
-            let n = if spec.source == KernelSource::RingTrackers { 6 } else { 16 + 6 + 7 };
+            let n = if spec.source == KernelSource::RingTrackers { 6 } else { 16 + 8 + 7 };
             assert_eq!(spec.defines.len(), n, "{label}");
         }
     }
