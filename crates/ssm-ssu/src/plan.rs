@@ -444,8 +444,72 @@ thread_local! {
 /// Applies vLLM's unsqueeze rules, detects the route (one-token, varlen, dense), the
 /// parameter form (tied by strides, as vLLM does), and, for host-resident index tensors,
 /// checks every index value the call will read. Errors name the argument and what was
-/// expected; nothing is written by a failed call.
+/// expected; nothing is written by a failed call. The stages run in this order, and each
+/// reports its first error: devices, dtypes, the state pool, the token tensors, the per-head
+/// parameters, the sequences and their tables, the intermediate buffer, then (host indices)
+/// the index values.
 pub(crate) fn plan_selective_state_update(args: &SelectiveStateUpdateArgs<'_>) -> Result<SsuPlan, SsuError> {
+    let device = check_devices(args)?;
+    let rand_seed = check_dtypes(args)?;
+    let pool = state_pool(args)?;
+    let [slots, heads, dim, dstate] = pool.dims;
+    let tokens = token_tensors(args, heads, dim, dstate)?;
+    let params = head_params(args, heads, dim, dstate, &tokens.dt)?;
+    let seqs = sequence_tables(args, tokens.route, tokens.rows)?;
+    let intermediate = plan_intermediate(args, tokens.route, seqs.seqs, [heads, dim, dstate])?;
+
+    let mut plan = SsuPlan {
+        route: tokens.route,
+        spec: seqs.num_accepted_tokens.is_some(),
+        form: params.form,
+        dims: SsuDims { seqs: seqs.seqs, rows: tokens.rows, heads, dim, dstate, groups: tokens.groups, slots },
+        dtypes: SsuDtypes {
+            state: args.state.dtype(),
+            x: args.x.dtype(),
+            dt: args.dt.dtype(),
+            a: args.a.dtype(),
+            b: args.b.dtype(),
+            c: args.c.dtype(),
+            d: args.d.as_ref().map(|t| t.dtype()),
+            dt_bias: args.dt_bias.as_ref().map(|t| t.dtype()),
+            z: args.z.as_ref().map(|t| t.dtype()),
+            out: args.out.dtype(),
+            cu_seqlens: args.cu_seqlens.as_ref().map(|t| t.dtype()),
+            num_accepted_tokens: args.num_accepted_tokens.as_ref().map(|t| t.dtype()),
+        },
+        device,
+        state: pool.state,
+        x: tokens.x,
+        dt: tokens.dt,
+        z: tokens.z,
+        out: tokens.out,
+        b: tokens.b,
+        c: tokens.c,
+        a: params.a,
+        d: params.d,
+        dt_bias: params.dt_bias,
+        state_batch_indices: seqs.state_batch_indices,
+        dst_state_batch_indices: seqs.dst_state_batch_indices,
+        num_accepted_tokens: seqs.num_accepted_tokens,
+        cu_seqlens: seqs.cu_seqlens,
+        pad_slot_id: args.pad_slot_id,
+        dt_softplus: args.dt_softplus,
+        stochastic_rounding: args.stochastic_rounding,
+        rand_seed,
+        disable_state_update: args.disable_state_update,
+        intermediate,
+        state_scale: pool.state_scale,
+        host_indices_checked: false,
+        alias_free: false,
+    };
+    if device == Device::Cpu {
+        check_host_indices(&mut plan, args)?;
+    }
+    Ok(plan)
+}
+
+/// Every tensor on the state's device; returns that device.
+fn check_devices(args: &SelectiveStateUpdateArgs<'_>) -> Result<Device, SsuError> {
     let device = args.state.device();
     let check_dev = |arg: &'static str, d: Device| {
         if d != device {
@@ -484,8 +548,12 @@ pub(crate) fn plan_selective_state_update(args: &SelectiveStateUpdateArgs<'_>) -
             check_dev(arg, t.device())?;
         }
     }
+    Ok(device)
+}
 
-    // dtypes
+/// Every dtype, the state's scale and rounding options with it; returns `rand_seed`'s element
+/// offset.
+fn check_dtypes(args: &SelectiveStateUpdateArgs<'_>) -> Result<Option<usize>, SsuError> {
     dtype_in("state", args.state.dtype(), STATES, "f32, f16, bf16, or i16 / i8 with `state_scale`")?;
     let quantized = crate::quant::limit(args.state.dtype()).is_some();
     match (quantized, &args.state_scale) {
@@ -555,8 +623,20 @@ pub(crate) fn plan_selective_state_update(args: &SelectiveStateUpdateArgs<'_>) -
             return Err(SsuError::PhiloxRounds { rounds: sr.philox_rounds });
         }
     }
+    Ok(rand_seed)
+}
 
-    // state [slots, heads, dim, dstate]
+/// The state pool `[slots, heads, dim, dstate]` (heads inserted for a 3-D state) and its
+/// per-row scales.
+struct StatePool {
+    dims: [usize; 4],
+    state: Strided<4>,
+    state_scale: Option<Strided<3>>,
+}
+
+/// The state pool: rank, contiguous dstate, no written element shared, and `state_scale`'s
+/// extents.
+fn state_pool(args: &SelectiveStateUpdateArgs<'_>) -> Result<StatePool, SsuError> {
     let mut state = norm_mut(&args.state);
     match state.shape.len() {
         3 => (state.shape, state.strides) = unsqueeze(&state.shape, &state.strides, 1),
@@ -593,8 +673,39 @@ pub(crate) fn plan_selective_state_update(args: &SelectiveStateUpdateArgs<'_>) -
             Some(Strided { offset: n.offset, strides: [n.strides[0], n.strides[1], n.strides[2]] })
         }
     };
+    Ok(StatePool {
+        dims: [slots, heads, dim, dstate],
+        state: Strided {
+            offset: state.offset,
+            strides: [state.strides[0], state.strides[1], state.strides[2], state.strides[3]],
+        },
+        state_scale,
+    })
+}
 
-    // x: route and rows
+/// The route, the token rows and the token tensors' addressing.
+struct TokenTensors {
+    route: Route,
+    rows: usize,
+    groups: usize,
+    x: TokenStrides,
+    dt: TokenStrides,
+    z: Option<TokenStrides>,
+    out: TokenStrides,
+    b: TokenStrides,
+    c: TokenStrides,
+}
+
+/// x's rank picks the route (2-D/3-D: one token a row, or varlen with `cu_seqlens`; 4-D:
+/// dense `[batch, steps, ..]`); x, dt, z, out `[.., heads, dim]` and B, C `[.., groups,
+/// dstate]` then share its token axes (a missing heads or groups axis is inserted), and
+/// `groups` divides `heads`.
+fn token_tensors(
+    args: &SelectiveStateUpdateArgs<'_>,
+    heads: usize,
+    dim: usize,
+    dstate: usize,
+) -> Result<TokenTensors, SsuError> {
     let x0 = norm_ref(&args.x);
     let (route, rows, seq_dims) = match x0.shape.len() {
         2 | 3 => {
@@ -613,53 +724,80 @@ pub(crate) fn plan_selective_state_update(args: &SelectiveStateUpdateArgs<'_>) -
         Route::Dense { steps } => &[("batch", x0.shape[0]), ("steps", steps)],
         _ => &[("rows", rows)],
     };
-
-    // A token tensor [prefix.., heads, dim] with optional missing heads axis.
-    let token_tensor = |arg: &'static str, n: Norm, inner: (&'static str, usize), last: (&'static str, usize)| {
-        let mut n = n;
-        if n.shape.len() == seq_dims + 1 {
-            (n.shape, n.strides) = unsqueeze(&n.shape, &n.strides, seq_dims);
-        }
-        // The inner (heads/groups) extent of B/C is free: it defines `groups`.
-        let ok = n.shape.len() == seq_dims + 2
-            && n.shape[..seq_dims].iter().zip(token_prefix).all(|(&have, &(_, want))| have == want)
-            && (inner.1 == usize::MAX || n.shape[seq_dims] == inner.1)
-            && n.shape[seq_dims + 1] == last.1;
-        if !ok {
-            let shown: Vec<(&str, usize)> = token_prefix
-                .iter()
-                .chain([&inner, &last])
-                .map(|&(k, v)| if v == usize::MAX { (k, 0) } else { (k, v) })
-                .collect();
-            let mut s = shape_str(&shown);
-            if inner.1 == usize::MAX {
-                s = s.replace(&format!("{}=0", inner.0), inner.0);
-            }
-            return Err(SsuError::from(ArgError::Shape { arg, expected: s, actual: n.shape.to_vec() }));
-        }
-        let (seq, tok) = if seq_dims == 2 { (n.strides[0], n.strides[1]) } else { (n.strides[0], n.strides[0]) };
-        Ok((
-            TokenStrides { offset: n.offset, seq, tok, head: n.strides[seq_dims], dim: n.strides[seq_dims + 1] },
-            n.shape[seq_dims],
-        ))
-    };
-
-    let (x, _) = token_tensor("x", x0, ("heads", heads), ("dim", dim))?;
-    let (dt, _) = token_tensor("dt", norm_ref(&args.dt), ("heads", heads), ("dim", dim))?;
+    let token = |arg, n, inner, last| token_tensor(arg, n, seq_dims, token_prefix, inner, last);
+    let (x, _) = token("x", x0, ("heads", heads), ("dim", dim))?;
+    let (dt, _) = token("dt", norm_ref(&args.dt), ("heads", heads), ("dim", dim))?;
     let z = match &args.z {
-        Some(z) => Some(token_tensor("z", norm_ref(z), ("heads", heads), ("dim", dim))?.0),
+        Some(z) => Some(token("z", norm_ref(z), ("heads", heads), ("dim", dim))?.0),
         None => None,
     };
     let out_norm = norm_mut(&args.out);
     written_disjoint("out", (&out_norm.shape, &out_norm.strides), args.out.shape(), args.out.strides())?;
-    let (out, _) = token_tensor("out", out_norm, ("heads", heads), ("dim", dim))?;
-    let (b, groups) = token_tensor("B", norm_ref(&args.b), ("groups", usize::MAX), ("dstate", dstate))?;
-    let (c, _) = token_tensor("C", norm_ref(&args.c), ("groups", groups), ("dstate", dstate))?;
-    if groups == 0 || heads % groups != 0 {
+    let (out, _) = token("out", out_norm, ("heads", heads), ("dim", dim))?;
+    let (b, groups) = token("B", norm_ref(&args.b), ("groups", usize::MAX), ("dstate", dstate))?;
+    let (c, _) = token("C", norm_ref(&args.c), ("groups", groups), ("dstate", dstate))?;
+    if groups == 0 || !heads.is_multiple_of(groups) {
         return Err(SsuError::from(ArgError::HeadsNotDivisible { heads, groups, heads_from: "state" }));
     }
+    Ok(TokenTensors { route, rows, groups, x, dt, z, out, b, c })
+}
 
-    // A [heads, dim, dstate]
+/// A token tensor `[prefix.., inner, last]` (`seq_dims` token axes named by `token_prefix`),
+/// the inner (heads or groups) axis inserted where missing. An `inner` extent of
+/// `usize::MAX` is free (B's defines `groups`). Returns its addressing and its inner extent.
+fn token_tensor(
+    arg: &'static str,
+    n: Norm,
+    seq_dims: usize,
+    token_prefix: &[(&str, usize)],
+    inner: (&'static str, usize),
+    last: (&'static str, usize),
+) -> Result<(TokenStrides, usize), SsuError> {
+    let mut n = n;
+    if n.shape.len() == seq_dims + 1 {
+        (n.shape, n.strides) = unsqueeze(&n.shape, &n.strides, seq_dims);
+    }
+    // The inner (heads/groups) extent of B/C is free: it defines `groups`.
+    let ok = n.shape.len() == seq_dims + 2
+        && n.shape[..seq_dims].iter().zip(token_prefix).all(|(&have, &(_, want))| have == want)
+        && (inner.1 == usize::MAX || n.shape[seq_dims] == inner.1)
+        && n.shape[seq_dims + 1] == last.1;
+    if !ok {
+        let shown: Vec<(&str, usize)> = token_prefix
+            .iter()
+            .chain([&inner, &last])
+            .map(|&(k, v)| if v == usize::MAX { (k, 0) } else { (k, v) })
+            .collect();
+        let mut s = shape_str(&shown);
+        if inner.1 == usize::MAX {
+            s = s.replace(&format!("{}=0", inner.0), inner.0);
+        }
+        return Err(SsuError::from(ArgError::Shape { arg, expected: s, actual: n.shape.to_vec() }));
+    }
+    let (seq, tok) = if seq_dims == 2 { (n.strides[0], n.strides[1]) } else { (n.strides[0], n.strides[0]) };
+    Ok((
+        TokenStrides { offset: n.offset, seq, tok, head: n.strides[seq_dims], dim: n.strides[seq_dims + 1] },
+        n.shape[seq_dims],
+    ))
+}
+
+/// A `[heads, dim, dstate]`, D and dt_bias `[heads, dim]` (leading heads axis inserted where
+/// missing), and the parameter form they imply.
+struct HeadParams {
+    a: Strided<3>,
+    d: Option<Strided<2>>,
+    dt_bias: Option<Strided<2>>,
+    form: ParamForm,
+}
+
+/// The per-head parameters' shapes, and vLLM's TIE_HDIM test on their strides.
+fn head_params(
+    args: &SelectiveStateUpdateArgs<'_>,
+    heads: usize,
+    dim: usize,
+    dstate: usize,
+    dt: &TokenStrides,
+) -> Result<HeadParams, SsuError> {
     let mut an = norm_ref(&args.a);
     match an.shape.len() {
         2 => (an.shape, an.strides) = unsqueeze(&an.shape, &an.strides, 0),
@@ -698,8 +836,22 @@ pub(crate) fn plan_selective_state_update(args: &SelectiveStateUpdateArgs<'_>) -
     // vLLM's TIE_HDIM test (D is not part of it).
     let tied = a.strides[1] == 0 && a.strides[2] == 0 && dt.dim == 0 && dt_bias.is_none_or(|s| s.strides[1] == 0);
     let form = if tied { ParamForm::Tied } else { ParamForm::PerChannel };
+    Ok(HeadParams { a, d, dt_bias, form })
+}
 
-    // sequences
+/// The sequences and the tables indexed by them.
+struct SequenceTables {
+    seqs: usize,
+    cu_seqlens: Option<Strided<1>>,
+    state_batch_indices: Option<IndexTable>,
+    /// The destination table: `dst_state_batch_indices`, else `state_batch_indices`.
+    dst_state_batch_indices: Option<IndexTable>,
+    num_accepted_tokens: Option<Strided<1>>,
+}
+
+/// The number of sequences (`cu_seqlens`, the dense batch, or one per row), the slot tables'
+/// extents and the speculative combination rules (`num_accepted_tokens` needs 2-D tables).
+fn sequence_tables(args: &SelectiveStateUpdateArgs<'_>, route: Route, rows: usize) -> Result<SequenceTables, SsuError> {
     let seqs = match (route, &args.cu_seqlens) {
         (Route::Varlen, Some(cu)) => {
             if cu.rank() != 1 || cu.shape()[0] == 0 {
@@ -738,28 +890,26 @@ pub(crate) fn plan_selective_state_update(args: &SelectiveStateUpdateArgs<'_>) -
             needs: "`state_batch_indices`",
         }));
     }
-    let spec = args.num_accepted_tokens.is_some();
     let num_accepted_tokens = match &args.num_accepted_tokens {
         Some(n) => {
-            let Some(sbi_t) = &sbi else {
+            if sbi.is_none() {
                 return Err(SsuError::from(ArgError::Requires {
                     arg: "num_accepted_tokens",
                     needs: "`state_batch_indices`",
                 }));
-            };
-            if args.state_batch_indices.as_ref().is_some_and(|t| t.rank() != 2) {
-                let _ = sbi_t;
+            }
+            if let Some(t) = args.state_batch_indices.as_ref().filter(|t| t.rank() != 2) {
                 return Err(SsuError::TableNeeds2D {
                     arg: "state_batch_indices",
                     why: "with num_accepted_tokens (the accepted count picks the column)",
-                    actual: args.state_batch_indices.as_ref().unwrap().shape().to_vec(),
+                    actual: t.shape().to_vec(),
                 });
             }
-            if args.dst_state_batch_indices.as_ref().is_some_and(|t| t.rank() != 2) {
+            if let Some(t) = args.dst_state_batch_indices.as_ref().filter(|t| t.rank() != 2) {
                 return Err(SsuError::TableNeeds2D {
                     arg: "dst_state_batch_indices",
                     why: "with num_accepted_tokens (token t is stored to column t)",
-                    actual: args.dst_state_batch_indices.as_ref().unwrap().shape().to_vec(),
+                    actual: t.shape().to_vec(),
                 });
             }
             if n.rank() != 1 || n.shape()[0] != seqs {
@@ -773,60 +923,13 @@ pub(crate) fn plan_selective_state_update(args: &SelectiveStateUpdateArgs<'_>) -
         }
         None => None,
     };
-    let dst = dst_given.or(sbi);
-    let intermediate = plan_intermediate(args, route, seqs, [heads, dim, dstate])?;
-
-    let mut plan = SsuPlan {
-        route,
-        spec,
-        form,
-        dims: SsuDims { seqs, rows, heads, dim, dstate, groups, slots },
-        dtypes: SsuDtypes {
-            state: args.state.dtype(),
-            x: args.x.dtype(),
-            dt: args.dt.dtype(),
-            a: args.a.dtype(),
-            b: args.b.dtype(),
-            c: args.c.dtype(),
-            d: args.d.as_ref().map(|t| t.dtype()),
-            dt_bias: args.dt_bias.as_ref().map(|t| t.dtype()),
-            z: args.z.as_ref().map(|t| t.dtype()),
-            out: args.out.dtype(),
-            cu_seqlens: args.cu_seqlens.as_ref().map(|t| t.dtype()),
-            num_accepted_tokens: args.num_accepted_tokens.as_ref().map(|t| t.dtype()),
-        },
-        device,
-        state: Strided {
-            offset: state.offset,
-            strides: [state.strides[0], state.strides[1], state.strides[2], state.strides[3]],
-        },
-        x,
-        dt,
-        z,
-        out,
-        b,
-        c,
-        a,
-        d,
-        dt_bias,
-        state_batch_indices: sbi,
-        dst_state_batch_indices: dst,
-        num_accepted_tokens,
+    Ok(SequenceTables {
+        seqs,
         cu_seqlens,
-        pad_slot_id: args.pad_slot_id,
-        dt_softplus: args.dt_softplus,
-        stochastic_rounding: args.stochastic_rounding,
-        rand_seed,
-        disable_state_update: args.disable_state_update,
-        intermediate,
-        state_scale,
-        host_indices_checked: false,
-        alias_free: false,
-    };
-    if device == Device::Cpu {
-        check_host_indices(&mut plan, args)?;
-    }
-    Ok(plan)
+        state_batch_indices: sbi,
+        dst_state_batch_indices: dst_given.or(sbi),
+        num_accepted_tokens,
+    })
 }
 
 /// A scale tensor with one f32 per state row (`state_scale`, `intermediate_state_scales`):
