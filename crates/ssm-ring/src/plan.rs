@@ -466,6 +466,58 @@ fn pool(arg: &'static str, t: &TensorMut<'_>, names: &[&str], want: &[usize]) ->
 /// tensors, every index the call reads (`state_batch_indices`, the cursors of the slots it
 /// uses, `cu_seqlens`). Nothing is written by the op when this fails.
 pub(crate) fn plan_checkpointing_ssu(args: &CheckpointingSsuArgs<'_>) -> Result<CheckpointingSsuPlan, RingError> {
+    let device = check_devices(args)?;
+    check_dtypes(args)?;
+    let pools = resolve_pools(args)?;
+    let (form, lead) = token_form(args, pools.heads, pools.dim)?;
+    let tokens_in = token_tensors(args, &lead, &pools)?;
+    let (a, d, dt_bias) = head_params(args, &pools)?;
+    let (batch, tokens, cu_seqlens) = sequences(args, form)?;
+    let window = ring_window(pools.ring_len, tokens)?;
+    let index = slot_index(args, batch, pools.cache)?;
+
+    // Host-resident index values.
+    check_host_cu_seqlens(args, cu_seqlens, &lead, batch, tokens)?;
+    check_host_slots(args, &pools, index, batch, window)?;
+
+    Ok(CheckpointingSsuPlan {
+        device,
+        form,
+        batch,
+        tokens,
+        heads: pools.heads,
+        dim: pools.dim,
+        dstate: pools.dstate,
+        groups: pools.groups,
+        cache: pools.cache,
+        ring_len: pools.ring_len,
+        window: window as usize,
+        state_dtype: args.state.dtype(),
+        state: pools.state,
+        x_cache: pools.x_cache,
+        b_cache: pools.b_cache,
+        dt_cache: pools.dt_cache,
+        x: tokens_in.x,
+        dt: tokens_in.dt,
+        b: tokens_in.b,
+        c: tokens_in.c,
+        z: tokens_in.z,
+        out: tokens_in.out,
+        a,
+        d,
+        dt_bias,
+        index,
+        ring_start: pools.ring_start,
+        prev_num_accepted_tokens: pools.prev_num,
+        cu_seqlens,
+        dt_softplus: args.dt_softplus,
+        pad_slot_id: args.pad_slot_id,
+    })
+}
+
+/// Checks that every tensor lives on `state`'s device, and that the optional index tensors
+/// (`state_batch_indices`, `cu_seqlens`) are integer; returns that device.
+fn check_devices(args: &CheckpointingSsuArgs<'_>) -> Result<Device, RingError> {
     let device = args.state.device();
     let dev = |arg: &'static str, d: Device| check_device(arg, "state", device, d);
     dev("x_cache", args.x_cache.device())?;
@@ -490,6 +542,12 @@ pub(crate) fn plan_checkpointing_ssu(args: &CheckpointingSsuArgs<'_>) -> Result<
             check_index_dtype(arg, t)?;
         }
     }
+    Ok(device)
+}
+
+/// Checks the dtypes (float pools and tokens, f32 `dt_cache`, integer cursors) and that the
+/// written pools and `out` do not overlap themselves.
+fn check_dtypes(args: &CheckpointingSsuArgs<'_>) -> Result<(), RingError> {
     check_float("state", args.state.dtype())?;
     check_float("x_cache", args.x_cache.dtype())?;
     check_float("B_cache", args.b_cache.dtype())?;
@@ -519,7 +577,28 @@ pub(crate) fn plan_checkpointing_ssu(args: &CheckpointingSsuArgs<'_>) -> Result<
     }
     check_index_dtype("ring_start", &args.ring_start)?;
     check_index_dtype("prev_num_accepted_tokens", &args.prev_num_accepted_tokens)?;
+    Ok(())
+}
 
+/// The state pool, the ring caches and the per-slot cursors, with the dims they fix.
+struct Pools {
+    cache: usize,
+    heads: usize,
+    dim: usize,
+    dstate: usize,
+    groups: usize,
+    ring_len: usize,
+    state: PoolStrides,
+    x_cache: PoolStrides,
+    b_cache: PoolStrides,
+    dt_cache: PoolStrides,
+    ring_start: Strided<1>,
+    prev_num: Strided<1>,
+}
+
+/// Resolves `cache, heads, dim, dstate` from `state`, `L` from `x_cache`, `groups` from
+/// `B_cache`, and checks the ring caches and the cursors `[cache]` against them.
+fn resolve_pools(args: &CheckpointingSsuArgs<'_>) -> Result<Pools, RingError> {
     // The state pool fixes cache, heads, dim, dstate.
     let ss = args.state.shape();
     if ss.len() != 4 {
@@ -563,7 +642,11 @@ pub(crate) fn plan_checkpointing_ssu(args: &CheckpointingSsuArgs<'_>) -> Result<
     }
     let ring_start = vector("ring_start", &args.ring_start)?;
     let prev_num = vector("prev_num_accepted_tokens", &args.prev_num_accepted_tokens)?;
+    Ok(Pools { cache, heads, dim, dstate, groups, ring_len, state, x_cache, b_cache, dt_cache, ring_start, prev_num })
+}
 
+/// Resolves the token layout from `x`'s rank and whether `cu_seqlens` is given.
+fn token_form(args: &CheckpointingSsuArgs<'_>, heads: usize, dim: usize) -> Result<(TokenForm, Lead), RingError> {
     // Token form from x.
     let xsh = args.x.shape();
     let (form, lead) = match (&args.cu_seqlens, xsh.len()) {
@@ -596,18 +679,52 @@ pub(crate) fn plan_checkpointing_ssu(args: &CheckpointingSsuArgs<'_>) -> Result<
             }));
         }
     };
+    Ok((form, lead))
+}
+
+/// The per-token tensors' accesses.
+struct Tokens {
+    x: TokenStrides,
+    out: TokenStrides,
+    z: Option<TokenStrides>,
+    dt: TokenStrides,
+    b: TokenStrides,
+    c: TokenStrides,
+}
+
+/// Checks `x`, `out`, `z`, `dt` (`[.., heads, dim]`) and `B`, `C` (`[.., groups, dstate]`)
+/// against the token layout.
+fn token_tensors(args: &CheckpointingSsuArgs<'_>, lead: &Lead, pools: &Pools) -> Result<Tokens, RingError> {
+    let (heads, dim, groups, dstate) = (pools.heads, pools.dim, pools.groups, pools.dstate);
     let hp = ["heads", "dim"];
-    let x = token_tensor("x", &args.x, &lead, hp, [heads, dim], false)?;
+    let x = token_tensor("x", &args.x, lead, hp, [heads, dim], false)?;
     let out_ref = args.out.as_ref();
-    let out = token_tensor("out", &out_ref, &lead, hp, [heads, dim], false)?;
-    let z = args.z.as_ref().map(|z| token_tensor("z", z, &lead, hp, [heads, dim], false)).transpose()?;
-    let dt = token_tensor("dt", &args.dt, &lead, hp, [heads, dim], true)?;
-    let b = token_tensor("B", &args.b, &lead, ["groups", "dstate"], [groups, dstate], false)?;
-    let c = token_tensor("C", &args.c, &lead, ["groups", "dstate"], [groups, dstate], false)?;
+    let out = token_tensor("out", &out_ref, lead, hp, [heads, dim], false)?;
+    let z = args.z.as_ref().map(|z| token_tensor("z", z, lead, hp, [heads, dim], false)).transpose()?;
+    let dt = token_tensor("dt", &args.dt, lead, hp, [heads, dim], true)?;
+    let b = token_tensor("B", &args.b, lead, ["groups", "dstate"], [groups, dstate], false)?;
+    let c = token_tensor("C", &args.c, lead, ["groups", "dstate"], [groups, dstate], false)?;
+    Ok(Tokens { x, out, z, dt, b, c })
+}
+
+/// Checks the per-head parameters `A` (tied), `D` and `dt_bias` (tied).
+fn head_params(
+    args: &CheckpointingSsuArgs<'_>,
+    pools: &Pools,
+) -> Result<(HeadParam, Option<HeadParam>, Option<HeadParam>), RingError> {
+    let (heads, dim, dstate) = (pools.heads, pools.dim, pools.dstate);
     let a = head_param("A", &args.a, heads, dim, Some(dstate), true)?;
     let d = args.d.as_ref().map(|t| head_param("D", t, heads, dim, None, false)).transpose()?;
     let dt_bias = args.dt_bias.as_ref().map(|t| head_param("dt_bias", t, heads, dim, None, true)).transpose()?;
+    Ok((a, d, dt_bias))
+}
 
+/// Resolves `(batch, T, cu_seqlens)`; `cu_seqlens` and `max_seqlen` come together or not at all.
+fn sequences(
+    args: &CheckpointingSsuArgs<'_>,
+    form: TokenForm,
+) -> Result<(usize, usize, Option<Strided<1>>), RingError> {
+    let xsh = args.x.shape();
     let (batch, tokens, cu_seqlens) = match form {
         TokenForm::OneToken => (xsh[0], 1, None),
         TokenForm::Dense => (xsh[0], xsh[1], None),
@@ -629,12 +746,23 @@ pub(crate) fn plan_checkpointing_ssu(args: &CheckpointingSsuArgs<'_>) -> Result<
     if args.max_seqlen.is_some() && form != TokenForm::Varlen {
         return Err(RingError::from(ArgError::Requires { arg: "max_seqlen", needs: "`cu_seqlens`" }));
     }
+    Ok((batch, tokens, cu_seqlens))
+}
+
+/// Resolves the window `W = L − T` and checks that the ring holds it: `T <= W`.
+fn ring_window(ring_len: usize, tokens: usize) -> Result<i64, RingError> {
     // T <= W = L - T, i.e. 2T <= L: compared without arithmetic that a huge `max_seqlen`
     // could wrap.
     let window = (ring_len as i64).saturating_sub(i64::try_from(tokens).unwrap_or(i64::MAX));
     if tokens > ring_len / 2 {
         return Err(RingError::RingTooShort { ring_len, tokens, window });
     }
+    Ok(window)
+}
+
+/// Resolves column 0 of `state_batch_indices` (at least `batch` rows); without it the
+/// identity mapping needs `batch <= cache`.
+fn slot_index(args: &CheckpointingSsuArgs<'_>, batch: usize, cache: usize) -> Result<Option<Strided<1>>, RingError> {
     let index = match &args.state_batch_indices {
         Some(t) => {
             let (col, n) = slot_column("state_batch_indices", t)?;
@@ -657,11 +785,22 @@ pub(crate) fn plan_checkpointing_ssu(args: &CheckpointingSsuArgs<'_>) -> Result<
             None
         }
     };
+    Ok(index)
+}
 
-    // Host-resident index values.
+/// Checks host `cu_seqlens` values: starts at 0, non-decreasing, ends at the packed token
+/// count, and no sequence longer than `max_seqlen`.
+fn check_host_cu_seqlens(
+    args: &CheckpointingSsuArgs<'_>,
+    cu_seqlens: Option<Strided<1>>,
+    lead: &Lead,
+    batch: usize,
+    tokens: usize,
+) -> Result<(), RingError> {
     if let (Some(cu), Some(cs)) = (&args.cu_seqlens, cu_seqlens)
         && cu.host_bytes().is_some()
     {
+        let xsh = args.x.shape();
         let total = match lead.rank {
             1 => xsh[0],
             _ => xsh[1],
@@ -679,6 +818,20 @@ pub(crate) fn plan_checkpointing_ssu(args: &CheckpointingSsuArgs<'_>) -> Result<
             prev = v;
         }
     }
+    Ok(())
+}
+
+/// Checks, row by row, host `state_batch_indices` against the pool and the host cursors of
+/// each used slot (`ring_start < L`, `prev_num_accepted_tokens <= W`), then that no two
+/// rows share a slot.
+fn check_host_slots(
+    args: &CheckpointingSsuArgs<'_>,
+    pools: &Pools,
+    index: Option<Strided<1>>,
+    batch: usize,
+    window: i64,
+) -> Result<(), RingError> {
+    let (cache, ring_len) = (pools.cache, pools.ring_len);
     let host_cursors = args.ring_start.host_bytes().is_some() && args.prev_num_accepted_tokens.host_bytes().is_some();
     // Each row reads and writes the state of its slot: the aliasing rule of every family.
     let mut uses = Vec::new();
@@ -708,7 +861,7 @@ pub(crate) fn plan_checkpointing_ssu(args: &CheckpointingSsuArgs<'_>) -> Result<
             _ => row,
         };
         if host_cursors {
-            let start = args.ring_start.elem_i64(ring_start.at([slot]));
+            let start = args.ring_start.elem_i64(pools.ring_start.at([slot]));
             if start < 0 || start >= ring_len as i64 {
                 return Err(RingError::CursorOutOfRange {
                     arg: "ring_start",
@@ -718,7 +871,7 @@ pub(crate) fn plan_checkpointing_ssu(args: &CheckpointingSsuArgs<'_>) -> Result<
                     limit: ring_len as i64 - 1,
                 });
             }
-            let k = args.prev_num_accepted_tokens.elem_i64(prev_num.at([slot]));
+            let k = args.prev_num_accepted_tokens.elem_i64(pools.prev_num.at([slot]));
             if k < 0 || k > window {
                 return Err(RingError::CursorOutOfRange {
                     arg: "prev_num_accepted_tokens",
@@ -738,40 +891,7 @@ pub(crate) fn plan_checkpointing_ssu(args: &CheckpointingSsuArgs<'_>) -> Result<
             second: c.second.seq,
         });
     }
-
-    Ok(CheckpointingSsuPlan {
-        device,
-        form,
-        batch,
-        tokens,
-        heads,
-        dim,
-        dstate,
-        groups,
-        cache,
-        ring_len,
-        window: window as usize,
-        state_dtype: args.state.dtype(),
-        state,
-        x_cache,
-        b_cache,
-        dt_cache,
-        x,
-        dt,
-        b,
-        c,
-        z,
-        out,
-        a,
-        d,
-        dt_bias,
-        index,
-        ring_start,
-        prev_num_accepted_tokens: prev_num,
-        cu_seqlens,
-        dt_softplus: args.dt_softplus,
-        pad_slot_id: args.pad_slot_id,
-    })
+    Ok(())
 }
 
 impl CheckpointingSsuPlan {
