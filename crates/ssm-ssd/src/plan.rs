@@ -308,6 +308,23 @@ fn state4(arg: &'static str, t: &TensorRef<'_>, want: &[usize; 4], row_name: &st
 pub(crate) fn plan_mamba_chunk_scan_combined_varlen(
     args: &MambaChunkScanCombinedVarlenArgs<'_>,
 ) -> Result<SsdPlan, SsdError> {
+    let device = check_devices(args)?;
+    let io = resolve_token_tensors(args)?;
+    check_chunk_size_and_dt_limit(args)?;
+    let meta = resolve_chunk_metadata(args)?;
+    let states = resolve_states(args, &io, &meta)?;
+    let mut plan = build_plan(args, device, io, meta, states);
+    if let Some(longest) = check_metadata(&plan, args)? {
+        plan.chunk_rows = longest.max(1);
+        check_checkpoint_chunks(&plan, args)?;
+    }
+    resolve_scratch(&mut plan, args)?;
+    check_slots(&plan, args)?;
+    Ok(plan)
+}
+
+/// Checks that every tensor lives on `x`'s device; returns that device.
+fn check_devices(args: &MambaChunkScanCombinedVarlenArgs<'_>) -> Result<Device, SsdError> {
     let device = args.x.device();
     let dev = |arg: &'static str, d: Device| {
         if d == device {
@@ -355,7 +372,29 @@ pub(crate) fn plan_mamba_chunk_scan_combined_varlen(
     if let Some(w) = &args.scratch {
         dev("scratch", w.device())?;
     }
+    Ok(device)
+}
 
+/// The per-token and per-head tensors of one call, shapes, dtypes and strides checked.
+struct TokenTensors {
+    tokens: usize,
+    heads: usize,
+    dim: usize,
+    groups: usize,
+    dstate: usize,
+    x: Strided<3>,
+    dt: Strided<3>,
+    a: Strided<3>,
+    b: Strided<3>,
+    c: Strided<3>,
+    z: Option<Strided<3>>,
+    out: Option<Strided<3>>,
+    d: Option<Strided<3>>,
+    dt_bias: Option<Strided<1>>,
+}
+
+/// Resolves tokens, heads, dim, groups and dstate from `x` and `B`; checks every per-token and per-head tensor.
+fn resolve_token_tensors(args: &MambaChunkScanCombinedVarlenArgs<'_>) -> Result<TokenTensors, SsdError> {
     float("x", args.x.dtype())?;
     let xs = args.x.shape();
     if xs.len() != 3 {
@@ -418,6 +457,11 @@ pub(crate) fn plan_mamba_chunk_scan_combined_varlen(
                 .map(|s| Strided { offset: s.offset, strides: [s.strides[0]] })
         })
         .transpose()?;
+    Ok(TokenTensors { tokens, heads, dim, groups, dstate, x, dt, a, b, c, z, out, d, dt_bias })
+}
+
+/// Checks that `chunk_size` is a power of two and `dt_limit` an ordered, non-NaN range.
+fn check_chunk_size_and_dt_limit(args: &MambaChunkScanCombinedVarlenArgs<'_>) -> Result<(), SsdError> {
     if args.chunk_size == 0 || !args.chunk_size.is_power_of_two() {
         return Err(SsdError::ChunkSize(args.chunk_size));
     }
@@ -425,7 +469,21 @@ pub(crate) fn plan_mamba_chunk_scan_combined_varlen(
     if lo.is_nan() || hi.is_nan() || lo > hi {
         return Err(SsdError::DtLimit { lo, hi });
     }
+    Ok(())
+}
 
+/// The chunk metadata of one call, dtypes and lengths checked (values: [`check_metadata`]).
+struct ChunkMetadata {
+    nchunks: usize,
+    batch: usize,
+    cu_seqlens: Strided<1>,
+    cu_chunk_seqlens: Strided<1>,
+    last_chunk_indices: Strided<1>,
+    seq_idx: Strided<1>,
+}
+
+/// Resolves nchunks (from `cu_chunk_seqlens`) and batch (from `cu_seqlens`); checks the metadata's lengths.
+fn resolve_chunk_metadata(args: &MambaChunkScanCombinedVarlenArgs<'_>) -> Result<ChunkMetadata, SsdError> {
     let cu_seqlens = index("cu_seqlens", &args.cu_seqlens)?;
     let cu_chunk_seqlens = index("cu_chunk_seqlens", &args.cu_chunk_seqlens)?;
     let last_chunk_indices = index("last_chunk_indices", &args.last_chunk_indices)?;
@@ -457,7 +515,27 @@ pub(crate) fn plan_mamba_chunk_scan_combined_varlen(
             actual: args.last_chunk_indices.shape().to_vec(),
         }));
     }
+    Ok(ChunkMetadata { nchunks, batch, cu_seqlens, cu_chunk_seqlens, last_chunk_indices, seq_idx })
+}
 
+/// The state tensors of one call and the slot tables addressing `ssm_state`, checked.
+struct States {
+    state_dtype: DType,
+    tables: Tables,
+    initial_states: Option<Strided<4>>,
+    varlen_states: Option<Strided<4>>,
+    ssm_state: Option<Strided<4>>,
+    slots: usize,
+}
+
+/// Resolves `state_dtype`; checks the slot tables, `initial_states`, `varlen_states` and the `ssm_state` pool.
+fn resolve_states(
+    args: &MambaChunkScanCombinedVarlenArgs<'_>,
+    io: &TokenTensors,
+    meta: &ChunkMetadata,
+) -> Result<States, SsdError> {
+    let (heads, dim, dstate) = (io.heads, io.dim, io.dstate);
+    let (nchunks, batch) = (meta.nchunks, meta.batch);
     let state_dtype = args.state_dtype.unwrap_or(args.c.dtype());
     float("state_dtype", state_dtype)?;
     let tables = resolve_tables(args, batch)?;
@@ -499,7 +577,20 @@ pub(crate) fn plan_mamba_chunk_scan_combined_varlen(
         }
         None => (None, 0),
     };
+    Ok(States { state_dtype, tables, initial_states, varlen_states, ssm_state, slots })
+}
 
+/// Builds the plan; `chunk_rows` and `scratch_layout` are placeholders until the metadata values are checked.
+fn build_plan(
+    args: &MambaChunkScanCombinedVarlenArgs<'_>,
+    device: Device,
+    io: TokenTensors,
+    meta: ChunkMetadata,
+    states: States,
+) -> SsdPlan {
+    let TokenTensors { tokens, heads, dim, groups, dstate, x, dt, a, b, c, z, out, d, dt_bias } = io;
+    let ChunkMetadata { nchunks, batch, cu_seqlens, cu_chunk_seqlens, last_chunk_indices, seq_idx } = meta;
+    let States { state_dtype, tables, initial_states, varlen_states, ssm_state, slots } = states;
     let io_dtypes = IoDtypes {
         x: args.x.dtype(),
         dt: args.dt.dtype(),
@@ -508,7 +599,7 @@ pub(crate) fn plan_mamba_chunk_scan_combined_varlen(
         z: args.z.as_ref().map(|t| t.dtype()),
         out: args.out.as_ref().map(|t| t.dtype()),
     };
-    let mut plan = SsdPlan {
+    SsdPlan {
         device,
         tokens,
         heads,
@@ -549,12 +640,12 @@ pub(crate) fn plan_mamba_chunk_scan_combined_varlen(
         scratch_offset: None,
         chunk_rows: args.chunk_size,
         scratch_layout: ScratchLayout { q_row: 0, state_row: 0, dt_out: 0, da_cumsum: 0, states: 0, cb: 0, len: 0 },
-    };
-    if let Some(longest) = check_metadata(&plan, args)? {
-        plan.chunk_rows = longest.max(1);
-        check_checkpoint_chunks(&plan, args)?;
     }
-    plan.scratch_layout = scratch_layout(&plan).ok_or_else(|| {
+}
+
+/// Computes the scratch layout (overflow-checked) and checks the caller's `scratch` view against it.
+fn resolve_scratch(plan: &mut SsdPlan, args: &MambaChunkScanCombinedVarlenArgs<'_>) -> Result<(), SsdError> {
+    plan.scratch_layout = scratch_layout(plan).ok_or_else(|| {
         SsdError::from(ArgError::Overflow {
             arg: "chunk_size",
             what: "the scratch (chunks × heads × chunk rows × …)",
@@ -573,8 +664,7 @@ pub(crate) fn plan_mamba_chunk_scan_combined_varlen(
         }
         plan.scratch_offset = Some(w.layout().offset());
     }
-    check_slots(&plan, args)?;
-    Ok(plan)
+    Ok(())
 }
 
 /// The pool-addressing tables of one call, shapes and dtypes checked.
