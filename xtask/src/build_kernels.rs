@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use anyhow::{Context, bail};
 use ssm_cuda::Arch;
-use ssm_cuda::compile::{compile_with_report, copy_kernel_spec};
+use ssm_cuda::compile::{compile_with_report, copy_kernel_spec, parallel_map};
 use ssm_cuda::conv::conv_catalogue;
 use ssm_cuda::gdn::gdn_catalogue;
 use ssm_cuda::gdn_chunk::gdn_chunk_catalogue;
@@ -64,9 +64,14 @@ pub(crate) fn run(args: &BuildKernelsArgs) -> anyhow::Result<()> {
     let (mut failures, mut spilling) = (Vec::new(), 0usize);
     for &cc in &args.arch {
         let arch = Arch { major: cc / 10, minor: cc % 10 };
-        for (label, spec) in &kernels {
+        // Compiled concurrently (NVRTC takes independent programs in parallel), printed in order;
+        // `ms` is each compile's own wall time.
+        let reports = parallel_map(&kernels, |(_, spec)| {
             let t0 = Instant::now();
-            match compile_with_report(spec, arch) {
+            (compile_with_report(spec, arch), t0.elapsed())
+        });
+        for ((label, _), (report, elapsed)) in kernels.iter().zip(reports) {
+            match report {
                 Ok(report) => {
                     let (cubin, u) = (&report.cubin, &report.usage);
                     if let Some(dir) = &args.cubin_dir {
@@ -91,7 +96,7 @@ pub(crate) fn run(args: &BuildKernelsArgs) -> anyhow::Result<()> {
                         u.spill_loads,
                         u.shared_bytes,
                         cubin.len(),
-                        t0.elapsed().as_millis(),
+                        elapsed.as_millis(),
                         if u.wgmma_serialized { "  wgmma serialized (ptxas C7515)" } else { "" }
                     );
                     if args.ptxas_log {

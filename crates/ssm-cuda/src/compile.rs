@@ -274,6 +274,36 @@ pub struct CompiledKernel {
     pub from_disk: bool,
 }
 
+/// `f` over `items` on up to `available_parallelism` scoped threads, the results in the items'
+/// order. NVRTC compiles independent programs concurrently, so a batch of specialisations takes
+/// about the time of its slowest few instead of their sum.
+pub fn parallel_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(items.len());
+    if threads <= 1 {
+        return items.iter().map(f).collect();
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let mut done: Vec<(usize, R)> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut mine = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(item) = items.get(i) else { break };
+                        mine.push((i, f(item)));
+                    }
+                    mine
+                })
+            })
+            .collect();
+        // A worker that panicked re-raises its panic here (scope's own rule), as a serial loop would.
+        workers.into_iter().flat_map(|w| w.join().unwrap_or_else(|e| std::panic::resume_unwind(e))).collect()
+    });
+    done.sort_unstable_by_key(|&(i, _)| i);
+    done.into_iter().map(|(_, r)| r).collect()
+}
+
 /// Compiles specialisations for one architecture, with an in-memory and an on-disk cache.
 #[derive(Debug)]
 pub struct Compiler {
@@ -435,6 +465,20 @@ mod tests {
 
     fn spec() -> KernelSpec {
         KernelSpec { source: KernelSource::Copy, entry: "copy_u128", defines: vec![("UNROLL", "4".into())] }
+    }
+
+    #[test]
+    fn parallel_map_keeps_the_items_order() {
+        let items: Vec<u64> = (0..1000).collect();
+        let seen = std::sync::atomic::AtomicUsize::new(0);
+        let out = parallel_map(&items, |&i| {
+            seen.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            i * i
+        });
+        assert_eq!(out, items.iter().map(|i| i * i).collect::<Vec<_>>());
+        assert_eq!(seen.into_inner(), 1000, "every item once");
+        assert!(parallel_map(&[] as &[u8], |&b| b).is_empty());
+        assert_eq!(parallel_map(&[7u8], |&b| b + 1), [8]);
     }
 
     #[test]
