@@ -114,11 +114,8 @@ fn ssd_matches_the_f64_recurrence_on_model_shapes() {
             cases.push((format!("shape {i} {shape:?}"), pr));
         }
     }
-    // The f64 recurrence of these shapes takes most of the test's time: one thread per case.
-    let refs: Vec<_> = std::thread::scope(|scope| {
-        let jobs: Vec<_> = cases.iter().map(|(_, pr)| scope.spawn(|| references(pr))).collect();
-        jobs.into_iter().map(|j| j.join().expect("an f64 reference panicked")).collect()
-    });
+    // The f64 recurrence of these shapes takes most of the test's time: the cases in parallel.
+    let refs = ssm_cuda::compile::parallel_map(&cases, |(_, pr)| references(pr));
     for ((label, pr), r) in cases.iter().zip(&refs) {
         check_against(&be, pr, label, r);
     }
