@@ -126,6 +126,10 @@ __device__ __forceinline__ void pdl_wait() {
 #endif
 }
 
+// Asks L2 for the 128-byte line holding `p` (a hint: no value changes, nothing waits for it).
+// `p` must lie inside an allocation the kernel may read.
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
 __device__ __forceinline__ i64 load_index(const int* p) { return (i64)*p; }
 __device__ __forceinline__ i64 load_index(const i64* p) { return *p; }
 __device__ __forceinline__ i64 load_index(const unsigned char* p) { return (i64)*p; }
