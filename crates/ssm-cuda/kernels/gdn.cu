@@ -109,6 +109,57 @@ __device__ __forceinline__ float row_sum(float x) {
     return x;
 }
 
+// Y_SCATTER (0/1, on where RPT is a power of two up to TPR): the outputs' sums over the row's
+// lanes are reduced and scattered, so that lane l of a row group ends with row l / (TPR / RPT)'s
+// output in y[0] and one lane per row stores it, all rows in one pass; the additions are the
+// butterfly's, pair for pair (bit-identical), with RPT − 1 + log2(TPR) shuffles instead of
+// RPT·log2(TPR). Else lane 0 stores every row's y[r].
+#ifndef GDN_SCATTER
+#define GDN_SCATTER 1
+#endif
+#define Y_SCATTER (GDN_SCATTER && (RPT & (RPT - 1)) == 0 && RPT <= TPR)
+
+// The lane's index within its row's TPR lanes, from its thread index.
+__device__ __forceinline__ int row_lane() { return (int)(threadIdx.x % 32) / LANE_STRIDE % TPR; }
+
+__device__ __forceinline__ void scatter_rows(float (&y)[RPT]) {
+    const int lane = row_lane();
+    int o = TPR / 2;
+#pragma unroll
+    for (int cnt = RPT; cnt > 1; cnt >>= 1, o >>= 1) {
+        const bool hi = (lane & o) != 0;
+#pragma unroll
+        for (int i = 0; i < cnt / 2; ++i) {
+            const float send = hi ? y[i] : y[i + cnt / 2];
+            const float keep = hi ? y[i + cnt / 2] : y[i];
+            y[i] = keep + __shfl_xor_sync(0xffffffffu, send, o * LANE_STRIDE);
+        }
+    }
+#pragma unroll
+    for (; o > 0; o >>= 1) y[0] += __shfl_xor_sync(0xffffffffu, y[0], o * LANE_STRIDE);
+}
+
+// Stores the rows' outputs from apply_token's `y` to `out[prow[r] · sd]` (rows past `vdim`
+// skipped): one lane per row with Y_SCATTER, else lane 0 of the row group.
+template <typename O> __device__ __forceinline__ void store_rows(O* out, i64 sd, const int (&prow)[RPT], int vdim,
+                                                                 const float (&y)[RPT]) {
+#if Y_SCATTER
+    constexpr int SPAN = TPR / RPT;
+    const int lane = row_lane(), r = lane / SPAN;
+    int row = prow[0];
+#pragma unroll
+    for (int i = 1; i < RPT; ++i)
+        if (r == i) row = prow[i];
+    if (lane % SPAN == 0 && row < vdim) out[(i64)row * sd] = from_f32<O>(y[0]);
+#else
+    if (row_lane() == 0) {
+#pragma unroll
+        for (int r = 0; r < RPT; ++r)
+            if (prow[r] < vdim) out[(i64)prow[r] * sd] = from_f32<O>(y[r]);
+    }
+#endif
+}
+
 __device__ __forceinline__ i64 tok(const Tok4& s, i64 seq, i64 bos, int t) {
     return VARLEN ? (bos + t) * s.t : seq * s.b + (i64)t * s.t;
 }
@@ -340,12 +391,19 @@ __device__ __forceinline__ void apply_token(const RecurrentParams& p, TokIn& cur
                 row[w][e] += u * cur.k[w][e];
                 acc += row[w][e] * cur.q[w][e];
             }
+#if Y_SCATTER
+        y[r] = acc;
+#else
         y[r] = row_sum(acc);
+#endif
 #if RAW
 #pragma unroll
         for (int w = 0; w < VPT; ++w) tile[r][w] = pack_vec<STATE_T>(row[w]);
 #endif
     }
+#if Y_SCATTER
+    scatter_rows(y);
+#endif
 }
 
 #if MINB > 0
@@ -508,12 +566,7 @@ extern "C" __global__ void GDN_BOUNDS gdn_recurrent_kernel(const RecurrentParams
         if (t > 0) load_token(p, cur, seq, bos, t, hv, h, prow, lane, a_log_e, dtb);
         float y[RPT];
         apply_token(p, cur, TILE_OF, y);
-        if (lane == 0) {
-#pragma unroll
-            for (int r = 0; r < RPT; ++r)
-                if (prow[r] < p.vdim)
-                    out[tok(p.os, seq, bos, t) + (i64)hv * p.os.h + (i64)prow[r] * p.os.d] = from_f32<O_T>(y[r]);
-        }
+        store_rows(out + tok(p.os, seq, bos, t) + (i64)hv * p.os.h, p.os.d, prow, p.vdim, y);
 #if HAS_FINAL
         // Not in place: the state after every token to row bos + t of `final_state`.
         store_tile(reinterpret_cast<FINAL_T*>(p.final_state) + (bos + t) * p.final_row + hv * head_elems, s, prow, lane,
@@ -622,12 +675,7 @@ __device__ __forceinline__ void step_recurrence(const RecurrentParams& p, i64 se
     }
     float y[RPT];
     apply_token(p, cur, raw, y);
-    if (lane == 0) {
-        O_T* out = reinterpret_cast<O_T*>(p.o) + seq * p.os.b + (i64)hv * p.os.h;
-#pragma unroll
-        for (int r = 0; r < RPT; ++r)
-            if (prow[r] < p.vdim) out[(i64)prow[r] * p.os.d] = from_f32<O_T>(y[r]);
-    }
+    store_rows(reinterpret_cast<O_T*>(p.o) + seq * p.os.b + (i64)hv * p.os.h, p.os.d, prow, p.vdim, y);
     store_raw_tile(sbase, raw, prow, lane, p.vdim);
 }
 

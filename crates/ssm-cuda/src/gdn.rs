@@ -483,6 +483,9 @@ impl RecurrentKey {
             ("QK_VEC", f(F_QK_VEC)),
             ("RAW", u8::from(g.raw).to_string()),
             ("PDL_WAIT", f(F_PDL)),
+            // The outputs' sums reduced and scattered over the row's lanes (`SSM_CUDA_GDN_TUNE`
+            // `scatter=0` keeps a butterfly per row and lane 0's stores, for the A/B).
+            ("GDN_SCATTER", u8::from(GDN_TUNE.get("scatter") != Some(0)).to_string()),
         ]);
         KernelSpec { source: KernelSource::Gdn, entry: "gdn_recurrent_kernel", defines }
     }
