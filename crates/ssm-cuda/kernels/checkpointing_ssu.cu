@@ -105,10 +105,9 @@ template <bool WIDE> __device__ __forceinline__ void lane_values(const float* r,
     }
 }
 
-// RB rows' partial sums over a TPR-lane group, reduced and scattered: on return acc[0] of lane
-// g holds the group's whole sum of row g / (TPR / RB). The additions are the butterfly's
-// (xor TPR/2 first, then halving), pair for pair, so each row's sum is bit-identical to a
-// butterfly over that row alone; RB − 1 + log2(TPR) shuffles instead of RB·log2(TPR).
+// RB_SCATTER: each token's RB row sums reduced and scattered over the row group
+// (`reduce_scatter`, common.cuh), one writer lane per row in one pass; where RB is a power of
+// two up to TPR.
 #ifndef CKPT_SCATTER
 #define CKPT_SCATTER 1
 #endif
@@ -119,21 +118,6 @@ template <bool WIDE> __device__ __forceinline__ void lane_values(const float* r,
 #ifndef CKPT_PREFETCH
 #define CKPT_PREFETCH 1
 #endif
-__device__ __forceinline__ void reduce_scatter_rows(float* acc, int g) {
-    int o = TPR / 2;
-#pragma unroll
-    for (int cnt = RB; cnt > 1; cnt >>= 1, o >>= 1) {
-        const bool hi = (g & o) != 0;
-#pragma unroll
-        for (int i = 0; i < cnt / 2; ++i) {
-            const float send = hi ? acc[i] : acc[i + cnt / 2];
-            const float keep = hi ? acc[i + cnt / 2] : acc[i];
-            acc[i] = keep + __shfl_xor_sync(0xffffffffu, send, o, TPR);
-        }
-    }
-#pragma unroll
-    for (; o > 0; o >>= 1) acc[0] += __shfl_xor_sync(0xffffffffu, acc[0], o, TPR);
-}
 
 #ifndef CKPT_MINB
 #define CKPT_MINB 4
@@ -370,7 +354,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, CKPT_MINB) checkpointing_
             };
 #if RB_SCATTER
             // One writer lane per row, all RB rows' writers in one pass (not RB divergent ones).
-            reduce_scatter_rows(acc, gl);
+            reduce_scatter<RB, TPR>(acc, gl);
             const int q = q0 + gl / (TPR / RB);
             if (gl % (TPR / RB) == 0 && q < P) emit(acc[0], q);
 #else

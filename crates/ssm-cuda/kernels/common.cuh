@@ -126,6 +126,39 @@ __device__ __forceinline__ void pdl_wait() {
 #endif
 }
 
+// N rows' partial sums, each spread over the G lanes of a row group whose lanes lie S apart in
+// the warp (`lane`: the lane's index in its group), reduced and scattered: on return acc[0]
+// holds the whole sum of row lane / (G / N). The additions are the butterfly's (xor G/2 first,
+// then halving), pair for pair, so each row's sum is bit-identical to a butterfly over that row
+// alone, with N − 1 + log2(G) shuffles instead of N·log2(G). N and G are powers of two,
+// N <= G <= 32 / S; every lane of the warp calls it. (Template parameters, not the kernels'
+// RPT/TPR macros, which would replace their names.)
+template <int N, int G, int S = 1> __device__ __forceinline__ void reduce_scatter(float* acc, int lane) {
+    int o = G / 2;
+#pragma unroll
+    for (int cnt = N; cnt > 1; cnt >>= 1, o >>= 1) {
+        const bool hi = (lane & o) != 0;
+#pragma unroll
+        for (int i = 0; i < cnt / 2; ++i) {
+            const float send = hi ? acc[i] : acc[i + cnt / 2];
+            const float keep = hi ? acc[i + cnt / 2] : acc[i];
+            acc[i] = keep + __shfl_xor_sync(0xffffffffu, send, o * S);
+        }
+    }
+#pragma unroll
+    for (; o > 0; o >>= 1) acc[0] += __shfl_xor_sync(0xffffffffu, acc[0], o * S);
+}
+
+// Element `r` (< N, not known at compile time) of a register array, by selects (no local
+// memory).
+template <typename T, int N> __device__ __forceinline__ T pick(const T (&a)[N], int r) {
+    T v = a[0];
+#pragma unroll
+    for (int i = 1; i < N; ++i)
+        if (r == i) v = a[i];
+    return v;
+}
+
 // Asks L2 for the 128-byte line holding `p` (a hint: no value changes, nothing waits for it).
 // `p` must lie inside an allocation the kernel may read.
 __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }

@@ -109,11 +109,10 @@ __device__ __forceinline__ float row_sum(float x) {
     return x;
 }
 
-// Y_SCATTER (0/1, on where RPT is a power of two up to TPR): the outputs' sums over the row's
-// lanes are reduced and scattered, so that lane l of a row group ends with row l / (TPR / RPT)'s
-// output in y[0] and one lane per row stores it, all rows in one pass; the additions are the
-// butterfly's, pair for pair (bit-identical), with RPT − 1 + log2(TPR) shuffles instead of
-// RPT·log2(TPR). Else lane 0 stores every row's y[r].
+// Y_SCATTER (GDN_SCATTER, on where RPT is a power of two up to TPR): the outputs' sums over the
+// row's lanes are reduced and scattered (`reduce_scatter`, common.cuh; bit-identical to a
+// butterfly per row), so that lane l of a row group ends with row l / (TPR / RPT)'s output in
+// y[0] and one lane per row stores it, all rows in one pass. Else lane 0 stores every row's y[r].
 #ifndef GDN_SCATTER
 #define GDN_SCATTER 1
 #endif
@@ -122,34 +121,13 @@ __device__ __forceinline__ float row_sum(float x) {
 // The lane's index within its row's TPR lanes, from its thread index.
 __device__ __forceinline__ int row_lane() { return (int)(threadIdx.x % 32) / LANE_STRIDE % TPR; }
 
-__device__ __forceinline__ void scatter_rows(float (&y)[RPT]) {
-    const int lane = row_lane();
-    int o = TPR / 2;
-#pragma unroll
-    for (int cnt = RPT; cnt > 1; cnt >>= 1, o >>= 1) {
-        const bool hi = (lane & o) != 0;
-#pragma unroll
-        for (int i = 0; i < cnt / 2; ++i) {
-            const float send = hi ? y[i] : y[i + cnt / 2];
-            const float keep = hi ? y[i + cnt / 2] : y[i];
-            y[i] = keep + __shfl_xor_sync(0xffffffffu, send, o * LANE_STRIDE);
-        }
-    }
-#pragma unroll
-    for (; o > 0; o >>= 1) y[0] += __shfl_xor_sync(0xffffffffu, y[0], o * LANE_STRIDE);
-}
-
 // Stores the rows' outputs from apply_token's `y` to `out[prow[r] · sd]` (rows past `vdim`
 // skipped): one lane per row with Y_SCATTER, else lane 0 of the row group.
 template <typename O> __device__ __forceinline__ void store_rows(O* out, i64 sd, const int (&prow)[RPT], int vdim,
                                                                  const float (&y)[RPT]) {
 #if Y_SCATTER
     constexpr int SPAN = TPR / RPT;
-    const int lane = row_lane(), r = lane / SPAN;
-    int row = prow[0];
-#pragma unroll
-    for (int i = 1; i < RPT; ++i)
-        if (r == i) row = prow[i];
+    const int lane = row_lane(), row = pick(prow, lane / SPAN);
     if (lane % SPAN == 0 && row < vdim) out[(i64)row * sd] = from_f32<O>(y[0]);
 #else
     if (row_lane() == 0) {
@@ -402,7 +380,7 @@ __device__ __forceinline__ void apply_token(const RecurrentParams& p, TokIn& cur
 #endif
     }
 #if Y_SCATTER
-    scatter_rows(y);
+    reduce_scatter<RPT, TPR, LANE_STRIDE>(y, row_lane());
 #endif
 }
 

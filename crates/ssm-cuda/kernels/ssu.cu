@@ -350,24 +350,45 @@ __device__ __forceinline__ float row_sum(float acc) {
 }
 
 // out = (y + D·x) · silu(z) for the lane's rows, written by lane 0 of each row.
-__device__ __forceinline__ void write_out(const SsuParams& p, const float (&y)[RPT], const TokIn& in, const HeadIn& hi,
-                                          const int (&prow)[RPT], int lane, i64 seq, i64 bos, int t, int h) {
-    if (lane != 0) return;
-#pragma unroll
-    for (int r = 0; r < RPT; ++r) {
-        if (prow[r] >= p.dim) continue;
-        float out = y[r];
+// Y_SCATTER (SSU_SCATTER, on where RPT is a power of two up to TPR): the rows' sums C·S are
+// reduced and scattered over the row's lanes (`reduce_scatter`, common.cuh; bit-identical to a
+// butterfly per row), so lane l holds row l / (TPR / RPT)'s sum in y[0] and one lane per row
+// writes its output, every row in one pass. Else lane 0 writes every row's y[r].
+#ifndef SSU_SCATTER
+#define SSU_SCATTER 1
+#endif
+#define Y_SCATTER (SSU_SCATTER && (RPT & (RPT - 1)) == 0 && RPT <= TPR)
+
+// Row r (`prow`) of token t's output from its sum `y`: + D·x, the z gate. (`pick` folds to a
+// plain register where r is known at compile time.)
+__device__ __forceinline__ void write_row(const SsuParams& p, float y, const TokIn& in, const HeadIn& hi, int r, int prow,
+                                          i64 seq, i64 bos, int t, int h) {
+    float out = y;
 #if HAS_D
-        out += in.x[r] * hi.d[r];
+    out += pick(in.x, r) * pick(hi.d, r);
 #else
-        (void)hi;
+    (void)hi;
 #endif
 #if HAS_Z
-        out = out * in.z[r] * (1.f / (1.f + expf(-in.z[r])));
+    const float z = pick(in.z, r);
+    out = out * z * (1.f / (1.f + expf(-z)));
 #endif
-        reinterpret_cast<OUT_T*>(p.out)[tok_base(p.outs, seq, bos, t) + wmul(h, p.outs.head) + wmul(prow[r], p.outs.dim)] =
-            from_f32<OUT_T>(out);
-    }
+    reinterpret_cast<OUT_T*>(p.out)[tok_base(p.outs, seq, bos, t) + wmul(h, p.outs.head) + wmul(prow, p.outs.dim)] =
+        from_f32<OUT_T>(out);
+}
+
+__device__ __forceinline__ void write_out(const SsuParams& p, const float (&y)[RPT], const TokIn& in, const HeadIn& hi,
+                                          const int (&prow)[RPT], int lane, i64 seq, i64 bos, int t, int h) {
+#if Y_SCATTER
+    constexpr int SPAN = TPR / RPT;
+    const int r = lane / SPAN, row = pick(prow, r);
+    if (lane % SPAN == 0 && row < p.dim) write_row(p, y[0], in, hi, r, row, seq, bos, t, h);
+#else
+    if (lane != 0) return;
+#pragma unroll
+    for (int r = 0; r < RPT; ++r)
+        if (prow[r] < p.dim) write_row(p, y[r], in, hi, r, prow[r], seq, bos, t, h);
+#endif
 }
 
 #if QUANT
@@ -776,8 +797,15 @@ extern "C" __global__ void SSU_BOUNDS ssu_kernel(const SsuParams p) {
             if (store_final) store_final_row(p, s[r], prow[r], lane, h, src, dst, seed);
 #endif
 #endif
+#if Y_SCATTER
+            y[r] = acc;
+#else
             y[r] = row_sum(acc);
+#endif
         }
+#if Y_SCATTER
+        reduce_scatter<RPT, TPR>(y, lane);
+#endif
 
 #if SPEC && !NO_UPDATE && !ISTATES
         // Speculative mode: token t's state goes to column t of the destination table

@@ -231,10 +231,10 @@ impl SsuGeometry {
     }
 }
 
-/// `SSM_CUDA_SSU_TUNE="rpt=2,threads=256,minb=6,cs=1,rowstore=1,vec=4,tpr=8"` overrides the chosen
-/// geometry's rows per lane, threads per block, minimum blocks per SM, streaming cache hints,
-/// row-wise final stores, (narrower) state vector width and lanes per row (for tuning sweeps on a GPU; unset in
-/// normal use).
+/// `SSM_CUDA_SSU_TUNE="rpt=2,threads=256,minb=6,cs=1,rowstore=1,vec=4,tpr=8,scatter=0"` overrides
+/// the chosen geometry's rows per lane, threads per block, minimum blocks per SM, streaming cache
+/// hints, row-wise final stores, (narrower) state vector width and lanes per row, or the kernel's
+/// one-pass output (for tuning sweeps on a GPU; unset in normal use).
 /// Values that would break the tiling (threads not a multiple of 32 or below `tpr`) are ignored.
 static TUNE: TuneVar = TuneVar::new("SSM_CUDA_SSU_TUNE");
 
@@ -367,6 +367,9 @@ impl SsuKey {
             ("ROWSTORE", u8::from(g.row_store && limit.is_none()).to_string()),
             ("QUANT", u8::from(limit.is_some()).to_string()),
             ("QLIMIT", format!("{:.1}f", limit.unwrap_or(0.0))),
+            // The rows' sums reduced and scattered, one writer lane per row (`scatter=0`: a
+            // butterfly per row and lane 0's writes, for the A/B).
+            ("SSU_SCATTER", u8::from(TUNE.get("scatter") != Some(0)).to_string()),
         ]);
         // One token, not speculative, no intermediate buffer, 16-byte state vectors: the tile is
         // held in storage form.
