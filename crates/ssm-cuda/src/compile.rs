@@ -345,6 +345,12 @@ impl Compiler {
         self.memory.lock().unwrap_or_else(|e| e.into_inner()).insert(spec.clone(), compiled.clone());
         Ok(compiled)
     }
+
+    /// [`cubin`](Self::cubin) of every spec, compiled concurrently ([`parallel_map`]); the
+    /// results in the specs' order.
+    pub fn cubins(&self, specs: &[KernelSpec]) -> Vec<Result<CompiledKernel, CudaError>> {
+        parallel_map(specs, |s| self.cubin(s))
+    }
 }
 
 /// Per-kernel resources as ptxas reports them (NVRTC's log with `--ptxas-options=-v`).

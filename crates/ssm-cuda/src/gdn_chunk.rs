@@ -434,12 +434,19 @@ impl CudaBackend {
         ChunkEntry::ALL.map(|e| ChunkKey::from_plan(call.plan(), call.args(), self.sm_count(), e))
     }
 
+    /// The four kernels of a call that passed `limits`, loaded (compiled together where any is
+    /// not loaded yet).
+    fn gdn_chunk_functions_of(&self, keys: [ChunkKey; 4]) -> [Result<cudarc::driver::CudaFunction, CudaError>; 4] {
+        self.gdn_chunk_functions.precompile(self, &keys, ChunkKey::spec);
+        keys.map(|k| self.gdn_chunk_function(k))
+    }
+
     /// [`prewarm`](Self::prewarm) for the four kernels a `chunk_gated_delta_rule` call launches.
     pub fn prewarm_gdn_chunk(&self, call: &Planned<ChunkGatedDeltaRuleArgs<'_>>) -> Result<(), CudaError> {
         let keys = self.gdn_chunk_keys(call);
         limits(call.plan(), &keys, self.shared_optin())?;
-        for key in keys {
-            self.gdn_chunk_function(key)?;
+        for f in self.gdn_chunk_functions_of(keys) {
+            f?;
         }
         Ok(())
     }
@@ -460,7 +467,7 @@ impl Run<ChunkGatedDeltaRuleArgs<'_>> for CudaBackend {
         if d.seqs == 0 || d.v_heads == 0 || d.v == 0 {
             return Ok(());
         }
-        let funcs = keys.map(|k| self.gdn_chunk_function(k));
+        let funcs = self.gdn_chunk_functions_of(keys);
         let [index, prep, state, out] = funcs;
         let (index, prep, state, out) = (index?, prep?, state?, out?);
         let vtiles = d.v.div_ceil(keys[2].bv as usize);

@@ -105,6 +105,19 @@ impl<K> Default for KeyedFunctions<K> {
 }
 
 impl<K: Copy + Eq + std::hash::Hash> KeyedFunctions<K> {
+    /// Compiles the kernels of `keys` not loaded yet concurrently into the compiler's cache, so
+    /// that the `get_or_load`s that follow (a call's several stages) only load modules. Errors
+    /// are left to those `get_or_load`s, which report them per kernel.
+    fn precompile(&self, backend: &CudaBackend, keys: &[K], spec: impl Fn(&K) -> KernelSpec) {
+        let missing: Vec<KernelSpec> = {
+            let loaded = self.0.lock().unwrap_or_else(|e| e.into_inner());
+            keys.iter().filter(|k| !loaded.contains_key(k)).map(&spec).collect()
+        };
+        if missing.len() > 1 {
+            let _ = backend.compiler.cubins(&missing);
+        }
+    }
+
     fn get_or_load(
         &self,
         backend: &CudaBackend,

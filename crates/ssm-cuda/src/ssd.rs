@@ -417,11 +417,18 @@ impl CudaBackend {
 
     /// [`prewarm`](Self::prewarm) for the five kernels an SSD call launches.
     pub fn prewarm_ssd(&self, call: &Planned<MambaChunkScanCombinedVarlenArgs<'_>>) -> Result<(), CudaError> {
-        let (args, plan) = (call.args(), call.plan());
-        for entry in [SsdEntry::State, SsdEntry::Cb, SsdEntry::Pass, SsdEntry::Scan, SsdEntry::Final] {
-            self.ssd_function(SsdKey::from_plan(plan, args, entry))?;
+        for key in self.ssd_keys(call.plan(), call.args()) {
+            self.ssd_function(key)?;
         }
         Ok(())
+    }
+
+    /// The five kernels' keys of a call, compiled together where any is not loaded yet.
+    fn ssd_keys(&self, plan: &SsdPlan, args: &MambaChunkScanCombinedVarlenArgs<'_>) -> [SsdKey; 5] {
+        let keys = [SsdEntry::State, SsdEntry::Cb, SsdEntry::Pass, SsdEntry::Scan, SsdEntry::Final]
+            .map(|e| SsdKey::from_plan(plan, args, e));
+        self.ssd_functions.precompile(self, &keys, SsdKey::spec);
+        keys
     }
 }
 
@@ -432,8 +439,7 @@ impl Run<MambaChunkScanCombinedVarlenArgs<'_>> for CudaBackend {
         let (args, plan) = call.into_parts();
         let p = &plan;
         limits(p)?;
-        let funcs = [SsdEntry::State, SsdEntry::Cb, SsdEntry::Pass, SsdEntry::Scan, SsdEntry::Final]
-            .map(|e| self.ssd_function(SsdKey::from_plan(p, &args, e)));
+        let funcs = self.ssd_keys(p, &args).map(|k| self.ssd_function(k));
         let [state, cb, pass, scan, fin] = funcs;
         let (state, cb, pass, scan, fin) = (state?, cb?, pass?, scan?, fin?);
         let len = p.scratch_len();
