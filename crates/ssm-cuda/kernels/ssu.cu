@@ -349,7 +349,7 @@ __device__ __forceinline__ float row_sum(float acc) {
     return acc;
 }
 
-// out = (y + D·x) · silu(z) for the lane's rows, written by lane 0 of each row.
+// out = (y + D·x) · silu(z) for the lane's rows.
 // Y_SCATTER (SSU_SCATTER, on where RPT is a power of two up to TPR): the rows' sums C·S are
 // reduced and scattered over the row's lanes (`reduce_scatter`, common.cuh; bit-identical to a
 // butterfly per row), so lane l holds row l / (TPR / RPT)'s sum in y[0] and one lane per row
