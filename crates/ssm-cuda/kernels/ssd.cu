@@ -34,7 +34,8 @@
 // rows loadable eight elements at a time: token and head/group strides multiples of 8, base
 // 16-byte aligned), the product kernels' STAGES_ASKED (pipeline buffers), KT_ASKED (slice
 // along k) and MINB (resident blocks asked per multiprocessor), the scan's REG_WEIGHTS
-// (causal weights in registers), and WGMMA_ASKED.
+// (causal weights in registers), WGMMA_ASKED, and TILES_FIRST (the tile kernels' block order,
+// `block_tile`).
 
 #define TILE 64
 // The products' slice along k (KT_ASKED, 32 or 64). tf32 tiles (twice the bytes) and three
@@ -462,13 +463,33 @@ __device__ __forceinline__ i64 state_off(const SsdParams& p, int c, int h) {
     return p.ws_states + ((i64)c * p.heads + h) * p.dim * p.state_row;
 }
 
+// The block's chunk `c`, head `h` and tile `t` (of `ntiles`) in the state and scan kernels. With
+// TILES_FIRST one (chunk, head)'s tiles run next to each other (blockIdx.x = c·ntiles + the tile,
+// heads along y), so the rows they share (the chunk's x and dt, the entering state) come from DRAM
+// once and then from L2; `reverse` numbers them from the last, so the scan's longest row tiles
+// start first. Otherwise (c, h, t) = (x, y, z), each tile a full pass over every chunk and head.
+__device__ __forceinline__ void block_tile(int ntiles, bool reverse, int& c, int& h, int& t) {
+#if TILES_FIRST
+    c = (int)(blockIdx.x / (unsigned)ntiles);
+    t = (int)(blockIdx.x % (unsigned)ntiles);
+    if (reverse) t = ntiles - 1 - t;
+#else
+    (void)ntiles;
+    (void)reverse;
+    c = (int)blockIdx.x;
+    t = (int)blockIdx.z;
+#endif
+    h = (int)blockIdx.y;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Stages 1 and 2.
 
 extern "C" __global__ void __launch_bounds__(THREADS, MINB) ssd_state_kernel(const SsdParams p) {
     __shared__ float s_dt[QCAP], s_da[QCAP], s_w[QCAP];
     __shared__ __align__(16) OperandTiles As, Bs;
-    const int c = blockIdx.x, h = blockIdx.y, tile = blockIdx.z;
+    int c, h, tile;
+    block_tile(((p.dim + TILE - 1) / TILE) * p.ntiles_n, false, c, h, tile);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int p0 = (tile / p.ntiles_n) * TILE, n0 = (tile % p.ntiles_n) * TILE;
     int s, len;
@@ -922,9 +943,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, MINB) ssd_scan_kernel(cons
     __shared__ __align__(16) float s_dt[QCAP];
     __shared__ __align__(16) float s_da[QCAP];
     __shared__ __align__(16) OperandTiles As, Bs;
-    const int c = blockIdx.x, h = blockIdx.y;
     const int ptiles = (p.dim + TILE - 1) / TILE;
-    const int ib = blockIdx.z / ptiles, p0 = (blockIdx.z % ptiles) * TILE;
+    int c, h, tile;
+    block_tile(((p.chunk_rows + TILE - 1) / TILE) * ptiles, true, c, h, tile);
+    const int ib = tile / ptiles, p0 = (tile % ptiles) * TILE;
     const int tid = threadIdx.x;
     int s, len;
     chunk_bounds(p, c, s, len, false);

@@ -131,6 +131,11 @@ pub(crate) struct SsdTune {
     /// 1+2, 4 C·Bᵀ). Compiled for sm_90a where the device is sm_90 (`KernelSpec::target`);
     /// elsewhere, and for tf32 operands, the kernel keeps `mma.sync`.
     wgmma: bool,
+    /// The state and scan kernels' block order (`TILES_FIRST`; `order=0|1`): one (chunk, head)'s
+    /// tiles next to each other along the grid's x, the scan's longest row tiles first, so the
+    /// rows those tiles share are read from DRAM once (the default), or the tile as the grid's z,
+    /// each tile a full pass over the chunks and heads. Always false for the other entries.
+    tiles_first: bool,
 }
 
 impl SsdTune {
@@ -156,7 +161,8 @@ impl SsdTune {
             SsdEntry::Pass | SsdEntry::Final => 0,
         };
         let wgmma = TUNE.get("wg").unwrap_or(DEFAULT_WGMMA) & bit != 0;
-        SsdTune { stages: get("stages", 2).clamp(2, 3), minb, reg_weights, kt, wgmma }
+        let tiles_first = matches!(entry, SsdEntry::State | SsdEntry::Scan) && TUNE.get("order").is_none_or(|v| v != 0);
+        SsdTune { stages: get("stages", 2).clamp(2, 3), minb, reg_weights, kt, wgmma, tiles_first }
     }
 }
 
@@ -182,6 +188,7 @@ impl SsdKey {
         defines.push(("REG_WEIGHTS", u8::from(self.tune.reg_weights).to_string()));
         defines.push(("KT_ASKED", self.tune.kt.to_string()));
         defines.push((WGMMA_ASKED, u8::from(self.tune.wgmma).to_string()));
+        defines.push(("TILES_FIRST", u8::from(self.tune.tiles_first).to_string()));
         defines.extend(flag_defines(
             self.flags,
             &[
@@ -439,8 +446,8 @@ impl Run<MambaChunkScanCombinedVarlenArgs<'_>> for CudaBackend {
         let (args, plan) = call.into_parts();
         let p = &plan;
         limits(p)?;
-        let funcs = self.ssd_keys(p, &args).map(|k| self.ssd_function(k));
-        let [state, cb, pass, scan, fin] = funcs;
+        let keys = self.ssd_keys(p, &args);
+        let [state, cb, pass, scan, fin] = keys.map(|k| self.ssd_function(k));
         let (state, cb, pass, scan, fin) = (state?, cb?, pass?, scan?, fin?);
         let len = p.scratch_len();
         // The caller's scratch, or one allocated for this call (freed stream-ordered on drop).
@@ -474,9 +481,19 @@ impl Run<MambaChunkScanCombinedVarlenArgs<'_>> for CudaBackend {
         let chunks = grid_x(p.nchunks)?;
         let seqs = grid_x(p.batch)?;
         let st = STATE_THREADS as u32;
+        // A tile kernel's grid: the tiles of one (chunk, head) along x next to each other, or
+        // along z (`SsdTune::tiles_first`, the kernels' `block_tile`).
+        let tile_grid = |key: &SsdKey, nc: u32, tiles: usize| -> Result<(u32, u32, u32), CudaError> {
+            if key.tune.tiles_first {
+                let x = grid_x(p.nchunks * tiles)?.unwrap_or(0);
+                Ok((x, heads, 1))
+            } else {
+                Ok((nc, heads, tiles as u32))
+            }
+        };
         if let Some(nc) = chunks {
-            let z = (ptiles * p.dstate.div_ceil(TILE)) as u32;
-            launch(&state, (nc, heads, z), MMA_THREADS, "cuLaunchKernel(ssd_state)")?;
+            let grid = tile_grid(&keys[0], nc, ptiles * p.dstate.div_ceil(TILE))?;
+            launch(&state, grid, MMA_THREADS, "cuLaunchKernel(ssd_state)")?;
             let pairs = (qtiles * (qtiles + 1) / 2) as u32;
             launch(&cb, (nc, groups, pairs), MMA_THREADS, "cuLaunchKernel(ssd_cb)")?;
         }
@@ -484,7 +501,8 @@ impl Run<MambaChunkScanCombinedVarlenArgs<'_>> for CudaBackend {
             launch(&pass, (b, heads, per_seq), st, "cuLaunchKernel(ssd_pass)")?;
         }
         if let (Some(nc), true) = (chunks, p.out.is_some()) {
-            launch(&scan, (nc, heads, (qtiles * ptiles) as u32), MMA_THREADS, "cuLaunchKernel(ssd_scan)")?;
+            let grid = tile_grid(&keys[3], nc, qtiles * ptiles)?;
+            launch(&scan, grid, MMA_THREADS, "cuLaunchKernel(ssd_scan)")?;
         }
         if let Some(b) = seqs {
             launch(&fin, (b, heads, per_seq), st, "cuLaunchKernel(ssd_final)")?;
