@@ -11,8 +11,6 @@
 //       16-byte access per vector), rows each row group holds at once
 //   CKPT_SCATTER CKPT_WIDE_C                                    0/1: the one-pass output (sums
 //       reduced and scattered over the row group), the C values read as 16-byte vectors
-//   CKPT_PREFETCH                                               0/1: the head's state lines asked
-//       of L2 once the slot is checked, before the gather
 //   HAS_Z HAS_D HAS_DTB DT_SOFTPLUS HAS_SBI HAS_PAD VARLEN      0/1
 //
 // One block owns one (sequence, head). It gathers the live history (k ring rows from
@@ -115,9 +113,6 @@ template <bool WIDE> __device__ __forceinline__ void lane_values(const float* r,
 #define CKPT_WIDE_C 1
 #endif
 #define RB_SCATTER (CKPT_SCATTER && (RB & (RB - 1)) == 0 && RB <= TPR)
-#ifndef CKPT_PREFETCH
-#define CKPT_PREFETCH 1
-#endif
 
 #ifndef CKPT_MINB
 #define CKPT_MINB 4
@@ -166,19 +161,6 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, CKPT_MINB) checkpointing_
     }
     const int k = (int)k64, m = k + n, st0 = (int)start;
     const bool flush = m > p.window;
-#if CKPT_PREFETCH
-    // The state is first read in phase (5), after four barriers; its address is known now. Ask
-    // L2 for its lines here, so that their DRAM latency overlaps the gather and the weights (a
-    // prefetch reads nothing into registers and changes no value).
-    {
-        const char* rows = (const char*)((const STATE_T*)p.state + slot * p.st_slot + (i64)h * p.st_head);
-        constexpr int LINE = 128, LINES = (DSTATE * (int)sizeof(STATE_T) + LINE - 1) / LINE;
-        for (int i = tid; i < P * LINES; i += NTHREADS) {
-            const int q = i / LINES, l = i - q * LINES;
-            prefetch_l2(rows + ((i64)q * p.st_dim * (i64)sizeof(STATE_T) + l * LINE));
-        }
-    }
-#endif
 
     // Shared layout (f32), the big arrays first so that B and C rows stay 16-byte aligned
     // (DSTATE is a multiple of 4 wherever VEC > 1). Mirrored by `ckpt_shared_floats`.

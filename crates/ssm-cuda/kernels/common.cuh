@@ -159,10 +159,6 @@ template <typename T, int N> __device__ __forceinline__ T pick(const T (&a)[N], 
     return v;
 }
 
-// Asks L2 for the 128-byte line holding `p` (a hint: no value changes, nothing waits for it).
-// `p` must lie inside an allocation the kernel may read.
-__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
-
 __device__ __forceinline__ i64 load_index(const int* p) { return (i64)*p; }
 __device__ __forceinline__ i64 load_index(const i64* p) { return *p; }
 __device__ __forceinline__ i64 load_index(const unsigned char* p) { return (i64)*p; }

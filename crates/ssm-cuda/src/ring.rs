@@ -145,14 +145,12 @@ struct CkptGeometry {
     scatter: bool,
     /// Each token's C values read from shared memory as 16-byte vectors (`CKPT_WIDE_C`).
     wide_c: bool,
-    /// The head's state lines asked of L2 before the gather (`CKPT_PREFETCH`).
-    prefetch: bool,
 }
 
-/// `SSM_CUDA_CKPT_TUNE="tpr=8|16|32,minb=M,threads=128|256,rb=R,scatter=0|1,wide=0|1,prefetch=0|1"`
-/// (tuning sweeps; unset in normal use): lanes per state row, blocks per SM, threads per block,
-/// state rows per row group, the one-pass output (`scatter`), the 16-byte C reads (`wide`) and
-/// the state's L2 prefetch (`prefetch`), in place of [`CkptGeometry::of`]'s choice.
+/// `SSM_CUDA_CKPT_TUNE="tpr=8|16|32,minb=M,threads=128|256,rb=R,scatter=0|1,wide=0|1"` (tuning
+/// sweeps; unset in normal use): lanes per state row, blocks per SM, threads per block, state
+/// rows per row group, the one-pass output (`scatter`) and the 16-byte C reads (`wide`), in
+/// place of [`CkptGeometry::of`]'s choice.
 static CKPT_TUNE: TuneVar = TuneVar::new("SSM_CUDA_CKPT_TUNE");
 
 /// Blocks (sequences × heads) from which a multi-token step takes the spread geometry: about
@@ -194,7 +192,6 @@ impl CkptGeometry {
             minb: minb as u8,
             scatter: on("scatter"),
             wide_c: on("wide"),
-            prefetch: on("prefetch"),
         }
     }
 
@@ -244,7 +241,6 @@ impl RingKey {
                 defines.push(("CKPT_MINB", g.minb.to_string()));
                 defines.push(("CKPT_SCATTER", u8::from(g.scatter).to_string()));
                 defines.push(("CKPT_WIDE_C", u8::from(g.wide_c).to_string()));
-                defines.push(("CKPT_PREFETCH", u8::from(g.prefetch).to_string()));
                 defines.extend(flag_defines(
                     k.flags,
                     &[
@@ -670,7 +666,7 @@ mod tests {
     #[test]
     fn catalogue_defines_every_macro() {
         for (label, spec) in ring_catalogue() {
-            let n = if spec.source == KernelSource::RingTrackers { 6 } else { 16 + 9 + 7 };
+            let n = if spec.source == KernelSource::RingTrackers { 6 } else { 16 + 8 + 7 };
             assert_eq!(spec.defines.len(), n, "{label}");
         }
     }
