@@ -350,14 +350,17 @@ __device__ __forceinline__ float row_sum(float acc) {
 }
 
 // out = (y + D·x) · silu(z) for the lane's rows.
-// Y_SCATTER (SSU_SCATTER, on where RPT is a power of two up to TPR): the rows' sums C·S are
-// reduced and scattered over the row's lanes (`reduce_scatter`, common.cuh; bit-identical to a
-// butterfly per row), so lane l holds row l / (TPR / RPT)'s sum in y[0] and one lane per row
-// writes its output, every row in one pass. Else lane 0 writes every row's y[r].
+// Y_SCATTER (SSU_SCATTER, on where RPT is a power of two up to TPR and at most 4): the rows' sums
+// C·S are reduced and scattered over the row's lanes (`reduce_scatter`, common.cuh; bit-identical
+// to a butterfly per row), so lane l holds row l / (TPR / RPT)'s sum in y[0] and one lane per row
+// writes its output, every row in one pass. Else lane 0 writes every row's y[r]. Eight rows a
+// lane keep the butterfly: with the scatter, measured on an H100 (docs/PERF.md, fourteenth
+// session), the one-token bf16 decode at batch 64–1024 (RAW, 8 rows) took 1.29–1.33× the time
+// and the f32 4-token step at batch ≥ 64 (8 rows) 1.007×.
 #ifndef SSU_SCATTER
 #define SSU_SCATTER 1
 #endif
-#define Y_SCATTER (SSU_SCATTER && (RPT & (RPT - 1)) == 0 && RPT <= TPR)
+#define Y_SCATTER (SSU_SCATTER && (RPT & (RPT - 1)) == 0 && RPT <= TPR && RPT <= 4)
 
 // Row r (`prow`) of token t's output from its sum `y`: + D·x, the z gate. (`pick` folds to a
 // plain register where r is known at compile time.)

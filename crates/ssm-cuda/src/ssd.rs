@@ -587,7 +587,7 @@ mod tests {
     #[test]
     fn catalogue_defines_every_macro() {
         for (label, spec) in ssd_catalogue() {
-            assert_eq!(spec.defines.len(), 19 + 7 + 14, "{label}");
+            assert_eq!(spec.defines.len(), 19 + 8 + 14, "{label}");
         }
     }
 }
