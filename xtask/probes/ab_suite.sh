@@ -1,0 +1,38 @@
+#!/bin/bash
+# A named suite of A/Bs (xtask/probes/ab.sh: the bundle's xtask with and without a tuning
+# variable, alternating) in one device call, after the tests of the kernels the suite touches
+# (the bundle's run.sh). The suites docs/PERF.md quotes:
+#   scatter    the one-pass outputs of the SSU and the GDN decode against their butterflies,
+#              and ReplaySSM's 4-token step beside the SSU's (fourteenth session)
+#   ssd-order  the SSD tile kernels' block order (`SSM_CUDA_SSD_TUNE=order=0`: the tile as the
+#              grid's z) over 2k, 8 varied 8k and 32k tokens and Nemotron-H (fourteenth session)
+# From the repository root with the bundle carried:
+#   [AB_ROUNDS=2] [SUITE_TESTS=1] bash xtask/probes/ab_suite.sh scatter|ssd-order
+# Results: $OUT/tests/summary.txt and $OUT/ab.txt.
+set -u
+root="$(pwd)"; out="${OUT:-/tmp/out}"; mkdir -p "$out"
+here="$(cd "$(dirname "$0")" && pwd)"
+export SSM_CUDA_CACHE_DIR="${SSM_CUDA_CACHE_DIR:-/tmp/ssmcache}"
+# Each A/B: bench, its arguments, the variants.
+ab() { OUT="$out" AB_ROUNDS="${AB_ROUNDS:-2}" AB_BENCH="$1" AB_ARGS="$2" AB_VARIANTS="$3" bash "$here/ab.sh" >/dev/null 2>&1; }
+case "${1:-}" in
+  scatter)
+    tests="test-ssm-cuda-gpu_ssu test-ssm-cuda-gpu_gdn test-ssm-cuda-gpu_gdn_step test-ssm-cuda-gpu_ring \
+test-ssm-cuda-gpu_conformance test-ssm-dispatch-gdn_core test-ssm-dispatch-ssd_ring"
+    run() {
+      ab ssu "--int16 false --int8 false" "new new:SSM_CUDA_SSU_TUNE=scatter=0"
+      ab gdn "--spec-batch 64 --step-batches 1,8 --conv-batches 1" "new new:SSM_CUDA_GDN_TUNE=scatter=0"
+    } ;;
+  ssd-order)
+    tests="test-ssm-cuda-gpu_ssd test-ssm-dispatch-ssd_ring test-ssm-dispatch-mamba2_core test-ssm-cuda-gpu_conformance"
+    run() {
+      ab ssd "--states f32,bf16 --mamba2 1x2048,8v8192,1x32768 --nemotron 4x2048" "new new:SSM_CUDA_SSD_TUNE=order=0"
+    } ;;
+  *) echo "usage: ab_suite.sh scatter|ssd-order" >&2; exit 2 ;;
+esac
+if [ "${SUITE_TESTS:-1}" = 1 ]; then
+  OUT="$out/tests" SSM_TEST_BINS="$tests" bash "$root/bundle/run.sh" tests >/dev/null 2>&1
+  cat "$out/tests/summary.txt"
+fi
+run
+grep -vE '^$' "$out/ab.txt" | head -400
