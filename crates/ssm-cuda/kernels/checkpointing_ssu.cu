@@ -67,12 +67,6 @@ __device__ __forceinline__ void raise_error(const CkptParams& p, u32 bit) {
     if (threadIdx.x == 0) atomicOr(reinterpret_cast<u32*>(p.err), bit);
 }
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
 // Column of value e (< EPL) of lane `g` (< TPR) of a row group.
 __device__ __forceinline__ int column(int g, int e) { return (g + TPR * (e / VEC)) * VEC + e % VEC; }
 
@@ -236,7 +230,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, CKPT_MINB) checkpointing_
         float d = 0.f;
         if (j >= first && j <= k + t) {
             for (int e = lane; e < DSTATE; e += 32) d = fmaf(cs[t * DSTATE + e], bs[j * DSTATE + e], d);
-            d = warp_sum(d);
+            d = butterfly_sum<32>(d);
         }
         if (lane == 0) wt[t * L + j] = (j >= first && j <= k + t) ? expf(cum[k + t] - cum[j]) * dts[j] * d : 0.f;
     }
@@ -341,10 +335,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, CKPT_MINB) checkpointing_
             if (gl % (TPR / RB) == 0 && q < P) emit(acc[0], q);
 #else
 #pragma unroll
-            for (int o = TPR / 2; o > 0; o >>= 1) {
-#pragma unroll
-                for (int r = 0; r < RB; ++r) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o, TPR);
-            }
+            for (int r = 0; r < RB; ++r) acc[r] = butterfly_sum<TPR>(acc[r]);
 #pragma unroll
             for (int r = 0; r < RB; ++r) {
                 const int q = q0 + r;

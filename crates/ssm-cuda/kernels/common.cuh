@@ -126,6 +126,15 @@ __device__ __forceinline__ void pdl_wait() {
 #endif
 }
 
+// The sum of `x` over G lanes that lie S apart in the warp (a butterfly: xor G/2 first, then
+// halving); every lane of those G ends with it. G is a power of two, G <= 32 / S; every lane of
+// the warp calls it.
+template <int G, int S = 1> __device__ __forceinline__ float butterfly_sum(float x) {
+#pragma unroll
+    for (int o = G / 2; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o * S);
+    return x;
+}
+
 // N rows' partial sums, each spread over the G lanes of a row group whose lanes lie S apart in
 // the warp (`lane`: the lane's index in its group), reduced and scattered: on return acc[0]
 // holds the whole sum of row lane / (G / N). The additions are the butterfly's (xor G/2 first,
@@ -134,9 +143,8 @@ __device__ __forceinline__ void pdl_wait() {
 // N <= G <= 32 / S; every lane of the warp calls it. (Template parameters, not the kernels'
 // RPT/TPR macros, which would replace their names.)
 template <int N, int G, int S = 1> __device__ __forceinline__ void reduce_scatter(float* acc, int lane) {
-    int o = G / 2;
 #pragma unroll
-    for (int cnt = N; cnt > 1; cnt >>= 1, o >>= 1) {
+    for (int cnt = N, o = G / 2; cnt > 1; cnt >>= 1, o >>= 1) {
         const bool hi = (lane & o) != 0;
 #pragma unroll
         for (int i = 0; i < cnt / 2; ++i) {
@@ -145,8 +153,7 @@ template <int N, int G, int S = 1> __device__ __forceinline__ void reduce_scatte
             acc[i] = keep + __shfl_xor_sync(0xffffffffu, send, o * S);
         }
     }
-#pragma unroll
-    for (; o > 0; o >>= 1) acc[0] += __shfl_xor_sync(0xffffffffu, acc[0], o * S);
+    acc[0] = butterfly_sum<G / N, S>(acc[0]);
 }
 
 // Element `r` (< N, not known at compile time) of a register array, by selects (no local

@@ -103,11 +103,7 @@ __device__ __forceinline__ void raise_error(const RecurrentParams& p, u32 bit) {
 }
 
 // Sum over the TPR lanes that share one state row.
-__device__ __forceinline__ float row_sum(float x) {
-#pragma unroll
-    for (int o = TPR / 2; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o * LANE_STRIDE);
-    return x;
-}
+__device__ __forceinline__ float row_sum(float x) { return butterfly_sum<TPR, LANE_STRIDE>(x); }
 
 // Y_SCATTER (GDN_SCATTER, on where RPT is a power of two up to TPR): the outputs' sums over the
 // row's lanes are reduced and scattered (`reduce_scatter`, common.cuh; bit-identical to a

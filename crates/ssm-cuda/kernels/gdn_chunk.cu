@@ -155,8 +155,7 @@ __device__ __forceinline__ void norm_rows(op_st* dst, int ld, const T* base, i64
             ss += x[e] * x[e];
         }
 #if L2NORM
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(FULL_MASK, ss, off);
+        ss = butterfly_sum<32>(ss);
         const float inv = rsqrtf(ss + eps);
 #pragma unroll
         for (int e = 0; e < E; ++e) x[e] *= inv;

@@ -343,11 +343,7 @@ __device__ __forceinline__ float update_row(const SsuParams& p, float (&s)[VPT][
 }
 
 // The sum of `acc` over the TPR lanes of one row.
-__device__ __forceinline__ float row_sum(float acc) {
-#pragma unroll
-    for (int o = TPR / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o, TPR);
-    return acc;
-}
+__device__ __forceinline__ float row_sum(float acc) { return butterfly_sum<TPR>(acc); }
 
 // out = (y + D·x) · silu(z) for the lane's rows.
 // Y_SCATTER (SSU_SCATTER, on where RPT is a power of two up to TPR and at most 4): the rows' sums
