@@ -36,6 +36,7 @@ template <typename T> struct FromF32;
 template <> struct FromF32<float> {
     static __device__ __forceinline__ float cvt(float v) { return v; }
     static __device__ __forceinline__ float round(float v) { return v; }
+    static __device__ __forceinline__ float copy(float v) { return v; }
 };
 template <> struct FromF32<f16_t> {
     // Round to nearest even, like the CPU backend's `half::f16::from_f32`.
@@ -45,6 +46,7 @@ template <> struct FromF32<f16_t> {
         return h;
     }
     static __device__ __forceinline__ float round(float v) { return to_f32(cvt(v)); }
+    static __device__ __forceinline__ f16_t copy(float v) { return cvt(v); }
 };
 template <> struct FromF32<bf16_t> {
     // Round to nearest even; NaN keeps its sign and becomes quiet (`half::bf16::from_f32`).
@@ -57,6 +59,14 @@ template <> struct FromF32<bf16_t> {
             u += 0x7fffu + ((u >> 16) & 1u);
             b.bits = (unsigned short)(u >> 16);
         }
+        return b;
+    }
+    // A value that is a bf16 widened (a state or input element moved, not computed) back to
+    // its own bits, NaN payloads included: the reference's element copy, one shift (or half a
+    // byte permute) where `cvt` takes about eight.
+    static __device__ __forceinline__ bf16_t copy(float v) {
+        bf16_t b;
+        b.bits = (unsigned short)(__float_as_uint(v) >> 16);
         return b;
     }
     // `v` rounded to the nearest bf16 (even on ties) and widened back, for a value that only
@@ -287,6 +297,16 @@ template <> __device__ __forceinline__ u32 pack2<f16_t>(float lo, float hi) {
 #else
     return (u32)from_f32<f16_t>(lo).bits | ((u32)from_f32<f16_t>(hi).bits << 16);
 #endif
+}
+
+// Two widened 16-bit values (elements moved, not computed) as one word of their own bits, `lo`
+// in the low half (`FromF32::copy` of each): for bf16 one byte permute of the high halves.
+template <typename T> __device__ __forceinline__ u32 copy2(float lo, float hi);
+template <> __device__ __forceinline__ u32 copy2<bf16_t>(float lo, float hi) {
+    return __byte_perm(__float_as_uint(lo), __float_as_uint(hi), 0x7632);
+}
+template <> __device__ __forceinline__ u32 copy2<f16_t>(float lo, float hi) {
+    return (u32)FromF32<f16_t>::copy(lo).bits | ((u32)FromF32<f16_t>::copy(hi).bits << 16);
 }
 
 // Whether every even column of a matrix of T at address `base`, with row strides `s1` and `s2` (in

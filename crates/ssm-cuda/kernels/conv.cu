@@ -77,19 +77,40 @@ template <bool CONTIG> __device__ __forceinline__ void ld_ch_ro(const ELEM_T* p,
         for (int e = 0; e < VEC; ++e) v[e] = e < n ? to_f32(ld_ro(p + e * s)) : 0.f;
     }
 }
-template <bool CONTIG> __device__ __forceinline__ void st_ch(ELEM_T* p, i64 s, int n, const float* v) {
-    if constexpr (CONTIG && VEC_BYTES == 8) {
+// One channel's value narrowed to ELEM_T: rounded, or with COPY (a state or input element
+// moved, not computed) given back its own bits, as the reference copies elements.
+template <bool COPY> __device__ __forceinline__ ELEM_T narrow(float v) {
+    if constexpr (COPY) {
+        return FromF32<ELEM_T>::copy(v);
+    } else {
+        return from_f32<ELEM_T>(v);
+    }
+}
+// (E is ELEM_T, a template parameter so that only 16-bit types instantiate `copy2`.)
+template <bool CONTIG, bool COPY = false, typename E = ELEM_T> __device__ __forceinline__ void st_ch(E* p, i64 s, int n, const float* v) {
+    if constexpr (COPY && CONTIG && sizeof(E) == 2 && (VEC_BYTES == 8 || VEC_BYTES == 16)) {
+        // Two channels a word (for bf16 one byte permute of the two values' high halves).
+        constexpr int W = VEC / 2 > 0 ? VEC / 2 : 1;
+        u32 w[W];
+#pragma unroll
+        for (int i = 0; i < W; ++i) w[i] = copy2<E>(v[2 * i], v[2 * i + 1]);
+        if constexpr (VEC_BYTES == 8) {
+            *reinterpret_cast<uint2*>(p) = make_uint2(w[0], w[W > 1 ? 1 : 0]);
+        } else {
+            *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[W > 1 ? 1 : 0], w[W > 2 ? 2 : 0], w[W > 3 ? 3 : 0]);
+        }
+    } else if constexpr (CONTIG && VEC_BYTES == 8) {
         uint2 u;
         ELEM_T* e = reinterpret_cast<ELEM_T*>(&u);
 #pragma unroll
-        for (int i = 0; i < VEC; ++i) e[i] = from_f32<ELEM_T>(v[i]);
+        for (int i = 0; i < VEC; ++i) e[i] = narrow<COPY>(v[i]);
         *reinterpret_cast<uint2*>(p) = u;
     } else if constexpr (CONTIG) {
         store_vec<VEC, ELEM_T>(p, v);
     } else {
 #pragma unroll
         for (int e = 0; e < VEC; ++e)
-            if (e < n) p[e * s] = from_f32<ELEM_T>(v[e]);
+            if (e < n) p[e * s] = narrow<COPY>(v[e]);
     }
 }
 
@@ -266,7 +287,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) conv_kernel(const ConvPar
 #pragma unroll
                                 for (int e = 0; e < VEC; ++e) v[e] = h[j][e];
                     }
-                    st_ch<ST_VEC>(st + ck_slot * p.st_slot + (i64)i * p.st_col, p.st_dim, nch, v);
+                    st_ch<ST_VEC, true>(st + ck_slot * p.st_slot + (i64)i * p.st_col, p.st_dim, nch, v);
                 }
             }
 #endif
@@ -275,7 +296,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) conv_kernel(const ConvPar
             if (write_slot >= 0) {
 #pragma unroll
                 for (int i = 0; i < WIDTH - 2; ++i)
-                    st_ch<ST_VEC>(st + write_slot * p.st_slot + (i64)i * p.st_col, p.st_dim, nch, h[i + 1]);
+                    st_ch<ST_VEC, true>(st + write_slot * p.st_slot + (i64)i * p.st_col, p.st_dim, nch, h[i + 1]);
             }
 #else
             // Non-speculative, several chunks (so len > chunk ≥ WIDTH − 1): the new window is
@@ -285,7 +306,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) conv_kernel(const ConvPar
                 for (int i = 0; i < WIDTH - 1; ++i) {
                     float v[VEC];
                     ld_ch<X_VEC>(x + (i64)(len - (WIDTH - 1) + i) * p.x_tok, p.x_dim, nch, v);
-                    st_ch<ST_VEC>(st + write_slot * p.st_slot + (i64)i * p.st_col, p.st_dim, nch, v);
+                    st_ch<ST_VEC, true>(st + write_slot * p.st_slot + (i64)i * p.st_col, p.st_dim, nch, v);
                 }
             }
 #endif
@@ -303,7 +324,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) conv_kernel(const ConvPar
                 ld_ch<X_VEC>(x + (i64)t * p.x_tok, p.x_dim, nch, xv);
             }
 #if SPEC
-            if (write_slot >= 0) st_ch<ST_VEC>(st + write_slot * p.st_slot + (i64)(WIDTH - 2 + t) * p.st_col, p.st_dim, nch, xv);
+            if (write_slot >= 0) st_ch<ST_VEC, true>(st + write_slot * p.st_slot + (i64)(WIDTH - 2 + t) * p.st_col, p.st_dim, nch, xv);
 #endif
             float y[VEC];
 #pragma unroll
@@ -329,7 +350,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) conv_kernel(const ConvPar
         // One chunk: the final window (the last WIDTH − 1 values of history ++ x) is the new state.
         if (k == 0 && write_slot >= 0 && len <= p.chunk) {
 #pragma unroll
-            for (int i = 0; i < WIDTH - 1; ++i) st_ch<ST_VEC>(st + write_slot * p.st_slot + (i64)i * p.st_col, p.st_dim, nch, h[i]);
+            for (int i = 0; i < WIDTH - 1; ++i) st_ch<ST_VEC, true>(st + write_slot * p.st_slot + (i64)i * p.st_col, p.st_dim, nch, h[i]);
         }
 #endif
     }

@@ -614,13 +614,14 @@ __device__ __forceinline__ float conv_channel(const ConvParams& c, i64 seq, i64 
     return acc;
 }
 
-// The new window of one channel (history[1..] ++ x) to state columns 0..WIDTH−2.
+// The new window of one channel (history[1..] ++ x) to state columns 0..WIDTH−2, each element
+// copied bit for bit (`FromF32::copy`), as the reference copies them.
 __device__ __forceinline__ void conv_store_window(const ConvParams& c, i64 slot, i64 ch, const float (&win)[WIDTH - 1],
                                                   float xv) {
     CELEM_T* st = reinterpret_cast<CELEM_T*>(c.state) + slot * c.st_slot + ch * c.st_dim;
 #pragma unroll
-    for (int j = 0; j < WIDTH - 2; ++j) st[j * c.st_col] = from_f32<CELEM_T>(win[j + 1]);
-    st[(WIDTH - 2) * c.st_col] = from_f32<CELEM_T>(xv);
+    for (int j = 0; j < WIDTH - 2; ++j) st[j * c.st_col] = FromF32<CELEM_T>::copy(win[j + 1]);
+    st[(WIDTH - 2) * c.st_col] = FromF32<CELEM_T>::copy(xv);
 }
 
 // The recurrence of one decode step on the block's tile (gdn_recurrent_kernel's RAW route) with
