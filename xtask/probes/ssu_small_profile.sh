@@ -1,0 +1,32 @@
+#!/bin/bash
+# Nsight Compute over our SSU kernel and vLLM's at small batches, one token, both state dtypes:
+# one launch each, profiled inside the bench's graph replay over rotating pools (caches and
+# clocks uncontrolled, as the bench runs), so the launch's duration, occupancy, warp stalls and
+# instruction counts at batch 1 and 8 sit beside vLLM's. From the repository root with the
+# bundle and the vLLM folder carried:
+#   [PROF_BATCHES="1 8"] [PROF_STATES="f32 bf16"] PEER_VLLM=peers/vllm bash xtask/probes/ssu_small_profile.sh
+# Reports: $OUT/ncu_ssu_{ours,vllm}_<state>_b<batch>.txt.
+set -u
+root="$(pwd)"; out="${OUT:-/tmp/out}"; mkdir -p "$out"
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
+  if ls "$d"/libnvrtc.so* >/dev/null 2>&1; then export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; break; fi
+done
+export SSM_CONFORMANCE_DIR="$root/bundle/vectors" SSM_CUDA_CACHE_DIR="${SSM_CUDA_CACHE_DIR:-/tmp/ssmcache}"
+[ -x "$root/bundle/bin/xtask" ] || { mkdir -p "$root/bundle/bin" && tar xJf "$root/bundle/bin.tar.xz" -C "$root/bundle/bin"; }
+ncu_args=(--clock-control none --cache-control none --launch-skip 20 --launch-count 1
+  --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats
+  --section SchedulerStats --section InstructionStats --section MemoryWorkloadAnalysis)
+for st in ${PROF_STATES:-f32 bf16}; do
+  for b in ${PROF_BATCHES:-1 8}; do
+    ncu "${ncu_args[@]}" --kernel-name regex:ssu_kernel "$root/bundle/bin/xtask" bench-cuda-ssu \
+      --batches "$b" --states "$st" --tokens 1 --int16 false --int8 false --copy-bytes 67108864 \
+      >"$out/ncu_ssu_ours_${st}_b$b.txt" 2>&1
+    shapes="[{\"batch\": $b, \"state\": \"$st\", \"tokens\": 1, \"heads\": 80, \"dim\": 64, \"dstate\": 128, \"groups\": 1}]"
+    ncu "${ncu_args[@]}" --kernel-name regex:selective_scan_update python3 "$root/bundle/peers/ssu_peer.py" \
+      --vllm "${PEER_VLLM:-$root/peers/vllm}" --shapes "$shapes" >"$out/ncu_ssu_vllm_${st}_b$b.txt" 2>&1
+  done
+done
+for f in "$out"/ncu_ssu_*.txt; do
+  echo "== $(basename "$f")"
+  grep -E '^\s+(Duration|Registers Per Thread|Achieved Occupancy|Theoretical Occupancy|Grid Size|Block Size|Executed Instructions |Issued Warp Per Scheduler|No Eligible|Warp Cycles Per Issued Instruction|DRAM Throughput|SM Active Cycles|Elapsed Cycles)' "$f" | head -16
+done
