@@ -6,8 +6,10 @@
 #              and ReplaySSM's 4-token step beside the SSU's (fourteenth session)
 #   ssd-order  the SSD tile kernels' block order (`SSM_CUDA_SSD_TUNE=order=0`: the tile as the
 #              grid's z) over 2k, 8 varied 8k and 32k tokens and Nemotron-H (fourteenth session)
+#   conv-vec   the conv update's channels per thread at small batches (`SSM_CUDA_CONV_TUNE=vec=2`:
+#              vLLM's two bf16 channels a thread; with `threads=64`, twice the blocks again)
 # From the repository root with the bundle carried:
-#   [AB_ROUNDS=2] [SUITE_TESTS=1] bash xtask/probes/ab_suite.sh scatter|ssd-order
+#   [AB_ROUNDS=2] [SUITE_TESTS=1] bash xtask/probes/ab_suite.sh scatter|ssd-order|conv-vec
 # Results: $OUT/tests/summary.txt and $OUT/ab.txt.
 set -u
 root="$(pwd)"; out="${OUT:-/tmp/out}"; mkdir -p "$out"
@@ -28,7 +30,13 @@ test-ssm-cuda-gpu_conformance test-ssm-dispatch-gdn_core test-ssm-dispatch-ssd_r
     run() {
       ab ssd "--states f32,bf16 --mamba2 1x2048,8v8192,1x32768 --nemotron 4x2048" "new new:SSM_CUDA_SSD_TUNE=order=0"
     } ;;
-  *) echo "usage: ab_suite.sh scatter|ssd-order" >&2; exit 2 ;;
+  conv-vec)
+    tests="test-ssm-cuda-gpu_conv test-ssm-cuda-gpu_gdn_step test-ssm-cuda-gpu_conformance"
+    run() {
+      ab gdn "--batches 1 --spec-batch 0 --step-batches 1 --conv-batches 1,2,4,8,16,32,64 --states bf16" \
+        "new new:SSM_CUDA_CONV_TUNE=vec=2 new:SSM_CUDA_CONV_TUNE=vec=2,threads=64"
+    } ;;
+  *) echo "usage: ab_suite.sh scatter|ssd-order|conv-vec" >&2; exit 2 ;;
 esac
 if [ "${SUITE_TESTS:-1}" = 1 ]; then
   OUT="$out/tests" SSM_TEST_BINS="$tests" bash "$root/bundle/run.sh" tests >/dev/null 2>&1
