@@ -11,11 +11,7 @@ set -u
 root="$(pwd)"
 out="${OUT:-/tmp/out}"; mkdir -p "$out"
 xz -dkf abbase/xtask.xz && chmod +x abbase/xtask
-for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
-  if ls "$d"/libnvrtc.so* >/dev/null 2>&1; then export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; break; fi
-done
-export SSM_CONFORMANCE_DIR="$root/bundle/vectors"
-[ -x "$root/bundle/bin/xtask" ] || { mkdir -p "$root/bundle/bin" && tar xJf "$root/bundle/bin.tar.xz" -C "$root/bundle/bin"; }
+. "$(dirname "$0")/probe_env.sh"
 bench="${AB_BENCH:-ssd}"
 args="${AB_ARGS:---states f32 --mamba2 1x2048,4x2048,16x512,1x16384 --nemotron 4x2048}"
 rounds="${AB_ROUNDS:-2}"

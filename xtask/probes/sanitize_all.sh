@@ -10,7 +10,7 @@
 set -u
 root="$(pwd)"; out="${OUT:-/tmp/out}"; mkdir -p "$out"
 here="$(cd "$(dirname "$0")" && pwd)"
-[ -x "$root/bundle/bin/xtask" ] || { mkdir -p "$root/bundle/bin" && tar xJf "$root/bundle/bin.tar.xz" -C "$root/bundle/bin"; }
+. "$here/probe_env.sh"
 serial_re='allocate_no_device_memory'
 jobs="$out/san_jobs.txt"; : >"$jobs"; : >"$out/san_serial.txt"
 for bin in ${SAN_BINS:-$(cat "$root/bundle/bin/gpu-tests.txt")}; do

@@ -7,12 +7,8 @@
 #   [SAN_TOOLS="racecheck memcheck"] [SAN_LIMIT=250] bash xtask/probes/sanitize_tests.sh
 set -u
 root="$(pwd)"; out="${OUT:-/tmp/out}"; mkdir -p "$out"
-for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
-  if ls "$d"/libnvrtc.so* >/dev/null 2>&1; then export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; break; fi
-done
-export SSM_REQUIRE_GPU=1 SSM_CONFORMANCE_DIR="$root/bundle/vectors" SSM_CUDA_CACHE_DIR=/tmp/ssmcache
-export INSTA_WORKSPACE_ROOT="$root/bundle/workspace" INSTA_UPDATE=no CI=true
-[ -x "$root/bundle/bin/xtask" ] || { mkdir -p "$root/bundle/bin" && tar xJf "$root/bundle/bin.tar.xz" -C "$root/bundle/bin"; }
+. "$(dirname "$0")/probe_env.sh"
+export SSM_REQUIRE_GPU=1 INSTA_WORKSPACE_ROOT="$root/bundle/workspace" INSTA_UPDATE=no CI=true
 b="$root/bundle/bin/${SAN_BIN:-test-ssm-cuda-gpu_ssd}"
 for tool in ${SAN_TOOLS:-racecheck memcheck}; do
   for t in ${SAN_TESTS}; do

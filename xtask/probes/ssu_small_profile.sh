@@ -8,11 +8,7 @@
 # Reports: $OUT/ncu_ssu_{ours,vllm}_<state>_b<batch>.txt.
 set -u
 root="$(pwd)"; out="${OUT:-/tmp/out}"; mkdir -p "$out"
-for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
-  if ls "$d"/libnvrtc.so* >/dev/null 2>&1; then export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; break; fi
-done
-export SSM_CONFORMANCE_DIR="$root/bundle/vectors" SSM_CUDA_CACHE_DIR="${SSM_CUDA_CACHE_DIR:-/tmp/ssmcache}"
-[ -x "$root/bundle/bin/xtask" ] || { mkdir -p "$root/bundle/bin" && tar xJf "$root/bundle/bin.tar.xz" -C "$root/bundle/bin"; }
+. "$(dirname "$0")/probe_env.sh"
 ncu_args=(--clock-control none --cache-control none --launch-skip 20 --launch-count 1
   --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats
   --section SchedulerStats --section InstructionStats --section MemoryWorkloadAnalysis)
