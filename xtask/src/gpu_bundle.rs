@@ -303,6 +303,7 @@ const RUN_SH: &str = r#"#!/usr/bin/env bash
 #   SSM_SANITIZE_BINS="test-ssm-cuda-gpu_ssu" bash run.sh sanitize   # a subset of gpu-tests.txt
 #   SSM_BENCH_OPS="ssu" SSM_BENCH_ARGS="--batches 64" bash run.sh bench # a subset of the benches
 #   SSM_TEST_BINS="test-ssm-cuda-gpu_ring" bash run.sh tests          # a subset of the tests
+#   SSM_TEST_ARGS="--skip allocate_no_device_memory" bash run.sh tests  # libtest arguments for every binary
 #   SSM_REQUIRE_GPU=0 bash run.sh tests         # without a GPU: the GPU tests skip, printing why
 #   VLLM_TESTS=/path/to/peers/vllm_tests bash run.sh vllm-tests   # vLLM's mamba kernel tests on ours
 set -uo pipefail
@@ -391,7 +392,9 @@ run_tests() {
         # GPU tests one at a time (one context, readable logs) and uncaptured, so that a
         # skip's printed reason reaches the log; the CPU tests on every core.
         threads=(); is_gpu_test "$name" && threads=(--test-threads=1 --nocapture)
-        if (cd "$out" && "$t" "${threads[@]}") >"$out/$name.log" 2>&1; then r=ok; else r=FAILED; status=1; failed+=("$name"); fi
+        # SSM_TEST_ARGS: a filter or `--skip NAME` for every binary (word-split).
+        # shellcheck disable=SC2086
+        if (cd "$out" && "$t" "${threads[@]}" ${SSM_TEST_ARGS:-}) >"$out/$name.log" 2>&1; then r=ok; else r=FAILED; status=1; failed+=("$name"); fi
         # Tests that skip print "skipping <test>: <reason>" (no GPU, no NVRTC).
         skips="$(grep -o 'skipping [^ :]*: .*' "$out/$name.log")"
         [ -n "$skips" ] && skips="; $(grep -c . <<<"$skips") skipped: $(head -n1 <<<"$skips" | sed 's/^skipping [^:]*: //')"
