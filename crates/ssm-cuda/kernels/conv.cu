@@ -90,15 +90,15 @@ template <bool COPY> __device__ __forceinline__ ELEM_T narrow(float v) {
 template <bool CONTIG, bool COPY = false, typename E = ELEM_T> __device__ __forceinline__ void st_ch(E* p, i64 s, int n, const float* v) {
     if constexpr (COPY && CONTIG && sizeof(E) == 2 && (VEC_BYTES == 8 || VEC_BYTES == 16)) {
         // Two channels a word (for bf16 one byte permute of the two values' high halves).
-        constexpr int W = VEC / 2 > 0 ? VEC / 2 : 1;
-        u32 w[W];
+        // One aligned vector of NW words, stored at once (sizes written in E, so that only the
+        // 16-bit instantiations are checked).
+        constexpr int NB = VEC * (int)sizeof(E), NW = NB / 4;
+        struct alignas(NB) Words {
+            u32 w[NW];
+        } words;
 #pragma unroll
-        for (int i = 0; i < W; ++i) w[i] = copy2<E>(v[2 * i], v[2 * i + 1]);
-        if constexpr (VEC_BYTES == 8) {
-            *reinterpret_cast<uint2*>(p) = make_uint2(w[0], w[W > 1 ? 1 : 0]);
-        } else {
-            *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[W > 1 ? 1 : 0], w[W > 2 ? 2 : 0], w[W > 3 ? 3 : 0]);
-        }
+        for (int i = 0; i < NW; ++i) words.w[i] = copy2<E>(v[2 * i], v[2 * i + 1]);
+        *reinterpret_cast<Words*>(p) = words;
     } else if constexpr (CONTIG && VEC_BYTES == 8) {
         uint2 u;
         ELEM_T* e = reinterpret_cast<ELEM_T*>(&u);
