@@ -8,8 +8,10 @@
 #              grid's z) over 2k, 8 varied 8k and 32k tokens and Nemotron-H (fourteenth session)
 #   conv-vec   the conv update's channels per thread at small batches (`SSM_CUDA_CONV_TUNE=vec=2`:
 #              vLLM's two bf16 channels a thread; with `threads=64`, twice the blocks again)
+#   ssu-pdl    the SSU launched as a programmatic dependent of the kernel before it, its inputs
+#              read through L2, against a plain launch (`SSM_CUDA_SSU_TUNE=pdl=0`)
 # From the repository root with the bundle carried:
-#   [AB_ROUNDS=2] [SUITE_TESTS=1] bash xtask/probes/ab_suite.sh scatter|ssd-order|conv-vec
+#   [AB_ROUNDS=2] [SUITE_TESTS=1] bash xtask/probes/ab_suite.sh scatter|ssd-order|conv-vec|ssu-pdl
 # Results: $OUT/tests/summary.txt and $OUT/ab.txt.
 set -u
 root="$(pwd)"; out="${OUT:-/tmp/out}"; mkdir -p "$out"
@@ -36,7 +38,12 @@ test-ssm-cuda-gpu_conformance test-ssm-dispatch-gdn_core test-ssm-dispatch-ssd_r
       ab gdn "--batches 1 --spec-batch 0 --step-batches 1 --conv-batches 1,2,4,8,16,32,64 --states bf16" \
         "new new:SSM_CUDA_CONV_TUNE=vec=2 new:SSM_CUDA_CONV_TUNE=vec=2,threads=64"
     } ;;
-  *) echo "usage: ab_suite.sh scatter|ssd-order|conv-vec" >&2; exit 2 ;;
+  ssu-pdl)
+    tests="test-ssm-cuda-gpu_ssu test-ssm-cuda-gpu_conformance test-ssm-dispatch-mamba2_core test-ssm-dispatch-gpu_core"
+    run() {
+      ab ssu "--batches 1,8,64,256 --int16 false --int8 false" "new new:SSM_CUDA_SSU_TUNE=pdl=0"
+    } ;;
+  *) echo "usage: ab_suite.sh scatter|ssd-order|conv-vec|ssu-pdl" >&2; exit 2 ;;
 esac
 if [ "${SUITE_TESTS:-1}" = 1 ]; then
   OUT="$out/tests" SSM_TEST_BINS="$tests" bash "$root/bundle/run.sh" tests >/dev/null 2>&1
