@@ -10,8 +10,12 @@
 #              vLLM's two bf16 channels a thread; with `threads=64`, twice the blocks again)
 #   ssu-pdl    the SSU launched as a programmatic dependent of the kernel before it, its inputs
 #              read through L2, against a plain launch (`SSM_CUDA_SSU_TUNE=pdl=0`)
+#   gdn-f32    the GDN decode's f32 geometry at batch ≥ 64, where the H200 missed 0.94 of copy
+#              (sixteenth session): rows per lane 2 against the default 4 (52 registers), and 6
+#              or 10 blocks per SM asked of the register allocator against the default 8 (60
+#              registers; 10 spills 12 bytes on sm_90; rows per lane 8 spilled 104 and is left out)
 # From the repository root with the bundle carried:
-#   [AB_ROUNDS=2] [SUITE_TESTS=1] bash xtask/probes/ab_suite.sh scatter|ssd-order|conv-vec|ssu-pdl
+#   [AB_ROUNDS=2] [SUITE_TESTS=1] bash xtask/probes/ab_suite.sh scatter|ssd-order|conv-vec|ssu-pdl|gdn-f32
 # Results: $OUT/tests/summary.txt and $OUT/ab.txt.
 set -u
 root="$(pwd)"; out="${OUT:-/tmp/out}"; mkdir -p "$out"
@@ -44,7 +48,13 @@ test-ssm-dispatch-gpu_core test-ssm-fuzz-gpu_reliability"
     run() {
       ab ssu "--batches 1,8,64,256 --int16 false --int8 false" "new new:SSM_CUDA_SSU_TUNE=pdl=0"
     } ;;
-  *) echo "usage: ab_suite.sh scatter|ssd-order|conv-vec|ssu-pdl" >&2; exit 2 ;;
+  gdn-f32)
+    tests="test-ssm-cuda-gpu_gdn test-ssm-cuda-gpu_gdn_step test-ssm-cuda-gpu_conformance"
+    run() {
+      ab gdn "--batches 64,256,1024 --spec-batch 0 --step-batches 1 --conv-batches 1 --states f32" \
+        "new new:SSM_CUDA_GDN_TUNE=rpt=2 new:SSM_CUDA_GDN_TUNE=minb=6 new:SSM_CUDA_GDN_TUNE=minb=10"
+    } ;;
+  *) echo "usage: ab_suite.sh scatter|ssd-order|conv-vec|ssu-pdl|gdn-f32" >&2; exit 2 ;;
 esac
 if [ "${SUITE_TESTS:-1}" = 1 ]; then
   OUT="$out/tests" SSM_TEST_BINS="$tests" bash "$root/bundle/run.sh" tests >/dev/null 2>&1
