@@ -8,6 +8,8 @@
 #              grid's z) over 2k, 8 varied 8k and 32k tokens and Nemotron-H (fourteenth session)
 #   conv-vec   the conv update's channels per thread at small batches (`SSM_CUDA_CONV_TUNE=vec=2`:
 #              vLLM's two bf16 channels a thread; with `threads=64`, twice the blocks again)
+#   ssu-alg    the SSU's three tilings (`ssu_algorithm` simple / vertical / horizontal) side by
+#              side, shape by shape, in each round: the measurements `auto`'s table records
 #   ssu-pdl    the SSU launched as a programmatic dependent of the kernel before it, its inputs
 #              read through L2, against a plain launch (`SSM_CUDA_SSU_TUNE=pdl=0`)
 #   gdn-f32    the GDN decode's f32 geometry at batch ≥ 64, where the H200 missed 0.94 of copy
@@ -15,7 +17,7 @@
 #              or 10 blocks per SM asked of the register allocator against the default 8 (60
 #              registers; 10 spills 12 bytes on sm_90; rows per lane 8 spilled 104 and is left out)
 # From the repository root with the bundle carried:
-#   [AB_ROUNDS=2] [SUITE_TESTS=1] bash xtask/probes/ab_suite.sh scatter|ssd-order|conv-vec|ssu-pdl|gdn-f32
+#   [AB_ROUNDS=2] [SUITE_TESTS=1] bash xtask/probes/ab_suite.sh scatter|ssd-order|conv-vec|ssu-pdl|gdn-f32|ssu-alg
 # Results: $OUT/tests/summary.txt and $OUT/ab.txt.
 set -u
 root="$(pwd)"; out="${OUT:-/tmp/out}"; mkdir -p "$out"
@@ -54,7 +56,12 @@ test-ssm-dispatch-gpu_core test-ssm-fuzz-gpu_reliability"
       ab gdn "--batches 64,256,1024 --spec-batch 0 --step-batches 1 --conv-batches 1 --states f32" \
         "new new:SSM_CUDA_GDN_TUNE=rpt=2 new:SSM_CUDA_GDN_TUNE=minb=6 new:SSM_CUDA_GDN_TUNE=minb=10"
     } ;;
-  *) echo "usage: ab_suite.sh scatter|ssd-order|conv-vec|ssu-pdl|gdn-f32" >&2; exit 2 ;;
+  ssu-alg)
+    tests="test-ssm-cuda-gpu_ssu test-ssm-cuda-gpu_conformance"
+    run() {
+      ab ssu "--algorithms simple,vertical,horizontal --int16 false --int8 false" "new"
+    } ;;
+  *) echo "usage: ab_suite.sh scatter|ssd-order|conv-vec|ssu-pdl|gdn-f32|ssu-alg" >&2; exit 2 ;;
 esac
 if [ "${SUITE_TESTS:-1}" = 1 ]; then
   OUT="$out/tests" SSM_TEST_BINS="$tests" bash "$root/bundle/run.sh" tests >/dev/null 2>&1

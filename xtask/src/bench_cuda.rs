@@ -103,8 +103,17 @@ pub(crate) struct CudaSsuBenchArgs {
     /// rows, which need 4). `--tokens 1` times the decode rows alone (tuning sweeps).
     #[arg(long, value_delimiter = ',', default_value = "1,4")]
     pub(crate) tokens: Vec<usize>,
+    /// SSU algorithms (`ssu_algorithm`) to time on the f32 / bf16 shapes, each beside the others
+    /// shape by shape: `auto` (what a runtime runs), `simple`, `vertical`, `horizontal`. The
+    /// measurements `auto`'s table records come from `--algorithms simple,vertical,horizontal`.
+    #[arg(long, value_delimiter = ',', default_value = "auto", value_parser = parse_algorithm)]
+    pub(crate) algorithms: Vec<ssm_ssu::SsuAlgorithm>,
     #[command(flatten)]
     pub(crate) common: CudaBenchCommon,
+}
+
+fn parse_algorithm(s: &str) -> Result<ssm_ssu::SsuAlgorithm, String> {
+    s.parse().map_err(|e: ssm_ssu::SsuError| e.to_string())
 }
 
 fn state_name(t: DType) -> &'static str {
@@ -337,7 +346,13 @@ fn measure<S: CudaBenchShape>(
         None => None,
         Some(dir) => {
             let script = common.peer_script.clone().unwrap_or_else(|| default_peer_script(script_name));
-            let shape_json: Vec<Value> = shapes.iter().filter(|s| s.has_peer()).map(S::peer_json).collect();
+            // Shapes that differ only in what the peer does not see (e.g. our algorithm) once.
+            let mut shape_json: Vec<Value> = Vec::new();
+            for v in shapes.iter().filter(|s| s.has_peer()).map(S::peer_json) {
+                if !shape_json.contains(&v) {
+                    shape_json.push(v);
+                }
+            }
             Some(run_peer(&common.python, &script, dir, &shape_json)?)
         }
     };
@@ -463,7 +478,11 @@ fn plot_doc(doc: &Value, json: &std::path::Path) -> anyhow::Result<Vec<PathBuf>>
                 r["state"].as_str().unwrap_or("?"),
                 if tokens == 1 { "" } else { "s" }
             );
-            series.add(format!("ours: {key}"), (batch, r["fraction_of_copy"].as_f64().unwrap_or(f64::NAN)), false);
+            // An SSU row of a named algorithm (not `auto`) is its own series; the peer's is drawn
+            // once, from the `auto` rows or the first algorithm's.
+            let algorithm = r["algorithm"].as_str().filter(|&a| a != "auto");
+            let ours = algorithm.map_or_else(|| format!("ours: {key}"), |a| format!("ours {a}: {key}"));
+            series.add(ours, (batch, r["fraction_of_copy"].as_f64().unwrap_or(f64::NAN)), false);
             for (field, who) in [("peer_fraction_of_copy", "vLLM"), ("packed_fraction_of_copy", "vLLM packed")] {
                 if let Some(f) = r[field].as_f64().filter(|f| f.is_finite()) {
                     series.add(format!("{who}: {key}"), (batch, f), true);
@@ -484,7 +503,9 @@ pub(crate) fn run(args: &CudaSsuBenchArgs) -> anyhow::Result<Value> {
     for &tokens in &args.tokens {
         for state in args.common.states.iter().map(|s| s.dtype()) {
             for &b in &args.batches {
-                shapes.push(SsuBenchShape::mamba2_2p7b(b, state, tokens));
+                for &algorithm in &args.algorithms {
+                    shapes.push(SsuBenchShape { algorithm, ..SsuBenchShape::mamba2_2p7b(b, state, tokens) });
+                }
             }
         }
     }
@@ -519,6 +540,10 @@ pub(crate) fn run(args: &CudaSsuBenchArgs) -> anyhow::Result<Value> {
         let vs = m.vs_peer(r, None);
         let speedup = vs.peer_us / r.us;
         let tokens = if s.verify { format!("{}v", s.tokens) } else { s.tokens.to_string() };
+        let tokens = match s.algorithm {
+            ssm_ssu::SsuAlgorithm::Auto => tokens,
+            a => format!("{tokens} {}", a.name()),
+        };
         // An integer-state row against the f32-state call of the same shape, same run.
         let f32_us = m
             .ours
@@ -531,6 +556,7 @@ pub(crate) fn run(args: &CudaSsuBenchArgs) -> anyhow::Result<Value> {
         let mut row = vs.json_row(json!({
             "state": state_name(s.state), "batch": s.batch, "tokens": s.tokens, "verify": s.verify, "heads": s.heads,
             "dim": s.dim, "dstate": s.dstate, "groups": s.groups, "bytes": s.bytes(),
+            "algorithm": s.algorithm.name(),
         }));
         if !f32_us.is_nan() {
             row["f32_us"] = json!(f32_us);

@@ -148,6 +148,8 @@ pub struct SsuBenchShape {
     /// buffer (`[batch, tokens, heads, dim, dstate]`, entry `b` for sequence `b`) and the pool is
     /// not written; the same bytes as the committing call.
     pub verify: bool,
+    /// The SSU tiling the call runs (`ssu_algorithm`; `auto`, the default, as a runtime runs it).
+    pub algorithm: ssm_ssu::SsuAlgorithm,
 }
 
 impl SsuBenchShape {
@@ -163,6 +165,7 @@ impl SsuBenchShape {
             io: DType::BF16,
             tokens,
             verify: false,
+            algorithm: ssm_ssu::SsuAlgorithm::Auto,
         }
     }
 
@@ -170,6 +173,10 @@ impl SsuBenchShape {
     pub fn label(&self) -> String {
         let mode = if self.tokens > 1 { format!(" spec{}", self.tokens) } else { String::new() };
         let mode = if self.verify { format!("{mode} verify") } else { mode };
+        let mode = match self.algorithm {
+            ssm_ssu::SsuAlgorithm::Auto => mode,
+            a => format!("{mode} {}", a.name()),
+        };
         format!("h{} d{} n{} g{} {} b{}{mode}", self.heads, self.dim, self.dstate, self.groups, self.state, self.batch)
     }
 
@@ -528,7 +535,16 @@ pub(crate) fn bench_rotating<S: Copy, P>(
 }
 
 /// Times `shape`: CUDA-graph replay of many calls rotating over enough pools to defeat the L2.
+/// Times `shape` under its `algorithm` (the backend's choice is restored after).
 pub fn bench_ssu(be: &CudaBackend, shape: &SsuBenchShape) -> Result<SsuBenchResult, CudaError> {
+    let before = be.ssu_algorithm();
+    be.set_ssu_algorithm(shape.algorithm);
+    let r = bench_ssu_as_set(be, shape);
+    be.set_ssu_algorithm(before);
+    r
+}
+
+fn bench_ssu_as_set(be: &CudaBackend, shape: &SsuBenchShape) -> Result<SsuBenchResult, CudaError> {
     bench_rotating(
         be,
         shape,

@@ -39,6 +39,7 @@ pub mod testing;
 pub use cudarc;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg, sys};
@@ -48,6 +49,7 @@ pub use compile::{Arch, Compiler, KernelSource, KernelSpec};
 pub use error::{CudaError, DeviceErrors};
 pub use geometry::RowGeometry;
 pub use nvrtc::{nvrtc_available, nvrtc_version};
+pub use ssm_ssu::SsuAlgorithm;
 pub use ssu::ssu_kernel_spec;
 
 /// What [`probe`] found.
@@ -85,6 +87,14 @@ pub fn probe() -> Availability {
         Ok(n) if n > 0 => Availability::Ready { devices: n as usize },
         _ => Availability::NoDevice,
     }
+}
+
+/// The SSU algorithms in the order [`CudaBackend`] stores them.
+const ALGORITHMS: [SsuAlgorithm; 4] =
+    [SsuAlgorithm::Auto, SsuAlgorithm::Simple, SsuAlgorithm::Vertical, SsuAlgorithm::Horizontal];
+
+fn algorithm_index(a: SsuAlgorithm) -> u8 {
+    ALGORITHMS.iter().position(|&b| b == a).unwrap_or(0) as u8
 }
 
 /// The device address of element `offset` of a view whose memory starts at `base` (0 for an
@@ -156,6 +166,8 @@ pub struct CudaBackend {
     /// leaves them zero again).
     _step_counters: CudaSlice<u32>,
     step_counters_addr: u64,
+    /// The SSU algorithm ([`SsuAlgorithm`] as `u8`, see [`CudaBackend::set_ssu_algorithm`]).
+    ssu_algorithm: AtomicU8,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -238,7 +250,23 @@ impl CudaBackend {
             error_word_addr,
             _step_counters: step_counters,
             step_counters_addr,
+            ssu_algorithm: AtomicU8::new(0),
         })
+    }
+
+    /// Selects the SSU tiling the following calls run (vLLM's `--mamba-ssu-algorithm`; the
+    /// runtime sets its configuration's): `auto` (the default) picks per shape from the
+    /// measurements recorded in [`ssu::auto_algorithm`]'s table, `simple`, `vertical` and
+    /// `horizontal` are the tilings [`ssu::SsuGeometry::of_algorithm`] describes. Every one
+    /// computes the same result; a kernel not prewarmed under the new choice compiles on its
+    /// first call, so set it before [`prewarm_ssu`](Self::prewarm_ssu) and graph capture.
+    pub fn set_ssu_algorithm(&self, algorithm: SsuAlgorithm) {
+        self.ssu_algorithm.store(algorithm_index(algorithm), Ordering::Relaxed);
+    }
+
+    /// The SSU algorithm the calls run (see [`set_ssu_algorithm`](Self::set_ssu_algorithm)).
+    pub fn ssu_algorithm(&self) -> SsuAlgorithm {
+        ALGORITHMS[usize::from(self.ssu_algorithm.load(Ordering::Relaxed)).min(ALGORITHMS.len() - 1)]
     }
 
     /// The device ordinal.
@@ -420,9 +448,13 @@ impl CudaBackend {
         self.function(spec).map(|_| ())
     }
 
-    /// [`prewarm`](Self::prewarm) for the kernel an SSU plan launches.
+    /// [`prewarm`](Self::prewarm) for the kernel an SSU plan launches under the backend's
+    /// [`ssu_algorithm`](Self::ssu_algorithm).
+    ///
+    /// Errors: as the call's run would refuse it (an algorithm its state refuses), or the
+    /// kernel's compilation or load.
     pub fn prewarm_ssu(&self, plan: &ssm_ssu::SsuPlan) -> Result<(), CudaError> {
-        let key = ssu::SsuKey::from_plan(plan, None);
+        let key = ssu::SsuKey::from_plan(plan, None, self.ssu_algorithm())?;
         self.ssu_function(&key).map(|_| ())
     }
 

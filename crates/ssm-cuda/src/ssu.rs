@@ -3,7 +3,7 @@
 
 use bytemuck::{Pod, Zeroable};
 use cudarc::driver::DeviceRepr;
-use ssm_ssu::{ParamForm, Route, SelectiveStateUpdateArgs, SsuPlan, TokenStrides};
+use ssm_ssu::{ParamForm, Route, SelectiveStateUpdateArgs, SsuAlgorithm, SsuPlan, TokenStrides};
 use ssm_tensor::DType;
 use ssm_tensor::{Planned, Run};
 
@@ -231,6 +231,101 @@ impl SsuGeometry {
     }
 }
 
+/// What `auto` runs, per shape, from measurements recorded in the repository: the bench's
+/// `--algorithms simple,vertical,horizontal` on an H200 (docs/PERF.md, "The SSU's three tilings";
+/// raw `docs/perf/ssu_algorithms_h200.json`). Each entry is (state element bytes, walk, the least
+/// rows of a call — sequences × heads × dim —, the algorithm measured fastest from there on); the
+/// last entry that matches a call wins, `simple` where none does. An entry is recorded only where
+/// that tiling beat `simple` by more than the run's spread.
+const AUTO: &[(usize, Walk, usize, SsuAlgorithm)] = &[];
+
+/// The algorithm `auto` picks for a call of `state` elements walking `walk` over `rows_total`
+/// rows (sequences × heads × dim), from [`AUTO`]; never `horizontal` for an integer state.
+pub fn auto_algorithm(state: DType, walk: Walk, rows_total: usize) -> SsuAlgorithm {
+    let quant = ssm_ssu::quant::limit(state).is_some();
+    AUTO.iter()
+        .rev()
+        .find(|&&(bytes, w, least, alg)| {
+            bytes == state.size() && w == walk && rows_total >= least && !(quant && alg == SsuAlgorithm::Horizontal)
+        })
+        .map_or(SsuAlgorithm::Simple, |e| e.3)
+}
+
+/// The algorithm a call runs: `auto` resolved per shape ([`auto_algorithm`]), the others as
+/// named.
+///
+/// Errors: [`CudaError::Unsupported`] for `horizontal` with an integer (i16 / i8) state, which
+/// FlashInfer's horizontal kernel refuses too (its block-scaled rows need the whole row per lane
+/// group twice: once for the row maximum, once to encode).
+pub(crate) fn resolve_algorithm(
+    algorithm: SsuAlgorithm,
+    state: DType,
+    walk: Walk,
+    rows_total: usize,
+) -> Result<SsuAlgorithm, CudaError> {
+    match algorithm {
+        SsuAlgorithm::Auto => Ok(auto_algorithm(state, walk, rows_total)),
+        SsuAlgorithm::Horizontal if ssm_ssu::quant::limit(state).is_some() => Err(CudaError::Unsupported(format!(
+            "the `horizontal` SSU algorithm with a {state} state (as in FlashInfer); use `simple`, `vertical` or `auto`"
+        ))),
+        a => Ok(a),
+    }
+}
+
+impl SsuGeometry {
+    /// The geometry of `algorithm` (resolved: not `auto`) for a call [`SsuGeometry::choose`]
+    /// describes. Each is a tiling of the one kernel, with the same loads and stores per element:
+    /// - `simple`: [`SsuGeometry::choose`], the tiling tuned per shape by the sweeps PERF records;
+    /// - `vertical` (tiles along dim rows): a whole row per lane group (one 16-byte vector per lane
+    ///   where dstate allows) and a deep tile of rows per lane — eight rows of a 16-bit state, four
+    ///   of a 4-byte one (two in the per-channel form) — at every batch, all loaded before use;
+    /// - `horizontal` (tiles along dstate columns): FlashInfer's two lanes per row, each lane
+    ///   walking up to sixteen 16-byte vectors of its row's columns (eight in the per-channel form)
+    ///   with one row per lane, the partial sums joined by one shuffle.
+    #[allow(clippy::too_many_arguments)]
+    pub fn of_algorithm(
+        algorithm: SsuAlgorithm,
+        state: DType,
+        dstate: usize,
+        dim: usize,
+        vectorized: bool,
+        tied: bool,
+        walk: Walk,
+        rows_total: usize,
+    ) -> Self {
+        let simple = Self::choose(state, dstate, dim, vectorized, tied, walk, rows_total);
+        let r = simple.row;
+        let (vec, nvec) = (r.vec as usize, dstate.div_ceil(r.vec as usize).max(1));
+        let (tpr, vpt, rpt) = match algorithm {
+            SsuAlgorithm::Auto | SsuAlgorithm::Simple => return simple,
+            SsuAlgorithm::Vertical => {
+                let (tpr, vpt) = (r.tpr as usize, r.vpt as usize);
+                let mut want = if state.size() == 4 { 4 } else { 8 };
+                if !tied {
+                    want = want.min(2);
+                }
+                // An integer state's f32 tile (multi-token routes): at most 32 elements per lane.
+                if ssm_ssu::quant::limit(state).is_some() && walk == Walk::MultiToken {
+                    want = want.min((32 / (vpt * vec)).max(1));
+                }
+                (tpr, vpt, fit_rows(want, tpr, 128, dim))
+            }
+            SsuAlgorithm::Horizontal => {
+                let cap = if tied { 16 } else { 8 };
+                let tpr = nvec.div_ceil(cap).next_power_of_two().clamp(2, 32).min(nvec.next_power_of_two());
+                (tpr, nvec.div_ceil(tpr), 1)
+            }
+        };
+        // The block shrinks (to 32 lanes at least) while one block still covers a head's rows.
+        let mut threads = 128usize;
+        while threads > 32 && (threads / tpr / 2) * rpt >= dim.max(1) && threads / 2 >= tpr {
+            threads /= 2;
+        }
+        let g = SsuGeometry { row: RowGeometry::new(vec, tpr, vpt, rpt, threads, 0), ..simple };
+        tuning_override(g)
+    }
+}
+
 /// `SSM_CUDA_SSU_TUNE="rpt=2,threads=256,minb=6,cs=1,rowstore=1,vec=4,tpr=8,scatter=0,pdl=0"`
 /// overrides the chosen geometry's rows per lane, threads per block, minimum blocks per SM,
 /// streaming cache hints, row-wise final stores, (narrower) state vector width and lanes per row,
@@ -287,10 +382,16 @@ const F_ISI: u16 = 16384;
 const F_NARROW: u16 = 32768;
 
 impl SsuKey {
-    /// The key of `plan`. `addrs`: the device base addresses of `state`, `B`, `C` and the
-    /// intermediate buffer (their alignment picks the vector widths); `None` assumes
+    /// The key of `plan` under `algorithm`. `addrs`: the device base addresses of `state`, `B`,
+    /// `C` and the intermediate buffer (their alignment picks the vector widths); `None` assumes
     /// allocation-aligned bases.
-    pub(crate) fn from_plan(plan: &SsuPlan, addrs: Option<(u64, u64, u64, u64)>) -> Self {
+    ///
+    /// Errors: an algorithm the call's state refuses ([`resolve_algorithm`]).
+    pub(crate) fn from_plan(
+        plan: &SsuPlan,
+        addrs: Option<(u64, u64, u64, u64)>,
+        algorithm: SsuAlgorithm,
+    ) -> Result<Self, CudaError> {
         let (sa, ba, ca, ia) = addrs.unwrap_or((0, 0, 0, 0));
         let vectorized = state_rows_aligned(plan, sa, ia);
         let t = plan.dtypes;
@@ -318,22 +419,26 @@ impl SsuKey {
         set(plan.intermediate.is_some(), F_ISTATES);
         set(plan.intermediate.is_some_and(|ip| ip.indices.is_some()), F_ISI);
         set(SsuParams::of_plan(plan, 1).strides_fit_i32() && TUNE.get("narrow") != Some(0), F_NARROW);
-        let geometry = SsuGeometry::choose(
+        // A buffered one-token call stores its token's state like a speculative one.
+        let walk = Walk::of(plan.route != Route::OneToken, plan.spec || plan.intermediate.is_some());
+        let rows_total = plan.dims.seqs * plan.dims.heads * plan.dims.dim;
+        let algorithm = resolve_algorithm(algorithm, t.state, walk, rows_total)?;
+        let geometry = SsuGeometry::of_algorithm(
+            algorithm,
             t.state,
             plan.dims.dstate,
             plan.dims.dim,
             vectorized,
             tied,
-            // A buffered one-token call stores its token's state like a speculative one.
-            Walk::of(plan.route != Route::OneToken, plan.spec || plan.intermediate.is_some()),
-            plan.dims.seqs * plan.dims.heads * plan.dims.dim,
+            walk,
+            rows_total,
         );
         let vec = geometry.row.vec as usize;
         set(
             bc_aligned(&plan.b, t.b, ba, vec, plan.dims.dstate) && bc_aligned(&plan.c, t.c, ca, vec, plan.dims.dstate),
             F_BC_VEC,
         );
-        SsuKey {
+        Ok(SsuKey {
             types: [
                 t.state,
                 t.x,
@@ -354,7 +459,7 @@ impl SsuKey {
             dstate: plan.dims.dstate,
             geometry,
             flags,
-        }
+        })
     }
 
     /// The NVRTC specialisation.
@@ -421,12 +526,20 @@ pub fn ssu_catalogue() -> Vec<(String, KernelSpec)> {
     use DType::{BF16, F16, F32, I8, I16, I32, I64};
     let floats = [F32, F16, BF16];
     let base = F_D | F_DT_BIAS | F_SOFTPLUS | F_SBI | F_PAD;
-    let key = |state: DType, io: DType, idx: DType, dstate: usize, dim: usize, vectorized: bool, flags: u16| {
+    let key_of = |algorithm: SsuAlgorithm,
+                  state: DType,
+                  io: DType,
+                  idx: DType,
+                  dstate: usize,
+                  dim: usize,
+                  vectorized: bool,
+                  flags: u16| {
         let tied = flags & F_TIED != 0;
         SsuKey {
             types: [state, io, io, F32, io, io, F32, F32, io, io, idx, idx, idx, I32, idx],
             dstate,
-            geometry: SsuGeometry::choose(
+            geometry: SsuGeometry::of_algorithm(
+                algorithm,
                 state,
                 dstate,
                 dim,
@@ -438,6 +551,9 @@ pub fn ssu_catalogue() -> Vec<(String, KernelSpec)> {
             // Calls with 64-bit index tables here also take the 64-bit products (not NARROW).
             flags: flags | if vectorized { F_BC_VEC } else { 0 } | if idx == I64 { 0 } else { F_NARROW },
         }
+    };
+    let key = |state: DType, io: DType, idx: DType, dstate: usize, dim: usize, vectorized: bool, flags: u16| {
+        key_of(SsuAlgorithm::Simple, state, io, idx, dstate, dim, vectorized, flags)
     };
     let mut out = Vec::new();
     let mut push = |label: String, k: SsuKey| out.push((label, k.spec()));
@@ -507,6 +623,28 @@ pub fn ssu_catalogue() -> Vec<(String, KernelSpec)> {
         );
     }
     push("one-token tied state=i8 io=bf16 dstate=64".into(), key(I8, BF16, I32, 64, 64, true, tied));
+    // The `vertical` and `horizontal` tilings (`ssu_algorithm`) on the decode, speculative and
+    // varlen routes, the per-channel form and the scalar fallback; `vertical` also with the
+    // integer states (`horizontal` refuses them).
+    for (name, alg) in [("vertical", SsuAlgorithm::Vertical), ("horizontal", SsuAlgorithm::Horizontal)] {
+        let states: &[DType] =
+            if alg == SsuAlgorithm::Vertical { &[F32, BF16, F16, I16, I8] } else { &[F32, BF16, F16] };
+        for &s in states {
+            for (route, flags) in
+                [("one-token", tied), ("spec", tied | F_SPEC), ("varlen spec", tied | F_SPEC | F_VARLEN)]
+            {
+                push(format!("{name} {route} tied state={s} io=bf16"), key_of(alg, s, BF16, I32, 128, 64, true, flags));
+            }
+        }
+        push(
+            format!("{name} one-token per-channel z state=f32 io=f32 dstate=16"),
+            key_of(alg, F32, F32, I32, 16, 1536, true, base | F_Z),
+        );
+        push(
+            format!("{name} dense per-channel scalar state=f16 io=f16 dstate=7"),
+            key_of(alg, F16, F16, I32, 7, 5, false, base | F_Z | F_DENSE),
+        );
+    }
     out
 }
 
@@ -514,7 +652,7 @@ pub fn ssu_catalogue() -> Vec<(String, KernelSpec)> {
 /// usual case: device allocations are 256-byte aligned), e.g. for [`CudaBackend::prewarm`]
 /// before graph capture.
 pub fn ssu_kernel_spec(plan: &SsuPlan) -> KernelSpec {
-    SsuKey::from_plan(plan, None).spec()
+    SsuKey::from_plan(plan, None, SsuAlgorithm::Auto).expect("`auto` is never refused").spec()
 }
 
 /// Whether `B` or `C` can be read `vec` elements at a time: contiguous along dstate and every
@@ -754,7 +892,8 @@ impl Run<SelectiveStateUpdateArgs<'_>> for CudaBackend {
                 addr(args.c.device_addr()),
                 addr(args.intermediate_states_buffer.as_ref().and_then(|b| b.device_addr())),
             )),
-        );
+            self.ssu_algorithm(),
+        )?;
         let dim_tiles = dims.dim.div_ceil(key.geometry.row.dim_tile() as usize);
         let blocks = dims.seqs * dims.heads * dim_tiles;
         let Some(grid) = grid_x(blocks)? else { return Ok(()) };
@@ -806,6 +945,58 @@ mod tests {
         assert!(!SsuParams { rows: 1 << 31, ..Default::default() }.strides_fit_i32());
         let wide = TokStridesC { tok: -(1 << 31) - 1, ..edge };
         assert!(!SsuParams { cs: wide, ..Default::default() }.strides_fit_i32());
+    }
+
+    #[test]
+    fn algorithms_are_distinct_tilings_covering_every_column() {
+        use SsuAlgorithm::{Horizontal, Simple, Vertical};
+        let of = |a, state, ds, dim, vectorized, tied, walk, rows| {
+            SsuGeometry::of_algorithm(a, state, ds, dim, vectorized, tied, walk, rows).row
+        };
+        // Batch 1 of Mamba2-2.7B, f32: `simple` one row per lane; `vertical` four rows of whole
+        // rows; `horizontal` two lanes per row, sixteen 16-byte vectors each.
+        let g = of(Simple, DType::F32, 128, 64, true, true, Walk::Decode, 80 * 64);
+        assert_eq!((g.tpr, g.vpt, g.rpt), (32, 1, 1));
+        let g = of(Vertical, DType::F32, 128, 64, true, true, Walk::Decode, 80 * 64);
+        assert_eq!((g.tpr, g.vpt, g.rpt, g.threads), (32, 1, 4, 128));
+        let g = of(Horizontal, DType::F32, 128, 64, true, true, Walk::Decode, 80 * 64);
+        assert_eq!((g.tpr, g.vpt, g.rpt, g.threads), (2, 16, 1, 128));
+        let g = of(Horizontal, DType::BF16, 128, 64, true, true, Walk::MultiToken, 80 * 64);
+        assert_eq!((g.vec, g.tpr, g.vpt, g.rpt), (8, 2, 8, 1));
+        let g = of(Vertical, DType::BF16, 128, 64, true, true, Walk::SpecDecode, 80 * 64);
+        assert_eq!((g.tpr, g.vpt, g.rpt), (16, 1, 8));
+        // The per-channel form and an integer state's f32 tile keep fewer elements per lane.
+        assert_eq!(of(Horizontal, DType::F32, 128, 64, true, false, Walk::Decode, 1 << 20).vpt, 8);
+        assert_eq!(of(Vertical, DType::F32, 128, 64, true, false, Walk::Decode, 1 << 20).rpt, 2);
+        assert_eq!(of(Vertical, DType::I16, 128, 64, true, true, Walk::MultiToken, 1 << 20).rpt, 2);
+        // Odd and unaligned dstates: every column covered, valid blocks.
+        for a in [Vertical, Horizontal] {
+            for (ds, dim, vectorized) in [(7, 5, false), (1, 1, false), (16, 3, true), (300, 2, false), (64, 64, true)]
+            {
+                let g = of(a, DType::F16, ds, dim, vectorized, true, Walk::MultiToken, 1 << 20);
+                assert!((g.tpr * g.vpt * g.vec) as usize >= ds, "{a:?} {ds}");
+                assert!(g.tpr.is_power_of_two() && g.tpr <= 32 && g.threads.is_multiple_of(32) && g.threads >= g.tpr);
+                assert!(g.rpt >= 1 && g.vpt >= 1);
+            }
+        }
+    }
+
+    #[test]
+    fn horizontal_refuses_integer_states_and_auto_resolves() {
+        for q in [DType::I16, DType::I8] {
+            let e = resolve_algorithm(SsuAlgorithm::Horizontal, q, Walk::Decode, 1).unwrap_err();
+            assert!(e.to_string().contains("`horizontal`"), "{e}");
+            assert_ne!(auto_algorithm(q, Walk::Decode, 1 << 30), SsuAlgorithm::Horizontal);
+        }
+        for st in [DType::F32, DType::BF16, DType::F16, DType::I16, DType::I8] {
+            for walk in [Walk::Decode, Walk::SpecDecode, Walk::MultiToken] {
+                for rows in [1, 80 * 64, 1 << 30] {
+                    let a = resolve_algorithm(SsuAlgorithm::Auto, st, walk, rows).unwrap();
+                    assert_ne!(a, SsuAlgorithm::Auto);
+                    assert_eq!(resolve_algorithm(a, st, walk, rows).unwrap(), a);
+                }
+            }
+        }
     }
 
     #[test]

@@ -12,7 +12,7 @@ use ssm_conformance::cases::ssu::{Case, Spec, Tokens};
 use ssm_cuda::testing::{DeviceSsuArgs, MirrorError, StageArgs, run_staged};
 use ssm_cuda::{CudaError, DeviceErrors};
 use ssm_ssu::reference::Reference;
-use ssm_ssu::{SsuError, StochasticRounding};
+use ssm_ssu::{SsuAlgorithm, SsuError, StochasticRounding};
 use ssm_tensor::{DType, HostTensor, Run};
 
 fn run_reference(case: &mut Case) {
@@ -104,29 +104,92 @@ fn cuda_matches_the_reference_on_random_cases() {
     assert!(quantized >= 6, "only {quantized} of 108 cases had an integer state");
 }
 
+/// Every `ssu_algorithm` tiling (`simple`, `vertical`, `horizontal`, and `auto` back again)
+/// computes what the reference does: the Mamba2 shapes of every state dtype and route, and 36
+/// cases of the random matrix each. `horizontal` refuses an integer state by name, before any
+/// launch, so the refused call leaves the state and the output as they were.
 #[test]
-fn mamba2_shapes_match_the_reference() {
-    let Some(be) = gpu("mamba2_shapes_match_the_reference") else { return };
+fn every_ssu_algorithm_matches_the_reference() {
+    let Some(be) = gpu("every_ssu_algorithm_matches_the_reference") else { return };
+    let base = base_seed(Some(3000));
+    for algorithm in [SsuAlgorithm::Vertical, SsuAlgorithm::Horizontal, SsuAlgorithm::Simple, SsuAlgorithm::Auto] {
+        be.set_ssu_algorithm(algorithm);
+        assert_eq!(be.ssu_algorithm(), algorithm);
+        let refused =
+            |spec: &Spec| algorithm == SsuAlgorithm::Horizontal && ssm_ssu::quant::limit(spec.state).is_some();
+        let mut ran = 0;
+        let specs = mamba2_specs().into_iter().map(|s| (s, 77u64)).chain((0..36usize).map(|i| {
+            let seed = base.wrapping_add(i as u64);
+            (Spec::draw(&mut ChaCha8Rng::seed_from_u64(seed), i), seed)
+        }));
+        for (spec, seed) in specs {
+            let initial = Case::build(spec.clone(), seed);
+            let (mut want, mut got) = (initial.clone(), initial.clone());
+            let ctx = format!("{}: seed {seed}: {spec:?}", algorithm.name());
+            match ssm_ssu::plan(want.args()) {
+                Ok(call) => Reference.run(call).unwrap_or_else(|e| panic!("{ctx}: reference: {e}")),
+                Err(SsuError::SlotConflict { .. }) if spec.alias => continue,
+                Err(e) => panic!("{ctx}: host plan: {e}"),
+            }
+            let result = run_staged::<DeviceSsuArgs>(&be, got.args());
+            if refused(&spec) {
+                match result {
+                    Err(MirrorError::Cuda(CudaError::Unsupported(what))) => {
+                        assert!(what.contains("`horizontal`"), "{what}")
+                    }
+                    other => panic!("{ctx}: expected the refusal, got {other:?}"),
+                }
+                assert!(got.state == initial.state && got.out == initial.out, "{ctx}: a refused call wrote");
+                continue;
+            }
+            result.unwrap_or_else(|e| panic!("{ctx}: {e}"));
+            compare("out", &got.out, &want.out).unwrap_or_else(|e| panic!("{ctx}: {e}"));
+            compare_state(&got, &want).unwrap_or_else(|e| panic!("{ctx}: {e}"));
+            compare_buffer(&got, &want).unwrap_or_else(|e| panic!("{ctx}: {e}"));
+            for (slot, named) in initial.named_slots().into_iter().enumerate() {
+                if !named {
+                    assert!(got.slot_bytes(slot) == initial.slot_bytes(slot), "{ctx}: untouched slot {slot} changed");
+                }
+            }
+            ran += 1;
+        }
+        assert!(ran >= 30, "{}: only {ran} cases ran", algorithm.name());
+    }
+    be.set_ssu_algorithm(SsuAlgorithm::Auto);
+}
+
+/// The Mamba2 shapes of [`mamba2_shapes_match_the_reference`]: every state dtype one token,
+/// dense and varlen routes, speculative and not.
+fn mamba2_specs() -> Vec<Spec> {
     let one_token = Tokens::OneToken { seqs: 9 };
-    for (i, (state, tokens, spec_width)) in [
+    let varlen = || Tokens::Varlen { lens: vec![3, 0, 4, 1, 2, 4, 0, 1, 3] };
+    [
         (DType::F32, one_token.clone(), None),
         (DType::BF16, one_token.clone(), None),
         (DType::F16, one_token.clone(), None),
         (DType::I16, one_token.clone(), None),
         (DType::I8, one_token, None),
         (DType::F32, Tokens::Dense { seqs: 9, steps: 4 }, Some(4)),
-        (DType::BF16, Tokens::Varlen { lens: vec![3, 0, 4, 1, 2, 4, 0, 1, 3] }, Some(4)),
-        (DType::I16, Tokens::Varlen { lens: vec![3, 0, 4, 1, 2, 4, 0, 1, 3] }, Some(4)),
+        (DType::BF16, varlen(), Some(4)),
+        (DType::I16, varlen(), Some(4)),
         (DType::I16, Tokens::Dense { seqs: 9, steps: 3 }, None),
         (DType::I8, Tokens::Dense { seqs: 9, steps: 4 }, Some(4)),
-        (DType::I8, Tokens::Varlen { lens: vec![3, 0, 4, 1, 2, 4, 0, 1, 3] }, None),
+        (DType::I8, varlen(), None),
     ]
     .into_iter()
-    .enumerate()
-    {
+    .map(|(state, tokens, spec_width)| {
         let mut s = Spec::mamba2(9, state);
         s.tokens = tokens;
         s.spec_width = spec_width;
+        s
+    })
+    .collect()
+}
+
+#[test]
+fn mamba2_shapes_match_the_reference() {
+    let Some(be) = gpu("mamba2_shapes_match_the_reference") else { return };
+    for (i, s) in mamba2_specs().into_iter().enumerate() {
         let mut want = Case::build(s.clone(), 77 + i as u64);
         let mut got = want.clone();
         run_reference(&mut want);

@@ -139,6 +139,20 @@ impl Backends {
         Devices { cpu: self.cpu.is_some(), cuda: self.cuda.as_ref().map(|c| c.ordinal()) }
     }
 
+    pub(crate) fn has_cuda(&self) -> bool {
+        self.cuda.is_some()
+    }
+
+    /// Gives the CUDA backend (if any) the SSU algorithm its calls run.
+    pub(crate) fn set_ssu_algorithm(&self, algorithm: ssm_ssu::SsuAlgorithm) {
+        #[cfg(feature = "cuda")]
+        if let Some(c) = &self.cuda {
+            c.set_ssu_algorithm(algorithm);
+        }
+        #[cfg(not(feature = "cuda"))]
+        let _ = algorithm;
+    }
+
     pub(crate) fn check(&self) -> Result<(), Error> {
         match &self.cuda {
             #[cfg(feature = "cuda")]

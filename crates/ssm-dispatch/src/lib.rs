@@ -80,14 +80,11 @@ impl Runtime {
         Self::with_backends(Backends { cpu, cuda: Some(cuda) }, config)
     }
 
-    /// Checks `config` against the started backends.
+    /// Checks `config` against the started backends, and gives the CUDA backend the
+    /// configured SSU algorithm.
     fn with_backends(backends: Backends, config: &Config) -> Result<Self, Error> {
-        if backends.cpu.is_some() {
-            config.check_ssu_algorithm(BackendKind::Cpu)?;
-        }
-        if backends.cuda.is_some() {
-            config.check_ssu_algorithm(BackendKind::Cuda)?;
-        }
+        config.check_ssu_algorithm(backends.has_cuda())?;
+        backends.set_ssu_algorithm(config.ssu_algorithm);
         Ok(Runtime { backends, config: config.clone(), seed_counter: AtomicU64::new(config.seed) })
     }
 

@@ -10,7 +10,7 @@ fn unknown_algorithm_is_refused() {
 }
 
 #[test]
-fn algorithms_without_a_kernel_are_refused_by_name() {
+fn gpu_tilings_without_a_cuda_backend_are_refused_by_name() {
     for (name, algorithm) in [("auto", SsuAlgorithm::Auto), ("simple", SsuAlgorithm::Simple)] {
         let cfg: Config = serde_json::from_str(&format!(r#"{{"backend": "cpu", "ssu_algorithm": "{name}"}}"#)).unwrap();
         assert_eq!(Runtime::new(&cfg).unwrap().ssu_algorithm(), algorithm);

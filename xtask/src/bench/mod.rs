@@ -144,6 +144,7 @@ impl Args {
                     int16: true,
                     int8: true,
                     tokens: vec![1, 4],
+                    algorithms: vec![ssm_ssu::SsuAlgorithm::Auto],
                     common: crate::bench_cuda::CudaBenchCommon::new(self.peer_vllm.clone(), self.json.clone()),
                 };
                 crate::bench_cuda::run(&args)?;
@@ -573,6 +574,8 @@ impl PlotSeries {
     /// Adds `pt` to the line `key` (a new line, after the others, the first time).
     pub(crate) fn add(&mut self, key: String, pt: (f64, f64), peer: bool) {
         match self.0.iter_mut().find(|(k, _, _)| *k == key) {
+            // A peer's point comes once per batch, however many of our rows share its shape.
+            Some((_, pts, _)) if peer && pts.iter().any(|p| p.0 == pt.0) => {}
             Some((_, pts, _)) => pts.push(pt),
             None => self.0.push((key, vec![pt], peer)),
         }
