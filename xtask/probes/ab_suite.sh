@@ -59,7 +59,9 @@ test-ssm-dispatch-gpu_core test-ssm-fuzz-gpu_reliability"
   ssu-alg)
     tests="test-ssm-cuda-gpu_ssu test-ssm-cuda-gpu_conformance"
     run() {
-      ab ssu "--algorithms simple,vertical,horizontal --int16 false --int8 false" "new"
+      for t in 1 4; do
+        ab ssu "--algorithms simple,vertical,horizontal --tokens $t --int16 false --int8 false" "new"
+      done
     } ;;
   *) echo "usage: ab_suite.sh scatter|ssd-order|conv-vec|ssu-pdl|gdn-f32|ssu-alg" >&2; exit 2 ;;
 esac
