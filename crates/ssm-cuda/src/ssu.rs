@@ -240,7 +240,7 @@ impl SsuGeometry {
 const AUTO: &[(usize, Walk, usize, SsuAlgorithm)] = &[];
 
 /// The algorithm `auto` picks for a call of `state` elements walking `walk` over `rows_total`
-/// rows (sequences × heads × dim), from [`AUTO`]; never `horizontal` for an integer state.
+/// rows (sequences × heads × dim), from the table `AUTO` of this module; never `horizontal` for an integer state.
 pub fn auto_algorithm(state: DType, walk: Walk, rows_total: usize) -> SsuAlgorithm {
     let quant = ssm_ssu::quant::limit(state).is_some();
     AUTO.iter()
