@@ -10,14 +10,12 @@
 #              vLLM's two bf16 channels a thread; with `threads=64`, twice the blocks again)
 #   ssu-alg    the SSU's three tilings (`ssu_algorithm` simple / vertical / horizontal) side by
 #              side, shape by shape, in each round: the measurements `auto`'s table records
-#   ssu-pdl    the SSU launched as a programmatic dependent of the kernel before it, its inputs
-#              read through L2, against a plain launch (`SSM_CUDA_SSU_TUNE=pdl=0`)
 #   gdn-f32    the GDN decode's f32 geometry at batch ≥ 64, where the H200 missed 0.94 of copy
 #              (sixteenth session): rows per lane 2 against the default 4 (52 registers), and 6
 #              or 10 blocks per SM asked of the register allocator against the default 8 (60
 #              registers; 10 spills 12 bytes on sm_90; rows per lane 8 spilled 104 and is left out)
 # From the repository root with the bundle carried:
-#   [AB_ROUNDS=2] [SUITE_TESTS=1] bash xtask/probes/ab_suite.sh scatter|ssd-order|conv-vec|ssu-pdl|gdn-f32|ssu-alg
+#   [AB_ROUNDS=2] [SUITE_TESTS=1] bash xtask/probes/ab_suite.sh scatter|ssd-order|conv-vec|gdn-f32|ssu-alg
 # Results: $OUT/tests/summary.txt and $OUT/ab.txt.
 set -u
 root="$(pwd)"; out="${OUT:-/tmp/out}"; mkdir -p "$out"
@@ -44,11 +42,6 @@ test-ssm-cuda-gpu_conformance test-ssm-dispatch-gdn_core test-ssm-dispatch-ssd_r
       ab gdn "--batches 1 --spec-batch 0 --step-batches 1 --conv-batches 1,2,4,8,16,32,64 --states bf16" \
         "new new:SSM_CUDA_CONV_TUNE=vec=2 new:SSM_CUDA_CONV_TUNE=vec=2,threads=64"
     } ;;
-  ssu-pdl)
-    tests="test-ssm-cuda-gpu_ssu test-ssm-cuda-gpu_conformance test-ssm-dispatch-mamba2_core test-ssm-dispatch-gpu_core"
-    run() {
-      ab ssu "--batches 1,8,64,256 --int16 false --int8 false" "new new:SSM_CUDA_SSU_TUNE=pdl=0"
-    } ;;
   gdn-f32)
     tests="test-ssm-cuda-gpu_gdn test-ssm-cuda-gpu_gdn_step test-ssm-cuda-gpu_conformance"
     run() {
@@ -62,7 +55,7 @@ test-ssm-cuda-gpu_conformance test-ssm-dispatch-gdn_core test-ssm-dispatch-ssd_r
         ab ssu "--algorithms simple,vertical,horizontal --tokens $t --int16 false --int8 false" "new"
       done
     } ;;
-  *) echo "usage: ab_suite.sh scatter|ssd-order|conv-vec|ssu-pdl|gdn-f32|ssu-alg" >&2; exit 2 ;;
+  *) echo "usage: ab_suite.sh scatter|ssd-order|conv-vec|gdn-f32|ssu-alg" >&2; exit 2 ;;
 esac
 if [ "${SUITE_TESTS:-1}" = 1 ]; then
   OUT="$out/tests" SSM_TEST_BINS="$tests" bash "$root/bundle/run.sh" tests >/dev/null 2>&1

@@ -267,25 +267,11 @@ template <int N, typename T> __device__ __forceinline__ void load_vec_ro(const T
     }
 }
 
-// N consecutive elements through L2 only (see `ld_cg`): one 16-, 8- or 4-byte load when N * sizeof(T) is
-// one of those (the caller guarantees the alignment), else element by element.
+// N consecutive elements through L2 only (see `ld_cg`): one 16-byte load when N * sizeof(T) is
+// 16 (the caller guarantees the alignment), else element by element.
 template <int N, typename T> __device__ __forceinline__ void load_vec_cg(const T* p, float* out) {
     if constexpr (N * sizeof(T) == 16) {
         unpack_vec<T>(__ldcg(reinterpret_cast<const uint4*>(p)), out);
-    } else if constexpr (N * sizeof(T) > 16 && (N * sizeof(T)) % 16 == 0) {
-        constexpr int K = 16 / sizeof(T);
-#pragma unroll
-        for (int c = 0; c < N / K; ++c) load_vec_cg<K>(p + c * K, out + c * K);
-    } else if constexpr (N * sizeof(T) == 8) {
-        uint2 u = __ldcg(reinterpret_cast<const uint2*>(p));
-        const T* e = reinterpret_cast<const T*>(&u);
-#pragma unroll
-        for (int i = 0; i < N; ++i) out[i] = to_f32(e[i]);
-    } else if constexpr (N * sizeof(T) == 4 && N > 1) {
-        unsigned int u = __ldcg(reinterpret_cast<const unsigned int*>(p));
-        const T* e = reinterpret_cast<const T*>(&u);
-#pragma unroll
-        for (int i = 0; i < N; ++i) out[i] = to_f32(e[i]);
     } else {
 #pragma unroll
         for (int i = 0; i < N; ++i) out[i] = to_f32(ld_cg(p + i));

@@ -9,7 +9,6 @@
 //   HAS_Z HAS_D HAS_DT_BIAS DT_SOFTPLUS TIED HAS_SBI HAS_PAD VARLEN DENSE SPEC STOCH_ROUND BC_VEC RAW   0/1
 //   NO_UPDATE ISTATES HAS_ISI ISI_T                                                     0/1, index type
 //   QUANT QLIMIT                                                                        0/1, f32
-//   SSU_PDL                                                                             0/1
 //   (BC_VEC: B and C are contiguous along dstate and VEC-element aligned: vector loads;
 //   RAW: one-token route with 16-byte state vectors, the tile held in its storage form;
 //   NO_UPDATE: the pool is never written (disable_state_update, or the intermediate buffer);
@@ -18,10 +17,7 @@
 //   QUANT: STATE_T is short or signed char, a block-scaled integer state (FlashInfer's i16, or
 //   i8) whose integers reach ±QLIMIT (32767 or 127): a row is read as q · its decode scale and
 //   every stored row is quantized (ssm_ssu::quant) with its decode scale written beside it, in
-//   state_scale or, for the buffer, intermediate_state_scales;
-//   SSU_PDL: on sm_90+ the kernel is launched as the programmatic dependent of the kernel
-//   before it, so its inputs are read through L2 (`ld_cg`): the non-coherent path (`__ldg`) is
-//   only for data read-only for the grid's lifetime, which then overlaps the kernel before it)
+//   state_scale or, for the buffer, intermediate_state_scales)
 //
 // One block owns one (sequence, head, tile of DIM_TILE = (NTHREADS / TPR) * RPT rows).
 // TPR lanes share one row of the state; each lane holds VPT vectors of VEC elements of a
@@ -196,28 +192,6 @@ __device__ __forceinline__ void store_final_row(const SsuParams& p, float (&row)
 // The inputs of one (token, head) a lane needs: x (and z, and dt unless tied) for its rows,
 // B and C for its dstate columns. Loaded as a group before any is used, so that their
 // round trips to memory overlap each other and the state's.
-// An input element (x, z, dt, B, C, A, D, dt_bias) and N consecutive ones: through L2 where
-// the kernel is a programmatic dependent (SSU_PDL on sm_90+), else the read-only path.
-#if SSU_PDL && __CUDA_ARCH__ >= 900
-#define SSU_IN_L2 1
-#else
-#define SSU_IN_L2 0
-#endif
-template <typename T> __device__ __forceinline__ T in_ld(const T* p) {
-    if constexpr (SSU_IN_L2) {
-        return ld_cg(p);
-    } else {
-        return ld_ro(p);
-    }
-}
-template <int N, typename T> __device__ __forceinline__ void in_vec(const T* p, float* out) {
-    if constexpr (SSU_IN_L2) {
-        load_vec_cg<N>(p, out);
-    } else {
-        load_vec_ro<N>(p, out);
-    }
-}
-
 struct TokIn {
     float x[RPT];
 #if HAS_Z
@@ -236,16 +210,16 @@ __device__ __forceinline__ void load_token(const SsuParams& p, TokIn& in, i64 se
 #pragma unroll
     for (int r = 0; r < RPT; ++r) {
         const i64 pr = prow[r] < p.dim ? prow[r] : 0;
-        in.x[r] = to_f32(in_ld(reinterpret_cast<const X_T*>(p.x) + tok_base(p.xs, seq, bos, t) + wmul(h, p.xs.head) + wmul(pr, p.xs.dim)));
+        in.x[r] = to_f32(ld_ro(reinterpret_cast<const X_T*>(p.x) + tok_base(p.xs, seq, bos, t) + wmul(h, p.xs.head) + wmul(pr, p.xs.dim)));
 #if HAS_Z
-        in.z[r] = to_f32(in_ld(reinterpret_cast<const Z_T*>(p.z) + tok_base(p.zs, seq, bos, t) + wmul(h, p.zs.head) + wmul(pr, p.zs.dim)));
+        in.z[r] = to_f32(ld_ro(reinterpret_cast<const Z_T*>(p.z) + tok_base(p.zs, seq, bos, t) + wmul(h, p.zs.head) + wmul(pr, p.zs.dim)));
 #endif
 #if !TIED
-        in.dt[r] = to_f32(in_ld(reinterpret_cast<const DT_T*>(p.dt) + tok_base(p.dts, seq, bos, t) + wmul(h, p.dts.head) + wmul(pr, p.dts.dim)));
+        in.dt[r] = to_f32(ld_ro(reinterpret_cast<const DT_T*>(p.dt) + tok_base(p.dts, seq, bos, t) + wmul(h, p.dts.head) + wmul(pr, p.dts.dim)));
 #endif
     }
 #if TIED
-    in.dt = to_f32(in_ld(reinterpret_cast<const DT_T*>(p.dt) + tok_base(p.dts, seq, bos, t) + wmul(h, p.dts.head)));
+    in.dt = to_f32(ld_ro(reinterpret_cast<const DT_T*>(p.dt) + tok_base(p.dts, seq, bos, t) + wmul(h, p.dts.head)));
 #endif
     const B_T* bp = reinterpret_cast<const B_T*>(p.b) + tok_base(p.bs, seq, bos, t) + wmul(g, p.bs.head);
     const C_T* cp = reinterpret_cast<const C_T*>(p.c) + tok_base(p.cs, seq, bos, t) + wmul(g, p.cs.head);
@@ -255,8 +229,8 @@ __device__ __forceinline__ void load_token(const SsuParams& p, TokIn& in, i64 se
 #if BC_VEC
         // B and C contiguous along dstate and aligned to VEC elements (host-checked).
         if (vi < NVEC) {
-            in_vec<VEC>(bp + vi * VEC, in.b[v]);
-            in_vec<VEC>(cp + vi * VEC, in.c[v]);
+            load_vec_ro<VEC>(bp + vi * VEC, in.b[v]);
+            load_vec_ro<VEC>(cp + vi * VEC, in.c[v]);
         } else {
 #pragma unroll
             for (int e = 0; e < VEC; ++e) in.b[v][e] = in.c[v][e] = 0.f;
@@ -266,8 +240,8 @@ __device__ __forceinline__ void load_token(const SsuParams& p, TokIn& in, i64 se
         for (int e = 0; e < VEC; ++e) {
             const int n = vi * VEC + e;
             const bool ok = n < DSTATE;
-            in.b[v][e] = ok ? to_f32(in_ld(bp + wmul(n, p.bs.dim))) : 0.f;
-            in.c[v][e] = ok ? to_f32(in_ld(cp + wmul(n, p.cs.dim))) : 0.f;
+            in.b[v][e] = ok ? to_f32(ld_ro(bp + wmul(n, p.bs.dim))) : 0.f;
+            in.c[v][e] = ok ? to_f32(ld_ro(cp + wmul(n, p.cs.dim))) : 0.f;
         }
 #endif
     }
@@ -291,19 +265,19 @@ struct HeadIn {
 
 __device__ __forceinline__ void load_head(const SsuParams& p, HeadIn& hi, int h, const int (&prow)[RPT]) {
 #if TIED
-    hi.a = to_f32(in_ld(reinterpret_cast<const A_T*>(p.a) + wmul(h, p.a_head)));
+    hi.a = to_f32(ld_ro(reinterpret_cast<const A_T*>(p.a) + wmul(h, p.a_head)));
 #if HAS_DT_BIAS
-    hi.dtb = to_f32(in_ld(reinterpret_cast<const DTB_T*>(p.dt_bias) + wmul(h, p.dtb_head)));
+    hi.dtb = to_f32(ld_ro(reinterpret_cast<const DTB_T*>(p.dt_bias) + wmul(h, p.dtb_head)));
 #endif
 #elif HAS_DT_BIAS
 #pragma unroll
     for (int r = 0; r < RPT; ++r)
-        hi.dtb[r] = prow[r] < p.dim ? to_f32(in_ld(reinterpret_cast<const DTB_T*>(p.dt_bias) + wmul(h, p.dtb_head) + wmul(prow[r], p.dtb_dim))) : 0.f;
+        hi.dtb[r] = prow[r] < p.dim ? to_f32(ld_ro(reinterpret_cast<const DTB_T*>(p.dt_bias) + wmul(h, p.dtb_head) + wmul(prow[r], p.dtb_dim))) : 0.f;
 #endif
 #if HAS_D
 #pragma unroll
     for (int r = 0; r < RPT; ++r)
-        hi.d[r] = prow[r] < p.dim ? to_f32(in_ld(reinterpret_cast<const D_T*>(p.d) + wmul(h, p.d_head) + wmul(prow[r], p.d_dim))) : 0.f;
+        hi.d[r] = prow[r] < p.dim ? to_f32(ld_ro(reinterpret_cast<const D_T*>(p.d) + wmul(h, p.d_head) + wmul(prow[r], p.d_dim))) : 0.f;
 #endif
 }
 
@@ -357,7 +331,7 @@ __device__ __forceinline__ float update_row(const SsuParams& p, float (&s)[VPT][
             const int n = (lane + v * TPR) * VEC + e;
             const bool ok = n < DSTATE && prow < p.dim;
             const A_T* a = reinterpret_cast<const A_T*>(p.a) + wmul(h, p.a_head);
-            const float av = ok ? to_f32(in_ld(a + wmul(prow, p.a_dim) + wmul(n, p.a_n))) : 0.f;
+            const float av = ok ? to_f32(ld_ro(a + wmul(prow, p.a_dim) + wmul(n, p.a_n))) : 0.f;
             const float da = expf(av * in.dt[r]);
             const float dbx = __fmul_rn(__fmul_rn(in.b[v][e], in.dt[r]), in.x[r]);
 #endif
@@ -558,14 +532,6 @@ __device__ __forceinline__ void lane_rows(int (&prow)[RPT], int tile, int row_gr
 #endif
 
 extern "C" __global__ void SSU_BOUNDS ssu_kernel(const SsuParams p) {
-    // Programmatic dependent launch (sm_90+): the next kernel of the stream, where it is launched
-    // as a programmatic dependent (the next SSU call is), may be scheduled once every block of
-    // this grid has started; and this grid, where it is one (`CudaBackend::run` for the SSU),
-    // waits here for the kernel before it, its writes visible, before any read or write of its
-    // own. So only the launch and the blocks' scheduling overlap the previous kernel's tail.
-    // Both are no-ops in a plain launch.
-    pdl_launch_dependents();
-    pdl_wait();
     const int lane = threadIdx.x % TPR;
     const int row_group = threadIdx.x / TPR;
     i64 seq;

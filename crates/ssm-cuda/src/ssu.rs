@@ -326,20 +326,12 @@ impl SsuGeometry {
     }
 }
 
-/// `SSM_CUDA_SSU_TUNE="rpt=2,threads=256,minb=6,cs=1,rowstore=1,vec=4,tpr=8,scatter=0,pdl=0"`
-/// overrides the chosen geometry's rows per lane, threads per block, minimum blocks per SM,
-/// streaming cache hints, row-wise final stores, (narrower) state vector width and lanes per row,
-/// the kernel's one-pass output, or its programmatic dependent launch (for tuning sweeps on a
-/// GPU; unset in normal use).
+/// `SSM_CUDA_SSU_TUNE="rpt=2,threads=256,minb=6,cs=1,rowstore=1,vec=4,tpr=8,scatter=0"` overrides
+/// the chosen geometry's rows per lane, threads per block, minimum blocks per SM, streaming cache
+/// hints, row-wise final stores, (narrower) state vector width and lanes per row, or the kernel's
+/// one-pass output (for tuning sweeps on a GPU; unset in normal use).
 /// Values that would break the tiling (threads not a multiple of 32 or below `tpr`) are ignored.
 static TUNE: TuneVar = TuneVar::new("SSM_CUDA_SSU_TUNE");
-
-/// Whether the SSU is launched as a programmatic dependent where the device has it (sm_90+):
-/// always, unless `SSM_CUDA_SSU_TUNE` has `pdl=0`. The kernel's `SSU_PDL` define and the launch
-/// both follow this, so a dependent never reads its inputs through the non-coherent path.
-fn ssu_pdl_tuned() -> bool {
-    TUNE.get("pdl") != Some(0)
-}
 
 fn tuning_override(mut g: SsuGeometry) -> SsuGeometry {
     for (k, v) in TUNE.pairs() {
@@ -483,9 +475,6 @@ impl SsuKey {
             // The rows' sums reduced and scattered, one writer lane per row (`scatter=0`: a
             // butterfly per row and lane 0's writes, for the A/B).
             ("SSU_SCATTER", u8::from(TUNE.get("scatter") != Some(0)).to_string()),
-            // Launched as a programmatic dependent on sm_90+ (`pdl=0`: plainly, for the A/B), so
-            // its inputs are read through L2 there; must agree with the launch in `run`.
-            ("SSU_PDL", u8::from(ssu_pdl_tuned()).to_string()),
         ]);
         // One token, not speculative, no intermediate buffer, 16-byte state vectors: the tile is
         // held in storage form.
@@ -899,25 +888,13 @@ impl Run<SelectiveStateUpdateArgs<'_>> for CudaBackend {
         let Some(grid) = grid_x(blocks)? else { return Ok(()) };
         let func = self.ssu_function(&key)?;
         let params = self.ssu_params(plan, &args, dim_tiles);
-        // On sm_90+ the kernel is launched as the programmatic dependent of the kernel before it
-        // (it waits for that kernel before its first access, `ssu_kernel`), so that its launch
-        // and block scheduling overlap that kernel's tail; `SSM_CUDA_SSU_TUNE=pdl=0` launches it
-        // plainly, for the A/B.
-        let pdl = self.compiler.arch().major >= 9 && ssu_pdl_tuned();
-        let (threads, name) = (key.geometry.row.threads, "cuLaunchKernel(ssu_kernel)");
         // SAFETY: every address in `params` comes from a device view whose creator promised
         // (TensorRef/TensorMut::from_device_ptr) that it is valid for the view's memory on this
         // device for the call; the plan checked that every element the kernel can reach for
         // valid index values lies inside those views, and the kernel checks index values read
-        // on the device before using them. The error word is owned by `self`. Launched as a
-        // programmatic dependent, the kernel executes `griddepcontrol.wait` before any global
-        // access, so every read and write follows the previous kernel's completion.
+        // on the device before using them. The error word is owned by `self`.
         unsafe {
-            if pdl {
-                self.launch_kernel_pdl(&func, (grid, 1, 1), threads, &params, name)
-            } else {
-                self.launch_kernel(&func, (grid, 1, 1), threads, &params, name)
-            }
+            self.launch_kernel(&func, (grid, 1, 1), key.geometry.row.threads, &params, "cuLaunchKernel(ssu_kernel)")
         }
     }
 }
