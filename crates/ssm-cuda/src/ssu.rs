@@ -232,23 +232,38 @@ impl SsuGeometry {
 }
 
 /// What `auto` runs, per shape, from measurements recorded in the repository: the bench's
-/// `--algorithms simple,vertical,horizontal` on an H200 (docs/PERF.md, "The SSU's three tilings";
-/// raw `docs/perf/ssu_algorithms_h200.json`). Each entry is (state element bytes, walk, the least
-/// rows of a call — sequences × heads × dim —, the algorithm measured fastest from there on); the
-/// last entry that matches a call wins, `simple` where none does. An entry is recorded only where
-/// that tiling beat `simple` by more than the run's spread.
-const AUTO: &[(usize, Walk, usize, SsuAlgorithm)] = &[];
+/// `--algorithms simple,vertical,horizontal` (`ab_suite.sh ssu-alg`) on Mamba2-2.7B shapes
+/// (docs/PERF.md, "The SSU's three tilings"; raw `docs/perf/session17_h100_ssu_algorithms.txt`),
+/// measured on an H100 in the seventeenth session: no H200 could be started. Each entry is
+/// (state element bytes, walk, tied parameters, the least rows of a call — sequences × heads ×
+/// dim —, the algorithm); the last entry that matches a call wins, `simple` where none does. An
+/// entry is recorded only where that tiling beat `simple` in two runs by more than a run's spread
+/// (0.03–0.3 % between two rounds of one tiling in one process):
+/// - an f32 state over several tokens (the 4-token speculative step), tied, from batch 64:
+///   `vertical` took 0.992–0.995 of `simple`'s time at batch 64 / 256 / 1024 in both runs (one
+///   of them with the SSU's programmatic dependent launch, since reverted).
+///
+/// Everywhere else `simple` was fastest or level: one token (`vertical` within 0.2 % at batch
+/// ≥ 64 and slower for bf16 at batch 1 and 8, `horizontal` 12–14 % slower at batch ≥ 64), and a
+/// bf16 state over 4 tokens (`vertical` 10–13 % and `horizontal` 24–40 % slower at batch ≥ 64).
+const AUTO: &[(usize, Walk, bool, usize, SsuAlgorithm)] =
+    &[(4, Walk::MultiToken, true, 64 * 80 * 64, SsuAlgorithm::Vertical)];
 
 /// The algorithm `auto` picks for a call of `state` elements walking `walk` over `rows_total`
-/// rows (sequences × heads × dim), from the table `AUTO` of this module; never `horizontal` for an integer state.
-pub fn auto_algorithm(state: DType, walk: Walk, rows_total: usize) -> SsuAlgorithm {
+/// rows (sequences × heads × dim), `tied` parameters or per channel, from the table `AUTO` of
+/// this module; never `horizontal` for an integer state.
+pub fn auto_algorithm(state: DType, walk: Walk, tied: bool, rows_total: usize) -> SsuAlgorithm {
     let quant = ssm_ssu::quant::limit(state).is_some();
     AUTO.iter()
         .rev()
-        .find(|&&(bytes, w, least, alg)| {
-            bytes == state.size() && w == walk && rows_total >= least && !(quant && alg == SsuAlgorithm::Horizontal)
+        .find(|&&(bytes, w, t, least, alg)| {
+            bytes == state.size()
+                && w == walk
+                && t == tied
+                && rows_total >= least
+                && !(quant && alg == SsuAlgorithm::Horizontal)
         })
-        .map_or(SsuAlgorithm::Simple, |e| e.3)
+        .map_or(SsuAlgorithm::Simple, |e| e.4)
 }
 
 /// The algorithm a call runs: `auto` resolved per shape ([`auto_algorithm`]), the others as
@@ -261,10 +276,11 @@ pub(crate) fn resolve_algorithm(
     algorithm: SsuAlgorithm,
     state: DType,
     walk: Walk,
+    tied: bool,
     rows_total: usize,
 ) -> Result<SsuAlgorithm, CudaError> {
     match algorithm {
-        SsuAlgorithm::Auto => Ok(auto_algorithm(state, walk, rows_total)),
+        SsuAlgorithm::Auto => Ok(auto_algorithm(state, walk, tied, rows_total)),
         SsuAlgorithm::Horizontal if ssm_ssu::quant::limit(state).is_some() => Err(CudaError::Unsupported(format!(
             "the `horizontal` SSU algorithm with a {state} state (as in FlashInfer); use `simple`, `vertical` or `auto`"
         ))),
@@ -414,7 +430,7 @@ impl SsuKey {
         // A buffered one-token call stores its token's state like a speculative one.
         let walk = Walk::of(plan.route != Route::OneToken, plan.spec || plan.intermediate.is_some());
         let rows_total = plan.dims.seqs * plan.dims.heads * plan.dims.dim;
-        let algorithm = resolve_algorithm(algorithm, t.state, walk, rows_total)?;
+        let algorithm = resolve_algorithm(algorithm, t.state, walk, tied, rows_total)?;
         let geometry = SsuGeometry::of_algorithm(
             algorithm,
             t.state,
@@ -959,18 +975,32 @@ mod tests {
     }
 
     #[test]
+    fn auto_follows_the_recorded_measurements() {
+        // The 4-token f32 step of Mamba2-2.7B from batch 64: `vertical`; below, and everything
+        // else measured: `simple`.
+        let auto = |st, walk, tied, batch: usize| auto_algorithm(st, walk, tied, batch * 80 * 64);
+        assert_eq!(auto(DType::F32, Walk::MultiToken, true, 64), SsuAlgorithm::Vertical);
+        assert_eq!(auto(DType::F32, Walk::MultiToken, true, 1024), SsuAlgorithm::Vertical);
+        assert_eq!(auto(DType::F32, Walk::MultiToken, true, 8), SsuAlgorithm::Simple);
+        assert_eq!(auto(DType::F32, Walk::MultiToken, false, 1024), SsuAlgorithm::Simple);
+        assert_eq!(auto(DType::F32, Walk::Decode, true, 1024), SsuAlgorithm::Simple);
+        assert_eq!(auto(DType::BF16, Walk::MultiToken, true, 1024), SsuAlgorithm::Simple);
+        assert_eq!(auto(DType::I16, Walk::MultiToken, true, 1024), SsuAlgorithm::Simple);
+    }
+
+    #[test]
     fn horizontal_refuses_integer_states_and_auto_resolves() {
         for q in [DType::I16, DType::I8] {
-            let e = resolve_algorithm(SsuAlgorithm::Horizontal, q, Walk::Decode, 1).unwrap_err();
+            let e = resolve_algorithm(SsuAlgorithm::Horizontal, q, Walk::Decode, true, 1).unwrap_err();
             assert!(e.to_string().contains("`horizontal`"), "{e}");
-            assert_ne!(auto_algorithm(q, Walk::Decode, 1 << 30), SsuAlgorithm::Horizontal);
+            assert_ne!(auto_algorithm(q, Walk::Decode, true, 1 << 30), SsuAlgorithm::Horizontal);
         }
         for st in [DType::F32, DType::BF16, DType::F16, DType::I16, DType::I8] {
             for walk in [Walk::Decode, Walk::SpecDecode, Walk::MultiToken] {
-                for rows in [1, 80 * 64, 1 << 30] {
-                    let a = resolve_algorithm(SsuAlgorithm::Auto, st, walk, rows).unwrap();
+                for (rows, tied) in [(1, true), (80 * 64, true), (1 << 30, true), (1 << 30, false)] {
+                    let a = resolve_algorithm(SsuAlgorithm::Auto, st, walk, tied, rows).unwrap();
                     assert_ne!(a, SsuAlgorithm::Auto);
-                    assert_eq!(resolve_algorithm(a, st, walk, rows).unwrap(), a);
+                    assert_eq!(resolve_algorithm(a, st, walk, tied, rows).unwrap(), a);
                 }
             }
         }
