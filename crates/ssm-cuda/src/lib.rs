@@ -257,7 +257,7 @@ impl CudaBackend {
     /// Selects the SSU tiling the following calls run (vLLM's `--mamba-ssu-algorithm`; the
     /// runtime sets its configuration's): `auto` (the default) picks per shape from the
     /// measurements recorded in [`ssu::auto_algorithm`]'s table, `simple`, `vertical` and
-    /// `horizontal` are the tilings [`ssu::SsuGeometry::of_algorithm`] describes. Every one
+    /// `horizontal` are the tilings [`ssu::SsuGeometry::with_algorithm`] describes. Every one
     /// computes the same result; a kernel not prewarmed under the new choice compiles on its
     /// first call, so set it before [`prewarm_ssu`](Self::prewarm_ssu) and graph capture.
     pub fn set_ssu_algorithm(&self, algorithm: SsuAlgorithm) {

@@ -289,27 +289,25 @@ pub(crate) fn resolve_algorithm(
 }
 
 impl SsuGeometry {
-    /// The geometry of `algorithm` (resolved: not `auto`) for a call [`SsuGeometry::choose`]
-    /// describes. Each is a tiling of the one kernel, with the same loads and stores per element:
-    /// - `simple`: [`SsuGeometry::choose`], the tiling tuned per shape by the sweeps PERF records;
+    /// This geometry ([`SsuGeometry::choose`]'s for a call of `state` elements, `dstate` columns,
+    /// `dim` rows per head, `tied` parameters or per channel, walking `walk`) retiled for
+    /// `algorithm` (resolved: not `auto`). Each tiling of the one kernel loads and stores each
+    /// element once:
+    /// - `simple`: this geometry, the tiling tuned per shape by the sweeps PERF records;
     /// - `vertical` (tiles along dim rows): a whole row per lane group (one 16-byte vector per lane
     ///   where dstate allows) and a deep tile of rows per lane — eight rows of a 16-bit state, four
     ///   of a 4-byte one (two in the per-channel form) — at every batch, all loaded before use;
     /// - `horizontal` (tiles along dstate columns): FlashInfer's two lanes per row, each lane
     ///   walking up to sixteen 16-byte vectors of its row's columns (eight in the per-channel form)
     ///   with one row per lane, the partial sums joined by one shuffle.
-    #[allow(clippy::too_many_arguments)]
-    pub fn of_algorithm(
+    pub fn with_algorithm(
+        self,
         algorithm: SsuAlgorithm,
-        state: DType,
-        dstate: usize,
-        dim: usize,
-        vectorized: bool,
+        (state, dstate, dim): (DType, usize, usize),
         tied: bool,
         walk: Walk,
-        rows_total: usize,
     ) -> Self {
-        let simple = Self::choose(state, dstate, dim, vectorized, tied, walk, rows_total);
+        let simple = self;
         let r = simple.row;
         let (vec, nvec) = (r.vec as usize, dstate.div_ceil(r.vec as usize).max(1));
         let (tpr, vpt, rpt) = match algorithm {
@@ -431,15 +429,12 @@ impl SsuKey {
         let walk = Walk::of(plan.route != Route::OneToken, plan.spec || plan.intermediate.is_some());
         let rows_total = plan.dims.seqs * plan.dims.heads * plan.dims.dim;
         let algorithm = resolve_algorithm(algorithm, t.state, walk, tied, rows_total)?;
-        let geometry = SsuGeometry::of_algorithm(
+        let (dstate, dim) = (plan.dims.dstate, plan.dims.dim);
+        let geometry = SsuGeometry::choose(t.state, dstate, dim, vectorized, tied, walk, rows_total).with_algorithm(
             algorithm,
-            t.state,
-            plan.dims.dstate,
-            plan.dims.dim,
-            vectorized,
+            (t.state, dstate, dim),
             tied,
             walk,
-            rows_total,
         );
         let vec = geometry.row.vec as usize;
         set(
@@ -531,32 +526,26 @@ pub fn ssu_catalogue() -> Vec<(String, KernelSpec)> {
     use DType::{BF16, F16, F32, I8, I16, I32, I64};
     let floats = [F32, F16, BF16];
     let base = F_D | F_DT_BIAS | F_SOFTPLUS | F_SBI | F_PAD;
-    let key_of = |algorithm: SsuAlgorithm,
-                  state: DType,
-                  io: DType,
-                  idx: DType,
-                  dstate: usize,
-                  dim: usize,
-                  vectorized: bool,
-                  flags: u16| {
-        let tied = flags & F_TIED != 0;
-        SsuKey {
-            types: [state, io, io, F32, io, io, F32, F32, io, io, idx, idx, idx, I32, idx],
-            dstate,
-            geometry: SsuGeometry::of_algorithm(
-                algorithm,
-                state,
+    let key_of =
+        |algorithm: SsuAlgorithm,
+         state: DType,
+         io: DType,
+         idx: DType,
+         dstate: usize,
+         dim: usize,
+         vectorized: bool,
+         flags: u16| {
+            let tied = flags & F_TIED != 0;
+            let walk = Walk::of(flags & (F_VARLEN | F_DENSE) != 0, flags & (F_SPEC | F_ISTATES) != 0);
+            SsuKey {
+                types: [state, io, io, F32, io, io, F32, F32, io, io, idx, idx, idx, I32, idx],
                 dstate,
-                dim,
-                vectorized,
-                tied,
-                Walk::of(flags & (F_VARLEN | F_DENSE) != 0, flags & (F_SPEC | F_ISTATES) != 0),
-                64 * 80 * dim,
-            ),
-            // Calls with 64-bit index tables here also take the 64-bit products (not NARROW).
-            flags: flags | if vectorized { F_BC_VEC } else { 0 } | if idx == I64 { 0 } else { F_NARROW },
-        }
-    };
+                geometry: SsuGeometry::choose(state, dstate, dim, vectorized, tied, walk, 64 * 80 * dim)
+                    .with_algorithm(algorithm, (state, dstate, dim), tied, walk),
+                // Calls with 64-bit index tables here also take the 64-bit products (not NARROW).
+                flags: flags | if vectorized { F_BC_VEC } else { 0 } | if idx == I64 { 0 } else { F_NARROW },
+            }
+        };
     let key = |state: DType, io: DType, idx: DType, dstate: usize, dim: usize, vectorized: bool, flags: u16| {
         key_of(SsuAlgorithm::Simple, state, io, idx, dstate, dim, vectorized, flags)
     };
@@ -944,7 +933,9 @@ mod tests {
     fn algorithms_are_distinct_tilings_covering_every_column() {
         use SsuAlgorithm::{Horizontal, Simple, Vertical};
         let of = |a, state, ds, dim, vectorized, tied, walk, rows| {
-            SsuGeometry::of_algorithm(a, state, ds, dim, vectorized, tied, walk, rows).row
+            SsuGeometry::choose(state, ds, dim, vectorized, tied, walk, rows)
+                .with_algorithm(a, (state, ds, dim), tied, walk)
+                .row
         };
         // Batch 1 of Mamba2-2.7B, f32: `simple` one row per lane; `vertical` four rows of whole
         // rows; `horizontal` two lanes per row, sixteen 16-byte vectors each.
