@@ -540,10 +540,7 @@ pub(crate) fn run(args: &CudaSsuBenchArgs) -> anyhow::Result<Value> {
         let vs = m.vs_peer(r, None);
         let speedup = vs.peer_us / r.us;
         let tokens = if s.verify { format!("{}v", s.tokens) } else { s.tokens.to_string() };
-        let tokens = match s.algorithm {
-            ssm_ssu::SsuAlgorithm::Auto => tokens,
-            a => format!("{tokens} {}", a.name()),
-        };
+        let tokens = format!("{tokens}{}", s.algorithm_tag());
         // An integer-state row against the f32-state call of the same shape, same run.
         let f32_us = m
             .ours

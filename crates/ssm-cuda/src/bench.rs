@@ -173,11 +173,16 @@ impl SsuBenchShape {
     pub fn label(&self) -> String {
         let mode = if self.tokens > 1 { format!(" spec{}", self.tokens) } else { String::new() };
         let mode = if self.verify { format!("{mode} verify") } else { mode };
-        let mode = match self.algorithm {
-            ssm_ssu::SsuAlgorithm::Auto => mode,
-            a => format!("{mode} {}", a.name()),
-        };
+        let mode = format!("{mode}{}", self.algorithm_tag());
         format!("h{} d{} n{} g{} {} b{}{mode}", self.heads, self.dim, self.dstate, self.groups, self.state, self.batch)
+    }
+
+    /// ` <algorithm>` for a named algorithm, empty for `auto` (labels and table rows).
+    pub fn algorithm_tag(&self) -> String {
+        match self.algorithm {
+            ssm_ssu::SsuAlgorithm::Auto => String::new(),
+            a => format!(" {}", a.name()),
+        }
     }
 
     /// Slots in one state pool.
@@ -534,8 +539,8 @@ pub(crate) fn bench_rotating<S: Copy, P>(
     Ok(BenchResult { shape: *shape, us, gbps: bytes as f64 / (us * 1e-6) / 1e9, pools, calls_per_graph: calls })
 }
 
-/// Times `shape`: CUDA-graph replay of many calls rotating over enough pools to defeat the L2.
-/// Times `shape` under its `algorithm` (the backend's choice is restored after).
+/// Times `shape` under its `algorithm` (the backend's choice is restored after): CUDA-graph
+/// replay of many calls rotating over enough pools to defeat the L2.
 pub fn bench_ssu(be: &CudaBackend, shape: &SsuBenchShape) -> Result<SsuBenchResult, CudaError> {
     let before = be.ssu_algorithm();
     be.set_ssu_algorithm(shape.algorithm);

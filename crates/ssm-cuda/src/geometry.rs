@@ -13,13 +13,18 @@ pub(crate) fn rows_and_threads(mut rpt: usize, tpr: usize, rows: usize, rows_tot
     while rpt > 1 && rows_total * tpr / rpt < 2 * WAVE_THREADS {
         rpt /= 2;
     }
+    let rpt = fit_rows(rpt, tpr, 128, rows);
+    (rpt, block_threads(tpr, rpt, rows))
+}
+
+/// Threads per block for `tpr` lanes per row and `rpt` rows per lane: 128, halved (to 32 lanes
+/// at least) while one block still covers all `rows` of a head.
+pub(crate) fn block_threads(tpr: usize, rpt: usize, rows: usize) -> usize {
     let mut threads = 128usize;
-    let rows = rows.max(1);
-    rpt = fit_rows(rpt, tpr, threads, rows);
-    while threads > 32 && (threads / tpr / 2) * rpt >= rows && threads / 2 >= tpr {
+    while threads > 32 && (threads / tpr / 2) * rpt >= rows.max(1) && threads / 2 >= tpr {
         threads /= 2;
     }
-    (rpt, threads)
+    threads
 }
 
 /// Rows per lane for a 16-bit tile held in its storage form (`RAW`), as measured on an H200

@@ -8,7 +8,9 @@ use ssm_tensor::DType;
 use ssm_tensor::{Planned, Run};
 
 use crate::compile::{KernelSource, KernelSpec, c_type, flag_defines};
-use crate::geometry::{BlockSplit, RowGeometry, TuneVar, WAVE_THREADS, fit_rows, grid_x, raw16_rows, rows_and_threads};
+use crate::geometry::{
+    BlockSplit, RowGeometry, TuneVar, WAVE_THREADS, block_threads, fit_rows, grid_x, raw16_rows, rows_and_threads,
+};
 use crate::{CudaBackend, CudaError, addr_of};
 
 /// Strides of a per-token tensor as the kernel reads them (`struct TokStrides` in ssu.cu).
@@ -330,11 +332,7 @@ impl SsuGeometry {
                 (tpr, nvec.div_ceil(tpr), 1)
             }
         };
-        // The block shrinks (to 32 lanes at least) while one block still covers a head's rows.
-        let mut threads = 128usize;
-        while threads > 32 && (threads / tpr / 2) * rpt >= dim.max(1) && threads / 2 >= tpr {
-            threads /= 2;
-        }
+        let threads = block_threads(tpr, rpt, dim);
         let g = SsuGeometry { row: RowGeometry::new(vec, tpr, vpt, rpt, threads, 0), ..simple };
         tuning_override(g)
     }
