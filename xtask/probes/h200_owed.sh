@@ -5,19 +5,30 @@
 #   2. ssu_small_profile.sh: the SSU's bf16 one-token decode at batch 1024, ours and vLLM's;
 #   3. run.sh tests over gpu_ssu and gpu_conformance, then memcheck and racecheck over
 #      every_ssu_algorithm_matches_the_reference;
-#   4. run.sh bench ssu with vLLM;
+#   4. gdn_lanes.sh: the GDN decode at 32 (default), 16 and 8 lanes per row, tests, profile, A/B;
+#      run.sh bench ssu with vLLM;
 #   5. ab.sh: the bf16 decode at 8 (default), 4 and 2 rows per lane; ab_suite.sh ssu-alg;
 #   6. accept_streams.sh: every test, in streams.
-# On any card but an H200 it runs nothing (OWED_ANY_CARD=1 runs it anyway). From the repository
-# root with the bundle and the vLLM folder (peers/vllm) carried:
-#   [OWED_LIMIT=560] bash xtask/probes/h200_owed.sh
+# On any card but an H200 it runs nothing (OWED_ANY_CARD=1 runs it anyway), or with
+# OWED_ELSE=lanes only step 4's gdn_lanes.sh, a lead for the H200. From the repository root with
+# the bundle and the vLLM folder (peers/vllm) carried:
+#   [OWED_LIMIT=560] [OWED_ELSE=lanes] bash xtask/probes/h200_owed.sh
 # Results: $OUT/owed.tgz (every step's OUT), the key lines printed as they come.
 set -u
 root="$(pwd)"; o="${OUT:-/tmp/out}"; mkdir -p "$o"
 here="$(cd "$(dirname "$0")" && pwd)"
 name="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n1)"
 echo "card: $name"
-case "$name" in *H200*) ;; *) [ "${OWED_ANY_CARD:-0}" = 1 ] || { echo "not an H200: nothing run"; exit 0; } ;; esac
+case "$name" in
+  *H200*) ;;
+  *) if [ "${OWED_ELSE:-}" = lanes ]; then
+       echo "not an H200: gdn_lanes.sh only"
+       OUT="$o" LANES_LIMIT="${OWED_LIMIT:-560}" bash "$here/gdn_lanes.sh"
+       cd "$o" && tar czf /tmp/owed.tgz . && find "$o" -mindepth 1 -delete && mv /tmp/owed.tgz "$o/owed.tgz"
+       exit 0
+     fi
+     [ "${OWED_ANY_CARD:-0}" = 1 ] || { echo "not an H200: nothing run"; exit 0; } ;;
+esac
 t0=$(date +%s); lim="${OWED_LIMIT:-560}"
 el() { echo $(( $(date +%s) - t0 )); }
 left() { echo $(( lim - $(el) )); }
@@ -33,6 +44,10 @@ if [ "$(left)" -gt 160 ]; then
   echo "ssu tests rc=$? $(el)s"; cat "$o/ssut/summary.txt"
   (OUT=$o/san SAN_BIN=test-ssm-cuda-gpu_ssu SAN_TESTS=every_ssu_algorithm_matches_the_reference SAN_TOOLS="memcheck racecheck" SAN_LIMIT=60 bash "$here/sanitize_tests.sh") >"$o/san.log" 2>&1
   echo "sanitizer rc=$? $(el)s"; cat "$o/san/san.txt"
+fi
+if [ "$(left)" -gt 200 ]; then
+  (OUT=$o LANES_LIMIT=180 bash "$here/gdn_lanes.sh") 2>&1 | tee "$o/lanes.log" | grep -v '^\s*$'
+  echo "lanes $(el)s"
 fi
 if [ "$(left)" -gt 100 ]; then
   (OUT=$o/bench SSM_BENCH_OPS=ssu SSM_BENCH_ARGS="--int8 false" PEER_VLLM=$vllm timeout 90 bash /tmp/owed-bundle/run.sh bench) >"$o/bench_ssu.log" 2>&1

@@ -690,12 +690,13 @@ pub(crate) struct CudaGdnBenchArgs {
     /// Tokens per sequence of the speculative step.
     #[arg(long, default_value_t = 3)]
     pub(crate) spec_tokens: usize,
-    /// Batches of the decode step (`gdn_decode_step`, fused and as its two launches; empty: none).
-    #[arg(long, value_delimiter = ',', default_value = "1,8,64,256")]
+    /// Batches of the decode step (`gdn_decode_step`, fused and as its two launches; the flag
+    /// with no value: none).
+    #[arg(long, value_delimiter = ',', num_args = 0.., default_value = "1,8,64,256")]
     pub(crate) step_batches: Vec<usize>,
     /// Batches of the conv update alone (`causal_conv1d_update` over the step's projected rows,
-    /// conv dim 8192, width 4, bf16; empty: none).
-    #[arg(long, value_delimiter = ',', default_value = "1,8,64,256,1024")]
+    /// conv dim 8192, width 4, bf16; the flag with no value: none).
+    #[arg(long, value_delimiter = ',', num_args = 0.., default_value = "1,8,64,256,1024")]
     pub(crate) conv_batches: Vec<usize>,
     #[command(flatten)]
     pub(crate) common: CudaBenchCommon,

@@ -189,8 +189,8 @@ unsafe impl DeviceRepr for RecurrentParams {}
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct GdnGeometry {
     /// Vector width along K, lanes per row, rows of V per lane, threads and the register cap
-    /// (`SSM_CUDA_GDN_TUNE="minb=N,rpt=M"` sets the last two, for tuning sweeps; unset in normal
-    /// use).
+    /// (`SSM_CUDA_GDN_TUNE="tpr=L,minb=N,rpt=M"` sets the lanes per row and the last two, for
+    /// tuning sweeps; unset in normal use).
     pub row: RowGeometry,
     /// One token per sequence, state updated in place, `[V,K]` with 16-byte vectors: the tile is
     /// held in its storage form (`RAW`).
@@ -218,7 +218,7 @@ impl GdnGeometry {
         one_token_in_place: bool,
         rows_total: usize,
     ) -> Self {
-        let (vec, tpr) = match layout {
+        let (vec, mut tpr) = match layout {
             StateLayout::VK => {
                 let per16 = 16 / state.size();
                 let vec = if vectorized && k.is_multiple_of(per16) { per16 } else { 1 };
@@ -228,6 +228,18 @@ impl GdnGeometry {
             // consecutive (contiguous) v; more lanes for very long K (registers).
             StateLayout::KV => (1, k.max(1).next_power_of_two().min(if k > 256 { 32 } else { 8 })),
         };
+        // Tuning sweeps (`SSM_CUDA_GDN_TUNE="tpr=N"`, a power of two up to 32) may set the lanes
+        // per row of the `[V,K]` vector route: fewer lanes, more of a row's columns per lane and
+        // fewer shuffles per row.
+        if let Some(t) = GDN_TUNE.get("tpr")
+            && layout == StateLayout::VK
+            && vec > 1
+            && t >= 1
+            && (t as usize).is_power_of_two()
+            && (t as usize) <= 32
+        {
+            tpr = t as usize;
+        }
         let vpt = k.div_ceil(vec).max(1).div_ceil(tpr);
         let (mut rpt, threads) = rows_and_threads((4 / vpt).max(1), tpr, v, rows_total);
         let raw = one_token_in_place && layout == StateLayout::VK && vec * state.size() == 16 && vpt == 1 && k <= 128;
