@@ -360,6 +360,12 @@ template <bool STREAMING> __device__ __forceinline__ void store16(void* p, const
     }
 }
 
+// One 16-byte global store through the intrinsic (`st.global.wb.v4`, the default policy; the
+// caller guarantees the alignment). Where a plain `uint4` assignment came out as four 4-byte
+// stores: the GDN recurrence's state tile (sm_90 SASS, NVRTC 13), four times the store
+// instructions.
+__device__ __forceinline__ void store16_wb(void* p, const uint4& u) { __stwb(reinterpret_cast<uint4*>(p), u); }
+
 // N consecutive elements starting at `p` as f32. With N * sizeof(T) == 16 the caller
 // guarantees 16-byte alignment and one 128-bit load is issued.
 template <int N, typename T, bool STREAMING = false> __device__ __forceinline__ void load_vec(const T* p, float* out) {

@@ -228,6 +228,21 @@ __device__ __forceinline__ void load_token(const RecurrentParams& p, TokIn& in, 
 #endif
 }
 
+// GDN_WIDE_STORE (on unless `SSM_CUDA_GDN_TUNE="wide=0"`, for the A/B): the recurrence's 16-byte
+// state stores go through the intrinsic (`store16_wb`): its plain `uint4` stores came out as four
+// 4-byte stores each (sm_90 SASS, NVRTC 13). The step kernel's came out whole, and the intrinsic
+// raised its bf16 spills from 12 to 60 bytes, so it keeps them.
+#ifndef GDN_WIDE_STORE
+#define GDN_WIDE_STORE 1
+#endif
+__device__ __forceinline__ void state_store16(void* p, const uint4& u) {
+#if GDN_WIDE_STORE && !CONV_STEP
+    store16_wb(p, u);
+#else
+    store16<false>(p, u);
+#endif
+}
+
 // Loads the lane's part of one head block (`base` = element offset of the block).
 template <typename T>
 __device__ __forceinline__ void load_tile(const T* base, float (&s)[RPT][VPT][VEC], const int (&prow)[RPT], int lane,
@@ -270,7 +285,12 @@ __device__ __forceinline__ void store_tile(T* base, const float (&s)[RPT][VPT][V
                     if (c < KDIM) base[elem(prow[r], c, vdim)] = from_f32<T>(s[r][w][e]);
                 }
 #else
-                store_vec<VEC, T>(base + elem(prow[r], vi * VEC, vdim), s[r][w]);
+                // f32 through `state_store16`; a 16-bit tile's plain stores kept their registers
+                // better (no spill, against 40-48 bytes with the intrinsic).
+                if constexpr (VEC * sizeof(T) == 16 && sizeof(T) == 4)
+                    state_store16(base + elem(prow[r], vi * VEC, vdim), pack_vec<T>(s[r][w]));
+                else
+                    store_vec<VEC, T>(base + elem(prow[r], vi * VEC, vdim), s[r][w]);
 #endif
             }
         }
@@ -297,7 +317,7 @@ __device__ __forceinline__ void store_raw_tile(STATE_T* base, const uint4 (&raw)
 #pragma unroll
         for (int w = 0; w < VPT; ++w) {
             const int vi = lane + w * TPR;
-            if (prow[r] < vdim && vi < NVEC) store16<false>(base + elem(prow[r], vi * VEC, vdim), raw[r][w]);
+            if (prow[r] < vdim && vi < NVEC) state_store16(base + elem(prow[r], vi * VEC, vdim), raw[r][w]);
         }
 }
 

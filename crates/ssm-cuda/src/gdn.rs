@@ -498,6 +498,9 @@ impl RecurrentKey {
             // The outputs' sums reduced and scattered over the row's lanes (`SSM_CUDA_GDN_TUNE`
             // `scatter=0` keeps a butterfly per row and lane 0's stores, for the A/B).
             ("GDN_SCATTER", u8::from(GDN_TUNE.get("scatter") != Some(0)).to_string()),
+            // The state's 16-byte stores through the intrinsic (`wide=0`: plain stores, which
+            // NVRTC split into 4-byte ones, for the A/B).
+            ("GDN_WIDE_STORE", u8::from(GDN_TUNE.get("wide") != Some(0)).to_string()),
         ]);
         KernelSpec { source: KernelSource::Gdn, entry: "gdn_recurrent_kernel", defines }
     }
