@@ -362,8 +362,8 @@ template <bool STREAMING> __device__ __forceinline__ void store16(void* p, const
 
 // One 16-byte global store through the intrinsic (`st.global.wb.v4`, the default policy; the
 // caller guarantees the alignment). Where a plain `uint4` assignment came out as four 4-byte
-// stores: the GDN recurrence's state tile (sm_90 SASS, NVRTC 13), four times the store
-// instructions.
+// stores: the GDN recurrence's state tile (sm_90 SASS, NVRTC 13.5; 13.0 kept them whole), four
+// times the store instructions.
 __device__ __forceinline__ void store16_wb(void* p, const uint4& u) { __stwb(reinterpret_cast<uint4*>(p), u); }
 
 // N consecutive elements starting at `p` as f32. With N * sizeof(T) == 16 the caller

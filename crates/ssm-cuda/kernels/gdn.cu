@@ -230,8 +230,8 @@ __device__ __forceinline__ void load_token(const RecurrentParams& p, TokIn& in, 
 
 // GDN_WIDE_STORE (on unless `SSM_CUDA_GDN_TUNE="wide=0"`, for the A/B): the recurrence's 16-byte
 // state stores go through the intrinsic (`store16_wb`): its plain `uint4` stores came out as four
-// 4-byte stores each (sm_90 SASS, NVRTC 13). The step kernel's came out whole, and the intrinsic
-// raised its bf16 spills from 12 to 60 bytes, so it keeps them.
+// 4-byte stores each (sm_90 SASS, NVRTC 13.5; 13.0 kept them whole). The step kernel's came out
+// whole, and the intrinsic raised its bf16 spills from 12 to 60 bytes, so it keeps them.
 #ifndef GDN_WIDE_STORE
 #define GDN_WIDE_STORE 1
 #endif

@@ -231,14 +231,11 @@ impl GdnGeometry {
         // Tuning sweeps (`SSM_CUDA_GDN_TUNE="tpr=N"`, a power of two up to 32) may set the lanes
         // per row of the `[V,K]` vector route: fewer lanes, more of a row's columns per lane and
         // fewer shuffles per row.
-        if let Some(t) = GDN_TUNE.get("tpr")
+        if let Some(t) = GDN_TUNE.lanes("tpr")
             && layout == StateLayout::VK
             && vec > 1
-            && t >= 1
-            && (t as usize).is_power_of_two()
-            && (t as usize) <= 32
         {
-            tpr = t as usize;
+            tpr = t;
         }
         let vpt = k.div_ceil(vec).max(1).div_ceil(tpr);
         let (mut rpt, threads) = rows_and_threads((4 / vpt).max(1), tpr, v, rows_total);
@@ -499,7 +496,7 @@ impl RecurrentKey {
             // `scatter=0` keeps a butterfly per row and lane 0's stores, for the A/B).
             ("GDN_SCATTER", u8::from(GDN_TUNE.get("scatter") != Some(0)).to_string()),
             // The state's 16-byte stores through the intrinsic (`wide=0`: plain stores, which
-            // NVRTC split into 4-byte ones, for the A/B).
+            // NVRTC 13.5 split into 4-byte ones, for the A/B).
             ("GDN_WIDE_STORE", u8::from(GDN_TUNE.get("wide") != Some(0)).to_string()),
         ]);
         KernelSpec { source: KernelSource::Gdn, entry: "gdn_recurrent_kernel", defines }

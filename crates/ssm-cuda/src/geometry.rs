@@ -173,6 +173,11 @@ impl TuneVar {
     pub(crate) fn get(&self, key: &str) -> Option<u32> {
         self.pairs().iter().find(|(k, _)| k == key).map(|&(_, v)| v)
     }
+
+    /// The value of `key` as lanes per row, if set to a power of two up to 32.
+    pub(crate) fn lanes(&self, key: &str) -> Option<usize> {
+        self.get(key).map(|t| t as usize).filter(|&t| t.is_power_of_two() && t <= 32)
+    }
 }
 
 #[cfg(test)]

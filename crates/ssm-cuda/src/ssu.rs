@@ -180,12 +180,8 @@ impl SsuGeometry {
             (true, _, _) => 8,
         };
         let mut tpr = nvec.next_power_of_two().min(max_tpr);
-        if let Some(t) = TUNE.get("tpr")
-            && t >= 1
-            && (t as usize).is_power_of_two()
-            && (t as usize) <= 32
-        {
-            tpr = t as usize;
+        if let Some(t) = TUNE.lanes("tpr") {
+            tpr = t;
         }
         let vpt = nvec.div_ceil(tpr);
         // About four 16-byte loads in flight per lane; fewer rows per lane for the per-channel
