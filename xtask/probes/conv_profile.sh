@@ -34,7 +34,7 @@ for b in ${CONV_BATCHES:-1 8}; do
 done
 for f in "$out"/ncu_conv_*.txt; do
   echo "== $(basename "$f")"
-  grep -E '^\s+(Duration|Registers Per Thread|Grid Size|Executed Instructions |Issued Warp Per Scheduler|No Eligible|Warp Cycles Per Issued Instruction|Stall Long Scoreboard|SM Active Cycles|Elapsed Cycles)' "$f" | head -12
+  ncu_key_lines "$f"
 done
 # The ten SASS instructions with the most stall samples, per report (columns as ncu names them).
 for f in "$out"/sass_conv_*.csv; do

@@ -33,5 +33,5 @@ if [ "${PROF_GDN:-1}" = 1 ]; then
 fi
 for f in "$out"/ncu_*.txt; do
   echo "== $(basename "$f")"
-  grep -E '^\s+(Duration|Registers Per Thread|Achieved Occupancy|Theoretical Occupancy|Grid Size|Block Size|Executed Instructions |Issued Warp Per Scheduler|Issue Slots Busy|No Eligible|Warp Cycles Per Issued Instruction|DRAM Throughput|Memory Throughput|Compute \(SM\) Throughput|SM Active Cycles|Elapsed Cycles)' "$f" | head -18
+  ncu_key_lines "$f"
 done

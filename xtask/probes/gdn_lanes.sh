@@ -45,5 +45,5 @@ for v in default $variants; do
   env "${tune[@]}" timeout 40 ncu "${ncu_args[@]}" --kernel-name regex:gdn_recurrent_kernel "$root/bundle/bin/xtask" bench-cuda-gdn \
     --batches 256 --states f32 --spec-batch 0 --step-batches --conv-batches --copy-bytes 67108864 >"$o/ncu_$tag.txt" 2>&1
   echo "== ncu $v"
-  grep -E '^\s+(Duration|Registers Per Thread|Achieved Occupancy|Executed Instructions |Issued Warp Per Scheduler|DRAM Throughput|Block Size)' "$o/ncu_$tag.txt" | head -8
+  ncu_key_lines "$o/ncu_$tag.txt"
 done

@@ -6,3 +6,9 @@ for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
 done
 export SSM_CONFORMANCE_DIR="$root/bundle/vectors" SSM_CUDA_CACHE_DIR="${SSM_CUDA_CACHE_DIR:-/tmp/ssmcache}"
 [ -x "$root/bundle/bin/xtask" ] || { mkdir -p "$root/bundle/bin" && tar xJf "$root/bundle/bin.tar.xz" -C "$root/bundle/bin"; }
+
+# The key lines of an Nsight Compute report (`ncu --page details` text, file $1), at most $2 (18):
+# the probes' summaries print these for each report.
+ncu_key_lines() {
+  grep -E '^\s+(Duration|Registers Per Thread|Achieved Occupancy|Theoretical Occupancy|Grid Size|Block Size|Executed Instructions |Issued Warp Per Scheduler|Issue Slots Busy|No Eligible|Warp Cycles Per Issued Instruction|DRAM Throughput|Memory Throughput|Compute \(SM\) Throughput|SM Active Cycles|Elapsed Cycles)' "$1" | head -n "${2:-18}"
+}

@@ -24,5 +24,5 @@ for st in ${PROF_STATES:-f32 bf16}; do
 done
 for f in "$out"/ncu_ssu_*.txt; do
   echo "== $(basename "$f")"
-  grep -E '^\s+(Duration|Registers Per Thread|Achieved Occupancy|Theoretical Occupancy|Grid Size|Block Size|Executed Instructions |Issued Warp Per Scheduler|No Eligible|Warp Cycles Per Issued Instruction|DRAM Throughput|SM Active Cycles|Elapsed Cycles)' "$f" | head -16
+  ncu_key_lines "$f"
 done
