@@ -15,9 +15,7 @@ set -u
 root="$(pwd)"; out="${OUT:-/tmp/out}"; mkdir -p "$out"
 here="$(cd "$(dirname "$0")" && pwd)"
 . "$here/probe_env.sh"
-ncu_args=(--clock-control none --cache-control all --launch-skip 20 --launch-count 1
-  --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats
-  --section SchedulerStats --section SourceCounters)
+ncu_args=("${ncu_common[@]}" --cache-control all --section WarpStateStats --section SourceCounters)
 for b in ${CONV_BATCHES:-1 8}; do
   ncu "${ncu_args[@]}" -o "$out/ncu_conv_ours_b$b" --kernel-name regex:conv_kernel "$root/bundle/bin/xtask" \
     bench-cuda-gdn --batches 1 --states bf16 --spec-batch 0 --step-batches --conv-batches "$b" \

@@ -13,9 +13,8 @@ set -u
 root="$(pwd)"; out="${OUT:-/tmp/out}"; mkdir -p "$out"
 here="$(cd "$(dirname "$0")" && pwd)"
 . "$here/probe_env.sh"
-ncu_args=(--clock-control none --cache-control none --launch-skip 20 --launch-count 1
-  --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats
-  --section SchedulerStats --section InstructionStats --section MemoryWorkloadAnalysis)
+ncu_args=("${ncu_common[@]}" --cache-control none --section WarpStateStats --section InstructionStats
+  --section MemoryWorkloadAnalysis)
 for st in ${PROF_STATES:-bf16}; do
   for k in replay:checkpointing_ssu_kernel plain:ssu_kernel; do
     ncu "${ncu_args[@]}" --kernel-name "regex:${k#*:}" "$root/bundle/bin/xtask" bench-cuda-ssu \

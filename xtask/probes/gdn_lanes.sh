@@ -37,8 +37,7 @@ if [ "$(left)" -gt 90 ]; then
     AB_VARIANTS="${ab[*]}" timeout "$(( $(left) - 40 ))" bash "$here/ab.sh") >"$o/ab.log" 2>&1
   echo "lanes A/B rc=$?"; grep -E "^## |^ours sigmoid" "$o/ab.txt" | head -80
 fi
-ncu_args=(--clock-control none --cache-control none --launch-skip 20 --launch-count 1
-  --section SpeedOfLight --section LaunchStats --section Occupancy --section SchedulerStats --section InstructionStats)
+ncu_args=("${ncu_common[@]}" --cache-control none --section InstructionStats)
 for v in default $variants; do
   [ "$(left)" -gt 45 ] || break
   tag="${v//[=,]/_}"; tune=(); [ "$v" = default ] || tune=("SSM_CUDA_GDN_TUNE=$v")

@@ -12,3 +12,9 @@ export SSM_CONFORMANCE_DIR="$root/bundle/vectors" SSM_CUDA_CACHE_DIR="${SSM_CUDA
 ncu_key_lines() {
   grep -E '^\s+(Duration|Registers Per Thread|Achieved Occupancy|Theoretical Occupancy|Grid Size|Block Size|Executed Instructions |Issued Warp Per Scheduler|Issue Slots Busy|No Eligible|Warp Cycles Per Issued Instruction|DRAM Throughput|Memory Throughput|Compute \(SM\) Throughput|SM Active Cycles|Elapsed Cycles)' "$1" | head -n "${2:-18}"
 }
+
+# What every profiling probe asks of Nsight Compute: one launch after 20 (past the warm-up),
+# clocks as the bench runs them, and the sections each summary reads. Each probe adds its cache
+# control and any further sections.
+ncu_common=(--clock-control none --launch-skip 20 --launch-count 1
+  --section SpeedOfLight --section LaunchStats --section Occupancy --section SchedulerStats)

@@ -9,9 +9,8 @@
 set -u
 root="$(pwd)"; out="${OUT:-/tmp/out}"; mkdir -p "$out"
 . "$(dirname "$0")/probe_env.sh"
-ncu_args=(--clock-control none --cache-control none --launch-skip 20 --launch-count 1
-  --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats
-  --section SchedulerStats --section InstructionStats --section MemoryWorkloadAnalysis)
+ncu_args=("${ncu_common[@]}" --cache-control none --section WarpStateStats --section InstructionStats
+  --section MemoryWorkloadAnalysis)
 for st in ${PROF_STATES:-f32 bf16}; do
   for b in ${PROF_BATCHES:-1 8}; do
     ncu "${ncu_args[@]}" --kernel-name regex:ssu_kernel "$root/bundle/bin/xtask" bench-cuda-ssu \
