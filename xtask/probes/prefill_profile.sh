@@ -9,7 +9,7 @@
 # From the repository root with `cargo xtask gpu-bundle bundle` carried and the vLLM wheel
 # extracted under peers/vllm:  OUT=/some/dir bash xtask/probes/prefill_profile.sh [ssd|gdn|all]
 # Leaves $OUT/summary.txt and $OUT/profiles.tgz (per report: `--page details` and `--page source
-# --print-source sass`, both CSV).
+# --print-source sass`, both CSV) and the device-compiled cubins.
 set -u
 root="$PWD"; B="$root/bundle"; O="$OUT"; L="$O/all.log"; P="$O/p"; which=${1:-all}
 mkdir -p "$P"
@@ -44,6 +44,13 @@ for r in "$P"/*.ncu-rep; do
     >"$P/${n}_raw.csv" 2>>"$L"
   echo "## $n" >>"$O/summary.txt"; cut -c1-400 "$P/${n}_raw.csv" >>"$O/summary.txt"
 done
-tar czf "$O/profiles.tgz" -C "$P" $(cd "$P" && ls *.csv 2>/dev/null)
+# The device-compiled cubins of the profiled kernels (built with `-lineinfo`): `nvdisasm -gi`
+# maps each sampled SASS address of the CSVs to its source line.
+for c in "$SSM_CUDA_CACHE_DIR"/*.cubin; do
+  [ -e "$c" ] || continue
+  n=$(grep -ao -m1 -E "(ssd|gdn_chunk)_[a-z]+_kernel" "$c" | head -n1)
+  [ -n "$n" ] && cp "$c" "$P/${n}_$(basename "$c")"
+done
+tar czf "$O/profiles.tgz" -C "$P" $(cd "$P" && ls *.csv *.cubin 2>/dev/null)
 rm -rf "$P"
 log done
