@@ -130,41 +130,65 @@ __device__ __forceinline__ void stage_async(void* dst, const void* src, i64 src_
 // This warp's rows r = w, w + NWARPS, … of a q or k chunk `[CH][KDIM]` in global memory (row
 // stride `ts`, element stride `ds`; zeros past `cl` rows and KDIM columns), l2-normalised per
 // row when L2NORM, rounded to the operand type into `dst` (row stride `ld`, shared or global).
-// Every load is issued before the first is used.
+// Every load is issued before the first is used. Where the rows are whole (KDIM = KP),
+// contiguous (`ds` = 1) and aligned to E elements, each lane takes the E adjacent columns E·lane…
+// by one load and E / 2 paired stores; otherwise column lane + 32e element by element.
 template <typename T>
 __device__ __forceinline__ void norm_rows(op_st* dst, int ld, const T* base, i64 ts, i64 ds, int cl, float eps, int w,
                                           int lane) {
     constexpr int R = CH / NWARPS, E = KP / 32;
-    T raw[R][E];
+    static_assert(E % 2 == 0, "whole pairs of columns per lane");
+    const bool vec = KDIM == KP && ds == 1 && ts % E == 0 && reinterpret_cast<u64>(base) % (E * sizeof(T)) == 0;
+    float x[R][E];
+    if (vec) {
 #pragma unroll
-    for (int i = 0; i < R; ++i) {
-        const int r = w + NWARPS * i;
+        for (int i = 0; i < R; ++i) {
+            const int r = w + NWARPS * i;
+            if (r < cl) {
+                load_vec_ro<E>(base + r * ts + E * lane, x[i]);
+            } else {
 #pragma unroll
-        for (int e = 0; e < E; ++e) {
-            const int col = lane + 32 * e;
-            raw[i][e] = r < cl && col < KDIM ? base[r * ts + col * ds] : T{};
+                for (int e = 0; e < E; ++e) x[i][e] = 0.f;
+            }
         }
+    } else {
+        T raw[R][E];
+#pragma unroll
+        for (int i = 0; i < R; ++i) {
+            const int r = w + NWARPS * i;
+#pragma unroll
+            for (int e = 0; e < E; ++e) {
+                const int col = lane + 32 * e;
+                raw[i][e] = r < cl && col < KDIM ? base[r * ts + col * ds] : T{};
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < R; ++i)
+#pragma unroll
+            for (int e = 0; e < E; ++e) x[i][e] = to_f32(raw[i][e]);
     }
 #pragma unroll
     for (int i = 0; i < R; ++i) {
-        float x[E];
         float ss = 0.f;
 #pragma unroll
-        for (int e = 0; e < E; ++e) {
-            x[e] = to_f32(raw[i][e]);
-            ss += x[e] * x[e];
-        }
+        for (int e = 0; e < E; ++e) ss += x[i][e] * x[i][e];
 #if L2NORM
         ss = butterfly_sum<32>(ss);
         const float inv = rsqrtf(ss + eps);
 #pragma unroll
-        for (int e = 0; e < E; ++e) x[e] *= inv;
+        for (int e = 0; e < E; ++e) x[i][e] *= inv;
 #else
         (void)eps;
         (void)ss;
 #endif
+        op_st* row = dst + (w + NWARPS * i) * ld;
+        if (vec) {
 #pragma unroll
-        for (int e = 0; e < E; ++e) dst[(w + NWARPS * i) * ld + lane + 32 * e] = to_op(x[e]);
+            for (int e = 0; e < E; e += 2) st_pair(row + E * lane + e, x[i][e], x[i][e + 1]);
+        } else {
+#pragma unroll
+            for (int e = 0; e < E; ++e) row[lane + 32 * e] = to_op(x[i][e]);
+        }
     }
 }
 
@@ -414,7 +438,8 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 3) gdn_chunk_prep_kernel(
                 float sum = 0.f;
 #pragma unroll
                 for (int kk = 0; kk < 16; ++kk) {  // k in block jb: X[k][col] of the diagonal block
-                    const float xk = kk == c ? 1.f : (kk > c ? As[col * LDA + 16 * jb + kk] : 0.f);
+                    const float a = As[col * LDA + 16 * jb + kk];  // read unconditionally: no branch
+                    const float xk = kk == c ? 1.f : (kk > c ? a : 0.f);
                     sum += As[row * LDA + 16 * jb + kk] * xk;
                 }
 #pragma unroll
@@ -427,8 +452,10 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 3) gdn_chunk_prep_kernel(
             for (int jb = 0; jb < ib; ++jb) {
                 float sum = tsum[jb];
 #pragma unroll
-                for (int mm = 0; mm < 16; ++mm)
-                    if (mm < r) sum += As[(16 * ib + mm) * LDA + row] * Tb[jb * 256 + mm * 16 + c];
+                for (int mm = 0; mm < 16; ++mm) {
+                    const float a = As[(16 * ib + mm) * LDA + row], t = Tb[jb * 256 + mm * 16 + c];
+                    sum = mm < r ? fmaf(a, t, sum) : sum;
+                }
                 As[(16 * jb + c) * LDA + row] = -sum;
             }
             __syncthreads();
@@ -436,7 +463,8 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 3) gdn_chunk_prep_kernel(
     }
     for_mine<CH * CH>([&](int e) {
         const int i = e / CH, j = e % CH;
-        Ai[i * LDC + j] = to_op(i == j ? 1.f : (j < i ? As[j * LDA + i] : 0.f));
+        const float a = As[j * LDA + i];
+        Ai[i * LDC + j] = to_op(i == j ? 1.f : (j < i ? a : 0.f));
     });
     // β e^G k rows, and the normalised k rows to the scratch (once per key head); 16 bytes a step.
     {
