@@ -338,19 +338,38 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 3) gdn_chunk_prep_kernel(
     const int c0 = m.y * CH, cl = min(CH, s.len - c0);
     const i64 t0 = s.bos + c0;
 
-    // 64 value columns of the chunk's v rows into registers: this thread's column vc of rows
-    // vj0, vj0 + 4, … (VLOADS of them).
-    constexpr int VLOADS = 64 * CH / NTHREADS;
-    static_assert(NTHREADS % 64 == 0, "one value column per thread");
-    const int vc = tid % 64, vj0 = tid / 64;
-    const V_T* vrow = reinterpret_cast<const V_T*>(p.v) + s.bb * p.vs.b + (i64)hv * p.vs.h + (t0 + vj0) * p.vs.t;
-    const i64 vstep = (NTHREADS / 64) * p.vs.t;
-    V_T vraw[VLOADS];
+    // 64 value columns of the chunk's v rows into registers: warp w takes columns 8w … 8w + 7 of
+    // rows 2·lane and 2·lane + 1, so that its paired stores of (β v)ᵀ below fall in 32 distinct
+    // banks. Where the rows are contiguous and 16-byte aligned in whole groups of 8 (`vvec`), one
+    // row's 8 columns come by 16-byte loads; otherwise element by element.
+    static_assert(NTHREADS == 256 && CH == 64, "8 warps of 8 value columns, 32 lanes of 2 rows");
+    const int vc0 = 8 * w, vj0 = 2 * lane;
+    const V_T* vbase = reinterpret_cast<const V_T*>(p.v) + s.bb * p.vs.b + (i64)hv * p.vs.h + t0 * p.vs.t;
+    const bool vvec = p.vdim % 8 == 0 && p.vs.d == 1 && p.vs.t % 8 == 0 && reinterpret_cast<u64>(vbase) % 16 == 0;
+    const V_T* vrow = vbase + vj0 * p.vs.t;
+    V_T vraw[2][8];
     auto load_v = [&](int vt0) {
-        const bool col = vt0 + vc < p.vdim;
-        const V_T* src = vrow + (i64)(vt0 + vc) * p.vs.d;
+        const int c0 = vt0 + vc0;
 #pragma unroll
-        for (int i = 0; i < VLOADS; ++i) vraw[i] = col && vj0 + (NTHREADS / 64) * i < cl ? src[i * vstep] : V_T{};
+        for (int r = 0; r < 2; ++r) {
+            const bool row = vj0 + r < cl;
+            const V_T* src = vrow + r * p.vs.t + (i64)c0 * p.vs.d;
+            if (vvec) {
+                constexpr int U = 8 * (int)sizeof(V_T) / 16;
+                union {
+                    uint4 u[U];
+                    V_T e[8];
+                } in;
+#pragma unroll
+                for (int q = 0; q < U; ++q)
+                    in.u[q] = row && c0 < p.vdim ? __ldg(reinterpret_cast<const uint4*>(src) + q) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+                for (int x = 0; x < 8; ++x) vraw[r][x] = in.e[x];
+            } else {
+#pragma unroll
+                for (int x = 0; x < 8; ++x) vraw[r][x] = row && c0 + x < p.vdim ? src[x * p.vs.d] : V_T{};
+            }
+        }
     };
 
     // ---- gates (warp 0: a scan of two rows per lane), k rows ----
@@ -502,10 +521,8 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 3) gdn_chunk_prep_kernel(
         for (int vt0 = 0; vt0 < p.vp; vt0 += 64) {
             if (vt0 > 0) load_v(vt0);
 #pragma unroll
-            for (int i = 0; i < VLOADS; ++i) {
-                const int j = vj0 + (NTHREADS / 64) * i;
-                VT[vc * LDC + j] = to_op(to_f32(vraw[i]) * bt[j]);
-            }
+            for (int x = 0; x < 8; ++x)
+                st_pair(VT + (vc0 + x) * LDC + vj0, to_f32(vraw[0][x]) * bt[vj0], to_f32(vraw[1][x]) * bt[vj0 + 1]);
             __syncthreads();
             float uu[1][4][4];
             zero(uu);
