@@ -483,6 +483,19 @@ __device__ __forceinline__ float op_f32(op_st v) {
 #endif
 }
 
+#if OP_KIND != 2
+// Two operands rounded to the 16-bit operand type and packed, `lo` in the low half: one
+// conversion for both on sm_80+ (`pack2`). The same bits as two `to_op` for every value but NaN,
+// which comes out as the canonical NaN, as Triton's conversion makes it.
+__device__ __forceinline__ u32 op_pair(float lo, float hi) {
+#if OP_KIND == 0
+    return pack2<bf16_t>(lo, hi);
+#else
+    return pack2<f16_t>(lo, hi);
+#endif
+}
+#endif
+
 // The value an operand of the operand type holds (identity for tf32: rounded in the product).
 __device__ __forceinline__ float round_op(float v) { return op_f32(to_op(v)); }
 

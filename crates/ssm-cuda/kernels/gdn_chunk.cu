@@ -99,8 +99,25 @@ __device__ __forceinline__ void st_pair(op_st* p, float a, float b) {
 #if OP_KIND == 2
     *reinterpret_cast<float2*>(p) = make_float2(a, b);
 #else
-    *reinterpret_cast<u32*>(p) = (u32)to_op(a) | ((u32)to_op(b) << 16);
+    *reinterpret_cast<u32*>(p) = op_pair(a, b);
 #endif
+}
+
+// N adjacent operands, rounded to the operand type, by 16-byte stores (`p` 16-byte aligned, N
+// operands a whole number of 16-byte vectors).
+template <int N> __device__ __forceinline__ void st_ops(op_st* p, const float (&v)[N]) {
+    static_assert(N * sizeof(op_st) % 16 == 0, "whole 16-byte vectors");
+    uint4* q = reinterpret_cast<uint4*>(p);
+#pragma unroll
+    for (int c = 0; c < N * (int)sizeof(op_st) / 16; ++c) {
+#if OP_KIND == 2
+        q[c] = make_uint4(__float_as_uint(v[4 * c]), __float_as_uint(v[4 * c + 1]), __float_as_uint(v[4 * c + 2]),
+                          __float_as_uint(v[4 * c + 3]));
+#else
+        q[c] = make_uint4(op_pair(v[8 * c], v[8 * c + 1]), op_pair(v[8 * c + 2], v[8 * c + 3]),
+                          op_pair(v[8 * c + 4], v[8 * c + 5]), op_pair(v[8 * c + 6], v[8 * c + 7]));
+#endif
+    }
 }
 
 // f(e) for this thread's e = tid, tid + NTHREADS, … below N, as straight-line code (the trip
@@ -480,11 +497,19 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 3) gdn_chunk_prep_kernel(
             __syncthreads();
         }
     }
-    for_mine<CH * CH>([&](int e) {
-        const int i = e / CH, j = e % CH;
-        const float a = As[j * LDA + i];
-        Ai[i * LDC + j] = to_op(i == j ? 1.f : (j < i ? a : 0.f));
-    });
+    // Ai from X: row i = tid / 4, columns j0 … j0 + 15 of it per thread, by 16-byte stores.
+    static_assert(NTHREADS == 4 * CH, "four threads per row of Ai");
+    {
+        const int i = tid >> 2, j0 = 16 * (tid & 3);
+        float x[16];
+#pragma unroll
+        for (int e = 0; e < 16; ++e) {
+            const int j = j0 + e;
+            const float a = As[j * LDA + i];
+            x[e] = i == j ? 1.f : (j < i ? a : 0.f);
+        }
+        st_ops(Ai + i * LDC + j0, x);
+    }
     // β e^G k rows, and the normalised k rows to the scratch (once per key head); 16 bytes a step.
     {
         constexpr int VE = 16 / (int)sizeof(op_st), SEGS = KP / VE;
@@ -495,11 +520,12 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 3) gdn_chunk_prep_kernel(
             union {
                 uint4 u;
                 op_st e[VE];
-            } in, out;
+            } in;
             in.u = raw;
+            float out[VE];
 #pragma unroll
-            for (int x = 0; x < VE; ++x) out.e[x] = to_op(op_f32(in.e[x]) * ek[j]);
-            *reinterpret_cast<uint4*>(KB + j * LDK + c) = out.u;
+            for (int x = 0; x < VE; ++x) out[x] = op_f32(in.e[x]) * ek[j];
+            st_ops(KB + j * LDK + c, out);
         });
     }
     __syncthreads();
