@@ -103,6 +103,18 @@ __device__ __forceinline__ void st_pair(op_st* p, float a, float b) {
 #endif
 }
 
+// Two operands rounded to the operand type, `a` to `pa` and `b` to `pb`: one conversion for both.
+__device__ __forceinline__ void st_two(op_st* pa, op_st* pb, float a, float b) {
+#if OP_KIND == 2
+    *pa = a;
+    *pb = b;
+#else
+    const u32 w = op_pair(a, b);
+    *pa = (op_st)(w & 0xffffu);
+    *pb = (op_st)(w >> 16);
+#endif
+}
+
 // N adjacent operands, rounded to the operand type, by 16-byte stores (`p` 16-byte aligned, N
 // operands a whole number of 16-byte vectors).
 template <int N> __device__ __forceinline__ void st_ops(op_st* p, const float (&v)[N]) {
@@ -658,7 +670,8 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 2) gdn_chunk_state_kernel
             for_acc(ss, k0, vs0, lane, [&](int, int, float& a) { a *= e_last; });
             // All CH rows (a compile-time loop): past `cl` the decayed V' columns are zeros.
             warp_gemm<1, SNT, true>(ss, Kc, LDK, k0, VsT, LDC, vs0, CH, lane);
-            for_acc(ss, k0, vs0, lane, [&](int kk, int v, float& a) { Sop[v * LDK + kk] = to_op(a); });
+            for_pairs(ss, k0, vs0, lane,
+                      [&](int kk, int v, float a0, float a1) { st_two(Sop + v * LDK + kk, Sop + (v + 1) * LDK + kk, a0, a1); });
         }
     }
 
@@ -782,8 +795,10 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 2) gdn_chunk_out_kernel(c
         zero(pp);
         const int ntmax = max(0, min(4, 2 * (wr + 1) - 4 * wc));
         if (ntmax > 0) warp_gemm<1, 4>(pp, Qs, LDK, r0, Ks, LDK, 32 * wc, KP, lane, ntmax);
-        for_acc(pp, r0, 32 * wc, lane, [&](int i, int j, float& a) {
-            Ps[i * LDC + j] = to_op(j <= i && i < cl ? a * __expf(gc[i] - gc[j]) : 0.f);
+        for_pairs(pp, r0, 32 * wc, lane, [&](int i, int j, float a0, float a1) {
+            const bool live = i < cl;
+            st_pair(Ps + i * LDC + j, j <= i && live ? a0 * __expf(gc[i] - gc[j]) : 0.f,
+                    j + 1 <= i && live ? a1 * __expf(gc[i] - gc[j + 1]) : 0.f);
         });
     }
     // ---- o = scale·(e^G (Q·H_cᵀ) + P·V'), 64 value rows per warp ----
