@@ -387,7 +387,7 @@ pub struct ChunkSpec {
 
 impl ChunkSpec {
     /// Case `i` of the property matrix (cycled): Qwen3-Next's shape and dtypes, f16 and f32
-    /// activations, K ≠ V, K not a multiple of 64 and V not of 32, GVA, both layouts, bf16 and
+    /// activations, K ≠ V, K not a multiple of 64 and V not of 32 (nor of 8), GVA, both layouts, bf16 and
     /// f32 pools, dense batches, no state, no l2norm, long multi-chunk sequences.
     pub fn matrix(i: usize) -> Self {
         use DType::{BF16, F16, F32};
@@ -410,7 +410,7 @@ impl ChunkSpec {
             0 => base,
             1 => ChunkSpec { io: F16, k: 64, v: 32, v_heads: 6, pool: false, layout: StateLayout::KV, ..base },
             2 => ChunkSpec { io: F32, k: 64, v: 40, heads: 1, v_heads: 3, ..base },
-            3 => ChunkSpec { k: 100, v: 72, state: Some(BF16), final_state: None, seqs: 4, ..base },
+            3 => ChunkSpec { k: 100, v: 76, state: Some(BF16), final_state: None, seqs: 4, ..base },
             4 => ChunkSpec { k: 32, v: 16, state: None, pool: false, varlen: false, max_len: 70, seqs: 2, ..base },
             5 => ChunkSpec { l2norm: false, k: 64, v: 64, layout: StateLayout::KV, ..base },
             6 => ChunkSpec { io: F16, state: Some(BF16), max_len: 300, seqs: 2, heads: 1, v_heads: 2, ..base },
