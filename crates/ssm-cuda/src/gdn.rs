@@ -228,6 +228,24 @@ impl GdnGeometry {
             // consecutive (contiguous) v; more lanes for very long K (registers).
             StateLayout::KV => (1, k.max(1).next_power_of_two().min(if k > 256 { 32 } else { 8 })),
         };
+        // An f32 `[V,K]` tile of 32 lanes per row that is not one token in place (speculative and
+        // varlen steps, per-token states), over more than one sequence: 16 lanes per row with four
+        // rows of two vectors each per lane (32 elements per thread), registers capped for six
+        // blocks per SM. Measured on an H200 (docs/PERF.md, twenty-first session, two rounds):
+        // Qwen3-Next's 3-token step at batch 64 took 143.4–143.5 µs against 152.4–171.7 (0.883
+        // of copy against 0.738–0.834), with 39 % fewer instructions. One token in place keeps
+        // its tile: there the same tiling was level at batch 8 and 0.5–1.6 % faster from batch
+        // 64, but that tile is also the fused decode step's, whose tests have not run with it.
+        let wide_f32 = layout == StateLayout::VK
+            && vec > 1
+            && state.size() == 4
+            && tpr == 32
+            && k.div_ceil(vec) == 32
+            && !one_token_in_place
+            && rows_total > SINGLE_SEQUENCE_ROWS;
+        if wide_f32 {
+            tpr = 16;
+        }
         // Tuning sweeps (`SSM_CUDA_GDN_TUNE="tpr=N"`, a power of two up to 32) may set the lanes
         // per row of the `[V,K]` vector route: fewer lanes, more of a row's columns per lane and
         // fewer shuffles per row.
@@ -239,6 +257,9 @@ impl GdnGeometry {
         }
         let vpt = k.div_ceil(vec).max(1).div_ceil(tpr);
         let (mut rpt, threads) = rows_and_threads((4 / vpt).max(1), tpr, v, rows_total);
+        if wide_f32 && tpr == 16 {
+            rpt = fit_rows(4, tpr, threads, v);
+        }
         let raw = one_token_in_place && layout == StateLayout::VK && vec * state.size() == 16 && vpt == 1 && k <= 128;
         // Measured on an H200 (docs/PERF.md, SSM_CUDA_GDN_TUNE sweeps), one token in place:
         // - a 16-bit tile in storage form: `raw16_rows`, from one wave (registers capped for six
@@ -264,7 +285,7 @@ impl GdnGeometry {
         // 20–52 bytes on sm_90 and are still faster) raised batch-256 decode from 0.79–0.82 to
         // 0.88–0.90 of copy (f32) and from 0.59–0.63 to 0.71–0.76 (bf16).
         let default_min_blocks = if layout == StateLayout::VK && vec > 1 && k <= 128 && threads == 128 {
-            if state.size() == 4 { 8 } else { 6 }
+            if state.size() == 4 && !(wide_f32 && tpr == 16) { 8 } else { 6 }
         } else {
             0
         };
@@ -1009,6 +1030,14 @@ mod tests {
         assert_eq!((g.row.rpt, g.raw), (4, true));
         let g = GdnGeometry::choose(DType::F32, 128, 128, StateLayout::KV, true, true, 1 << 24);
         assert_eq!((g.row.vec, g.row.tpr, g.row.vpt), (1, 8, 16));
+        // An f32 `[V,K]` step that is not one token in place (the speculative step), over more
+        // than one sequence: 16 lanes, 32 elements per thread, six blocks per SM; one sequence
+        // keeps 32 lanes.
+        let g = GdnGeometry::choose(DType::F32, 128, 128, StateLayout::VK, true, false, 64 * 32 * 128);
+        assert_eq!((g.row.vec, g.row.tpr, g.row.vpt, g.row.rpt, g.row.threads, g.raw), (4, 16, 2, 4, 128, false));
+        assert_eq!(g.row.min_blocks, 6);
+        let g = GdnGeometry::choose(DType::F32, 128, 128, StateLayout::VK, true, false, 32 * 128);
+        assert_eq!((g.row.tpr, g.row.vpt), (32, 1));
         for (k, v) in [(1, 1), (7, 5), (60, 100), (100, 3), (1024, 7), (300, 2)] {
             for layout in [StateLayout::VK, StateLayout::KV] {
                 for vectorized in [false, true] {
