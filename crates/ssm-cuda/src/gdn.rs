@@ -233,9 +233,10 @@ impl GdnGeometry {
         // rows of two vectors each per lane (32 elements per thread), registers capped for six
         // blocks per SM. Measured on an H200 (docs/PERF.md, twenty-first session, two rounds):
         // Qwen3-Next's 3-token step at batch 64 took 143.4–143.5 µs against 152.4–171.7 (0.883
-        // of copy against 0.738–0.834), with 39 % fewer instructions. One token in place keeps
-        // its tile: there the same tiling was level at batch 8 and 0.5–1.6 % faster from batch
-        // 64, but that tile is also the fused decode step's, whose tests have not run with it.
+        // of copy against 0.738–0.834). One token in place keeps its tile: there the same tiling
+        // was level at batch 8 and 0.5–1.6 % faster from batch 64 (39 % fewer instructions at
+        // batch 256), but that tile is also the fused decode step's, whose tests have not run
+        // with it.
         let wide_f32 = layout == StateLayout::VK
             && vec > 1
             && state.size() == 4

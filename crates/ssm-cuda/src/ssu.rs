@@ -232,14 +232,16 @@ impl SsuGeometry {
 /// What `auto` runs, per shape, from measurements recorded in the repository: the bench's
 /// `--algorithms simple,vertical,horizontal` (`ab_suite.sh ssu-alg`) on Mamba2-2.7B shapes
 /// (docs/PERF.md, "The SSU's three tilings"; raw `docs/perf/session17_h100_ssu_algorithms.txt`),
-/// measured on an H100 in the seventeenth session: no H200 could be started. Each entry is
+/// measured on an H100 in the seventeenth session, and on the H200 in the twenty-first (raw
+/// `docs/perf/session21_h200_owed.txt`), which confirmed the one entry. Each entry is
 /// (state element bytes, walk, tied parameters, the least rows of a call — sequences × heads ×
 /// dim —, the algorithm); the last entry that matches a call wins, `simple` where none does. An
 /// entry is recorded only where that tiling beat `simple` in two runs by more than a run's spread
 /// (0.03–0.3 % between two rounds of one tiling in one process):
 /// - an f32 state over several tokens (the 4-token speculative step), tied, from batch 64:
 ///   `vertical` took 0.992–0.995 of `simple`'s time at batch 64 / 256 / 1024 in both runs (one
-///   of them with the SSU's programmatic dependent launch, since reverted).
+///   of them with the SSU's programmatic dependent launch, since reverted) on the H100, and
+///   0.982–0.988 in both rounds on the H200.
 ///
 /// Everywhere else `simple` was fastest or level: one token (`vertical` within 0.2 % at batch
 /// ≥ 64 and slower for bf16 at batch 1 and 8, `horizontal` 12–14 % slower at batch ≥ 64), and a
