@@ -6,9 +6,10 @@
 # Variants: `wide=0` (the state's 16-byte stores as plain stores, which NVRTC split into four
 # 4-byte ones: the code before the intrinsic), `tpr=16,rpt=4,minb=6` (32 elements per thread,
 # 80 registers), `rpt=8,minb=4` (32 elements, 114 registers).
-#   1. the GDN tests (gpu_gdn) under each of LANES_TEST_VARIANTS (every [V,K] vector
-#      specialisation takes it);
-#   2. ab.sh: the f32 and bf16 decode and the speculative step, default and each variant;
+#   1. the GDN tests (LANES_TEST_BINS, gpu_gdn by default) under each of LANES_TEST_VARIANTS
+#      (every [V,K] vector specialisation takes it);
+#   2. ab.sh: the f32 and bf16 decode and the speculative step (LANES_AB_ARGS: the bench's
+#      arguments), default and each variant;
 #   3. Nsight Compute over our f32 decode at batch 256, default and each variant.
 # From the repository root with the bundle carried:
 #   [LANES_VARIANTS="..."] [LANES_TEST_VARIANTS="..."] [LANES_LIMIT=300] bash xtask/probes/gdn_lanes.sh
@@ -25,7 +26,7 @@ b=/tmp/lanes-bundle; [ -d "$b" ] || cp -r "$root/bundle" "$b"
 for v in ${LANES_TEST_VARIANTS:-tpr=16,rpt=4,minb=6 rpt=8,minb=4}; do
   [ "$(left)" -gt 60 ] || break
   tag="${v//[=,]/_}"
-  (OUT=$o/tests_$tag SSM_CUDA_GDN_TUNE=$v SSM_TEST_BINS="test-ssm-cuda-gpu_gdn" timeout 60 bash "$b/run.sh" tests) \
+  (OUT=$o/tests_$tag SSM_CUDA_GDN_TUNE=$v SSM_TEST_BINS="${LANES_TEST_BINS:-test-ssm-cuda-gpu_gdn}" timeout 90 bash "$b/run.sh" tests) \
     >"$o/tests_$tag.log" 2>&1
   echo "tests $v rc=$?"; cat "$o/tests_$tag/summary.txt" 2>/dev/null
 done
@@ -33,7 +34,7 @@ if [ "$(left)" -gt 90 ]; then
   ab=("new")
   for v in $variants; do ab+=("new:SSM_CUDA_GDN_TUNE=$v"); done
   (OUT=$o AB_ROUNDS="${LANES_ROUNDS:-2}" AB_BENCH=gdn \
-    AB_ARGS="--states f32,bf16 --batches 8,64,256,1024 --spec-batch 64 --step-batches --conv-batches" \
+    AB_ARGS="${LANES_AB_ARGS:---states f32,bf16 --batches 8,64,256,1024 --spec-batch 64 --step-batches --conv-batches}" \
     AB_VARIANTS="${ab[*]}" timeout "$(( $(left) - 40 ))" bash "$here/ab.sh") >"$o/ab.log" 2>&1
   echo "lanes A/B rc=$?"; grep -E "^## |^ours sigmoid" "$o/ab.txt" | head -80
 fi

@@ -1,18 +1,18 @@
 #!/bin/bash
-# The H200 lines issues 10 and 12 still lack, cheapest first, in one device call (about 330 s
-# without the A/Bs), each step skipped when less than its time is left of OWED_LIMIT seconds:
-#   1. decode_profile.sh: the GDN decode's f32 state at batch 256, ours and vLLM's packed decode;
-#   2. ssu_small_profile.sh: the SSU's bf16 one-token decode at batch 1024, ours and vLLM's;
-#   3. run.sh tests over gpu_ssu and gpu_conformance, then memcheck and racecheck over
-#      every_ssu_algorithm_matches_the_reference;
-#   4. gdn_lanes.sh: the GDN decode's tuning variants (plain stores, 32 elements per thread):
-#      tests, profile, A/B;
-#      run.sh bench ssu with vLLM;
-#   5. ab.sh: the bf16 decode at 8 (default), 4 and 2 rows per lane; ab_suite.sh ssu-alg;
-#   6. accept_streams.sh: every test, in streams.
+# What the next H200 call owes issues 10 and 12, in one device call, each step skipped when less
+# than its time is left of OWED_LIMIT seconds. The twenty-first session ran the previous list
+# (docs/PERF.md, "The H200 again"); this one follows from it:
+#   1. gdn_lanes.sh's tests with 32 elements per thread (`SSM_CUDA_GDN_TUNE=tpr=16,rpt=4,minb=6`)
+#      over the fused decode step, the GDN decode and the attention core: whether the one-token
+#      in-place f32 tile may take 16 lanes (the speculative step already does), then its A/B on
+#      the decode and the decode step;
+#   2. memcheck and racecheck over gpu_gdn (the speculative f32 step's new default tile);
+#   3. accept_streams.sh: every test, in streams (the twenty-first session's `run.sh tests`
+#      stopped after gpu_split);
+#   4. run.sh bench gdn with vLLM (the decode table with the new default, vLLM in the process).
 # On any card but an H200 it runs nothing (OWED_ANY_CARD=1 runs it anyway), or with
-# OWED_ELSE=lanes only step 4's gdn_lanes.sh, a lead for the H200. From the repository root with
-# the bundle and the vLLM folder (peers/vllm) carried:
+# OWED_ELSE=lanes only step 1, a lead for the H200. From the repository root with the bundle and
+# the vLLM folder (peers/vllm) carried:
 #   [OWED_LIMIT=560] [OWED_ELSE=lanes] bash xtask/probes/h200_owed.sh
 # Results: $OUT/owed.tgz (every step's OUT), the key lines printed as they come.
 set -u
@@ -24,7 +24,7 @@ case "$name" in
   *H200*) ;;
   *) if [ "${OWED_ELSE:-}" = lanes ]; then
        echo "not an H200: gdn_lanes.sh only"
-       OUT="$o" LANES_LIMIT="${OWED_LIMIT:-560}" bash "$here/gdn_lanes.sh"
+       OUT="$o" LANES_LIMIT="${OWED_LIMIT:-560}" LANES_TEST_BINS="test-ssm-cuda-gpu_gdn_step test-ssm-cuda-gpu_gdn test-ssm-dispatch-gdn_core" LANES_TEST_VARIANTS=tpr=16,rpt=4,minb=6 LANES_VARIANTS=tpr=16,rpt=4,minb=6 LANES_AB_ARGS="--states f32 --batches 8,64,256,1024 --spec-batch 0 --step-batches 8,64 --conv-batches" bash "$here/gdn_lanes.sh"
        cd "$o" && tar czf /tmp/owed.tgz . && find "$o" -mindepth 1 -delete && mv /tmp/owed.tgz "$o/owed.tgz"
        exit 0
      fi
@@ -35,36 +35,19 @@ el() { echo $(( $(date +%s) - t0 )); }
 left() { echo $(( lim - $(el) )); }
 vllm="$root/peers/vllm"
 export SSM_CUDA_CACHE_DIR=/tmp/ssmcache
-(OUT=$o/prof PROF_STATES=" " PEER_VLLM=$vllm timeout 70 bash "$here/decode_profile.sh") >"$o/prof.log" 2>&1
-echo "gdn profile rc=$? $(el)s"; sed -n '/^==/,$p' "$o/prof.log"
-(OUT=$o/sprof PROF_BATCHES=1024 PROF_STATES=bf16 PEER_VLLM=$vllm timeout 50 bash "$here/ssu_small_profile.sh") >"$o/sprof.log" 2>&1
-echo "ssu profile rc=$? $(el)s"; sed -n '/^==/,$p' "$o/sprof.log"
-rm -rf /tmp/owed-bundle && cp -r "$root/bundle" /tmp/owed-bundle
-if [ "$(left)" -gt 160 ]; then
-  (OUT=$o/ssut SSM_TEST_BINS="test-ssm-cuda-gpu_ssu test-ssm-cuda-gpu_conformance" timeout 120 bash /tmp/owed-bundle/run.sh tests) >"$o/ssut.log" 2>&1
-  echo "ssu tests rc=$? $(el)s"; cat "$o/ssut/summary.txt"
-  (OUT=$o/san SAN_BIN=test-ssm-cuda-gpu_ssu SAN_TESTS=every_ssu_algorithm_matches_the_reference SAN_TOOLS="memcheck racecheck" SAN_LIMIT=60 bash "$here/sanitize_tests.sh") >"$o/san.log" 2>&1
-  echo "sanitizer rc=$? $(el)s"; cat "$o/san/san.txt"
-fi
-if [ "$(left)" -gt 230 ]; then
-  (OUT=$o LANES_LIMIT=220 bash "$here/gdn_lanes.sh") 2>&1 | tee "$o/lanes.log" | grep -v '^\s*$'
-  echo "lanes $(el)s"
-fi
+(OUT=$o LANES_LIMIT=220 LANES_ROUNDS=1 LANES_TEST_BINS="test-ssm-cuda-gpu_gdn_step test-ssm-cuda-gpu_gdn test-ssm-dispatch-gdn_core" LANES_TEST_VARIANTS=tpr=16,rpt=4,minb=6 LANES_VARIANTS=tpr=16,rpt=4,minb=6 LANES_AB_ARGS="--states f32 --batches 8,64,256,1024 --spec-batch 0 --step-batches 8,64 --conv-batches" bash "$here/gdn_lanes.sh") 2>&1 | tee "$o/lanes.log" | grep -v '^\s*$'
+echo "lanes $(el)s"
 if [ "$(left)" -gt 100 ]; then
-  (OUT=$o/bench SSM_BENCH_OPS=ssu SSM_BENCH_ARGS="--int8 false" PEER_VLLM=$vllm timeout 90 bash /tmp/owed-bundle/run.sh bench) >"$o/bench_ssu.log" 2>&1
-  echo "bench ssu rc=$? $(el)s"; grep -A41 "speedup" "$o/bench_ssu.log" | head -n 42
-fi
-if [ "$(left)" -gt 150 ]; then
-  (OUT=$o/rows AB_ROUNDS=2 AB_BENCH=ssu AB_ARGS="--states bf16 --tokens 1 --batches 8,64,256,1024 --int16 false --int8 false" \
-    AB_VARIANTS="new new:SSM_CUDA_SSU_TUNE=rpt=4 new:SSM_CUDA_SSU_TUNE=rpt=2" timeout 140 bash "$here/ab.sh") >"$o/rows.log" 2>&1
-  echo "rows per lane rc=$? $(el)s"; grep "of copy" "$o/rows/ab.txt"
-fi
-if [ "$(left)" -gt 150 ]; then
-  (OUT=$o/alg AB_ROUNDS=2 SUITE_TESTS=0 timeout "$(left)" bash "$here/ab_suite.sh" ssu-alg) >"$o/alg.log" 2>&1
-  echo "ssu-alg rc=$? $(el)s"; grep "of copy" "$o/alg/ab.txt"
+  (OUT=$o/san SSM_SANITIZE_BINS="test-ssm-cuda-gpu_gdn" timeout 90 bash "$root/bundle/run.sh" sanitize) >"$o/san.log" 2>&1
+  echo "sanitizer rc=$? $(el)s"; cat "$o/san/summary.txt"
 fi
 if [ "$(left)" -gt 240 ]; then
-  (OUT=$o/accept ACCEPT_STREAMS=5 timeout "$(left)" bash "$here/accept_streams.sh") >"$o/accept.log" 2>&1
+  (OUT=$o/accept ACCEPT_STREAMS=5 timeout "$(( $(left) - 10 ))" bash "$here/accept_streams.sh") >"$o/accept.log" 2>&1
   echo "accept rc=$? $(el)s"; grep -v ': ok' "$o/accept/summary-all.txt"; grep -c ': ok' "$o/accept/summary-all.txt"
+fi
+rm -rf /tmp/owed-bundle && cp -r "$root/bundle" /tmp/owed-bundle
+if [ "$(left)" -gt 100 ]; then
+  (OUT=$o/bench SSM_BENCH_OPS=gdn PEER_VLLM=$vllm timeout "$(( $(left) - 10 ))" bash /tmp/owed-bundle/run.sh bench) >"$o/bench_gdn.log" 2>&1
+  echo "bench gdn rc=$? $(el)s"; grep -E "speedup|^(f32|bf16) " "$o/bench_gdn.log" | head -n 40
 fi
 cd "$o" && tar czf /tmp/owed.tgz . && find "$o" -mindepth 1 -delete && mv /tmp/owed.tgz "$o/owed.tgz"
