@@ -20,8 +20,10 @@ X="$B/bin/xtask"
 NCU=(ncu --clock-control none --cache-control none --set full --import-source no)
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv >>"$O/summary.txt"
 ncu --version | tail -n 1 >>"$O/summary.txt"
-SSD_SHAPE='[{"batch":1,"seqlen":2048,"tokens":2048,"state":"f32","heads":80,"dim":64,"dstate":128,"groups":1,"chunk":256,"bytes":0,"flops":0.0}]'
-GDN_SHAPE='[{"batch":1,"seqlen":2048,"tokens":2048,"state":"f32","heads":16,"v_heads":32,"k":128,"v":128,"bytes":0,"flops":0.0}]'
+# Bytes and FLOPs as the benches count them (docs/perf/*_cuda_h200_340cef1.json): the peer scripts
+# size their rotating pools from the bytes, and a 0 there stopped the GDN peer (twenty-first session).
+SSD_SHAPE='[{"batch":1,"seqlen":2048,"tokens":2048,"state":"f32","heads":80,"dim":64,"dstate":128,"groups":1,"chunk":256,"bytes":48562176,"flops":8130920448.0}]'
+GDN_SHAPE='[{"batch":1,"seqlen":2048,"tokens":2048,"state":"f32","heads":16,"v_heads":32,"k":128,"v":128,"bytes":54919168,"flops":9168748544.0}]'
 if [ "$which" != gdn ]; then
   log "ours ssd"; timeout 200 "${NCU[@]}" --kernel-name regex:ssd_ --launch-skip 12 --launch-count 6 -o "$P/ours_ssd" \
     "$X" bench-cuda-ssd --states f32 --mamba2 1x2048 --nemotron "" >>"$L" 2>&1
