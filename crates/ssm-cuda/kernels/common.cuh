@@ -483,17 +483,20 @@ __device__ __forceinline__ float op_f32(op_st v) {
 #endif
 }
 
+// The operand type as an element type of `pack2` / `pack_vec` (f32 for tf32).
+#if OP_KIND == 2
+typedef float op_elem;
+#elif OP_KIND == 0
+typedef bf16_t op_elem;
+#else
+typedef f16_t op_elem;
+#endif
+
 #if OP_KIND != 2
 // Two operands rounded to the 16-bit operand type and packed, `lo` in the low half: one
 // conversion for both on sm_80+ (`pack2`). The same bits as two `to_op` for every value but NaN,
 // which comes out as the canonical NaN, as Triton's conversion makes it.
-__device__ __forceinline__ u32 op_pair(float lo, float hi) {
-#if OP_KIND == 0
-    return pack2<bf16_t>(lo, hi);
-#else
-    return pack2<f16_t>(lo, hi);
-#endif
-}
+__device__ __forceinline__ u32 op_pair(float lo, float hi) { return pack2<op_elem>(lo, hi); }
 #endif
 
 // The value an operand of the operand type holds (identity for tf32: rounded in the product).

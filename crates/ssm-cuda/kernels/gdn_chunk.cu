@@ -119,17 +119,9 @@ __device__ __forceinline__ void st_two(op_st* pa, op_st* pb, float a, float b) {
 // operands a whole number of 16-byte vectors).
 template <int N> __device__ __forceinline__ void st_ops(op_st* p, const float (&v)[N]) {
     static_assert(N * sizeof(op_st) % 16 == 0, "whole 16-byte vectors");
-    uint4* q = reinterpret_cast<uint4*>(p);
+    constexpr int VE = 16 / (int)sizeof(op_st);
 #pragma unroll
-    for (int c = 0; c < N * (int)sizeof(op_st) / 16; ++c) {
-#if OP_KIND == 2
-        q[c] = make_uint4(__float_as_uint(v[4 * c]), __float_as_uint(v[4 * c + 1]), __float_as_uint(v[4 * c + 2]),
-                          __float_as_uint(v[4 * c + 3]));
-#else
-        q[c] = make_uint4(op_pair(v[8 * c], v[8 * c + 1]), op_pair(v[8 * c + 2], v[8 * c + 3]),
-                          op_pair(v[8 * c + 4], v[8 * c + 5]), op_pair(v[8 * c + 6], v[8 * c + 7]));
-#endif
-    }
+    for (int c = 0; c < N / VE; ++c) reinterpret_cast<uint4*>(p)[c] = pack_vec<op_elem>(v + VE * c);
 }
 
 // f(e) for this thread's e = tid, tid + NTHREADS, … below N, as straight-line code (the trip

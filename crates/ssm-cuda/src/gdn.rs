@@ -237,14 +237,13 @@ impl GdnGeometry {
         // was level at batch 8 and 0.5–1.6 % faster from batch 64 (39 % fewer instructions at
         // batch 256), but that tile is also the fused decode step's, whose tests have not run
         // with it.
-        let wide_f32 = layout == StateLayout::VK
+        let wide_default = layout == StateLayout::VK
             && vec > 1
             && state.size() == 4
-            && tpr == 32
             && k.div_ceil(vec) == 32
             && !one_token_in_place
             && rows_total > SINGLE_SEQUENCE_ROWS;
-        if wide_f32 {
+        if wide_default {
             tpr = 16;
         }
         // Tuning sweeps (`SSM_CUDA_GDN_TUNE="tpr=N"`, a power of two up to 32) may set the lanes
@@ -258,7 +257,9 @@ impl GdnGeometry {
         }
         let vpt = k.div_ceil(vec).max(1).div_ceil(tpr);
         let (mut rpt, threads) = rows_and_threads((4 / vpt).max(1), tpr, v, rows_total);
-        if wide_f32 && tpr == 16 {
+        // That tile, unless a sweep set other lanes.
+        let wide_f32 = wide_default && tpr == 16;
+        if wide_f32 {
             rpt = fit_rows(4, tpr, threads, v);
         }
         let raw = one_token_in_place && layout == StateLayout::VK && vec * state.size() == 16 && vpt == 1 && k <= 128;
@@ -286,7 +287,7 @@ impl GdnGeometry {
         // 20–52 bytes on sm_90 and are still faster) raised batch-256 decode from 0.79–0.82 to
         // 0.88–0.90 of copy (f32) and from 0.59–0.63 to 0.71–0.76 (bf16).
         let default_min_blocks = if layout == StateLayout::VK && vec > 1 && k <= 128 && threads == 128 {
-            if state.size() == 4 && !(wide_f32 && tpr == 16) { 8 } else { 6 }
+            if state.size() == 4 && !wide_f32 { 8 } else { 6 }
         } else {
             0
         };
