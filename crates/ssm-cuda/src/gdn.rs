@@ -229,20 +229,18 @@ impl GdnGeometry {
             StateLayout::KV => (1, k.max(1).next_power_of_two().min(if k > 256 { 32 } else { 8 })),
         };
         // An f32 `[V,K]` tile of 32 lanes per row that is not one token in place (speculative and
-        // varlen steps, per-token states), over more than one sequence: 16 lanes per row with four
-        // rows of two vectors each per lane (32 elements per thread), registers capped for six
-        // blocks per SM. Measured on an H200 (docs/PERF.md, twenty-first session, two rounds):
-        // Qwen3-Next's 3-token step at batch 64 took 143.4–143.5 µs against 152.4–171.7 (0.883
-        // of copy against 0.738–0.834). One token in place keeps its tile: there the same tiling
-        // was level at batch 8 and 0.5–1.6 % faster from batch 64 (39 % fewer instructions at
-        // batch 256), but that tile is also the fused decode step's, whose tests have not run
-        // with it.
-        let wide_default = layout == StateLayout::VK
-            && vec > 1
-            && state.size() == 4
-            && k.div_ceil(vec) == 32
-            && !one_token_in_place
-            && rows_total > SINGLE_SEQUENCE_ROWS;
+        // varlen steps, per-token states): 16 lanes per row with four rows of two vectors each per
+        // lane (32 elements per thread), registers capped for six blocks per SM. Measured on an
+        // H200 (docs/PERF.md, twenty-first session, two rounds): Qwen3-Next's 3-token step at
+        // batch 64 took 143.4–143.5 µs against 152.4–171.7 (0.883 of copy against 0.738–0.834).
+        // The lanes per row set the order of each row's sum, so they never depend on the batch:
+        // a sequence's result is bit-identical alone and in any batch (`ssm-fuzz`'s
+        // `cuda_decode_and_speculative_are_batch_invariant`). One token in place keeps 32 lanes:
+        // 16 were level at batch 8 and 0.5–1.6 % faster from batch 64 on an H200 (twenty-first
+        // session), level on an H100 (twenty-second), and the fused decode step's kernel covers
+        // only 32 (with 16 its calls would fall back to two launches).
+        let wide_default =
+            layout == StateLayout::VK && vec > 1 && state.size() == 4 && k.div_ceil(vec) == 32 && !one_token_in_place;
         if wide_default {
             tpr = 16;
         }
@@ -1032,14 +1030,16 @@ mod tests {
         assert_eq!((g.row.rpt, g.raw), (4, true));
         let g = GdnGeometry::choose(DType::F32, 128, 128, StateLayout::KV, true, true, 1 << 24);
         assert_eq!((g.row.vec, g.row.tpr, g.row.vpt), (1, 8, 16));
-        // An f32 `[V,K]` step that is not one token in place (the speculative step), over more
-        // than one sequence: 16 lanes, 32 elements per thread, six blocks per SM; one sequence
-        // keeps 32 lanes.
+        // An f32 `[V,K]` step that is not one token in place (the speculative step): 16 lanes,
+        // 32 elements per thread, six blocks per SM, at every batch (the lanes set each row's
+        // sum order, so one sequence alone takes the same as in a batch).
         let g = GdnGeometry::choose(DType::F32, 128, 128, StateLayout::VK, true, false, 64 * 32 * 128);
         assert_eq!((g.row.vec, g.row.tpr, g.row.vpt, g.row.rpt, g.row.threads, g.raw), (4, 16, 2, 4, 128, false));
         assert_eq!(g.row.min_blocks, 6);
-        let g = GdnGeometry::choose(DType::F32, 128, 128, StateLayout::VK, true, false, 32 * 128);
-        assert_eq!((g.row.tpr, g.row.vpt), (32, 1));
+        for rows in [128, 32 * 128, 8 * 32 * 128] {
+            let g = GdnGeometry::choose(DType::F32, 128, 128, StateLayout::VK, true, false, rows);
+            assert_eq!((g.row.tpr, g.row.vpt), (16, 2), "{rows} rows");
+        }
         for (k, v) in [(1, 1), (7, 5), (60, 100), (100, 3), (1024, 7), (300, 2)] {
             for layout in [StateLayout::VK, StateLayout::KV] {
                 for vectorized in [false, true] {
@@ -1047,6 +1047,36 @@ mod tests {
                     assert!((g.row.vec * g.row.tpr * g.row.vpt) as usize >= k, "{k} {v} {g:?}");
                     assert!(g.row.tpr.is_power_of_two() && g.row.tpr <= 32 && g.row.threads.is_multiple_of(32));
                     assert!(g.row.threads >= g.row.tpr);
+                }
+            }
+        }
+    }
+
+    /// A sequence's result must be bit-identical alone and in any batch: the vector width, the
+    /// lanes per row and the vectors per lane (which set the order of each row's sum over K) may
+    /// not depend on the call's size.
+    #[test]
+    fn the_sum_order_does_not_depend_on_the_batch() {
+        for state in [DType::F32, DType::BF16, DType::F16] {
+            for (k, v) in [(128, 128), (64, 128), (256, 64), (100, 3), (7, 5)] {
+                for layout in [StateLayout::VK, StateLayout::KV] {
+                    for vectorized in [false, true] {
+                        for in_place in [false, true] {
+                            let order = |rows: usize| {
+                                let g = GdnGeometry::choose(state, k, v, layout, vectorized, in_place, rows);
+                                (g.row.vec, g.row.tpr, g.row.vpt)
+                            };
+                            let alone = order(v);
+                            for seqs in [2, 8, 32, 64, 256, 1024] {
+                                let rows = seqs * 32 * v;
+                                assert_eq!(
+                                    order(rows),
+                                    alone,
+                                    "{state:?} k {k} v {v} {layout:?} {vectorized} {in_place} {rows}"
+                                );
+                            }
+                        }
+                    }
                 }
             }
         }
