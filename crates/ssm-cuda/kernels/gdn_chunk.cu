@@ -471,33 +471,38 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 3) gdn_chunk_prep_kernel(
 #pragma unroll
         for (int ib = 1; ib < 4; ++ib) {
             const int row = 16 * ib + r;
-            float tsum[3];
+            // One pass over k for every block jb of the row: A[row][k] is read once for all of
+            // them (each sum still adds its terms in ascending k, as one block at a time did).
+            float tsum[3] = {0.f, 0.f, 0.f};
 #pragma unroll
-            for (int jb = 0; jb < ib; ++jb) {
-                const int col = 16 * jb + c;
-                float sum = 0.f;
+            for (int k = 0; k < 16 * ib; ++k) {
+                const float ak = As[row * LDA + k];
 #pragma unroll
-                for (int kk = 0; kk < 16; ++kk) {  // k in block jb: X[k][col] of the diagonal block
-                    const float a = As[col * LDA + 16 * jb + kk];  // read unconditionally: no branch
-                    const float xk = kk == c ? 1.f : (kk > c ? a : 0.f);
-                    sum += As[row * LDA + 16 * jb + kk] * xk;
+                for (int jb = 0; jb < ib; ++jb) {
+                    if (k < 16 * jb) continue;  // compile-time: k and jb are unrolled
+                    const int col = 16 * jb + c;
+                    const float x = As[col * LDA + k];  // read unconditionally: no branch
+                    const int kk = k - 16 * jb;
+                    // k in block jb: X[k][col] of the diagonal block (1 on its diagonal, 0 above)
+                    const float xk = k >= 16 * (jb + 1) ? x : (kk == c ? 1.f : (kk > c ? x : 0.f));
+                    tsum[jb] += ak * xk;
                 }
-#pragma unroll
-                for (int k = 16 * (jb + 1); k < 16 * ib; ++k) sum += As[row * LDA + k] * As[col * LDA + k];
-                tsum[jb] = sum;
-                Tb[jb * 256 + r * 16 + c] = sum;
             }
+#pragma unroll
+            for (int jb = 0; jb < ib; ++jb) Tb[jb * 256 + r * 16 + c] = tsum[jb];
             __syncthreads();
+            // X_ii's row read once for every block jb.
 #pragma unroll
-            for (int jb = 0; jb < ib; ++jb) {
-                float sum = tsum[jb];
+            for (int mm = 0; mm < 16; ++mm) {
+                const float a = As[(16 * ib + mm) * LDA + row];
 #pragma unroll
-                for (int mm = 0; mm < 16; ++mm) {
-                    const float a = As[(16 * ib + mm) * LDA + row], t = Tb[jb * 256 + mm * 16 + c];
-                    sum = mm < r ? fmaf(a, t, sum) : sum;
+                for (int jb = 0; jb < ib; ++jb) {
+                    const float t = Tb[jb * 256 + mm * 16 + c];
+                    tsum[jb] = mm < r ? fmaf(a, t, tsum[jb]) : tsum[jb];
                 }
-                As[(16 * jb + c) * LDA + row] = -sum;
             }
+#pragma unroll
+            for (int jb = 0; jb < ib; ++jb) As[(16 * jb + c) * LDA + row] = -tsum[jb];
             __syncthreads();
         }
     }
