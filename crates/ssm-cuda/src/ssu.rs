@@ -993,6 +993,41 @@ mod tests {
         }
     }
 
+    /// A sequence's result must be bit-identical alone and in any batch: the vector width, the
+    /// lanes per row and the vectors per lane (which set the order of each row's sum over
+    /// dstate) may not depend on the call's size, whichever algorithm runs — `auto`'s choice by
+    /// batch included (an `auto` entry for `horizontal` from some batch on would break this).
+    #[test]
+    fn the_sum_order_does_not_depend_on_the_batch() {
+        use SsuAlgorithm::{Auto, Horizontal, Simple, Vertical};
+        for state in [DType::F32, DType::BF16, DType::F16, DType::I16, DType::I8] {
+            for (dstate, dim) in [(128, 64), (64, 64), (256, 64), (16, 5), (7, 3)] {
+                for vectorized in [false, true] {
+                    for tied in [false, true] {
+                        for walk in [Walk::Decode, Walk::SpecDecode, Walk::MultiToken] {
+                            for algorithm in [Auto, Simple, Vertical, Horizontal] {
+                                let order = |rows: usize| {
+                                    let alg = resolve_algorithm(algorithm, state, walk, tied, rows).ok()?;
+                                    let g = SsuGeometry::choose(state, dstate, dim, vectorized, tied, walk, rows)
+                                        .with_algorithm(alg, (state, dstate, dim), tied, walk);
+                                    Some((g.row.vec, g.row.tpr, g.row.vpt))
+                                };
+                                let alone = order(80 * dim);
+                                for seqs in [2, 8, 64, 256, 1024] {
+                                    assert_eq!(
+                                        order(seqs * 80 * dim),
+                                        alone,
+                                        "{state:?} dstate {dstate} dim {dim} {vectorized} {tied} {walk:?} {algorithm:?} {seqs}"
+                                    );
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn geometry_covers_dstate_with_16_byte_vectors() {
         let g = SsuGeometry::choose(DType::F32, 128, 64, true, true, Walk::Decode, 1 << 24);
