@@ -32,8 +32,160 @@ fn bools(v: &[i64]) -> HostTensor {
     HostTensor::from_i64(DType::Bool, vec![v.len()], v)
 }
 
-/// A Qwen3-Next layer step: decode, 3-token speculative, prefill of 70 (resumed), speculative,
-/// decode on the pad slot, fresh prefill of 5; tokens interleaved.
+/// One sequence of a layer-core batch ([`GdnCoreCase::batch`], [`Mamba2CoreCase::batch`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CoreSeq {
+    /// One token through `slot` (0: the pad slot), its state read (`num_computed_tokens > 0`).
+    Decode {
+        /// Its slot.
+        slot: i64,
+    },
+    /// A speculative step of `1 + drafts` tokens through a row of `1 + drafts` slots (column 0:
+    /// the state read and the conv rolling buffer; column t: the state after token t).
+    Spec {
+        /// The slot row (its first `1 + drafts` entries are used).
+        slots: [i64; 3],
+        /// Draft tokens.
+        drafts: usize,
+        /// Tokens the previous step accepted (`num_accepted_tokens`).
+        accepted: i64,
+    },
+    /// `len` new tokens after `computed` (0: a fresh sequence, no initial state).
+    Prefill {
+        /// New tokens.
+        len: usize,
+        /// Its slot.
+        slot: i64,
+        /// Tokens computed before this step.
+        computed: i64,
+    },
+}
+
+impl CoreSeq {
+    /// Tokens of this step.
+    pub fn tokens(&self) -> usize {
+        match *self {
+            CoreSeq::Decode { .. } => 1,
+            CoreSeq::Spec { drafts, .. } => 1 + drafts,
+            CoreSeq::Prefill { len, .. } => len,
+        }
+    }
+
+    /// The largest slot it names.
+    fn max_slot(&self) -> i64 {
+        match *self {
+            CoreSeq::Decode { slot } | CoreSeq::Prefill { slot, .. } => slot,
+            CoreSeq::Spec { slots, drafts, .. } => slots[..=drafts].iter().copied().max().unwrap_or(0),
+        }
+    }
+}
+
+/// Offsets `[0, l0, l0 + l1, …]` of `lens`.
+fn starts_of(lens: impl IntoIterator<Item = usize>) -> Vec<i64> {
+    std::iter::once(0)
+        .chain(lens.into_iter().scan(0i64, |acc, l| {
+            *acc += l as i64;
+            Some(*acc)
+        }))
+        .collect()
+}
+
+/// The first batch row of each of `seqs`, their tokens laid out in order.
+pub fn first_rows(seqs: &[CoreSeq]) -> Vec<usize> {
+    starts_of(seqs.iter().map(CoreSeq::tokens)).iter().map(|&r| r as usize).collect()
+}
+
+/// The sequence counts of a GDN core batch (`GdnAttentionMetadata`'s scalar fields).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GdnCounts {
+    /// `num_prefills`, `num_prefill_tokens`.
+    pub prefills: (usize, usize),
+    /// `num_decodes`, `num_decode_tokens`.
+    pub decodes: (usize, usize),
+    /// `num_spec_decodes`, `num_spec_decode_tokens`.
+    pub spec: (usize, usize),
+}
+
+impl GdnCounts {
+    /// The counts of `seqs`.
+    pub fn of(seqs: &[CoreSeq]) -> Self {
+        let mut c = GdnCounts::default();
+        for s in seqs {
+            let n = s.tokens();
+            let slot = match s {
+                CoreSeq::Decode { .. } => &mut c.decodes,
+                CoreSeq::Spec { .. } => &mut c.spec,
+                CoreSeq::Prefill { .. } => &mut c.prefills,
+            };
+            slot.0 += 1;
+            slot.1 += n;
+        }
+        c
+    }
+
+    /// Writes the counts into `m` (`num_actual_tokens` their sum).
+    pub fn apply(&self, m: &mut GdnAttentionMetadata<'_>) {
+        (m.num_prefills, m.num_prefill_tokens) = self.prefills;
+        (m.num_decodes, m.num_decode_tokens) = self.decodes;
+        (m.num_spec_decodes, m.num_spec_decode_tokens) = self.spec;
+        m.num_actual_tokens = self.prefills.1 + self.decodes.1 + self.spec.1;
+    }
+}
+
+/// The metadata tables of a GDN core batch, vLLM's `GDNAttentionMetadata` (non-speculative
+/// sequences: decodes first, then prefills; speculative ones in their own rows), each `None`
+/// where vLLM passes none: `[has_initial_state, spec_query_start_loc, non_spec_query_start_loc,
+/// spec_state_indices_tensor ([n, 1 + drafts]), non_spec_state_indices_tensor, spec_token_indx,
+/// non_spec_token_indx, num_accepted_tokens]`. `rows`: each sequence's first batch row (its
+/// tokens follow it).
+pub fn gdn_tables(seqs: &[CoreSeq], rows: &[usize]) -> [Option<HostTensor>; 8] {
+    let spec: Vec<usize> = (0..seqs.len()).filter(|&i| matches!(seqs[i], CoreSeq::Spec { .. })).collect();
+    let decodes = (0..seqs.len()).filter(|&i| matches!(seqs[i], CoreSeq::Decode { .. }));
+    let other: Vec<usize> =
+        decodes.chain((0..seqs.len()).filter(|&i| matches!(seqs[i], CoreSeq::Prefill { .. }))).collect();
+    let token_rows = |list: &[usize]| -> Vec<i64> {
+        list.iter().flat_map(|&i| (rows[i]..rows[i] + seqs[i].tokens()).map(|r| r as i64)).collect()
+    };
+    let some = |v: Vec<i64>| (!v.is_empty()).then(|| ints(&v));
+    let has: Vec<i64> = other
+        .iter()
+        .map(|&i| match seqs[i] {
+            CoreSeq::Prefill { computed, .. } => i64::from(computed > 0),
+            _ => 1,
+        })
+        .collect();
+    let width = spec.iter().map(|&i| seqs[i].tokens()).max().unwrap_or(0);
+    let spec_slots: Vec<i64> = spec
+        .iter()
+        .flat_map(|&i| match seqs[i] {
+            CoreSeq::Spec { slots, .. } => slots[..width].to_vec(),
+            _ => unreachable!("speculative sequences only"),
+        })
+        .collect();
+    let other_slots: Vec<i64> = other.iter().map(|&i| seqs[i].max_slot()).collect();
+    let accepted: Vec<i64> = spec
+        .iter()
+        .map(|&i| match seqs[i] {
+            CoreSeq::Spec { accepted, .. } => accepted,
+            _ => unreachable!("speculative sequences only"),
+        })
+        .collect();
+    [
+        (!other.is_empty()).then(|| bools(&has)),
+        (!spec.is_empty()).then(|| ints(&starts_of(spec.iter().map(|&i| seqs[i].tokens())))),
+        (!other.is_empty()).then(|| ints(&starts_of(other.iter().map(|&i| seqs[i].tokens())))),
+        (!spec.is_empty()).then(|| HostTensor::from_i64(DType::I32, vec![spec.len(), width], &spec_slots)),
+        some(other_slots),
+        some(token_rows(&spec)),
+        // Without speculative sequences vLLM passes none: every row is the others'.
+        if spec.is_empty() { None } else { some(token_rows(&other)) },
+        some(accepted),
+    ]
+}
+
+/// A Qwen3-Next layer step over a batch of [`CoreSeq`]s, tokens laid out in the batch's order.
+/// [`GdnCoreCase::new`]: decode, 3-token speculative, prefill of 70 (resumed), speculative,
+/// decode on the pad slot, fresh prefill of 5.
 pub struct GdnCoreCase {
     mixed: HostTensor,
     a: HostTensor,
@@ -45,7 +197,8 @@ pub struct GdnCoreCase {
     conv: HostTensor,
     ssm: HostTensor,
     out: HostTensor,
-    tables: [HostTensor; 8],
+    tables: [Option<HostTensor>; 8],
+    counts: GdnCounts,
 }
 
 const GH: usize = 2;
@@ -53,18 +206,31 @@ const GK: usize = 16;
 const GHV: usize = 4;
 const GV: usize = 8;
 const G_CONV: usize = 2 * GH * GK + GHV * GV;
+/// The layer cores' conv-state columns: width − 1 + 2 drafts.
+const CORE_STATE_LEN: usize = 5;
 
 impl GdnCoreCase {
     /// The case, values from `seed`.
     pub fn new(seed: u64) -> Self {
-        let order = [("d0", 1), ("s0", 3), ("p0", 70), ("s1", 3), ("d1", 1), ("p1", 5)];
-        let names: Vec<&str> = order.iter().flat_map(|&(n, k)| std::iter::repeat_n(n, k)).collect();
-        let rows = |want: &[&str]| -> Vec<i64> {
-            want.iter()
-                .flat_map(|w| names.iter().enumerate().filter(move |(_, n)| *n == w).map(|(i, _)| i as i64))
-                .collect()
-        };
-        let tokens = names.len();
+        use CoreSeq::*;
+        Self::batch(
+            &[
+                Decode { slot: 7 },
+                Spec { slots: [1, 2, 3], drafts: 2, accepted: 1 },
+                Prefill { len: 70, slot: 9, computed: 4 },
+                Spec { slots: [4, 5, 6], drafts: 2, accepted: 2 },
+                Decode { slot: 0 },
+                Prefill { len: 5, slot: 10, computed: 0 },
+            ],
+            seed,
+        )
+    }
+
+    /// A step over `seqs` (at most 2 drafts each), values from `seed`; pools of at least 16
+    /// slots.
+    pub fn batch(seqs: &[CoreSeq], seed: u64) -> Self {
+        let tokens: usize = seqs.iter().map(CoreSeq::tokens).sum();
+        let slots = seqs.iter().map(|q| q.max_slot() as usize + 1).max().unwrap_or(0).max(16);
         let s = seed.wrapping_mul(16);
         GdnCoreCase {
             mixed: t(&[tokens, G_CONV], s + 1, 1.0, 0.0),
@@ -74,25 +240,35 @@ impl GdnCoreCase {
             bias: t(&[G_CONV], s + 5, 0.1, 0.0),
             a_log: t(&[GHV], s + 6, 1.0, 0.0),
             dt_bias: t(&[GHV], s + 7, 0.5, 0.0),
-            conv: t(&[16, 5, G_CONV], s + 8, 1.0, 0.0),
-            ssm: t(&[16, GHV, GV, GK], s + 9, 0.5, 0.0),
+            conv: t(&[slots, CORE_STATE_LEN, G_CONV], s + 8, 1.0, 0.0),
+            ssm: t(&[slots, GHV, GV, GK], s + 9, 0.5, 0.0),
             out: HostTensor::filled(DType::F32, vec![tokens, GHV, GV], 7.0),
-            tables: [
-                bools(&[1, 1, 1, 0]),
-                ints(&[0, 3, 6]),
-                ints(&[0, 1, 2, 72, 77]),
-                HostTensor::from_i64(DType::I32, vec![2, 3], &[1, 2, 3, 4, 5, 6]),
-                ints(&[7, 0, 9, 10]),
-                ints(&rows(&["s0", "s1"])),
-                ints(&rows(&["d0", "d1", "p0", "p1"])),
-                ints(&[1, 2]),
-            ],
+            tables: gdn_tables(seqs, &first_rows(seqs)),
+            counts: GdnCounts::of(seqs),
         }
     }
 
     /// The core call over the case's tensors.
     pub fn args(&mut self) -> GdnAttentionCoreArgs<'_> {
-        let [has, sq, nq, st, nst, si, nsi, acc] = &self.tables;
+        let [has, sq, nq, st, nst, si, nsi, acc] = self.tables.each_ref().map(|t| t.as_ref().map(HostTensor::view));
+        let mut metadata = GdnAttentionMetadata {
+            num_prefills: 0,
+            num_prefill_tokens: 0,
+            num_decodes: 0,
+            num_decode_tokens: 0,
+            num_spec_decodes: 0,
+            num_spec_decode_tokens: 0,
+            num_actual_tokens: 0,
+            has_initial_state: has,
+            spec_query_start_loc: sq,
+            non_spec_query_start_loc: nq,
+            spec_state_indices_tensor: st,
+            non_spec_state_indices_tensor: nst,
+            spec_token_indx: si,
+            non_spec_token_indx: nsi,
+            num_accepted_tokens: acc,
+        };
+        self.counts.apply(&mut metadata);
         GdnAttentionCoreArgs {
             mixed_qkv: self.mixed.view(),
             b: self.b.view(),
@@ -108,26 +284,61 @@ impl GdnCoreCase {
             dt_bias: self.dt_bias.view(),
             num_k_heads: GH,
             pad_slot_id: Some(0),
-            metadata: GdnAttentionMetadata {
-                num_prefills: 2,
-                num_prefill_tokens: 75,
-                num_decodes: 2,
-                num_decode_tokens: 2,
-                num_spec_decodes: 2,
-                num_spec_decode_tokens: 6,
-                num_actual_tokens: self.mixed.shape[0],
-                has_initial_state: Some(has.view()),
-                spec_query_start_loc: Some(sq.view()),
-                non_spec_query_start_loc: Some(nq.view()),
-                spec_state_indices_tensor: Some(st.view()),
-                non_spec_state_indices_tensor: Some(nst.view()),
-                spec_token_indx: Some(si.view()),
-                non_spec_token_indx: Some(nsi.view()),
-                num_accepted_tokens: Some(acc.view()),
-            },
+            metadata,
             core_attn_out: self.out.view_mut(),
         }
     }
+}
+
+/// The metadata tables of a Mamba2 core batch (vLLM's `Mamba2AttentionMetadata`; decodes, all
+/// speculative (`CoreSeq::Spec`), before prefills), each `None` where vLLM passes none:
+/// `[query_start_loc_p, has_initial_states_p, seq_idx_p, cu_chunk_seqlen_p,
+/// last_chunk_indices_p, state_indices_tensor_p, state_indices_tensor_d ([n, 3]),
+/// query_start_loc_d, num_accepted_tokens]`, the chunk metadata of chunk size `chunk`.
+///
+/// # Panics
+/// If a `Decode` is given, or a decode follows a prefill.
+pub fn mamba2_tables(seqs: &[CoreSeq], chunk: usize) -> [Option<HostTensor>; 9] {
+    let split = seqs.iter().position(|s| matches!(s, CoreSeq::Prefill { .. })).unwrap_or(seqs.len());
+    let (decodes, prefills) = seqs.split_at(split);
+    let mut table = Vec::new();
+    let mut accepted = Vec::new();
+    for d in decodes {
+        let CoreSeq::Spec { slots, drafts, accepted: a } = *d else { panic!("Mamba2 decodes are speculative: {d:?}") };
+        table.extend((0..3).map(|c| if c <= drafts { slots[c] } else { 0 }));
+        accepted.push(a);
+    }
+    let (mut lens, mut computed, mut slots) = (Vec::new(), Vec::new(), Vec::new());
+    for p in prefills {
+        let CoreSeq::Prefill { len, slot, computed: c } = *p else { panic!("a decode after the prefills: {p:?}") };
+        lens.push(len);
+        computed.push(c);
+        slots.push(slot);
+    }
+    let starts = starts_of(lens.iter().copied());
+    let meta = ssm_ssd::compute_chunk_metadata(&starts, &computed, chunk);
+    let wide = |v: &[i32]| ints(&v.iter().map(|&x| x as i64).collect::<Vec<_>>());
+    let p = !prefills.is_empty();
+    let d = !decodes.is_empty();
+    [
+        p.then(|| ints(&starts)),
+        p.then(|| bools(&computed.iter().map(|&c| i64::from(c > 0)).collect::<Vec<_>>())),
+        p.then(|| wide(&meta.seq_idx)),
+        p.then(|| wide(&meta.cu_chunk_seqlens)),
+        p.then(|| wide(&meta.last_chunk_indices)),
+        p.then(|| ints(&slots)),
+        d.then(|| HostTensor::from_i64(DType::I32, vec![decodes.len(), 3], &table)),
+        d.then(|| ints(&starts_of(decodes.iter().map(CoreSeq::tokens)))),
+        d.then(|| ints(&accepted)),
+    ]
+}
+
+/// The sequence counts of a Mamba2 core batch: `(num_prefills, num_prefill_tokens)`,
+/// `(num_decodes, num_decode_tokens)` and `prep_initial_states`.
+pub fn mamba2_counts(seqs: &[CoreSeq]) -> ((usize, usize), (usize, usize), bool) {
+    let c = GdnCounts::of(seqs);
+    let init = seqs.iter().any(|s| matches!(s, CoreSeq::Prefill { computed, .. } if *computed > 0));
+    (c.prefills, (c.decodes.0 + c.spec.0, c.decodes.1 + c.spec.1), init)
 }
 
 const MH: usize = 4;
@@ -135,10 +346,13 @@ const MP: usize = 8;
 const MG: usize = 2;
 const MN: usize = 16;
 const M_CONV: usize = MH * MP + 2 * MG * MN;
-const CHUNK: usize = 16;
+/// The Mamba2 core cases' SSD chunk size.
+pub const MAMBA2_CHUNK: usize = 16;
 
-/// A Mamba2 layer step: three speculative decodes (one on the pad slot), then prefills of 5
-/// (resumed at 13), 40 (resumed mid-chunk at 21) and 3 (pad slot) tokens.
+/// A Mamba2 layer step over a batch of [`CoreSeq`]s (speculative decodes, then prefills; tokens
+/// in the batch's order). [`Mamba2CoreCase::new`]: three speculative decodes (one on the pad
+/// slot), then prefills of 5 (resumed at 13), 40 (resumed mid-chunk at 21) and 3 (pad slot)
+/// tokens.
 pub struct Mamba2CoreCase {
     xbc: HostTensor,
     dt: HostTensor,
@@ -150,23 +364,32 @@ pub struct Mamba2CoreCase {
     conv: HostTensor,
     ssm: HostTensor,
     out: HostTensor,
-    tables: [HostTensor; 9],
+    tables: [Option<HostTensor>; 9],
+    counts: ((usize, usize), (usize, usize), bool),
 }
 
 impl Mamba2CoreCase {
     /// The case, values from `seed`.
     pub fn new(seed: u64) -> Self {
-        let (lens, computed) = ([5usize, 40, 3], [13i64, 21, 0]);
-        let decode_tokens = 7;
-        let tokens = decode_tokens + lens.iter().sum::<usize>();
-        let starts: Vec<i64> = std::iter::once(0)
-            .chain(lens.iter().scan(0i64, |acc, &l| {
-                *acc += l as i64;
-                Some(*acc)
-            }))
-            .collect();
-        let meta = ssm_ssd::compute_chunk_metadata(&starts, &computed, CHUNK);
-        let wide = |v: &[i32]| ints(&v.iter().map(|&x| x as i64).collect::<Vec<_>>());
+        use CoreSeq::*;
+        Self::batch(
+            &[
+                Spec { slots: [1, 2, 3], drafts: 2, accepted: 1 },
+                Spec { slots: [4, 5, 6], drafts: 2, accepted: 2 },
+                Spec { slots: [0, 0, 0], drafts: 0, accepted: 1 },
+                Prefill { len: 5, slot: 7, computed: 13 },
+                Prefill { len: 40, slot: 8, computed: 21 },
+                Prefill { len: 3, slot: 0, computed: 0 },
+            ],
+            seed,
+        )
+    }
+
+    /// A step over `seqs` (speculative decodes of at most 2 drafts, then prefills), values
+    /// from `seed`; pools of at least 16 slots.
+    pub fn batch(seqs: &[CoreSeq], seed: u64) -> Self {
+        let tokens: usize = seqs.iter().map(CoreSeq::tokens).sum();
+        let slots = seqs.iter().map(|q| q.max_slot() as usize + 1).max().unwrap_or(0).max(16);
         let s = seed.wrapping_mul(16);
         Mamba2CoreCase {
             xbc: t(&[tokens, M_CONV], s + 1, 1.0, 0.0),
@@ -176,26 +399,19 @@ impl Mamba2CoreCase {
             a: t(&[MH], s + 5, 0.5, -1.0),
             d: t(&[MH], s + 6, 1.0, 0.0),
             dt_bias: t(&[MH], s + 7, 0.5, 0.0),
-            conv: t(&[16, 5, M_CONV], s + 8, 1.0, 0.0),
-            ssm: t(&[16, MH, MP, MN], s + 9, 0.5, 0.0),
+            conv: t(&[slots, CORE_STATE_LEN, M_CONV], s + 8, 1.0, 0.0),
+            ssm: t(&[slots, MH, MP, MN], s + 9, 0.5, 0.0),
             out: HostTensor::filled(DType::F32, vec![tokens, MH, MP], 7.0),
-            tables: [
-                ints(&starts),
-                bools(&computed.iter().map(|&c| i64::from(c > 0)).collect::<Vec<_>>()),
-                wide(&meta.seq_idx),
-                wide(&meta.cu_chunk_seqlens),
-                wide(&meta.last_chunk_indices),
-                ints(&[7, 8, 0]),
-                HostTensor::from_i64(DType::I32, vec![3, 3], &[1, 2, 3, 4, 5, 6, 0, 0, 0]),
-                ints(&[0, 3, 6, 7]),
-                ints(&[1, 2, 1]),
-            ],
+            tables: mamba2_tables(seqs, MAMBA2_CHUNK),
+            counts: mamba2_counts(seqs),
         }
     }
 
     /// The core call over the case's tensors.
     pub fn args(&mut self) -> Mamba2MixerCoreArgs<'_> {
-        let [qsl, has, seq_idx, cu_chunk, last, slots_p, table_d, qsl_d, acc] = &self.tables;
+        let [qsl, has, seq_idx, cu_chunk, last, slots_p, table_d, qsl_d, acc] =
+            self.tables.each_ref().map(|t| t.as_ref().map(HostTensor::view));
+        let ((num_prefills, num_prefill_tokens), (num_decodes, num_decode_tokens), prep_initial_states) = self.counts;
         Mamba2MixerCoreArgs {
             xbc: self.xbc.view(),
             dt: self.dt.view(),
@@ -211,21 +427,21 @@ impl Mamba2CoreCase {
             num_groups: MG,
             pad_slot_id: Some(0),
             metadata: Mamba2AttentionMetadata {
-                num_prefills: 3,
-                num_prefill_tokens: 48,
-                num_decodes: 3,
-                num_decode_tokens: 7,
-                query_start_loc_p: Some(qsl.view()),
-                has_initial_states_p: Some(has.view()),
-                prep_initial_states: true,
-                chunk_size: CHUNK,
-                seq_idx_p: Some(seq_idx.view()),
-                cu_chunk_seqlen_p: Some(cu_chunk.view()),
-                last_chunk_indices_p: Some(last.view()),
-                state_indices_tensor_p: Some(slots_p.view()),
-                state_indices_tensor_d: Some(table_d.view()),
-                query_start_loc_d: Some(qsl_d.view()),
-                num_accepted_tokens: Some(acc.view()),
+                num_prefills,
+                num_prefill_tokens,
+                num_decodes,
+                num_decode_tokens,
+                query_start_loc_p: qsl,
+                has_initial_states_p: has,
+                prep_initial_states,
+                chunk_size: MAMBA2_CHUNK,
+                seq_idx_p: seq_idx,
+                cu_chunk_seqlen_p: cu_chunk,
+                last_chunk_indices_p: last,
+                state_indices_tensor_p: slots_p,
+                state_indices_tensor_d: table_d,
+                query_start_loc_d: qsl_d,
+                num_accepted_tokens: acc,
                 checkpoint_offsets_p: None,
                 checkpoint_state_indices_p: None,
                 checkpoint_chunk_indices_p: None,

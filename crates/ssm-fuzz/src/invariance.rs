@@ -10,16 +10,28 @@ use crate::spec::{Buffers, TensorSpec, Views};
 
 /// Runs `template` over `specs` (its own tensor arguments, possibly re-viewed) on `target`, from
 /// `init`; returns the memory afterwards, or the refusal.
-pub fn run_specs<O: FuzzOp>(
+pub fn run_specs<O: FuzzOp + 'static>(
     target: &dyn ssm_conformance::Target,
     template: &O::At<'_>,
     specs: &[TensorSpec],
     init: &Buffers,
 ) -> Result<Buffers, String> {
+    run_fixed::<O>(target, template, specs, init, &|_| {})
+}
+
+/// [`run_specs`] with the rebuilt args' non-tensor fields set by `fix` before the call.
+fn run_fixed<O: FuzzOp + 'static>(
+    target: &dyn ssm_conformance::Target,
+    template: &O::At<'_>,
+    specs: &[TensorSpec],
+    init: &Buffers,
+    fix: &dyn for<'s> Fn(&mut O::At<'s>),
+) -> Result<Buffers, String> {
     let mut bufs = init.clone();
     {
         let mut views = Views::new(specs, &mut bufs).map_err(|(n, e)| format!("{n}: {e}"))?;
-        let args = O::respin(template, &mut views);
+        let mut args = O::respin(template, &mut views);
+        fix(&mut args);
         views.finish();
         O::run(target, args).map_err(|e| e.to_string())?;
     }
@@ -130,11 +142,23 @@ fn reached(spec: &TensorSpec) -> Vec<usize> {
 /// differs: an element the lone call wrote that the batch call left different, or an element
 /// of a lone sequence's written outputs that differs. `Ok` counts the elements the lone calls
 /// wrote (all compared), so that a caller can tell the check was not vacuous.
-pub fn alone_vs_batch<O: FuzzOp>(
+pub fn alone_vs_batch<O: FuzzOp + 'static>(
     target: &dyn ssm_conformance::Target,
     template: &O::At<'_>,
     batch: Batch<'_>,
     positions: &[usize],
+) -> Result<usize, String> {
+    alone_vs_batch_with::<O>(target, template, batch, positions, &|_, _| {})
+}
+
+/// [`alone_vs_batch`] where a lone call's non-tensor fields differ from the batch's (the layer
+/// cores' sequence and token counts): `lone_scalars(args, i)` sets them for sequence `i`.
+pub fn alone_vs_batch_with<O: FuzzOp + 'static>(
+    target: &dyn ssm_conformance::Target,
+    template: &O::At<'_>,
+    batch: Batch<'_>,
+    positions: &[usize],
+    lone_scalars: &dyn for<'s> Fn(&mut O::At<'s>, usize),
 ) -> Result<usize, String> {
     let specs = O::specs(template);
     let init = Buffers::new(&specs);
@@ -142,7 +166,7 @@ pub fn alone_vs_batch<O: FuzzOp>(
     let mut written_total = 0usize;
     for &i in positions {
         let lone = alone(&specs, batch, i);
-        let got = run_specs::<O>(target, template, &lone, &Buffers::new(&lone))
+        let got = run_fixed::<O>(target, template, &lone, &Buffers::new(&lone), &|a| lone_scalars(a, i))
             .map_err(|e| format!("sequence {i} alone refused: {e}"))?;
         for (k, s) in lone.iter().enumerate() {
             // Arguments given new memory (offsets, metadata) are inputs; they are not compared.
@@ -191,7 +215,7 @@ pub fn alone_vs_batch<O: FuzzOp>(
 ///
 /// # Panics
 /// As described.
-pub fn assert_batch_invariant<O: FuzzOp>(
+pub fn assert_batch_invariant<O: FuzzOp + 'static>(
     target: &dyn ssm_conformance::Target,
     what: &str,
     template: &O::At<'_>,

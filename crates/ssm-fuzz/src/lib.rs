@@ -16,6 +16,7 @@
 //! assert!(report.failures.is_empty(), "{:#?}", report.failures);
 //! ```
 
+pub mod core_invariance;
 pub mod cores;
 mod driver;
 pub mod invariance;

@@ -1,8 +1,10 @@
 //! Batch invariance on the CPU backend (vLLM#48613): a sequence's output and states are
 //! bit-identical alone and at any position of a batch of 256, for decode and speculative
-//! decode (SSU, both GDN recurrences) and chunked prefill (SSD, GDN).
+//! decode (SSU, both GDN recurrences) and chunked prefill (SSD, GDN); alone and in a mixed
+//! batch for both layer cores.
 
 use ssm_dispatch::{Config, Runtime};
+use ssm_fuzz::core_invariance::{assert_gdn_core_batch_invariant, assert_mamba2_core_batch_invariant};
 use ssm_fuzz::invariance::{
     assert_gdn_routes_batch_invariant, assert_prefill_routes_batch_invariant, assert_ssu_routes_batch_invariant,
 };
@@ -24,4 +26,14 @@ fn gdn_decode_and_speculative_are_batch_invariant() {
 #[test]
 fn gdn_and_ssd_chunked_prefill_are_batch_invariant() {
     assert_prefill_routes_batch_invariant(&rt());
+}
+
+#[test]
+fn gdn_core_is_batch_invariant() {
+    assert_gdn_core_batch_invariant(&rt());
+}
+
+#[test]
+fn mamba2_core_is_batch_invariant() {
+    assert_mamba2_core_batch_invariant(&rt());
 }
