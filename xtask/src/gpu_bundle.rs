@@ -18,6 +18,8 @@
 //! - `peers/ssu_peer.py`, `peers/replayssm_peer.py`, `peers/gdn_peer.py`, `peers/gdn_chunk_peer.py`, `peers/ssd_peer.py`: the peer timing scripts, with the
 //!   `peers/peer_common.py` they import (the peer's own code is carried separately);
 //! - `kernels/`: the CUDA sources (also embedded in the binaries), for reading there;
+//! - `COMMIT`: the commit it was built from (marked where tracked files had changes), which
+//!   `run.sh` writes first into every summary;
 //! - `run.sh`: tests, `xtask conformance --backend cuda`, compute-sanitizer (memcheck,
 //!   racecheck) over the GPU tests, bench; and, asked for by name, vLLM's own mamba kernel tests
 //!   against the Python package (`vllm-tests`, the folder `xtask/peers/vllm_tests/fetch.sh` fills).
@@ -258,6 +260,26 @@ fn collect_python(root: &Path, dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The commit the bundle is built from (`git rev-parse HEAD`), with ` (uncommitted changes)`
+/// where tracked files differ from it, so that every `run.sh` summary names the code it ran.
+fn head_commit(root: &Path) -> String {
+    let git = |args: &[&str]| {
+        Command::new("git")
+            .arg("-C")
+            .arg(root)
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    match (git(&["rev-parse", "HEAD"]), git(&["status", "--porcelain", "--untracked-files=no"])) {
+        (Some(head), Some(changes)) if changes.is_empty() => head,
+        (Some(head), Some(_)) => format!("{head} (uncommitted changes)"),
+        _ => "unknown (not a git checkout)".into(),
+    }
+}
+
 pub(crate) fn run(args: &GpuBundleArgs) -> anyhow::Result<()> {
     let root = crate::project_root();
     let dir = if args.dir.is_absolute() { args.dir.clone() } else { std::env::current_dir()?.join(&args.dir) };
@@ -276,6 +298,9 @@ pub(crate) fn run(args: &GpuBundleArgs) -> anyhow::Result<()> {
     }
     copy_dir(&root.join("crates/ssm-cuda/kernels"), &dir.join("kernels"))?;
     collect_python(&root, &dir)?;
+    let commit = head_commit(&root);
+    std::fs::write(dir.join("COMMIT"), format!("{commit}\n"))?;
+    println!("COMMIT: {commit}");
     let run_sh = dir.join("run.sh");
     std::fs::write(&run_sh, RUN_SH)?;
     #[cfg(unix)]
@@ -345,6 +370,7 @@ is_gpu_test() { local g; for g in "${gpu_tests[@]}"; do [ "$g" = "$1" ] && retur
 status=0
 failed=()
 note() { echo "$1" | tee -a "$out/summary.txt"; }
+[ -f "$here/COMMIT" ] && note "bundle: $(cat "$here/COMMIT")"
 
 run_examples() {
     # The facade's examples (bin/example-*): each must exit 0; its last line goes to the summary.
