@@ -153,20 +153,23 @@ struct CkptGeometry {
 /// place of [`CkptGeometry::of`]'s choice.
 static CKPT_TUNE: TuneVar = TuneVar::new("SSM_CUDA_CKPT_TUNE");
 
-/// Blocks (sequences × heads) from which a multi-token step takes the spread geometry: about
+/// Blocks (sequences × heads) from which a multi-token step takes 8 blocks per SM: about
 /// four waves of 4 blocks per SM on a 132-SM card.
 const CKPT_SPREAD_BLOCKS: usize = 2048;
 
 impl CkptGeometry {
     /// The geometry for `dstate` columns of a `state` dtype whose rows are 16-byte aligned
     /// (`aligned`), for a call of `blocks` (sequence, head) blocks and `tokens` tokens a step.
-    /// - *Spread* (dstate ≤ 128, and one token a step or at least [`CKPT_SPREAD_BLOCKS`]
-    ///   blocks): 16 lanes per row and 8 blocks per SM (64 registers). On an H100 it took
-    ///   16–29 % less time than the compact geometry at batch 64 and 256 (one and four tokens)
-    ///   and 18–23 % less at batch 8 with one token, but 4–13 % more at batch 8 with four
-    ///   tokens (docs/PERF.md, "ReplaySSM's launch geometry").
-    /// - *Compact* otherwise: 8 lanes per row up to dstate 256 (16, then 32, beyond) and 4
-    ///   blocks per SM.
+    /// - Lanes per row: 16 up to dstate 128, 8 up to 256, 16 up to 512, 32 beyond. They set the
+    ///   order of each output's sum over dstate, so they depend on dstate alone: a sequence's
+    ///   outputs are bit-identical alone and in any batch (docs/RELIABILITY.md, promise 5).
+    /// - Blocks per SM: 8 (64 registers) where dstate ≤ 128 and the step has one token or at
+    ///   least [`CKPT_SPREAD_BLOCKS`] blocks, else 4. On an H100, 16 lanes with 8 blocks took
+    ///   16–29 % less time than 8 lanes with 4 blocks at batch 64 and 256 (one and four tokens)
+    ///   and 18–23 % less at batch 8 with one token, but 4–13 % more at batch 8 with four tokens
+    ///   (docs/PERF.md, "ReplaySSM's launch geometry"); small multi-token steps took 8 lanes
+    ///   until the twenty-second session, which found that this changed their outputs' bits
+    ///   across the batch line. 16 lanes with 4 blocks there is not yet measured.
     ///
     /// Either way: 16-byte vectors where the row splits into whole vectors per lane, and as many
     /// rows per group as keep about 64 state values per thread in registers (1 to 4).
@@ -174,8 +177,8 @@ impl CkptGeometry {
         let spread = dstate <= 128 && (tokens <= 1 || blocks >= CKPT_SPREAD_BLOCKS);
         let tpr: usize = match (CKPT_TUNE.get("tpr"), dstate) {
             (Some(t @ (8 | 16 | 32)), _) => t as usize,
-            _ if spread => 16,
-            (_, 0..=256) => 8,
+            (_, 0..=128) => 16,
+            (_, 129..=256) => 8,
             (_, 257..=512) => 16,
             _ => 32,
         };
@@ -649,18 +652,40 @@ mod tests {
             let g = CkptGeometry::of(dstate, state, aligned, blocks, tokens);
             (g.tpr, g.vec, g.rb, g.minb)
         };
-        // Compact: a 4-token step over few blocks, or dstate past 128.
-        assert_eq!(g(128, F32, true, 640, 4), (8, 4, 4, 4));
-        assert_eq!(g(128, BF16, true, 640, 4), (8, 8, 4, 4));
+        // Four blocks per SM: a multi-token step over few blocks, or dstate past 128.
+        assert_eq!(g(128, F32, true, 640, 4), (16, 4, 4, 4));
+        assert_eq!(g(128, BF16, true, 640, 4), (16, 8, 4, 4));
         assert_eq!(g(256, F32, true, 1 << 20, 1), (8, 4, 2, 4));
-        assert_eq!(g(128, F32, false, 640, 4), (8, 1, 4, 4), "unaligned rows: scalar");
+        assert_eq!(g(128, F32, false, 640, 4), (16, 1, 4, 4), "unaligned rows: scalar");
         assert_eq!(g(1024, F32, true, 1 << 20, 1), (32, 4, 2, 4));
-        // Spread: one token a step, or many blocks.
+        // Eight: one token a step, or many blocks.
         assert_eq!(g(128, F32, true, 80, 1), (16, 4, 4, 8));
         assert_eq!(g(128, BF16, true, 64 * 80, 4), (16, 8, 4, 8));
-        assert_eq!(g(128, F32, true, CKPT_SPREAD_BLOCKS - 1, 2), (8, 4, 4, 4));
+        assert_eq!(g(128, F32, true, CKPT_SPREAD_BLOCKS - 1, 2), (16, 4, 4, 4));
         assert_eq!(g(40, F32, true, 80, 1), (16, 1, 4, 8), "40 is not a multiple of 16 vectors of 4");
-        assert_eq!(g(16, F32, true, 640, 4), (8, 1, 4, 4), "16 is not a multiple of 8 vectors of 4");
+        assert_eq!(g(16, F32, true, 640, 4), (16, 1, 4, 4), "16 is not a multiple of 16 vectors of 4");
+    }
+
+    /// A sequence's outputs must be bit-identical alone and in any batch: the lanes per row and
+    /// the vector width (which set the order of each output's sum over dstate) and the rows per
+    /// group may not depend on the call's size.
+    #[test]
+    fn the_sum_order_does_not_depend_on_the_batch() {
+        for state in [DType::F32, DType::BF16, DType::F16] {
+            for dstate in [16, 40, 64, 128, 256, 512, 1024] {
+                for aligned in [false, true] {
+                    for tokens in [1, 2, 4] {
+                        let order = |blocks| {
+                            let g = CkptGeometry::of(dstate, state, aligned, blocks, tokens);
+                            (g.tpr, g.vec, g.rb)
+                        };
+                        for batch in [2, 8, 25, 26, 64, 256, 1024] {
+                            assert_eq!(order(batch * 80), order(80), "{state:?} {dstate} {aligned} {tokens} {batch}");
+                        }
+                    }
+                }
+            }
+        }
     }
 
     #[test]
