@@ -275,6 +275,28 @@ pub fn assert_gdn_routes_batch_invariant(target: &dyn ssm_conformance::Target) {
     }
 }
 
+/// ReplaySSM's `checkpointing_ssu` on `target`: one token and a dense 4-token step, f32 and bf16
+/// checkpoints, each over a random batch of 256 sequences of eight Mamba2-2.7B-like heads from
+/// `ssm_conformance::cases::ring_random` (pads and a slot table; the checkpoints, ring caches
+/// and cursors are pools). Eight heads put the batch at 2,048 (sequence, head) blocks and a lone
+/// sequence at 8, either side of the CUDA backend's geometry line (`CKPT_SPREAD_BLOCKS`).
+/// `target` must be configured with `replayssm: true`.
+pub fn assert_replayssm_batch_invariant(target: &dyn ssm_conformance::Target) {
+    use ssm_conformance::cases::ring_random::{CkptCase, CkptSpec};
+    const N: usize = 256;
+    const HEADS: usize = 8;
+    let pools = &["state", "x_cache", "B_cache", "dt_cache", "ring_start", "prev_num_accepted_tokens"];
+    let batch = Batch { seqs: N, cu_seqlens: None, pools, fixup: None };
+    for (seed, state) in [ssm_tensor::DType::F32, ssm_tensor::DType::BF16].into_iter().enumerate() {
+        for tokens in [1, 4] {
+            let mut case =
+                CkptCase::random(CkptSpec::mamba2(N, HEADS, tokens, state), 5 + 2 * seed as u64 + tokens as u64);
+            let what = format!("replayssm {state} {tokens} token(s)");
+            assert_batch_invariant::<crate::ops::Checkpoint>(target, &what, &case.args(), batch, &POSITIONS);
+        }
+    }
+}
+
 /// The chunked prefill routes on `target`: GDN (`chunk_gated_delta_rule`) and SSD, each a packed
 /// batch of 256 sequences with pool states through slot tables ([`assert_batch_invariant`]):
 /// the one check the CPU and the GPU tests run.

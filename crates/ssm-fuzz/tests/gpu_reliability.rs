@@ -1,8 +1,8 @@
 //! Reliability on the GPU (the `cuda` feature; skipped without a GPU unless
 //! `SSM_REQUIRE_GPU=1`), staged through CUDA runtimes (`ssm_conformance::cuda::Staged`):
 //! - batch invariance: a sequence alone and at any position of a batch of 256 gives the same
-//!   bits, for SSU decode/speculative, both GDN recurrences and both chunked prefills, and
-//!   alone and in a mixed batch for both layer cores;
+//!   bits, for SSU decode/speculative, both GDN recurrences, ReplaySSM and both chunked
+//!   prefills, and alone and in a mixed batch for both layer cores;
 //! - determinism: every template call gives the same bits from run to run (the layer cores
 //!   included, with their metadata index tensors on the device);
 //! - concurrency: two runtimes on device 0, driven from two threads at once, give the bits of
@@ -16,7 +16,8 @@ use ssm_conformance::gdn_random::{RecurrentCase, RecurrentSpec};
 use ssm_dispatch::{BackendKind, Config, Runtime};
 use ssm_fuzz::core_invariance::{assert_gdn_core_batch_invariant, assert_mamba2_core_batch_invariant};
 use ssm_fuzz::invariance::{
-    assert_gdn_routes_batch_invariant, assert_prefill_routes_batch_invariant, assert_ssu_routes_batch_invariant,
+    assert_gdn_routes_batch_invariant, assert_prefill_routes_batch_invariant, assert_replayssm_batch_invariant,
+    assert_ssu_routes_batch_invariant,
 };
 use ssm_fuzz::templates::{Results, differing, record};
 use ssm_tensor::DType;
@@ -37,6 +38,12 @@ fn cuda_decode_and_speculative_are_batch_invariant() {
     let Some(t) = cuda("cuda_decode_and_speculative_are_batch_invariant") else { return };
     assert_ssu_routes_batch_invariant(&t);
     assert_gdn_routes_batch_invariant(&t);
+}
+
+#[test]
+fn cuda_replayssm_is_batch_invariant() {
+    let Some(t) = cuda("cuda_replayssm_is_batch_invariant") else { return };
+    assert_replayssm_batch_invariant(&t);
 }
 
 #[test]
