@@ -169,7 +169,9 @@ impl CkptGeometry {
     ///   and 18–23 % less at batch 8 with one token, but 4–13 % more at batch 8 with four tokens
     ///   (docs/PERF.md, "ReplaySSM's launch geometry"); small multi-token steps took 8 lanes
     ///   until the twenty-second session, which found that this changed their outputs' bits
-    ///   across the batch line. 16 lanes with 4 blocks there is not yet measured.
+    ///   across the batch line. 16 lanes there against 8, 4-token steps on an H100 (two rounds,
+    ///   docs/PERF.md, twenty-third session): f32 batch 8 28.67 µs against 25.40, batch 16 and
+    ///   25 2 % faster; bf16 batch 8 21.74 against 23.18, batch 16 and 25 level.
     ///
     /// Either way: 16-byte vectors where the row splits into whole vectors per lane, and as many
     /// rows per group as keep about 64 state values per thread in registers (1 to 4).
